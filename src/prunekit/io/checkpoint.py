@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
-from .safetensors_io import read_header
+from .safetensors_io import CODE_DTYPES, read_header, read_tensor
 
 HF_SAFETENSORS = "model.safetensors"
 HF_SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -61,7 +60,7 @@ class Checkpoint:
     _where: dict[str, Path] = field(default_factory=dict, repr=False)
     _headers: dict[str, dict] = field(default_factory=dict, repr=False)
     _state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
-    _handles: dict[Path, object] = field(default_factory=dict, repr=False)
+    _file_headers: dict[Path, dict] = field(default_factory=dict, repr=False)
 
     @property
     def is_safetensors(self) -> bool:
@@ -79,7 +78,7 @@ class Checkpoint:
     def dtype(self, name: str) -> torch.dtype:
         if self._state is not None:
             return self._state[name].dtype
-        return _SAFETENSORS_DTYPES.get(self._headers[name]["dtype"], torch.uint8)
+        return CODE_DTYPES.get(self._headers[name]["dtype"], torch.uint8)
 
     def is_floating(self, name: str) -> bool:
         return self.dtype(name).is_floating_point
@@ -94,11 +93,8 @@ class Checkpoint:
             return self._state[name]
         path = self._where[name]
         try:
-            handle = self._handles.get(path)
-            if handle is None:
-                handle = self._handles[path] = safe_open(str(path), framework="pt")
-            return handle.get_tensor(name)
-        except (SafetensorError, OSError, RuntimeError) as exc:
+            return read_tensor(path, self._file_headers[path], name)
+        except (OSError, RuntimeError, ValueError) as exc:
             raise CheckpointError(f"{path}: cannot read tensor {name!r} ({exc})") from None
 
     def config_files(self) -> list[Path]:
@@ -126,20 +122,6 @@ class Checkpoint:
         for p in self.weight_files:
             digest.update(sha256_file(p).encode())
         return digest.hexdigest()
-
-
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
 
 
 def sidecar_path(path: Path) -> Path:
@@ -185,9 +167,9 @@ def _load_torch_state(path: Path) -> dict[str, torch.Tensor]:
 
 def _open_safetensors(ckpt: Checkpoint) -> Checkpoint:
     for path in ckpt.weight_files:
-        header = read_header(path)
+        header = ckpt._file_headers[path] = read_header(path)
         for name, entry in header.items():
-            if name != "__metadata__":
+            if not name.startswith("__"):
                 ckpt._where[name] = path
                 ckpt._headers[name] = entry
     if not ckpt._where:

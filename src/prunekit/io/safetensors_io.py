@@ -10,8 +10,8 @@ model never holds a second full copy of it; ``safetensors.safe_open`` reads the 
 from __future__ import annotations
 
 import json
+import shutil
 import struct
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ DTYPE_CODES = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
+CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 
 
@@ -37,7 +38,8 @@ def read_header(path: Path) -> dict:
     """Parse and sanity-check a safetensors header.
 
     Returns:
-        The header dict (tensor entries plus optional ``__metadata__``).
+        The header dict: tensor entries, optional ``__metadata__``, and ``__header_nbytes__``
+        (the JSON header's length, added here).
 
     Raises:
         CheckpointError: the file is too short, the header is not JSON, or the data
@@ -58,8 +60,9 @@ def read_header(path: Path) -> dict:
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header")
     data_size = size - 8 - header_len
+    header["__header_nbytes__"] = header_len
     for name, entry in header.items():
-        if name == "__metadata__":
+        if name in ("__metadata__", "__header_nbytes__"):
             continue
         try:
             end = int(entry["data_offsets"][1])
@@ -71,48 +74,64 @@ def read_header(path: Path) -> dict:
 
 
 class StreamingWriter:
-    """Write a safetensors file tensor by tensor.
+    """Write a safetensors file tensor by tensor, holding at most one tensor in memory.
+
+    Tensor data is appended to a spool file beside ``path``; :meth:`close` writes the header
+    (which must come first in the format) and copies the spool after it.
 
     Args:
         path: file to write (the caller makes it atomic by writing to a temp path).
-        entries: ``(name, dtype, shape)`` for every tensor, in the order they will be written.
-        metadata: string-to-string ``__metadata__``.
-
-    Use as a context manager; call :meth:`write` once per entry, in order.
+        metadata: string-to-string ``__metadata__``; may be completed before :meth:`close`.
     """
 
-    def __init__(self, path: Path, entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]]], metadata=None):
-        self._entries = list(entries)
-        header: dict = {}
-        if metadata:
-            header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-        offset = 0
-        for name, dtype, shape in self._entries:
-            if dtype not in DTYPE_CODES:
-                raise CheckpointError(f"cannot store {name!r}: dtype {dtype} has no safetensors code")
-            nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-            header[name] = {"dtype": DTYPE_CODES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-            offset += nbytes
-        blob = json.dumps(header, separators=(",", ":")).encode()
-        blob += b" " * (-len(blob) % 8)
-        self._file = open(path, "wb")
-        self._file.write(struct.pack("<Q", len(blob)))
-        self._file.write(blob)
-        self._next = 0
+    def __init__(self, path: Path, metadata: dict[str, str] | None = None):
+        self.path = Path(path)
+        self.metadata = dict(metadata or {})
+        self._spool_path = self.path.with_name(self.path.name + ".spool")
+        self._spool = open(self._spool_path, "wb")
+        self._header: dict = {}
+        self._offset = 0
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        """Append the next tensor; its name, dtype and shape must match the declared entry."""
-        want_name, want_dtype, want_shape = self._entries[self._next]
-        if name != want_name or tensor.dtype != want_dtype or tuple(tensor.shape) != tuple(want_shape):
-            raise ValueError(f"tensor {name} {tensor.dtype} {tuple(tensor.shape)} does not match entry {want_name}")
+        """Append a tensor (any device; copied to CPU).
+
+        Raises:
+            CheckpointError: duplicate name, or a dtype safetensors cannot store.
+        """
+        if name in self._header:
+            raise CheckpointError(f"cannot store {name!r} twice")
+        if tensor.dtype not in DTYPE_CODES:
+            raise CheckpointError(f"cannot store {name!r}: dtype {tensor.dtype} has no safetensors code")
         data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        self._file.write(memoryview(data.numpy()))
-        self._next += 1
+        self._spool.write(memoryview(data.numpy()))
+        nbytes = data.numel()
+        entry = {
+            "dtype": DTYPE_CODES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [self._offset, self._offset + nbytes],
+        }
+        self._header[name] = entry
+        self._offset += nbytes
 
     def close(self) -> None:
-        self._file.close()
-        if self._next != len(self._entries):
-            raise ValueError(f"only {self._next} of {len(self._entries)} tensors were written")
+        """Write header + data to ``path`` and remove the spool."""
+        self._spool.close()
+        header = dict(self._header)
+        if self.metadata:
+            header = {"__metadata__": {str(k): str(v) for k, v in self.metadata.items()}, **header}
+        blob = json.dumps(header, separators=(",", ":")).encode()
+        blob += b" " * (-len(blob) % 8)
+        try:
+            with open(self.path, "wb") as out, open(self._spool_path, "rb") as spool:
+                out.write(struct.pack("<Q", len(blob)))
+                out.write(blob)
+                shutil.copyfileobj(spool, out, 1 << 22)
+        finally:
+            self._spool_path.unlink(missing_ok=True)
+
+    def abort(self) -> None:
+        self._spool.close()
+        self._spool_path.unlink(missing_ok=True)
 
     def __enter__(self) -> StreamingWriter:
         return self
@@ -121,12 +140,36 @@ class StreamingWriter:
         if exc_type is None:
             self.close()
         else:
-            self._file.close()
+            self.abort()
+
+
+def read_tensor(path: Path, header: dict, name: str) -> torch.Tensor:
+    """Read one tensor with plain file reads (no memory map: only this tensor becomes resident).
+
+    Raises:
+        CheckpointError: unknown dtype or a short read.
+    """
+    entry = header[name]
+    dtype = CODE_DTYPES.get(entry["dtype"])
+    if dtype is None:
+        raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {entry['dtype']}")
+    begin, end = entry["data_offsets"]
+    header_len = 8 + header["__header_nbytes__"] if "__header_nbytes__" in header else None
+    with open(path, "rb") as f:
+        if header_len is None:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header_len = 8 + n
+        f.seek(header_len + begin)
+        buf = bytearray(end - begin)
+        if f.readinto(buf) != len(buf):
+            raise CheckpointError(f"{path}: truncated data for tensor {name!r}")
+    if not buf:
+        return torch.empty(entry["shape"], dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype).reshape(entry["shape"])
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     """Write a dict of tensors with :class:`StreamingWriter` (insertion order)."""
-    entries = [(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()]
-    with StreamingWriter(path, entries, metadata) as writer:
+    with StreamingWriter(path, metadata) as writer:
         for name, t in tensors.items():
             writer.write(name, t)

@@ -130,7 +130,12 @@ def prune_checkpoint(
         else:
             result.skipped.append((name, reason))
     if result.skipped:
-        log.warning("skipped %d tensors that cannot take %s: %s", len(result.skipped), pat, ", ".join(n for n, _ in result.skipped))
+        log.warning(
+            "skipped %d tensors that cannot take %s: %s",
+            len(result.skipped),
+            pat,
+            ", ".join(n for n, _ in result.skipped),
+        )
     if not to_prune:
         raise PatternError(f"nothing to prune in {source} with pattern {pat} (no selected tensor fits it)")
 
@@ -153,8 +158,7 @@ def prune_checkpoint(
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ckpt.path / rel, tmp / rel)
         if ckpt.is_safetensors:
-            entries = [(n, ckpt.dtype(n), ckpt.shape(n)) for n in names]
-            with StreamingWriter(weights_path, entries, {"format": "pt"}) as writer:
+            with StreamingWriter(weights_path, {"format": "pt"}) as writer:
                 for i, name in enumerate(names):
                     writer.write(name, process(name))
                     if progress:

@@ -174,4 +174,6 @@ def parse_pattern(text: str) -> Pattern:
         if m > 256:
             raise PatternError(f"N:M pattern {text!r}: M must be at most 256")
         return NM(n, m)
-    raise PatternError(f"unknown pattern {text!r}: use 'unstructured', 'block:RxC' (e.g. block:32x32) or 'N:M' (e.g. 2:4)")
+    raise PatternError(
+        f"unknown pattern {text!r}: use 'unstructured', 'block:RxC' (e.g. block:32x32) or 'N:M' (e.g. 2:4)"
+    )

@@ -1,0 +1,115 @@
+"""Export a pruned checkpoint as a deployable package directory (see docs/ARCHITECTURE.md)::
+
+    PACKAGE/
+      manifest.json        schema_version, source + sha256, model, per-tensor entries, sha256 of every file
+      weights.safetensors  kernel-ready components (see prunekit.deploy.convert)
+      config/              the source's HF config, tokenizer and pooling files (HF checkpoints)
+      runtime/             self-contained loader: needs torch + safetensors (+ transformers for HF)
+      REPORT.md            the memory report
+
+The package is built in a temporary directory and renamed into place.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import prunekit
+
+from ..io import atomic_path, check_output, open_checkpoint, sha256_file
+from .convert import ConvertResult, write_converted
+from .report import render_markdown, report_from_weights
+from .runtime.manifest import MANIFEST, SCHEMA_VERSION, WEIGHTS, Manifest
+
+Progress = Callable[[int, int, str], None]
+
+# Parts of the prunekit source tree that make up the runtime (torch/safetensors-only, relative imports).
+RUNTIME_PARTS = ("errors.py", "formats", "kernels", "deploy/runtime")
+_RUNTIME_INIT = '''"""prunekit runtime, exported with this package. Needs torch and safetensors (+ transformers for HF models).
+
+    import sys; sys.path.insert(0, PACKAGE_DIR)
+    import runtime
+    pkg = runtime.load(PACKAGE_DIR)          # verifies every sha256 first
+    outputs = runtime.run(pkg, texts=["..."])
+"""
+
+from .deploy.runtime import *  # noqa: F401,F403
+from .deploy.runtime import __all__  # noqa: F401
+'''
+
+
+@dataclass
+class ExportResult:
+    """The package path, the manifest written and the conversion result."""
+
+    output: Path
+    manifest: Manifest
+    convert: ConvertResult
+
+
+def copy_runtime(dest: Path) -> None:
+    """Copy the runtime sources (``RUNTIME_PARTS``) into ``dest`` keeping their relative layout."""
+    root = Path(prunekit.__file__).parent
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "build")
+    for part in RUNTIME_PARTS:
+        src = root / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=ignore)
+        else:
+            (dest / part).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / part)
+    (dest / "deploy" / "__init__.py").write_text('"""Exported prunekit runtime."""\n')
+    (dest / "__init__.py").write_text(_RUNTIME_INIT)
+
+
+def export_package(
+    source: str | Path, output: str | Path, fmt: str = "auto", overwrite: bool = False, progress: Progress | None = None
+) -> ExportResult:
+    """Export ``source`` (a pruned checkpoint) to the package directory ``output``.
+
+    Raises:
+        CheckpointError: unreadable source. FormatError: unknown format.
+        OutputExistsError: ``output`` exists without ``overwrite``.
+    """
+    source, output = Path(source), Path(output)
+    check_output(output, overwrite, inputs=(source,))
+    ckpt = open_checkpoint(source)
+    hf_config = ckpt.hf_config()
+    with atomic_path(output, overwrite, directory=True) as tmp:
+        converted = write_converted(ckpt, tmp / WEIGHTS, fmt, progress)
+        config_dir = None
+        if ckpt.kind == "hf":
+            config_dir = "config"
+            for rel in ckpt.config_files():
+                (tmp / config_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ckpt.path / rel, tmp / config_dir / rel)
+        copy_runtime(tmp / "runtime")
+        report = report_from_weights(str(ckpt.path), tmp / WEIGHTS, converted.entries)
+        (tmp / "REPORT.md").write_text(render_markdown(report))
+        files = {
+            p.relative_to(tmp).as_posix(): sha256_file(p)
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file() and p.name != MANIFEST
+        }
+        architectures = (hf_config or {}).get("architectures") or [None]
+        manifest = Manifest(
+            schema_version=SCHEMA_VERSION,
+            prunekit_version=prunekit.__version__,
+            created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            source={"path": str(ckpt.path), "kind": ckpt.kind, "sha256": ckpt.source_sha256()},
+            model={
+                "kind": "hf" if ckpt.kind == "hf" else "state_dict",
+                "architecture": architectures[0],
+                "config_dir": config_dir,
+            },
+            tensors=converted.entries,
+            files=files,
+        )
+        (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=1) + "\n")
+    converted.output = output / WEIGHTS
+    return ExportResult(output, manifest, converted)

@@ -1,0 +1,84 @@
+"""SparseLinear: an ``nn.Linear`` whose weight stays in a sparse storage format.
+
+The forward pass computes ``y = x @ W^T + b`` with ``x: (..., in_features)`` through the
+format's matmul op (``prunekit::spmm_csr``, ``bsr_mm``, ``nm_mm``; CPU reference or CUDA
+kernels), as ``Y^T = W @ X^T`` on a transposed view. Storage-only formats (``bitmask``) and
+``dense`` decode to a dense weight and use ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...formats import EncodedTensor, decode
+from ...kernels import ops
+
+
+def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
+    c = layer.component
+    return ops.spmm_csr(
+        c("values"), c("row_offsets"), c("column_indices"), c("row_indices"), xt, layer.out_features, layer.bias
+    )
+
+
+def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
+    c = layer.component
+    return ops.bsr_mm(c("blocks"), c("crow_indices"), c("col_indices"), xt, layer.out_features, layer.bias)
+
+
+def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
+    c, p = layer.component, layer.params
+    return ops.nm_mm(c("values"), c("metadata"), xt, int(p["n"]), int(p["m"]), int(p["bits"]), layer.bias)
+
+
+# Format name -> matmul computing Y^T (out_features, tokens) from X^T (in_features, tokens).
+SPARSE_MATMULS = {"csr": _csr, "bsr": _bsr, "nm": _nm}
+
+
+class SparseLinear(nn.Module):
+    """Linear layer over an :class:`EncodedTensor` weight ``(out_features, in_features)``.
+
+    Args:
+        encoded: the weight in any registered format.
+        bias: ``(out_features,)`` or None.
+    """
+
+    def __init__(self, encoded: EncodedTensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.format = encoded.format
+        self.params = dict(encoded.params)
+        self.dtype_name = encoded.dtype
+        self.out_features, self.in_features = int(encoded.shape[0]), int(encoded.shape[1])
+        self._names = list(encoded.components)
+        for name, tensor in encoded.components.items():
+            self.register_buffer(f"w_{name}", tensor)
+        if bias is not None:
+            self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+        else:
+            self.bias = None
+
+    def component(self, name: str) -> torch.Tensor:
+        return getattr(self, f"w_{name}")
+
+    def encoded(self) -> EncodedTensor:
+        """The weight as an :class:`EncodedTensor` (current device and dtype)."""
+        comps = {n: self.component(n) for n in self._names}
+        dtype = comps.get("values", comps.get("blocks", comps.get("compressed", comps.get("weight")))).dtype
+        return EncodedTensor(
+            self.format, (self.out_features, self.in_features), str(dtype).removeprefix("torch."), self.params, comps
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2d = x.reshape(-1, self.in_features)
+        matmul = SPARSE_MATMULS.get(self.format)
+        if matmul is None:
+            y = F.linear(x2d, decode(self.encoded()).to(x.dtype), self.bias)
+        else:
+            y = matmul(self, x2d.t()).t()
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}, bias={self.bias is not None}"

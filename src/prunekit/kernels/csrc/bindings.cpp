@@ -1,0 +1,38 @@
+// Registers prunekit's CUDA kernels as torch operators in the prunekit_ext namespace.
+//
+// The .so has no Python bindings: it is loaded with torch.ops.load_library, so a prebuilt copy works with any Python
+// version of the same torch build. The public ops (prunekit::spmm_csr, prunekit::sddmm_csr) are defined in
+// kernels/ops.py and call these after choosing the variant and allocating the output.
+#include <torch/library.h>
+
+#include "kernels.h"
+
+namespace prunekit {
+
+void check_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const char* op) {
+  TORCH_CHECK(row_offsets.is_cuda() && column_indices.is_cuda(), op, ": CSR tensors must be on the GPU");
+  TORCH_CHECK(row_offsets.scalar_type() == at::kInt && row_offsets.dim() == 1 && row_offsets.is_contiguous(), op,
+              ": row_offsets must be a contiguous 1-D int32 tensor");
+  TORCH_CHECK(column_indices.dim() == 1 && column_indices.is_contiguous(), op,
+              ": column_indices must be a contiguous 1-D tensor");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(column_indices.data_ptr()) % 16 == 0, op,
+              ": column_indices must be 16-byte aligned (pass the stored tensor, not an offset view)");
+}
+
+}  // namespace prunekit
+
+TORCH_LIBRARY(prunekit_ext, m) {
+  m.def(
+      "spmm_csr_rowwarp(Tensor values, Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor x, "
+      "Tensor(a!) y, Tensor? bias, bool relu, int subwarp, int ntile) -> ()");
+  m.def(
+      "spmm_csr_tiled(Tensor values, Tensor row_offsets, Tensor column_indices, Tensor x, Tensor(a!) y, "
+      "Tensor? bias, bool relu, int rows_per_warp) -> ()");
+  m.def("sddmm_csr(Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor a, Tensor b, Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(prunekit_ext, CUDA, m) {
+  m.impl("spmm_csr_rowwarp", &prunekit::spmm_csr_rowwarp);
+  m.impl("spmm_csr_tiled", &prunekit::spmm_csr_tiled);
+  m.impl("sddmm_csr", &prunekit::sddmm_csr);
+}

@@ -1,0 +1,26 @@
+// Host entry points of prunekit's CUDA kernels (registered as prunekit_ext::* ops in bindings.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <optional>
+
+namespace prunekit {
+
+// Sputnik-style SpMM, one subwarp per (swizzled) row, memory-bound path for small N. See spmm_rowwarp.cu.
+void spmm_csr_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
+                      const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y,
+                      const std::optional<at::Tensor>& bias, bool relu, int64_t subwarp, int64_t ntile);
+
+// SpMM with X tiles staged in shared memory and shared by a block of rows, large-N path. See spmm_tiled.cu.
+void spmm_csr_tiled(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
+                    const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu,
+                    int64_t rows_per_warp);
+
+// Sputnik-style SDDMM: out[j] = dot(a[row(j)], b[col(j)]) at each stored CSR entry. See sddmm_csr.cu.
+void sddmm_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const at::Tensor& row_indices,
+               const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
+
+// Shared argument checks.
+void check_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const char* op);
+
+}  // namespace prunekit

@@ -1,0 +1,157 @@
+// SpMM, memory-bound path for small N (decode shapes): Y (M, N) = act(A @ X + bias), A in prunekit CSR.
+//
+// Design from Sputnik (Gale et al., SC 2020): one subwarp of SW lanes per output row (sec. 5.1 subwarp tiling),
+// rows taken in the order of row_indices, longest first (sec. 5.3 row swizzle load balance), values and column
+// indices read with 16-byte vector loads (sec. 5.2; the format pads each row to 16 bytes of values, so there is no
+// residue inside a row), a 1-D tile of NT output columns per subwarp (sec. 4), fp32 accumulation.
+//
+// At small N the weights dominate the bytes moved (values + int16 indices, 4 bytes per non-zero in fp16), so every
+// weight byte is read exactly once per NT columns and X (small, cache-resident) is gathered per non-zero. X and Y take
+// any strides, so X can be the transposed view of nn.Linear activations (tokens, in_features) and Y the transposed
+// view of a (tokens, out_features) buffer: no copy pass.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "common.cuh"
+#include "kernels.h"
+
+namespace prunekit {
+
+template <typename T, typename I, int NT, int SW>
+__global__ void __launch_bounds__(256)
+spmm_rowwarp_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
+                    const int* __restrict__ row_indices, const T* __restrict__ x, int64_t xs_k, int64_t xs_n,
+                    T* __restrict__ y, int64_t ys_m, int64_t ys_n, const T* __restrict__ bias, bool relu, int m,
+                    int n) {
+  constexpr int V = 16 / sizeof(T);  // non-zeros per 16-byte vector of values
+  const int sub = (blockIdx.x * blockDim.x + threadIdx.x) / SW;
+  const int lane = threadIdx.x % SW;
+  const bool active = sub < m;  // no early return: whole warps take part in the shuffles below
+  const int row = active ? __ldg(row_indices + sub) : 0;
+  const int start = active ? __ldg(row_offsets + row) : 0;
+  const int end = active ? __ldg(row_offsets + row + 1) : 0;
+  const int n0 = blockIdx.y * NT;
+  const bool full = n0 + NT <= n;
+  const T* xb = x + static_cast<int64_t>(n0) * xs_n;
+
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+
+  // Software pipeline: the next vector of values/indices is in flight while the current one is consumed.
+  int j = start + lane * V;
+  Words<16> vals;
+  Words<V * sizeof(I)> idx;
+  if (j < end) {
+    vals.load(values + j);
+    idx.load(cols + j);
+  }
+  while (j < end) {
+    const int jn = j + SW * V;
+    Words<16> vals_next;
+    Words<V * sizeof(I)> idx_next;
+    if (jn < end) {
+      vals_next.load(values + jn);
+      idx_next.load(cols + jn);
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const float a = word_elem<T>(vals.w, v);
+      const T* xp = xb + static_cast<int64_t>(word_index<I>(idx.w, v)) * xs_k;
+      if (full) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, to_f(xp[t * xs_n]), acc[t]);
+      } else {
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          if (n0 + t < n) acc[t] = fmaf(a, to_f(xp[t * xs_n]), acc[t]);
+      }
+    }
+    vals = vals_next;
+    idx = idx_next;
+    j = jn;
+  }
+
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+#pragma unroll
+    for (int off = SW / 2; off > 0; off >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off, SW);
+  }
+  if (!active) return;
+  const float b = bias != nullptr ? to_f(bias[row]) : 0.0f;
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (lane == t % SW && n0 + t < n) {
+      y[static_cast<int64_t>(row) * ys_m + static_cast<int64_t>(n0 + t) * ys_n] = from_f<T>(epilogue(acc[t], b, relu));
+    }
+  }
+}
+
+template <typename T, typename I, int NT, int SW>
+static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
+                           const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, const T* bias,
+                           bool relu, int m, int n) {
+  constexpr int kThreads = 256;
+  const dim3 grid((static_cast<int64_t>(m) * SW + kThreads - 1) / kThreads, (n + NT - 1) / NT);
+  TORCH_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  spmm_rowwarp_kernel<T, I, NT, SW><<<grid, kThreads, 0, stream>>>(
+      reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
+      reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
+      reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), x.stride(1), reinterpret_cast<T*>(y.data_ptr()),
+      y.stride(0), y.stride(1), bias, relu, m, n);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, typename I, int SW>
+static void dispatch_ntile(int64_t ntile, const at::Tensor& values, const at::Tensor& row_offsets,
+                           const at::Tensor& cols, const at::Tensor& row_indices, const at::Tensor& x,
+                           const at::Tensor& y, const T* bias, bool relu, int m, int n) {
+  switch (ntile) {
+    case 1: return launch_rowwarp<T, I, 1, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
+    case 4: return launch_rowwarp<T, I, 4, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
+    case 16: return launch_rowwarp<T, I, 16, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
+    default: TORCH_CHECK(false, "spmm_csr_rowwarp: ntile must be 1, 4 or 16, got ", ntile);
+  }
+}
+
+void spmm_csr_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
+                      const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y,
+                      const std::optional<at::Tensor>& bias, bool relu, int64_t subwarp, int64_t ntile) {
+  check_csr(row_offsets, column_indices, "spmm_csr_rowwarp");
+  TORCH_CHECK(x.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_rowwarp: tensors must be on the GPU");
+  TORCH_CHECK(x.dim() == 2 && y.dim() == 2, "spmm_csr_rowwarp: x and y must be 2-D");
+  TORCH_CHECK(values.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
+              "spmm_csr_rowwarp: values, x and y must share one dtype");
+  TORCH_CHECK(values.is_contiguous() && reinterpret_cast<uintptr_t>(values.data_ptr()) % 16 == 0,
+              "spmm_csr_rowwarp: values must be contiguous and 16-byte aligned");
+  TORCH_CHECK(row_indices.scalar_type() == at::kInt && row_indices.is_contiguous(),
+              "spmm_csr_rowwarp: row_indices must be contiguous int32");
+  const int64_t m = y.size(0), n = y.size(1);
+  TORCH_CHECK(row_offsets.numel() == m + 1 && row_indices.numel() == m && x.size(1) == n,
+              "spmm_csr_rowwarp: shapes disagree");
+  TORCH_CHECK(m < (int64_t(1) << 31) / 32 && n < (int64_t(1) << 31), "spmm_csr_rowwarp: too large");
+  if (bias) {
+    TORCH_CHECK(bias->is_cuda() && bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
+                    bias->numel() == m,
+                "spmm_csr_rowwarp: bias must be a contiguous (M,) tensor of x's dtype");
+  }
+  if (m == 0 || n == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  PRUNEKIT_DISPATCH_FLOAT(x.scalar_type(), [&] {
+    PRUNEKIT_DISPATCH_INDEX(column_indices.scalar_type(), [&] {
+      const scalar_t* b = bias ? reinterpret_cast<const scalar_t*>(bias->data_ptr()) : nullptr;
+      if (subwarp == 8) {
+        dispatch_ntile<scalar_t, index_t, 8>(ntile, values, row_offsets, column_indices, row_indices, x, y, b, relu,
+                                             m, n);
+      } else {
+        TORCH_CHECK(subwarp == 32, "spmm_csr_rowwarp: subwarp must be 8 or 32, got ", subwarp);
+        dispatch_ntile<scalar_t, index_t, 32>(ntile, values, row_offsets, column_indices, row_indices, x, y, b, relu,
+                                              m, n);
+      }
+    });
+  });
+}
+
+}  // namespace prunekit
