@@ -168,10 +168,10 @@ def _load_torch_state(path: Path) -> dict[str, torch.Tensor]:
 def _open_safetensors(ckpt: Checkpoint) -> Checkpoint:
     for path in ckpt.weight_files:
         header = ckpt._file_headers[path] = read_header(path)
-        for name, entry in header.items():
-            if not name.startswith("__"):
-                ckpt._where[name] = path
-                ckpt._headers[name] = entry
+        tensors = [(name, entry) for name, entry in header.items() if not name.startswith("__")]
+        for name, entry in sorted(tensors, key=lambda item: item[1]["data_offsets"][0]):  # file order
+            ckpt._where[name] = path
+            ckpt._headers[name] = entry
     if not ckpt._where:
         raise CheckpointError(f"{ckpt.path}: the checkpoint holds no tensors")
     return ckpt
