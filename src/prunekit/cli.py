@@ -31,9 +31,12 @@ err_console = Console(stderr=True)
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(
-        level=logging.WARNING, format="%(message)s", handlers=[RichHandler(console=err_console, show_path=False)]
-    )
+    """Route prunekit's library warnings to stderr through rich (once per process)."""
+    logger = logging.getLogger("prunekit")
+    if not any(isinstance(h, RichHandler) for h in logger.handlers):
+        logger.addHandler(RichHandler(console=err_console, show_path=False, show_time=False))
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
 
 
 def handle_errors(fn):

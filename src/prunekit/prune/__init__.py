@@ -129,15 +129,12 @@ def prune_checkpoint(
             raise PatternError(f"{name}: cannot take pattern {pat}: {reason}")
         else:
             result.skipped.append((name, reason))
-    if result.skipped:
-        log.warning(
-            "skipped %d tensors that cannot take %s: %s",
-            len(result.skipped),
-            pat,
-            ", ".join(n for n, _ in result.skipped),
-        )
     if not to_prune:
-        raise PatternError(f"nothing to prune in {source} with pattern {pat} (no selected tensor fits it)")
+        why = f" ({result.skipped[0][0]}: {result.skipped[0][1]})" if result.skipped else ""
+        raise PatternError(f"nothing to prune in {source} with pattern {pat}: no selected tensor fits it{why}")
+    if result.skipped:
+        names_skipped = ", ".join(n for n, _ in result.skipped)
+        log.warning("skipped %d tensors that cannot take %s: %s", len(result.skipped), pat, names_skipped)
 
     prune_set = set(to_prune)
 

@@ -62,26 +62,26 @@ def select_tensors(
 
     Args:
         tensors: ``(name, ndim, is_floating_point)`` per tensor, in checkpoint order.
-        include: regexes (``re.search``); when given, exactly the matching tensors are candidates.
+        include: regexes (``re.search``); when given, the matching floating-point tensors of 2 or
+            more dimensions are the candidates (1-D and integer matches are ignored).
         exclude: regexes removing candidates.
 
     Raises:
-        PatternError: an invalid regex, or an explicitly included tensor that is 1-D or not floating point.
+        PatternError: an invalid regex, or an ``--include`` regex that names no prunable tensor.
     """
     inc, exc = _compile(include, "--include"), _compile(exclude, "--exclude")
-    selected, explicit = [], set()
-    for name, ndim, floating in tensors:
-        if any(p.search(name) for p in exc):
-            continue
-        if inc:
-            if not any(p.search(name) for p in inc):
-                continue
-            if not floating:
-                raise PatternError(f"{name}: an integer tensor cannot be pruned (named by --include)")
-            if ndim < 2:
-                raise PatternError(f"{name}: a {ndim}-D tensor cannot be pruned (named by --include)")
-            explicit.add(name)
-            selected.append(name)
-        elif is_default_prunable(name, ndim, floating):
-            selected.append(name)
-    return Selection(selected, explicit)
+    kept = [(name, ndim, floating) for name, ndim, floating in tensors if not any(p.search(name) for p in exc)]
+    if not inc:
+        return Selection([name for name, ndim, floating in kept if is_default_prunable(name, ndim, floating)], set())
+    explicit: set[str] = set()
+    for regex in inc:
+        matches = [(name, ndim, floating) for name, ndim, floating in kept if regex.search(name)]
+        usable = [name for name, ndim, floating in matches if floating and ndim >= 2]
+        if not usable:
+            if not matches:
+                raise PatternError(f"--include {regex.pattern!r} matches no tensor")
+            name, ndim, floating = matches[0]
+            kind = "an integer tensor" if not floating else f"a {ndim}-D tensor"
+            raise PatternError(f"--include {regex.pattern!r} names only tensors that cannot be pruned ({name} is {kind})")
+        explicit.update(usable)
+    return Selection([name for name, _, _ in kept if name in explicit], explicit)
