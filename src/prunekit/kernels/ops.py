@@ -1,8 +1,10 @@
-"""prunekit's torch.library custom ops: ``prunekit::spmm_csr``, ``prunekit::bsr_mm``, ``prunekit::nm_mm``.
+"""prunekit's torch.library custom ops: ``prunekit::spmm_csr``, ``prunekit::sddmm_csr``, ``prunekit::bsr_mm``,
+``prunekit::nm_mm``.
 
 Each op has a CPU implementation (the pure-torch reference in ``reference.py``) and a fake
 (meta) implementation, so it runs eagerly, under ``torch.compile`` and in ``torch.export``.
-CUDA implementations are registered by the compiled extension when it is available.
+``spmm_csr`` and ``sddmm_csr`` also have CUDA implementations (``gpu.py``), which build or load
+the extension on first use and raise ``KernelUnavailable`` when they cannot.
 torch only: this package is copied into every exported package's ``runtime/``.
 """
 
@@ -11,18 +13,24 @@ from __future__ import annotations
 import torch
 
 from . import reference
+from .layout import as_spmm_output, new_spmm_output
 
-__all__ = ["spmm_csr", "bsr_mm", "nm_mm"]
+__all__ = ["spmm_csr", "sddmm_csr", "bsr_mm", "nm_mm"]
 
 
-def _define(name: str, fn, fake):
-    """Register ``prunekit::name`` once per process (a package runtime and prunekit may both import this)."""
+def _define(name: str, fn, fake, cuda=None):
+    """Register ``prunekit::name`` once per process (a package runtime and prunekit may both import this).
+
+    The first copy to import registers the CPU, fake and (when given) CUDA implementations; later copies reuse them.
+    """
     qualname = f"prunekit::{name}"
     try:
         op = torch.library.custom_op(qualname, mutates_args=(), device_types="cpu")(fn)
     except RuntimeError:
         return getattr(torch.ops.prunekit, name).default
     op.register_fake(fake)
+    if cuda is not None:
+        op.register_kernel("cuda")(cuda)
     return op
 
 
@@ -36,11 +44,38 @@ def _spmm_csr(
     bias: torch.Tensor | None = None,
     activation: str = "none",
 ) -> torch.Tensor:
-    return reference.spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+    y = reference.spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+    return as_spmm_output(y, x)
 
 
 def _spmm_csr_fake(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none"):
-    return x.new_empty((m, x.shape[1]))
+    return new_spmm_output(x, m)
+
+
+def _spmm_csr_cuda(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none"):
+    from . import gpu
+
+    return gpu.spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+
+
+def _sddmm_csr(
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    row_indices: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+) -> torch.Tensor:
+    return reference.sddmm_csr(row_offsets, column_indices, row_indices, a, b)
+
+
+def _sddmm_csr_fake(row_offsets, column_indices, row_indices, a, b):
+    return a.new_empty((column_indices.shape[0],))
+
+
+def _sddmm_csr_cuda(row_offsets, column_indices, row_indices, a, b):
+    from . import gpu
+
+    return gpu.sddmm_csr(row_offsets, column_indices, row_indices, a, b)
 
 
 def _bsr_mm(
@@ -76,6 +111,12 @@ def _nm_mm_fake(values, metadata, x, n, m_group, bits, bias=None, activation="no
     return x.new_empty((values.shape[0], x.shape[1]))
 
 
-spmm_csr = _define("spmm_csr", _spmm_csr, _spmm_csr_fake)
+spmm_csr = _define("spmm_csr", _spmm_csr, _spmm_csr_fake, _spmm_csr_cuda)
+"""``prunekit::spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none")``:
+``Y (M, N) = act(A @ X + bias[:, None])`` with A in prunekit CSR (Sputnik SpMM, Gale et al. 2020). A column-major
+``x`` (``x2d.t()``) gives a column-major Y (``layout.py``). CPU: reference; CUDA: ``gpu.spmm_csr``."""
+sddmm_csr = _define("sddmm_csr", _sddmm_csr, _sddmm_csr_fake, _sddmm_csr_cuda)
+"""``prunekit::sddmm_csr(row_offsets, column_indices, row_indices, a, b) -> (nnz_padded,)``: ``(A @ B^T)`` sampled at
+a CSR pattern (Sputnik SDDMM), ``a: (M, K_inner)``, ``b: (N, K_inner)``; padding entries are 0."""
 bsr_mm = _define("bsr_mm", _bsr_mm, _bsr_mm_fake)
 nm_mm = _define("nm_mm", _nm_mm, _nm_mm_fake)

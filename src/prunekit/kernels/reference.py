@@ -136,3 +136,48 @@ def nm_mm(
         sl = slice(start, start + step)
         out[sl] = torch.einsum("rj,rjn->rn", vals[sl], xa[cols[sl]])
     return _epilogue(out, bias, activation, x.dtype)
+
+
+def csr_padding_mask(row_offsets: torch.Tensor, column_indices: torch.Tensor) -> torch.Tensor:
+    """``(nnz_padded,)`` bool, True at padding entries: those repeating the previous column of the same row.
+
+    Real columns ascend strictly within a row and padding repeats the row's last real column (``formats/csr.py``),
+    so this needs neither the values nor the real per-row counts.
+    """
+    rows = csr_rows(row_offsets)
+    cols = column_indices.long()
+    pad = torch.zeros(cols.numel(), dtype=torch.bool, device=cols.device)
+    if cols.numel() > 1:
+        pad[1:] = (cols[1:] == cols[:-1]) & (rows[1:] == rows[:-1])
+    return pad
+
+
+def sddmm_csr(
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    row_indices: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+) -> torch.Tensor:
+    """Sputnik SDDMM (Gale et al. 2020, sec. 6): ``(A @ B^T)`` sampled at a prunekit CSR pattern.
+
+    Args:
+        row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz_padded,)`` int16/int32; row_indices: ``(M,)``
+            int32 (an execution order, unused here); a: ``(M, K_inner)``; b: ``(N, K_inner)``, one float dtype.
+
+    Returns:
+        ``(nnz_padded,)`` in ``a.dtype``, aligned with the CSR ``values``: ``out[j] = a[row(j)] . b[col(j)]``
+        accumulated in float32 (float64 for float64), 0 at padding entries.
+    """
+    acc_dtype = accumulate_dtype(a.dtype)
+    rows = csr_rows(row_offsets)
+    cols = column_indices.long()
+    aa = a.to(acc_dtype)
+    bb = b.to(acc_dtype)
+    out = torch.empty(cols.numel(), dtype=acc_dtype, device=a.device)
+    step = _chunk(a.shape[1])
+    for start in range(0, cols.numel(), step):
+        sl = slice(start, start + step)
+        out[sl] = (aa[rows[sl]] * bb[cols[sl]]).sum(-1)
+    out[csr_padding_mask(row_offsets, column_indices)] = 0
+    return out.to(a.dtype)

@@ -25,7 +25,7 @@ constexpr int kNTile = 128;            // output columns per block: 4 per lane
 constexpr int kLd = kNTile + 8;        // shared-memory row pitch (elements), keeps 16-byte alignment
 constexpr int kSmemBytes = 34816;      // 128 rows of fp16 or 64 rows of fp32 at pitch kLd
 
-template <typename T> constexpr int tile_k() { return kSmemBytes / (kLd * static_cast<int>(sizeof(T))); }
+template <typename T> __host__ __device__ constexpr int tile_k() { return kSmemBytes / (kLd * static_cast<int>(sizeof(T))); }
 
 // Stage X[k0:k0+KC, n0:n0+NTILE] into xs (KC x kLd), zero outside X.
 template <typename T, bool XT>

@@ -1,0 +1,98 @@
+"""``prunekit kernels check``: run every CUDA op on fresh random inputs against its float64 reference.
+
+Each case poisons the output (NaN) first, so an unwritten element fails the check. torch only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import build, gpu
+from .testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, sddmm_reference64, spmm_reference64
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    """One op/variant/dtype/layout case: relative error vs float64, its bound, and the first-call time."""
+
+    op: str
+    variant: str
+    dtype: str
+    layout: str
+    shape: str
+    rel_error: float
+    tolerance: float
+    elapsed_ms: float
+
+    @property
+    def passed(self) -> bool:
+        return self.rel_error <= self.tolerance
+
+
+def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
+    """Check ``spmm_csr`` (both variants, row-major and transposed X, bias + ReLU) and ``sddmm_csr`` per dtype.
+
+    Shapes are odd (M=77, K=203, N=37 for tiled / 5 for rowwarp) with empty rows and single-entry rows.
+
+    Raises:
+        KernelUnavailable: the extension cannot be built or loaded here.
+    """
+    build.load()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    results: list[KernelCheck] = []
+    m, k = 77, 203
+    for dtype in DTYPES:
+        dense = random_sparse_weight(m, k, 0.8, dtype, device, gen, empty_rows=3, single_rows=3)
+        csr = encode_csr(dense)
+        bias = torch.randn(m, generator=gen, device=device).to(dtype)
+        for variant, n in (("rowwarp", 5), ("tiled", 37)):
+            for layout in ("row-major", "transposed"):
+                x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
+                x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
+                out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+                if layout == "transposed":
+                    out = torch.full((n, m), float("nan"), dtype=dtype, device=device).t()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                gpu.spmm_csr(**csr, x=x, m=m, bias=bias, activation="relu", variant=variant, out=out)
+                torch.cuda.synchronize()
+                elapsed = (time.perf_counter() - start) * 1e3
+                ref = spmm_reference64(dense, x, bias, "relu")
+                results.append(
+                    KernelCheck(
+                        "spmm_csr",
+                        variant,
+                        str(dtype).removeprefix("torch."),
+                        layout,
+                        f"{m}x{k}x{n}",
+                        relative_error(out, ref),
+                        TOLERANCE[dtype],
+                        elapsed,
+                    )
+                )
+        a = torch.randn(m, 29, generator=gen, device=device).to(dtype)
+        b = torch.randn(k, 29, generator=gen, device=device).to(dtype)
+        out = torch.full((csr["values"].numel(),), float("nan"), dtype=dtype, device=device)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        gpu.sddmm_csr(csr["row_offsets"], csr["column_indices"], csr["row_indices"], a, b, out=out)
+        torch.cuda.synchronize()
+        elapsed = (time.perf_counter() - start) * 1e3
+        results.append(
+            KernelCheck(
+                "sddmm_csr",
+                "warp-per-entry",
+                str(dtype).removeprefix("torch."),
+                "row-major",
+                f"{m}x{k}, K=29",
+                relative_error(out, sddmm_reference64(csr, a, b)),
+                TOLERANCE[dtype],
+                elapsed,
+            )
+        )
+    return results

@@ -1,0 +1,193 @@
+"""CUDA launchers for prunekit's sparse ops: variant choice per shape, argument checks, output allocation.
+
+These are the CUDA implementations behind ``prunekit::spmm_csr`` and ``prunekit::sddmm_csr`` (see ``ops.py``); they
+build or load the extension on first use (``build.load``). Tests and benchmarks call them directly to force a variant
+or to write into a poisoned ``out``. torch only.
+
+SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
+
+- ``rowwarp``: one subwarp per row in row-swizzle order, weights streamed once per 16 output columns. Memory-bound
+  path for decode shapes.
+- ``tiled``: X tiles staged in shared memory and shared by 16 or 64 rows. Path for large N.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from . import build
+from .layout import new_spmm_output, transposed_io
+from .reference import ACTIVATIONS
+
+log = logging.getLogger(__name__)
+
+SPMM_VARIANTS = ("auto", "rowwarp", "tiled")
+ROWWARP_MAX_N = 32  # largest N sent to the rowwarp kernel by "auto"; see docs/PERFORMANCE.md for the measurement
+TILED_ROWS_PER_BLOCK = {2: 16, 8: 64}  # rows_per_warp -> rows per block (8 warps)
+TILED_N_TILE = 128  # output columns per tiled block
+SUBWARP_MIN_NNZ = 128  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
+
+
+@dataclass(frozen=True)
+class SpmmPlan:
+    """Kernel choice for one SpMM call: ``variant`` plus its tiling parameters."""
+
+    variant: str
+    subwarp: int = 32
+    ntile: int = 16
+    rows_per_warp: int = 8
+
+
+def plan_spmm(m: int, n: int, nnz_padded: int, num_sms: int = 132, variant: str = "auto") -> SpmmPlan:
+    """Choose the SpMM kernel and tiling for ``A (m, K)`` with ``nnz_padded`` stored entries times ``X (K, n)``.
+
+    ``auto`` takes ``rowwarp`` for ``n <= ROWWARP_MAX_N`` (weights dominate the bytes) and ``tiled`` above; the
+    tiled kernel uses 64-row blocks when that still gives at least two blocks per SM, else 16-row blocks.
+
+    Raises:
+        ValueError: unknown ``variant``.
+    """
+    if variant not in SPMM_VARIANTS:
+        raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
+    if variant == "auto":
+        variant = "rowwarp" if n <= ROWWARP_MAX_N else "tiled"
+    if variant == "rowwarp":
+        avg_nnz = nnz_padded / max(1, m)
+        subwarp = 32 if avg_nnz >= SUBWARP_MIN_NNZ else 8
+        ntile = 1 if n <= 1 else 4 if n <= 4 else 16
+        return SpmmPlan("rowwarp", subwarp=subwarp, ntile=ntile)
+    n_tiles = -(-n // TILED_N_TILE)
+    big_blocks = -(-m // TILED_ROWS_PER_BLOCK[8]) * n_tiles
+    return SpmmPlan("tiled", rows_per_warp=8 if big_blocks >= 2 * num_sms else 2)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def _aligned16(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
+def spmm_csr(
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    row_indices: torch.Tensor,
+    x: torch.Tensor,
+    m: int,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    *,
+    variant: str = "auto",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """CUDA SpMM ``Y (M, N) = act(A @ X + bias[:, None])``, A in prunekit CSR as stored (see ``formats/csr.py``).
+
+    Args:
+        values: ``(nnz_padded,)`` fp16/bf16/fp32, same dtype as ``x``; row_offsets: ``(M + 1,)`` int32;
+            column_indices: ``(nnz_padded,)`` int16/int32; row_indices: ``(M,)`` int32 row swizzle;
+            x: ``(K, N)``, any strides (column-major X gives a column-major Y, see ``layout.py``);
+            m: M; bias: ``(M,)`` or None; activation: ``"none"`` or ``"relu"``;
+            variant: ``"auto"``, ``"rowwarp"`` or ``"tiled"``; out: optional ``(M, N)`` output to write into
+            (unit stride along M or N).
+
+    Returns:
+        ``Y (M, N)`` in ``x.dtype`` (``out`` when given), accumulated in fp32.
+
+    Raises:
+        KernelUnavailable: no GPU/compiler (see ``build.load``). ValueError: bad dtypes, shapes or activation.
+    """
+    build.load()
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (K, N), got shape {tuple(x.shape)}")
+    if values.dtype != x.dtype and out is None:
+        # Mixed precision (e.g. fp32 activations, fp16 weights): compute in the weights' dtype, return x's dtype.
+        y = spmm_csr(
+            values, row_offsets, column_indices, row_indices, x.to(values.dtype), m, bias, activation, variant=variant
+        )
+        return y.to(x.dtype)
+    if values.dtype != x.dtype:
+        raise ValueError(f"values ({values.dtype}) and x ({x.dtype}) must have one dtype when out is given")
+    if row_offsets.numel() != m + 1:
+        raise ValueError(f"row_offsets has {row_offsets.numel()} entries, expected M + 1 = {m + 1}")
+    n = x.shape[1]
+    y = new_spmm_output(x, m) if out is None else out
+    if y.shape != (m, n) or y.dtype != x.dtype or y.device != x.device:
+        raise ValueError(f"out must be a ({m}, {n}) {x.dtype} tensor on {x.device}")
+    if m == 0 or n == 0:
+        return y
+    if bias is not None:
+        bias = bias.to(dtype=x.dtype).contiguous()
+    if not values.is_contiguous() or not _aligned16(values):
+        values = values.contiguous().clone()
+    if not column_indices.is_contiguous() or not _aligned16(column_indices):
+        column_indices = column_indices.contiguous().clone()
+    row_offsets = row_offsets.contiguous()
+    row_indices = row_indices.contiguous()
+    plan = plan_spmm(m, n, values.numel(), _sm_count(x.device), variant)
+    relu = activation == "relu"
+    ext = torch.ops.prunekit_ext
+    if plan.variant == "rowwarp":
+        ext.spmm_csr_rowwarp(
+            values, row_offsets, column_indices, row_indices, x, y, bias, relu, plan.subwarp, plan.ntile
+        )
+    else:
+        if not (x.stride(1) == 1 or transposed_io(x)):
+            x = x.contiguous()
+        ext.spmm_csr_tiled(values, row_offsets, column_indices, x, y, bias, relu, plan.rows_per_warp)
+    return y
+
+
+def sddmm_csr(
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    row_indices: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """CUDA SDDMM: ``out[j] = a[row(j)] . b[col(j)]`` at every stored entry of a prunekit CSR pattern.
+
+    Sputnik's SDDMM (Gale et al. SC 2020, sec. 6): ``(A @ B^T)`` sampled at the pattern; padding entries give 0.
+
+    Args:
+        row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz_padded,)`` int16/int32; row_indices: ``(M,)``
+            int32; a: ``(M, K_inner)``; b: ``(N, K_inner)`` of a's dtype (fp16/bf16/fp32; non-contiguous inputs are
+            copied to contiguous first); out: optional ``(nnz_padded,)`` output.
+
+    Returns:
+        ``(nnz_padded,)`` values aligned with the CSR's ``values`` array, in ``a.dtype`` (fp32 accumulation).
+
+    Raises:
+        KernelUnavailable: no GPU/compiler. ValueError: bad dtypes or shapes.
+    """
+    build.load()
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"a (M, K) and b (N, K) expected, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        raise ValueError(f"a ({a.dtype}) and b ({b.dtype}) must have one dtype")
+    if row_offsets.numel() != a.shape[0] + 1:
+        raise ValueError(f"row_offsets has {row_offsets.numel()} entries, expected M + 1 = {a.shape[0] + 1}")
+    nnz = column_indices.numel()
+    y = torch.empty(nnz, dtype=a.dtype, device=a.device) if out is None else out
+    if y.shape != (nnz,) or y.dtype != a.dtype:
+        raise ValueError(f"out must be a ({nnz},) {a.dtype} tensor")
+    if not column_indices.is_contiguous() or not _aligned16(column_indices):
+        column_indices = column_indices.contiguous().clone()
+    torch.ops.prunekit_ext.sddmm_csr(
+        row_offsets.contiguous(), column_indices, row_indices.contiguous(), a.contiguous(), b.contiguous(), y
+    )
+    return y

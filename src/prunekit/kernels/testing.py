@@ -1,0 +1,107 @@
+"""Helpers shared by the kernel tests, ``prunekit kernels check`` and the benchmarks: random sparse weights, a
+device-side CSR encoder, and the error metric against a float64 reference. torch only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats.csr import csr_rows, vector_width
+
+# ||out - ref|| / ||ref|| bounds for outputs rounded to each dtype from an fp32 accumulator (fp16 rounds at 2^-11,
+# bf16 at 2^-8; the norm-wise error sits well under one rounding unit).
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
+
+
+def random_sparse_weight(
+    m: int,
+    k: int,
+    sparsity: float,
+    dtype: torch.dtype = torch.float16,
+    device: str | torch.device = "cpu",
+    generator: torch.Generator | None = None,
+    empty_rows: int = 0,
+    single_rows: int = 0,
+) -> torch.Tensor:
+    """Dense ``(m, k)`` weight with i.i.d. N(0, 1) entries, each zeroed with probability ``sparsity``.
+
+    The first ``empty_rows`` rows are all zero and the next ``single_rows`` rows keep exactly one non-zero (edge cases
+    for the kernels: empty rows and rows shorter than one vector).
+    """
+    w = torch.randn(m, k, generator=generator, device=device)
+    keep = torch.rand(m, k, generator=generator, device=device) >= sparsity
+    w = torch.where(keep & (w != 0), w, torch.zeros((), device=device))
+    w[:empty_rows] = 0
+    for r in range(empty_rows, min(m, empty_rows + single_rows)):
+        w[r] = 0
+        if k:
+            col = int(torch.randint(k, (1,), generator=generator, device=device))
+            w[r, col] = 1.0 + r / max(1, m)
+    w = w.to(dtype)
+    return torch.where(w != 0, w, torch.zeros((), dtype=dtype, device=device))
+
+
+def encode_csr(dense: torch.Tensor) -> dict[str, torch.Tensor]:
+    """prunekit CSR components of ``dense: (M, K)`` computed on ``dense``'s device (CUDA for large weights).
+
+    Gives exactly the components of ``prunekit.formats.encode("csr", dense)`` (which runs on the CPU): values padded
+    per row to 16 bytes, padding repeating the row's last column, int16/int32 column indices, int32 row offsets and
+    the row swizzle (rows by non-zeros, longest first, stable).
+    """
+    m, k = dense.shape
+    device = dense.device
+    width = vector_width(dense.dtype)
+    mask = dense != 0
+    nnz_per_row = mask.sum(1)
+    padded = (nnz_per_row + width - 1) // width * width
+    row_offsets = torch.zeros(m + 1, dtype=torch.int64, device=device)
+    row_offsets[1:] = torch.cumsum(padded, 0)
+    rows, cols = torch.nonzero(mask, as_tuple=True)
+    real_starts = torch.cumsum(nnz_per_row, 0) - nnz_per_row
+    slot = row_offsets[rows] + torch.arange(rows.numel(), device=device) - real_starts[rows]
+    total = int(row_offsets[-1])
+    values = torch.zeros(total, dtype=dense.dtype, device=device)
+    values[slot] = dense[rows, cols]
+    last_col = torch.zeros(m, dtype=torch.int64, device=device)
+    last_col.scatter_reduce_(0, rows, cols, reduce="amax")
+    column_indices = last_col[csr_rows(row_offsets)]
+    column_indices[slot] = cols
+    index_dtype = torch.int16 if k <= 32767 else torch.int32
+    row_indices = torch.sort(nnz_per_row, descending=True, stable=True).indices
+    return {
+        "values": values,
+        "row_offsets": row_offsets.to(torch.int32),
+        "column_indices": column_indices.to(index_dtype),
+        "row_indices": row_indices.to(torch.int32),
+    }
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (``||out||`` when ``ref`` is all zeros); NaN/inf give ``inf``."""
+    o = out.detach().double().cpu()
+    r = ref.detach().double().cpu()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    den = r.norm()
+    num = (o - r).norm()
+    return float(num / den) if den > 0 else float(num)
+
+
+def spmm_reference64(dense: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """float64 ``act(dense @ x + bias[:, None])`` on the CPU: the oracle for SpMM outputs."""
+    y = dense.double().cpu() @ x.double().cpu()
+    if bias is not None:
+        y = y + bias.double().cpu()[:, None]
+    return torch.relu(y) if activation == "relu" else y
+
+
+def sddmm_reference64(dense_pattern: dict[str, torch.Tensor], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float64 SDDMM oracle for the CSR components ``dense_pattern`` (padding entries 0), on the CPU."""
+    from .reference import csr_padding_mask
+
+    ro = dense_pattern["row_offsets"].cpu()
+    ci = dense_pattern["column_indices"].cpu()
+    rows = csr_rows(ro)
+    out = (a.double().cpu()[rows] * b.double().cpu()[ci.long()]).sum(-1)
+    out[csr_padding_mask(ro, ci)] = 0
+    return out

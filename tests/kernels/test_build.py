@@ -1,0 +1,123 @@
+"""Build-cache key, arch flags, variant planning, and the KernelUnavailable path (all CPU)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from prunekit.errors import KernelUnavailable, PrunekitError
+from prunekit.kernels import build, gpu
+
+
+def test_build_key_changes_with_every_input():
+    base = build.build_key("s" * 64, "2.11.0+cu130", "13.0", ("80", "90"))
+    assert len(base) == 64 and base == build.build_key("s" * 64, "2.11.0+cu130", "13.0", ("80", "90"))
+    assert base != build.build_key("t" * 64, "2.11.0+cu130", "13.0", ("80", "90"))
+    assert base != build.build_key("s" * 64, "2.12.0+cu130", "13.0", ("80", "90"))
+    assert base != build.build_key("s" * 64, "2.11.0+cu130", "12.8", ("80", "90"))
+    assert base != build.build_key("s" * 64, "2.11.0+cu130", "13.0", ("80", "89", "90"))
+    assert build.library_name(base).startswith("prunekit_kernels_") and base[:16] in build.library_name(base)
+
+
+def test_source_digest_follows_source_bytes(tmp_path):
+    csrc = tmp_path / "csrc"
+    shutil.copytree(build.CSRC_DIR, csrc)
+    before = build.source_digest(csrc)
+    assert before == build.source_digest(build.CSRC_DIR)
+    path = csrc / build.SOURCES[1]
+    path.write_text(path.read_text() + "\n// edit\n")
+    assert build.source_digest(csrc) != before
+
+
+def test_target_archs_default_env_and_device(monkeypatch):
+    monkeypatch.delenv(build.ARCHS_ENV, raising=False)
+    assert build.target_archs(None) == ("80", "90")
+    assert build.target_archs((9, 0)) == ("80", "90")
+    assert build.target_archs((8, 9)) == ("80", "89", "90")
+    assert build.target_archs((7, 5)) == ("80", "90")
+    monkeypatch.setenv(build.ARCHS_ENV, "9.0")
+    assert build.target_archs((8, 9)) == ("90",)
+
+
+def test_gencode_flags_name_every_arch_and_ptx_for_the_newest():
+    flags = build.gencode_flags(("80", "90"))
+    assert "-gencode=arch=compute_80,code=sm_80" in flags
+    assert "-gencode=arch=compute_90,code=sm_90" in flags
+    assert flags[-1] == "-gencode=arch=compute_90,code=compute_90"
+
+
+def test_cache_root_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "kc"))
+    assert build.cache_root() == tmp_path / "kc"
+    monkeypatch.delenv(build.CACHE_ENV)
+    assert build.cache_root().parts[-3:] == (".cache", "prunekit", "kernels")
+
+
+def test_prebuilt_library_is_found_by_key(monkeypatch, tmp_path):
+    key = "ab" * 32
+    monkeypatch.setenv(build.PREBUILT_ENV, str(tmp_path))
+    assert build._prebuilt(key) is None
+    (tmp_path / f"{build.library_name(key)}.so").write_bytes(b"")
+    assert build._prebuilt(key) == tmp_path / f"{build.library_name(key)}.so"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
+def test_load_without_gpu_raises_one_sentence_kernel_unavailable():
+    with pytest.raises(KernelUnavailable) as info:
+        build.load()
+    message = str(info.value)
+    assert isinstance(info.value, PrunekitError)
+    assert "unavailable" in message and "\n" not in message and message.endswith(".")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
+def test_gpu_launchers_raise_kernel_unavailable_without_gpu():
+    with pytest.raises(KernelUnavailable):
+        gpu.spmm_csr(
+            torch.zeros(0),
+            torch.zeros(1, dtype=torch.int32),
+            torch.zeros(0, dtype=torch.int16),
+            torch.zeros(0, dtype=torch.int32),
+            torch.zeros(0, 1),
+            0,
+        )
+    with pytest.raises(KernelUnavailable):
+        gpu.sddmm_csr(
+            torch.zeros(1, dtype=torch.int32),
+            torch.zeros(0, dtype=torch.int16),
+            torch.zeros(0, dtype=torch.int32),
+            torch.zeros(0, 2),
+            torch.zeros(0, 2),
+        )
+
+
+def test_importing_kernels_needs_no_gpu_or_compiler():
+    import importlib
+
+    for name in ("ops", "build", "gpu", "check", "layout", "reference", "testing"):
+        importlib.import_module(f"prunekit.kernels.{name}")
+    reason = build.unavailable_reason()
+    assert reason is None or (isinstance(reason, str) and "\n" not in reason)
+
+
+@pytest.mark.parametrize(
+    "m,n,nnz,expect",
+    [
+        (4096, 1, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=1)),
+        (4096, 3, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=4)),
+        (768, 16, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=16)),
+        (4096, 2048, 4096 * 416, gpu.SpmmPlan("tiled", rows_per_warp=8)),
+        (768, 128, 768 * 64, gpu.SpmmPlan("tiled", rows_per_warp=2)),
+    ],
+)
+def test_plan_spmm_auto(m, n, nnz, expect):
+    assert gpu.plan_spmm(m, n, nnz, num_sms=132) == expect
+
+
+def test_plan_spmm_forced_and_unknown_variant():
+    assert gpu.plan_spmm(4096, 4096, 10, variant="rowwarp").variant == "rowwarp"
+    assert gpu.plan_spmm(4096, 1, 10, variant="tiled").variant == "tiled"
+    with pytest.raises(ValueError, match="unknown spmm variant"):
+        gpu.plan_spmm(1, 1, 1, variant="fast")

@@ -1,0 +1,103 @@
+"""CUDA SpMM (both variants) against a float64 reference on fresh random inputs, outputs poisoned with NaN first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prunekit.kernels import gpu, ops
+from prunekit.kernels.testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, spmm_reference64
+
+pytestmark = pytest.mark.cuda
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+# (M, K, N, sparsity): M = 1, odd K and N (not multiples of the vector width), several K chunks and N tiles, dense rows.
+SHAPES = [
+    (1, 7, 1, 0.5),
+    (1, 300, 5, 0.9),
+    (33, 45, 3, 0.7),
+    (77, 203, 17, 0.8),
+    (130, 301, 129, 0.9),
+    (64, 1031, 260, 0.95),
+    (257, 64, 33, 0.0),
+]
+
+
+def _poisoned(m, n, dtype, transposed):
+    if transposed:
+        return torch.full((n, m), float("nan"), dtype=dtype, device="cuda").t()
+    return torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+
+
+def _case(m, k, n, sparsity, dtype, seed, transposed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dense = random_sparse_weight(m, k, sparsity, dtype, "cuda", g, empty_rows=min(2, m - 1), single_rows=min(2, m - 1))
+    x2d = torch.randn(n, k, generator=g, device="cuda").to(dtype)
+    x = x2d.t() if transposed else x2d.t().contiguous()
+    bias = torch.randn(m, generator=g, device="cuda").to(dtype)
+    return dense, encode_csr(dense), x, bias
+
+
+@pytest.mark.parametrize("variant", ["rowwarp", "tiled"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["xrow", "xT"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,k,n,sparsity", SHAPES)
+def test_spmm_matches_float64_reference(variant, transposed, dtype, m, k, n, sparsity):
+    for seed, activation in ((0, "relu"), (1, "none")):
+        dense, c, x, bias = _case(m, k, n, sparsity, dtype, seed + m + n, transposed)
+        y = _poisoned(m, n, dtype, transposed)
+        b = bias if activation == "relu" else None
+        gpu.spmm_csr(**c, x=x, m=m, bias=b, activation=activation, variant=variant, out=y)
+        err = relative_error(y, spmm_reference64(dense, x, b, activation))
+        assert err <= TOLERANCE[dtype], f"{variant} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("variant", ["rowwarp", "tiled"])
+def test_spmm_int32_column_indices(variant):
+    m, k, n = 9, 33000, 20
+    dense, c, x, bias = _case(m, k, n, 0.99, torch.float16, 5, True)
+    assert c["column_indices"].dtype == torch.int32
+    y = _poisoned(m, n, torch.float16, True)
+    gpu.spmm_csr(**c, x=x, m=m, bias=bias, activation="relu", variant=variant, out=y)
+    assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[torch.float16]
+
+
+def test_spmm_all_zero_weight_gives_bias():
+    m, k, n = 20, 50, 7
+    c = encode_csr(torch.zeros(m, k, dtype=torch.float16, device="cuda"))
+    x = torch.randn(k, n, device="cuda").half()
+    bias = torch.randn(m, device="cuda").half()
+    for variant in ("rowwarp", "tiled"):
+        y = _poisoned(m, n, torch.float16, False)
+        gpu.spmm_csr(**c, x=x, m=m, bias=bias, variant=variant, out=y)
+        torch.testing.assert_close(y, bias[:, None].expand(m, n))
+
+
+@pytest.mark.parametrize("n", [1, 16, 300])
+def test_op_dispatches_to_cuda_and_keeps_layout(n):
+    m, k = 96, 128
+    dense, c, x, bias = _case(m, k, n, 0.8, torch.float16, n, True)
+    y = ops.spmm_csr(c["values"], c["row_offsets"], c["column_indices"], c["row_indices"], x, m, bias, "relu")
+    assert y.is_cuda and y.shape == (m, n) and y.t().is_contiguous()
+    assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[torch.float16]
+
+
+def test_op_mixed_precision_fp32_activations_fp16_weights():
+    m, k, n = 40, 64, 8
+    dense, c, x, _ = _case(m, k, n, 0.5, torch.float16, 3, True)
+    y = ops.spmm_csr(**c, x=x.float(), m=m)
+    assert y.dtype == torch.float32
+    assert relative_error(y, spmm_reference64(dense, x, None, "none")) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_opcheck_spmm_csr_cuda(transposed):
+    _, c, x, bias = _case(50, 70, 40, 0.8, torch.float16, 9, transposed)
+    args = (c["values"], c["row_offsets"], c["column_indices"], c["row_indices"], x, 50, bias, "relu")
+    torch.library.opcheck(ops.spmm_csr, args)
+
+
+def test_repeated_runs_are_bitwise_identical():
+    dense, c, x, bias = _case(300, 900, 200, 0.9, torch.bfloat16, 11, True)
+    first = ops.spmm_csr(**c, x=x, m=300, bias=bias)
+    for _ in range(3):
+        assert torch.equal(ops.spmm_csr(**c, x=x, m=300, bias=bias), first)
