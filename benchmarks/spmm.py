@@ -1,0 +1,308 @@
+"""SpMM benchmark (issue 4): prunekit's ``spmm_csr`` vs dense cuBLAS and torch.sparse.mm (CSR), in one run.
+
+For every dtype, weight shape W (M x K), sparsity and N: W is random (i.i.d. N(0,1), each entry zeroed with
+probability ``sparsity``), activations are nn.Linear-shaped ``x2d: (N, K)``, and the three contenders compute the
+layer output the way a user would call them:
+
+- prunekit: ``ops.spmm_csr(..., x2d.t(), M)`` (the runtime's call; returns the transposed (N, M) output, no copies);
+- dense: ``F.linear(x2d, W)`` (cuBLAS);
+- torch.sparse: ``torch.sparse.mm(W_csr, x2d.t())`` (cuSPARSE through torch, int64 CSR).
+
+Timing (docs/KERNELS.md "Measurement"): CUDA events; ``gpu_ms`` is the median over replays of a CUDA graph of many
+calls (device time, no launch gaps), ``eager_ms`` the median over loops of plain eager calls (host overhead included,
+what a user sees); torch.sparse.mm is timed eager only. Every measurement rotates over several independent input sets
+(W and X) whose total size exceeds twice the L2 where memory allows; ``l2_resident`` flags those that could not.
+
+Writes ``<out>`` (JSON, rewritten after every configuration so a cut-off run keeps its results) and prints a rich table.
+Run on the GPU machine: ``PYTHONPATH=src python benchmarks/spmm.py --out benchmarks/results/spmm-h100-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+from prunekit.kernels import build, gpu, ops
+from prunekit.kernels.testing import encode_csr, random_sparse_weight, relative_error
+
+SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (768, 3072), (3072, 768)]
+NS = [1, 16, 128, 2048, 4096]
+SPARSITIES = [0.5, 0.7, 0.8, 0.9, 0.95, 0.98]
+DTYPES = ["float16", "bfloat16"]
+# H100 ceilings measured on this machine and quoted in issue 4 (2026-11-23): CUDA-core FP32 FMA peak, HBM copy rate.
+CUDA_CORE_FP32_TFLOPS = 64.5
+HBM_GBPS = 3000.0
+MAX_SETS = 16
+GRAPH_TARGET_S = 0.02  # device time per graph replay
+EAGER_TARGET_S = 0.03
+
+console = Console()
+
+
+def _ms_between(fn) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def eager_time(calls: list, min_reps: int = 3, trials: int = 5, target_s: float = EAGER_TARGET_S) -> float:
+    """Median per-call ms of loops of eager calls rotating over ``calls`` (host overhead included)."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    one = _ms_between(calls[0])
+    reps = max(min_reps, min(400, int(target_s * 1e3 / max(one, 1e-3))))
+
+    def loop() -> None:
+        for i in range(reps):
+            calls[i % len(calls)]()
+
+    return statistics.median(_ms_between(loop) / reps for _ in range(trials))
+
+
+def graph_time(calls: list, replays: int = 7, target_s: float = GRAPH_TARGET_S) -> float:
+    """Median per-call ms of replays of a CUDA graph holding many calls rotating over ``calls`` (device time)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls:
+            c()
+        one = _ms_between(calls[0])
+    torch.cuda.current_stream().wait_stream(stream)
+    reps = max(len(calls), min(400, int(target_s * 1e3 / max(one, 1e-3))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            calls[i % len(calls)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = [_ms_between(graph.replay) / reps for _ in range(replays)]
+    del graph
+    return statistics.median(times)
+
+
+def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int], l2_bytes: int, seed: int) -> list:
+    dtype = getattr(torch, dtype_name)
+    esize = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    probe = random_sparse_weight(m, k, sparsity, dtype, "cuda", gen)
+    probe_csr = encode_csr(probe)
+    sparse_bytes = sum(t.numel() * t.element_size() for t in probe_csr.values())
+    del probe, probe_csr
+    max_x_bytes = max(ns) * k * esize
+    free_bytes = torch.cuda.mem_get_info()[0]
+    set_bytes_all = m * k * esize + sparse_bytes * 3 + max_x_bytes + max(ns) * m * esize * 2
+    nsets = max(
+        2, min(MAX_SETS, math.ceil(2 * l2_bytes / max(1, sparse_bytes)), int(0.5 * free_bytes // set_bytes_all))
+    )
+    weights, csrs, torch_csrs = [], [], []
+    for _ in range(nsets):
+        w = random_sparse_weight(m, k, sparsity, dtype, "cuda", gen)
+        weights.append(w)
+        csrs.append(encode_csr(w))
+        torch_csrs.append(w.to_sparse_csr())
+    nnz_real = int((weights[0] != 0).sum())
+    nnz_padded = csrs[0]["values"].numel()
+    rows = []
+    for n in ns:
+        xs = [torch.randn(n, k, generator=gen, device="cuda").to(dtype) for _ in range(nsets)]
+        x_bytes = n * k * esize
+        l2_resident = nsets * (sparse_bytes + x_bytes) < 2 * l2_bytes
+
+        # Correctness of this very configuration (first set) against the dense product in fp32.
+        y = ops.spmm_csr(**csrs[0], x=xs[0].t(), m=m)
+        ref = F.linear(xs[0].float(), weights[0].float())
+        err = relative_error(y.t(), ref)
+        plan = gpu.plan_spmm(m, n, nnz_padded, torch.cuda.get_device_properties(0).multi_processor_count)
+
+        ours = [lambda c=c, x=x: ops.spmm_csr(**c, x=x.t(), m=m) for c, x in zip(csrs, xs, strict=True)]
+        dense = [lambda w=w, x=x: F.linear(x, w) for w, x in zip(weights, xs, strict=True)]
+        ours_gpu = graph_time(ours)
+        ours_eager = eager_time(ours)
+        dense_gpu = graph_time(dense)
+        dense_eager = eager_time(dense)
+        try:
+            tsp = [lambda s=s, x=x: torch.sparse.mm(s, x.t()) for s, x in zip(torch_csrs, xs, strict=True)]
+            sparse_eager = eager_time(tsp, min_reps=1, trials=3)
+            sparse_error = None
+        except RuntimeError as exc:  # e.g. a dtype cuSPARSE does not take
+            sparse_eager, sparse_error = None, str(exc).splitlines()[0]
+        flops = 2.0 * nnz_real * n
+        min_bytes = nnz_padded * (esize + csrs[0]["column_indices"].element_size()) + (m + 1) * 4 + x_bytes
+        min_bytes += n * m * esize
+        rows.append(
+            {
+                "dtype": dtype_name,
+                "m": m,
+                "k": k,
+                "n": n,
+                "sparsity": sparsity,
+                "nnz": nnz_real,
+                "nnz_padded": nnz_padded,
+                "variant": plan.variant,
+                "plan": dataclasses.asdict(plan),
+                "input_sets": nsets,
+                "l2_resident": l2_resident,
+                "rel_error": err,
+                "prunekit_gpu_ms": ours_gpu,
+                "prunekit_eager_ms": ours_eager,
+                "dense_gpu_ms": dense_gpu,
+                "dense_eager_ms": dense_eager,
+                "torch_sparse_eager_ms": sparse_eager,
+                "torch_sparse_error": sparse_error,
+                "speedup_vs_dense": dense_gpu / ours_gpu,
+                "speedup_vs_dense_eager": dense_eager / ours_eager,
+                "speedup_vs_torch_sparse": (sparse_eager / ours_eager) if sparse_eager else None,
+                "nnz_tflops": flops / (ours_gpu * 1e-3) / 1e12,
+                "fraction_of_cuda_core_peak": flops / (ours_gpu * 1e-3) / 1e12 / CUDA_CORE_FP32_TFLOPS,
+                "min_bytes": min_bytes,
+                "gbps": min_bytes / (ours_gpu * 1e-3) / 1e9,
+                "fraction_of_hbm": min_bytes / (ours_gpu * 1e-3) / 1e9 / HBM_GBPS,
+            }
+        )
+        del xs, ours, dense
+    del weights, csrs, torch_csrs
+    torch.cuda.empty_cache()
+    return rows
+
+
+def bench_variants(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int], seed: int) -> list:
+    """Device time of each SpMM variant forced, for tuning ``gpu.plan_spmm`` (``auto`` included)."""
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    nsets = 4
+    csrs = [encode_csr(random_sparse_weight(m, k, sparsity, dtype, "cuda", gen)) for _ in range(nsets)]
+    rows = []
+    for n in ns:
+        xs = [torch.randn(n, k, generator=gen, device="cuda").to(dtype) for _ in range(nsets)]
+        row = {"dtype": dtype_name, "m": m, "k": k, "n": n, "sparsity": sparsity}
+        for variant in ("auto", "rowwarp", "tiled"):
+            calls = [
+                lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
+                for c, x in zip(csrs, xs, strict=True)
+            ]
+            row[f"{variant}_gpu_ms"] = graph_time(calls)
+        row["auto_variant"] = gpu.plan_spmm(m, n, csrs[0]["values"].numel()).variant
+        rows.append(row)
+    return rows
+
+
+def environment() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "sm_count": props.multi_processor_count,
+        "l2_bytes": getattr(props, "L2_cache_size", None),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "kernel_build_key": build.current_key()[:16],
+        "method": "CUDA events; gpu_ms = median of CUDA-graph replays, eager_ms = median of eager loops; "
+        "inputs rotated over input_sets independent (W, X) sets",
+    }
+
+
+def render(rows: list, title: str) -> None:
+    table = Table(title=title)
+    for col in (
+        "dtype",
+        "W",
+        "N",
+        "sp",
+        "variant",
+        "ours ms",
+        "dense ms",
+        "vs dense",
+        "vs t.sparse",
+        "TFLOP/s",
+        "GB/s",
+    ):
+        table.add_column(col, justify="right")
+    for r in rows:
+        vs_sparse = r["speedup_vs_torch_sparse"]
+        table.add_row(
+            r["dtype"],
+            f"{r['m']}x{r['k']}",
+            str(r["n"]),
+            f"{r['sparsity']:.2f}",
+            r["variant"],
+            f"{r['prunekit_gpu_ms']:.4f}",
+            f"{r['dense_gpu_ms']:.4f}",
+            f"{r['speedup_vs_dense']:.2f}x",
+            f"{vs_sparse:.1f}x" if vs_sparse else "-",
+            f"{r['nnz_tflops']:.1f}",
+            f"{r['gbps']:.0f}",
+        )
+    console.print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON results path")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--shapes", default=",".join(f"{m}x{k}" for m, k in SHAPES))
+    parser.add_argument("--ns", default=",".join(map(str, NS)))
+    parser.add_argument("--sparsities", default=",".join(map(str, SPARSITIES)))
+    parser.add_argument("--variants", action="store_true", help="time each SpMM variant forced instead")
+    parser.add_argument("--time-budget-s", type=float, default=float("inf"), help="start no config after this")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    build.load()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    ns = [int(v) for v in args.ns.split(",")]
+    sparsities = [float(v) for v in args.sparsities.split(",")]
+    dtypes = args.dtypes.split(",")
+    env = environment()
+    l2 = env["l2_bytes"] or 50 * 2**20
+    result = {"environment": env, "rows": [], "skipped": []}
+    started = time.monotonic()
+    configs = [(d, m, k, s) for d in dtypes for (m, k) in shapes for s in sparsities]
+    for i, (dtype_name, m, k, sparsity) in enumerate(configs):
+        if time.monotonic() - started > args.time_budget_s:
+            result["skipped"].append({"dtype": dtype_name, "m": m, "k": k, "sparsity": sparsity, "ns": ns})
+            continue
+        t0 = time.monotonic()
+        if args.variants:
+            rows = bench_variants(dtype_name, m, k, sparsity, ns, args.seed + i)
+        else:
+            rows = bench_config(dtype_name, m, k, sparsity, ns, l2, args.seed + i)
+        result["rows"].extend(rows)
+        result["elapsed_s"] = time.monotonic() - started
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, args.out)
+        console.print(
+            f"[{i + 1}/{len(configs)}] {dtype_name} {m}x{k} sp={sparsity} done in {time.monotonic() - t0:.1f}s"
+        )
+        if args.variants:
+            for r in rows:
+                console.print(json.dumps({k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()}))
+    if not args.variants:
+        render(result["rows"], f"prunekit spmm_csr on {env['device']} (torch {env['torch']}, {env['date_utc']})")
+    if result["skipped"]:
+        console.print(f"[yellow]{len(result['skipped'])} configurations skipped by the time budget[/yellow]")
+
+
+if __name__ == "__main__":
+    main()

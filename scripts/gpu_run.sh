@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One GPU-machine run for issue 4: build the kernels, run the kernel tests, `kernels check`, a compute-sanitizer
+# memcheck of a small case, then the SpMM benchmark. Logs and JSON go to $OUT (or ./out).
+#
+#   scripts/gpu_run.sh [all|test|bench|variants|sanitize] [extra benchmark args...]
+#
+# Run from the repository root on a machine with a CUDA GPU, nvcc and ninja (no install needed: PYTHONPATH=src).
+set -uo pipefail
+MODE=${1:-all}
+shift || true
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
+export MAX_JOBS=${MAX_JOBS:-8}
+DATE=$(date -u +%Y-%m-%d)
+DEV=$(python3 -c "import torch; n=torch.cuda.get_device_name(0).lower(); print('h100' if 'h100' in n else 'h200' if 'h200' in n else n.replace(' ', '-'))")
+
+step() { echo "=== $* ($(date -u +%H:%M:%S))"; }
+
+step build
+/usr/bin/time -f "build wall %es" python3 -c "
+import logging, time; logging.basicConfig(level=logging.INFO)
+from prunekit.kernels import build
+t = time.time(); print(build.load(verbose=False), f'{time.time() - t:.1f}s')" 2>&1 | tee "$OUT/build.log" || exit 1
+
+if [[ $MODE == all || $MODE == test ]]; then
+  step tests
+  python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tee "$OUT/tests.log" | tail -25
+  step check
+  python3 -c "from prunekit.cli_kernels import app; app()" check 2>&1 | tee "$OUT/check.log"
+fi
+
+if [[ $MODE == all || $MODE == sanitize ]]; then
+  step compute-sanitizer memcheck
+  cat > /tmp/sanitize_case.py <<'PY'
+import torch
+from prunekit.kernels import gpu
+from prunekit.kernels.testing import encode_csr, random_sparse_weight
+for dtype in (torch.float16, torch.float32):
+    w = random_sparse_weight(45, 77, 0.8, dtype, "cuda", empty_rows=2, single_rows=2)
+    c = encode_csr(w)
+    x2d = torch.randn(19, 77, device="cuda").to(dtype)
+    for variant in ("rowwarp", "tiled"):
+        for x in (x2d.t(), x2d.t().contiguous()):
+            gpu.spmm_csr(**c, x=x, m=45, bias=torch.randn(45, device="cuda").to(dtype), activation="relu", variant=variant)
+    gpu.sddmm_csr(c["row_offsets"], c["column_indices"], c["row_indices"], torch.randn(45, 13, device="cuda").to(dtype),
+                  torch.randn(77, 13, device="cuda").to(dtype))
+torch.cuda.synchronize()
+print("sanitize case ran")
+PY
+  timeout 150 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 python3 /tmp/sanitize_case.py \
+    > "$OUT/memcheck.log" 2>&1
+  echo "compute-sanitizer exit code $?" | tee -a "$OUT/memcheck.log"
+  tail -4 "$OUT/memcheck.log"
+fi
+
+if [[ $MODE == variants ]]; then
+  step variant sweep
+  python3 benchmarks/spmm.py --variants --out "$OUT/spmm-variants-$DEV-$DATE.json" "$@" 2>&1 | tee "$OUT/variants.log" | tail -60
+fi
+
+if [[ $MODE == all || $MODE == bench ]]; then
+  step benchmark
+  python3 benchmarks/spmm.py --out "$OUT/spmm-$DEV-$DATE.json" "$@" 2>&1 | tee "$OUT/bench.log" | tail -120
+fi
+step done
