@@ -26,8 +26,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Piped output (CI logs, files) gets a width that fits the report tables; terminals keep their own.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def _setup_logging() -> None:
@@ -199,6 +200,15 @@ def run_cmd(
         console.print(f"saved {output}")
 
 
+def short_names(names: list[str]) -> list[str]:
+    """Drop the dotted prefix shared by all names and a trailing ``.weight`` (table display only)."""
+    parts = [n.removesuffix(".weight").split(".") for n in names]
+    common = 0
+    while parts and all(len(p) > common + 1 and p[common] == parts[0][common] for p in parts):
+        common += 1
+    return [".".join(p[common:]) for p in parts]
+
+
 def render_report(report, title: str | None = None) -> Table:
     """Rich table of a :class:`prunekit.deploy.report.Report`."""
     from .deploy.report import REPORT_FORMATS, human_bytes
@@ -215,9 +225,9 @@ def render_report(report, title: str | None = None) -> Table:
     table.add_column("stored", justify="right", footer=human_bytes(report.pruned_stored_nbytes))
     ratio = report.pruned_stored_nbytes / report.pruned_dense_nbytes if report.pruned_dense_nbytes else 1.0
     table.add_column("ratio", justify="right", footer=f"{ratio:.3f}")
-    for r in report.rows:
+    for r, name in zip(report.rows, short_names([r.name for r in report.rows])):
         table.add_row(
-            r.name,
+            name,
             "x".join(map(str, r.shape)),
             r.pattern,
             f"{r.sparsity:.1%}",
@@ -226,6 +236,7 @@ def render_report(report, title: str | None = None) -> Table:
             f"{r.stored_format} {human_bytes(r.stored_nbytes)}",
             f"{r.ratio:.3f}",
         )
+    table.caption = "bytes are exact stored sizes; '-' = the format cannot hold the layer; a format's total counts such layers dense"
     return table
 
 
