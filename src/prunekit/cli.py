@@ -306,12 +306,25 @@ def demo(
     console.print(f"{len(result.sentences)} sentences, e.g. {result.sentences[0]!r}")
 
 
+# Command groups that live in their own modules: (module, command name, help).
+SUB_APPS = (
+    ("cli_kernels", "kernels", "Build and check the bundled CUDA kernels."),
+    ("cli_train", "train", "Recipes, fine-tuning and sensitivity analysis."),
+    ("cli_spdnn", "spdnn", "The Sparse DNN Graph Challenge: generate, run, check."),
+)
+
+
 def _mount_optional() -> None:
-    try:
-        from .cli_kernels import app as kernels_app
-    except ImportError:
-        return
-    app.add_typer(kernels_app, name="kernels", help="Build and check the bundled CUDA kernels.")
+    import importlib
+
+    for module_name, name, help_text in SUB_APPS:
+        try:
+            module = importlib.import_module(f".{module_name}", __package__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{module_name}":
+                raise
+            continue
+        app.add_typer(module.app, name=name, help=help_text)
 
 
 _mount_optional()
