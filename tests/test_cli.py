@@ -44,7 +44,9 @@ def test_every_command_has_help(command):
 def test_prune_convert_export_run_report_on_a_state_dict(tmp_path, mlp_safetensors):
     before = tree_digest(mlp_safetensors)
     pruned = tmp_path / "pruned.safetensors"
-    assert invoke("prune", mlp_safetensors, "-o", pruned, "--pattern", "unstructured", "--sparsity", "0.6").exit_code == 0
+    assert (
+        invoke("prune", mlp_safetensors, "-o", pruned, "--pattern", "unstructured", "--sparsity", "0.6").exit_code == 0
+    )
     sidecar = json.loads((tmp_path / "pruned.safetensors.prunekit.json").read_text())
     assert set(sidecar["tensors"]) == {"fc1.weight", "fc2.weight", "conv.weight"}
     assert all(t["method"] == "magnitude" and t["pattern"] == "unstructured" for t in sidecar["tensors"].values())
@@ -186,14 +188,18 @@ def test_text_input_for_a_state_dict_package_is_refused(package):
 
 def test_unknown_format_and_existing_package_are_refused(tmp_path, package):
     pruned = tmp_path / "p.safetensors"
-    assert_clean_failure(invoke("convert", pruned, "-o", tmp_path / "out.safetensors", "-f", "coo"), "unknown format", tmp_path)
+    assert_clean_failure(
+        invoke("convert", pruned, "-o", tmp_path / "out.safetensors", "-f", "coo"), "unknown format", tmp_path
+    )
     assert_clean_failure(invoke("export", pruned, "-o", package), "already exists")
 
 
 def test_integer_state_dict_prunes_nothing(tmp_path):
     path = tmp_path / "ints.safetensors"
     save_file({"fc.weight": torch.ones(4, 8, dtype=torch.int32)}, str(path))
-    assert_clean_failure(invoke("prune", path, "-o", tmp_path / "out.safetensors", "-p", "2:4"), "nothing to prune", tmp_path)
+    assert_clean_failure(
+        invoke("prune", path, "-o", tmp_path / "out.safetensors", "-p", "2:4"), "nothing to prune", tmp_path
+    )
 
 
 def test_state_dict_with_conv_and_pt_output_round_trips(tmp_path, mlp_pt):

@@ -41,7 +41,9 @@ def test_minilm_dense_path_matches_sentence_transformers(minilm_dir):
 
     model = transformers.AutoModel.from_pretrained(minilm_dir).eval()
     ours = run_hf(model, minilm_dir, list(DEMO_SENTENCES[:3]))["sentence_embedding"]
-    theirs = st.SentenceTransformer(str(minilm_dir), device="cpu").encode(list(DEMO_SENTENCES[:3]), convert_to_tensor=True)
+    theirs = st.SentenceTransformer(str(minilm_dir), device="cpu").encode(
+        list(DEMO_SENTENCES[:3]), convert_to_tensor=True
+    )
     torch.testing.assert_close(ours, theirs.cpu(), rtol=1e-4, atol=1e-5)
 
 

@@ -39,7 +39,9 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2, tor
 def test_sparse_linear_matches_float64_dense_linear(dtype, fmt, pattern, params):
     for seed in range(3):
         g = torch.Generator().manual_seed(seed)
-        w = prune_tensor(torch.randn(40, 24, generator=g).to(dtype), pattern, pattern.check_sparsity(0.6 if fmt != "nm" else None))
+        w = prune_tensor(
+            torch.randn(40, 24, generator=g).to(dtype), pattern, pattern.check_sparsity(0.6 if fmt != "nm" else None)
+        )
         w[3] = 0  # empty row
         bias = torch.randn(40, generator=g).to(dtype)
         x = torch.randn(2, 7, 24, generator=g).to(dtype)
@@ -61,7 +63,13 @@ def hf_outputs(model_dir, input_ids):
 
 @pytest.mark.parametrize(
     "pattern,sparsity,fmt",
-    [("unstructured", 0.5, "auto"), ("2:4", None, "auto"), ("block:8x8", 0.5, "auto"), ("unstructured", 0.7, "bitmask"), ("4:8", None, "csr")],
+    [
+        ("unstructured", 0.5, "auto"),
+        ("2:4", None, "auto"),
+        ("block:8x8", 0.5, "auto"),
+        ("unstructured", 0.7, "bitmask"),
+        ("4:8", None, "csr"),
+    ],
 )
 def test_package_output_equals_pruned_dense_model(tmp_path, tiny_bert_dir, pattern, sparsity, fmt):
     pruned, package = tmp_path / "pruned", tmp_path / "pkg"

@@ -43,7 +43,9 @@ def test_truncated_safetensors_is_a_checkpoint_error(mlp_safetensors):
         open_checkpoint(mlp_safetensors)
 
 
-@pytest.mark.parametrize("payload", [b"", b"garbage!", b"\xff" * 64, (20).to_bytes(8, "little") + b"{not json}         "])
+@pytest.mark.parametrize(
+    "payload", [b"", b"garbage!", b"\xff" * 64, (20).to_bytes(8, "little") + b"{not json}         "]
+)
 def test_corrupt_safetensors_is_a_checkpoint_error(tmp_path, payload):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(payload)

@@ -61,7 +61,12 @@ def test_invalid_masks_are_rejected():
 
 @pytest.mark.parametrize(
     "text,expected",
-    [("unstructured", Unstructured()), ("block:32x32", Block(32, 32)), ("block:16x64", Block(16, 64)), ("2:4", NM(2, 4))],
+    [
+        ("unstructured", Unstructured()),
+        ("block:32x32", Block(32, 32)),
+        ("block:16x64", Block(16, 64)),
+        ("2:4", NM(2, 4)),
+    ],
 )
 def test_pattern_strings_round_trip(text, expected):
     assert parse_pattern(text) == expected
