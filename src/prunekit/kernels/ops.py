@@ -120,3 +120,4 @@ sddmm_csr = _define("sddmm_csr", _sddmm_csr, _sddmm_csr_fake, _sddmm_csr_cuda)
 a CSR pattern (Sputnik SDDMM), ``a: (M, K_inner)``, ``b: (N, K_inner)``; padding entries are 0."""
 bsr_mm = _define("bsr_mm", _bsr_mm, _bsr_mm_fake)
 nm_mm = _define("nm_mm", _nm_mm, _nm_mm_fake)
+from . import structured  # noqa: E402,F401  (CUDA impls of bsr_mm / nm_mm)

@@ -25,6 +25,17 @@ def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
 
 def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     c = layer.component
+    if "schedule" in layer._names:  # static mode: the load-balanced schedule stored at export (formats/bsr.py)
+        return ops.structured.bsr_mm_static(
+            c("blocks"),
+            c("crow_indices"),
+            c("col_indices"),
+            c("schedule"),
+            c("split_rows"),
+            xt,
+            layer.out_features,
+            layer.bias,
+        )
     return ops.bsr_mm(c("blocks"), c("crow_indices"), c("col_indices"), xt, layer.out_features, layer.bias)
 
 

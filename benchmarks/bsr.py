@@ -1,0 +1,266 @@
+"""BSR matmul benchmark (issue 5): prunekit's tensor-core ``bsr_mm`` (static and dynamic) vs dense cuBLAS and torch's
+Triton ``bsr_dense_mm``, in one run.
+
+For every dtype, weight shape W (M x K), block (r x c), block sparsity and N: W keeps each r x c tile with probability
+``1 - sparsity`` (N(0, 1) values inside kept tiles), activations are nn.Linear-shaped ``x2d: (N, K)``, and the
+contenders compute the layer output as a user would call them:
+
+- prunekit static: ``structured.bsr_mm_static(blocks, crow, cols, schedule, split_rows, x2d.t(), M)`` (the runtime's
+  call for an exported weight; returns the transposed (N, M) output, no copies);
+- prunekit dynamic: ``ops.bsr_mm(blocks, crow, cols, x2d.t(), M)`` (no schedule);
+- dense: ``F.linear(x2d, W)`` (cuBLAS);
+- torch BSR: ``torch.sparse._triton_ops.bsr_dense_mm(W_bsr, x2d.t())`` (Triton; eager and CUDA-graph replayed).
+
+Timing: CUDA events; ``*_gpu_ms`` is the median over replays of a CUDA graph of many calls (device time, no launch
+gaps), ``*_eager_ms`` the median over loops of plain eager calls (host overhead included: what a user sees). Every
+measurement rotates over several independent input sets (W and X) whose total size exceeds twice the L2 where memory
+allows. Every contender's output is checked against dense fp32 before timing (relative error in the JSON).
+
+Writes ``--out`` (JSON, rewritten after each configuration so a cut-off run keeps its results) and prints a rich
+table. Run on the GPU machine: ``PYTHONPATH=src python benchmarks/bsr.py --out benchmarks/results/bsr-h100-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+from prunekit.formats.bsr import static_schedule
+from prunekit.kernels import ops, structured
+
+QUICK = {
+    "shapes": [(16384, 16384), (4096, 4096), (11008, 4096)],
+    "ns": {(16384, 16384): [8192], (4096, 4096): [16, 4096], (11008, 4096): [16, 2048]},
+    "blocks": [16, 32, 64],
+    "sparsities": [0.5, 0.9, 0.95],
+    "dtypes": ["float16"],
+}
+FULL = {
+    "shapes": [(16384, 16384), (4096, 4096), (11008, 4096), (4096, 11008), (768, 3072), (3072, 768)],
+    "ns": {(16384, 16384): [8192]},
+    "default_ns": [1, 16, 128, 2048, 4096],
+    "blocks": [16, 32, 64],
+    "sparsities": [0.5, 0.7, 0.8, 0.9, 0.95],
+    "dtypes": ["float16", "bfloat16"],
+}
+GRAPH_TARGET_S = 0.02  # device time per timed graph replay
+EAGER_TARGET_S = 0.02
+L2_BYTES = 50 * 2**20  # H100 SXM L2; rotation sets are sized to exceed twice this
+
+console = Console()
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` computed on the GPU in fp32 (inf for NaN/inf outputs)."""
+    diff = (out.float() - ref.float()).norm()
+    return float(diff / ref.float().norm()) if bool(torch.isfinite(diff)) else float("inf")
+
+
+def _ms_between(fn) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def eager_time(calls: list, trials: int = 5, target_s: float = EAGER_TARGET_S) -> float:
+    """Median per-call ms over ``trials`` loops of eager calls rotating over ``calls`` (host overhead included)."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    one = _ms_between(calls[0])
+    reps = max(3, min(500, int(target_s * 1e3 / max(one, 1e-3))))
+
+    def loop() -> None:
+        for i in range(reps):
+            calls[i % len(calls)]()
+
+    return statistics.median(_ms_between(loop) / reps for _ in range(trials))
+
+
+def graph_time(calls: list, replays: int = 7, target_s: float = GRAPH_TARGET_S) -> float:
+    """Median per-call ms over replays of one CUDA graph holding many calls rotating over ``calls`` (device time)."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    one = _ms_between(calls[0])
+    reps = max(len(calls), min(200, int(target_s * 1e3 / max(one, 1e-3))))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls:  # warm-up on the capture stream (allocator pools, lazy init)
+            c()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            calls[i % len(calls)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    return statistics.median(_ms_between(graph.replay) / reps for _ in range(replays))
+
+
+def block_weight(m: int, k: int, r: int, c: int, sparsity: float, dtype: torch.dtype, gen: torch.Generator):
+    """Dense W with r x c tiles kept with probability 1 - sparsity, and its BSR components (built on the GPU)."""
+    keep = torch.rand(m // r, k // c, device="cuda", generator=gen) >= sparsity
+    w = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.float32).to(dtype)
+    w.mul_(keep.repeat_interleave(r, 0).repeat_interleave(c, 1))
+    tiles = w.reshape(m // r, r, k // c, c).transpose(1, 2)
+    rows, cols = torch.nonzero(keep, as_tuple=True)
+    crow = torch.zeros(m // r + 1, dtype=torch.int64, device="cuda")
+    crow[1:] = torch.cumsum(keep.sum(1), 0)
+    schedule, split_rows = static_schedule(crow.cpu())
+    comp = {
+        "blocks": tiles[rows, cols].contiguous(),
+        "crow_indices": crow.to(torch.int32),
+        "col_indices": cols.to(torch.int32),
+        "schedule": schedule.cuda(),
+        "split_rows": split_rows.cuda(),
+    }
+    return w, comp
+
+
+def _triton_bsr():
+    try:
+        from torch.sparse._triton_ops import bsr_dense_mm
+    except ImportError:
+        return None
+    return bsr_dense_mm
+
+
+def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
+    elem = torch.finfo(dtype).bits // 8
+    set_bytes = (m * k * (1 - sparsity) + k * n + m * n) * elem
+    n_sets = max(2, min(args.max_sets, math.ceil(2 * L2_BYTES / max(set_bytes, 1))))
+    free = torch.cuda.mem_get_info()[0]
+    n_sets = max(1, min(n_sets, int(0.35 * free / (set_bytes + m * k * elem))))
+    sets = []
+    for _ in range(n_sets):
+        w, comp = block_weight(m, k, r, r, sparsity, dtype, gen)
+        x2d = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.float32).to(dtype)
+        sets.append((w, comp, x2d))
+    res = {
+        "m": m, "k": k, "n": n, "block": r, "sparsity": sparsity, "dtype": str(dtype).removeprefix("torch."),
+        "n_sets": n_sets, "l2_resident": n_sets * set_bytes < 2 * L2_BYTES,
+        "nblocks": int(sets[0][1]["crow_indices"][-1]), "split_rows": int(sets[0][1]["split_rows"].numel()),
+    }  # fmt: skip
+
+    def static_call(s):
+        w, c, x2d = s
+        return lambda: structured.bsr_mm_static(
+            c["blocks"], c["crow_indices"], c["col_indices"], c["schedule"], c["split_rows"], x2d.t(), m
+        )
+
+    def dynamic_call(s):
+        w, c, x2d = s
+        return lambda: ops.bsr_mm(c["blocks"], c["crow_indices"], c["col_indices"], x2d.t(), m)
+
+    def dense_call(s):
+        w, c, x2d = s
+        return lambda: F.linear(x2d, w)
+
+    w0, _, x0 = sets[0]
+    ref = F.linear(x0.float(), w0.float()).t()
+    res["static_err"] = relative_error(static_call(sets[0])(), ref)
+    res["dynamic_err"] = relative_error(dynamic_call(sets[0])(), ref)
+    for name, make in (("static", static_call), ("dynamic", dynamic_call), ("dense", dense_call)):
+        calls = [make(s) for s in sets]
+        res[f"{name}_gpu_ms"] = graph_time(calls)
+        res[f"{name}_eager_ms"] = eager_time(calls)
+    triton_mm = _triton_bsr()
+    if triton_mm is not None and not args.no_torch_bsr:
+        try:
+            bsrs = [(w.to_sparse_bsr((r, r)), x2d) for w, _, x2d in sets]
+            res["torch_bsr_err"] = relative_error(triton_mm(bsrs[0][0], bsrs[0][1].t()), ref)
+            calls = [lambda b=b, x=x: triton_mm(b, x.t()) for b, x in bsrs]
+            res["torch_bsr_eager_ms"] = eager_time(calls)
+            res["torch_bsr_gpu_ms"] = graph_time(calls)
+        except Exception as exc:  # record why the baseline could not run at this point; keep benchmarking
+            res["torch_bsr_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    flops = 2.0 * m * k * n
+    res["dense_tflops"] = flops / res["dense_gpu_ms"] / 1e9
+    res["static_effective_tflops"] = flops / res["static_gpu_ms"] / 1e9
+    res["static_speedup_gpu"] = res["dense_gpu_ms"] / res["static_gpu_ms"]
+    res["static_speedup_eager"] = res["dense_eager_ms"] / res["static_eager_ms"]
+    res["dynamic_over_static"] = res["dynamic_gpu_ms"] / res["static_gpu_ms"]
+    if "torch_bsr_gpu_ms" in res:
+        res["torch_bsr_speedup_gpu"] = res["dense_gpu_ms"] / res["torch_bsr_gpu_ms"]
+    del sets
+    torch.cuda.empty_cache()
+    return res
+
+
+def table(results: list[dict]) -> Table:
+    t = Table(title="prunekit bsr_mm vs cuBLAS dense and torch Triton BSR (speedups vs dense, same run)")
+    for col in ("dtype", "M x K", "N", "blk", "sp", "static ms", "x dense", "eager x", "dyn/static",
+                "torch bsr x (graph)", "torch bsr x (eager)", "err"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for r in results:
+        tb = f"{r['torch_bsr_speedup_gpu']:.2f}" if "torch_bsr_speedup_gpu" in r else "-"
+        te = f"{r['dense_eager_ms'] / r['torch_bsr_eager_ms']:.2f}" if "torch_bsr_eager_ms" in r else "-"
+        t.add_row(
+            r["dtype"], f"{r['m']}x{r['k']}", str(r["n"]), str(r["block"]), f"{r['sparsity']:.2f}",
+            f"{r['static_gpu_ms']:.3f}", f"{r['static_speedup_gpu']:.2f}", f"{r['static_speedup_eager']:.2f}",
+            f"{r['dynamic_over_static']:.2f}", tb, te, f"{max(r['static_err'], r['dynamic_err']):.1e}",
+        )  # fmt: skip
+    return t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--full", action="store_true", help="the whole grid (about an hour); default: quick grid")
+    parser.add_argument("--max-sets", type=int, default=8)
+    parser.add_argument("--no-torch-bsr", action="store_true")
+    parser.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new configurations after this")
+    args = parser.parse_args()
+    grid = FULL if args.full else QUICK
+    structured.load()
+    t0 = time.time()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    meta = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "command": "PYTHONPATH=src python benchmarks/bsr.py" + (" --full" if args.full else ""),
+        "timing": "median of CUDA-graph replays (gpu_ms) and of eager loops (eager_ms), rotating input sets",
+    }
+    results: list[dict] = []
+    for dtype_name in grid["dtypes"]:
+        dtype = getattr(torch, dtype_name)
+        for m, k in grid["shapes"]:
+            for n in grid["ns"].get((m, k), grid.get("default_ns", [])):
+                for r in grid["blocks"]:
+                    for sparsity in grid["sparsities"]:
+                        if time.time() - t0 > args.time_limit_s:
+                            break
+                        res = run_config(m, k, n, r, sparsity, dtype, args, gen)
+                        results.append(res)
+                        console.print(
+                            f"{dtype_name} {m}x{k} N={n} b{r} s={sparsity}: static {res['static_gpu_ms']:.3f} ms "
+                            f"({res['static_speedup_gpu']:.2f}x dense, eager {res['static_speedup_eager']:.2f}x), "
+                            f"dyn/static {res['dynamic_over_static']:.2f}, torch bsr "
+                            f"{res.get('torch_bsr_speedup_gpu', float('nan')):.2f}x, err {res['static_err']:.1e}"
+                        )
+                        args.out.parent.mkdir(parents=True, exist_ok=True)
+                        args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    console.print(table(results))
+
+
+if __name__ == "__main__":
+    main()

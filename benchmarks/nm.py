@@ -1,0 +1,158 @@
+"""2:4 matmul benchmark (issue 5): prunekit's ``nm_mm`` (cuSPARSELt, weight compressed once and cached, algorithm
+chosen once per shape) vs dense cuBLAS and torch's ``to_sparse_semi_structured``, in one run.
+
+For every dtype, weight shape W (M x K) and N: W keeps the 2 largest-magnitude of every 4 entries of an N(0, 1)
+matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user calls them:
+
+- prunekit: ``ops.nm_mm(values, metadata, x2d.t(), 2, 4, bits)`` on the stored ``nm`` format (the runtime's call);
+- dense: ``F.linear(x2d, W)`` (cuBLAS);
+- torch 2:4: ``F.linear(x2d, to_sparse_semi_structured(W))`` (cuSPARSELt through torch's tensor subclass).
+
+Timing as in ``benchmarks/bsr.py`` (CUDA-graph replays = device time; eager loops = what a user sees; rotating input
+sets). Writes ``--out`` JSON and prints a rich table.
+Run on the GPU machine: ``PYTHONPATH=src python benchmarks/nm.py --out benchmarks/results/nm-h100-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bsr import L2_BYTES, eager_time, graph_time, relative_error  # noqa: E402
+
+from prunekit import formats  # noqa: E402
+from prunekit.kernels import ops, structured  # noqa: E402
+
+POINTS = [
+    (16384, 16384, 8192),
+    (8192, 8192, 8192),
+    (4096, 4096, 4096),
+    (11008, 4096, 2048),
+    (4096, 11008, 2048),
+    (4096, 4096, 16),
+    (11008, 4096, 16),
+    (4096, 11008, 16),
+    (4096, 4096, 1),
+    (4096, 4096, 128),
+    (3072, 768, 128),
+    (768, 3072, 128),
+]
+console = Console()
+
+
+def nm24_weight(m: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    w = torch.randn(m, k // 4, 4, device="cuda", generator=gen)
+    keep = torch.zeros_like(w, dtype=torch.bool).scatter_(2, w.abs().topk(2, dim=2).indices, True)
+    return (w * keep).reshape(m, k).to(dtype)
+
+
+def run_point(m, k, n, dtype, args, gen) -> dict:
+    from torch.sparse import to_sparse_semi_structured
+
+    elem = torch.finfo(dtype).bits // 8
+    set_bytes = (m * k // 2 + k * n + m * n) * elem
+    n_sets = max(2, min(args.max_sets, math.ceil(2 * L2_BYTES / set_bytes)))
+    free = torch.cuda.mem_get_info()[0]
+    n_sets = max(1, min(n_sets, int(0.3 * free / (set_bytes + 2 * m * k * elem))))
+    sets = []
+    for _ in range(n_sets):
+        w = nm24_weight(m, k, dtype, gen)
+        enc = formats.encode("nm", w, {"n": 2, "m": 4})  # encoded on the GPU (torch ops on w's device)
+        c = enc.components
+        x2d = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
+        sets.append((w, c, int(enc.params["bits"]), x2d))
+    res = {"m": m, "k": k, "n": n, "dtype": str(dtype).removeprefix("torch."), "n_sets": n_sets}
+
+    def ours(s):
+        w, c, bits, x2d = s
+        return lambda: ops.nm_mm(c["values"], c["metadata"], x2d.t(), 2, 4, bits)
+
+    def dense(s):
+        w, c, bits, x2d = s
+        return lambda: F.linear(x2d, w)
+
+    w0, _, _, x0 = sets[0]
+    ref = F.linear(x0.float(), w0.float()).t()
+    res["prunekit_err"] = relative_error(ours(sets[0])(), ref)
+    for name, make in (("prunekit", ours), ("dense", dense)):
+        calls = [make(s) for s in sets]
+        res[f"{name}_gpu_ms"] = graph_time(calls)
+        res[f"{name}_eager_ms"] = eager_time(calls)
+    try:
+        semis = [(to_sparse_semi_structured(w), x2d) for w, _, _, x2d in sets]
+        res["torch24_err"] = relative_error(F.linear(semis[0][1], semis[0][0]).t(), ref)
+        calls = [lambda ws=ws, x=x: F.linear(x, ws) for ws, x in semis]
+        res["torch24_eager_ms"] = eager_time(calls)
+        res["torch24_gpu_ms"] = graph_time(calls)
+    except Exception as exc:  # record why the baseline could not run at this point
+        res["torch24_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    res["speedup_gpu"] = res["dense_gpu_ms"] / res["prunekit_gpu_ms"]
+    res["speedup_eager"] = res["dense_eager_ms"] / res["prunekit_eager_ms"]
+    res["eager_overhead_us"] = 1e3 * (res["prunekit_eager_ms"] - res["prunekit_gpu_ms"])
+    if "torch24_gpu_ms" in res:
+        res["torch24_speedup_gpu"] = res["dense_gpu_ms"] / res["torch24_gpu_ms"]
+        res["torch24_speedup_eager"] = res["dense_eager_ms"] / res["torch24_eager_ms"]
+    del sets
+    torch.cuda.empty_cache()
+    return res
+
+
+def table(results: list[dict]) -> Table:
+    t = Table(title="prunekit nm_mm (2:4) vs cuBLAS dense and torch semi-structured (speedups vs dense, same run)")
+    for col in ("dtype", "M x K", "N", "ours ms", "x dense (graph)", "x dense (eager)", "overhead us",
+                "torch x (graph)", "torch x (eager)", "err"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for r in results:
+        t.add_row(
+            r["dtype"], f"{r['m']}x{r['k']}", str(r["n"]), f"{r['prunekit_gpu_ms']:.3f}", f"{r['speedup_gpu']:.2f}",
+            f"{r['speedup_eager']:.2f}", f"{r['eager_overhead_us']:.1f}",
+            f"{r.get('torch24_speedup_gpu', float('nan')):.2f}", f"{r.get('torch24_speedup_eager', float('nan')):.2f}",
+            f"{r['prunekit_err']:.1e}",
+        )  # fmt: skip
+    return t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--dtypes", default="float16")
+    parser.add_argument("--max-sets", type=int, default=8)
+    args = parser.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    meta = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "cusparselt": structured.cusparselt_available(),
+        "command": f"PYTHONPATH=src python benchmarks/nm.py --dtypes {args.dtypes}",
+    }
+    results = []
+    for dtype_name in args.dtypes.split(","):
+        for m, k, n in POINTS:
+            res = run_point(m, k, n, getattr(torch, dtype_name), args, gen)
+            results.append(res)
+            console.print(
+                f"{dtype_name} {m}x{k} N={n}: {res['prunekit_gpu_ms']:.3f} ms, {res['speedup_gpu']:.2f}x dense "
+                f"(eager {res['speedup_eager']:.2f}x, overhead {res['eager_overhead_us']:.1f} us), torch 2:4 "
+                f"{res.get('torch24_speedup_gpu', float('nan')):.2f}x/{res.get('torch24_speedup_eager', float('nan')):.2f}x"
+            )
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    console.print(table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One GPU-machine run for issue 5: build the structured-sparse extension (BSR tensor-core matmul; 2:4 uses torch's
+# cuSPARSELt), run the BSR / N:M tests (CUDA ones included), a compute-sanitizer memcheck of small cases, then the
+# BSR and 2:4 benchmarks. Logs and JSON go to $OUT (or ./out).
+#
+#   scripts/gpu_structured.sh [all|test|bench] [bsr benchmark args...]
+#
+# Run from the repository root on a machine with a CUDA GPU, nvcc and ninja (no install needed: PYTHONPATH=src).
+set -uo pipefail
+MODE=${1:-all}
+shift || true
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
+export PRUNEKIT_CUDA_ARCHS=${PRUNEKIT_CUDA_ARCHS:-90}
+export MAX_JOBS=${MAX_JOBS:-8}
+DATE=$(date -u +%Y-%m-%d)
+DEV=$(python3 -c "import torch; n=torch.cuda.get_device_name(0).lower(); print('h100' if 'h100' in n else 'h200' if 'h200' in n else n.replace(' ', '-'))")
+step() { echo "=== $* ($(date -u +%H:%M:%S))"; }
+
+step build
+python3 -c "
+import logging, time; logging.basicConfig(level=logging.INFO)
+import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), 'cusparselt', torch.backends.cusparselt.is_available())
+from prunekit.kernels import structured
+t = time.time(); print(structured.load(verbose=False), f'{time.time() - t:.1f}s')" > "$OUT/build.log" 2>&1
+rc=$?; tail -3 "$OUT/build.log"; [[ $rc == 0 ]] || { tail -60 "$OUT/build.log"; exit 1; }
+
+if [[ $MODE == all || $MODE == test ]]; then
+  step tests
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_bsr_mm.py tests/kernels/test_nm_mm.py \
+    > "$OUT/tests.log" 2>&1
+  echo "pytest exit code $?"; tail -15 "$OUT/tests.log"
+  step compute-sanitizer memcheck
+  cat > /tmp/sanitize_structured.py <<'PY'
+import sys, torch
+sys.path.insert(0, "tests/kernels")
+from test_bsr_mm import block_sparse_weight, _components
+from prunekit.formats.bsr import static_schedule
+from prunekit.kernels import structured
+for dtype in (torch.float16, torch.bfloat16):
+    for r, c in ((16, 16), (32, 64), (64, 32), (64, 64)):
+        m, k, n = 4 * r, 3 * c, 37
+        dense = block_sparse_weight(m, k, r, c, 0.5, dtype, heavy_rows=1)
+        comp = {key: t.cuda() for key, t in _components(dense, r, c).items()}
+        sched, split = (t.cuda() for t in static_schedule(comp["crow_indices"], chunk=1))
+        x2d = torch.randn(n, k, device="cuda").to(dtype)
+        bias = torch.randn(m, device="cuda").to(dtype)
+        for x in (x2d.t(), x2d.t().contiguous()):
+            structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, bias, "relu")
+            structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, bias, "relu", sched, split)
+torch.cuda.synchronize()
+print("sanitize case ran")
+PY
+  timeout 120 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 python3 /tmp/sanitize_structured.py \
+    > "$OUT/memcheck.log" 2>&1
+  echo "compute-sanitizer exit code $?" | tee -a "$OUT/memcheck.log"; tail -3 "$OUT/memcheck.log"
+fi
+
+if [[ $MODE == all || $MODE == bench ]]; then
+  step bsr benchmark
+  timeout ${BSR_TIMEOUT:-200} python3 benchmarks/bsr.py --out "$OUT/bsr-$DEV-$DATE.json" "$@" > "$OUT/bench_bsr.log" 2>&1
+  echo "bsr benchmark exit code $?"; grep -v "^\s*$" "$OUT/bench_bsr.log" | tail -40
+  step nm benchmark
+  timeout ${NM_TIMEOUT:-120} python3 benchmarks/nm.py --out "$OUT/nm-$DEV-$DATE.json" > "$OUT/bench_nm.log" 2>&1
+  echo "nm benchmark exit code $?"; tail -25 "$OUT/bench_nm.log"
+fi
+step done

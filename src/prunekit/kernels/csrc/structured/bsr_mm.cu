@@ -1,0 +1,101 @@
+// Host entry of the BSR tensor-core matmul (kernels in bsr_mm.cuh, instantiated per dtype in bsr_mm_f16.cu and
+// bsr_mm_bf16.cu so that they compile in parallel) and the torch operator registration.
+#include <torch/library.h>
+
+#include "bsr_mm.cuh"
+
+namespace prunekit_structured {
+
+extern template void dispatch_rc<__half>(int, int, const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc<__nv_bfloat16>(int, int, const BsrArgs&, int, cudaStream_t);
+
+// y: (M, N) output with any strides; x: (K, N) with x.stride(0) == 1 and x.stride(1) % 8 == 0, 16-byte aligned.
+void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols,
+                const c10::optional<at::Tensor>& schedule, const c10::optional<at::Tensor>& split_rows,
+                const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu) {
+  TORCH_CHECK(blocks.is_cuda() && x.is_cuda() && y.is_cuda(), "bsr_mm: tensors must be on the GPU");
+  TORCH_CHECK(blocks.dim() == 3 && blocks.is_contiguous(), "bsr_mm: blocks must be a contiguous (nblocks, r, c)");
+  TORCH_CHECK(blocks.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
+              "bsr_mm: blocks, x and y must have one dtype");
+  TORCH_CHECK(crow.scalar_type() == at::kInt && cols.scalar_type() == at::kInt && crow.is_contiguous() &&
+                  cols.is_contiguous(),
+              "bsr_mm: crow_indices and col_indices must be contiguous int32");
+  TORCH_CHECK(x.dim() == 2 && x.stride(0) == 1 && x.stride(1) % 8 == 0 &&
+                  reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
+              "bsr_mm: x must be K-contiguous with a leading dimension that is a multiple of 8");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(blocks.data_ptr()) % 16 == 0, "bsr_mm: blocks must be 16-byte aligned");
+  const int r = static_cast<int>(blocks.size(1)), c = static_cast<int>(blocks.size(2));
+  const int64_t m = y.size(0), n = y.size(1);
+  TORCH_CHECK(m % r == 0 && x.size(0) % c == 0 && crow.numel() == m / r + 1, "bsr_mm: shapes do not match the blocks");
+  if (m == 0 || n == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  BsrArgs args{};
+  args.blocks = blocks.data_ptr();
+  args.crow = crow.data_ptr<int>();
+  args.cols = cols.data_ptr<int>();
+  args.x = x.data_ptr();
+  args.y = y.data_ptr();
+  args.ldx = x.stride(1);
+  args.sym = y.stride(0);
+  args.syn = y.stride(1);
+  args.n = static_cast<int>(n);
+  args.relu = relu ? 1 : 0;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == m,
+                "bsr_mm: bias must be a contiguous (M,) tensor of x's dtype");
+    args.bias = bias->data_ptr();
+  }
+  int grid_rows = static_cast<int>(m / r);
+  at::Tensor ws;
+  int64_t n_split = 0;
+  if (schedule.has_value()) {
+    TORCH_CHECK(schedule->scalar_type() == at::kInt && schedule->dim() == 2 && schedule->size(1) == 4 &&
+                    schedule->is_contiguous(),
+                "bsr_mm: schedule must be a contiguous (n_items, 4) int32 tensor");
+    args.schedule = reinterpret_cast<const int4*>(schedule->data_ptr<int>());
+    grid_rows = static_cast<int>(schedule->size(0));
+    n_split = split_rows.has_value() ? split_rows->numel() : 0;
+    if (n_split > 0) {
+      ws = at::zeros({n_split, r, n}, x.options().dtype(at::kFloat));
+      args.ws = ws.data_ptr<float>();
+    }
+  }
+  if (grid_rows > 0) {
+    if (x.scalar_type() == at::kHalf) {
+      dispatch_rc<__half>(r, c, args, grid_rows, stream);
+    } else if (x.scalar_type() == at::kBFloat16) {
+      dispatch_rc<__nv_bfloat16>(r, c, args, grid_rows, stream);
+    } else {
+      TORCH_CHECK(false, "bsr_mm: CUDA kernel takes float16 or bfloat16, got ", x.scalar_type());
+    }
+  }
+  if (n_split > 0) {
+    TORCH_CHECK(split_rows->scalar_type() == at::kInt && split_rows->is_contiguous(), "bsr_mm: split_rows int32");
+    const int64_t per_slot = static_cast<int64_t>(r) * n;
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((per_slot + 255) / 256, 1024)),
+                    static_cast<unsigned>(n_split));
+    const void* bptr = bias.has_value() ? bias->data_ptr() : nullptr;
+    if (x.scalar_type() == at::kHalf) {
+      bsr_finalize_kernel<__half><<<grid, 256, 0, stream>>>(args.ws, split_rows->data_ptr<int>(), r,
+                                                             static_cast<int>(n), static_cast<const __half*>(bptr),
+                                                             static_cast<__half*>(args.y), args.sym, args.syn,
+                                                             args.relu);
+    } else {
+      bsr_finalize_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(
+          args.ws, split_rows->data_ptr<int>(), r, static_cast<int>(n), static_cast<const __nv_bfloat16*>(bptr),
+          static_cast<__nv_bfloat16*>(args.y), args.sym, args.syn, args.relu);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace prunekit_structured
+
+TORCH_LIBRARY(prunekit_structured, m) {
+  m.def(
+      "bsr_mm_out(Tensor blocks, Tensor crow_indices, Tensor col_indices, Tensor? schedule, Tensor? split_rows, "
+      "Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(prunekit_structured, CUDA, m) { m.impl("bsr_mm_out", &prunekit_structured::bsr_mm_out); }

@@ -1,0 +1,289 @@
+#pragma once
+// Block-sparse (BSR) times dense matmul on tensor cores: Y = act(A @ X + bias), A (M, K) in BSR with r x c blocks.
+//
+// One CTA computes an r x BN tile of Y: one block row of A against BN columns of X, looping over the block row's
+// non-zero blocks (or, with a static schedule, over one precomputed slice of them; PopSparse, Li et al. 2023).
+// Per block, the r x c block (contiguous in memory) and the c x BN slab of X are staged into shared memory with
+// cp.async (a STAGES-deep pipeline over blocks), read with ldmatrix and multiplied with mma.sync m16n8k16
+// (fp16/bf16 in, fp32 accumulate). X is read "K-contiguous": X(k, n) at x[n * ldx + k], which is the transposed view
+// x2d.t() that nn.Linear activations give (the launcher copies any other X into this layout). Y is written with
+// runtime strides, so the (N, M) row-major output that layout.py asks for needs no copy.
+//
+// Static-schedule items whose block row was split over several items add fp32 partial sums into a workspace with
+// atomics; bsr_finalize applies bias and activation to those rows and converts them.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace prunekit_structured {
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+template <typename T>
+struct Mma;
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Tiling of one (r, c) block shape: CTA tile R x BN, warp tile WM x WN, STAGES-deep cp.async pipeline.
+template <int R, int C>
+struct BsrConfig {
+  static constexpr int BN = 128;
+  static constexpr int WM = R >= 32 ? 32 : 16;
+  static constexpr int WN = R == 64 ? 64 : 32;
+  static constexpr int WARPS_M = R / WM;
+  static constexpr int WARPS_N = BN / WN;
+  static constexpr int THREADS = WARPS_M * WARPS_N * 32;
+  static constexpr int STAGES = C == 64 ? 3 : 4;
+  static constexpr int PAD = 8;  // halves of padding per smem row: ldmatrix rows land in distinct banks
+  static constexpr int LDS = C + PAD;
+  static constexpr int A_ELEMS = R * LDS;
+  static constexpr int B_ELEMS = BN * LDS;
+  static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
+  static constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2;
+};
+
+struct BsrArgs {
+  const void* blocks;        // (nblocks, R, C)
+  const int* crow;           // (M/R + 1)
+  const int* cols;           // (nblocks)
+  const int4* schedule;      // (n_items) of (block_row, start, end, slot), or nullptr (dynamic mode)
+  const void* x;             // X(k, n) at x[n * ldx + k]
+  void* y;                   // Y(m, n) at y[m * sym + n * syn]
+  const void* bias;          // (M) or nullptr
+  float* ws;                 // (n_split, R, N) fp32 partial sums of split rows, or nullptr
+  long long ldx, sym, syn;
+  int n;
+  int relu;
+};
+
+template <typename T, int R, int C>
+__global__ void __launch_bounds__(BsrConfig<R, C>::THREADS) bsr_mm_kernel(const BsrArgs args) {
+  using Cfg = BsrConfig<R, C>;
+  constexpr int BN = Cfg::BN, WM = Cfg::WM, WN = Cfg::WN, STAGES = Cfg::STAGES, LDS = Cfg::LDS;
+  constexpr int MI = WM / 16, NI = WN / 8, THREADS = Cfg::THREADS;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+
+  int block_row, start, end, slot = -1;
+  if (args.schedule != nullptr) {
+    const int4 item = args.schedule[blockIdx.x];
+    block_row = item.x;
+    start = item.y;
+    end = item.z;
+    slot = item.w;
+  } else {
+    block_row = blockIdx.x;
+    start = args.crow[block_row];
+    end = args.crow[block_row + 1];
+  }
+  const int n0 = blockIdx.y * BN;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;
+  const T* blocks = static_cast<const T*>(args.blocks);
+  const T* x = static_cast<const T*>(args.x);
+
+  auto load_stage = [&](int b, int stage) {
+    T* as = smem + stage * Cfg::STAGE_ELEMS;
+    T* bs = as + Cfg::A_ELEMS;
+    const T* ablk = blocks + static_cast<long long>(b) * (R * C);
+    constexpr int A_CHUNKS = R * C / 8;
+#pragma unroll
+    for (int i = tid; i < A_CHUNKS; i += THREADS) {
+      const int row = i / (C / 8), col = (i % (C / 8)) * 8;
+      cp_async16(as + row * LDS + col, ablk + row * C + col, true);
+    }
+    const long long k0 = static_cast<long long>(__ldg(args.cols + b)) * C;
+    constexpr int B_CHUNKS = BN * C / 8;
+#pragma unroll
+    for (int i = tid; i < B_CHUNKS; i += THREADS) {
+      const int nn = i / (C / 8), col = (i % (C / 8)) * 8;
+      const bool ok = n0 + nn < args.n;
+      const T* src = ok ? x + static_cast<long long>(n0 + nn) * args.ldx + k0 + col : x;
+      cp_async16(bs + nn * LDS + col, src, ok);
+    }
+  };
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < NI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  const int count = end - start;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < count) load_stage(start + s, s);
+    cp_async_commit();
+  }
+  for (int it = 0; it < count; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int next = it + STAGES - 1;
+    if (next < count) load_stage(start + next, next % STAGES);
+    cp_async_commit();
+    const T* as = smem + (it % STAGES) * Cfg::STAGE_ELEMS;
+    const T* bs = as + Cfg::A_ELEMS;
+#pragma unroll
+    for (int kk = 0; kk < C; kk += 16) {
+      uint32_t af[MI][4];
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+        const int row = warp_m * WM + i * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+        const int col = kk + (lane >> 4) * 8;
+        ldmatrix_x4(af[i], as + row * LDS + col);
+      }
+      uint32_t bf[NI / 2][4];
+#pragma unroll
+      for (int j = 0; j < NI / 2; ++j) {
+        const int nn = warp_n * WN + j * 16 + (lane >> 4) * 8 + (lane & 7);
+        const int col = kk + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4(bf[j], bs + nn * LDS + col);
+      }
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) Mma<T>::run(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  const int g = lane >> 2, t = lane & 3;
+  if (slot >= 0) {  // a slice of a split block row: fp32 partial sums, finished by bsr_finalize_kernel
+    float* ws = args.ws + static_cast<long long>(slot) * R * args.n;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = warp_m * WM + i * 16 + g + (e >> 1) * 8;
+          const int nn = n0 + warp_n * WN + j * 8 + 2 * t + (e & 1);
+          if (nn < args.n) atomicAdd(ws + static_cast<long long>(r) * args.n + nn, acc[i][j][e]);
+        }
+    return;
+  }
+  T* y = static_cast<T*>(args.y);
+  const T* bias = static_cast<const T*>(args.bias);
+#pragma unroll
+  for (int i = 0; i < MI; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = block_row * R + warp_m * WM + i * 16 + g + h * 8;
+      const float b = bias != nullptr ? to_f(bias[m]) : 0.f;
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int nn = n0 + warp_n * WN + j * 8 + 2 * t + e;
+          if (nn < args.n) {
+            float v = acc[i][j][h * 2 + e] + b;
+            if (args.relu) v = fmaxf(v, 0.f);
+            y[m * args.sym + nn * args.syn] = from_f<T>(v);
+          }
+        }
+    }
+  }
+}
+
+// Bias, activation and conversion of the split block rows' fp32 partial sums.
+template <typename T>
+__global__ void bsr_finalize_kernel(const float* ws, const int* split_rows, int r, int n, const T* bias, T* y,
+                                    long long sym, long long syn, int relu) {
+  const int slot = blockIdx.y;
+  const int block_row = split_rows[slot];
+  const long long total = static_cast<long long>(r) * n;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int rr = static_cast<int>(i / n), nn = static_cast<int>(i % n);
+    const int m = block_row * r + rr;
+    float v = ws[static_cast<long long>(slot) * total + i] + (bias != nullptr ? to_f(bias[m]) : 0.f);
+    if (relu) v = fmaxf(v, 0.f);
+    y[m * sym + nn * syn] = from_f<T>(v);
+  }
+}
+
+template <typename T, int R, int C>
+void launch_bsr(const BsrArgs& args, int grid_rows, cudaStream_t stream) {
+  using Cfg = BsrConfig<R, C>;
+  auto kernel = bsr_mm_kernel<T, R, C>;
+  static bool configured = false;  // per instantiation; the attribute is per function and device-independent here
+  if (!configured) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
+    configured = true;
+  }
+  const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(args);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int R>
+void dispatch_c(int c, const BsrArgs& args, int grid_rows, cudaStream_t stream) {
+  switch (c) {
+    case 16: return launch_bsr<T, R, 16>(args, grid_rows, stream);
+    case 32: return launch_bsr<T, R, 32>(args, grid_rows, stream);
+    case 64: return launch_bsr<T, R, 64>(args, grid_rows, stream);
+    default: TORCH_CHECK(false, "bsr_mm: block columns must be 16, 32 or 64, got ", c);
+  }
+}
+
+template <typename T>
+void dispatch_rc(int r, int c, const BsrArgs& args, int grid_rows, cudaStream_t stream) {
+  switch (r) {
+    case 16: return dispatch_c<T, 16>(c, args, grid_rows, stream);
+    case 32: return dispatch_c<T, 32>(c, args, grid_rows, stream);
+    case 64: return dispatch_c<T, 64>(c, args, grid_rows, stream);
+    default: TORCH_CHECK(false, "bsr_mm: block rows must be 16, 32 or 64, got ", r);
+  }
+}
+
+}  // namespace prunekit_structured

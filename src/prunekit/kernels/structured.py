@@ -1,0 +1,401 @@
+"""CUDA implementations of the structured-sparse matmuls ``prunekit::bsr_mm``, ``prunekit::bsr_mm_static`` and
+``prunekit::nm_mm``.
+
+Block-sparse (BSR) matmul on tensor cores, in PopSparse's two modes (Li et al., "PopSparse: accelerated block
+sparse matrix multiplication on IPU", 2023):
+
+- dynamic (``bsr_mm``): the pattern arrives at run time as device tensors; one CTA per (block row, 128 columns of
+  N) reads its block range from ``crow_indices`` on the device, so a call needs no host sync and the buffers can be
+  allocated once at a declared maximum number of blocks (``blocks.shape[0]``; only ``crow_indices[-1]`` are read)
+  and reused under CUDA graphs.
+- static (``bsr_mm_static``, defined here): the pattern is fixed at export, which stores a load-balanced schedule
+  (``formats/bsr.py``: long block rows split evenly, items in descending-work order). The runtime uses it whenever
+  the stored weight has one.
+
+Kernel: ``csrc/structured/bsr_mm.cuh`` (cp.async pipeline over blocks, ldmatrix, ``mma.sync.m16n8k16`` fp16/bf16 with
+fp32 accumulation, fused bias + ReLU), blocks of 16, 32 or 64 rows and columns. Other block shapes and dtypes run
+the pure-torch reference on the GPU.
+
+2:4 matmul (NVIDIA's 2:4 structured sparsity, Mishra et al., "Accelerating Sparse Deep Neural Networks", 2021) on
+Hopper's sparse tensor cores through cuSPARSELt as shipped in torch (``torch._cslt_compress`` /
+``torch._cslt_sparse_mm``): the weight is compressed once per stored tensor on first use and cached; the algorithm is
+chosen once per (weight shape, N, layout) and cached; no per-call search or compression. Other N:M patterns run the
+reference on the GPU.
+
+The extension (``prunekit_structured`` operator namespace) is separate from ``build.py``'s ``prunekit_ext`` and is
+built lazily on the first CUDA call into the same cache root, in a folder keyed by the sources' sha256, torch and
+CUDA versions and the target archs. Importing this module never fails; CUDA calls without a usable GPU/compiler raise
+:class:`KernelUnavailable`. torch + stdlib only (copied into exported packages).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import weakref
+from pathlib import Path
+
+import torch
+
+from ..errors import KernelUnavailable
+from . import build, ops, reference
+from .layout import as_spmm_output, new_spmm_output
+
+log = logging.getLogger(__name__)
+
+CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "structured"
+SOURCES = ("bsr_mm.cu", "bsr_mm_f16.cu", "bsr_mm_bf16.cu")
+HEADERS = ("bsr_mm.cuh",)
+NAMESPACE = "prunekit_structured"
+KERNEL_BLOCK_SIZES = (16, 32, 64)  # r and c the tensor-core kernel is instantiated for
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+CSLT_ALIGN_N = 16  # cuSPARSELt's dense operand: N padded to a multiple of 16 (torch pads the same way)
+CSLT_ALIGN_MK = (32, 64)  # M and K the 2:4 path takes (cuSPARSELt fp16/bf16 structured-operand alignment)
+
+__all__ = ["bsr_mm", "bsr_mm_static", "nm_mm_cuda", "bsr_mm_cuda", "load", "is_loaded", "kernel_supports_bsr"]
+
+_lock = threading.Lock()
+_loaded_path: Path | None = None
+
+
+def source_digest() -> str:
+    """sha256 (hex) over the names and bytes of this extension's sources and headers."""
+    digest = hashlib.sha256()
+    for name in sorted(SOURCES + HEADERS):
+        digest.update(name.encode() + b"\0" + (CSRC_DIR / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def library_name() -> str:
+    """Extension (and .so stem) name: ``prunekit_structured_<key16>`` for this torch, CUDA, GPU and sources."""
+    archs = build.target_archs(torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
+    payload = json.dumps(
+        {"sources": source_digest(), "torch": torch.__version__, "cuda": torch.version.cuda, "archs": list(archs)},
+        sort_keys=True,
+    )
+    return f"{NAMESPACE}_{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
+
+
+def is_loaded() -> bool:
+    """True when the ``prunekit_structured`` operators are registered in this process."""
+    try:
+        torch.ops.prunekit_structured.bsr_mm_out  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def load(verbose: bool = False) -> Path | None:
+    """Make the ``prunekit_structured`` operators available, compiling them on first use (about a minute).
+
+    Returns:
+        Path of the loaded library, or None when another copy registered the operators first.
+
+    Raises:
+        KernelUnavailable: no CUDA torch, no GPU of sm_80 or newer, no nvcc/ninja, or the compilation failed.
+    """
+    global _loaded_path
+    with _lock:
+        if is_loaded():
+            return _loaded_path
+        reason = build.unavailable_reason()
+        name = library_name()
+        prebuilt_dirs = [Path(os.environ[build.PREBUILT_ENV])] if os.environ.get(build.PREBUILT_ENV) else []
+        prebuilt_dirs.append(build.PREBUILT_DIR)
+        for folder in prebuilt_dirs:
+            candidate = folder / f"{name}.so"
+            if candidate.is_file() and build.unavailable_reason(need_compiler=False) is None:
+                torch.ops.load_library(str(candidate))
+                _loaded_path = candidate
+                return candidate
+        if reason is not None:
+            raise KernelUnavailable(f"prunekit's structured-sparse CUDA kernels are unavailable: {reason}.")
+        from torch.utils import cpp_extension
+
+        build_dir = build.cache_root() / name
+        build_dir.mkdir(parents=True, exist_ok=True)
+        archs = build.target_archs(torch.cuda.get_device_capability())
+        log.info("building prunekit structured kernels for sm_%s into %s", ",".join(archs), build_dir)
+        try:
+            cpp_extension.load(
+                name=name,
+                sources=[str(CSRC_DIR / s) for s in SOURCES],
+                extra_cflags=["-O3"],
+                extra_cuda_cflags=["-O3", "-lineinfo", "--expt-relaxed-constexpr", *build.gencode_flags(archs)],
+                build_directory=str(build_dir),
+                verbose=verbose,
+                is_python_module=False,
+            )
+        except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError with the full log
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise KernelUnavailable(
+                f"building prunekit's structured-sparse CUDA kernels failed ({first}); build folder {build_dir}."
+            ) from exc
+        _loaded_path = build_dir / f"{name}.so"
+        return _loaded_path
+
+
+def _check_activation(activation: str) -> None:
+    if activation not in reference.ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(reference.ACTIVATIONS)}")
+
+
+def kernel_supports_bsr(blocks: torch.Tensor, x: torch.Tensor) -> bool:
+    """True when the tensor-core kernel takes these blocks and X (else the CUDA op runs the reference on the GPU)."""
+    return (
+        blocks.dim() == 3
+        and int(blocks.shape[1]) in KERNEL_BLOCK_SIZES
+        and int(blocks.shape[2]) in KERNEL_BLOCK_SIZES
+        and x.dtype in KERNEL_DTYPES
+        and blocks.dtype == x.dtype
+    )
+
+
+def _k_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """``x: (K, N)`` with ``x[k, n]`` at ``n * ld + k``, ``ld % 8 == 0`` and 16-byte alignment (a copy if needed)."""
+    if x.stride(0) == 1 and x.stride(1) % 8 == 0 and x.data_ptr() % 16 == 0 and x.stride(1) >= x.shape[0]:
+        return x
+    return x.t().contiguous().t()
+
+
+def bsr_mm_cuda(
+    blocks: torch.Tensor,
+    crow_indices: torch.Tensor,
+    col_indices: torch.Tensor,
+    x: torch.Tensor,
+    m: int,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    schedule: torch.Tensor | None = None,
+    split_rows: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """CUDA BSR matmul ``Y (M, N) = act(A @ X + bias[:, None])`` (PopSparse, Li et al. 2023), fp32 accumulation.
+
+    Args:
+        blocks: ``(nblocks_capacity, r, c)`` fp16/bf16, r and c in {16, 32, 64} (others run the reference);
+            crow_indices: ``(M / r + 1,)`` int32; col_indices: ``(nblocks_capacity,)`` int32 (entries past
+            ``crow_indices[-1]`` are never read: the dynamic mode's declared maximum); x: ``(K, N)``, any strides
+            (the K-contiguous ``x2d.t()`` is read in place, others are copied once); m: M; bias: ``(M,)`` or None;
+            activation: ``"none"`` or ``"relu"``; schedule / split_rows: the static schedule of ``formats/bsr.py``
+            (None: dynamic mode); out: optional ``(M, N)`` output to write into (any strides).
+
+    Returns:
+        ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` (column-major for ``x2d.t()``).
+
+    Raises:
+        KernelUnavailable: no GPU/compiler. ValueError: bad activation or shapes.
+    """
+    _check_activation(activation)
+    if x.dim() != 2 or blocks.dim() != 3:
+        raise ValueError(f"x must be (K, N) and blocks (nblocks, r, c), got {tuple(x.shape)}, {tuple(blocks.shape)}")
+    if not kernel_supports_bsr(blocks, x):
+        y = as_spmm_output(reference.bsr_mm(blocks, crow_indices, col_indices, x, m, bias, activation), x)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+    load()
+    r, c = int(blocks.shape[1]), int(blocks.shape[2])
+    if m % r or x.shape[0] % c or crow_indices.numel() != m // r + 1:
+        raise ValueError(f"bsr_mm: M={m}, K={x.shape[0]} and crow_indices do not match blocks of {r}x{c}")
+    y = new_spmm_output(x, m) if out is None else out
+    if y.shape != (m, x.shape[1]) or y.dtype != x.dtype:
+        raise ValueError(f"out must be a ({m}, {x.shape[1]}) {x.dtype} tensor")
+    if m == 0 or x.shape[1] == 0:
+        return y
+    if x.shape[0] == 0:
+        return y.copy_(reference.bsr_mm(blocks, crow_indices, col_indices, x, m, bias, activation))
+    if not blocks.is_contiguous() or blocks.data_ptr() % 16:
+        blocks = blocks.contiguous().clone()
+    if bias is not None:
+        bias = bias.to(dtype=x.dtype).contiguous()
+    torch.ops.prunekit_structured.bsr_mm_out(
+        blocks,
+        crow_indices.to(torch.int32).contiguous(),
+        col_indices.to(torch.int32).contiguous(),
+        None if schedule is None else schedule.to(torch.int32).contiguous(),
+        None if split_rows is None else split_rows.to(torch.int32).contiguous(),
+        _k_contiguous(x),
+        y,
+        bias,
+        activation == "relu",
+    )
+    return y
+
+
+# --- 2:4 through cuSPARSELt -------------------------------------------------------------------------------------
+
+_COMPRESSED: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
+_ALG_IDS: dict[tuple, int] = {}
+
+
+def cusparselt_available() -> bool:
+    """True when this torch has cuSPARSELt and a GPU of sm_80 or newer is visible."""
+    try:
+        ok = bool(torch.backends.cusparselt.is_available())
+    except AttributeError:
+        return False
+    return ok and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+
+
+def _decode_nm_dense(values: torch.Tensor, metadata: torch.Tensor, n: int, m_group: int, bits: int, k: int):
+    cols = reference.nm_columns(metadata, n, m_group, bits, k)
+    dense = torch.zeros(values.shape[0], k, dtype=values.dtype, device=values.device)
+    return dense.scatter_(1, cols, values)
+
+
+def compressed_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    """cuSPARSELt-compressed copy of a stored 2:4 weight, built once per tensor (cached while ``values`` lives)."""
+    key = id(values)
+    hit = _COMPRESSED.get(key)
+    if hit is not None and hit[0]() is values and hit[1] == values._version and hit[2] == values.data_ptr():
+        return hit[3]
+    packed = torch._cslt_compress(_decode_nm_dense(values, metadata, 2, 4, bits, k))
+
+    def _drop(_ref: weakref.ref, key: int = key) -> None:
+        _COMPRESSED.pop(key, None)
+
+    _COMPRESSED[key] = (weakref.ref(values, _drop), values._version, values.data_ptr(), packed)
+    return packed
+
+
+def nm_mm_cuda(
+    values: torch.Tensor,
+    metadata: torch.Tensor,
+    x: torch.Tensor,
+    n: int,
+    m_group: int,
+    bits: int,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+) -> torch.Tensor:
+    """CUDA N:M matmul ``Y (M, N) = act(A @ X + bias[:, None])`` (2:4: NVIDIA, Mishra et al. 2021).
+
+    2:4 fp16/bf16 weights with ``M % 32 == 0`` and ``K % 64 == 0`` run on the sparse tensor cores through cuSPARSELt
+    (weight compressed once and cached, algorithm chosen once per shape and cached); N is padded to a multiple of 16
+    (a copy of X for such N only). Anything else runs the reference on the GPU.
+
+    Args:
+        values: ``(M, K / m_group * n)``; metadata: packed in-group indices (uint8, ``formats/nm.py``);
+            x: ``(K, N)`` any strides; n, m_group, bits: the pattern; bias: ``(M,)`` or None; activation: none|relu.
+
+    Returns:
+        ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output``.
+
+    Raises:
+        ValueError: bad activation.
+    """
+    _check_activation(activation)
+    rows = values.shape[0]
+    k, n_cols = x.shape
+    fast = (
+        (n, m_group) == (2, 4)
+        and x.dtype in KERNEL_DTYPES
+        and values.dtype == x.dtype
+        and rows % CSLT_ALIGN_MK[0] == 0
+        and k % CSLT_ALIGN_MK[1] == 0
+        and rows > 0
+        and n_cols > 0
+        and cusparselt_available()
+    )
+    if not fast:
+        return as_spmm_output(reference.nm_mm(values, metadata, x, n, m_group, bits, bias, activation), x)
+    packed = compressed_24(values, metadata, bits, k)
+    transposed = x.stride(0) == 1 and n_cols > 1
+    n_pad = -(-n_cols // CSLT_ALIGN_N) * CSLT_ALIGN_N
+    if transposed:
+        x2d = x.t()
+        if n_pad != n_cols or not x2d.is_contiguous():
+            buf = x2d.new_zeros(n_pad, k)
+            buf[:n_cols] = x2d
+            x2d = buf
+        dense_b = x2d.t()
+    else:
+        dense_b = x
+        if n_pad != n_cols or not x.is_contiguous():
+            dense_b = x.new_zeros(k, n_pad)
+            dense_b[:, :n_cols] = x
+    if bias is not None:
+        bias = bias.to(dtype=x.dtype).contiguous()
+    key = (rows, k, n_pad, x.dtype, transposed, bias is not None)
+    alg = _ALG_IDS.get(key)
+    if alg is None:
+        alg = int(torch._cslt_sparse_mm_search(packed, dense_b, bias=bias, transpose_result=transposed))
+        _ALG_IDS[key] = alg
+    res = torch._cslt_sparse_mm(packed, dense_b, bias=bias, transpose_result=transposed, alg_id=alg)
+    if activation == "relu":
+        res.relu_()
+    if transposed:  # res: (n_pad, M) row-major
+        res = res[:n_cols] if n_pad != n_cols else res
+        return res.t()
+    return res[:, :n_cols] if n_pad != n_cols else res
+
+
+# --- op registration ---------------------------------------------------------------------------------------------
+
+
+def _bsr_mm_cpu(blocks, crow_indices, col_indices, x, m, bias=None, activation="none"):
+    return as_spmm_output(reference.bsr_mm(blocks, crow_indices, col_indices, x, m, bias, activation), x)
+
+
+def _bsr_mm_fake(blocks, crow_indices, col_indices, x, m, bias=None, activation="none"):
+    return new_spmm_output(x, m)
+
+
+def _bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias=None, activation="none"):
+    return bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias, activation)
+
+
+def _nm_mm_cpu(values, metadata, x, n, m_group, bits, bias=None, activation="none"):
+    return as_spmm_output(reference.nm_mm(values, metadata, x, n, m_group, bits, bias, activation), x)
+
+
+def _nm_mm_fake(values, metadata, x, n, m_group, bits, bias=None, activation="none"):
+    return new_spmm_output(x, values.shape[0])
+
+
+def _bsr_mm_static(
+    blocks: torch.Tensor,
+    crow_indices: torch.Tensor,
+    col_indices: torch.Tensor,
+    schedule: torch.Tensor,
+    split_rows: torch.Tensor,
+    x: torch.Tensor,
+    m: int,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+) -> torch.Tensor:
+    return as_spmm_output(reference.bsr_mm(blocks, crow_indices, col_indices, x, m, bias, activation), x)
+
+
+def _bsr_mm_static_fake(blocks, crow_indices, col_indices, schedule, split_rows, x, m, bias=None, activation="none"):
+    return new_spmm_output(x, m)
+
+
+def _bsr_mm_static_cuda(blocks, crow_indices, col_indices, schedule, split_rows, x, m, bias=None, activation="none"):
+    return bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias, activation, schedule, split_rows)
+
+
+def _register() -> None:
+    """CUDA kernels of ``bsr_mm`` / ``nm_mm``, and the output-layout rule of ``layout.py`` for their CPU and fake
+    implementations, so that all three agree on strides (column-major Y for the runtime's ``x2d.t()``)."""
+    for name, cpu, fake, cuda in (
+        ("bsr_mm", _bsr_mm_cpu, _bsr_mm_fake, _bsr_mm_cuda),
+        ("nm_mm", _nm_mm_cpu, _nm_mm_fake, nm_mm_cuda),
+    ):
+        qualname = f"prunekit::{name}"
+        torch.library.register_kernel(qualname, "cpu", cpu)
+        torch.library.register_fake(qualname, fake)
+        torch.library.register_kernel(qualname, "cuda", cuda)
+
+
+_register()
+bsr_mm = ops.bsr_mm
+bsr_mm_static = ops._define("bsr_mm_static", _bsr_mm_static, _bsr_mm_static_fake, _bsr_mm_static_cuda)
+"""``prunekit::bsr_mm_static(blocks, crow_indices, col_indices, schedule, split_rows, x, m, bias=None,
+activation="none")``: ``bsr_mm`` driven by the static schedule stored with the weight (``formats/bsr.py``)."""

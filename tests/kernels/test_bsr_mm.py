@@ -1,0 +1,220 @@
+"""BSR matmul (``prunekit::bsr_mm`` dynamic, ``prunekit::bsr_mm_static``): the static schedule's invariants, the CPU
+reference and opcheck on CPU, and the CUDA tensor-core kernel against float64 on fresh random inputs with the output
+poisoned with NaN first (empty block rows, single-block rows, heavy rows that the schedule splits, odd N)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prunekit import formats
+from prunekit.formats.bsr import SCHEDULE_MIN_CHUNK, schedule_chunk, static_schedule
+from prunekit.kernels import ops, structured
+from prunekit.kernels.testing import TOLERANCE, relative_error, spmm_reference64
+
+BLOCKS = [(16, 16), (32, 32), (64, 64), (16, 64), (64, 16), (32, 16)]
+
+
+def block_sparse_weight(
+    m: int,
+    k: int,
+    r: int,
+    c: int,
+    density: float,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    seed: int = 0,
+    heavy_rows: int = 0,
+) -> torch.Tensor:
+    """``(m, k)`` weight whose ``r x c`` tiles are kept with probability ``density`` (N(0, 1) inside kept tiles).
+
+    Block row 0 is empty, block row 1 (when it exists) keeps exactly one block, and the next ``heavy_rows`` block
+    rows are dense, so a static schedule has to split them.
+    """
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.rand(m // r, k // c, generator=g) < density
+    keep[0] = False
+    if m // r > 1:
+        keep[1] = False
+        keep[1, int(torch.randint(k // c, (1,), generator=g))] = True
+    keep[2 : 2 + heavy_rows] = True
+    tile_mask = keep.repeat_interleave(r, 0).repeat_interleave(c, 1)
+    w = torch.randn(m, k, generator=g) * tile_mask
+    return w.to(dtype).to(device)
+
+
+# --- static schedule -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_static_schedule_covers_every_block_exactly_once(seed):
+    g = torch.Generator().manual_seed(seed)
+    rows = int(torch.randint(1, 60, (1,), generator=g))
+    counts = torch.randint(0, 5, (rows,), generator=g)
+    counts[torch.randint(rows, (2,), generator=g)] = torch.randint(20, 200, (2,), generator=g)  # skewed rows
+    crow = torch.zeros(rows + 1, dtype=torch.int32)
+    crow[1:] = torch.cumsum(counts, 0)
+    schedule, split_rows = static_schedule(crow)
+    chunk = schedule_chunk(counts)
+    assert schedule.dtype == torch.int32 and schedule.shape[1] == 4
+    covered = torch.zeros(int(crow[-1]), dtype=torch.int64)
+    for row, start, end, slot in schedule.tolist():
+        assert crow[row] <= start <= end <= crow[row + 1]
+        assert end - start <= chunk
+        covered[start:end] += 1
+        if slot >= 0:
+            assert int(split_rows[slot]) == row
+        else:
+            assert (start, end) == (int(crow[row]), int(crow[row + 1]))
+    assert bool((covered == 1).all())
+    assert sorted(set(schedule[:, 0].tolist())) == list(range(rows))  # empty rows keep an item (bias/activation)
+    work = (schedule[:, 2] - schedule[:, 1]).tolist()
+    assert work == sorted(work, reverse=True)
+    assert split_rows.tolist() == sorted({r for r, *_, s in schedule.tolist() if s >= 0})
+
+
+def test_static_schedule_splits_only_rows_over_the_chunk():
+    counts = torch.tensor([3, 3, 3, 3, 40, 0])
+    crow = torch.zeros(7, dtype=torch.int32)
+    crow[1:] = torch.cumsum(counts, 0)
+    schedule, split_rows = static_schedule(crow)
+    assert schedule_chunk(counts) == SCHEDULE_MIN_CHUNK
+    assert split_rows.tolist() == [4]
+    pieces = schedule[schedule[:, 0] == 4]
+    assert len(pieces) == 5 and set((pieces[:, 2] - pieces[:, 1]).tolist()) == {8}
+
+
+def test_bsr_format_stores_schedule_and_still_round_trips():
+    dense = block_sparse_weight(96, 128, 16, 32, 0.3, torch.float16, heavy_rows=1)
+    enc = formats.encode("bsr", dense, {"block_rows": 16, "block_cols": 32})
+    assert {"schedule", "split_rows"} <= set(enc.components)
+    schedule, split_rows = static_schedule(enc.components["crow_indices"])
+    assert torch.equal(enc.components["schedule"], schedule) and torch.equal(enc.components["split_rows"], split_rows)
+    assert torch.equal(formats.decode(enc), dense)
+    assert enc.nbytes == sum(t.numel() * t.element_size() for t in enc.components.values())
+
+
+# --- CPU reference and opcheck -------------------------------------------------------------------------------------
+
+
+def _components(dense, r, c):
+    return formats.encode("bsr", dense, {"block_rows": r, "block_cols": c}).components
+
+
+@pytest.mark.parametrize(("r", "c"), [(4, 4), (8, 4), (16, 16)])
+@pytest.mark.parametrize("static", [False, True])
+def test_bsr_reference_matches_float64(r, c, static):
+    dense = block_sparse_weight(64, 96, r, c, 0.4, torch.float32, heavy_rows=1)
+    comp = _components(dense, r, c)
+    x2d = torch.randn(9, 96)
+    bias = torch.randn(64)
+    if static:
+        y = structured.bsr_mm_static(
+            comp["blocks"], comp["crow_indices"], comp["col_indices"], comp["schedule"], comp["split_rows"],
+            x2d.t(), 64, bias, "relu",
+        )  # fmt: skip
+    else:
+        y = ops.bsr_mm(comp["blocks"], comp["crow_indices"], comp["col_indices"], x2d.t(), 64, bias, "relu")
+    assert y.stride() == (1, 64)  # layout rule: x2d.t() gives a column-major Y, so Y.t() is contiguous
+    assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, "relu")) < 1e-6
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_opcheck_bsr_mm_and_static(transposed, with_bias):
+    dense = block_sparse_weight(32, 48, 8, 8, 0.5, torch.float32, heavy_rows=1)
+    comp = _components(dense, 8, 8)
+    x2d = torch.randn(5, 48)
+    x = x2d.t() if transposed else x2d.t().contiguous()
+    bias = torch.randn(32) if with_bias else None
+    base = (comp["blocks"], comp["crow_indices"], comp["col_indices"])
+    torch.library.opcheck(ops.bsr_mm, (*base, x, 32, bias, "relu"))
+    torch.library.opcheck(structured.bsr_mm_static, (*base, comp["schedule"], comp["split_rows"], x, 32, bias, "relu"))
+
+
+def test_cuda_entry_raises_kernel_unavailable_without_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    from prunekit.errors import KernelUnavailable
+
+    with pytest.raises(KernelUnavailable):
+        structured.load()
+
+
+# --- CUDA ---------------------------------------------------------------------------------------------------------
+
+CUDA_SHAPES = [(128, 192, 1), (192, 256, 7), (256, 128, 130), (64, 512, 33)]  # (M, K, N): odd N, N < one tile
+
+
+def _poisoned(m, n, dtype, transposed):
+    if transposed:
+        return torch.full((n, m), float("nan"), dtype=dtype, device="cuda").t()
+    return torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("r", "c"), BLOCKS)
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_bsr_cuda_matches_float64(dtype, r, c, mode):
+    for i, (m, k, n) in enumerate(CUDA_SHAPES):
+        dense = block_sparse_weight(m, k, r, c, 0.35, dtype, "cuda", seed=i, heavy_rows=1 if m // r > 3 else 0)
+        comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
+        if mode == "static" and m // r > 3:
+            comp["schedule"], comp["split_rows"] = (t.cuda() for t in static_schedule(comp["crow_indices"], chunk=2))
+            assert comp["split_rows"].numel() > 0  # the heavy row is split: exercises the fp32 reduction
+        for transposed in (True, False):
+            x2d = torch.randn(n, k, device="cuda").to(dtype)
+            x = x2d.t() if transposed else x2d.t().contiguous()
+            bias = torch.randn(m, device="cuda").to(dtype)
+            for activation in ("none", "relu"):
+                out = _poisoned(m, n, dtype, transposed)
+                extra = (comp["schedule"], comp["split_rows"]) if mode == "static" else (None, None)
+                structured.bsr_mm_cuda(
+                    comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, bias, activation, *extra, out=out
+                )
+                torch.cuda.synchronize()
+                ref = spmm_reference64(dense, x, bias, activation)
+                err = relative_error(out, ref)
+                assert err < TOLERANCE[dtype], (m, k, n, transposed, activation, err)
+
+
+@pytest.mark.cuda
+def test_bsr_cuda_dynamic_reads_only_up_to_crow_end():
+    """Dynamic mode with a declared maximum: buffers larger than the pattern, tail filled with garbage."""
+    dense = block_sparse_weight(128, 256, 32, 32, 0.4, torch.float16, "cuda", seed=3)
+    comp = _components(dense.cpu(), 32, 32)
+    cap = comp["blocks"].shape[0] + 7
+    blocks = torch.full((cap, 32, 32), float("nan"), dtype=torch.float16, device="cuda")
+    blocks[: comp["blocks"].shape[0]] = comp["blocks"].cuda()
+    cols = torch.full((cap,), 10**6, dtype=torch.int32, device="cuda")
+    cols[: comp["col_indices"].numel()] = comp["col_indices"].cuda()
+    x2d = torch.randn(40, 256, device="cuda", dtype=torch.float16)
+    y = ops.bsr_mm(blocks, comp["crow_indices"].cuda(), cols, x2d.t(), 128)
+    assert relative_error(y, spmm_reference64(dense, x2d.t(), None, "none")) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("transposed", [False, True])
+def test_opcheck_bsr_cuda(transposed):
+    dense = block_sparse_weight(64, 128, 16, 32, 0.4, torch.float16, "cuda", heavy_rows=1)
+    comp = {key: t.cuda() for key, t in _components(dense.cpu(), 16, 32).items()}
+    x2d = torch.randn(24, 128, device="cuda", dtype=torch.float16)
+    x = x2d.t() if transposed else x2d.t().contiguous()
+    bias = torch.randn(64, device="cuda", dtype=torch.float16)
+    base = (comp["blocks"], comp["crow_indices"], comp["col_indices"])
+    torch.library.opcheck(ops.bsr_mm, (*base, x, 64, bias, "relu"))
+    torch.library.opcheck(structured.bsr_mm_static, (*base, comp["schedule"], comp["split_rows"], x, 64, bias, "relu"))
+
+
+@pytest.mark.cuda
+def test_sparse_linear_uses_static_bsr_on_cuda():
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    dense = block_sparse_weight(128, 256, 64, 64, 0.5, torch.float16, seed=5)
+    layer = SparseLinear(formats.encode("bsr", dense, {"block_rows": 64, "block_cols": 64})).cuda()
+    x = torch.randn(3, 5, 256, device="cuda", dtype=torch.float16)
+    y = layer(x)
+    assert y.shape == (3, 5, 128) and y.is_contiguous()
+    ref = x.double().reshape(-1, 256) @ dense.double().cuda().t()
+    assert relative_error(y.reshape(-1, 128), ref) < TOLERANCE[torch.float16]

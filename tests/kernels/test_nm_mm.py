@@ -1,0 +1,94 @@
+"""N:M matmul (``prunekit::nm_mm``): CPU reference and opcheck, and the CUDA 2:4 path (cuSPARSELt, weight compressed
+once and cached) against float64 on fresh random inputs, odd N and both X layouts; other N:M patterns on CUDA fall
+back to the reference and must still be right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prunekit import formats
+from prunekit.kernels import ops, structured
+from prunekit.kernels.testing import TOLERANCE, relative_error, spmm_reference64
+
+
+def nm_weight(m: int, k: int, n: int, group: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """``(m, k)`` weight keeping the ``n`` largest-magnitude entries of every group of ``group`` (N(0, 1) values)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(m, k // group, group, generator=g)
+    keep = torch.zeros_like(w, dtype=torch.bool).scatter_(2, w.abs().topk(n, dim=2).indices, True)
+    return (w * keep).reshape(m, k).to(dtype)
+
+
+def _encode(dense, n, group):
+    enc = formats.encode("nm", dense, {"n": n, "m": group})
+    return enc.components["values"], enc.components["metadata"], int(enc.params["bits"])
+
+
+@pytest.mark.parametrize(("n", "group"), [(2, 4), (1, 4), (4, 8)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_nm_reference_matches_float64_and_layout_rule(n, group, transposed):
+    dense = nm_weight(24, 64, n, group, torch.float32)
+    values, metadata, bits = _encode(dense, n, group)
+    x2d = torch.randn(7, 64)
+    x = x2d.t() if transposed else x2d.t().contiguous()
+    bias = torch.randn(24)
+    y = ops.nm_mm(values, metadata, x, n, group, bits, bias, "relu")
+    assert y.stride() == ((1, 24) if transposed else (7, 1))
+    assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) < 1e-6
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_opcheck_nm_mm_both_layouts(transposed):
+    dense = nm_weight(8, 32, 2, 4, torch.float32)
+    values, metadata, bits = _encode(dense, 2, 4)
+    x2d = torch.randn(3, 32)
+    x = x2d.t() if transposed else x2d.t().contiguous()
+    torch.library.opcheck(ops.nm_mm, (values, metadata, x, 2, 4, bits, torch.randn(8), "relu"))
+
+
+NM_CUDA_SHAPES = [(128, 256, 1), (256, 512, 16), (64, 128, 37), (512, 256, 300)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_nm24_cuda_matches_float64(dtype):
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    for i, (m, k, n_tokens) in enumerate(NM_CUDA_SHAPES):
+        dense = nm_weight(m, k, 2, 4, dtype, seed=i)
+        values, metadata, bits = (t.cuda() if isinstance(t, torch.Tensor) else t for t in _encode(dense, 2, 4))
+        dense = dense.cuda()
+        for transposed in (True, False):
+            x2d = torch.randn(n_tokens, k, device="cuda").to(dtype)
+            x = x2d.t() if transposed else x2d.t().contiguous()
+            bias = torch.randn(m, device="cuda").to(dtype)
+            for activation in ("none", "relu"):
+                y = ops.nm_mm(values, metadata, x, 2, 4, bits, bias, activation)
+                torch.cuda.synchronize()
+                assert y.shape == (m, n_tokens)
+                if transposed and n_tokens > 1:
+                    assert y.t().is_contiguous()
+                err = relative_error(y, spmm_reference64(dense, x, bias, activation))
+                assert err < TOLERANCE[dtype], (m, k, n_tokens, transposed, activation, err)
+        assert id(values) in structured._COMPRESSED  # compressed once, then reused
+
+
+@pytest.mark.cuda
+def test_nm_cuda_other_patterns_fall_back_correctly():
+    dense = nm_weight(64, 128, 1, 4, torch.float16, seed=9)
+    values, metadata, bits = _encode(dense, 1, 4)
+    x2d = torch.randn(5, 128, device="cuda", dtype=torch.float16)
+    y = ops.nm_mm(values.cuda(), metadata.cuda(), x2d.t(), 1, 4, bits)
+    assert relative_error(y, spmm_reference64(dense.cuda(), x2d.t(), None, "none")) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
+def test_opcheck_nm24_cuda():
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    dense = nm_weight(128, 256, 2, 4, torch.float16, seed=4)
+    values, metadata, bits = _encode(dense, 2, 4)
+    x2d = torch.randn(32, 256, device="cuda", dtype=torch.float16)
+    args = (values.cuda(), metadata.cuda(), x2d.t(), 2, 4, bits, torch.randn(128, device="cuda").half(), "relu")
+    torch.library.opcheck(ops.nm_mm, args)
