@@ -130,7 +130,7 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
         y = ops.spmm_csr(**csrs[0], x=xs[0].t(), m=m)
         ref = F.linear(xs[0].float(), weights[0].float())
         err = relative_error(y.t(), ref)
-        plan = gpu.plan_spmm(m, n, nnz_padded, torch.cuda.get_device_properties(0).multi_processor_count)
+        plan = gpu.plan_spmm(m, k, n, nnz_padded, torch.cuda.get_device_properties(0).multi_processor_count)
 
         ours = [lambda c=c, x=x: ops.spmm_csr(**c, x=x.t(), m=m) for c, x in zip(csrs, xs, strict=True)]
         dense = [lambda w=w, x=x: F.linear(x, w) for w, x in zip(weights, xs, strict=True)]
@@ -193,13 +193,13 @@ def bench_variants(dtype_name: str, m: int, k: int, sparsity: float, ns: list[in
     for n in ns:
         xs = [torch.randn(n, k, generator=gen, device="cuda").to(dtype) for _ in range(nsets)]
         row = {"dtype": dtype_name, "m": m, "k": k, "n": n, "sparsity": sparsity}
-        for variant in ("auto", "rowwarp", "tiled"):
+        for variant in ("auto", "rowwarp", "direct", "tiled"):
             calls = [
                 lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
                 for c, x in zip(csrs, xs, strict=True)
             ]
             row[f"{variant}_gpu_ms"] = graph_time(calls)
-        row["auto_variant"] = gpu.plan_spmm(m, n, csrs[0]["values"].numel()).variant
+        row["auto_variant"] = gpu.plan_spmm(m, k, n, csrs[0]["values"].numel()).variant
         rows.append(row)
     return rows
 

@@ -103,21 +103,23 @@ def test_importing_kernels_needs_no_gpu_or_compiler():
 
 
 @pytest.mark.parametrize(
-    "m,n,nnz,expect",
+    "m,k,n,nnz,expect",
     [
-        (4096, 1, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=1)),
-        (4096, 3, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=4)),
-        (768, 16, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=16)),
-        (4096, 2048, 4096 * 416, gpu.SpmmPlan("tiled", rows_per_warp=8)),
-        (768, 128, 768 * 64, gpu.SpmmPlan("tiled", rows_per_warp=2)),
+        (4096, 4096, 1, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=1)),
+        (4096, 4096, 3, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=4)),
+        (768, 3072, 7, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=8)),
+        (768, 3072, 16, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=16)),
+        (4096, 4096, 2048, 4096 * 1232, gpu.SpmmPlan("tiled", rows_per_warp=8)),
+        (768, 3072, 256, 768 * 1232, gpu.SpmmPlan("tiled", rows_per_warp=2)),
+        (4096, 4096, 2048, 4096 * 88, gpu.SpmmPlan("direct")),
     ],
 )
-def test_plan_spmm_auto(m, n, nnz, expect):
-    assert gpu.plan_spmm(m, n, nnz, num_sms=132) == expect
+def test_plan_spmm_auto(m, k, n, nnz, expect):
+    assert gpu.plan_spmm(m, k, n, nnz, num_sms=132) == expect
 
 
 def test_plan_spmm_forced_and_unknown_variant():
-    assert gpu.plan_spmm(4096, 4096, 10, variant="rowwarp").variant == "rowwarp"
-    assert gpu.plan_spmm(4096, 1, 10, variant="tiled").variant == "tiled"
+    assert gpu.plan_spmm(4096, 4096, 4096, 10, variant="rowwarp").variant == "rowwarp"
+    assert gpu.plan_spmm(4096, 4096, 1, 10, variant="tiled").variant == "tiled"
     with pytest.raises(ValueError, match="unknown spmm variant"):
-        gpu.plan_spmm(1, 1, 1, variant="fast")
+        gpu.plan_spmm(1, 1, 1, 1, variant="fast")

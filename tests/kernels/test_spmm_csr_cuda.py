@@ -19,6 +19,11 @@ SHAPES = [
     (130, 301, 129, 0.9),
     (64, 1031, 260, 0.95),
     (257, 64, 33, 0.0),
+    (50, 77, 16, 0.8),
+    (40, 100, 8, 0.6),
+    (20, 64, 4, 0.5),
+    (33, 64, 48, 0.9),
+    (19, 40, 512, 0.7),
 ]
 
 
@@ -37,7 +42,7 @@ def _case(m, k, n, sparsity, dtype, seed, transposed):
     return dense, encode_csr(dense), x, bias
 
 
-@pytest.mark.parametrize("variant", ["rowwarp", "tiled"])
+@pytest.mark.parametrize("variant", ["rowwarp", "direct", "tiled"])
 @pytest.mark.parametrize("transposed", [False, True], ids=["xrow", "xT"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,k,n,sparsity", SHAPES)
@@ -51,7 +56,7 @@ def test_spmm_matches_float64_reference(variant, transposed, dtype, m, k, n, spa
         assert err <= TOLERANCE[dtype], f"{variant} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
 
 
-@pytest.mark.parametrize("variant", ["rowwarp", "tiled"])
+@pytest.mark.parametrize("variant", ["rowwarp", "direct", "tiled"])
 def test_spmm_int32_column_indices(variant):
     m, k, n = 9, 33000, 20
     dense, c, x, bias = _case(m, k, n, 0.99, torch.float16, 5, True)
@@ -66,7 +71,7 @@ def test_spmm_all_zero_weight_gives_bias():
     c = encode_csr(torch.zeros(m, k, dtype=torch.float16, device="cuda"))
     x = torch.randn(k, n, device="cuda").half()
     bias = torch.randn(m, device="cuda").half()
-    for variant in ("rowwarp", "tiled"):
+    for variant in ("rowwarp", "direct", "tiled"):
         y = _poisoned(m, n, torch.float16, False)
         gpu.spmm_csr(**c, x=x, m=m, bias=bias, variant=variant, out=y)
         torch.testing.assert_close(y, bias[:, None].expand(m, n))

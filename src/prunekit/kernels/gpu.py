@@ -8,7 +8,9 @@ SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
 
 - ``rowwarp``: one subwarp per row in row-swizzle order, weights streamed once per 16 output columns. Memory-bound
   path for decode shapes.
-- ``tiled``: X tiles staged in shared memory and shared by 16 or 64 rows. Path for large N.
+- ``direct``: Sputnik's design, one warp per row times 256 (fp16) columns, 16-byte loads of X's rows straight from
+  L2. Path for large N at high sparsity.
+- ``tiled``: X tiles staged in shared memory and shared by 16 or 64 rows. Path for large N at lower sparsity.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from .reference import ACTIVATIONS
 
 log = logging.getLogger(__name__)
 
-SPMM_VARIANTS = ("auto", "rowwarp", "tiled")
+SPMM_VARIANTS = ("auto", "rowwarp", "direct", "tiled")
 ROWWARP_MAX_N = 32  # largest N sent to the rowwarp kernel by "auto"; see docs/PERFORMANCE.md for the measurement
 TILED_ROWS_PER_BLOCK = {2: 16, 8: 64}  # rows_per_warp -> rows per block (8 warps)
 TILED_N_TILE = 128  # output columns per tiled block
+DIRECT_MAX_DENSITY = 0.1  # stored fraction up to which "auto" prefers direct over tiled at N > ROWWARP_MAX_N
 SUBWARP_MIN_NNZ = 128  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
 
 
@@ -41,11 +44,12 @@ class SpmmPlan:
     rows_per_warp: int = 8
 
 
-def plan_spmm(m: int, n: int, nnz_padded: int, num_sms: int = 132, variant: str = "auto") -> SpmmPlan:
-    """Choose the SpMM kernel and tiling for ``A (m, K)`` with ``nnz_padded`` stored entries times ``X (K, n)``.
+def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, variant: str = "auto") -> SpmmPlan:
+    """Choose the SpMM kernel and tiling for ``A (m, k)`` with ``nnz_padded`` stored entries times ``X (k, n)``.
 
-    ``auto`` takes ``rowwarp`` for ``n <= ROWWARP_MAX_N`` (weights dominate the bytes) and ``tiled`` above; the
-    tiled kernel uses 64-row blocks when that still gives at least two blocks per SM, else 16-row blocks.
+    ``auto`` takes ``rowwarp`` for ``n <= ROWWARP_MAX_N`` (weights dominate the bytes), above that ``direct`` when
+    the stored density is at most ``DIRECT_MAX_DENSITY`` and ``tiled`` otherwise; the tiled kernel uses 64-row
+    blocks when that still gives at least two blocks per SM, else 16-row blocks.
 
     Raises:
         ValueError: unknown ``variant``.
@@ -53,11 +57,16 @@ def plan_spmm(m: int, n: int, nnz_padded: int, num_sms: int = 132, variant: str 
     if variant not in SPMM_VARIANTS:
         raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
     if variant == "auto":
-        variant = "rowwarp" if n <= ROWWARP_MAX_N else "tiled"
+        if n <= ROWWARP_MAX_N:
+            variant = "rowwarp"
+        else:
+            variant = "direct" if nnz_padded / max(1, m * k) <= DIRECT_MAX_DENSITY else "tiled"
+    if variant == "direct":
+        return SpmmPlan("direct")
     if variant == "rowwarp":
         avg_nnz = nnz_padded / max(1, m)
         subwarp = 32 if avg_nnz >= SUBWARP_MIN_NNZ else 8
-        ntile = 1 if n <= 1 else 4 if n <= 4 else 16
+        ntile = 1 if n <= 1 else 4 if n <= 4 else 8 if n <= 8 else 16
         return SpmmPlan("rowwarp", subwarp=subwarp, ntile=ntile)
     n_tiles = -(-n // TILED_N_TILE)
     big_blocks = -(-m // TILED_ROWS_PER_BLOCK[8]) * n_tiles
@@ -65,6 +74,21 @@ def plan_spmm(m: int, n: int, nnz_padded: int, num_sms: int = 132, variant: str 
 
 
 _SM_COUNT: dict[int, int] = {}
+_OPS: dict[str, object] = {}
+
+
+def _ensure_loaded() -> None:
+    """Build/load the extension once and cache its operator handles (keeps per-call host overhead low)."""
+    if _OPS:
+        return
+    build.load()
+    ext = torch.ops.prunekit_ext
+    _OPS.update(
+        rowwarp=ext.spmm_csr_rowwarp.default,
+        direct=ext.spmm_csr_direct.default,
+        tiled=ext.spmm_csr_tiled.default,
+        sddmm=ext.sddmm_csr.default,
+    )
 
 
 def _sm_count(device: torch.device) -> int:
@@ -107,7 +131,7 @@ def spmm_csr(
     Raises:
         KernelUnavailable: no GPU/compiler (see ``build.load``). ValueError: bad dtypes, shapes or activation.
     """
-    build.load()
+    _ensure_loaded()
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
     if x.dim() != 2:
@@ -136,17 +160,23 @@ def spmm_csr(
         column_indices = column_indices.contiguous().clone()
     row_offsets = row_offsets.contiguous()
     row_indices = row_indices.contiguous()
-    plan = plan_spmm(m, n, values.numel(), _sm_count(x.device), variant)
+    plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), variant)
     relu = activation == "relu"
-    ext = torch.ops.prunekit_ext
     if plan.variant == "rowwarp":
-        ext.spmm_csr_rowwarp(
-            values, row_offsets, column_indices, row_indices, x, y, bias, relu, plan.subwarp, plan.ntile
-        )
+        if n > 1 and x.stride(1) != 1:
+            # Row-major (K, N) copy of transposed activations: N*K elements, small next to the weights at these N,
+            # and it turns N scattered loads per non-zero into one vector load.
+            x = x.contiguous()
+        _OPS["rowwarp"](values, row_offsets, column_indices, row_indices, x, y, bias, relu, plan.subwarp, plan.ntile)
+    elif plan.variant == "direct":
+        if n > 1 and x.stride(1) != 1:
+            # Row-major copy of transposed activations (one extra pass over X, 2 * N * K elements moved).
+            x = x.contiguous()
+        _OPS["direct"](values, row_offsets, column_indices, row_indices, x, y, bias, relu)
     else:
         if not (x.stride(1) == 1 or transposed_io(x)):
             x = x.contiguous()
-        ext.spmm_csr_tiled(values, row_offsets, column_indices, x, y, bias, relu, plan.rows_per_warp)
+        _OPS["tiled"](values, row_offsets, column_indices, x, y, bias, relu, plan.rows_per_warp)
     return y
 
 
@@ -174,7 +204,7 @@ def sddmm_csr(
     Raises:
         KernelUnavailable: no GPU/compiler. ValueError: bad dtypes or shapes.
     """
-    build.load()
+    _ensure_loaded()
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"a (M, K) and b (N, K) expected, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.dtype != b.dtype:
@@ -187,7 +217,5 @@ def sddmm_csr(
         raise ValueError(f"out must be a ({nnz},) {a.dtype} tensor")
     if not column_indices.is_contiguous() or not _aligned16(column_indices):
         column_indices = column_indices.contiguous().clone()
-    torch.ops.prunekit_ext.sddmm_csr(
-        row_offsets.contiguous(), column_indices, row_indices.contiguous(), a.contiguous(), b.contiguous(), y
-    )
+    _OPS["sddmm"](row_offsets.contiguous(), column_indices, row_indices.contiguous(), a.contiguous(), b.contiguous(), y)
     return y

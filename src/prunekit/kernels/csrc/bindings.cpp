@@ -28,11 +28,15 @@ TORCH_LIBRARY(prunekit_ext, m) {
   m.def(
       "spmm_csr_tiled(Tensor values, Tensor row_offsets, Tensor column_indices, Tensor x, Tensor(a!) y, "
       "Tensor? bias, bool relu, int rows_per_warp) -> ()");
+  m.def(
+      "spmm_csr_direct(Tensor values, Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor x, "
+      "Tensor(a!) y, Tensor? bias, bool relu) -> ()");
   m.def("sddmm_csr(Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor a, Tensor b, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_ext, CUDA, m) {
   m.impl("spmm_csr_rowwarp", &prunekit::spmm_csr_rowwarp);
   m.impl("spmm_csr_tiled", &prunekit::spmm_csr_tiled);
+  m.impl("spmm_csr_direct", &prunekit::spmm_csr_direct);
   m.impl("sddmm_csr", &prunekit::sddmm_csr);
 }

@@ -107,6 +107,30 @@ __device__ __forceinline__ void load4(const __nv_bfloat16* p, float* o) {
   o[0] = lo.x; o[1] = lo.y; o[2] = hi.x; o[3] = hi.y;
 }
 
+// Pack 16 / sizeof(T) floats into T and store them as one 16-byte vector (p 16-byte aligned).
+template <typename T> __device__ __forceinline__ void store_vec16(T* p, const float* o);
+template <> __device__ __forceinline__ void store_vec16<float>(float* p, const float* o) {
+  *reinterpret_cast<float4*>(p) = make_float4(o[0], o[1], o[2], o[3]);
+}
+__device__ __forceinline__ uint32_t pack2(__half, float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack2(__nv_bfloat16, float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ void store_vec16<__half>(__half* p, const float* o) {
+  const __half tag{};
+  *reinterpret_cast<uint4*>(p) =
+      make_uint4(pack2(tag, o[0], o[1]), pack2(tag, o[2], o[3]), pack2(tag, o[4], o[5]), pack2(tag, o[6], o[7]));
+}
+template <> __device__ __forceinline__ void store_vec16<__nv_bfloat16>(__nv_bfloat16* p, const float* o) {
+  const __nv_bfloat16 tag{};
+  *reinterpret_cast<uint4*>(p) =
+      make_uint4(pack2(tag, o[0], o[1]), pack2(tag, o[2], o[3]), pack2(tag, o[4], o[5]), pack2(tag, o[6], o[7]));
+}
+
 __device__ __forceinline__ float epilogue(float acc, float bias, bool relu) {
   acc += bias;
   return relu ? fmaxf(acc, 0.0f) : acc;

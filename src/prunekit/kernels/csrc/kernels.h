@@ -16,6 +16,11 @@ void spmm_csr_tiled(const at::Tensor& values, const at::Tensor& row_offsets, con
                     const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu,
                     int64_t rows_per_warp);
 
+// Sputnik's direct SpMM: one warp per row times 32 16-byte vectors of X's row-major columns. See spmm_direct.cu.
+void spmm_csr_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
+                     const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y,
+                     const std::optional<at::Tensor>& bias, bool relu);
+
 // Sputnik-style SDDMM: out[j] = dot(a[row(j)], b[col(j)]) at each stored CSR entry. See sddmm_csr.cu.
 void sddmm_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const at::Tensor& row_indices,
                const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);

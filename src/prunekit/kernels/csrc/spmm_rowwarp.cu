@@ -6,9 +6,10 @@
 // residue inside a row), a 1-D tile of NT output columns per subwarp (sec. 4), fp32 accumulation.
 //
 // At small N the weights dominate the bytes moved (values + int16 indices, 4 bytes per non-zero in fp16), so every
-// weight byte is read exactly once per NT columns and X (small, cache-resident) is gathered per non-zero. X and Y take
-// any strides, so X can be the transposed view of nn.Linear activations (tokens, in_features) and Y the transposed
-// view of a (tokens, out_features) buffer: no copy pass.
+// weight byte is read exactly once per NT columns and X (small, cache-resident) is gathered per non-zero: with one
+// vector load of NT values when X is row-major (K, N) with aligned rows, else element by element. X and Y take any
+// strides (Y is written directly in the transposed (tokens, out_features) layout of nn.Linear); gpu.py hands this
+// kernel a row-major copy of transposed activations, which at these N is tiny next to the weights.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -18,7 +19,7 @@
 
 namespace prunekit {
 
-template <typename T, typename I, int NT, int SW>
+template <typename T, typename I, int NT, int SW, bool XV>
 __global__ void __launch_bounds__(256)
 spmm_rowwarp_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
                     const int* __restrict__ row_indices, const T* __restrict__ x, int64_t xs_k, int64_t xs_n,
@@ -59,7 +60,13 @@ spmm_rowwarp_kernel(const T* __restrict__ values, const int* __restrict__ row_of
     for (int v = 0; v < V; ++v) {
       const float a = word_elem<T>(vals.w, v);
       const T* xp = xb + static_cast<int64_t>(word_index<I>(idx.w, v)) * xs_k;
-      if (full) {
+      if constexpr (XV) {
+        // X row-major with 16-byte aligned rows and N a multiple of NT: the NT values are one vector load.
+        Words<NT * sizeof(T)> xw;
+        xw.load(xp);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, word_elem<T>(xw.w, t), acc[t]);
+      } else if (full) {
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, to_f(xp[t * xs_n]), acc[t]);
       } else {
@@ -92,11 +99,18 @@ template <typename T, typename I, int NT, int SW>
 static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
                            const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, const T* bias,
                            bool relu, int m, int n) {
+  // Vector X loads: unit stride along N, rows 16-byte aligned, whole tiles only.
+  const bool xv = NT >= 4 && x.stride(1) == 1 && n % NT == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                  (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   constexpr int kThreads = 256;
   const dim3 grid((static_cast<int64_t>(m) * SW + kThreads - 1) / kThreads, (n + NT - 1) / NT);
   TORCH_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  spmm_rowwarp_kernel<T, I, NT, SW><<<grid, kThreads, 0, stream>>>(
+  auto kernel = spmm_rowwarp_kernel<T, I, NT, SW, false>;
+  if constexpr (NT >= 4) {
+    if (xv) kernel = spmm_rowwarp_kernel<T, I, NT, SW, true>;
+  }
+  kernel<<<grid, kThreads, 0, stream>>>(
       reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
       reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
       reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), x.stride(1), reinterpret_cast<T*>(y.data_ptr()),
@@ -111,8 +125,9 @@ static void dispatch_ntile(int64_t ntile, const at::Tensor& values, const at::Te
   switch (ntile) {
     case 1: return launch_rowwarp<T, I, 1, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
     case 4: return launch_rowwarp<T, I, 4, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
+    case 8: return launch_rowwarp<T, I, 8, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
     case 16: return launch_rowwarp<T, I, 16, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
-    default: TORCH_CHECK(false, "spmm_csr_rowwarp: ntile must be 1, 4 or 16, got ", ntile);
+    default: TORCH_CHECK(false, "spmm_csr_rowwarp: ntile must be 1, 4, 8 or 16, got ", ntile);
   }
 }
 

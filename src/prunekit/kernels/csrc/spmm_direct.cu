@@ -1,0 +1,190 @@
+// SpMM, Sputnik's direct design for moderate/large N: Y (M, N) = act(A @ X + bias), A in prunekit CSR, X row-major.
+//
+// Gale et al., SC 2020: 1-D tiling of the output (sec. 4): one warp computes one row times a tile of 32 * VN output
+// columns (VN = 16 bytes of X per lane: 8 fp16/bf16 or 4 fp32 columns); the warp loads 32 (value, column) pairs of
+// its row with coalesced loads and broadcasts each with a shuffle; every lane then reads the 16-byte vector of X's
+// row at that column (vector memory instructions, sec. 5.2), four non-zeros' loads in flight before their FMAs (fp32
+// accumulation). Rows are taken in row_indices order (row swizzle, sec. 5.3) for a row-major Y. For the transposed
+// Y of nn.Linear (tokens, out_features) a block takes 8 consecutive rows and writes through shared memory, 8 rows per
+// 16-byte store. Residue: N not a multiple of VN or unaligned X/Y falls back to element loads/stores with bounds.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "common.cuh"
+#include "kernels.h"
+
+namespace prunekit {
+
+constexpr int kDirectWarps = 8;
+
+template <typename T, typename I, bool YT, bool VEC>
+__global__ void __launch_bounds__(32 * kDirectWarps, 2)
+spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
+                   const int* __restrict__ row_indices, const T* __restrict__ x, int64_t xs_k,
+                   T* __restrict__ y, int64_t ys_m, int64_t ys_n, bool y_vec_ok, const T* __restrict__ bias,
+                   bool relu, int m, int n) {
+  constexpr int VN = 16 / sizeof(T);
+  constexpr int NTILE = 32 * VN;
+  constexpr int kPitch = NTILE + VN;  // shared-memory pitch of the YT staging tile
+  __shared__ __align__(16) T stage[YT ? kDirectWarps * kPitch : 1];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int slot = blockIdx.x * kDirectWarps + warp;
+  const bool active = slot < m;
+  const int row = active ? (YT ? slot : __ldg(row_indices + slot)) : 0;
+  const int start = active ? __ldg(row_offsets + row) : 0;
+  const int end = active ? __ldg(row_offsets + row + 1) : 0;
+  const int tile0 = blockIdx.y * NTILE;
+  const int nl = tile0 + lane * VN;  // this lane's first output column
+  const bool lane_in = nl < n;
+  const T* xl = x + nl;
+
+  float acc[VN];
+#pragma unroll
+  for (int t = 0; t < VN; ++t) acc[t] = 0.0f;
+
+  for (int base = start; base < end; base += 32) {
+    const int j = base + lane;
+    const float v = j < end ? to_f(values[j]) : 0.0f;
+    const int c = j < end ? static_cast<int>(cols[j]) : 0;
+    const int cnt = min(32, end - base);
+    int e = 0;
+    // Rows are padded to multiples of 4 entries or more (formats/csr.py), so groups of 4 cover every row.
+    for (; e + 4 <= cnt; e += 4) {
+      float a[4];
+      int cc[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        a[u] = __shfl_sync(0xffffffffu, v, e + u);
+        cc[u] = __shfl_sync(0xffffffffu, c, e + u);
+      }
+      if constexpr (VEC) {
+        Words<16> w[4];
+        if (lane_in) {
+#pragma unroll
+          for (int u = 0; u < 4; ++u) w[u].load(xl + static_cast<int64_t>(cc[u]) * xs_k);
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int t = 0; t < VN; ++t) acc[t] = fmaf(a[u], word_elem<T>(w[u].w, t), acc[t]);
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const T* xp = xl + static_cast<int64_t>(cc[u]) * xs_k;
+#pragma unroll
+          for (int t = 0; t < VN; ++t)
+            if (nl + t < n) acc[t] = fmaf(a[u], to_f(xp[t]), acc[t]);
+        }
+      }
+    }
+    for (; e < cnt; ++e) {
+      const float a = __shfl_sync(0xffffffffu, v, e);
+      const T* xp = xl + static_cast<int64_t>(__shfl_sync(0xffffffffu, c, e)) * xs_k;
+#pragma unroll
+      for (int t = 0; t < VN; ++t)
+        if (nl + t < n) acc[t] = fmaf(a, to_f(xp[t]), acc[t]);
+    }
+  }
+
+  const float b = (bias != nullptr && active) ? to_f(bias[row]) : 0.0f;
+  float o[VN];
+#pragma unroll
+  for (int t = 0; t < VN; ++t) o[t] = epilogue(acc[t], b, relu);
+
+  if constexpr (!YT) {
+    if (!active || !lane_in) return;
+    T* dst = y + static_cast<int64_t>(row) * ys_m + static_cast<int64_t>(nl) * ys_n;
+    if (y_vec_ok && nl + VN <= n) {
+      store_vec16<T>(dst, o);
+    } else {
+#pragma unroll
+      for (int t = 0; t < VN; ++t)
+        if (nl + t < n) y[static_cast<int64_t>(row) * ys_m + static_cast<int64_t>(nl + t) * ys_n] = from_f<T>(o[t]);
+    }
+  } else {
+    // Transposed Y (element (row, col) at col * ys_n + row): stage the block's 8 rows x NTILE, then one thread per
+    // output column writes the 8 consecutive rows.
+#pragma unroll
+    for (int t = 0; t < VN; ++t) stage[warp * kPitch + lane * VN + t] = from_f<T>(o[t]);
+    __syncthreads();
+    const int r0 = blockIdx.x * kDirectWarps;
+    for (int nn = threadIdx.x; nn < NTILE; nn += 32 * kDirectWarps) {
+      const int col = tile0 + nn;
+      if (col >= n) break;
+      T* dst = y + static_cast<int64_t>(col) * ys_n + r0;
+      if (y_vec_ok && r0 + kDirectWarps <= m) {
+        float vals[kDirectWarps];
+#pragma unroll
+        for (int r = 0; r < kDirectWarps; ++r) vals[r] = to_f(stage[r * kPitch + nn]);
+#pragma unroll
+        for (int q = 0; q < kDirectWarps / VN; ++q) store_vec16<T>(dst + q * VN, vals + q * VN);
+      } else {
+        for (int r = 0; r < kDirectWarps && r0 + r < m; ++r) dst[r] = stage[r * kPitch + nn];
+      }
+    }
+  }
+}
+
+template <typename T, typename I, bool YT>
+static void launch_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
+                          const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, bool y_vec_ok,
+                          const T* bias, bool relu, int m, int n) {
+  constexpr int VN = 16 / sizeof(T);
+  const bool vec = n % VN == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                   (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  const dim3 grid((m + kDirectWarps - 1) / kDirectWarps, (n + 32 * VN - 1) / (32 * VN));
+  TORCH_CHECK(grid.y <= 65535, "spmm_csr_direct: N too large");
+  auto kernel = vec ? spmm_direct_kernel<T, I, YT, true> : spmm_direct_kernel<T, I, YT, false>;
+  kernel<<<grid, 32 * kDirectWarps, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
+      reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
+      reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<T*>(y.data_ptr()), y.stride(0),
+      y.stride(1), y_vec_ok, bias, relu, m, n);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void spmm_csr_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
+                     const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y,
+                     const std::optional<at::Tensor>& bias, bool relu) {
+  check_csr(row_offsets, column_indices, "spmm_csr_direct");
+  TORCH_CHECK(x.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_direct: tensors must be on the GPU");
+  TORCH_CHECK(x.dim() == 2 && y.dim() == 2, "spmm_csr_direct: x and y must be 2-D");
+  TORCH_CHECK(values.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
+              "spmm_csr_direct: values, x and y must share one dtype");
+  TORCH_CHECK(values.is_contiguous(), "spmm_csr_direct: values must be contiguous");
+  TORCH_CHECK(row_indices.scalar_type() == at::kInt && row_indices.is_contiguous(),
+              "spmm_csr_direct: row_indices must be contiguous int32");
+  const int64_t m = y.size(0), n = y.size(1);
+  TORCH_CHECK(row_offsets.numel() == m + 1 && row_indices.numel() == m && x.size(1) == n,
+              "spmm_csr_direct: shapes disagree");
+  TORCH_CHECK(x.stride(1) == 1 || n <= 1, "spmm_csr_direct: x must be row-major (unit stride along N)");
+  TORCH_CHECK(m < (int64_t(1) << 31) && n < (int64_t(1) << 31), "spmm_csr_direct: too large");
+  const bool yt = y.stride(1) != 1 && y.stride(0) == 1;
+  TORCH_CHECK(yt || y.stride(1) == 1 || n <= 1, "spmm_csr_direct: y must have unit stride along M or along N");
+  const int64_t esize = x.element_size();
+  const bool y_vec_ok = reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0 &&
+                        (yt ? (y.stride(1) * esize) % 16 == 0 : (y.stride(0) * esize) % 16 == 0 && y.stride(1) == 1);
+  if (bias) {
+    TORCH_CHECK(bias->is_cuda() && bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
+                    bias->numel() == m,
+                "spmm_csr_direct: bias must be a contiguous (M,) tensor of x's dtype");
+  }
+  if (m == 0 || n == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  PRUNEKIT_DISPATCH_FLOAT(x.scalar_type(), [&] {
+    PRUNEKIT_DISPATCH_INDEX(column_indices.scalar_type(), [&] {
+      const scalar_t* b = bias ? reinterpret_cast<const scalar_t*>(bias->data_ptr()) : nullptr;
+      if (yt) {
+        launch_direct<scalar_t, index_t, true>(values, row_offsets, column_indices, row_indices, x, y, y_vec_ok, b,
+                                               relu, m, n);
+      } else {
+        launch_direct<scalar_t, index_t, false>(values, row_offsets, column_indices, row_indices, x, y, y_vec_ok, b,
+                                                relu, m, n);
+      }
+    });
+  });
+}
+
+}  // namespace prunekit
