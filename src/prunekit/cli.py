@@ -86,18 +86,43 @@ def prune(
     sparsity: Annotated[
         float | None, typer.Option("--sparsity", "-s", help="Fraction of zeros in [0, 1); implied by N:M.")
     ] = None,
-    method: Annotated[str, typer.Option(help="Pruning criterion.")] = "magnitude",
+    method: Annotated[
+        str, typer.Option(help="magnitude | wanda | sparsegpt (the last two run an HF model on calibration text).")
+    ] = "magnitude",
     include: Annotated[
         list[str] | None, typer.Option(help="Regex of tensors to prune (repeatable); replaces the default selection.")
     ] = None,
     exclude: Annotated[list[str] | None, typer.Option(help="Regex of tensors to keep dense (repeatable).")] = None,
+    calib: Annotated[
+        Path | None,
+        typer.Option(help="Calibration text for wanda/sparsegpt: text lines or JSON lines with 'text'."),
+    ] = None,
+    calib_samples: Annotated[
+        int, typer.Option(help="Calibration sequences (default corpus: Python stdlib docstrings).")
+    ] = 128,
+    device: Annotated[
+        str | None, typer.Option(help="Where wanda/sparsegpt run, one block at a time (default: cuda if present).")
+    ] = None,
     overwrite: Overwrite = False,
 ) -> None:
     """Prune a checkpoint's linear (and conv) weights to a sparsity pattern."""
     from .prune import prune_checkpoint
 
     with progress_bar("pruning") as update:
-        result = prune_checkpoint(checkpoint, output, pattern, sparsity, method, include, exclude, overwrite, update)
+        result = prune_checkpoint(
+            checkpoint,
+            output,
+            pattern,
+            sparsity,
+            method,
+            include,
+            exclude,
+            overwrite,
+            update,
+            calibration=calib,
+            calib_samples=calib_samples,
+            device=device,
+        )
     mean = sum(t.sparsity for t in result.pruned) / len(result.pruned)
     console.print(f"pruned {len(result.pruned)} tensors to {pattern} (mean sparsity {mean:.1%}) -> {result.output}")
     if result.skipped:
