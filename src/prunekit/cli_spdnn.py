@@ -68,6 +68,7 @@ def run(
     device: Annotated[str, typer.Option(help="cpu (reference, slow) or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="float32 | float64 | float16 | bfloat16.")] = "float32",
     inputs: Annotated[int | None, typer.Option(help="Use only the first INPUTS inputs.")] = None,
+    kernel: Annotated[str, typer.Option(help="auto | fused (CUDA chain kernel) | reference (torch.sparse).")] = "auto",
     categories_out: Annotated[Path | None, typer.Option(help="Write the categories found here (1-based).")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
 ) -> None:
@@ -82,10 +83,18 @@ def run(
         with progress_bar(f"N={neurons} L={count}") as update:
             results.append(
                 run_network(
-                    neurons, count, data, synthetic, device, DTYPES[dtype], inputs, lambda _m, d, t: update(d, t, "")
+                    neurons,
+                    count,
+                    data,
+                    synthetic,
+                    device,
+                    DTYPES[dtype],
+                    inputs,
+                    lambda _m, d, t: update(d, t, ""),
+                    kernel,
                 )
             )
-    table = Table(title=f"Sparse DNN challenge, N={neurons}, {device}, {dtype}")
+    table = Table(title=f"Sparse DNN challenge, N={neurons}, {device}, {dtype}, kernel {results[0].kernel}")
     for col in ("layers", "inputs", "categories", "build (s)", "inference (s)", "TeraEdges/s", "check"):
         table.add_column(col, justify="right")
     for r in results:

@@ -18,6 +18,7 @@ from prunekit.spdnn.generator import (
     bias_for,
     check_neurons,
     iter_layers,
+    relabel,
     synthetic_images,
 )
 from prunekit.spdnn.ops import spdnn_layer
@@ -182,3 +183,54 @@ def test_generator_matches_official_n1024_files():
         rows, cols = torch.from_numpy(data[:, 0]), torch.from_numpy(data[:, 1])
         order = torch.argsort(rows * 1024 + cols)
         assert torch.equal(rows[order], layer.rows) and torch.equal(cols[order], layer.cols)
+
+
+def test_ell_layout_holds_the_same_layer():
+    from prunekit.kernels.spdnn_cuda import to_ell
+
+    layer = list(iter_layers(N, 6))[-1]
+    offsets, inputs = layer.csr_by_output()
+    values = torch.full((inputs.numel(),), 1 / 16)
+    idx, val = to_ell(offsets, inputs, values)
+    assert idx.shape == (32, N) and idx.dtype == torch.int32
+    rebuilt = torch.zeros(N, N)
+    rebuilt.index_put_((idx.long().flatten(), torch.arange(N).repeat(32)), val.flatten(), accumulate=True)
+    assert torch.equal(rebuilt, layer.dense(torch.float32))
+
+
+def test_fused_kernel_needs_cuda_float32():
+    with pytest.raises(PrunekitError, match="fused"):
+        run_network(N, 4, synthetic=True, inputs=20, kernel="fused")
+
+
+def test_relabelled_network_gives_the_same_categories():
+    features = small_inputs(200)
+    net = list(iter_layers(N, 12))
+    other = relabel(net, seed=3)
+    assert not torch.equal(other[1].cols, net[1].cols)
+    assert torch.equal(infer(features, other, bias_for(N)), infer(features, net, bias_for(N)))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("neurons", [256, 1024, 4096])
+def test_fused_chain_matches_float64_reference_on_cuda(neurons):
+    from prunekit.kernels import spdnn_cuda
+
+    count = 1500
+    images, pixels = synthetic_images(neurons, count, total_nnz=int(0.25 * neurons * count))
+    features = dense_features(images, pixels, count, neurons).cuda()
+    net = list(iter_layers(neurons, 24, "cuda"))
+    ells = [spdnn_cuda.to_ell(*layer.csr_by_output(), torch.full((layer.nnz,), 1 / 16, device="cuda")) for layer in net]
+    idx, val = torch.stack([e[0] for e in ells]), torch.stack([e[1] for e in ells])
+    # one chain of 3 layers, every output checked (poisoned input buffers are not reused: outputs are fresh)
+    out, alive = torch.ops.prunekit_spdnn.chain(features.float(), idx[:3], val[:3], bias_for(neurons), 32.0)
+    ref = features.clone()
+    for layer in net[:3]:
+        z = ref @ layer.dense()
+        ref = torch.where(z != 0, z + bias_for(neurons), z).clamp(0, 32)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(alive.bool(), ref.any(dim=1))
+    truth = infer(features, net, bias_for(neurons))
+    fused = spdnn_cuda.infer_fused(features.float(), idx, val, bias_for(neurons), 32.0)
+    assert truth.numel() > 0 and torch.equal(fused, truth)

@@ -55,12 +55,12 @@ def bias_for(neurons: int) -> float:
     return SPDNN_BIAS.get(neurons, SPDNN_BIAS[1024])
 
 
-def base_layer(neurons: int, stride: int) -> tuple[torch.Tensor, torch.Tensor]:
+def base_layer(neurons: int, stride: int, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Non-zeros of K = kron(ones(16,16), E_s) / 16, as (rows, cols) int64 sorted by row then column."""
     n = neurons // 16
-    rows = torch.arange(neurons).repeat_interleave(SPDNN_NNZ_PER_ROW)
+    rows = torch.arange(neurons, device=device).repeat_interleave(SPDNN_NNZ_PER_ROW)
     i = rows % n
-    slot = torch.arange(SPDNN_NNZ_PER_ROW).repeat(neurons)
+    slot = torch.arange(SPDNN_NNZ_PER_ROW, device=device).repeat(neurons)
     block = slot // 2  # which of the 16 column blocks
     j = torch.where(slot % 2 == 0, i, (i - stride) % n)  # E_s[i, j] = 1 iff (i - j) mod n in {0, s}
     cols = block * n + j
@@ -82,7 +82,7 @@ class Layer:
         return int(self.rows.numel())
 
     def dense(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        w = torch.zeros(self.neurons, self.neurons, dtype=dtype)
+        w = torch.zeros(self.neurons, self.neurons, dtype=dtype, device=self.rows.device)
         w[self.rows, self.cols] = SPDNN_WEIGHT
         return w
 
@@ -90,30 +90,52 @@ class Layer:
         """W^T in CSR: ``row_offsets (N+1,)`` int32 and ``column_indices (nnz,)`` int32 (inputs of each output)."""
         order = torch.argsort(self.cols * self.neurons + self.rows)
         counts = torch.bincount(self.cols, minlength=self.neurons)
-        offsets = torch.zeros(self.neurons + 1, dtype=torch.int64)
+        offsets = torch.zeros(self.neurons + 1, dtype=torch.int64, device=self.cols.device)
         offsets[1:] = torch.cumsum(counts, 0)
         return offsets.to(torch.int32), self.rows[order].to(torch.int32)
 
 
-def iter_layers(neurons: int, layers: int) -> Iterator[Layer]:
-    """The first ``layers`` layers of the challenge network with N = ``neurons``, in order."""
+def iter_layers(neurons: int, layers: int, device: str | torch.device = "cpu") -> Iterator[Layer]:
+    """The first ``layers`` layers of the challenge network with N = ``neurons``, in order (tensors on ``device``)."""
     check_neurons(neurons)
     n = neurons // 16
     depth = int(math.log2(n))
     rng = np.random.RandomState(SPDNN_SEED)
-    row_map = torch.arange(neurons)
+    row_map = torch.arange(neurons, device=device)
     bases = {}
     for k in range(1, layers + 1):
         if k > depth and (k - 1) % depth == 0:  # first layer of a later block: draw its permutation
             p = np.argsort(rng.random_sample(neurons), kind="stable")
-            row_map = torch.from_numpy(p.astype(np.int64))
+            row_map = torch.from_numpy(p.astype(np.int64)).to(device)
         stride = 2 ** ((k - 1) % depth)
         if stride not in bases:
-            bases[stride] = base_layer(neurons, stride)
+            bases[stride] = base_layer(neurons, stride, device)
         rows, cols = bases[stride]
         new_rows = row_map[rows]  # W[p[i], :] = K[i, :]
         order = torch.argsort(new_rows * neurons + cols)
         yield Layer(k, neurons, new_rows[order], cols[order])
+
+
+def relabel(layers: list[Layer], seed: int = 0) -> list[Layer]:
+    """The same network with its hidden neurons renamed by one random permutation per hidden layer boundary.
+
+    Layer k's columns and layer k+1's rows get the same permutation, so the function computed is unchanged
+    (the input pixels and the final outputs keep their names). Used to check that a kernel does not depend
+    on the generator's structure (issue: TE/s within 10% on the relabelled network).
+    """
+    g = torch.Generator().manual_seed(seed)
+    out, prev_perm = [], None
+    for k, layer in enumerate(layers):
+        rows, cols = layer.rows, layer.cols
+        if prev_perm is not None:
+            rows = prev_perm[rows]
+        if k < len(layers) - 1:
+            perm = torch.randperm(layer.neurons, generator=g).to(cols.device)
+            cols = perm[cols]
+            prev_perm = perm
+        order = torch.argsort(rows * layer.neurons + cols)
+        out.append(Layer(layer.index, layer.neurons, rows[order], cols[order]))
+    return out
 
 
 def synthetic_images(

@@ -15,7 +15,17 @@ import torch
 
 from ..errors import PrunekitError
 from . import tsv
-from .generator import SPDNN_INPUTS, SPDNN_WEIGHT, Layer, bias_for, check_neurons, iter_layers, synthetic_images
+from .generator import (
+    SPDNN_INPUTS,
+    SPDNN_RELU_CAP,
+    SPDNN_WEIGHT,
+    Layer,
+    bias_for,
+    check_neurons,
+    iter_layers,
+    relabel,
+    synthetic_images,
+)
 from .reference import dense_features, infer
 
 Step = Callable[[str, int, int], None]
@@ -78,6 +88,7 @@ class RunResult:
     inputs: int
     device: str
     dtype: str
+    kernel: str  # "fused" (prunekit's CUDA chain kernel) or "reference" (torch.sparse per layer)
     build_s: float
     inference_s: float
     total_nnz: int
@@ -108,6 +119,9 @@ def run_network(
     dtype: torch.dtype = torch.float32,
     inputs: int | None = None,
     step: Step | None = None,
+    kernel: str = "auto",
+    repeats: int = 1,
+    relabel_seed: int | None = None,
 ) -> RunResult:
     """Run the N-neuron, L-layer network on the inputs of ``data`` (or synthetic, built in memory).
 
@@ -117,6 +131,10 @@ def run_network(
         synthetic: build layers and inputs from the recipe in memory (no files); the truth is then
             computed by a float64 run of the same reference path.
         inputs: use only the first ``inputs`` inputs (default: all).
+        kernel: ``fused`` (CUDA, float32), ``reference`` (``prunekit::spdnn_layer`` via torch.sparse, any
+            device/dtype), or ``auto`` (fused on CUDA when N fits in shared memory and dtype is float32).
+        repeats: timed runs after one warm-up run when > 1; the median is reported.
+        relabel_seed: run the network with its hidden neurons renamed (:func:`relabel`), same function.
 
     Raises:
         PrunekitError: bad N, missing files, or CUDA requested without a GPU.
@@ -128,7 +146,9 @@ def run_network(
         raise PrunekitError("give --data DIR or --synthetic")
     t0 = time.perf_counter()
     if synthetic:
-        net = list(iter_layers(neurons, layers))
+        net = list(iter_layers(neurons, layers, device))
+        if relabel_seed is not None:
+            net = relabel(net, relabel_seed)
         count = inputs or SPDNN_INPUTS
         images, pixels = synthetic_images(neurons, count)
     else:
@@ -139,47 +159,80 @@ def run_network(
         if inputs is not None:
             keep = images < inputs
             images, pixels, count = images[keep], pixels[keep], min(inputs, count)
-    prepared = [_prepared(layer, device, dtype) for layer in net]
+    kernel = _choose_kernel(kernel, neurons, device, dtype)
     features = dense_features(images, pixels, count, neurons, dtype).to(device)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    bias = bias_for(neurons)
+    if kernel == "fused":
+        from ..kernels import spdnn_cuda
+
+        ells = [spdnn_cuda.to_ell(*_prepared(layer, device, torch.float32)) for layer in net]
+        ell_idx = torch.stack([e[0] for e in ells])
+        ell_val = torch.stack([e[1] for e in ells])
+    else:
+        prepared = [_prepared(layer, device, dtype) for layer in net]
+    _sync(device)
     build_s = time.perf_counter() - t0
 
-    from .ops import spdnn_layer
+    def inference() -> torch.Tensor:
+        if kernel == "fused":
+            return spdnn_cuda.infer_fused(features, ell_idx, ell_val, bias, SPDNN_RELU_CAP)
+        from .ops import spdnn_layer
 
-    bias = bias_for(neurons)
-    t1 = time.perf_counter()
-    live = torch.arange(count, device=features.device)
-    y = features
-    for k, (offsets, idx, values) in enumerate(prepared, start=1):
-        y = spdnn_layer(y, offsets, idx, values, bias, 32.0)
-        alive = (y != 0).any(dim=1)
-        y, live = y[alive], live[alive]
-        if step:
-            step("inference", k, layers)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    inference_s = time.perf_counter() - t1
-    categories = live.cpu()
+        live = torch.arange(count, device=features.device)
+        y = features
+        for k, (offsets, idx, values) in enumerate(prepared, start=1):
+            y = spdnn_layer(y, offsets, idx, values, bias, SPDNN_RELU_CAP)
+            alive = (y != 0).any(dim=1)
+            y, live = y[alive], live[alive]
+            if step:
+                step("inference", k, layers)
+        return live.cpu()
+
+    if repeats > 1:
+        inference()  # warm-up: first launches, allocator, JIT
+    times = []
+    for _ in range(max(1, repeats)):
+        _sync(device)
+        t1 = time.perf_counter()
+        categories = inference()
+        _sync(device)
+        times.append(time.perf_counter() - t1)
+    inference_s = sorted(times)[len(times) // 2]
 
     truth = None
     if synthetic:
-        truth = infer(dense_features(images, pixels, count, neurons).to(device), net, bias)
+        truth = infer(dense_features(images, pixels, count, neurons).to(device), net, bias)  # float64
     else:
         path = tsv.categories_path(Path(data), neurons, layers)
         if path.is_file() and inputs is None:
             truth = tsv.read_categories(path)
     passed = None if truth is None else torch.equal(categories, truth.cpu())
     total_nnz = sum(layer.nnz for layer in net)
+    dtype_name = str(dtype).removeprefix("torch.")
     return RunResult(
-        neurons,
-        layers,
-        count,
-        device,
-        str(dtype).removeprefix("torch."),
-        build_s,
-        inference_s,
-        total_nnz,
-        categories,
-        passed,
+        neurons, layers, count, device, dtype_name, kernel, build_s, inference_s, total_nnz, categories, passed
     )
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _choose_kernel(kernel: str, neurons: int, device: str, dtype: torch.dtype) -> str:
+    if kernel not in ("auto", "fused", "reference"):
+        raise PrunekitError(f"--kernel {kernel!r}: choose auto, fused or reference")
+    if kernel == "reference":
+        return kernel
+    on_cuda = device.startswith("cuda")
+    if kernel == "fused" and (not on_cuda or dtype != torch.float32):
+        raise PrunekitError("--kernel fused runs on CUDA in float32")
+    if not on_cuda or dtype != torch.float32:
+        return "reference"
+    from ..kernels import spdnn_cuda
+
+    if spdnn_cuda.block_inputs(neurons) == 0:
+        if kernel == "fused":
+            raise PrunekitError(f"--kernel fused: N={neurons} features do not fit in shared memory")
+        return "reference"
+    return "fused"
