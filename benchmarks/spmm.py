@@ -204,6 +204,30 @@ def bench_variants(dtype_name: str, m: int, k: int, sparsity: float, ns: list[in
     return rows
 
 
+def bench_overhead(dtype_name: str = "float16") -> list:
+    """Per-call eager time of each layer of the call path on a tiny problem (device time negligible): host overhead."""
+    dtype = getattr(torch, dtype_name)
+    m = k = 256
+    csr = encode_csr(random_sparse_weight(m, k, 0.9, dtype, "cuda"))
+    x2d = torch.randn(1, k, device="cuda").to(dtype)
+    x = x2d.t()
+    y = torch.empty(m, 1, dtype=dtype, device="cuda")
+    args = (csr["values"], csr["row_offsets"], csr["column_indices"], csr["row_indices"], x, m)
+    plan = gpu.plan_spmm(m, k, 1, csr["values"].numel())
+    raw = torch.ops.prunekit_ext.spmm_csr_rowwarp.default
+    w = torch.randn(m, k, device="cuda").to(dtype)
+    paths = {
+        "ops.spmm_csr (custom_op wrapper)": lambda: ops.spmm_csr(*args),
+        "torch.ops.prunekit.spmm_csr.default": lambda: torch.ops.prunekit.spmm_csr.default(*args),
+        "gpu.spmm_csr (launcher, no dispatcher)": lambda: gpu.spmm_csr(*args),
+        "torch.ops.prunekit_ext.spmm_csr_rowwarp (kernel op, preallocated out)": lambda: raw(
+            *args[:5], y, None, False, plan.subwarp, plan.ntile
+        ),
+        "F.linear (dense cuBLAS, same shape)": lambda: F.linear(x2d, w),
+    }
+    return [{"path": name, "eager_us": 1e3 * eager_time([fn], min_reps=200, trials=7)} for name, fn in paths.items()]
+
+
 def environment() -> dict:
     props = torch.cuda.get_device_properties(0)
     return {
@@ -263,6 +287,7 @@ def main() -> None:
     parser.add_argument("--ns", default=",".join(map(str, NS)))
     parser.add_argument("--sparsities", default=",".join(map(str, SPARSITIES)))
     parser.add_argument("--variants", action="store_true", help="time each SpMM variant forced instead")
+    parser.add_argument("--overhead", action="store_true", help="also measure the host overhead of each call layer")
     parser.add_argument("--time-budget-s", type=float, default=float("inf"), help="start no config after this")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -275,6 +300,10 @@ def main() -> None:
     env = environment()
     l2 = env["l2_bytes"] or 50 * 2**20
     result = {"environment": env, "rows": [], "skipped": []}
+    if args.overhead:
+        result["overhead"] = bench_overhead()
+        for r in result["overhead"]:
+            console.print(f"host overhead: {r['path']}: {r['eager_us']:.1f} us/call")
     started = time.monotonic()
     configs = [(d, m, k, s) for d in dtypes for (m, k) in shapes for s in sparsities]
     for i, (dtype_name, m, k, sparsity) in enumerate(configs):

@@ -109,13 +109,18 @@ def test_importing_kernels_needs_no_gpu_or_compiler():
         (4096, 4096, 3, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=4)),
         (768, 3072, 7, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=8)),
         (768, 3072, 16, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=16)),
-        (4096, 4096, 2048, 4096 * 1232, gpu.SpmmPlan("tiled", rows_per_warp=8)),
-        (768, 3072, 256, 768 * 1232, gpu.SpmmPlan("tiled", rows_per_warp=2)),
-        (4096, 4096, 2048, 4096 * 88, gpu.SpmmPlan("direct")),
+        (768, 3072, 64, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=16)),
+        (4096, 4096, 2048, 4096 * 1232, gpu.SpmmPlan("direct")),
+        (768, 3072, 128, 768 * 88, gpu.SpmmPlan("direct")),
     ],
 )
 def test_plan_spmm_auto(m, k, n, nnz, expect):
     assert gpu.plan_spmm(m, k, n, nnz, num_sms=132) == expect
+
+
+def test_plan_spmm_forced_tiled_picks_block_height():
+    assert gpu.plan_spmm(4096, 4096, 2048, 10, variant="tiled") == gpu.SpmmPlan("tiled", rows_per_warp=8)
+    assert gpu.plan_spmm(768, 3072, 256, 10, variant="tiled") == gpu.SpmmPlan("tiled", rows_per_warp=2)
 
 
 def test_plan_spmm_forced_and_unknown_variant():

@@ -6,7 +6,10 @@ Per pruned tensor (from the sidecar ``prunekit.json``; without one, every defaul
 - an explicit format (``csr``, ``bsr``, ``nm``, ``bitmask``, ``dense``) where the tensor fits
   it, else ``dense`` (reported as a fallback);
 - ``auto``: the smallest kernel-ready format (``csr``; ``bsr`` with the pattern's block shape;
-  ``nm`` for N:M patterns), or ``dense`` when none is smaller. ``bitmask`` is storage-only
+  ``nm`` for N:M patterns; ``ks`` for Kronecker-sparse patterns), or ``dense`` when none is smaller.
+  A Kronecker-sparse chain (``ks:.../...``, written by ``prunekit ks factorize``) is stored as its
+  factors, recovered exactly from the stored product (``prune.kronecker.recover_factors``); only ``ks``
+  (or ``dense``) can hold it. ``bitmask`` is storage-only
   (decoded to dense to compute) and is used only when asked for.
 
 The output is one safetensors file: component ``"{name}.{component}"`` per sparse tensor,
@@ -24,26 +27,26 @@ from pathlib import Path
 
 import torch
 
-from ..errors import FormatError
+from ..errors import FormatError, PatternError
 from ..formats import EncodedTensor, format_names, get_format
 from ..formats.base import dtype_name
 from ..io import Checkpoint, atomic_path, check_output, open_checkpoint
 from ..io.safetensors_io import StreamingWriter
 from ..prune import view_2d
-from ..prune.patterns import NM, Block, parse_pattern
+from ..prune.patterns import NM, Block, KroneckerChain, KroneckerSparse, parse_pattern
 from ..prune.select import is_default_prunable
 from .runtime.manifest import TensorEntry
 
 log = logging.getLogger(__name__)
 
-KERNEL_FORMATS = ("csr", "bsr", "nm")  # computed as stored by prunekit's ops
+KERNEL_FORMATS = ("csr", "bsr", "nm", "ks")  # computed as stored by prunekit's ops
 FORMAT_CHOICES = ("auto", *sorted(format_names()))
 METADATA_KEY = "prunekit"
 Progress = Callable[[int, int, str], None]
 
 
-def pattern_params(pattern: str | None) -> dict[str, int]:
-    """Format parameters implied by a pattern string (block shape, or n and m)."""
+def pattern_params(pattern: str | None) -> dict[str, int | str]:
+    """Format parameters implied by a pattern string (block shape; n and m; a, b, c, d and/or ``patterns``)."""
     if not pattern:
         return {}
     pat = parse_pattern(pattern)
@@ -51,6 +54,10 @@ def pattern_params(pattern: str | None) -> dict[str, int]:
         return {"block_rows": pat.rows, "block_cols": pat.cols}
     if isinstance(pat, NM):
         return {"n": pat.n, "m": pat.m}
+    if isinstance(pat, KroneckerSparse):
+        return {"a": pat.a, "b": pat.b, "c": pat.c, "d": pat.d, "patterns": str(pat).removeprefix("ks:")}
+    if isinstance(pat, KroneckerChain):
+        return {"patterns": str(pat).removeprefix("ks:")}
     return {}
 
 
@@ -59,6 +66,8 @@ def candidate_formats(pattern: str | None, fmt: str) -> list[str]:
     if fmt != "auto":
         return [fmt]
     params = pattern_params(pattern)
+    if "patterns" in params:
+        return ["ks"] if "a" not in params else ["ks", "csr"]
     names = ["csr"]
     if "block_rows" in params:
         names.insert(0, "bsr")
@@ -79,8 +88,14 @@ def encode_best(weight2d: torch.Tensor, pattern: str | None, fmt: str) -> tuple[
         if name == "dense":
             return dense, None
         try:
-            enc = get_format(name).encode(weight2d, params)
-        except FormatError as exc:
+            if name == "ks" and "patterns" in params and "a" not in params:  # a chain: its factors
+                from ..formats.ks import encode_factors
+                from ..prune.kronecker import recover_factors
+
+                enc = encode_factors(recover_factors(weight2d, str(pattern)).factors, weight2d.dtype)
+            else:
+                enc = get_format(name).encode(weight2d, params)
+        except (FormatError, PatternError) as exc:
             reasons.append(str(exc))
             continue
         if best is None or enc.nbytes < best.nbytes:

@@ -19,7 +19,7 @@ from ..io import open_checkpoint
 from .convert import iter_converted, pattern_params
 from .runtime.manifest import MANIFEST, WEIGHTS, TensorEntry, read_manifest
 
-REPORT_FORMATS = ("csr", "bsr", "nm", "bitmask")
+REPORT_FORMATS = ("csr", "bsr", "nm", "bitmask", "ks")
 
 
 @dataclass
@@ -85,13 +85,16 @@ def format_nbytes(weight2d: torch.Tensor, pattern: str | None) -> dict[str, int 
 
 
 def _row(entry: TensorEntry, enc: EncodedTensor, weight2d: torch.Tensor) -> LayerRow:
+    sizes = format_nbytes(weight2d, entry.pattern)
+    if enc.format in sizes and sizes[enc.format] is None:  # a ks chain: only its stored factors hold it
+        sizes[enc.format] = enc.nbytes
     return LayerRow(
         name=entry.name,
         shape=list(entry.orig_shape),
         pattern=entry.pattern or "",
         sparsity=float(entry.sparsity or 0.0),
         dense_nbytes=entry.dense_nbytes,
-        format_nbytes=format_nbytes(weight2d, entry.pattern),
+        format_nbytes=sizes,
         stored_format=enc.format,
         stored_nbytes=enc.nbytes,
     )

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from . import bitmask, bsr, csr, dense, nm  # noqa: F401  (registration)
+from . import bitmask, bsr, csr, dense, ks, nm  # noqa: F401  (registration)
 from .base import EncodedTensor, SparseFormat, format_names, get_format, register
 
 __all__ = ["EncodedTensor", "SparseFormat", "format_names", "get_format", "register", "encode", "decode"]

@@ -9,8 +9,9 @@ SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
 - ``rowwarp``: one subwarp per row in row-swizzle order, weights streamed once per 16 output columns. Memory-bound
   path for decode shapes.
 - ``direct``: Sputnik's design, one warp per row times 256 (fp16) columns, 16-byte loads of X's rows straight from
-  L2. Path for large N at high sparsity.
-- ``tiled``: X tiles staged in shared memory and shared by 16 or 64 rows. Path for large N at lower sparsity.
+  L2. Path for N > ROWWARP_MAX_N.
+- ``tiled``: X tiles staged in shared memory and shared by 16 or 64 rows; measured slower than ``direct`` on the
+  H100 at every shape, so ``auto`` never picks it (kept for experiments, forced with ``variant="tiled"``).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from .reference import ACTIVATIONS
 log = logging.getLogger(__name__)
 
 SPMM_VARIANTS = ("auto", "rowwarp", "direct", "tiled")
-ROWWARP_MAX_N = 32  # largest N sent to the rowwarp kernel by "auto"; see docs/PERFORMANCE.md for the measurement
+# Largest N sent to the rowwarp kernel by "auto". Measured on the H100 (benchmarks/results/spmm-variants-h100-*.json):
+# rowwarp is fastest up to N = 32 everywhere and at N = 64 for most shapes; direct from N = 128 up (or equal).
+ROWWARP_MAX_N = 64
 TILED_ROWS_PER_BLOCK = {2: 16, 8: 64}  # rows_per_warp -> rows per block (8 warps)
 TILED_N_TILE = 128  # output columns per tiled block
-DIRECT_MAX_DENSITY = 0.1  # stored fraction up to which "auto" prefers direct over tiled at N > ROWWARP_MAX_N
 SUBWARP_MIN_NNZ = 128  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
 
 
@@ -47,9 +49,10 @@ class SpmmPlan:
 def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, variant: str = "auto") -> SpmmPlan:
     """Choose the SpMM kernel and tiling for ``A (m, k)`` with ``nnz_padded`` stored entries times ``X (k, n)``.
 
-    ``auto`` takes ``rowwarp`` for ``n <= ROWWARP_MAX_N`` (weights dominate the bytes), above that ``direct`` when
-    the stored density is at most ``DIRECT_MAX_DENSITY`` and ``tiled`` otherwise; the tiled kernel uses 64-row
-    blocks when that still gives at least two blocks per SM, else 16-row blocks.
+    ``auto`` takes ``rowwarp`` for ``n <= ROWWARP_MAX_N`` (weights dominate the bytes) and ``direct`` above (the
+    H100 variant sweep found ``tiled`` slower than ``direct`` at every measured shape; it stays available when
+    forced). The tiled kernel uses 64-row blocks when that still gives at least two blocks per SM, else 16-row
+    blocks. ``k`` is accepted for heuristics that weigh density.
 
     Raises:
         ValueError: unknown ``variant``.
@@ -57,10 +60,7 @@ def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, varia
     if variant not in SPMM_VARIANTS:
         raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
     if variant == "auto":
-        if n <= ROWWARP_MAX_N:
-            variant = "rowwarp"
-        else:
-            variant = "direct" if nnz_padded / max(1, m * k) <= DIRECT_MAX_DENSITY else "tiled"
+        variant = "rowwarp" if n <= ROWWARP_MAX_N else "direct"
     if variant == "direct":
         return SpmmPlan("direct")
     if variant == "rowwarp":

@@ -121,3 +121,5 @@ a CSR pattern (Sputnik SDDMM), ``a: (M, K_inner)``, ``b: (N, K_inner)``; padding
 bsr_mm = _define("bsr_mm", _bsr_mm, _bsr_mm_fake)
 nm_mm = _define("nm_mm", _nm_mm, _nm_mm_fake)
 from . import structured  # noqa: E402,F401  (CUDA impls of bsr_mm / nm_mm)
+
+from . import ks  # noqa: E402,F401  # isort: skip  (prunekit::ks_mm)

@@ -10,6 +10,9 @@ at a requested sparsity, and checks that a mask obeys it. Weights are viewed as
   BSR kernels; PopSparse, Graphcore 2023).
 - ``N:M``: at most N non-zeros in every group of M consecutive elements along the
   input dimension (NVIDIA Ampere 2:4 sparsity; Mishra et al. 2021).
+- ``ks:a,b,c,d``: Kronecker-sparse support ``I_a ⊗ 1_{b×c} ⊗ I_d`` of shape ``(a*b*d, a*c*d)``, density
+  ``1/(a*d)`` (Gonon et al. 2024, arXiv 2405.15013, section 2); ``ks:a1,b1,c1,d1/a2,b2,c2,d2/...`` is a chain
+  ``W = K_1 @ K_2 @ ...`` of such factors, reached by factorisation (``prunekit.prune.kronecker``), not by a mask.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import PatternError
+from ..errors import FormatError, PatternError
+from ..formats.ks import format_patterns, ks_shape, ks_support, parse_patterns
 
-__all__ = ["Pattern", "Unstructured", "Block", "NM", "parse_pattern"]
+__all__ = ["Pattern", "Unstructured", "Block", "NM", "KroneckerSparse", "KroneckerChain", "parse_pattern"]
 
 
 class Pattern:
@@ -147,19 +151,156 @@ class NM(Pattern):
         return bool((counts <= self.n).all())
 
 
+@dataclass(frozen=True)
+class KroneckerSparse(Pattern):
+    """One Kronecker-sparse factor (Gonon et al. 2024, arXiv 2405.15013, section 2).
+
+    Support ``I_a ⊗ 1_{b×c} ⊗ I_d``: shape ``(a*b*d, a*c*d)``, ``a*b*c*d`` kept entries, sparsity ``1 - 1/(a*d)``.
+    The mask is the support itself (a projection: scores only matter inside it, where everything is kept).
+    """
+
+    a: int
+    b: int
+    c: int
+    d: int
+
+    def __str__(self) -> str:
+        return f"ks:{self.a},{self.b},{self.c},{self.d}"
+
+    @property
+    def quad(self) -> tuple[int, int, int, int]:
+        return (self.a, self.b, self.c, self.d)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Dense shape ``(a*b*d, a*c*d)``."""
+        return ks_shape(self.quad)
+
+    @property
+    def implied_sparsity(self) -> float:
+        return 1.0 - 1.0 / (self.a * self.d)
+
+    def check_sparsity(self, sparsity: float | None) -> float:
+        implied = self.implied_sparsity
+        if sparsity is not None and abs(float(sparsity) - implied) > 1e-9:
+            raise PatternError(
+                f"pattern {self} implies sparsity 1 - 1/(a*d) = {implied:g}, but --sparsity {sparsity} was given"
+            )
+        return implied
+
+    def unfit_reason(self, shape: tuple[int, int]) -> str | None:
+        if tuple(shape) != self.shape:
+            return f"shape {shape[0]}x{shape[1]} is not (a*b*d)x(a*c*d) = {self.shape[0]}x{self.shape[1]} for {self}"
+        return None
+
+    def support(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Bool ``(a*b*d, a*c*d)`` support (True = may be non-zero)."""
+        return ks_support(self.quad, device)
+
+    def mask(self, scores: torch.Tensor, sparsity: float) -> torch.Tensor:
+        reason = self.unfit_reason(tuple(scores.shape))
+        if reason is not None:
+            raise PatternError(reason)
+        return self.support(scores.device)
+
+    def is_valid(self, mask: torch.Tensor) -> bool:
+        if mask.dim() != 2 or self.unfit_reason(tuple(mask.shape)) is not None:
+            return False
+        return not bool((mask.bool() & ~self.support(mask.device)).any())
+
+
+@dataclass(frozen=True)
+class KroneckerChain(Pattern):
+    """A product ``W = K_1 @ K_2 @ ... @ K_L`` of Kronecker-sparse factors (Gonon et al. 2024, section 2).
+
+    ``ks:p1/p2/.../pL`` lists ``K_1`` first (``K_L`` is applied first to an input). Shapes compose:
+    ``a_i*c_i*d_i == a_{i+1}*b_{i+1}*d_{i+1}``; the chain's shape is ``(rows of K_1, columns of K_L)``.
+    The product is not a masked weight: it is reached by :func:`prunekit.prune.kronecker.factorize`, so
+    :meth:`mask` raises. Its sparsity is the fraction of the dense parameters that the factors do not store.
+    """
+
+    factors: tuple[KroneckerSparse, ...]
+
+    def __str__(self) -> str:
+        return "ks:" + format_patterns([f.quad for f in self.factors])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.factors[0].shape[0], self.factors[-1].shape[1]
+
+    @property
+    def nparams(self) -> int:
+        """Entries the factors store: ``sum(a*b*c*d)``."""
+        return sum(f.a * f.b * f.c * f.d for f in self.factors)
+
+    @property
+    def implied_sparsity(self) -> float:
+        rows, cols = self.shape
+        return max(0.0, 1.0 - self.nparams / (rows * cols))
+
+    def check_sparsity(self, sparsity: float | None) -> float:
+        implied = self.implied_sparsity
+        if sparsity is not None and abs(float(sparsity) - implied) > 1e-9:
+            raise PatternError(
+                f"chain {self} stores {self.nparams} parameters (sparsity {implied:g} of its dense shape), "
+                f"but --sparsity {sparsity} was given"
+            )
+        return implied
+
+    def unfit_reason(self, shape: tuple[int, int]) -> str | None:
+        if tuple(shape) != self.shape:
+            return f"shape {shape[0]}x{shape[1]} is not the chain's {self.shape[0]}x{self.shape[1]} for {self}"
+        return None
+
+    def support(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Bool support of the product (boolean product of the factors' supports)."""
+        support = self.factors[0].support(device).float()
+        for f in self.factors[1:]:
+            support = ((support @ f.support(device).float()) > 0).float()
+        return support > 0
+
+    def mask(self, scores: torch.Tensor, sparsity: float) -> torch.Tensor:
+        raise PatternError(
+            f"{self} is a chain of {len(self.factors)} Kronecker-sparse factors, not a mask: factorize the weights "
+            "with `prunekit ks factorize` (a single factor ks:a,b,c,d can be pruned)"
+        )
+
+    def is_valid(self, mask: torch.Tensor) -> bool:
+        if mask.dim() != 2 or self.unfit_reason(tuple(mask.shape)) is not None:
+            return False
+        return not bool((mask.bool() & ~self.support(mask.device)).any())
+
+
+def parse_ks(text: str) -> KroneckerSparse | KroneckerChain:
+    """``ks:a,b,c,d`` -> :class:`KroneckerSparse`; ``ks:a,b,c,d/a,b,c,d/...`` -> :class:`KroneckerChain`.
+
+    Raises:
+        PatternError: malformed sizes, a non-positive size, or factors whose shapes do not compose.
+    """
+    body = text.strip().lower().removeprefix("ks:")
+    try:
+        quads = parse_patterns(body)
+    except FormatError as exc:
+        raise PatternError(f"{exc}; use ks:a,b,c,d or a chain ks:a,b,c,d/a,b,c,d") from None
+    factors = tuple(KroneckerSparse(*q) for q in quads)
+    return factors[0] if len(factors) == 1 else KroneckerChain(factors)
+
+
 _BLOCK_RE = re.compile(r"^block:(\d+)x(\d+)$")
 _NM_RE = re.compile(r"^(\d+):(\d+)$")
 
 
 def parse_pattern(text: str) -> Pattern:
-    """Parse ``unstructured``, ``block:RxC`` or ``N:M`` into a :class:`Pattern`.
+    """Parse ``unstructured``, ``block:RxC``, ``N:M``, ``ks:a,b,c,d`` or ``ks:a,b,c,d/a,b,c,d/...``.
 
     Raises:
-        PatternError: unknown syntax, zero sizes, or N > M.
+        PatternError: unknown syntax, zero sizes, N > M, or a Kronecker-sparse chain whose shapes do not compose.
     """
     spec = text.strip().lower()
     if spec == "unstructured":
         return Unstructured()
+    if spec.startswith("ks:"):
+        return parse_ks(spec)
     if match := _BLOCK_RE.match(spec):
         rows, cols = int(match[1]), int(match[2])
         if rows < 1 or cols < 1:
@@ -175,5 +316,6 @@ def parse_pattern(text: str) -> Pattern:
             raise PatternError(f"N:M pattern {text!r}: M must be at most 256")
         return NM(n, m)
     raise PatternError(
-        f"unknown pattern {text!r}: use 'unstructured', 'block:RxC' (e.g. block:32x32) or 'N:M' (e.g. 2:4)"
+        f"unknown pattern {text!r}: use 'unstructured', 'block:RxC' (e.g. block:32x32), 'N:M' (e.g. 2:4) "
+        "or 'ks:a,b,c,d' (Kronecker-sparse; a chain ks:a,b,c,d/a,b,c,d)"
     )

@@ -44,8 +44,15 @@ def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     return ops.nm_mm(c("values"), c("metadata"), xt, int(p["n"]), int(p["m"]), int(p["bits"]), layer.bias)
 
 
+def _ks(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
+    from ...formats.ks import factor_blocks
+    from ...kernels import ks
+
+    return ks.ks_chain_mm(factor_blocks(layer.encoded()), xt, layer.bias)
+
+
 # Format name -> matmul computing Y^T (out_features, tokens) from X^T (in_features, tokens).
-SPARSE_MATMULS = {"csr": _csr, "bsr": _bsr, "nm": _nm}
+SPARSE_MATMULS = {"csr": _csr, "bsr": _bsr, "nm": _nm, "ks": _ks}
 
 
 class SparseLinear(nn.Module):

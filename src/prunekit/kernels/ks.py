@@ -1,0 +1,227 @@
+"""The Kronecker-sparse matmul op ``prunekit::ks_mm``: CPU reference, fake impl and CUDA kernels.
+
+``ks_mm(blocks, x, bias=None, activation="none") -> Y (a*b*d, N)`` computes ``Y = act(K @ X + bias[:, None])`` for
+one Kronecker-sparse factor ``K`` with pattern ``(a, b, c, d)`` stored as ``blocks: (a, d, b, c)`` (Gonon et al.
+2024, "Fast inference with Kronecker-sparse matrices", arXiv 2405.15013, section 2; ``formats/ks.py``), with
+``X: (a*c*d, N)`` read in place in either layout: batch-last (row-major ``X``) or batch-first (the column-major
+view ``x2d.t()`` of the activations ``x2d: (N, a*c*d)``); ``Y`` follows ``layout.py`` (column-major for a
+column-major ``X``). No permutation pass: every ``(alpha, delta)`` block is one dense ``b x c`` tile multiplied
+with the strided rows of ``X`` it meets (the paper's section 4 kernel idea), accumulation in fp32.
+
+- CPU: ``ks_reference.ks_mm`` (einsum on the blocks, no dense matrix).
+- CUDA (``csrc/ks/``): fp16/bf16 on tensor cores (WMMA 16x16x16 on the ``b x c`` tiles, fp32 accumulators), fp32 on
+  CUDA cores (register-tiled FMA); tile rows picked per pattern by :func:`pick_tile`. float64 runs the reference on
+  the GPU. The extension (``prunekit_ks`` operator namespace) is built on first CUDA use into
+  ``build.cache_root()`` in a folder keyed by the sources' sha256, torch and CUDA versions and target archs (the
+  same scheme as ``build.py``, whose helpers it uses read-only).
+
+:func:`ks_chain_mm` runs a chain ``K_1 @ ... @ K_L`` factor after factor (``K_L`` first), bias and activation after
+``K_1``. Importing this module never fails; CUDA calls without a GPU/compiler raise :class:`KernelUnavailable`.
+torch + stdlib only (copied into exported packages).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from ..errors import KernelUnavailable
+from . import build, ks_reference, ops, reference
+from .layout import new_spmm_output
+
+log = logging.getLogger(__name__)
+
+CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "ks"
+SOURCES = ("ks_mm.cu",)
+HEADERS = ("ks_mm.cuh",)
+NAMESPACE = "prunekit_ks"
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TILE_ROWS = (64, 128)  # rows of b per CTA the tensor-core kernel is instantiated for (columns of N: 128)
+
+__all__ = ["ks_mm", "ks_chain_mm", "ks_mm_cuda", "load", "is_loaded", "pick_tile"]
+
+_lock = threading.Lock()
+_loaded_path: Path | None = None
+
+
+def pick_tile(b: int, c: int, dtype: torch.dtype) -> int:
+    """Rows of ``b`` one CTA computes: 128 when ``b`` is a multiple of 128 (fewer re-reads of X), else 64 (less
+    padding waste for b = 48, 96, 192, ...). fp32 always uses 128 x 128 tiles of 8 x 8 per thread."""
+    if dtype == torch.float32:
+        return 128
+    return 128 if b % 128 == 0 else 64
+
+
+def source_digest() -> str:
+    """sha256 (hex) over the names and bytes of this extension's sources and headers."""
+    digest = hashlib.sha256()
+    for name in sorted(SOURCES + HEADERS):
+        digest.update(name.encode() + b"\0" + (CSRC_DIR / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def library_name() -> str:
+    """``prunekit_ks_<key16>``: the key hashes the sources, torch, CUDA and the target archs."""
+    archs = build.target_archs(torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
+    payload = json.dumps(
+        {"sources": source_digest(), "torch": torch.__version__, "cuda": torch.version.cuda, "archs": list(archs)},
+        sort_keys=True,
+    )
+    return f"{NAMESPACE}_{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
+
+
+def is_loaded() -> bool:
+    """True when the ``prunekit_ks`` operators are registered in this process."""
+    try:
+        torch.ops.prunekit_ks.ks_mm_out  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def load(verbose: bool = False) -> Path | None:
+    """Make the ``prunekit_ks`` operators available, compiling them on first use (about a minute).
+
+    Returns:
+        Path of the loaded library, or None when another copy registered the operators first.
+
+    Raises:
+        KernelUnavailable: no CUDA torch, no GPU of sm_80 or newer, no nvcc/ninja, or the compilation failed.
+    """
+    global _loaded_path
+    with _lock:
+        if is_loaded():
+            return _loaded_path
+        name = library_name()
+        prebuilt_dirs = [Path(os.environ[build.PREBUILT_ENV])] if os.environ.get(build.PREBUILT_ENV) else []
+        prebuilt_dirs.append(build.PREBUILT_DIR)
+        for folder in prebuilt_dirs:
+            candidate = folder / f"{name}.so"
+            if candidate.is_file() and build.unavailable_reason(need_compiler=False) is None:
+                torch.ops.load_library(str(candidate))
+                _loaded_path = candidate
+                return candidate
+        reason = build.unavailable_reason()
+        if reason is not None:
+            raise KernelUnavailable(f"prunekit's Kronecker-sparse CUDA kernels are unavailable: {reason}.")
+        from torch.utils import cpp_extension
+
+        build_dir = build.cache_root() / name
+        build_dir.mkdir(parents=True, exist_ok=True)
+        archs = build.target_archs(torch.cuda.get_device_capability())
+        log.info("building prunekit Kronecker-sparse kernels for sm_%s into %s", ",".join(archs), build_dir)
+        try:
+            cpp_extension.load(
+                name=name,
+                sources=[str(CSRC_DIR / s) for s in SOURCES],
+                extra_cflags=["-O3"],
+                extra_cuda_cflags=["-O3", "-lineinfo", *build.gencode_flags(archs)],
+                build_directory=str(build_dir),
+                verbose=verbose,
+                is_python_module=False,
+            )
+        except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError with the full log
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise KernelUnavailable(
+                f"building prunekit's Kronecker-sparse CUDA kernels failed ({first}); build folder {build_dir}."
+            ) from exc
+        _loaded_path = build_dir / f"{name}.so"
+        return _loaded_path
+
+
+def _check_activation(activation: str) -> None:
+    if activation not in reference.ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(reference.ACTIVATIONS)}")
+
+
+def ks_mm_cuda(
+    blocks: torch.Tensor,
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    *,
+    out: torch.Tensor | None = None,
+    tile_rows: int | None = None,
+) -> torch.Tensor:
+    """CUDA ``Y (a*b*d, N) = act(K @ X + bias[:, None])`` for one KS factor (Gonon et al. 2024, section 4).
+
+    Args:
+        blocks: ``(a, d, b, c)`` fp16/bf16 (tensor cores) or fp32 (CUDA cores), same dtype as ``x`` (else the
+            reference runs on the GPU); x: ``(a*c*d, N)`` any strides (read in place); bias: ``(a*b*d,)`` or None;
+            activation: ``"none"`` | ``"relu"``; out: optional ``(a*b*d, N)`` output of ``x``'s dtype, any strides;
+            tile_rows: override :func:`pick_tile` (64 or 128; fp16/bf16 only).
+
+    Returns:
+        ``Y`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` unless ``out`` is given.
+
+    Raises:
+        KernelUnavailable: no GPU/compiler. ValueError: bad activation, shapes or ``tile_rows``.
+    """
+    _check_activation(activation)
+    a, b, c, d = ks_reference.check_ks_args(blocks, x)
+    m = a * b * d
+    if x.dtype not in KERNEL_DTYPES or blocks.dtype != x.dtype:
+        y = ks_reference.ks_mm(blocks, x, bias, activation)
+        return y if out is None else out.copy_(y)
+    load()
+    y = new_spmm_output(x, m) if out is None else out
+    if tuple(y.shape) != (m, x.shape[1]) or y.dtype != x.dtype:
+        raise ValueError(f"out must be a ({m}, {x.shape[1]}) {x.dtype} tensor")
+    if m == 0 or x.shape[1] == 0:
+        return y
+    if c == 0:
+        return y.copy_(ks_reference.ks_mm(blocks, x, bias, activation))
+    tile = tile_rows or pick_tile(b, c, x.dtype)
+    if tile not in TILE_ROWS:
+        raise ValueError(f"tile_rows must be one of {TILE_ROWS}, got {tile}")
+    if bias is not None:
+        bias = bias.to(dtype=x.dtype).contiguous()
+    torch.ops.prunekit_ks.ks_mm_out(blocks.contiguous(), x, y, bias, activation == "relu", tile)
+    return y
+
+
+def _ks_mm_cpu(
+    blocks: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None, activation: str = "none"
+) -> torch.Tensor:
+    return ks_reference.ks_mm(blocks, x, bias, activation)
+
+
+def _ks_mm_fake(blocks, x, bias=None, activation="none"):
+    return new_spmm_output(x, int(blocks.shape[0]) * int(blocks.shape[2]) * int(blocks.shape[1]))
+
+
+def _ks_mm_cuda(blocks, x, bias=None, activation="none"):
+    return ks_mm_cuda(blocks, x, bias, activation)
+
+
+ks_mm = ops._define("ks_mm", _ks_mm_cpu, _ks_mm_fake, _ks_mm_cuda)
+"""``prunekit::ks_mm(blocks, x, bias=None, activation="none")``: ``Y = act(K @ X + bias[:, None])`` for a
+Kronecker-sparse factor ``blocks: (a, d, b, c)`` and ``x: (a*c*d, N)`` (any strides; batch-first ``x2d.t()`` gives a
+column-major Y). CPU: ``ks_reference.ks_mm``; CUDA: :func:`ks_mm_cuda`."""
+
+
+def ks_chain_mm(
+    factors: list[torch.Tensor],
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+) -> torch.Tensor:
+    """``Y = act(K_1 @ ... @ K_L @ X + bias[:, None])`` through ``prunekit::ks_mm``, ``K_L`` first.
+
+    Args:
+        factors: blocks ``[(a_i, d_i, b_i, c_i), ...]``, ``K_1`` first; x: ``(K, N)`` any strides; bias: ``(M,)``.
+
+    Returns:
+        ``Y (M, N)`` in ``x.dtype`` (intermediates in ``x.dtype`` too), laid out like ``layout.new_spmm_output``.
+    """
+    y = x
+    for i, blk in enumerate(reversed(factors)):
+        last = i == len(factors) - 1
+        y = ks_mm(blk, y, bias if last else None, activation if last else "none")
+    return y
