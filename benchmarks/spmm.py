@@ -193,7 +193,7 @@ def bench_variants(dtype_name: str, m: int, k: int, sparsity: float, ns: list[in
     for n in ns:
         xs = [torch.randn(n, k, generator=gen, device="cuda").to(dtype) for _ in range(nsets)]
         row = {"dtype": dtype_name, "m": m, "k": k, "n": n, "sparsity": sparsity}
-        for variant in ("auto", "rowwarp", "direct", "tiled"):
+        for variant in ("auto", "rowwarp", "rowwarp_global", "direct", "tiled"):
             calls = [
                 lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
                 for c, x in zip(csrs, xs, strict=True)
@@ -221,7 +221,7 @@ def bench_overhead(dtype_name: str = "float16") -> list:
         "torch.ops.prunekit.spmm_csr.default": lambda: torch.ops.prunekit.spmm_csr.default(*args),
         "gpu.spmm_csr (launcher, no dispatcher)": lambda: gpu.spmm_csr(*args),
         "torch.ops.prunekit_ext.spmm_csr_rowwarp (kernel op, preallocated out)": lambda: raw(
-            *args[:5], y, None, False, plan.subwarp, plan.ntile
+            *args[:5], y, None, False, plan.subwarp, plan.ntile, plan.stage_x
         ),
         "F.linear (dense cuBLAS, same shape)": lambda: F.linear(x2d, w),
     }

@@ -42,7 +42,7 @@ def _case(m, k, n, sparsity, dtype, seed, transposed):
     return dense, encode_csr(dense), x, bias
 
 
-@pytest.mark.parametrize("variant", ["rowwarp", "direct", "tiled"])
+@pytest.mark.parametrize("variant", ["rowwarp", "rowwarp_global", "direct", "tiled"])
 @pytest.mark.parametrize("transposed", [False, True], ids=["xrow", "xT"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,k,n,sparsity", SHAPES)

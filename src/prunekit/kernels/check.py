@@ -50,7 +50,14 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
         dense = random_sparse_weight(m, k, 0.8, dtype, device, gen, empty_rows=3, single_rows=3)
         csr = encode_csr(dense)
         bias = torch.randn(m, generator=gen, device=device).to(dtype)
-        for variant, n in (("rowwarp", 5), ("rowwarp", 16), ("direct", 37), ("direct", 264), ("tiled", 37)):
+        for variant, n in (
+            ("rowwarp", 5),
+            ("rowwarp", 16),
+            ("rowwarp_global", 16),
+            ("direct", 37),
+            ("direct", 264),
+            ("tiled", 37),
+        ):
             for layout in ("row-major", "transposed"):
                 x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
                 x = x2d.t() if layout == "transposed" else x2d.t().contiguous()

@@ -6,8 +6,9 @@ or to write into a poisoned ``out``. torch only.
 
 SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
 
-- ``rowwarp``: one subwarp per row in row-swizzle order, weights streamed once per 16 output columns. Memory-bound
-  path for decode shapes.
+- ``rowwarp``: one subwarp per row in row-swizzle order, weights streamed once per 16 output columns, X gathered
+  from a per-block shared-memory copy when it fits (``rowwarp_global`` forces gathers from global memory).
+  Memory-bound path for decode shapes.
 - ``direct``: Sputnik's design, one warp per row times 256 (fp16) columns, 16-byte loads of X's rows straight from
   L2. Path for N > ROWWARP_MAX_N.
 - ``tiled``: X tiles staged in shared memory and shared by 16 or 64 rows; measured slower than ``direct`` on the
@@ -27,7 +28,7 @@ from .reference import ACTIVATIONS
 
 log = logging.getLogger(__name__)
 
-SPMM_VARIANTS = ("auto", "rowwarp", "direct", "tiled")
+SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled")
 # Largest N sent to the rowwarp kernel by "auto". Measured on the H100 (benchmarks/results/spmm-variants-h100-*.json):
 # rowwarp is fastest up to N = 32 everywhere and at N = 64 for most shapes; direct from N = 128 up (or equal).
 ROWWARP_MAX_N = 64
@@ -44,6 +45,7 @@ class SpmmPlan:
     subwarp: int = 32
     ntile: int = 16
     rows_per_warp: int = 8
+    stage_x: bool = True  # rowwarp: copy X[:, tile] to shared memory per block when it fits
 
 
 def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, variant: str = "auto") -> SpmmPlan:
@@ -63,11 +65,12 @@ def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, varia
         variant = "rowwarp" if n <= ROWWARP_MAX_N else "direct"
     if variant == "direct":
         return SpmmPlan("direct")
-    if variant == "rowwarp":
+    stage_x = variant != "rowwarp_global"
+    if variant in ("rowwarp", "rowwarp_global"):
         avg_nnz = nnz_padded / max(1, m)
         subwarp = 32 if avg_nnz >= SUBWARP_MIN_NNZ else 8
         ntile = 1 if n <= 1 else 4 if n <= 4 else 8 if n <= 8 else 16
-        return SpmmPlan("rowwarp", subwarp=subwarp, ntile=ntile)
+        return SpmmPlan("rowwarp", subwarp=subwarp, ntile=ntile, stage_x=stage_x)
     n_tiles = -(-n // TILED_N_TILE)
     big_blocks = -(-m // TILED_ROWS_PER_BLOCK[8]) * n_tiles
     return SpmmPlan("tiled", rows_per_warp=8 if big_blocks >= 2 * num_sms else 2)
@@ -167,7 +170,9 @@ def spmm_csr(
             # Row-major (K, N) copy of transposed activations: N*K elements, small next to the weights at these N,
             # and it turns N scattered loads per non-zero into one vector load.
             x = x.contiguous()
-        _OPS["rowwarp"](values, row_offsets, column_indices, row_indices, x, y, bias, relu, plan.subwarp, plan.ntile)
+        _OPS["rowwarp"](
+            values, row_offsets, column_indices, row_indices, x, y, bias, relu, plan.subwarp, plan.ntile, plan.stage_x
+        )
     elif plan.variant == "direct":
         if n > 1 and x.stride(1) != 1:
             # Row-major copy of transposed activations (one extra pass over X, 2 * N * K elements moved).

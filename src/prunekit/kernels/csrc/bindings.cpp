@@ -24,7 +24,7 @@ void check_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, 
 TORCH_LIBRARY(prunekit_ext, m) {
   m.def(
       "spmm_csr_rowwarp(Tensor values, Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor x, "
-      "Tensor(a!) y, Tensor? bias, bool relu, int subwarp, int ntile) -> ()");
+      "Tensor(a!) y, Tensor? bias, bool relu, int subwarp, int ntile, bool stage_x) -> ()");
   m.def(
       "spmm_csr_tiled(Tensor values, Tensor row_offsets, Tensor column_indices, Tensor x, Tensor(a!) y, "
       "Tensor? bias, bool relu, int rows_per_warp) -> ()");

@@ -9,7 +9,8 @@ namespace prunekit {
 // Sputnik-style SpMM, one subwarp per (swizzled) row, memory-bound path for small N. See spmm_rowwarp.cu.
 void spmm_csr_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
                       const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y,
-                      const std::optional<at::Tensor>& bias, bool relu, int64_t subwarp, int64_t ntile);
+                      const std::optional<at::Tensor>& bias, bool relu, int64_t subwarp, int64_t ntile,
+                      bool stage_x);
 
 // SpMM with X tiles staged in shared memory and shared by a block of rows, large-N path. See spmm_tiled.cu.
 void spmm_csr_tiled(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,

@@ -6,35 +6,52 @@
 // residue inside a row), a 1-D tile of NT output columns per subwarp (sec. 4), fp32 accumulation.
 //
 // At small N the weights dominate the bytes moved (values + int16 indices, 4 bytes per non-zero in fp16), so every
-// weight byte is read exactly once per NT columns and X (small, cache-resident) is gathered per non-zero: with one
-// vector load of NT values when X is row-major (K, N) with aligned rows, else element by element. X and Y take any
+// weight byte is read exactly once per NT columns and X (small) is gathered per non-zero: from a shared-memory copy
+// of X[:, n0:n0+NT] made once per block when it fits (K * NT * 2 bytes <= 227 KB: K <= 7264 at NT = 16 in fp16),
+// else with one global vector load of NT values when X is row-major with aligned rows, else element by element. X and Y take any
 // strides (Y is written directly in the transposed (tokens, out_features) layout of nn.Linear); gpu.py hands this
 // kernel a row-major copy of transposed activations, which at these N is tiny next to the weights.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
+
 #include "common.cuh"
 #include "kernels.h"
 
 namespace prunekit {
 
-template <typename T, typename I, int NT, int SW, bool XV>
-__global__ void __launch_bounds__(256)
-spmm_rowwarp_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
-                    const int* __restrict__ row_indices, const T* __restrict__ x, int64_t xs_k, int64_t xs_n,
-                    T* __restrict__ y, int64_t ys_m, int64_t ys_n, const T* __restrict__ bias, bool relu, int m,
-                    int n) {
+// How a subwarp reads X: element by element with any strides (global), one vector of NT values per non-zero
+// (row-major global X), or one vector from the block's shared-memory copy of X[:, n0:n0+NT].
+enum XMode { kXStrided = 0, kXVector = 1, kXShared = 2 };
+
+template <int BYTES> __device__ __forceinline__ void load_shared_words(Words<BYTES>& w, const void* p) {
+#pragma unroll
+  for (int q = 0; q < BYTES / 16; ++q) {
+    const uint4 t = reinterpret_cast<const uint4*>(p)[q];
+    w.w[4 * q + 0] = t.x;
+    w.w[4 * q + 1] = t.y;
+    w.w[4 * q + 2] = t.z;
+    w.w[4 * q + 3] = t.w;
+  }
+}
+
+// One output row (row_indices[sub]) times NT columns starting at n0, computed by the SW lanes of a subwarp.
+// Every lane of the warp must call this (shuffles); inactive subwarps pass sub >= m.
+template <typename T, typename I, int NT, int SW, int XMODE>
+__device__ __forceinline__ void rowwarp_row(int sub, int lane, const T* __restrict__ values,
+                                            const int* __restrict__ row_offsets, const I* __restrict__ cols,
+                                            const int* __restrict__ row_indices, const T* __restrict__ xb,
+                                            int64_t xs_k, int64_t xs_n, T* __restrict__ y, int64_t ys_m,
+                                            int64_t ys_n, const T* __restrict__ bias, bool relu, int m, int n,
+                                            int n0) {
   constexpr int V = 16 / sizeof(T);  // non-zeros per 16-byte vector of values
-  const int sub = (blockIdx.x * blockDim.x + threadIdx.x) / SW;
-  const int lane = threadIdx.x % SW;
-  const bool active = sub < m;  // no early return: whole warps take part in the shuffles below
+  const bool active = sub < m;       // no early return: whole warps take part in the shuffles below
   const int row = active ? __ldg(row_indices + sub) : 0;
   const int start = active ? __ldg(row_offsets + row) : 0;
   const int end = active ? __ldg(row_offsets + row + 1) : 0;
-  const int n0 = blockIdx.y * NT;
   const bool full = n0 + NT <= n;
-  const T* xb = x + static_cast<int64_t>(n0) * xs_n;
 
   float acc[NT];
 #pragma unroll
@@ -59,20 +76,28 @@ spmm_rowwarp_kernel(const T* __restrict__ values, const int* __restrict__ row_of
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const float a = word_elem<T>(vals.w, v);
-      const T* xp = xb + static_cast<int64_t>(word_index<I>(idx.w, v)) * xs_k;
-      if constexpr (XV) {
-        // X row-major with 16-byte aligned rows and N a multiple of NT: the NT values are one vector load.
+      const int col = word_index<I>(idx.w, v);
+      if constexpr (XMODE == kXShared) {
         Words<NT * sizeof(T)> xw;
-        xw.load(xp);
+        load_shared_words(xw, xb + col * NT);
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, word_elem<T>(xw.w, t), acc[t]);
-      } else if (full) {
+      } else if constexpr (XMODE == kXVector) {
+        // X row-major with 16-byte aligned rows and N a multiple of NT: the NT values are one vector load.
+        Words<NT * sizeof(T)> xw;
+        xw.load(xb + static_cast<int64_t>(col) * xs_k);
 #pragma unroll
-        for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, to_f(xp[t * xs_n]), acc[t]);
+        for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, word_elem<T>(xw.w, t), acc[t]);
       } else {
+        const T* xp = xb + static_cast<int64_t>(col) * xs_k;
+        if (full) {
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
-          if (n0 + t < n) acc[t] = fmaf(a, to_f(xp[t * xs_n]), acc[t]);
+          for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, to_f(xp[t * xs_n]), acc[t]);
+        } else {
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+            if (n0 + t < n) acc[t] = fmaf(a, to_f(xp[t * xs_n]), acc[t]);
+        }
       }
     }
     vals = vals_next;
@@ -95,20 +120,100 @@ spmm_rowwarp_kernel(const T* __restrict__ values, const int* __restrict__ row_of
   }
 }
 
+template <typename T, typename I, int NT, int SW, int XMODE>
+__global__ void __launch_bounds__(256)
+spmm_rowwarp_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
+                    const int* __restrict__ row_indices, const T* __restrict__ x, int64_t xs_k, int64_t xs_n,
+                    T* __restrict__ y, int64_t ys_m, int64_t ys_n, const T* __restrict__ bias, bool relu, int m,
+                    int n) {
+  const int sub = (blockIdx.x * blockDim.x + threadIdx.x) / SW;
+  const int n0 = blockIdx.y * NT;
+  rowwarp_row<T, I, NT, SW, XMODE>(sub, threadIdx.x % SW, values, row_offsets, cols, row_indices,
+                                   x + static_cast<int64_t>(n0) * xs_n, xs_k, xs_n, y, ys_m, ys_n, bias, relu, m, n,
+                                   n0);
+}
+
+// Shared-memory variant: the block first copies X[:, n0:n0+NT] (K x NT, row-major, 16-byte vectors) into shared
+// memory, then its subwarps walk rows in a grid-stride loop, so each X element crosses L2 once per block instead of
+// once per non-zero that uses it. One block of 1024 threads per SM.
+constexpr int kSmemThreads = 1024;
+
+template <typename T, typename I, int NT, int SW>
+__global__ void __launch_bounds__(kSmemThreads, 1)
+spmm_rowwarp_smem_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets,
+                         const I* __restrict__ cols, const int* __restrict__ row_indices, const T* __restrict__ x,
+                         int64_t xs_k, T* __restrict__ y, int64_t ys_m, int64_t ys_n, const T* __restrict__ bias,
+                         bool relu, int m, int n, int k) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* xsm = reinterpret_cast<T*>(smem_raw);
+  constexpr int NV = NT * sizeof(T) / 16;  // 16-byte vectors per X row segment
+  const int n0 = blockIdx.y * NT;
+  for (int u = threadIdx.x; u < k * NV; u += kSmemThreads) {
+    const int kk = u / NV, q = u % NV;
+    reinterpret_cast<uint4*>(xsm)[u] = __ldg(reinterpret_cast<const uint4*>(x + kk * xs_k + n0) + q);
+  }
+  __syncthreads();
+  constexpr int kSubs = kSmemThreads / SW;
+  const int local = threadIdx.x / SW, lane = threadIdx.x % SW;
+  for (int base = blockIdx.x * kSubs; base < m; base += gridDim.x * kSubs) {
+    rowwarp_row<T, I, NT, SW, kXShared>(base + local, lane, values, row_offsets, cols, row_indices, xsm, NT, 1, y,
+                                        ys_m, ys_n, bias, relu, m, n, n0);
+  }
+}
+
+static int device_attribute(cudaDeviceAttr attr) {
+  static int cache[2][64] = {};
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  const int slot = attr == cudaDevAttrMultiProcessorCount ? 0 : 1;
+  if (dev < 64 && cache[slot][dev] != 0) return cache[slot][dev];
+  int value = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, dev));
+  if (dev < 64) cache[slot][dev] = value;
+  return value;
+}
+
 template <typename T, typename I, int NT, int SW>
 static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
                            const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, const T* bias,
-                           bool relu, int m, int n) {
+                           bool relu, int m, int n, bool stage_x) {
   // Vector X loads: unit stride along N, rows 16-byte aligned, whole tiles only.
   const bool xv = NT >= 4 && x.stride(1) == 1 && n % NT == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                   (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t k = x.size(0);
+  if constexpr (NT * sizeof(T) % 16 == 0) {
+    const int64_t smem_bytes = k * NT * static_cast<int64_t>(sizeof(T));
+    if (stage_x && xv && k > 0 && smem_bytes <= device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
+      auto kernel = spmm_rowwarp_smem_kernel<T, I, NT, SW>;
+      static bool configured[64] = {};  // per instantiation and device: raise the dynamic shared-memory limit once
+      int dev = 0;
+      C10_CUDA_CHECK(cudaGetDevice(&dev));
+      if (dev >= 64 || !configured[dev]) {
+        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)));
+        if (dev < 64) configured[dev] = true;
+      }
+      const int64_t blocks_needed = (static_cast<int64_t>(m) * SW + 31) / 32;  // at least a warp of rows per block
+      const dim3 grid(static_cast<unsigned>(std::min<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount),
+                                                              blocks_needed)),
+                      (n + NT - 1) / NT);
+      TORCH_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
+      kernel<<<grid, kSmemThreads, smem_bytes, stream>>>(
+          reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
+          reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
+          reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<T*>(y.data_ptr()), y.stride(0),
+          y.stride(1), bias, relu, m, n, static_cast<int>(k));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+  }
   constexpr int kThreads = 256;
   const dim3 grid((static_cast<int64_t>(m) * SW + kThreads - 1) / kThreads, (n + NT - 1) / NT);
   TORCH_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  auto kernel = spmm_rowwarp_kernel<T, I, NT, SW, false>;
+  auto kernel = spmm_rowwarp_kernel<T, I, NT, SW, kXStrided>;
   if constexpr (NT >= 4) {
-    if (xv) kernel = spmm_rowwarp_kernel<T, I, NT, SW, true>;
+    if (xv) kernel = spmm_rowwarp_kernel<T, I, NT, SW, kXVector>;
   }
   kernel<<<grid, kThreads, 0, stream>>>(
       reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
@@ -121,19 +226,20 @@ static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offse
 template <typename T, typename I, int SW>
 static void dispatch_ntile(int64_t ntile, const at::Tensor& values, const at::Tensor& row_offsets,
                            const at::Tensor& cols, const at::Tensor& row_indices, const at::Tensor& x,
-                           const at::Tensor& y, const T* bias, bool relu, int m, int n) {
+                           const at::Tensor& y, const T* bias, bool relu, int m, int n, bool stage_x) {
   switch (ntile) {
-    case 1: return launch_rowwarp<T, I, 1, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
-    case 4: return launch_rowwarp<T, I, 4, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
-    case 8: return launch_rowwarp<T, I, 8, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
-    case 16: return launch_rowwarp<T, I, 16, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n);
+    case 1: return launch_rowwarp<T, I, 1, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n, stage_x);
+    case 4: return launch_rowwarp<T, I, 4, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n, stage_x);
+    case 8: return launch_rowwarp<T, I, 8, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n, stage_x);
+    case 16: return launch_rowwarp<T, I, 16, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n, stage_x);
     default: TORCH_CHECK(false, "spmm_csr_rowwarp: ntile must be 1, 4, 8 or 16, got ", ntile);
   }
 }
 
 void spmm_csr_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
                       const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y,
-                      const std::optional<at::Tensor>& bias, bool relu, int64_t subwarp, int64_t ntile) {
+                      const std::optional<at::Tensor>& bias, bool relu, int64_t subwarp, int64_t ntile,
+                      bool stage_x) {
   check_csr(row_offsets, column_indices, "spmm_csr_rowwarp");
   TORCH_CHECK(x.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_rowwarp: tensors must be on the GPU");
   TORCH_CHECK(x.dim() == 2 && y.dim() == 2, "spmm_csr_rowwarp: x and y must be 2-D");
@@ -159,11 +265,11 @@ void spmm_csr_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, c
       const scalar_t* b = bias ? reinterpret_cast<const scalar_t*>(bias->data_ptr()) : nullptr;
       if (subwarp == 8) {
         dispatch_ntile<scalar_t, index_t, 8>(ntile, values, row_offsets, column_indices, row_indices, x, y, b, relu,
-                                             m, n);
+                                             m, n, stage_x);
       } else {
         TORCH_CHECK(subwarp == 32, "spmm_csr_rowwarp: subwarp must be 8 or 32, got ", subwarp);
         dispatch_ntile<scalar_t, index_t, 32>(ntile, values, row_offsets, column_indices, row_indices, x, y, b, relu,
-                                              m, n);
+                                              m, n, stage_x);
       }
     });
   });
