@@ -355,5 +355,21 @@ def _mount_optional() -> None:
 _mount_optional()
 
 
+def _mount_train_commands() -> None:
+    """``finetune``, ``analyze`` and ``recipes`` at the top level too (they live in cli_train.py)."""
+    try:
+        from . import cli_train
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.cli_train":
+            raise
+        return
+    app.command("finetune")(cli_train.finetune)
+    app.command("analyze")(cli_train.analyze)
+    app.add_typer(cli_train.recipes_app, name="recipes", help="List and show the shipped pruning recipes.")
+
+
+_mount_train_commands()
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app(sys.argv[1:])

@@ -82,6 +82,8 @@ def select_tensors(
                 raise PatternError(f"--include {regex.pattern!r} matches no tensor")
             name, ndim, floating = matches[0]
             kind = "an integer tensor" if not floating else f"a {ndim}-D tensor"
-            raise PatternError(f"--include {regex.pattern!r} names only tensors that cannot be pruned ({name} is {kind})")
+            raise PatternError(
+                f"--include {regex.pattern!r} names only tensors that cannot be pruned ({name} is {kind})"
+            )
         explicit.update(usable)
     return Selection([name for name, _, _ in kept if name in explicit], explicit)
