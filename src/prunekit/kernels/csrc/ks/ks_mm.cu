@@ -75,7 +75,12 @@ void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, co
     return;
   }
   const int vec_w = (c % 8 == 0 && aligned16(args.w)) ? 1 : 0;
-  const int vec_x = (args.sxn == 1 && args.sxk % 8 == 0 && aligned16(args.x)) ? 1 : 0;
+  int vec_x = 0;  // 1: batch-last 16-byte rows; 2: batch-first, d == 1, 16-byte runs of gamma
+  if (args.sxn == 1 && args.sxk % 8 == 0 && aligned16(args.x)) {
+    vec_x = 1;
+  } else if (args.sxk == 1 && args.sxn % 8 == 0 && d == 1 && c % 8 == 0 && aligned16(args.x)) {
+    vec_x = 2;
+  }
   if (x.scalar_type() == at::kHalf) {
     launch_tc<__half>(args, static_cast<int>(tile_rows), vec_w, vec_x, stream);
   } else if (x.scalar_type() == at::kBFloat16) {

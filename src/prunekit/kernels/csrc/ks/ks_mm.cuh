@@ -8,7 +8,8 @@
 //
 // - fp16 / bf16: tensor cores through WMMA 16x16x16 fragments with fp32 accumulators; BM in {64, 128}, BN = 128,
 //   BK = 32, 8 warps; 16-byte loads where the layout allows (W rows when c % 8 == 0; X rows in batch-last when the
-//   leading dimension is a multiple of 8), guarded scalar loads elsewhere (ragged b, c, N).
+//   leading dimension is a multiple of 8; 8 gammas of a token in batch-first when d == 1, c % 8 == 0 and the
+//   leading dimension is a multiple of 8), guarded scalar loads elsewhere (ragged b, c, N, strided gathers).
 // - fp32: CUDA-core FMAs, 128 x 128 x 8 tiles, 8 x 8 outputs per thread.
 #pragma once
 
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(TC_THREADS) ks_mm_tc_kernel(KsArgs args, int v
       }
     }
     // ---- X tile: BK x BN, row-major (gamma, n)
-    if (vec_x) {  // batch-last, 16-byte aligned rows
+    if (vec_x == 1) {  // batch-last, 16-byte aligned rows
       constexpr int VECS = TC_BK * TC_BN / 8;
 #pragma unroll
       for (int v = tid; v < VECS; v += TC_THREADS) {
@@ -137,6 +138,22 @@ __global__ void __launch_bounds__(TC_THREADS) ks_mm_tc_kernel(KsArgs args, int v
           }
         }
         *reinterpret_cast<uint4*>(b_s + kk * LDB + nv) = val;
+      }
+    } else if (vec_x == 2) {  // batch-first, d == 1, c % 8 == 0: 8 consecutive gammas of one token per load
+      constexpr int VECS = TC_BK * TC_BN / 8;
+#pragma unroll
+      for (int v = tid; v < VECS; v += TC_THREADS) {
+        const int nn = v / (TC_BK / 8), kv = (v % (TC_BK / 8)) * 8;
+        const int gamma = k0 + kv, n = n0 + nn;
+        __align__(16) T tmp[8];
+        if (gamma < c && n < n_total) {
+          *reinterpret_cast<uint4*>(tmp) =
+              *reinterpret_cast<const uint4*>(x + x_row0 + gamma + static_cast<int64_t>(n) * args.sxn);
+        } else {
+          *reinterpret_cast<uint4*>(tmp) = make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int t = 0; t < 8; ++t) b_s[(kv + t) * LDB + nn] = tmp[t];
       }
     } else if (args.sxn == 1) {  // batch-last, unaligned: consecutive threads along n
 #pragma unroll 4
