@@ -5,9 +5,11 @@ For every dtype, weight shape W (M x K), block (r x c), block sparsity and N: W 
 ``1 - sparsity`` (N(0, 1) values inside kept tiles), activations are nn.Linear-shaped ``x2d: (N, K)``, and the
 contenders compute the layer output as a user would call them:
 
-- prunekit static: ``structured.bsr_mm_static(blocks, crow, cols, schedule, split_rows, x2d.t(), M)`` (the runtime's
-  call for an exported weight; returns the transposed (N, M) output, no copies);
-- prunekit dynamic: ``ops.bsr_mm(blocks, crow, cols, x2d.t(), M)`` (no schedule);
+- prunekit static: ``structured.bsr_mm_cuda(blocks, crow, cols, x2d.t(), M, ..., schedule, split_rows)``, the
+  runtime's eager call for an exported weight (SparseLinear calls the CUDA implementation directly when eager);
+  returns the transposed (N, M) output, no copies. ``static_op_eager_ms`` times the same through the custom op
+  ``prunekit::bsr_mm_static`` (the path under torch.compile / export), and ``static_tile<BN>_gpu_ms`` each N tile;
+- prunekit dynamic: ``structured.bsr_mm_cuda(blocks, crow, cols, x2d.t(), M)`` (no schedule);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch BSR: ``torch.sparse._triton_ops.bsr_dense_mm(W_bsr, x2d.t())`` (Triton; eager and CUDA-graph replayed).
 
@@ -37,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prunekit.formats.bsr import static_schedule
-from prunekit.kernels import ops, structured
+from prunekit.kernels import structured
 
 QUICK = {
     "shapes": [(16384, 16384), (4096, 4096), (11008, 4096)],
@@ -158,7 +160,14 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
         "nblocks": int(sets[0][1]["crow_indices"][-1]), "split_rows": int(sets[0][1]["split_rows"].numel()),
     }  # fmt: skip
 
-    def static_call(s):
+    def static_call(s, tile_n=None):
+        w, c, x2d = s
+        return lambda: structured.bsr_mm_cuda(
+            c["blocks"], c["crow_indices"], c["col_indices"], x2d.t(), m, None, "none", c["schedule"],
+            c["split_rows"], tile_n=tile_n,
+        )  # fmt: skip
+
+    def static_op_call(s):
         w, c, x2d = s
         return lambda: structured.bsr_mm_static(
             c["blocks"], c["crow_indices"], c["col_indices"], c["schedule"], c["split_rows"], x2d.t(), m
@@ -166,7 +175,7 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
 
     def dynamic_call(s):
         w, c, x2d = s
-        return lambda: ops.bsr_mm(c["blocks"], c["crow_indices"], c["col_indices"], x2d.t(), m)
+        return lambda: structured.bsr_mm_cuda(c["blocks"], c["crow_indices"], c["col_indices"], x2d.t(), m)
 
     def dense_call(s):
         w, c, x2d = s
@@ -174,12 +183,17 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
 
     w0, _, x0 = sets[0]
     ref = F.linear(x0.float(), w0.float()).t()
+    res["tile_n"] = structured.plan_tile_n(m, r, n, torch.cuda.get_device_properties(0).multi_processor_count)
     res["static_err"] = relative_error(static_call(sets[0])(), ref)
+    res["static_op_err"] = relative_error(static_op_call(sets[0])(), ref)
     res["dynamic_err"] = relative_error(dynamic_call(sets[0])(), ref)
     for name, make in (("static", static_call), ("dynamic", dynamic_call), ("dense", dense_call)):
         calls = [make(s) for s in sets]
         res[f"{name}_gpu_ms"] = graph_time(calls)
         res[f"{name}_eager_ms"] = eager_time(calls)
+    res["static_op_eager_ms"] = eager_time([static_op_call(s) for s in sets])
+    for tile_n in (32, 128) if n <= structured.DECODE_MAX_N else (128, 256):  # the N-tile sweep behind plan_tile_n
+        res[f"static_tile{tile_n}_gpu_ms"] = graph_time([static_call(s, tile_n) for s in sets])
     triton_mm = _triton_bsr()
     if triton_mm is not None and not args.no_torch_bsr:
         try:
@@ -196,6 +210,8 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
     res["static_speedup_gpu"] = res["dense_gpu_ms"] / res["static_gpu_ms"]
     res["static_speedup_eager"] = res["dense_eager_ms"] / res["static_eager_ms"]
     res["dynamic_over_static"] = res["dynamic_gpu_ms"] / res["static_gpu_ms"]
+    res["static_eager_overhead_us"] = 1e3 * (res["static_eager_ms"] - res["static_gpu_ms"])
+    res["static_op_eager_overhead_us"] = 1e3 * (res["static_op_eager_ms"] - res["static_gpu_ms"])
     if "torch_bsr_gpu_ms" in res:
         res["torch_bsr_speedup_gpu"] = res["dense_gpu_ms"] / res["torch_bsr_gpu_ms"]
     del sets
@@ -205,7 +221,7 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
 
 def table(results: list[dict]) -> Table:
     t = Table(title="prunekit bsr_mm vs cuBLAS dense and torch Triton BSR (speedups vs dense, same run)")
-    for col in ("dtype", "M x K", "N", "blk", "sp", "static ms", "x dense", "eager x", "dyn/static",
+    for col in ("dtype", "M x K", "N", "blk", "sp", "static ms", "x dense", "eager x", "op ovh us", "dyn/static",
                 "torch bsr x (graph)", "torch bsr x (eager)", "err"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in results:
@@ -214,19 +230,49 @@ def table(results: list[dict]) -> Table:
         t.add_row(
             r["dtype"], f"{r['m']}x{r['k']}", str(r["n"]), str(r["block"]), f"{r['sparsity']:.2f}",
             f"{r['static_gpu_ms']:.3f}", f"{r['static_speedup_gpu']:.2f}", f"{r['static_speedup_eager']:.2f}",
-            f"{r['dynamic_over_static']:.2f}", tb, te, f"{max(r['static_err'], r['dynamic_err']):.1e}",
+            f"{1e3 * (r['static_op_eager_ms'] - r['static_gpu_ms']):.0f}", f"{r['dynamic_over_static']:.2f}", tb, te, f"{max(r['static_err'], r['dynamic_err']):.1e}",
         )  # fmt: skip
     return t
 
 
+def markdown(path: Path) -> str:
+    """Markdown table of a results JSON written by this script (docs/PERFORMANCE_STRUCTURED.md is made with it)."""
+    data = json.loads(path.read_text())
+    meta = data["meta"]
+    lines = [
+        f"{meta['device']}, torch {meta['torch']} (CUDA {meta['cuda']}), {meta['date']}, `{meta['command']}`",
+        "",
+        "| dtype | M x K | N | block | sparsity | static ms (graph) | x dense (graph) | x dense (eager) | "
+        "eager overhead us (direct / op) | dynamic / static | torch BSR x dense (graph / eager) | rel. err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["results"]:
+        tb = "-"
+        if "torch_bsr_gpu_ms" in r:
+            tb = f"{r['torch_bsr_speedup_gpu']:.2f} / {r['dense_eager_ms'] / r['torch_bsr_eager_ms']:.2f}"
+        lines.append(
+            f"| {r['dtype']} | {r['m']}x{r['k']} | {r['n']} | {r['block']} | {r['sparsity']:.2f} | "
+            f"{r['static_gpu_ms']:.3f} | {r['static_speedup_gpu']:.2f} | {r['static_speedup_eager']:.2f} | "
+            f"{r['static_eager_overhead_us']:.0f} / {r['static_op_eager_overhead_us']:.0f} | "
+            f"{r['dynamic_over_static']:.2f} | {tb} | {max(r['static_err'], r['dynamic_err']):.1e} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--render", type=Path, help="print the markdown table of a results JSON and exit")
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--full", action="store_true", help="the whole grid (about an hour); default: quick grid")
     parser.add_argument("--max-sets", type=int, default=8)
     parser.add_argument("--no-torch-bsr", action="store_true")
     parser.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new configurations after this")
     args = parser.parse_args()
+    if args.render:
+        print(markdown(args.render))
+        return
+    if args.out is None:
+        parser.error("--out is required")
     grid = FULL if args.full else QUICK
     structured.load()
     t0 = time.time()

@@ -4,7 +4,8 @@ chosen once per shape) vs dense cuBLAS and torch's ``to_sparse_semi_structured``
 For every dtype, weight shape W (M x K) and N: W keeps the 2 largest-magnitude of every 4 entries of an N(0, 1)
 matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user calls them:
 
-- prunekit: ``ops.nm_mm(values, metadata, x2d.t(), 2, 4, bits)`` on the stored ``nm`` format (the runtime's call);
+- prunekit: ``structured.nm_mm_cuda(values, metadata, x2d.t(), 2, 4, bits)`` on the stored ``nm`` format (the
+  runtime's eager call); ``prunekit_op_eager_ms`` times the custom op ``prunekit::nm_mm`` (the compiled path);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch 2:4: ``F.linear(x2d, to_sparse_semi_structured(W))`` (cuSPARSELt through torch's tensor subclass).
 
@@ -76,6 +77,10 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
 
     def ours(s):
         w, c, bits, x2d = s
+        return lambda: structured.nm_mm_cuda(c["values"], c["metadata"], x2d.t(), 2, 4, bits)
+
+    def ours_op(s):
+        w, c, bits, x2d = s
         return lambda: ops.nm_mm(c["values"], c["metadata"], x2d.t(), 2, 4, bits)
 
     def dense(s):
@@ -85,10 +90,18 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
     w0, _, _, x0 = sets[0]
     ref = F.linear(x0.float(), w0.float()).t()
     res["prunekit_err"] = relative_error(ours(sets[0])(), ref)
+    compress_before = structured.compress_calls
     for name, make in (("prunekit", ours), ("dense", dense)):
         calls = [make(s) for s in sets]
         res[f"{name}_gpu_ms"] = graph_time(calls)
         res[f"{name}_eager_ms"] = eager_time(calls)
+    res["prunekit_op_eager_ms"] = eager_time([ours_op(s) for s in sets])
+    res["compressions_while_timing"] = structured.compress_calls - compress_before
+    # Host cost of one cuSPARSELt call through torch (plan set-up per call) next to the device time, same weight.
+    packed = structured.compressed_24(sets[0][1]["values"], sets[0][1]["metadata"], sets[0][2], k)
+    res["cslt_direct_eager_ms"] = eager_time(
+        [lambda x=x: torch._cslt_sparse_mm(packed, x.t(), transpose_result=True) for _, _, _, x in sets]
+    )
     try:
         semis = [(to_sparse_semi_structured(w), x2d) for w, _, _, x2d in sets]
         res["torch24_err"] = relative_error(F.linear(semis[0][1], semis[0][0]).t(), ref)
@@ -123,12 +136,41 @@ def table(results: list[dict]) -> Table:
     return t
 
 
+def markdown(path: Path) -> str:
+    """Markdown table of a results JSON written by this script (for docs/PERFORMANCE_STRUCTURED.md)."""
+    data = json.loads(path.read_text())
+    meta = data["meta"]
+    lines = [
+        f"{meta['device']}, torch {meta['torch']} (CUDA {meta['cuda']}), {meta['date']}, `{meta['command']}`",
+        "",
+        "| dtype | M x K | N | ours ms (graph) | x dense (graph) | x dense (eager) | ours eager ms | "
+        "torch _cslt_sparse_mm eager ms | torch 2:4 x dense (graph / eager) | compressions while timing | rel. err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["results"]:
+        t24 = "-"
+        if "torch24_gpu_ms" in r:
+            t24 = f"{r['torch24_speedup_gpu']:.2f} / {r['torch24_speedup_eager']:.2f}"
+        lines.append(
+            f"| {r['dtype']} | {r['m']}x{r['k']} | {r['n']} | {r['prunekit_gpu_ms']:.3f} | {r['speedup_gpu']:.2f} | "
+            f"{r['speedup_eager']:.2f} | {r['prunekit_eager_ms']:.3f} | {r.get('cslt_direct_eager_ms', float('nan')):.3f} | "
+            f"{t24} | {r.get('compressions_while_timing', '-')} | {r['prunekit_err']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--render", type=Path, help="print the markdown table of a results JSON and exit")
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--dtypes", default="float16")
     parser.add_argument("--max-sets", type=int, default=8)
     args = parser.parse_args()
+    if args.render:
+        print(markdown(args.render))
+        return
+    if args.out is None:
+        parser.error("--out is required")
     gen = torch.Generator(device="cuda").manual_seed(0)
     meta = {
         "device": torch.cuda.get_device_name(0),

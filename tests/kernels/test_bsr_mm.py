@@ -161,22 +161,25 @@ def test_bsr_cuda_matches_float64(dtype, r, c, mode):
         dense = block_sparse_weight(m, k, r, c, 0.35, dtype, "cuda", seed=i, heavy_rows=1 if m // r > 3 else 0)
         comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
         if mode == "static" and m // r > 3:
-            comp["schedule"], comp["split_rows"] = (t.cuda() for t in static_schedule(comp["crow_indices"], chunk=2))
+            comp["schedule"], comp["split_rows"] = (t.cuda() for t in static_schedule(comp["crow_indices"], chunk=1))
             assert comp["split_rows"].numel() > 0  # the heavy row is split: exercises the fp32 reduction
         for transposed in (True, False):
             x2d = torch.randn(n, k, device="cuda").to(dtype)
             x = x2d.t() if transposed else x2d.t().contiguous()
             bias = torch.randn(m, device="cuda").to(dtype)
             for activation in ("none", "relu"):
-                out = _poisoned(m, n, dtype, transposed)
                 extra = (comp["schedule"], comp["split_rows"]) if mode == "static" else (None, None)
-                structured.bsr_mm_cuda(
-                    comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, bias, activation, *extra, out=out
-                )
-                torch.cuda.synchronize()
                 ref = spmm_reference64(dense, x, bias, activation)
-                err = relative_error(out, ref)
-                assert err < TOLERANCE[dtype], (m, k, n, transposed, activation, err)
+                for tile_n in structured.TILE_NS:
+                    for staged in (True, False):
+                        out = _poisoned(m, n, dtype, transposed)
+                        structured.bsr_mm_cuda(
+                            comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, bias, activation,
+                            *extra, out=out, tile_n=tile_n, staged_epilogue=staged,
+                        )  # fmt: skip
+                        torch.cuda.synchronize()
+                        err = relative_error(out, ref)
+                        assert err < TOLERANCE[dtype], (m, k, n, transposed, activation, tile_n, staged, err)
 
 
 @pytest.mark.cuda

@@ -18,8 +18,8 @@ the pure-torch reference on the GPU.
 
 2:4 matmul (NVIDIA's 2:4 structured sparsity, Mishra et al., "Accelerating Sparse Deep Neural Networks", 2021) on
 Hopper's sparse tensor cores through cuSPARSELt as shipped in torch (``torch._cslt_compress`` /
-``torch._cslt_sparse_mm``): the weight is compressed once per stored tensor on first use and cached; the algorithm is
-chosen once per (weight shape, N, layout) and cached; no per-call search or compression. Other N:M patterns run the
+``torch._cslt_sparse_mm``): the weight is compressed once per stored tensor on first use and cached; no per-call
+search or compression. Other N:M patterns run the
 reference on the GPU.
 
 The extension (``prunekit_structured`` operator namespace) is separate from ``build.py``'s ``prunekit_ext`` and is
@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import threading
-import weakref
 from pathlib import Path
 
 import torch
@@ -47,11 +46,13 @@ from .layout import as_spmm_output, new_spmm_output
 log = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "structured"
-SOURCES = ("bsr_mm.cu", "bsr_mm_f16.cu", "bsr_mm_bf16.cu")
+SOURCES = ("bsr_mm.cu",) + tuple(f"bsr_mm_{t}_n{bn}.cu" for t in ("f16", "bf16") for bn in (32, 128, 256))
 HEADERS = ("bsr_mm.cuh",)
 NAMESPACE = "prunekit_structured"
 KERNEL_BLOCK_SIZES = (16, 32, 64)  # r and c the tensor-core kernel is instantiated for
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+TILE_NS = (32, 128, 256)  # N tiles the kernel is instantiated for (csrc/structured/bsr_mm.cuh, BsrConfig)
+DECODE_MAX_N = 32  # N up to this takes the 32-wide tile: less wasted tensor-core work at decode shapes
 CSLT_ALIGN_N = 16  # cuSPARSELt's dense operand: N padded to a multiple of 16 (torch pads the same way)
 CSLT_ALIGN_MK = (32, 64)  # M and K the 2:4 path takes (cuSPARSELt fp16/bf16 structured-operand alignment)
 
@@ -59,6 +60,8 @@ __all__ = ["bsr_mm", "bsr_mm_static", "nm_mm_cuda", "bsr_mm_cuda", "load", "is_l
 
 _lock = threading.Lock()
 _loaded_path: Path | None = None
+_ready = False  # set once the operators are loaded: the per-call fast check
+_SM_COUNT: dict[int, int] = {}
 
 
 def source_digest() -> str:
@@ -81,10 +84,14 @@ def library_name() -> str:
 
 def is_loaded() -> bool:
     """True when the ``prunekit_structured`` operators are registered in this process."""
+    global _ready
+    if _ready:
+        return True
     try:
         torch.ops.prunekit_structured.bsr_mm_out  # noqa: B018
     except (AttributeError, RuntimeError):
         return False
+    _ready = True
     return True
 
 
@@ -154,6 +161,24 @@ def kernel_supports_bsr(blocks: torch.Tensor, x: torch.Tensor) -> bool:
     )
 
 
+def plan_tile_n(m: int, r: int, n: int, num_sms: int = 132) -> int:
+    """N tile (32, 128 or 256) of the BSR kernel for ``M = m``, block rows of ``r`` and ``N = n``.
+
+    ``n <= DECODE_MAX_N``: 32. Otherwise 256 when that still gives at least two CTAs per SM (``M / r`` block rows
+    times the N tiles), since a wider tile re-reads each A block fewer times; else 128.
+    """
+    if n <= DECODE_MAX_N:
+        return 32
+    return 256 if (m // r) * -(-n // 256) >= 2 * num_sms else 128
+
+
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
 def _k_contiguous(x: torch.Tensor) -> torch.Tensor:
     """``x: (K, N)`` with ``x[k, n]`` at ``n * ld + k``, ``ld % 8 == 0`` and 16-byte alignment (a copy if needed)."""
     if x.stride(0) == 1 and x.stride(1) % 8 == 0 and x.data_ptr() % 16 == 0 and x.stride(1) >= x.shape[0]:
@@ -173,6 +198,8 @@ def bsr_mm_cuda(
     split_rows: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
+    tile_n: int | None = None,
+    staged_epilogue: bool = True,
 ) -> torch.Tensor:
     """CUDA BSR matmul ``Y (M, N) = act(A @ X + bias[:, None])`` (PopSparse, Li et al. 2023), fp32 accumulation.
 
@@ -182,7 +209,9 @@ def bsr_mm_cuda(
             ``crow_indices[-1]`` are never read: the dynamic mode's declared maximum); x: ``(K, N)``, any strides
             (the K-contiguous ``x2d.t()`` is read in place, others are copied once); m: M; bias: ``(M,)`` or None;
             activation: ``"none"`` or ``"relu"``; schedule / split_rows: the static schedule of ``formats/bsr.py``
-            (None: dynamic mode); out: optional ``(M, N)`` output to write into (any strides).
+            (None: dynamic mode); out: optional ``(M, N)`` output to write into (any strides); tile_n: force the
+            kernel's N tile (32, 128 or 256; default :func:`plan_tile_n`); staged_epilogue: write the output tile
+            through shared memory with 16-byte stores (default) rather than element by element.
 
     Returns:
         ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` (column-major for ``x2d.t()``).
@@ -193,45 +222,53 @@ def bsr_mm_cuda(
     _check_activation(activation)
     if x.dim() != 2 or blocks.dim() != 3:
         raise ValueError(f"x must be (K, N) and blocks (nblocks, r, c), got {tuple(x.shape)}, {tuple(blocks.shape)}")
-    if not kernel_supports_bsr(blocks, x):
+    if not kernel_supports_bsr(blocks, x) or x.shape[0] == 0:
         y = as_spmm_output(reference.bsr_mm(blocks, crow_indices, col_indices, x, m, bias, activation), x)
         if out is not None:
             out.copy_(y)
             return out
         return y
-    load()
-    r, c = int(blocks.shape[1]), int(blocks.shape[2])
+    if not _ready:
+        load()
+    r, c = blocks.shape[1], blocks.shape[2]
     if m % r or x.shape[0] % c or crow_indices.numel() != m // r + 1:
         raise ValueError(f"bsr_mm: M={m}, K={x.shape[0]} and crow_indices do not match blocks of {r}x{c}")
     y = new_spmm_output(x, m) if out is None else out
     if y.shape != (m, x.shape[1]) or y.dtype != x.dtype:
         raise ValueError(f"out must be a ({m}, {x.shape[1]}) {x.dtype} tensor")
-    if m == 0 or x.shape[1] == 0:
+    n = x.shape[1]
+    if m == 0 or n == 0:
         return y
-    if x.shape[0] == 0:
-        return y.copy_(reference.bsr_mm(blocks, crow_indices, col_indices, x, m, bias, activation))
     if not blocks.is_contiguous() or blocks.data_ptr() % 16:
         blocks = blocks.contiguous().clone()
-    if bias is not None:
+    if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
-    torch.ops.prunekit_structured.bsr_mm_out(
+    if tile_n is None:
+        tile_n = plan_tile_n(m, r, n, _sm_count(x.device))
+    torch.ops.prunekit_structured.bsr_mm_out.default(
         blocks,
-        crow_indices.to(torch.int32).contiguous(),
-        col_indices.to(torch.int32).contiguous(),
-        None if schedule is None else schedule.to(torch.int32).contiguous(),
-        None if split_rows is None else split_rows.to(torch.int32).contiguous(),
+        _int32(crow_indices),
+        _int32(col_indices),
+        None if schedule is None else _int32(schedule),
+        None if split_rows is None else _int32(split_rows),
         _k_contiguous(x),
         y,
         bias,
         activation == "relu",
+        tile_n,
+        staged_epilogue,
     )
     return y
 
 
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype is torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
 # --- 2:4 through cuSPARSELt -------------------------------------------------------------------------------------
 
-_COMPRESSED: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
-_ALG_IDS: dict[tuple, int] = {}
+_CACHE_ATTR = "_prunekit_cslt_packed"  # attribute holding (version, data_ptr, packed) on the stored values tensor
+compress_calls = 0  # cuSPARSELt compressions done in this process (benchmarks check it stays flat while timing)
 
 
 def cusparselt_available() -> bool:
@@ -250,17 +287,18 @@ def _decode_nm_dense(values: torch.Tensor, metadata: torch.Tensor, n: int, m_gro
 
 
 def compressed_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> torch.Tensor:
-    """cuSPARSELt-compressed copy of a stored 2:4 weight, built once per tensor (cached while ``values`` lives)."""
-    key = id(values)
-    hit = _COMPRESSED.get(key)
-    if hit is not None and hit[0]() is values and hit[1] == values._version and hit[2] == values.data_ptr():
-        return hit[3]
+    """cuSPARSELt-compressed copy of a stored 2:4 weight, built once per tensor.
+
+    The copy is kept as an attribute of ``values`` itself (so it lives and dies with the stored weight) and rebuilt
+    only when ``values`` was modified in place or moved.
+    """
+    global compress_calls
+    hit = getattr(values, _CACHE_ATTR, None)
+    if hit is not None and hit[0] == values._version and hit[1] == values.data_ptr():
+        return hit[2]
     packed = torch._cslt_compress(_decode_nm_dense(values, metadata, 2, 4, bits, k))
-
-    def _drop(_ref: weakref.ref, key: int = key) -> None:
-        _COMPRESSED.pop(key, None)
-
-    _COMPRESSED[key] = (weakref.ref(values, _drop), values._version, values.data_ptr(), packed)
+    compress_calls += 1
+    setattr(values, _CACHE_ATTR, (values._version, values.data_ptr(), packed))
     return packed
 
 
@@ -277,7 +315,8 @@ def nm_mm_cuda(
     """CUDA N:M matmul ``Y (M, N) = act(A @ X + bias[:, None])`` (2:4: NVIDIA, Mishra et al. 2021).
 
     2:4 fp16/bf16 weights with ``M % 32 == 0`` and ``K % 64 == 0`` run on the sparse tensor cores through cuSPARSELt
-    (weight compressed once and cached, algorithm chosen once per shape and cached); N is padded to a multiple of 16
+    (weight compressed once and cached; cuSPARSELt's default algorithm: its search, ``cusparseLtMatmulSearch``,
+    failed with an internal error on the H100 with torch 2.11, see docs/PERFORMANCE_STRUCTURED.md); N is padded to a multiple of 16
     (a copy of X for such N only). Anything else runs the reference on the GPU.
 
     Args:
@@ -322,12 +361,7 @@ def nm_mm_cuda(
             dense_b[:, :n_cols] = x
     if bias is not None:
         bias = bias.to(dtype=x.dtype).contiguous()
-    key = (rows, k, n_pad, x.dtype, transposed, bias is not None)
-    alg = _ALG_IDS.get(key)
-    if alg is None:
-        alg = int(torch._cslt_sparse_mm_search(packed, dense_b, bias=bias, transpose_result=transposed))
-        _ALG_IDS[key] = alg
-    res = torch._cslt_sparse_mm(packed, dense_b, bias=bias, transpose_result=transposed, alg_id=alg)
+    res = torch._cslt_sparse_mm(packed, dense_b, bias=bias, transpose_result=transposed)
     if activation == "relu":
         res.relu_()
     if transposed:  # res: (n_pad, M) row-major

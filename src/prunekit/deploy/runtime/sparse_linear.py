@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...formats import EncodedTensor, decode
-from ...kernels import ops
+from ...kernels import ops, structured
 
 
 def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
@@ -23,10 +23,22 @@ def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _eager_cuda(xt: torch.Tensor) -> bool:
+    """True for an eager call on the GPU: the runtime then calls the CUDA implementation directly, skipping the
+    custom-op dispatch layers (tens of microseconds per call); traced/compiled calls keep going through the op."""
+    return xt.is_cuda and not torch.compiler.is_compiling()
+
+
 def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     c = layer.component
-    if "schedule" in layer._names:  # static mode: the load-balanced schedule stored at export (formats/bsr.py)
-        return ops.structured.bsr_mm_static(
+    static = "schedule" in layer._names  # static mode: the load-balanced schedule stored at export (formats/bsr.py)
+    if _eager_cuda(xt):
+        sched = (c("schedule"), c("split_rows")) if static else (None, None)
+        return structured.bsr_mm_cuda(
+            c("blocks"), c("crow_indices"), c("col_indices"), xt, layer.out_features, layer.bias, "none", *sched
+        )
+    if static:
+        return structured.bsr_mm_static(
             c("blocks"),
             c("crow_indices"),
             c("col_indices"),
@@ -41,7 +53,8 @@ def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
 
 def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     c, p = layer.component, layer.params
-    return ops.nm_mm(c("values"), c("metadata"), xt, int(p["n"]), int(p["m"]), int(p["bits"]), layer.bias)
+    matmul = structured.nm_mm_cuda if _eager_cuda(xt) else ops.nm_mm
+    return matmul(c("values"), c("metadata"), xt, int(p["n"]), int(p["m"]), int(p["bits"]), layer.bias)
 
 
 def _ks(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:

@@ -6,13 +6,18 @@
 
 namespace prunekit_structured {
 
-extern template void dispatch_rc<__half>(int, int, const BsrArgs&, int, cudaStream_t);
-extern template void dispatch_rc<__nv_bfloat16>(int, int, const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc<__half, 32>(int, int, const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc<__half, 128>(int, int, const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc<__half, 256>(int, int, const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc<__nv_bfloat16, 32>(int, int, const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc<__nv_bfloat16, 128>(int, int, const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc<__nv_bfloat16, 256>(int, int, const BsrArgs&, int, cudaStream_t);
 
 // y: (M, N) output with any strides; x: (K, N) with x.stride(0) == 1 and x.stride(1) % 8 == 0, 16-byte aligned.
 void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols,
                 const c10::optional<at::Tensor>& schedule, const c10::optional<at::Tensor>& split_rows,
-                const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu) {
+                const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu,
+                int64_t tile_n, bool staged_epilogue) {
   TORCH_CHECK(blocks.is_cuda() && x.is_cuda() && y.is_cuda(), "bsr_mm: tensors must be on the GPU");
   TORCH_CHECK(blocks.dim() == 3 && blocks.is_contiguous(), "bsr_mm: blocks must be a contiguous (nblocks, r, c)");
   TORCH_CHECK(blocks.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
@@ -41,6 +46,12 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
   args.syn = y.stride(1);
   args.n = static_cast<int>(n);
   args.relu = relu ? 1 : 0;
+  const bool y16 = reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0;
+  if (staged_epilogue && y16 && y.stride(0) == 1 && y.stride(1) % 8 == 0 && n > 1) {
+    args.staged = 1;  // Y^T rows: the runtime's (N, M) output of x2d.t()
+  } else if (staged_epilogue && y16 && y.stride(1) == 1 && y.stride(0) % 8 == 0) {
+    args.staged = 2;
+  }
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == m,
                 "bsr_mm: bias must be a contiguous (M,) tensor of x's dtype");
@@ -62,10 +73,18 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
     }
   }
   if (grid_rows > 0) {
-    if (x.scalar_type() == at::kHalf) {
-      dispatch_rc<__half>(r, c, args, grid_rows, stream);
-    } else if (x.scalar_type() == at::kBFloat16) {
-      dispatch_rc<__nv_bfloat16>(r, c, args, grid_rows, stream);
+    const bool half = x.scalar_type() == at::kHalf;
+    if (half || x.scalar_type() == at::kBFloat16) {
+      TORCH_CHECK(tile_n == 32 || tile_n == 128 || tile_n == 256, "bsr_mm: tile_n must be 32, 128 or 256");
+      if (half) {
+        tile_n == 32    ? dispatch_rc<__half, 32>(r, c, args, grid_rows, stream)
+        : tile_n == 128 ? dispatch_rc<__half, 128>(r, c, args, grid_rows, stream)
+                        : dispatch_rc<__half, 256>(r, c, args, grid_rows, stream);
+      } else {
+        tile_n == 32    ? dispatch_rc<__nv_bfloat16, 32>(r, c, args, grid_rows, stream)
+        : tile_n == 128 ? dispatch_rc<__nv_bfloat16, 128>(r, c, args, grid_rows, stream)
+                        : dispatch_rc<__nv_bfloat16, 256>(r, c, args, grid_rows, stream);
+      }
     } else {
       TORCH_CHECK(false, "bsr_mm: CUDA kernel takes float16 or bfloat16, got ", x.scalar_type());
     }
@@ -95,7 +114,7 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
 TORCH_LIBRARY(prunekit_structured, m) {
   m.def(
       "bsr_mm_out(Tensor blocks, Tensor crow_indices, Tensor col_indices, Tensor? schedule, Tensor? split_rows, "
-      "Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
+      "Tensor x, Tensor(a!) y, Tensor? bias, bool relu, int tile_n, bool staged_epilogue) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_structured, CUDA, m) { m.impl("bsr_mm_out", &prunekit_structured::bsr_mm_out); }

@@ -72,12 +72,14 @@ __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-// Tiling of one (r, c) block shape: CTA tile R x BN, warp tile WM x WN, STAGES-deep cp.async pipeline.
-template <int R, int C>
+// Tiling of one (r, c) block shape and N tile: CTA tile R x BN, warp tile WM x WN, STAGES-deep cp.async pipeline.
+// BN = 32 is the decode-shape tile (N <= 32: less wasted mma work), 128 and 256 the large-N tiles (256 halves the
+// re-reads of A blocks per output column; L2 traffic per flop is about 1/BN + 1/R bytes, see PERFORMANCE_STRUCTURED).
+template <int R, int C, int BN_>
 struct BsrConfig {
-  static constexpr int BN = 128;
-  static constexpr int WM = R >= 32 ? 32 : 16;
-  static constexpr int WN = R == 64 ? 64 : 32;
+  static constexpr int BN = BN_;
+  static constexpr int WM = (BN >= 128 && R >= 32) ? 32 : 16;
+  static constexpr int WN = (BN >= 128 && R == 64) ? 64 : 32;
   static constexpr int WARPS_M = R / WM;
   static constexpr int WARPS_N = BN / WN;
   static constexpr int THREADS = WARPS_M * WARPS_N * 32;
@@ -102,11 +104,12 @@ struct BsrArgs {
   long long ldx, sym, syn;
   int n;
   int relu;
+  int staged;  // epilogue: 0 scalar stores; 1 Y^T rows (sym == 1) and 2 Y rows (syn == 1) staged in smem, 16-byte stores
 };
 
-template <typename T, int R, int C>
-__global__ void __launch_bounds__(BsrConfig<R, C>::THREADS) bsr_mm_kernel(const BsrArgs args) {
-  using Cfg = BsrConfig<R, C>;
+template <typename T, int R, int C, int BN_>
+__global__ void __launch_bounds__(BsrConfig<R, C, BN_>::THREADS) bsr_mm_kernel(const BsrArgs args) {
+  using Cfg = BsrConfig<R, C, BN_>;
   constexpr int BN = Cfg::BN, WM = Cfg::WM, WN = Cfg::WN, STAGES = Cfg::STAGES, LDS = Cfg::LDS;
   constexpr int MI = WM / 16, NI = WN / 8, THREADS = Cfg::THREADS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -214,6 +217,55 @@ __global__ void __launch_bounds__(BsrConfig<R, C>::THREADS) bsr_mm_kernel(const 
   }
   T* y = static_cast<T*>(args.y);
   const T* bias = static_cast<const T*>(args.bias);
+  if (args.staged != 0) {
+    // The CTA's R x BN output tile goes through shared memory (the pipeline buffers, free now) so that global stores
+    // are 16-byte vectors along the output's unit-stride dimension: m for Y^T (the runtime's (N, M) output), n for Y.
+    static_assert(BN_ * (R + 8) <= STAGES * Cfg::STAGE_ELEMS && R * (BN_ + 8) <= STAGES * Cfg::STAGE_ELEMS,
+                  "output tile must fit in the pipeline's shared memory");
+    const bool yt = args.staged == 1;
+    const int ldc_n = yt ? R + 8 : 1, ldc_m = yt ? 1 : BN + 8;  // smem element (m, n) at m * ldc_m + n * ldc_n
+    __syncthreads();  // every warp is done reading the pipeline buffers
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int ml = warp_m * WM + i * 16 + g + h * 8;
+        const float b = bias != nullptr ? to_f(bias[block_row * R + ml]) : 0.f;
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int nl = warp_n * WN + j * 8 + 2 * t + e;
+            float v = acc[i][j][h * 2 + e] + b;
+            if (args.relu) v = fmaxf(v, 0.f);
+            smem[ml * ldc_m + nl * ldc_n] = from_f<T>(v);
+          }
+      }
+    __syncthreads();
+    const long long m0 = static_cast<long long>(block_row) * R;
+    if (yt) {
+      constexpr int PER_ROW = R / 8;
+      for (int cidx = tid; cidx < BN * PER_ROW; cidx += THREADS) {
+        const int nl = cidx / PER_ROW, ml = (cidx % PER_ROW) * 8;
+        if (n0 + nl < args.n)
+          *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) =
+              *reinterpret_cast<const int4*>(smem + nl * (R + 8) + ml);
+      }
+    } else {
+      constexpr int PER_ROW = BN / 8;
+      for (int cidx = tid; cidx < R * PER_ROW; cidx += THREADS) {
+        const int ml = cidx / PER_ROW, nl = (cidx % PER_ROW) * 8;
+        T* dst = y + (m0 + ml) * args.sym + n0 + nl;
+        const T* src = smem + ml * (BN + 8) + nl;
+        if (n0 + nl + 8 <= args.n) {
+          *reinterpret_cast<int4*>(dst) = *reinterpret_cast<const int4*>(src);
+        } else {
+          for (int e = 0; e < 8 && n0 + nl + e < args.n; ++e) dst[e] = src[e];
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < MI; ++i) {
 #pragma unroll
@@ -252,11 +304,11 @@ __global__ void bsr_finalize_kernel(const float* ws, const int* split_rows, int 
   }
 }
 
-template <typename T, int R, int C>
+template <typename T, int R, int C, int BN>
 void launch_bsr(const BsrArgs& args, int grid_rows, cudaStream_t stream) {
-  using Cfg = BsrConfig<R, C>;
-  auto kernel = bsr_mm_kernel<T, R, C>;
-  static bool configured = false;  // per instantiation; the attribute is per function and device-independent here
+  using Cfg = BsrConfig<R, C, BN>;
+  auto kernel = bsr_mm_kernel<T, R, C, BN>;
+  static bool configured = false;  // per instantiation
   if (!configured) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
     configured = true;
@@ -266,24 +318,16 @@ void launch_bsr(const BsrArgs& args, int grid_rows, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, int R>
-void dispatch_c(int c, const BsrArgs& args, int grid_rows, cudaStream_t stream) {
-  switch (c) {
-    case 16: return launch_bsr<T, R, 16>(args, grid_rows, stream);
-    case 32: return launch_bsr<T, R, 32>(args, grid_rows, stream);
-    case 64: return launch_bsr<T, R, 64>(args, grid_rows, stream);
-    default: TORCH_CHECK(false, "bsr_mm: block columns must be 16, 32 or 64, got ", c);
-  }
-}
-
-template <typename T>
+// Launch the kernel for blocks of r x c and an N tile of BN (instantiated per dtype and BN in bsr_mm_<dtype>_n<BN>.cu).
+template <typename T, int BN>
 void dispatch_rc(int r, int c, const BsrArgs& args, int grid_rows, cudaStream_t stream) {
-  switch (r) {
-    case 16: return dispatch_c<T, 16>(c, args, grid_rows, stream);
-    case 32: return dispatch_c<T, 32>(c, args, grid_rows, stream);
-    case 64: return dispatch_c<T, 64>(c, args, grid_rows, stream);
-    default: TORCH_CHECK(false, "bsr_mm: block rows must be 16, 32 or 64, got ", r);
-  }
+#define PK_BSR_CASE(RR, CC) \
+  if (r == RR && c == CC) return launch_bsr<T, RR, CC, BN>(args, grid_rows, stream);
+  PK_BSR_CASE(16, 16) PK_BSR_CASE(16, 32) PK_BSR_CASE(16, 64)
+  PK_BSR_CASE(32, 16) PK_BSR_CASE(32, 32) PK_BSR_CASE(32, 64)
+  PK_BSR_CASE(64, 16) PK_BSR_CASE(64, 32) PK_BSR_CASE(64, 64)
+#undef PK_BSR_CASE
+  TORCH_CHECK(false, "bsr_mm: blocks must be r x c with r, c in {16, 32, 64}, got ", r, "x", c);
 }
 
 }  // namespace prunekit_structured

@@ -1,6 +1,0 @@
-// __nv_bfloat16 instantiations of the BSR tensor-core matmul kernels (see bsr_mm.cuh).
-#include "bsr_mm.cuh"
-
-namespace prunekit_structured {
-template void dispatch_rc<__nv_bfloat16>(int, int, const BsrArgs&, int, cudaStream_t);
-}

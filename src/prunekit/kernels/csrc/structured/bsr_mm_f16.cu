@@ -1,6 +1,0 @@
-// __half instantiations of the BSR tensor-core matmul kernels (see bsr_mm.cuh).
-#include "bsr_mm.cuh"
-
-namespace prunekit_structured {
-template void dispatch_rc<__half>(int, int, const BsrArgs&, int, cudaStream_t);
-}

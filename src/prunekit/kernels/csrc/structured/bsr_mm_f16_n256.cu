@@ -1,0 +1,6 @@
+// __half instantiations of the BSR tensor-core matmul kernels for N tiles of 256 (see bsr_mm.cuh).
+#include "bsr_mm.cuh"
+
+namespace prunekit_structured {
+template void dispatch_rc<__half, 256>(int, int, const BsrArgs&, int, cudaStream_t);
+}
