@@ -105,11 +105,13 @@ def test_importing_kernels_needs_no_gpu_or_compiler():
 @pytest.mark.parametrize(
     "m,k,n,nnz,expect",
     [
-        (4096, 4096, 1, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=1)),
-        (4096, 4096, 3, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=4)),
-        (768, 3072, 7, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=8)),
-        (768, 3072, 16, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=16)),
-        (768, 3072, 64, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=16)),
+        (4096, 4096, 1, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=1, stage_x=False)),
+        (4096, 4096, 3, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=4, stage_x=False)),
+        (768, 3072, 7, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=8, stage_x=False)),
+        (768, 3072, 16, 768 * 64, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=16, stage_x=False)),
+        (768, 3072, 64, 768 * 1536, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=16, stage_x=False)),
+        (4096, 4096, 32, 4096 * 416, gpu.SpmmPlan("rowwarp", subwarp=32, ntile=16, stage_x=True)),
+        (4096, 4096, 32, 4096 * 88, gpu.SpmmPlan("rowwarp", subwarp=8, ntile=16, stage_x=False)),
         (4096, 4096, 2048, 4096 * 1232, gpu.SpmmPlan("direct")),
         (768, 3072, 128, 768 * 88, gpu.SpmmPlan("direct")),
     ],
@@ -124,7 +126,9 @@ def test_plan_spmm_forced_tiled_picks_block_height():
 
 
 def test_plan_spmm_forced_and_unknown_variant():
-    assert gpu.plan_spmm(4096, 4096, 4096, 10, variant="rowwarp").variant == "rowwarp"
+    assert gpu.plan_spmm(4096, 4096, 4096, 10, variant="rowwarp") == gpu.SpmmPlan("rowwarp", subwarp=8, stage_x=True)
+    assert gpu.plan_spmm(4096, 4096, 16, 10, variant="rowwarp_global").stage_x is False
+    assert gpu.plan_spmm(4096, 4096, 16, 10**9, variant="direct") == gpu.SpmmPlan("direct")
     assert gpu.plan_spmm(4096, 4096, 1, 10, variant="tiled").variant == "tiled"
     with pytest.raises(ValueError, match="unknown spmm variant"):
         gpu.plan_spmm(1, 1, 1, 1, variant="fast")

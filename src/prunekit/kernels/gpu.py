@@ -34,7 +34,9 @@ SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled")
 ROWWARP_MAX_N = 64
 TILED_ROWS_PER_BLOCK = {2: 16, 8: 64}  # rows_per_warp -> rows per block (8 warps)
 TILED_N_TILE = 128  # output columns per tiled block
-SUBWARP_MIN_NNZ = 128  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
+SUBWARP_MIN_NNZ = 128
+STAGE_X_MIN_N = 32  # auto: rowwarp stages X in shared memory only from this N ...
+STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, varia
     ``auto`` takes ``rowwarp`` for ``n <= ROWWARP_MAX_N`` (weights dominate the bytes) and ``direct`` above (the
     H100 variant sweep found ``tiled`` slower than ``direct`` at every measured shape; it stays available when
     forced). The tiled kernel uses 64-row blocks when that still gives at least two blocks per SM, else 16-row
-    blocks. ``k`` is accepted for heuristics that weigh density.
+    blocks. ``rowwarp`` copies X to shared memory (``stage_x``) only for ``n >= STAGE_X_MIN_N``, at least
+    ``STAGE_X_MIN_ROWS_PER_SM`` rows per SM and ``nnz_padded >= 2 * k * num_sms``.
 
     Raises:
         ValueError: unknown ``variant``.
@@ -63,9 +66,13 @@ def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, varia
         raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
     if variant == "auto":
         variant = "rowwarp" if n <= ROWWARP_MAX_N else "direct"
+        # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
+        # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.
+        stage_x = n >= STAGE_X_MIN_N and m >= STAGE_X_MIN_ROWS_PER_SM * num_sms and nnz_padded >= 2 * k * num_sms
+    else:
+        stage_x = variant != "rowwarp_global"
     if variant == "direct":
         return SpmmPlan("direct")
-    stage_x = variant != "rowwarp_global"
     if variant in ("rowwarp", "rowwarp_global"):
         avg_nnz = nnz_padded / max(1, m)
         subwarp = 32 if avg_nnz >= SUBWARP_MIN_NNZ else 8

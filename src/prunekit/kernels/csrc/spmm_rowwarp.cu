@@ -148,9 +148,19 @@ spmm_rowwarp_smem_kernel(const T* __restrict__ values, const int* __restrict__ r
   T* xsm = reinterpret_cast<T*>(smem_raw);
   constexpr int NV = NT * sizeof(T) / 16;  // 16-byte vectors per X row segment
   const int n0 = blockIdx.y * NT;
-  for (int u = threadIdx.x; u < k * NV; u += kSmemThreads) {
-    const int kk = u / NV, q = u % NV;
-    reinterpret_cast<uint4*>(xsm)[u] = __ldg(reinterpret_cast<const uint4*>(x + kk * xs_k + n0) + q);
+  constexpr int kInFlight = 8;  // independent 16-byte loads per thread before their stores
+  for (int base = threadIdx.x; base < k * NV; base += kSmemThreads * kInFlight) {
+    uint4 r[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int u = base + i * kSmemThreads;
+      if (u < k * NV) r[i] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(u / NV) * xs_k + n0) + u % NV);
+    }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int u = base + i * kSmemThreads;
+      if (u < k * NV) reinterpret_cast<uint4*>(xsm)[u] = r[i];
+    }
   }
   __syncthreads();
   constexpr int kSubs = kSmemThreads / SW;
