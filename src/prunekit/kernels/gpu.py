@@ -17,6 +17,7 @@ SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ class SpmmPlan:
     stage_x: bool = True  # rowwarp: copy X[:, tile] to shared memory per block when it fits
 
 
+@functools.lru_cache(maxsize=4096)
 def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, variant: str = "auto") -> SpmmPlan:
     """Choose the SpMM kernel and tiling for ``A (m, k)`` with ``nnz_padded`` stored entries times ``X (k, n)``.
 
@@ -157,19 +159,25 @@ def spmm_csr(
     if row_offsets.numel() != m + 1:
         raise ValueError(f"row_offsets has {row_offsets.numel()} entries, expected M + 1 = {m + 1}")
     n = x.shape[1]
-    y = new_spmm_output(x, m) if out is None else out
-    if y.shape != (m, n) or y.dtype != x.dtype or y.device != x.device:
-        raise ValueError(f"out must be a ({m}, {n}) {x.dtype} tensor on {x.device}")
+    if out is None:
+        y = new_spmm_output(x, m)
+    else:
+        y = out
+        if y.shape != (m, n) or y.dtype != x.dtype or y.device != x.device:
+            raise ValueError(f"out must be a ({m}, {n}) {x.dtype} tensor on {x.device}")
     if m == 0 or n == 0:
         return y
-    if bias is not None:
+    if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
+    # Only copy what the kernels cannot take as is (each call here costs host time on every eager call).
     if not values.is_contiguous() or not _aligned16(values):
         values = values.contiguous().clone()
     if not column_indices.is_contiguous() or not _aligned16(column_indices):
         column_indices = column_indices.contiguous().clone()
-    row_offsets = row_offsets.contiguous()
-    row_indices = row_indices.contiguous()
+    if not row_offsets.is_contiguous():
+        row_offsets = row_offsets.contiguous()
+    if not row_indices.is_contiguous():
+        row_indices = row_indices.contiguous()
     plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), variant)
     relu = activation == "relu"
     if plan.variant == "rowwarp":
