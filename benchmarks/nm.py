@@ -5,7 +5,9 @@ For every dtype, weight shape W (M x K) and N: W keeps the 2 largest-magnitude o
 matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user calls them:
 
 - prunekit: ``structured.nm_mm_cuda(values, metadata, x2d.t(), 2, 4, bits)`` on the stored ``nm`` format (the
-  runtime's eager call); ``prunekit_op_eager_ms`` times the custom op ``prunekit::nm_mm`` (the compiled path);
+  runtime's eager call: prunekit's own cuSPARSELt binding, plan built once); ``prunekit_torchpath_*`` the same with
+  ``backend="torch"`` (``torch._cslt_sparse_mm``, plan set up per call); ``prunekit_op_eager_ms`` the custom op
+  ``prunekit::nm_mm`` (the path under torch.compile);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch 2:4: ``F.linear(x2d, to_sparse_semi_structured(W))`` (cuSPARSELt through torch's tensor subclass).
 
@@ -79,6 +81,10 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
         w, c, bits, x2d = s
         return lambda: structured.nm_mm_cuda(c["values"], c["metadata"], x2d.t(), 2, 4, bits)
 
+    def ours_torch(s):
+        w, c, bits, x2d = s
+        return lambda: structured.nm_mm_cuda(c["values"], c["metadata"], x2d.t(), 2, 4, bits, backend="torch")
+
     def ours_op(s):
         w, c, bits, x2d = s
         return lambda: ops.nm_mm(c["values"], c["metadata"], x2d.t(), 2, 4, bits)
@@ -91,7 +97,9 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
     ref = F.linear(x0.float(), w0.float()).t()
     res["prunekit_err"] = relative_error(ours(sets[0])(), ref)
     compress_before = structured.compress_calls
-    for name, make in (("prunekit", ours), ("dense", dense)):
+    res["native_binding"] = structured.native_cslt_available()
+    res["prunekit_torchpath_err"] = relative_error(ours_torch(sets[0])(), ref)
+    for name, make in (("prunekit", ours), ("prunekit_torchpath", ours_torch), ("dense", dense)):
         calls = [make(s) for s in sets]
         res[f"{name}_gpu_ms"] = graph_time(calls)
         res[f"{name}_eager_ms"] = eager_time(calls)
@@ -144,7 +152,8 @@ def markdown(path: Path) -> str:
         f"{meta['device']}, torch {meta['torch']} (CUDA {meta['cuda']}), {meta['date']}, `{meta['command']}`",
         "",
         "| dtype | M x K | N | ours ms (graph) | x dense (graph) | x dense (eager) | ours eager ms | "
-        "torch _cslt_sparse_mm eager ms | torch 2:4 x dense (graph / eager) | compressions while timing | rel. err |",
+        "ours via torch._cslt_sparse_mm: ms graph / eager | torch 2:4 x dense (graph / eager) | "
+        "compressions while timing | rel. err |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
@@ -153,7 +162,8 @@ def markdown(path: Path) -> str:
             t24 = f"{r['torch24_speedup_gpu']:.2f} / {r['torch24_speedup_eager']:.2f}"
         lines.append(
             f"| {r['dtype']} | {r['m']}x{r['k']} | {r['n']} | {r['prunekit_gpu_ms']:.3f} | {r['speedup_gpu']:.2f} | "
-            f"{r['speedup_eager']:.2f} | {r['prunekit_eager_ms']:.3f} | {r.get('cslt_direct_eager_ms', float('nan')):.3f} | "
+            f"{r['speedup_eager']:.2f} | {r['prunekit_eager_ms']:.3f} | "
+            f"{r['prunekit_torchpath_gpu_ms']:.3f} / {r['prunekit_torchpath_eager_ms']:.3f} | "
             f"{t24} | {r.get('compressions_while_timing', '-')} | {r['prunekit_err']:.1e} |"
         )
     return "\n".join(lines)

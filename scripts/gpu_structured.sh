@@ -25,8 +25,15 @@ python3 -c "
 import logging, time; logging.basicConfig(level=logging.INFO)
 import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), 'cusparselt', torch.backends.cusparselt.is_available())
 from prunekit.kernels import structured
-t = time.time(); print(structured.load(verbose=False), f'{time.time() - t:.1f}s')" > "$OUT/build.log" 2>&1
-rc=$?; tail -3 "$OUT/build.log"; [[ $rc == 0 ]] || { tail -60 "$OUT/build.log"; exit 1; }
+t = time.time(); print(structured.load(verbose=False), f'{time.time() - t:.1f}s')
+print('cuSPARSELt wheel folder', structured.cusparselt_dir())
+t = time.time()
+try:
+    structured.load_cslt(verbose=True); print('cuSPARSELt binding built', f'{time.time() - t:.1f}s')
+except Exception as exc:
+    print('cuSPARSELt binding FAILED:', exc)
+" > "$OUT/build.log" 2>&1
+rc=$?; grep -E "^2\.|\.so |wheel folder|binding" "$OUT/build.log" | tail -6; [[ $rc == 0 ]] || { tail -60 "$OUT/build.log"; exit 1; }
 
 if [[ $MODE == all || $MODE == test ]]; then
   step tests
@@ -97,7 +104,11 @@ w24 = (w24 * torch.zeros_like(w24, dtype=torch.bool).scatter_(2, w24.abs().topk(
 e = formats.encode("nm", w24, {"n": 2, "m": 4})
 v, md, bits = e.components["values"], e.components["metadata"], int(e.params["bits"])
 packed = structured.compressed_24(v, md, bits, k)
-rows["2:4 direct (structured.nm_mm_cuda)"] = lambda: structured.nm_mm_cuda(v, md, x2d.t(), 2, 4, bits)
+y24 = torch.empty(n, m, device="cuda", dtype=torch.float16).t()
+print("native cuSPARSELt binding:", structured.native_cslt_available())
+rows["2:4 direct, own cuSPARSELt binding (structured.nm_mm_cuda)"] = lambda: structured.nm_mm_cuda(v, md, x2d.t(), 2, 4, bits)
+rows["2:4 direct, backend=torch"] = lambda: structured.nm_mm_cuda(v, md, x2d.t(), 2, 4, bits, backend="torch")
+rows["2:4 raw binding op (torch.ops.prunekit_cslt.mm.default)"] = lambda: torch.ops.prunekit_cslt.mm.default(structured.native_weight_24(v, md, bits, k).id, x2d.t(), y24, None, False)
 rows["2:4 compressed_24 cache hit"] = lambda: structured.compressed_24(v, md, bits, k)
 rows["2:4 torch._cslt_sparse_mm alone"] = lambda: torch._cslt_sparse_mm(packed, x2d.t(), transpose_result=True)
 before = structured.compress_calls

@@ -52,9 +52,12 @@ NM_CUDA_SHAPES = [(128, 256, 1), (256, 512, 16), (64, 128, 37), (512, 256, 300)]
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_nm24_cuda_matches_float64(dtype):
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_nm24_cuda_matches_float64(dtype, backend):
     if not structured.cusparselt_available():
         pytest.skip("this torch has no cuSPARSELt")
+    if backend == "auto":
+        assert structured.native_cslt_available()  # prunekit's own binding builds and loads on the GPU machine
     for i, (m, k, n_tokens) in enumerate(NM_CUDA_SHAPES):
         dense = nm_weight(m, k, 2, 4, dtype, seed=i)
         values, metadata, bits = (t.cuda() if isinstance(t, torch.Tensor) else t for t in _encode(dense, 2, 4))
@@ -64,15 +67,18 @@ def test_nm24_cuda_matches_float64(dtype):
             x = x2d.t() if transposed else x2d.t().contiguous()
             bias = torch.randn(m, device="cuda").to(dtype)
             for activation in ("none", "relu"):
-                y = ops.nm_mm(values, metadata, x, 2, 4, bits, bias, activation)
-                torch.cuda.synchronize()
-                assert y.shape == (m, n_tokens)
-                if transposed and n_tokens > 1:
-                    assert y.t().is_contiguous()
-                err = relative_error(y, spmm_reference64(dense, x, bias, activation))
-                assert err < TOLERANCE[dtype], (m, k, n_tokens, transposed, activation, err)
+                for with_bias in (True, False):
+                    b = bias if with_bias else None
+                    y = structured.nm_mm_cuda(values, metadata, x, 2, 4, bits, b, activation, backend=backend)
+                    torch.cuda.synchronize()
+                    assert y.shape == (m, n_tokens)
+                    assert y.stride() == (ops.nm_mm(values, metadata, x, 2, 4, bits, b, activation).stride())
+                    if transposed and n_tokens > 1:
+                        assert y.t().is_contiguous()
+                    err = relative_error(y, spmm_reference64(dense, x, b, activation))
+                    assert err < TOLERANCE[dtype], (m, k, n_tokens, transposed, activation, with_bias, err)
         before = structured.compress_calls
-        ops.nm_mm(values, metadata, x2d.t(), 2, 4, bits)
+        structured.nm_mm_cuda(values, metadata, x2d.t(), 2, 4, bits, backend=backend)
         assert structured.compress_calls == before  # compressed once, then reused
 
 

@@ -53,6 +53,9 @@ KERNEL_BLOCK_SIZES = (16, 32, 64)  # r and c the tensor-core kernel is instantia
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 TILE_NS = (32, 128, 256)  # N tiles the kernel is instantiated for (csrc/structured/bsr_mm.cuh, BsrConfig)
 DECODE_MAX_N = 32  # N up to this takes the 32-wide tile: less wasted tensor-core work at decode shapes
+CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
+CSLT_BACKEND_ENV = "PRUNEKIT_CSLT_BACKEND"  # "torch" forces torch._cslt_sparse_mm instead of prunekit's own binding
+CUSPARSELT_DIR_ENV = "PRUNEKIT_CUSPARSELT_DIR"  # folder holding include/cusparseLt.h and lib/libcusparseLt.so.0
 CSLT_ALIGN_N = 16  # cuSPARSELt's dense operand: N padded to a multiple of 16 (torch pads the same way)
 CSLT_ALIGN_MK = (32, 64)  # M and K the 2:4 path takes (cuSPARSELt fp16/bf16 structured-operand alignment)
 
@@ -286,6 +289,121 @@ def _decode_nm_dense(values: torch.Tensor, metadata: torch.Tensor, n: int, m_gro
     return dense.scatter_(1, cols, values)
 
 
+_native_state: bool | None = None  # None: not tried yet
+_NATIVE_ATTR = "_prunekit_cslt_native"
+
+
+def cusparselt_dir() -> Path | None:
+    """Folder of the cuSPARSELt wheel torch uses (``include/cusparseLt.h``, ``lib/libcusparseLt.so.0``), or None."""
+    import importlib.util
+    import sys
+
+    candidates = [Path(os.environ[CUSPARSELT_DIR_ENV])] if os.environ.get(CUSPARSELT_DIR_ENV) else []
+    try:
+        spec = importlib.util.find_spec("nvidia.cusparselt")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(p) for p in spec.submodule_search_locations]
+    candidates += [Path(p) / "nvidia" / "cusparselt" for p in sys.path if p]
+    for folder in candidates:
+        if (folder / "include" / "cusparseLt.h").is_file() and (folder / "lib" / "libcusparseLt.so.0").is_file():
+            return folder
+    return None
+
+
+def load_cslt(verbose: bool = False) -> None:
+    """Build (once per key) and load prunekit's cuSPARSELt binding, the ``prunekit_cslt`` operators.
+
+    Raises:
+        KernelUnavailable: no GPU/compiler, no cuSPARSELt headers and library, or the build failed.
+    """
+    try:
+        torch.ops.prunekit_cslt.mm  # noqa: B018
+        return
+    except (AttributeError, RuntimeError):
+        pass
+    reason = build.unavailable_reason()
+    if reason is not None:
+        raise KernelUnavailable(f"prunekit's cuSPARSELt binding is unavailable: {reason}.")
+    folder = cusparselt_dir()
+    if folder is None:
+        raise KernelUnavailable(
+            f"prunekit's cuSPARSELt binding needs the nvidia-cusparselt wheel (or ${CUSPARSELT_DIR_ENV}) with "
+            "include/cusparseLt.h and lib/libcusparseLt.so.0."
+        )
+    from torch.utils import cpp_extension
+
+    digest = hashlib.sha256()
+    for name in CSLT_SOURCES:
+        digest.update(name.encode() + b"\0" + (CSRC_DIR / name).read_bytes())
+    digest.update(f"{torch.__version__}|{torch.version.cuda}|{folder}".encode())
+    name = f"prunekit_cslt_{digest.hexdigest()[:16]}"
+    build_dir = build.cache_root() / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    lib = folder / "lib"
+    try:
+        cpp_extension.load(
+            name=name,
+            sources=[str(CSRC_DIR / s) for s in CSLT_SOURCES],
+            extra_cflags=["-O2"],
+            extra_include_paths=[str(folder / "include")],
+            extra_ldflags=[f"-L{lib}", "-l:libcusparseLt.so.0", f"-Wl,-rpath,{lib}"],
+            build_directory=str(build_dir),
+            with_cuda=True,
+            verbose=verbose,
+            is_python_module=False,
+        )
+    except Exception as exc:  # compiler/linker errors arrive as RuntimeError/CalledProcessError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KernelUnavailable(
+            f"building prunekit's cuSPARSELt binding failed ({first}); folder {build_dir}."
+        ) from exc
+
+
+def native_cslt_available() -> bool:
+    """True when prunekit's own cuSPARSELt binding loads (tried once per process; ``$PRUNEKIT_CSLT_BACKEND=torch``
+    turns it off)."""
+    global _native_state
+    if os.environ.get(CSLT_BACKEND_ENV) == "torch":
+        return False
+    if _native_state is None:
+        try:
+            load_cslt()
+            _native_state = True
+        except KernelUnavailable as exc:
+            log.warning("2:4 matmul falls back to torch._cslt_sparse_mm: %s", exc)
+            _native_state = False
+    return _native_state
+
+
+class _NativeWeight:
+    """A weight registered with the binding (compressed once); released with the stored tensor."""
+
+    def __init__(self, dense: torch.Tensor, version: int, data_ptr: int):
+        self.id = int(torch.ops.prunekit_cslt.prepare(dense))
+        self.version, self.data_ptr = version, data_ptr
+
+    def __del__(self) -> None:
+        try:
+            torch.ops.prunekit_cslt.release(self.id)
+        except Exception:  # interpreter shutdown: the registry is going away anyway
+            pass
+
+
+def native_weight_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> _NativeWeight:
+    """The binding's compressed copy of a stored 2:4 weight, built once and kept on ``values`` (rebuilt only when
+    ``values`` was modified in place or moved)."""
+    global compress_calls
+    state = getattr(values, _NATIVE_ATTR, None)
+    if state is not None and state.version == values._version and state.data_ptr == values.data_ptr():
+        return state
+    state = _NativeWeight(_decode_nm_dense(values, metadata, 2, 4, bits, k), values._version, values.data_ptr())
+    compress_calls += 1
+    setattr(values, _NATIVE_ATTR, state)
+    return state
+
+
 def compressed_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> torch.Tensor:
     """cuSPARSELt-compressed copy of a stored 2:4 weight, built once per tensor.
 
@@ -311,17 +429,23 @@ def nm_mm_cuda(
     bits: int,
     bias: torch.Tensor | None = None,
     activation: str = "none",
+    *,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """CUDA N:M matmul ``Y (M, N) = act(A @ X + bias[:, None])`` (2:4: NVIDIA, Mishra et al. 2021).
 
-    2:4 fp16/bf16 weights with ``M % 32 == 0`` and ``K % 64 == 0`` run on the sparse tensor cores through cuSPARSELt
-    (weight compressed once and cached; cuSPARSELt's default algorithm: its search, ``cusparseLtMatmulSearch``,
-    failed with an internal error on the H100 with torch 2.11, see docs/PERFORMANCE_STRUCTURED.md); N is padded to a multiple of 16
+    2:4 fp16/bf16 weights with ``M % 32 == 0`` and ``K % 64 == 0`` run on the sparse tensor cores through cuSPARSELt:
+    by default prunekit's own binding (``csrc/structured/cslt/``: weight compressed once, one plan per N and layout,
+    so a call is one ``cusparseLtMatmul`` with bias and ReLU fused), else (``backend="torch"`` or no binding)
+    ``torch._cslt_sparse_mm`` on a compressed copy cached on ``values`` (torch sets the plan up on every call).
+    cuSPARSELt's default algorithm either way (its search failed with an internal error on the H100, torch 2.11).
+    N is padded to a multiple of 16
     (a copy of X for such N only). Anything else runs the reference on the GPU.
 
     Args:
         values: ``(M, K / m_group * n)``; metadata: packed in-group indices (uint8, ``formats/nm.py``);
-            x: ``(K, N)`` any strides; n, m_group, bits: the pattern; bias: ``(M,)`` or None; activation: none|relu.
+            x: ``(K, N)`` any strides; n, m_group, bits: the pattern; bias: ``(M,)`` or None; activation: none|relu;
+            backend: ``"auto"`` (own binding when it loads) or ``"torch"``.
 
     Returns:
         ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output``.
@@ -344,9 +468,23 @@ def nm_mm_cuda(
     )
     if not fast:
         return as_spmm_output(reference.nm_mm(values, metadata, x, n, m_group, bits, bias, activation), x)
-    packed = compressed_24(values, metadata, bits, k)
     transposed = x.stride(0) == 1 and n_cols > 1
     n_pad = -(-n_cols // CSLT_ALIGN_N) * CSLT_ALIGN_N
+    if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
+        bias = bias.to(dtype=x.dtype).contiguous()
+    if backend != "torch" and native_cslt_available():
+        state = native_weight_24(values, metadata, bits, k)
+        if transposed and n_pad == n_cols and x.stride(1) % 8 == 0 and x.data_ptr() % 16 == 0:
+            xb = x
+        else:
+            buf = x.new_zeros(n_pad, k)
+            buf[:n_cols] = x.t()
+            xb = buf.t()
+        y = torch.empty(n_pad, rows, dtype=x.dtype, device=x.device).t()
+        torch.ops.prunekit_cslt.mm.default(state.id, xb, y, bias, activation == "relu")
+        y = y[:, :n_cols] if n_pad != n_cols else y
+        return y if transposed else as_spmm_output(y, x)
+    packed = compressed_24(values, metadata, bits, k)
     if transposed:
         x2d = x.t()
         if n_pad != n_cols or not x2d.is_contiguous():
@@ -359,8 +497,6 @@ def nm_mm_cuda(
         if n_pad != n_cols or not x.is_contiguous():
             dense_b = x.new_zeros(k, n_pad)
             dense_b[:, :n_cols] = x
-    if bias is not None:
-        bias = bias.to(dtype=x.dtype).contiguous()
     res = torch._cslt_sparse_mm(packed, dense_b, bias=bias, transpose_result=transposed)
     if activation == "relu":
         res.relu_()

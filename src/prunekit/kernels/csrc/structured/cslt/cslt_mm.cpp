@@ -1,0 +1,180 @@
+// 2:4 matmul on sparse tensor cores through cuSPARSELt, with the compressed weight and the matmul plans built once.
+//
+// NVIDIA's 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural Networks", 2021). torch's
+// torch._cslt_sparse_mm sets up descriptors, algorithm selection and plan on every call (hundreds of microseconds of
+// host time); here a weight is compressed once (prepare) and each (N, leading dimensions, bias, ReLU) gets its plan
+// once, so a call is one cusparseLtMatmul. Layouts: A = W (M, K) row-major, B = X (K, N) column-major (the
+// transposed view x2d.t() of nn.Linear activations), D = Y (M, N) column-major (the (N, M) row-major layer output).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cusparseLt.h>
+#include <torch/library.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+namespace prunekit_cslt {
+
+#define PK_CSLT_CHECK(expr)                                                                                       \
+  do {                                                                                                           \
+    const cusparseStatus_t status_ = (expr);                                                                     \
+    TORCH_CHECK(status_ == CUSPARSE_STATUS_SUCCESS, "cuSPARSELt call ", #expr, " failed: ",                      \
+                cusparseLtGetErrorString(status_));                                                              \
+  } while (0)
+
+cusparseLtHandle_t* handle() {
+  static cusparseLtHandle_t h;
+  static std::once_flag once;
+  std::call_once(once, [] { PK_CSLT_CHECK(cusparseLtInit(&h)); });
+  return &h;
+}
+
+struct Plan {
+  cusparseLtMatDescriptor_t mat_b{}, mat_c{};
+  cusparseLtMatmulDescriptor_t matmul{};
+  cusparseLtMatmulAlgSelection_t alg{};
+  cusparseLtMatmulPlan_t plan{};
+  size_t workspace = 0;
+  bool ready = false;
+  ~Plan() {
+    if (ready) {
+      cusparseLtMatmulPlanDestroy(&plan);
+      cusparseLtMatmulAlgSelectionDestroy(&alg);
+    }
+    cusparseLtMatDescriptorDestroy(&mat_b);
+    cusparseLtMatDescriptorDestroy(&mat_c);
+  }
+};
+
+using PlanKey = std::tuple<int64_t, int64_t, int64_t, uintptr_t, bool>;  // n, ld of X, ld of Y, bias, relu
+
+struct Weight {
+  int64_t m = 0, k = 0;
+  at::ScalarType dtype = at::kHalf;
+  cusparseLtMatDescriptor_t mat_a{};
+  at::Tensor compressed;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  ~Weight() {
+    plans.clear();
+    cusparseLtMatDescriptorDestroy(&mat_a);
+  }
+};
+
+std::mutex registry_mutex;
+std::map<int64_t, std::unique_ptr<Weight>> registry;
+int64_t next_id = 1;
+
+cudaDataType cuda_type(at::ScalarType t) {
+  TORCH_CHECK(t == at::kHalf || t == at::kBFloat16, "cslt: float16 or bfloat16 expected, got ", t);
+  return t == at::kHalf ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+// Compress a 2:4 weight (M, K) (row-major, every group of 4 along K holding at most 2 non-zeros); returns its id.
+int64_t cslt_prepare(const at::Tensor& dense) {
+  TORCH_CHECK(dense.is_cuda() && dense.dim() == 2 && dense.is_contiguous(), "cslt_prepare: contiguous 2-D GPU tensor");
+  const c10::cuda::CUDAGuard guard(dense.device());
+  auto w = std::make_unique<Weight>();
+  w->m = dense.size(0);
+  w->k = dense.size(1);
+  w->dtype = dense.scalar_type();
+  PK_CSLT_CHECK(cusparseLtStructuredDescriptorInit(handle(), &w->mat_a, w->m, w->k, w->k, 16, cuda_type(w->dtype),
+                                                   CUSPARSE_ORDER_ROW, CUSPARSELT_SPARSITY_50_PERCENT));
+  size_t compressed_size = 0, buffer_size = 0;
+  PK_CSLT_CHECK(cusparseLtSpMMACompressedSize2(handle(), &w->mat_a, &compressed_size, &buffer_size));
+  w->compressed = at::empty({static_cast<int64_t>(compressed_size)}, dense.options().dtype(at::kByte));
+  at::Tensor buffer = at::empty({static_cast<int64_t>(std::max<size_t>(buffer_size, 16))}, dense.options().dtype(at::kByte));
+  PK_CSLT_CHECK(cusparseLtSpMMACompress2(handle(), &w->mat_a, 1, CUSPARSE_OPERATION_NON_TRANSPOSE, dense.data_ptr(),
+                                         w->compressed.data_ptr(), buffer.data_ptr(),
+                                         c10::cuda::getCurrentCUDAStream()));
+  const std::lock_guard<std::mutex> lock(registry_mutex);
+  const int64_t id = next_id++;
+  registry[id] = std::move(w);
+  return id;
+}
+
+// y (M, N) = act(W @ x + bias); x: (K, N) column-major (x.stride(0) == 1), y: (M, N) column-major (y.stride(0) == 1).
+void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu) {
+  Weight* w = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(registry_mutex);
+    auto it = registry.find(id);
+    TORCH_CHECK(it != registry.end(), "cslt_mm: unknown weight id ", id);
+    w = it->second.get();
+  }
+  TORCH_CHECK(x.is_cuda() && y.is_cuda() && x.scalar_type() == w->dtype && y.scalar_type() == w->dtype,
+              "cslt_mm: x and y must be GPU tensors of the weight's dtype");
+  TORCH_CHECK(x.dim() == 2 && x.size(0) == w->k && x.stride(0) == 1, "cslt_mm: x must be a column-major (K, N)");
+  TORCH_CHECK(y.dim() == 2 && y.size(0) == w->m && y.size(1) == x.size(1) && y.stride(0) == 1,
+              "cslt_mm: y must be a column-major (M, N)");
+  const int64_t n = x.size(1);
+  const int64_t ldx = std::max<int64_t>(x.stride(1), w->k), ldy = std::max<int64_t>(y.stride(1), w->m);
+  void* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == w->dtype && bias->is_contiguous() && bias->numel() == w->m,
+                "cslt_mm: bias must be a contiguous (M,) tensor of the weight's dtype");
+    bias_ptr = bias->data_ptr();
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  const PlanKey key{n, ldx, ldy, reinterpret_cast<uintptr_t>(bias_ptr), relu};
+  Plan* p = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(registry_mutex);
+    auto& slot = w->plans[key];
+    if (!slot) {
+      auto plan = std::make_unique<Plan>();
+      const cudaDataType t = cuda_type(w->dtype);
+      PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_b, w->k, n, ldx, 16, t, CUSPARSE_ORDER_COL));
+      PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_c, w->m, n, ldy, 16, t, CUSPARSE_ORDER_COL));
+      PK_CSLT_CHECK(cusparseLtMatmulDescriptorInit(handle(), &plan->matmul, CUSPARSE_OPERATION_NON_TRANSPOSE,
+                                                   CUSPARSE_OPERATION_NON_TRANSPOSE, &w->mat_a, &plan->mat_b,
+                                                   &plan->mat_c, &plan->mat_c, CUSPARSE_COMPUTE_32F));
+      if (relu) {
+        const int on = 1;
+        PK_CSLT_CHECK(cusparseLtMatmulDescSetAttribute(handle(), &plan->matmul, CUSPARSELT_MATMUL_ACTIVATION_RELU,
+                                                       &on, sizeof(on)));
+      }
+      if (bias_ptr != nullptr) {
+        PK_CSLT_CHECK(cusparseLtMatmulDescSetAttribute(handle(), &plan->matmul, CUSPARSELT_MATMUL_BIAS_POINTER,
+                                                       &bias_ptr, sizeof(bias_ptr)));
+      }
+      PK_CSLT_CHECK(cusparseLtMatmulAlgSelectionInit(handle(), &plan->alg, &plan->matmul,
+                                                     CUSPARSELT_MATMUL_ALG_DEFAULT));
+      PK_CSLT_CHECK(cusparseLtMatmulPlanInit(handle(), &plan->plan, &plan->matmul, &plan->alg));
+      plan->ready = true;
+      PK_CSLT_CHECK(cusparseLtMatmulGetWorkspace(handle(), &plan->plan, &plan->workspace));
+      slot = std::move(plan);
+    }
+    p = slot.get();
+  }
+  at::Tensor workspace;
+  void* ws_ptr = nullptr;
+  if (p->workspace > 0) {
+    workspace = at::empty({static_cast<int64_t>(p->workspace)}, x.options().dtype(at::kByte));
+    ws_ptr = workspace.data_ptr();
+  }
+  const float alpha = 1.f, beta = 0.f;
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  PK_CSLT_CHECK(cusparseLtMatmul(handle(), &p->plan, &alpha, w->compressed.data_ptr(), x.data_ptr(), &beta,
+                                 y.data_ptr(), y.data_ptr(), ws_ptr, &stream, 1));
+}
+
+void cslt_release(int64_t id) {
+  const std::lock_guard<std::mutex> lock(registry_mutex);
+  registry.erase(id);
+}
+
+}  // namespace prunekit_cslt
+
+TORCH_LIBRARY(prunekit_cslt, m) {
+  m.def("prepare(Tensor dense) -> int");
+  m.def("mm(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
+  m.def("release(int id) -> ()", &prunekit_cslt::cslt_release);  // no tensor argument: a catch-all kernel
+}
+
+TORCH_LIBRARY_IMPL(prunekit_cslt, CUDA, m) {
+  m.impl("prepare", &prunekit_cslt::cslt_prepare);
+  m.impl("mm", &prunekit_cslt::cslt_mm);
+}
