@@ -80,6 +80,8 @@ def test_nm24_cuda_matches_float64(dtype, backend):
         before = structured.compress_calls
         structured.nm_mm_cuda(values, metadata, x2d.t(), 2, 4, bits, backend=backend)
         assert structured.compress_calls == before  # compressed once, then reused
+    if backend == "auto":
+        assert structured.native_cslt_available()  # no cuSPARSELt error made it fall back to torch's path
 
 
 @pytest.mark.cuda

@@ -420,6 +420,21 @@ def compressed_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: in
     return packed
 
 
+def _nm24_native(values, metadata, x, bits, bias, activation, transposed, n_pad) -> torch.Tensor:
+    k, n_cols = x.shape
+    state = native_weight_24(values, metadata, bits, k)
+    if transposed and n_pad == n_cols and x.stride(1) % 8 == 0 and x.data_ptr() % 16 == 0:
+        xb = x
+    else:
+        buf = x.new_zeros(n_pad, k)
+        buf[:n_cols] = x.t()
+        xb = buf.t()
+    y = torch.empty(n_pad, values.shape[0], dtype=x.dtype, device=x.device).t()
+    torch.ops.prunekit_cslt.mm.default(state.id, xb, y, bias, activation == "relu")
+    y = y[:, :n_cols] if n_pad != n_cols else y
+    return y if transposed else as_spmm_output(y, x)
+
+
 def nm_mm_cuda(
     values: torch.Tensor,
     metadata: torch.Tensor,
@@ -473,17 +488,12 @@ def nm_mm_cuda(
     if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
     if backend != "torch" and native_cslt_available():
-        state = native_weight_24(values, metadata, bits, k)
-        if transposed and n_pad == n_cols and x.stride(1) % 8 == 0 and x.data_ptr() % 16 == 0:
-            xb = x
-        else:
-            buf = x.new_zeros(n_pad, k)
-            buf[:n_cols] = x.t()
-            xb = buf.t()
-        y = torch.empty(n_pad, rows, dtype=x.dtype, device=x.device).t()
-        torch.ops.prunekit_cslt.mm.default(state.id, xb, y, bias, activation == "relu")
-        y = y[:, :n_cols] if n_pad != n_cols else y
-        return y if transposed else as_spmm_output(y, x)
+        try:
+            return _nm24_native(values, metadata, x, bits, bias, activation, transposed, n_pad)
+        except RuntimeError as exc:  # a cuSPARSELt error: report once, then use torch's path for good
+            global _native_state
+            _native_state = False
+            log.warning("prunekit's cuSPARSELt binding failed (%s); using torch._cslt_sparse_mm", exc)
     packed = compressed_24(values, metadata, bits, k)
     if transposed:
         x2d = x.t()
