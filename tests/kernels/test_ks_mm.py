@@ -150,3 +150,24 @@ def test_cuda_ks_mm_float64_runs_the_reference_on_the_gpu():
     blocks, x, bias = case((2, 3, 4, 5), 9, torch.float64, 0, True)
     out = ops.ks.ks_mm(blocks.cuda(), x.cuda(), bias.cuda())
     assert out.is_cuda and rel_err(out.cpu(), reference64(blocks, x, bias)) < 1e-12
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cuda_chain_through_sparse_linear_matches_float64(dtype):
+    from prunekit.deploy.runtime import SparseLinear
+    from prunekit.formats.ks import encode_factors
+
+    g = torch.Generator().manual_seed(5)
+    factors = [
+        (torch.randn(1, 2, 64, 32, generator=g) / 6).to(dtype),
+        (torch.randn(2, 1, 32, 64, generator=g) / 8).to(dtype),
+    ]
+    dense = blocks_to_dense(factors[0]).double() @ blocks_to_dense(factors[1]).double()
+    bias = torch.randn(128, generator=g).to(dtype)
+    x = torch.randn(3, 50, 128, generator=g).to(dtype)
+    layer = SparseLinear(encode_factors(factors), bias).cuda()
+    out = layer(x.cuda())
+    ref = torch.nn.functional.linear(x.double(), dense, bias.double())
+    assert out.shape == (3, 50, 128) and out.dtype == dtype
+    assert rel_err(out.cpu(), ref) < (1e-5 if dtype == torch.float32 else 4 * TOL[dtype])
