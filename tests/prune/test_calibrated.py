@@ -98,12 +98,13 @@ def test_block_inputs_come_from_the_already_pruned_blocks(tiny_bert_tok):
         for n in linears:
             if n.startswith("encoder.layer.0."):
                 ref_modules[n].weight.mul_(masks[n])
-        stats = {}
+        stats, current = {}, {}
         for n in linears:
             if n.startswith("encoder.layer.1."):
                 st = stats[n] = LayerStats(torch.zeros(ref_modules[n].in_features))
-                ref_modules[n].register_forward_pre_hook(lambda mod, args, st=st: st.add(args[0]))
+                ref_modules[n].register_forward_pre_hook(lambda mod, args, st=st: st.add(args[0], current["mask"]))
         for batch in batches:
+            current["mask"] = batch["attention_mask"].bool()
             reference(**batch)
     for n, st in stats.items():
         expected = rowwise_mask(wanda(ref_modules[n].weight, st.input_norm), 0.5)
@@ -127,3 +128,24 @@ def test_prune_model_without_blocks_and_with_nm_and_block_patterns():
     masks = prune_model(Wrap(), targets, "sparsegpt", batches)
     assert NM(2, 4).is_valid(masks["net.0"]) and Block(4, 4).is_valid(masks["net.2"])
     assert bool((model[2].weight[~masks["net.2"]] == 0).all())
+
+
+def test_padding_tokens_do_not_enter_the_statistics(tiny_bert_tok):
+    model = build_hf_model(tiny_bert_tok)
+    linear = model.encoder.layer[1].intermediate.dense
+    results = []
+    for batch_size in (1, 4):
+        batches = tokenize(tiny_bert_tok, TEXTS, batch_size=batch_size)
+        st, current = LayerStats(torch.zeros(32), torch.zeros(32, 32)), {}
+        handle = linear.register_forward_pre_hook(lambda mod, args, st=st, cur=current: st.add(args[0], cur["mask"]))
+        with torch.no_grad():
+            for batch in batches:
+                current["mask"] = batch["attention_mask"].bool()
+                model(**batch)
+        handle.remove()
+        results.append(st)
+    one, padded = results
+    assert one.tokens == padded.tokens  # the same real tokens, no padding counted
+    assert any(int((b["attention_mask"] == 0).sum()) for b in tokenize(tiny_bert_tok, TEXTS, batch_size=4))
+    torch.testing.assert_close(padded.sq_sum, one.sq_sum, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(padded.hessian, one.hessian, rtol=1e-4, atol=1e-4)

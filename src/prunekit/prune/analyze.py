@@ -228,9 +228,11 @@ def analyze_checkpoint(
     stats: dict[str, LayerStats] = {}
     if method != "magnitude":
         targets = {linear_of[n]: modules[linear_of[n]] for n in usable}
-        stats, handles = _collect(targets, method == "sparsegpt")
+        current: dict = {"mask": None}
+        stats, handles = _collect(targets, method == "sparsegpt", current)
         with torch.no_grad():
             for batch in tokenize(checkpoint, calibration_texts(calib_samples), max_length):
+                current["mask"] = batch["attention_mask"].bool()
                 model(**batch)
         for h in handles:
             h.remove()

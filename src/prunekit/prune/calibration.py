@@ -16,7 +16,8 @@ Linears outside the repeated blocks (rarely selected: heads and poolers are dens
 are handled by one more pass over the whole model. A model without a ``nn.ModuleList`` of blocks
 is handled as a single block.
 
-Each calibration text is a batch of one sequence (no padding tokens enter the statistics).
+Calibration texts run in padded batches; padding tokens (``attention_mask == 0``) are left out of
+the statistics.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = ["LayerStats", "build_hf_model", "tokenize", "prune_model", "linear_we
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, str], None]
 DEFAULT_MAX_LENGTH = 128  # tokens per calibration sequence (MiniLM was trained with 128)
+CALIB_BATCH_SIZE = 16  # sequences per calibration forward pass
 
 
 @dataclass
@@ -56,9 +58,13 @@ class LayerStats:
     hessian: torch.Tensor | None = None
     tokens: int = 0
 
-    def add(self, x: torch.Tensor) -> None:
-        """Accumulate inputs ``x: (..., in_features)``."""
-        x = x.detach().reshape(-1, x.shape[-1]).float()
+    def add(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> None:
+        """Accumulate inputs ``x: (..., in_features)``; with ``token_mask: (batch, tokens)`` bool and
+        ``x: (batch, tokens, in_features)``, only the real (unpadded) tokens count."""
+        x = x.detach()
+        if token_mask is not None and x.dim() == 3 and tuple(x.shape[:2]) == tuple(token_mask.shape):
+            x = x[token_mask.to(x.device)]
+        x = x.reshape(-1, x.shape[-1]).float()
         self.sq_sum += (x * x).sum(dim=0)
         if self.hessian is not None:
             self.hessian += x.T @ x
@@ -111,9 +117,13 @@ def build_hf_model(path: str | Path, dtype: torch.dtype | None = torch.float32) 
     return model.eval()
 
 
-def tokenize(path: str | Path, texts: list[str], max_length: int = DEFAULT_MAX_LENGTH) -> list[dict]:
-    """Tokenize each text on its own (a batch of one, truncated to ``max_length`` tokens, or fewer
-    when the tokenizer's ``model_max_length`` is smaller).
+def tokenize(
+    path: str | Path, texts: list[str], max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = CALIB_BATCH_SIZE
+) -> list[dict]:
+    """Tokenize texts into padded batches of ``batch_size`` (texts sorted by token count, so that
+    batches hold texts of similar length), truncated to ``max_length`` tokens, or fewer when the
+    tokenizer's ``model_max_length`` is smaller. Padded tokens are excluded from the statistics
+    through each batch's ``attention_mask``.
 
     Raises:
         PrunekitError: no tokenizer in the directory, or no texts.
@@ -130,7 +140,20 @@ def tokenize(path: str | Path, texts: list[str], max_length: int = DEFAULT_MAX_L
     limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(limit, int) and 0 < limit < max_length:
         max_length = limit
-    return [dict(tokenizer(t, truncation=True, max_length=max_length, return_tensors="pt")) for t in texts]
+    lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
+    order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
+    return [
+        dict(
+            tokenizer(
+                [texts[i] for i in order[start : start + batch_size]],
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                return_tensors="pt",
+            )
+        )
+        for start in range(0, len(order), batch_size)
+    ]
 
 
 def linear_weight_names(model: nn.Module) -> dict[str, str]:
@@ -194,14 +217,20 @@ class _Job:
     masks: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def _collect(modules: dict[str, nn.Linear], need_hessian: bool) -> tuple[dict[str, LayerStats], list]:
+def _collect(
+    modules: dict[str, nn.Linear], need_hessian: bool, token_mask: dict | None = None
+) -> tuple[dict[str, LayerStats], list]:
+    """Forward pre-hooks accumulating :class:`LayerStats`; ``token_mask["mask"]`` is the current batch's."""
+    token_mask = token_mask if token_mask is not None else {}
     stats, handles = {}, []
     for name, module in modules.items():
         k = module.in_features
         dev = module.weight.device
         st = LayerStats(torch.zeros(k, device=dev), torch.zeros(k, k, device=dev) if need_hessian else None)
         stats[name] = st
-        handles.append(module.register_forward_pre_hook(lambda mod, args, st=st: st.add(args[0])))
+        handles.append(
+            module.register_forward_pre_hook(lambda mod, args, st=st: st.add(args[0], token_mask.get("mask")))
+        )
     return stats, handles
 
 
@@ -218,8 +247,8 @@ def _prune_linear(module: nn.Linear, stats: LayerStats | None, pattern: Pattern,
     return keep
 
 
-def _process(modules: dict[str, nn.Linear], job: _Job, run_all: Callable[[], None]) -> None:
-    stats, handles = _collect(modules, job.need_hessian)
+def _process(modules: dict[str, nn.Linear], job: _Job, run_all: Callable[[], None], token_mask: dict) -> None:
+    stats, handles = _collect(modules, job.need_hessian, token_mask)
     try:
         run_all()
     finally:
@@ -229,6 +258,11 @@ def _process(modules: dict[str, nn.Linear], job: _Job, run_all: Callable[[], Non
         pattern, sparsity = job.targets[name]
         job.masks[name] = _prune_linear(module, stats[name], pattern, sparsity, job.method).cpu()
         del stats[name]
+
+
+def _token_mask(batch: dict) -> torch.Tensor | None:
+    mask = batch.get("attention_mask")
+    return mask.bool() if mask is not None and mask.dim() == 2 else None
 
 
 @torch.no_grad()
@@ -246,7 +280,8 @@ def prune_model(
         model: a Hugging Face (or any) ``nn.Module`` on the CPU, in eval mode.
         targets: ``nn.Linear`` module name -> (pattern, sparsity).
         method: ``wanda`` | ``sparsegpt`` | ``magnitude`` (magnitude ignores the data).
-        batches: model keyword inputs (``input_ids``, ``attention_mask``...), one sequence each.
+        batches: model keyword inputs (``input_ids``, ``attention_mask``...); tokens where the
+            ``attention_mask`` is 0 (padding) do not enter the statistics.
         device: where each block runs (the rest of the model stays on the CPU).
         progress: ``(done, total, block_name)`` after each block.
 
@@ -263,20 +298,24 @@ def prune_model(
         if not isinstance(modules.get(name), nn.Linear):
             raise PatternError(f"{name}: {method} needs an nn.Linear module")
     job = _Job(targets, method, need_hessian=method == "sparsegpt")
+    current: dict[str, torch.Tensor | None] = {"mask": None}
     found = _find_blocks(model, set(targets))
     rest = set(targets)
     if found is not None and method != "magnitude":
         prefix, blocks = found
         cache: list[tuple[tuple, dict]] = []
+        masks: list[torch.Tensor | None] = []
 
         def capture(module, args, kwargs):
             cache.append((_to(args, device), _to(kwargs, device)))
+            masks.append(current["mask"])
             raise _StopForward
 
         _move_outside(model, prefix, device)
         handle = blocks[0].register_forward_pre_hook(capture, with_kwargs=True)
         try:
             for batch in batches:
+                current["mask"] = _token_mask(batch)
                 with contextlib.suppress(_StopForward):
                     model(**_to(batch, device))
         finally:
@@ -290,10 +329,11 @@ def prune_model(
             if inside:
 
                 def run_block(block=block):
-                    for args, kwargs in cache:
+                    for (args, kwargs), mask in zip(cache, masks):
+                        current["mask"] = mask
                         block(*args, **kwargs)
 
-                _process(inside, job, run_block)
+                _process(inside, job, run_block, current)
                 rest -= set(inside)
             for i, (args, kwargs) in enumerate(cache):
                 out = block(*args, **kwargs)
@@ -318,9 +358,10 @@ def prune_model(
 
             def run_model():
                 for batch in batches:
+                    current["mask"] = _token_mask(batch)
                     model(**_to(batch, device))
 
-            _process(inside, job, run_model)
+            _process(inside, job, run_model, current)
         model.to("cpu")
         if progress:
             progress(1, 1, "model")
