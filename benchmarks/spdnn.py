@@ -49,8 +49,33 @@ def main() -> None:
     start = time.perf_counter()
     rows, skipped = [], []
 
+    device = torch.cuda.get_device_name().replace(" ", "-")
+    date = dt.date.today().isoformat()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"spdnn-{device}-{date}.json"
+
+    def save() -> None:
+        payload = {
+            "benchmark": "spdnn",
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "date": date,
+            "repeats": REPEATS,
+            "inputs": "synthetic stroke images at the official densities (see docs/SPDNN.md)",
+            "rows": rows,
+            "skipped": skipped,
+        }
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+
     def record(kind: str, neurons: int, layers: int, **kw) -> None:
-        r = run_network(neurons, layers, synthetic=True, device="cuda", inputs=args.inputs, repeats=REPEATS, **kw)
+        try:
+            r = run_network(neurons, layers, synthetic=True, device="cuda", inputs=args.inputs, repeats=REPEATS, **kw)
+        except torch.OutOfMemoryError:
+            skipped.append({"neurons": neurons, "layers": layers, "case": kind, "reason": "CUDA out of memory"})
+            torch.cuda.empty_cache()
+            save()
+            return
         rows.append(
             {
                 "case": kind,
@@ -66,6 +91,8 @@ def main() -> None:
             }
         )
         Console().print(rows[-1])
+        save()
+        torch.cuda.empty_cache()
 
     record("reference torch.sparse fp32", 1024, 120, kernel="reference")
     for neurons, layers in PLAN:
@@ -92,21 +119,7 @@ def main() -> None:
             check,
         )
     Console(width=160).print(table)
-    device = torch.cuda.get_device_name().replace(" ", "-")
-    date = dt.date.today().isoformat()
-    args.out.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "benchmark": "spdnn",
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": date,
-        "repeats": REPEATS,
-        "rows": rows,
-        "skipped": skipped,
-    }
-    path = args.out / f"spdnn-{device}-{date}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    save()
     print(f"wrote {path}")
 
 

@@ -217,6 +217,7 @@ def test_relabelled_network_gives_the_same_categories():
 def test_fused_chain_matches_float64_reference_on_cuda(neurons):
     from prunekit.kernels import spdnn_cuda
 
+    spdnn_cuda.load()
     count = 1500
     images, pixels = synthetic_images(neurons, count, total_nnz=int(0.25 * neurons * count))
     features = dense_features(images, pixels, count, neurons).cuda()

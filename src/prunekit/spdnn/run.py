@@ -162,6 +162,7 @@ def run_network(
     kernel = _choose_kernel(kernel, neurons, device, dtype)
     features = dense_features(images, pixels, count, neurons, dtype).to(device)
     bias = bias_for(neurons)
+    ell_idx = ell_val = prepared = None
     if kernel == "fused":
         from ..kernels import spdnn_cuda
 
@@ -199,6 +200,7 @@ def run_network(
         times.append(time.perf_counter() - t1)
     inference_s = sorted(times)[len(times) // 2]
 
+    ell_idx = ell_val = prepared = features = None  # free the device copies before the float64 truth run
     truth = None
     if synthetic:
         truth = infer(dense_features(images, pixels, count, neurons).to(device), net, bias)  # float64
