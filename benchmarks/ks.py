@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 BATCH = 25088  # the paper's batch (Gonon et al. 2024, section 5: 128 images x 196 ViT tokens)
+DEVICE = "cuda"  # "cpu" with --dry-run: the same code path on tiny sizes with the reference op (no timings kept)
 DEFAULT_PATTERNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "ks_patterns.txt"
 TARGET_MS = 40.0  # time per contender and pattern
 SLOW_MS = 100.0  # contenders slower than this per call are timed once
@@ -69,6 +70,10 @@ def subsample(quads: list, count: int, max_dim: int) -> list:
 
 
 def _event_ms(fn) -> float:
+    if DEVICE == "cpu":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -91,15 +96,35 @@ def median_ms(fn, target_ms: float = TARGET_MS) -> float:
     return statistics.median(times)
 
 
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def _empty_cache() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+def ks_call(blocks, x, out=None, tile_rows=None):
+    """The prunekit contender: the CUDA kernel (the reference op under --dry-run)."""
+    from prunekit.kernels import ks
+
+    if DEVICE == "cpu":
+        y = ks.ks_mm(blocks, x)
+        return y if out is None else out.copy_(y)
+    return ks.ks_mm_cuda(blocks, x, out=out, tile_rows=tile_rows)
+
+
 def ceilings() -> dict:
     """Measured device ceilings: copy bandwidth (read + write bytes / s) and matmul rates per dtype."""
-    buffers = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    buffers = [torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE) for _ in range(2)]
     copy_ms = median_ms(lambda: buffers[1].copy_(buffers[0]))
     out = {"copy_gbps": 2 * buffers[0].numel() / copy_ms / 1e6}
     buffers.clear()
     for name, dtype in (("float16", torch.float16), ("float32", torch.float32)):
-        a = torch.randn(8192, 8192, device="cuda", dtype=dtype)
-        b = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+        a = torch.randn(8192, 8192, device=DEVICE, dtype=dtype)
+        b = torch.randn(8192, 8192, device=DEVICE, dtype=dtype)
         ms = median_ms(lambda a=a, b=b: a @ b)
         out[f"matmul_{name}_tflops"] = 2 * 8192**3 / ms / 1e9
     return out
@@ -112,21 +137,21 @@ def run_pattern(quad, dtype_name: str, batch_first: bool, ceil: dict, gen: torch
     a, b, c, d = quad
     dtype = getattr(torch, dtype_name)
     m, k, n = a * b * d, a * c * d, BATCH
-    blocks = (torch.randn(a, d, b, c, generator=gen, device="cuda") / math.sqrt(c)).to(dtype)
+    blocks = (torch.randn(a, d, b, c, generator=gen, device=DEVICE) / math.sqrt(c)).to(dtype)
     if batch_first:
-        x2d = torch.randn(n, k, generator=gen, device="cuda").to(dtype)
+        x2d = torch.randn(n, k, generator=gen, device=DEVICE).to(dtype)
         x = x2d.t()
     else:
-        x = torch.randn(k, n, generator=gen, device="cuda").to(dtype)
+        x = torch.randn(k, n, generator=gen, device=DEVICE).to(dtype)
         x2d = None
     row = {"pattern": list(quad), "dtype": dtype_name, "layout": "batch_first" if batch_first else "batch_last"}
 
     ref = torch.einsum("adbc,acdn->abdn", blocks.double(), x.double().reshape(a, c, d, n)).reshape(m, n)
-    poisoned = torch.full((n, m), float("nan"), dtype=dtype, device="cuda").t() if batch_first else None
+    poisoned = torch.full((n, m), float("nan"), dtype=dtype, device=DEVICE).t() if batch_first else None
     if poisoned is None:
-        poisoned = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-    ks.ks_mm_cuda(blocks, x, out=poisoned)
-    torch.cuda.synchronize()
+        poisoned = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    ks_call(blocks, x, out=poisoned)
+    _sync()
     err = float((poisoned.double() - ref).norm() / ref.norm())
     row["rel_error"] = err if not math.isnan(err) else None
     row["correct"] = bool(row["rel_error"] is not None and err < TOL[dtype_name])
@@ -135,10 +160,10 @@ def run_pattern(quad, dtype_name: str, batch_first: bool, ceil: dict, gen: torch
     ms: dict[str, float | None] = {}
     errors: dict[str, str] = {}
     row["tile_rows"] = ks.pick_tile(b, c, dtype)
-    ms["prunekit"] = median_ms(lambda: ks.ks_mm_cuda(blocks, x))
-    if dtype != torch.float32:
+    ms["prunekit"] = median_ms(lambda: ks_call(blocks, x))
+    if dtype != torch.float32 and DEVICE == "cuda":
         for tile in ks.TILE_ROWS:
-            ms[f"tile{tile}"] = median_ms(lambda tile=tile: ks.ks_mm_cuda(blocks, x, tile_rows=tile))
+            ms[f"tile{tile}"] = median_ms(lambda tile=tile: ks_call(blocks, x, tile_rows=tile))
 
     w_bmm = blocks.reshape(a * d, b, c)
 
@@ -173,7 +198,7 @@ def run_pattern(quad, dtype_name: str, batch_first: bool, ceil: dict, gen: torch
         except Exception as exc:  # noqa: BLE001
             ms[name] = None
             errors[name] = str(exc).splitlines()[0][:160]
-        torch.cuda.empty_cache()
+        _empty_cache()
     row["ms"] = ms
     row["errors"] = errors
     base = {k: v for k, v in ms.items() if k in ("bmm", "einsum", "dense", "bsr") and v}
@@ -256,7 +281,11 @@ def main() -> None:
     parser.add_argument("--layouts", default="batch_last,batch_first")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path, help="Draw the speedup distribution of a results JSON and exit.")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, batch 64, reference op: checks the script only.")
     args = parser.parse_args()
+    global DEVICE, BATCH
+    if args.dry_run:
+        DEVICE, BATCH = "cpu", 64
     if args.plot:
         print(plot(args.plot))
         return
@@ -264,10 +293,14 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     started = time.perf_counter()
     quads = subsample(read_patterns(args.patterns), args.count, args.max_dim)
-    ceil = ceilings()
+    ceil = (
+        ceilings()
+        if DEVICE == "cuda"
+        else {"copy_gbps": 1.0, "matmul_float16_tflops": 1.0, "matmul_float32_tflops": 1.0}
+    )
     print(json.dumps(ceil), flush=True)
     result = {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run, not a measurement)",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "host": platform.node(),
@@ -277,7 +310,7 @@ def main() -> None:
         "ceilings": ceil,
         "rows": [],
     }
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
     out_path = args.out or Path(os.environ.get("OUT", ".")) / "ks.json"
     done = 0
     for quad in quads:
@@ -296,7 +329,7 @@ def main() -> None:
                     + " ".join(f"{k}={v:.3f}" for k, v in ms.items() if v and k != "prunekit"),
                     flush=True,
                 )
-                torch.cuda.empty_cache()
+                _empty_cache()
         done += 1
         result["patterns_run"] = done
         result["elapsed_s"] = time.perf_counter() - started
