@@ -222,7 +222,8 @@ def summarize(rows: list) -> dict:
             sp = sorted(r["speedup_vs_best"] for r in sel if r.get("speedup_vs_best"))
             if not sp:
                 continue
-            q = statistics.quantiles(sp, n=4) if len(sp) > 1 else [sp[0]] * 3
+            q = statistics.quantiles(sp, n=4, method="inclusive") if len(sp) > 1 else [sp[0]] * 3
+            worst = sorted((r for r in sel if r.get("speedup_vs_best")), key=lambda r: r["speedup_vs_best"])[:3]
             out[f"{dt}/{layout}"] = {
                 "count": len(sp),
                 "median": statistics.median(sp),
@@ -233,8 +234,42 @@ def summarize(rows: list) -> dict:
                 "wins": sum(s > 1.0 for s in sp),
                 "floor_fraction_median": statistics.median(r["floor_fraction"] for r in sel),
                 "all_correct": all(r["correct"] for r in sel),
+                "worst": [[r["pattern"], r["layout"], round(r["speedup_vs_best"], 3)] for r in worst],
             }
     return out
+
+
+def markdown(path: Path) -> str:
+    """Markdown tables (summary, then every row) of a results JSON, for docs/KRONECKER.md."""
+    data = json.loads(path.read_text())
+    ceil = data["ceilings"]
+    lines = [
+        f"{data['device']}, torch {data['torch']}, CUDA {data['cuda']}, {data['date']}, batch {data['batch']}; "
+        f"{data.get('patterns_run', 0)} patterns of the subsample ran in {data.get('elapsed_s', 0):.0f} s. Measured "
+        f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, fp16 matmul {ceil['matmul_float16_tflops']:.0f} TFLOP/s, "
+        f"fp32 matmul {ceil['matmul_float32_tflops']:.0f} TFLOP/s.",
+        "",
+        "| dtype / layout | n | median speedup | q1 | q3 | min | max | wins | median floor fraction | all correct |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, v in data.get("summary", {}).items():
+        lines.append(
+            f"| {key} | {v['count']} | {v['median']:.2f}x | {v['q1']:.2f} | {v['q3']:.2f} | {v['min']:.2f} | "
+            f"{v['max']:.2f} | {v['wins']} | {v['floor_fraction_median']:.2f} | {v['all_correct']} |"
+        )
+    lines += [
+        "",
+        "| pattern | dtype | layout | prunekit ms | best baseline | its ms | speedup | floor fraction | rel. error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        best = r["best_baseline"]
+        lines.append(
+            f"| {','.join(map(str, r['pattern']))} | {r['dtype']} | {r['layout']} | {r['ms']['prunekit']:.3f} | "
+            f"{best} | {r['ms'].get(best) or float('nan'):.3f} | {r['speedup_vs_best'] or float('nan'):.2f}x | "
+            f"{r['floor_fraction']:.2f} | {r['rel_error'] if r['rel_error'] is None else format(r['rel_error'], '.1e')} |"
+        )
+    return "\n".join(lines)
 
 
 def plot(path: Path) -> Path:
@@ -281,6 +316,7 @@ def main() -> None:
     parser.add_argument("--layouts", default="batch_last,batch_first")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path, help="Draw the speedup distribution of a results JSON and exit.")
+    parser.add_argument("--markdown", type=Path, help="Print Markdown tables of a results JSON and exit.")
     parser.add_argument("--dry-run", action="store_true", help="CPU, batch 64, reference op: checks the script only.")
     args = parser.parse_args()
     global DEVICE, BATCH
@@ -288,6 +324,9 @@ def main() -> None:
         DEVICE, BATCH = "cpu", 64
     if args.plot:
         print(plot(args.plot))
+        return
+    if args.markdown:
+        print(markdown(args.markdown))
         return
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
