@@ -288,6 +288,9 @@ def main() -> None:
     parser.add_argument("--sparsities", default=",".join(map(str, SPARSITIES)))
     parser.add_argument("--variants", action="store_true", help="time each SpMM variant forced instead")
     parser.add_argument("--overhead", action="store_true", help="also measure the host overhead of each call layer")
+    parser.add_argument(
+        "--profile", action="store_true", help="only run the first dtype/shape/sparsity/N 5 times (for ncu), no timing"
+    )
     parser.add_argument("--time-budget-s", type=float, default=float("inf"), help="start no config after this")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -297,6 +300,17 @@ def main() -> None:
     ns = [int(v) for v in args.ns.split(",")]
     sparsities = [float(v) for v in args.sparsities.split(",")]
     dtypes = args.dtypes.split(",")
+    if args.profile:
+        (m, k), n, dtype = shapes[0], ns[0], getattr(torch, dtypes[0])
+        csr = encode_csr(random_sparse_weight(m, k, sparsities[0], dtype, "cuda"))
+        x2d = torch.randn(n, k, device="cuda").to(dtype)
+        for _ in range(5):
+            ops.spmm_csr(**csr, x=x2d.t(), m=m)
+        torch.cuda.synchronize()
+        console.print(
+            f"profiled {dtypes[0]} {m}x{k} N={n} sparsity={sparsities[0]}: {gpu.plan_spmm(m, k, n, csr['values'].numel())}"
+        )
+        return
     env = environment()
     l2 = env["l2_bytes"] or 50 * 2**20
     result = {"environment": env, "rows": [], "skipped": []}
