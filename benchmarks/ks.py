@@ -4,8 +4,9 @@ For each pattern (a, b, c, d) of a deterministic subsample of the paper's 728 pa
 ``patterns.in`` as copied to shared/data/ks_patterns.txt), batch N = 25088, fp32 and fp16, batch-last (X: (a*c*d, N)
 row-major) and batch-first (x2d: (N, a*c*d) row-major, the op reads X = x2d.t() in place), it times Y = K X with:
 
-- ``prunekit``: ``kernels.ks.ks_mm_cuda`` (tensor cores for fp16, CUDA cores for fp32; tile rows from
-  ``pick_tile``), and for fp16 also both tile choices (``tile64`` / ``tile128``) to check the heuristic;
+- ``prunekit``: ``kernels.ks.ks_mm_cuda`` (tensor cores for fp16, CUDA cores for fp32; its default tile rows and
+  pipelining), and for fp16 also every variant (``tile64_simple``, ``tile64_pipe``, ``tile128_simple``,
+  ``tile128_pipe``: one or two shared-memory stages) to check the defaults against measurements;
 - ``bmm``: Monarch-style permute X to (a*d, c, N) + bmm + permute back (copies included);
 - ``einsum``: ``torch.einsum`` on the (a, d, b, c) blocks and the viewed X;
 - ``dense``: cuBLAS on the dense (a*b*d, a*c*d) K (fp32 without TF32);
@@ -106,14 +107,14 @@ def _empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def ks_call(blocks, x, out=None, tile_rows=None):
+def ks_call(blocks, x, out=None, tile_rows=None, pipelined=None):
     """The prunekit contender: the CUDA kernel (the reference op under --dry-run)."""
     from prunekit.kernels import ks
 
     if DEVICE == "cpu":
         y = ks.ks_mm(blocks, x)
         return y if out is None else out.copy_(y)
-    return ks.ks_mm_cuda(blocks, x, out=out, tile_rows=tile_rows)
+    return ks.ks_mm_cuda(blocks, x, out=out, tile_rows=tile_rows, pipelined=pipelined)
 
 
 def ceilings() -> dict:
@@ -163,7 +164,10 @@ def run_pattern(quad, dtype_name: str, batch_first: bool, ceil: dict, gen: torch
     ms["prunekit"] = median_ms(lambda: ks_call(blocks, x))
     if dtype != torch.float32 and DEVICE == "cuda":
         for tile in ks.TILE_ROWS:
-            ms[f"tile{tile}"] = median_ms(lambda tile=tile: ks_call(blocks, x, tile_rows=tile))
+            for pipe in (False, True):
+                ms[f"tile{tile}_{'pipe' if pipe else 'simple'}"] = median_ms(
+                    lambda tile=tile, pipe=pipe: ks_call(blocks, x, tile_rows=tile, pipelined=pipe)
+                )
 
     w_bmm = blocks.reshape(a * d, b, c)
 

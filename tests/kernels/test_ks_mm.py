@@ -134,12 +134,15 @@ def test_cuda_ks_mm_matches_float64_on_poisoned_outputs(dtype, transposed):
             blocks, x, bias = blocks.cuda(), x.cuda(), bias.cuda()
             ref = reference64(blocks.cpu(), x.cpu(), bias.cpu(), True)
             out = new_spmm_output(x, ref.shape[0]).fill_(float("nan"))
-            for tile in ks.TILE_ROWS if dtype != torch.float32 else (128,):
+            variants = (
+                [(128, True)] if dtype == torch.float32 else [(t, p) for t in ks.TILE_ROWS for p in (False, True)]
+            )
+            for tile, pipelined in variants:
                 out.fill_(float("nan"))
-                ks.ks_mm_cuda(blocks, x, bias, "relu", out=out, tile_rows=tile)
+                ks.ks_mm_cuda(blocks, x, bias, "relu", out=out, tile_rows=tile, pipelined=pipelined)
                 torch.cuda.synchronize()
                 tol = 1e-5 if dtype == torch.float32 else TOL[dtype]
-                assert rel_err(out.cpu(), ref) < tol, (quad, n, tile)
+                assert rel_err(out.cpu(), ref) < tol, (quad, n, tile, pipelined)
             y = ops.ks.ks_mm(blocks, x, bias, "relu")
             assert y.stride() == new_spmm_output(x, ref.shape[0]).stride()
             assert rel_err(y.cpu(), ref) < (1e-5 if dtype == torch.float32 else TOL[dtype])

@@ -9,8 +9,9 @@ column-major ``X``). No permutation pass: every ``(alpha, delta)`` block is one 
 with the strided rows of ``X`` it meets (the paper's section 4 kernel idea), accumulation in fp32.
 
 - CPU: ``ks_reference.ks_mm`` (einsum on the blocks, no dense matrix).
-- CUDA (``csrc/ks/``): fp16/bf16 on tensor cores (WMMA 16x16x16 on the ``b x c`` tiles, fp32 accumulators), fp32 on
-  CUDA cores (register-tiled FMA); tile rows picked per pattern by :func:`pick_tile`. float64 runs the reference on
+- CUDA (``csrc/ks/``): fp16/bf16 on tensor cores (WMMA 16x16x16 on the ``b x c`` tiles, fp32 accumulators; one
+  shared-memory stage, or two with cp.async loads overlapping the mma), fp32 on CUDA cores (register-tiled FMA);
+  tile rows picked per pattern by :func:`pick_tile`. float64 runs the reference on
   the GPU. The extension (``prunekit_ks`` operator namespace) is built on first CUDA use into
   ``build.cache_root()`` in a folder keyed by the sources' sha256, torch and CUDA versions and target archs (the
   same scheme as ``build.py``, whose helpers it uses read-only).
@@ -38,11 +39,12 @@ from .layout import new_spmm_output
 log = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "ks"
-SOURCES = ("ks_mm.cu",)
+SOURCES = ("ks_mm.cu", "ks_mm_f16.cu", "ks_mm_bf16.cu")
 HEADERS = ("ks_mm.cuh",)
 NAMESPACE = "prunekit_ks"
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TILE_ROWS = (64, 128)  # rows of b per CTA the tensor-core kernel is instantiated for (columns of N: 128)
+PIPELINED_DEFAULT = True  # two shared-memory stages with cp.async (the one-stage variant stays for comparison)
 
 __all__ = ["ks_mm", "ks_chain_mm", "ks_mm_cuda", "load", "is_loaded", "pick_tile"]
 
@@ -148,6 +150,7 @@ def ks_mm_cuda(
     *,
     out: torch.Tensor | None = None,
     tile_rows: int | None = None,
+    pipelined: bool | None = None,
 ) -> torch.Tensor:
     """CUDA ``Y (a*b*d, N) = act(K @ X + bias[:, None])`` for one KS factor (Gonon et al. 2024, section 4).
 
@@ -155,7 +158,8 @@ def ks_mm_cuda(
         blocks: ``(a, d, b, c)`` fp16/bf16 (tensor cores) or fp32 (CUDA cores), same dtype as ``x`` (else the
             reference runs on the GPU); x: ``(a*c*d, N)`` any strides (read in place); bias: ``(a*b*d,)`` or None;
             activation: ``"none"`` | ``"relu"``; out: optional ``(a*b*d, N)`` output of ``x``'s dtype, any strides;
-            tile_rows: override :func:`pick_tile` (64 or 128; fp16/bf16 only).
+            tile_rows: override :func:`pick_tile` (64 or 128; fp16/bf16 only); pipelined: two shared-memory stages
+            with cp.async (default :data:`PIPELINED_DEFAULT`; fp16/bf16 only).
 
     Returns:
         ``Y`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` unless ``out`` is given.
@@ -182,7 +186,8 @@ def ks_mm_cuda(
         raise ValueError(f"tile_rows must be one of {TILE_ROWS}, got {tile}")
     if bias is not None:
         bias = bias.to(dtype=x.dtype).contiguous()
-    torch.ops.prunekit_ks.ks_mm_out(blocks.contiguous(), x, y, bias, activation == "relu", tile)
+    pipe = PIPELINED_DEFAULT if pipelined is None else bool(pipelined)
+    torch.ops.prunekit_ks.ks_mm_out(blocks.contiguous(), x, y, bias, activation == "relu", tile, int(pipe))
     return y
 
 

@@ -1,4 +1,5 @@
-// Host entry of the Kronecker-sparse matmul (kernels in ks_mm.cuh) and its torch operator registration
+// Host entry of the Kronecker-sparse matmul (tensor-core kernels in ks_mm.cuh, instantiated in ks_mm_f16.cu and
+// ks_mm_bf16.cu; the fp32 CUDA-core kernel here) and its torch operator registration
 // (namespace prunekit_ks; the Python op prunekit::ks_mm in kernels/ks.py calls ks_mm_out).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -10,20 +11,98 @@
 
 namespace prunekit_ks {
 
-namespace {
+extern template void launch_tc<__half>(const KsArgs&, int, int, int, int, cudaStream_t);
+extern template void launch_tc<__nv_bfloat16>(const KsArgs&, int, int, int, int, cudaStream_t);
 
-template <typename T>
-void launch_tc(const KsArgs& args, int tile_rows, int vec_w, int vec_x, cudaStream_t stream) {
-  const int64_t groups = static_cast<int64_t>(args.a) * args.d;
-  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((args.n + TC_BN - 1) / TC_BN),
-                  static_cast<unsigned>((args.b + tile_rows - 1) / tile_rows));
-  if (tile_rows == 128) {
-    ks_mm_tc_kernel<T, 128><<<grid, TC_THREADS, 0, stream>>>(args, vec_w, vec_x);
-  } else {
-    ks_mm_tc_kernel<T, 64><<<grid, TC_THREADS, 0, stream>>>(args, vec_w, vec_x);
+// ---------------------------------------------------------------------------------------------------------------
+// CUDA-core kernel (fp32): 128 x 128 x 8 tiles, 8 x 8 outputs per thread
+// ---------------------------------------------------------------------------------------------------------------
+
+constexpr int F_BM = 128;
+constexpr int F_BN = 128;
+constexpr int F_BK = 8;
+constexpr int F_THREADS = 256;
+
+__global__ void __launch_bounds__(F_THREADS, 2) ks_mm_f32_kernel(KsArgs args) {
+  __shared__ __align__(16) float a_s[F_BK][F_BM + 4];  // transposed: (gamma, beta)
+  __shared__ __align__(16) float b_s[F_BK][F_BN + 4];
+
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  const int g = blockIdx.x;
+  const int alpha = g / args.d, delta = g % args.d;
+  const int n0 = blockIdx.y * F_BN;
+  const int beta0 = blockIdx.z * F_BM;
+  const int b = args.b, c = args.c, d = args.d, n_total = args.n;
+  const float* w_g = static_cast<const float*>(args.w) + static_cast<int64_t>(g) * b * c;
+  const float* x = static_cast<const float*>(args.x);
+  const int64_t x_row0 = static_cast<int64_t>(alpha) * c * d + delta;
+  const bool batch_last = args.sxn == 1;
+
+  float acc[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+  for (int k0 = 0; k0 < c; k0 += F_BK) {
+#pragma unroll
+    for (int t = 0; t < (F_BM * F_BK) / F_THREADS; ++t) {
+      const int e = tid + t * F_THREADS;
+      const int kk = e % F_BK, r = e / F_BK;
+      const int beta = beta0 + r, gamma = k0 + kk;
+      a_s[kk][r] = (beta < b && gamma < c) ? w_g[static_cast<int64_t>(beta) * c + gamma] : 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < (F_BK * F_BN) / F_THREADS; ++t) {
+      const int e = tid + t * F_THREADS;
+      const int kk = batch_last ? e / F_BN : e % F_BK;
+      const int nn = batch_last ? e % F_BN : e / F_BK;
+      const int gamma = k0 + kk, n = n0 + nn;
+      b_s[kk][nn] = (gamma < c && n < n_total) ? x[(x_row0 + static_cast<int64_t>(gamma) * d) * args.sxk +
+                                                   static_cast<int64_t>(n) * args.sxn]
+                                               : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < F_BK; ++kk) {
+      float ra[8], rb[8];
+      const float4 a0 = *reinterpret_cast<const float4*>(&a_s[kk][ty * 4]);
+      const float4 a1 = *reinterpret_cast<const float4*>(&a_s[kk][64 + ty * 4]);
+      const float4 b0 = *reinterpret_cast<const float4*>(&b_s[kk][tx * 4]);
+      const float4 b1 = *reinterpret_cast<const float4*>(&b_s[kk][64 + tx * 4]);
+      ra[0] = a0.x, ra[1] = a0.y, ra[2] = a0.z, ra[3] = a0.w, ra[4] = a1.x, ra[5] = a1.y, ra[6] = a1.z, ra[7] = a1.w;
+      rb[0] = b0.x, rb[1] = b0.y, rb[2] = b0.z, rb[3] = b0.w, rb[4] = b1.x, rb[5] = b1.y, rb[6] = b1.z, rb[7] = b1.w;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
+    }
+    __syncthreads();
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  float* y = static_cast<float*>(args.y);
+  const float* bias = static_cast<const float*>(args.bias);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int beta = beta0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
+    if (beta >= b) continue;
+    const int64_t m = (static_cast<int64_t>(alpha) * b + beta) * d + delta;
+    const float bv = bias != nullptr ? bias[m] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int n = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + (j - 4));
+      if (n < n_total) {
+        float v = acc[i][j] + bv;
+        if (args.relu) v = fmaxf(v, 0.0f);
+        y[m * args.sym + static_cast<int64_t>(n) * args.syn] = v;
+      }
+    }
+  }
 }
+
+
+namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -31,7 +110,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // w: (a, d, b, c) contiguous; x: (a*c*d, N) any strides; y: (a*b*d, N) any strides; bias: (a*b*d,) or none.
 void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias,
-               bool relu, int64_t tile_rows) {
+               bool relu, int64_t tile_rows, int64_t pipelined) {
   TORCH_CHECK(w.is_cuda() && x.is_cuda() && y.is_cuda(), "ks_mm: tensors must be on the GPU");
   TORCH_CHECK(w.dim() == 4 && w.is_contiguous(), "ks_mm: blocks must be a contiguous (a, d, b, c) tensor");
   TORCH_CHECK(w.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
@@ -81,10 +160,13 @@ void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, co
   } else if (args.sxk == 1 && args.sxn % 8 == 0 && d == 1 && c % 8 == 0 && aligned16(args.x)) {
     vec_x = 2;
   }
+  const int pipe = pipelined ? 1 : 0;
   if (x.scalar_type() == at::kHalf) {
-    launch_tc<__half>(args, static_cast<int>(tile_rows), vec_w, vec_x, stream);
+    launch_tc<__half>(args, static_cast<int>(tile_rows), pipe, vec_w, vec_x, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else if (x.scalar_type() == at::kBFloat16) {
-    launch_tc<__nv_bfloat16>(args, static_cast<int>(tile_rows), vec_w, vec_x, stream);
+    launch_tc<__nv_bfloat16>(args, static_cast<int>(tile_rows), pipe, vec_w, vec_x, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else {
     TORCH_CHECK(false, "ks_mm: CUDA kernel takes float32, float16 or bfloat16, got ", x.scalar_type());
   }
@@ -93,7 +175,8 @@ void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, co
 }  // namespace prunekit_ks
 
 TORCH_LIBRARY(prunekit_ks, m) {
-  m.def("ks_mm_out(Tensor blocks, Tensor x, Tensor(a!) y, Tensor? bias, bool relu, int tile_rows) -> ()");
+  m.def(
+      "ks_mm_out(Tensor blocks, Tensor x, Tensor(a!) y, Tensor? bias, bool relu, int tile_rows, int pipelined) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_ks, CUDA, m) { m.impl("ks_mm_out", &prunekit_ks::ks_mm_out); }

@@ -10,7 +10,9 @@
 //   BK = 32, 8 warps; 16-byte loads where the layout allows (W rows when c % 8 == 0; X rows in batch-last when the
 //   leading dimension is a multiple of 8; 8 gammas of a token in batch-first when d == 1, c % 8 == 0 and the
 //   leading dimension is a multiple of 8), guarded scalar loads elsewhere (ragged b, c, N, strided gathers).
-// - fp32: CUDA-core FMAs, 128 x 128 x 8 tiles, 8 x 8 outputs per thread.
+//   Two variants: one shared-memory stage (load, barrier, mma) or two stages with cp.async for the 16-byte paths
+//   (the next k-step's tiles arrive while the tensor cores work on the current one).
+// - fp32 (ks_mm.cu): CUDA-core FMAs, 128 x 128 x 8 tiles, 8 x 8 outputs per thread.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -61,8 +63,108 @@ constexpr int TC_BK = 32;
 constexpr int TC_THREADS = 256;
 constexpr int TC_PAD = 8;  // keeps 16-byte rows and 32-byte fragment alignment, breaks bank conflicts
 
-template <typename T, int BM>
-__global__ void __launch_bounds__(TC_THREADS) ks_mm_tc_kernel(KsArgs args, int vec_w, int vec_x) {
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+// One k-step's tiles: W (BM x BK, row-major (beta, gamma)) into a_dst and X (BK x BN, row-major (gamma, n)) into
+// b_dst, zero-filled outside b, c and N. ASYNC: the 16-byte paths go through cp.async (completed by the caller's
+// wait + barrier); the other paths are ordinary loads and stores in both modes.
+template <typename T, int BM, bool ASYNC>
+__device__ __forceinline__ void tc_load_tile(T* a_dst, T* b_dst, const KsArgs& args, const T* w_g, const T* x,
+                                             int64_t x_row0, int beta0, int n0, int k0, int vec_w, int vec_x,
+                                             int tid) {
+  constexpr int LDA = TC_BK + TC_PAD;
+  constexpr int LDB = TC_BN + TC_PAD;
+  const int b = args.b, c = args.c, d = args.d, n_total = args.n;
+  if (vec_w) {  // c % 8 == 0: a vector is all in or all out
+    constexpr int VECS = BM * TC_BK / 8;
+#pragma unroll
+    for (int v = tid; v < VECS; v += TC_THREADS) {
+      const int r = v / (TC_BK / 8), kv = (v % (TC_BK / 8)) * 8;
+      const int beta = beta0 + r, gamma = k0 + kv;
+      const bool in = beta < b && gamma < c;
+      const T* src = in ? w_g + static_cast<int64_t>(beta) * c + gamma : w_g;
+      if constexpr (ASYNC) {
+        cp_async16(a_dst + r * LDA + kv, src, in ? 16 : 0);
+      } else {
+        *reinterpret_cast<uint4*>(a_dst + r * LDA + kv) =
+            in ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  } else {
+#pragma unroll 4
+    for (int e = tid; e < BM * TC_BK; e += TC_THREADS) {
+      const int r = e / TC_BK, kk = e % TC_BK;
+      const int beta = beta0 + r, gamma = k0 + kk;
+      a_dst[r * LDA + kk] = (beta < b && gamma < c) ? w_g[static_cast<int64_t>(beta) * c + gamma] : zero_value<T>();
+    }
+  }
+  if (vec_x == 1) {  // batch-last, 16-byte aligned rows
+    constexpr int VECS = TC_BK * TC_BN / 8;
+#pragma unroll
+    for (int v = tid; v < VECS; v += TC_THREADS) {
+      const int kk = v / (TC_BN / 8), nv = (v % (TC_BN / 8)) * 8;
+      const int gamma = k0 + kk, n = n0 + nv;
+      const int valid = gamma < c ? max(0, min(8, n_total - n)) : 0;
+      const T* src = valid > 0 ? x + (x_row0 + static_cast<int64_t>(gamma) * d) * args.sxk + n : x;
+      if constexpr (ASYNC) {
+        cp_async16(b_dst + kk * LDB + nv, src, valid * static_cast<int>(sizeof(T)));
+      } else {
+        __align__(16) T tmp[8];
+        if (valid == 8) {
+          *reinterpret_cast<uint4*>(tmp) = *reinterpret_cast<const uint4*>(src);
+        } else {
+#pragma unroll
+          for (int t = 0; t < 8; ++t) tmp[t] = t < valid ? src[t] : zero_value<T>();
+        }
+        *reinterpret_cast<uint4*>(b_dst + kk * LDB + nv) = *reinterpret_cast<const uint4*>(tmp);
+      }
+    }
+  } else if (vec_x == 2) {  // batch-first, d == 1, c % 8 == 0: 8 consecutive gammas of one token per load
+    constexpr int VECS = TC_BK * TC_BN / 8;
+#pragma unroll
+    for (int v = tid; v < VECS; v += TC_THREADS) {
+      const int nn = v / (TC_BK / 8), kv = (v % (TC_BK / 8)) * 8;
+      const int gamma = k0 + kv, n = n0 + nn;
+      __align__(16) T tmp[8];
+      if (gamma < c && n < n_total) {
+        *reinterpret_cast<uint4*>(tmp) =
+            *reinterpret_cast<const uint4*>(x + x_row0 + gamma + static_cast<int64_t>(n) * args.sxn);
+      } else {
+        *reinterpret_cast<uint4*>(tmp) = make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int t = 0; t < 8; ++t) b_dst[(kv + t) * LDB + nn] = tmp[t];
+    }
+  } else if (args.sxn == 1) {  // batch-last, unaligned: consecutive threads along n
+#pragma unroll 4
+    for (int e = tid; e < TC_BK * TC_BN; e += TC_THREADS) {
+      const int kk = e / TC_BN, nn = e % TC_BN;
+      const int gamma = k0 + kk, n = n0 + nn;
+      b_dst[kk * LDB + nn] = (gamma < c && n < n_total)
+                                 ? x[(x_row0 + static_cast<int64_t>(gamma) * d) * args.sxk + n]
+                                 : zero_value<T>();
+    }
+  } else {  // batch-first (or any other strides): consecutive threads along gamma
+#pragma unroll 4
+    for (int e = tid; e < TC_BK * TC_BN; e += TC_THREADS) {
+      const int kk = e % TC_BK, nn = e / TC_BK;
+      const int gamma = k0 + kk, n = n0 + nn;
+      b_dst[kk * LDB + nn] = (gamma < c && n < n_total) ? x[(x_row0 + static_cast<int64_t>(gamma) * d) * args.sxk +
+                                                            static_cast<int64_t>(n) * args.sxn]
+                                                        : zero_value<T>();
+    }
+  }
+}
+
+// PIPE: two shared-memory stages, the next k-step's tiles loaded (cp.async where 16-byte) while the tensor cores
+// work on the current one; else one stage, load -> barrier -> mma -> barrier.
+template <typename T, int BM, bool PIPE>
+__global__ void __launch_bounds__(TC_THREADS, 2) ks_mm_tc_kernel(KsArgs args, int vec_w, int vec_x) {
   using namespace nvcuda;
   constexpr int WARPS_M = BM / 32;
   constexpr int WARPS_N = 8 / WARPS_M;
@@ -71,9 +173,10 @@ __global__ void __launch_bounds__(TC_THREADS) ks_mm_tc_kernel(KsArgs args, int v
   constexpr int FRAG_N = WN / 16;
   constexpr int LDA = TC_BK + TC_PAD;
   constexpr int LDB = TC_BN + TC_PAD;
+  constexpr int STAGES = PIPE ? 2 : 1;
 
-  __shared__ __align__(128) T a_s[BM * LDA];
-  __shared__ __align__(128) T b_s[TC_BK * LDB];
+  __shared__ __align__(128) T a_s[STAGES][BM * LDA];
+  __shared__ __align__(128) T b_s[STAGES][TC_BK * LDB];
   __shared__ __align__(128) float stage[8][16 * 16];
 
   const int tid = threadIdx.x;
@@ -96,100 +199,45 @@ __global__ void __launch_bounds__(TC_THREADS) ks_mm_tc_kernel(KsArgs args, int v
 #pragma unroll
     for (int j = 0; j < FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
-  for (int k0 = 0; k0 < c; k0 += TC_BK) {
-    // ---- W tile: BM x BK, row-major (beta, gamma)
-    if (vec_w) {
-      constexpr int VECS = BM * TC_BK / 8;
-#pragma unroll
-      for (int v = tid; v < VECS; v += TC_THREADS) {
-        const int r = v / (TC_BK / 8), kv = (v % (TC_BK / 8)) * 8;
-        const int beta = beta0 + r, gamma = k0 + kv;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (beta < b && gamma < c) {  // c % 8 == 0: a vector is all in or all out
-          val = *reinterpret_cast<const uint4*>(w_g + static_cast<int64_t>(beta) * c + gamma);
-        }
-        *reinterpret_cast<uint4*>(a_s + r * LDA + kv) = val;
-      }
-    } else {
-#pragma unroll 4
-      for (int e = tid; e < BM * TC_BK; e += TC_THREADS) {
-        const int r = e / TC_BK, kk = e % TC_BK;
-        const int beta = beta0 + r, gamma = k0 + kk;
-        a_s[r * LDA + kk] = (beta < b && gamma < c) ? w_g[static_cast<int64_t>(beta) * c + gamma] : zero_value<T>();
-      }
-    }
-    // ---- X tile: BK x BN, row-major (gamma, n)
-    if (vec_x == 1) {  // batch-last, 16-byte aligned rows
-      constexpr int VECS = TC_BK * TC_BN / 8;
-#pragma unroll
-      for (int v = tid; v < VECS; v += TC_THREADS) {
-        const int kk = v / (TC_BN / 8), nv = (v % (TC_BN / 8)) * 8;
-        const int gamma = k0 + kk, n = n0 + nv;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (gamma < c) {
-          const T* src = x + (x_row0 + static_cast<int64_t>(gamma) * d) * args.sxk + n;
-          if (n + 8 <= n_total) {
-            val = *reinterpret_cast<const uint4*>(src);
-          } else {
-            __align__(16) T tmp[8];
-#pragma unroll
-            for (int t = 0; t < 8; ++t) tmp[t] = (n + t < n_total) ? src[t] : zero_value<T>();
-            val = *reinterpret_cast<const uint4*>(tmp);
-          }
-        }
-        *reinterpret_cast<uint4*>(b_s + kk * LDB + nv) = val;
-      }
-    } else if (vec_x == 2) {  // batch-first, d == 1, c % 8 == 0: 8 consecutive gammas of one token per load
-      constexpr int VECS = TC_BK * TC_BN / 8;
-#pragma unroll
-      for (int v = tid; v < VECS; v += TC_THREADS) {
-        const int nn = v / (TC_BK / 8), kv = (v % (TC_BK / 8)) * 8;
-        const int gamma = k0 + kv, n = n0 + nn;
-        __align__(16) T tmp[8];
-        if (gamma < c && n < n_total) {
-          *reinterpret_cast<uint4*>(tmp) =
-              *reinterpret_cast<const uint4*>(x + x_row0 + gamma + static_cast<int64_t>(n) * args.sxn);
-        } else {
-          *reinterpret_cast<uint4*>(tmp) = make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int t = 0; t < 8; ++t) b_s[(kv + t) * LDB + nn] = tmp[t];
-      }
-    } else if (args.sxn == 1) {  // batch-last, unaligned: consecutive threads along n
-#pragma unroll 4
-      for (int e = tid; e < TC_BK * TC_BN; e += TC_THREADS) {
-        const int kk = e / TC_BN, nn = e % TC_BN;
-        const int gamma = k0 + kk, n = n0 + nn;
-        b_s[kk * LDB + nn] = (gamma < c && n < n_total)
-                                 ? x[(x_row0 + static_cast<int64_t>(gamma) * d) * args.sxk + n]
-                                 : zero_value<T>();
-      }
-    } else {  // batch-first (or any other strides): consecutive threads along gamma
-#pragma unroll 4
-      for (int e = tid; e < TC_BK * TC_BN; e += TC_THREADS) {
-        const int kk = e % TC_BK, nn = e / TC_BK;
-        const int gamma = k0 + kk, n = n0 + nn;
-        b_s[kk * LDB + nn] = (gamma < c && n < n_total)
-                                 ? x[(x_row0 + static_cast<int64_t>(gamma) * d) * args.sxk +
-                                     static_cast<int64_t>(n) * args.sxn]
-                                 : zero_value<T>();
-      }
-    }
-    __syncthreads();
+  auto mma_tile = [&](const T* as, const T* bs) {
 #pragma unroll
     for (int kk = 0; kk < TC_BK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[FRAG_M];
       wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb[FRAG_N];
 #pragma unroll
-      for (int i = 0; i < FRAG_M; ++i) wmma::load_matrix_sync(fa[i], a_s + (warp_m * 32 + i * 16) * LDA + kk, LDA);
+      for (int i = 0; i < FRAG_M; ++i) wmma::load_matrix_sync(fa[i], as + (warp_m * 32 + i * 16) * LDA + kk, LDA);
 #pragma unroll
-      for (int j = 0; j < FRAG_N; ++j) wmma::load_matrix_sync(fb[j], b_s + kk * LDB + warp_n * WN + j * 16, LDB);
+      for (int j = 0; j < FRAG_N; ++j) wmma::load_matrix_sync(fb[j], bs + kk * LDB + warp_n * WN + j * 16, LDB);
 #pragma unroll
       for (int i = 0; i < FRAG_M; ++i)
 #pragma unroll
         for (int j = 0; j < FRAG_N; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
-    __syncthreads();
+  };
+
+  const int k_steps = (c + TC_BK - 1) / TC_BK;
+  if constexpr (PIPE) {
+    tc_load_tile<T, BM, true>(a_s[0], b_s[0], args, w_g, x, x_row0, beta0, n0, 0, vec_w, vec_x, tid);
+    cp_async_commit();
+    for (int kt = 0; kt < k_steps; ++kt) {
+      const int cur = kt & 1;
+      if (kt + 1 < k_steps) {
+        tc_load_tile<T, BM, true>(a_s[cur ^ 1], b_s[cur ^ 1], args, w_g, x, x_row0, beta0, n0, (kt + 1) * TC_BK,
+                                  vec_w, vec_x, tid);
+      }
+      cp_async_commit();  // possibly empty: keeps "all but the newest group" = this step's tiles
+      cp_async_wait_one();
+      __syncthreads();
+      mma_tile(a_s[cur], b_s[cur]);
+      __syncthreads();
+    }
+  } else {
+    for (int kt = 0; kt < k_steps; ++kt) {
+      tc_load_tile<T, BM, false>(a_s[0], b_s[0], args, w_g, x, x_row0, beta0, n0, kt * TC_BK, vec_w, vec_x, tid);
+      __syncthreads();
+      mma_tile(a_s[0], b_s[0]);
+      __syncthreads();
+    }
   }
 
   // ---- epilogue: fragment -> per-warp stage -> global with bias, ReLU, conversion
@@ -223,89 +271,24 @@ __global__ void __launch_bounds__(TC_THREADS) ks_mm_tc_kernel(KsArgs args, int v
   }
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// CUDA-core kernel (fp32): 128 x 128 x 8 tiles, 8 x 8 outputs per thread
-// ---------------------------------------------------------------------------------------------------------------
-
-constexpr int F_BM = 128;
-constexpr int F_BN = 128;
-constexpr int F_BK = 8;
-constexpr int F_THREADS = 256;
-
-__global__ void __launch_bounds__(F_THREADS, 2) ks_mm_f32_kernel(KsArgs args) {
-  __shared__ __align__(16) float a_s[F_BK][F_BM + 4];  // transposed: (gamma, beta)
-  __shared__ __align__(16) float b_s[F_BK][F_BN + 4];
-
-  const int tid = threadIdx.x;
-  const int tx = tid % 16, ty = tid / 16;
-  const int g = blockIdx.x;
-  const int alpha = g / args.d, delta = g % args.d;
-  const int n0 = blockIdx.y * F_BN;
-  const int beta0 = blockIdx.z * F_BM;
-  const int b = args.b, c = args.c, d = args.d, n_total = args.n;
-  const float* w_g = static_cast<const float*>(args.w) + static_cast<int64_t>(g) * b * c;
-  const float* x = static_cast<const float*>(args.x);
-  const int64_t x_row0 = static_cast<int64_t>(alpha) * c * d + delta;
-  const bool batch_last = args.sxn == 1;
-
-  float acc[8][8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
-
-  for (int k0 = 0; k0 < c; k0 += F_BK) {
-#pragma unroll
-    for (int t = 0; t < (F_BM * F_BK) / F_THREADS; ++t) {
-      const int e = tid + t * F_THREADS;
-      const int kk = e % F_BK, r = e / F_BK;
-      const int beta = beta0 + r, gamma = k0 + kk;
-      a_s[kk][r] = (beta < b && gamma < c) ? w_g[static_cast<int64_t>(beta) * c + gamma] : 0.0f;
+// Host launcher of the tensor-core kernel (instantiated for __half in ks_mm_f16.cu and for __nv_bfloat16 in
+// ks_mm_bf16.cu, so that the two compile in parallel). tile_rows: 64 or 128; pipelined: 0 or 1.
+template <typename T>
+void launch_tc(const KsArgs& args, int tile_rows, int pipelined, int vec_w, int vec_x, cudaStream_t stream) {
+  const int64_t groups = static_cast<int64_t>(args.a) * args.d;
+  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((args.n + TC_BN - 1) / TC_BN),
+                  static_cast<unsigned>((args.b + tile_rows - 1) / tile_rows));
+  if (tile_rows == 128) {
+    if (pipelined) {
+      ks_mm_tc_kernel<T, 128, true><<<grid, TC_THREADS, 0, stream>>>(args, vec_w, vec_x);
+    } else {
+      ks_mm_tc_kernel<T, 128, false><<<grid, TC_THREADS, 0, stream>>>(args, vec_w, vec_x);
     }
-#pragma unroll
-    for (int t = 0; t < (F_BK * F_BN) / F_THREADS; ++t) {
-      const int e = tid + t * F_THREADS;
-      const int kk = batch_last ? e / F_BN : e % F_BK;
-      const int nn = batch_last ? e % F_BN : e / F_BK;
-      const int gamma = k0 + kk, n = n0 + nn;
-      b_s[kk][nn] = (gamma < c && n < n_total) ? x[(x_row0 + static_cast<int64_t>(gamma) * d) * args.sxk +
-                                                   static_cast<int64_t>(n) * args.sxn]
-                                               : 0.0f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < F_BK; ++kk) {
-      float ra[8], rb[8];
-      const float4 a0 = *reinterpret_cast<const float4*>(&a_s[kk][ty * 4]);
-      const float4 a1 = *reinterpret_cast<const float4*>(&a_s[kk][64 + ty * 4]);
-      const float4 b0 = *reinterpret_cast<const float4*>(&b_s[kk][tx * 4]);
-      const float4 b1 = *reinterpret_cast<const float4*>(&b_s[kk][64 + tx * 4]);
-      ra[0] = a0.x, ra[1] = a0.y, ra[2] = a0.z, ra[3] = a0.w, ra[4] = a1.x, ra[5] = a1.y, ra[6] = a1.z, ra[7] = a1.w;
-      rb[0] = b0.x, rb[1] = b0.y, rb[2] = b0.z, rb[3] = b0.w, rb[4] = b1.x, rb[5] = b1.y, rb[6] = b1.z, rb[7] = b1.w;
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(ra[i], rb[j], acc[i][j]);
-    }
-    __syncthreads();
-  }
-
-  float* y = static_cast<float*>(args.y);
-  const float* bias = static_cast<const float*>(args.bias);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int beta = beta0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
-    if (beta >= b) continue;
-    const int64_t m = (static_cast<int64_t>(alpha) * b + beta) * d + delta;
-    const float bv = bias != nullptr ? bias[m] : 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int n = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + (j - 4));
-      if (n < n_total) {
-        float v = acc[i][j] + bv;
-        if (args.relu) v = fmaxf(v, 0.0f);
-        y[m * args.sym + static_cast<int64_t>(n) * args.syn] = v;
-      }
+  } else {
+    if (pipelined) {
+      ks_mm_tc_kernel<T, 64, true><<<grid, TC_THREADS, 0, stream>>>(args, vec_w, vec_x);
+    } else {
+      ks_mm_tc_kernel<T, 64, false><<<grid, TC_THREADS, 0, stream>>>(args, vec_w, vec_x);
     }
   }
 }
