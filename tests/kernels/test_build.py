@@ -63,6 +63,19 @@ def test_prebuilt_library_is_found_by_key(monkeypatch, tmp_path):
     assert build._prebuilt(key) == tmp_path / f"{build.library_name(key)}.so"
 
 
+def test_copy_prebuilt_copies_the_loaded_library_under_its_key_name(monkeypatch, tmp_path):
+    assert build.copy_prebuilt(tmp_path / "none") is None or build.loaded_library() is not None
+    lib = tmp_path / "cache" / f"{build.library_name('cd' * 32)}.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"\x7fELF fake")
+    monkeypatch.setattr(build, "_loaded_path", lib)
+    copied = build.copy_prebuilt(tmp_path / "pkg" / "runtime" / "prebuilt")
+    assert copied == tmp_path / "pkg" / "runtime" / "prebuilt" / lib.name
+    assert copied.read_bytes() == lib.read_bytes()
+    monkeypatch.setenv(build.PREBUILT_ENV, str(copied.parent))
+    assert build._prebuilt("cd" * 32) == copied
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
 def test_load_without_gpu_raises_one_sentence_kernel_unavailable():
     with pytest.raises(KernelUnavailable) as info:

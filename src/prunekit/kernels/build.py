@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -46,6 +47,7 @@ _loaded_path: Path | None = None
 __all__ = [
     "build_key",
     "cache_root",
+    "copy_prebuilt",
     "gencode_flags",
     "is_loaded",
     "library_name",
@@ -151,6 +153,23 @@ def is_loaded() -> bool:
 def loaded_library() -> Path | None:
     """Path of the .so loaded by :func:`load` in this process (for the exporter to copy), or None."""
     return _loaded_path
+
+
+def copy_prebuilt(dest_dir: Path) -> Path | None:
+    """Copy the library loaded in this process into ``dest_dir`` under its key name (for an exported package).
+
+    A later :func:`load` in a process with the same sources, torch, CUDA and archs finds it when ``dest_dir`` is
+    ``$PRUNEKIT_KERNEL_PREBUILT`` or the ``prebuilt/`` folder beside this module. Returns the copy's path, or None when
+    no library was loaded by this module.
+    """
+    if _loaded_path is None or not Path(_loaded_path).is_file():
+        return None
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    target = dest_dir / Path(_loaded_path).name
+    if Path(_loaded_path).resolve() != target.resolve():
+        shutil.copy2(_loaded_path, target)
+    return target
 
 
 def _prebuilt(key: str) -> Path | None:
