@@ -125,7 +125,33 @@ def variants_table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def render(result: dict, variants: dict | None) -> str:
+def sputnik_table(data: dict) -> str:
+    names = ["prunekit_fp16", "sputnik_fp16", "sputnik_fp32", "dense_fp16"]
+    out = [
+        f"Device {data['device']}, torch {data['torch']}, {data['date_utc']}; {data['method']}; Sputnik: "
+        f"{data['sputnik_source']}. Row-major X (K x N) and Y for every contender.\n",
+        "| W (M x K) | N | sparsity | "
+        + " | ".join(f"{n} ms" for n in names)
+        + " | torch.sparse fp16 eager ms | prunekit vs Sputnik fp16 | prunekit vs dense |",
+        "|---|---:|---:|" + "---:|" * (len(names) + 3),
+    ]
+
+    def cell(r: dict, n: str) -> str:
+        return f"{r[n + '_ms']:.4f}" if n + "_ms" in r else "error"
+
+    for r in data["rows"]:
+        ours, sp16, dense = r.get("prunekit_fp16_ms"), r.get("sputnik_fp16_ms"), r.get("dense_fp16_ms")
+        tsp = r.get("torch_sparse_fp16_eager_ms")
+        out.append(
+            f"| {r['m']}x{r['k']} | {r['n']} | {r['sparsity']:.2f} | "
+            + " | ".join(cell(r, n) for n in names)
+            + f" | {'-' if tsp is None else f'{tsp:.4f}'} | {_fmt_ratio(sp16 / ours if ours and sp16 else None)} "
+            f"| {_fmt_ratio(dense / ours if ours and dense else None)} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def render(result: dict, variants: dict | None, sputnik: dict | None = None) -> str:
     env = result["environment"]
     parts = [
         f"Device: **{env['device']}** ({env['sm_count']} SMs, L2 {env['l2_bytes'] / 2**20:.0f} MiB), "
@@ -153,7 +179,10 @@ def render(result: dict, variants: dict | None) -> str:
             f"{venv['date_utc']}; command `{venv['command']}`. Device time (CUDA graphs) of each variant forced.\n"
         )
         parts.append(variants_table(variants["rows"]))
-    overhead = (variants or {}).get("overhead") or result.get("overhead")
+    if sputnik:
+        parts.append("### Same-run comparison with Sputnik (google-research/sputnik, built from source)\n")
+        parts.append(sputnik_table(sputnik))
+    overhead = result.get("overhead") or (variants or {}).get("overhead")
     if overhead:
         parts.append("### Host overhead per eager call (tiny problem: 256 x 256, N = 1, fp16)\n")
         parts.append("| call path | us per call |\n|---|---:|")
@@ -165,11 +194,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
     parser.add_argument("--variants", type=Path, default=None)
+    parser.add_argument("--sputnik", type=Path, default=None, help="JSON of the same-run Sputnik comparison")
     parser.add_argument("--splice", type=Path, default=None, help="replace the GENERATED block of this Markdown file")
     args = parser.parse_args()
     result = json.loads(args.results.read_text())
     variants = json.loads(args.variants.read_text()) if args.variants else None
-    text = render(result, variants)
+    sputnik = json.loads(args.sputnik.read_text()) if args.sputnik else None
+    text = render(result, variants, sputnik)
     if args.splice is None:
         print(text)
         return
