@@ -92,6 +92,7 @@ c = {key: t.cuda() for key, t in formats.encode("bsr", w, {"block_rows": r, "blo
 x2d = torch.randn(n, k, device="cuda", dtype=torch.float16)
 y = torch.empty(n, m, device="cuda", dtype=torch.float16).t()
 wd = w.cuda()
+structured.load()
 raw = torch.ops.prunekit_structured.bsr_mm_out.default
 rows = {
   "bsr direct (structured.bsr_mm_cuda, static)": lambda: structured.bsr_mm_cuda(c["blocks"], c["crow_indices"], c["col_indices"], x2d.t(), m, None, "none", c["schedule"], c["split_rows"]),

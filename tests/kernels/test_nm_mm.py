@@ -52,8 +52,8 @@ NM_CUDA_SHAPES = [(128, 256, 1), (256, 512, 16), (64, 128, 37), (512, 256, 300)]
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("backend", ["auto", "torch"])
-def test_nm24_cuda_matches_float64(dtype, backend):
+@pytest.mark.parametrize(("backend", "output"), [("auto", "col"), ("auto", "row"), ("torch", None)])
+def test_nm24_cuda_matches_float64(dtype, backend, output):
     if not structured.cusparselt_available():
         pytest.skip("this torch has no cuSPARSELt")
     if backend == "auto":
@@ -69,7 +69,9 @@ def test_nm24_cuda_matches_float64(dtype, backend):
             for activation in ("none", "relu"):
                 for with_bias in (True, False):
                     b = bias if with_bias else None
-                    y = structured.nm_mm_cuda(values, metadata, x, 2, 4, bits, b, activation, backend=backend)
+                    y = structured.nm_mm_cuda(
+                        values, metadata, x, 2, 4, bits, b, activation, backend=backend, output=output
+                    )
                     torch.cuda.synchronize()
                     assert y.shape == (m, n_tokens)
                     assert y.stride() == (ops.nm_mm(values, metadata, x, 2, 4, bits, b, activation).stride())

@@ -55,6 +55,9 @@ TILE_NS = (32, 128, 256)  # N tiles the kernel is instantiated for (csrc/structu
 DECODE_MAX_N = 32  # N up to this takes the 32-wide tile: less wasted tensor-core work at decode shapes
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
 CSLT_BACKEND_ENV = "PRUNEKIT_CSLT_BACKEND"  # "torch" forces torch._cslt_sparse_mm instead of prunekit's own binding
+CSLT_OUTPUT_ENV = (
+    "PRUNEKIT_CSLT_OUTPUT"  # "row": the binding writes a row-major (M, N) and transposes it (not yet run on a GPU)
+)
 CUSPARSELT_DIR_ENV = "PRUNEKIT_CUSPARSELT_DIR"  # folder holding include/cusparseLt.h and lib/libcusparseLt.so.0
 CSLT_ALIGN_N = 16  # cuSPARSELt's dense operand: N padded to a multiple of 16 (torch pads the same way)
 CSLT_ALIGN_MK = (32, 64)  # M and K the 2:4 path takes (cuSPARSELt fp16/bf16 structured-operand alignment)
@@ -420,7 +423,7 @@ def compressed_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: in
     return packed
 
 
-def _nm24_native(values, metadata, x, bits, bias, activation, transposed, n_pad) -> torch.Tensor:
+def _nm24_native(values, metadata, x, bits, bias, activation, transposed, n_pad, output) -> torch.Tensor:
     k, n_cols = x.shape
     state = native_weight_24(values, metadata, bits, k)
     if transposed and n_pad == n_cols and x.stride(1) % 8 == 0 and x.data_ptr() % 16 == 0:
@@ -429,10 +432,13 @@ def _nm24_native(values, metadata, x, bits, bias, activation, transposed, n_pad)
         buf = x.new_zeros(n_pad, k)
         buf[:n_cols] = x.t()
         xb = buf.t()
-    y = torch.empty(n_pad, values.shape[0], dtype=x.dtype, device=x.device).t()
+    if output == "row":  # cuSPARSELt writes (M, N) row-major; the layout rule's copy follows
+        y = torch.empty(values.shape[0], n_pad, dtype=x.dtype, device=x.device)
+    else:
+        y = torch.empty(n_pad, values.shape[0], dtype=x.dtype, device=x.device).t()
     torch.ops.prunekit_cslt.mm.default(state.id, xb, y, bias, activation == "relu")
     y = y[:, :n_cols] if n_pad != n_cols else y
-    return y if transposed else as_spmm_output(y, x)
+    return y if transposed and output != "row" else as_spmm_output(y, x)
 
 
 def nm_mm_cuda(
@@ -446,6 +452,7 @@ def nm_mm_cuda(
     activation: str = "none",
     *,
     backend: str = "auto",
+    output: str | None = None,
 ) -> torch.Tensor:
     """CUDA N:M matmul ``Y (M, N) = act(A @ X + bias[:, None])`` (2:4: NVIDIA, Mishra et al. 2021).
 
@@ -460,7 +467,9 @@ def nm_mm_cuda(
     Args:
         values: ``(M, K / m_group * n)``; metadata: packed in-group indices (uint8, ``formats/nm.py``);
             x: ``(K, N)`` any strides; n, m_group, bits: the pattern; bias: ``(M,)`` or None; activation: none|relu;
-            backend: ``"auto"`` (own binding when it loads) or ``"torch"``.
+            backend: ``"auto"`` (own binding when it loads) or ``"torch"``; output: the binding's output layout,
+            ``"col"`` (default, measured) or ``"row"`` (cuSPARSELt's faster configuration plus a transposing copy;
+            implemented but not yet run on a GPU), default ``$PRUNEKIT_CSLT_OUTPUT`` or ``"col"``.
 
     Returns:
         ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output``.
@@ -489,7 +498,8 @@ def nm_mm_cuda(
         bias = bias.to(dtype=x.dtype).contiguous()
     if backend != "torch" and native_cslt_available():
         try:
-            return _nm24_native(values, metadata, x, bits, bias, activation, transposed, n_pad)
+            output = output or os.environ.get(CSLT_OUTPUT_ENV, "col")
+            return _nm24_native(values, metadata, x, bits, bias, activation, transposed, n_pad, output)
         except RuntimeError as exc:  # a cuSPARSELt error: report once, then use torch's path for good
             global _native_state
             _native_state = False
@@ -513,7 +523,7 @@ def nm_mm_cuda(
     if transposed:  # res: (n_pad, M) row-major
         res = res[:n_cols] if n_pad != n_cols else res
         return res.t()
-    return res[:, :n_cols] if n_pad != n_cols else res
+    return as_spmm_output(res[:, :n_cols] if n_pad != n_cols else res, x)
 
 
 # --- op registration ---------------------------------------------------------------------------------------------
