@@ -183,7 +183,8 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
 
     w0, _, x0 = sets[0]
     ref = F.linear(x0.float(), w0.float()).t()
-    res["tile_n"] = structured.plan_tile_n(m, r, n, torch.cuda.get_device_properties(0).multi_processor_count)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res["tile_n"] = structured.plan_tile_n(m, r, n, sms, sets[0][1]["blocks"].shape[0])
     res["static_err"] = relative_error(static_call(sets[0])(), ref)
     res["static_op_err"] = relative_error(static_op_call(sets[0])(), ref)
     res["dynamic_err"] = relative_error(dynamic_call(sets[0])(), ref)

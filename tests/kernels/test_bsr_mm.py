@@ -132,6 +132,20 @@ def test_opcheck_bsr_mm_and_static(transposed, with_bias):
     torch.library.opcheck(structured.bsr_mm_static, (*base, comp["schedule"], comp["split_rows"], x, 32, bias, "relu"))
 
 
+def test_plan_tile_n_follows_the_h100_sweep():
+    assert structured.plan_tile_n(4096, 64, 16) == 32  # decode shapes: the 32-wide tile
+    assert structured.plan_tile_n(16384, 64, 8192, 132, nblocks=256 * 26) == 256  # long rows: wide tile
+    assert structured.plan_tile_n(4096, 64, 4096, 132, nblocks=64 * 6) == 128  # short 64-row block rows
+    assert structured.plan_tile_n(4096, 16, 4096, 132, nblocks=256 * 13) == 256
+    assert structured.plan_tile_n(256, 64, 300, 132) == 128  # too few CTAs for the wide tile
+    assert all(
+        structured.plan_tile_n(m, r, n) in structured.TILE_NS
+        for m in (64, 4096)
+        for r in (16, 64)
+        for n in (1, 33, 9000)
+    )
+
+
 def test_cuda_entry_raises_kernel_unavailable_without_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")

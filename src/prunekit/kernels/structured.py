@@ -53,6 +53,7 @@ KERNEL_BLOCK_SIZES = (16, 32, 64)  # r and c the tensor-core kernel is instantia
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 TILE_NS = (32, 128, 256)  # N tiles the kernel is instantiated for (csrc/structured/bsr_mm.cuh, BsrConfig)
 DECODE_MAX_N = 32  # N up to this takes the 32-wide tile: less wasted tensor-core work at decode shapes
+WIDE_TILE_MIN_BLOCKS_PER_ROW = 10  # 64-row blocks: the 256 tile paid off from ~13 blocks per row, lost at <= 6.4
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
 CSLT_BACKEND_ENV = "PRUNEKIT_CSLT_BACKEND"  # "torch" forces torch._cslt_sparse_mm instead of prunekit's own binding
 CSLT_OUTPUT_ENV = (
@@ -167,15 +168,21 @@ def kernel_supports_bsr(blocks: torch.Tensor, x: torch.Tensor) -> bool:
     )
 
 
-def plan_tile_n(m: int, r: int, n: int, num_sms: int = 132) -> int:
-    """N tile (32, 128 or 256) of the BSR kernel for ``M = m``, block rows of ``r`` and ``N = n``.
+def plan_tile_n(m: int, r: int, n: int, num_sms: int = 132, nblocks: int | None = None) -> int:
+    """N tile (32, 128 or 256) of the BSR kernel for ``M = m``, block rows of ``r``, ``N = n`` and ``nblocks`` stored
+    blocks (the H100 sweep in docs/PERFORMANCE_STRUCTURED.md).
 
     ``n <= DECODE_MAX_N``: 32. Otherwise 256 when that still gives at least two CTAs per SM (``M / r`` block rows
-    times the N tiles), since a wider tile re-reads each A block fewer times; else 128.
+    times the N tiles), since a wider tile re-reads each A block fewer times; except for 64-row blocks with fewer than
+    :data:`WIDE_TILE_MIN_BLOCKS_PER_ROW` blocks per block row on average, where the shorter CTAs of the 128 tile won
+    (by 3-7% in the sweep); else 128.
     """
     if n <= DECODE_MAX_N:
         return 32
-    return 256 if (m // r) * -(-n // 256) >= 2 * num_sms else 128
+    rows = max(1, m // r)
+    if r == 64 and nblocks is not None and nblocks / rows < WIDE_TILE_MIN_BLOCKS_PER_ROW:
+        return 128
+    return 256 if rows * -(-n // 256) >= 2 * num_sms else 128
 
 
 def _sm_count(device: torch.device) -> int:
@@ -250,7 +257,7 @@ def bsr_mm_cuda(
     if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
     if tile_n is None:
-        tile_n = plan_tile_n(m, r, n, _sm_count(x.device))
+        tile_n = plan_tile_n(m, r, n, _sm_count(x.device), blocks.shape[0])
     torch.ops.prunekit_structured.bsr_mm_out.default(
         blocks,
         _int32(crow_indices),
