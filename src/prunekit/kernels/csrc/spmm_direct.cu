@@ -1,12 +1,13 @@
 // SpMM, Sputnik's direct design for moderate/large N: Y (M, N) = act(A @ X + bias), A in prunekit CSR, X row-major.
 //
-// Gale et al., SC 2020: 1-D tiling of the output (sec. 4): one warp computes one row times a tile of 32 * VN output
-// columns (VN = 16 bytes of X per lane: 8 fp16/bf16 or 4 fp32 columns); the warp loads 32 (value, column) pairs of
-// its row with coalesced loads and broadcasts each with a shuffle; every lane then reads the 16-byte vector of X's
+// Gale et al., SC 2020: 1-D tiling of the output (sec. 4): a warp (or, for N <= 16 * VN, a half-warp: subwarp tiling,
+// sec. 5.1) computes one row times a tile of LPR * VN output columns (VN = 16 bytes of X per lane: 8 fp16/bf16 or 4
+// fp32 columns); the lanes load LPR (value, column) pairs of the row with coalesced loads and broadcast each with a
+// shuffle; every lane then reads the 16-byte vector of X's
 // row at that column (vector memory instructions, sec. 5.2), four non-zeros' loads in flight before their FMAs (fp32
 // accumulation). Rows are taken in row_indices order (row swizzle, sec. 5.3) for a row-major Y. For the transposed
-// Y of nn.Linear (tokens, out_features) a block takes 8 consecutive rows and writes through shared memory, 8 rows per
-// 16-byte store. Residue: N not a multiple of VN or unaligned X/Y falls back to element loads/stores with bounds.
+// Y of nn.Linear (tokens, out_features) a block takes 8 or 16 consecutive rows and writes them through shared
+// memory with 16-byte stores. Residue: N not a multiple of VN or unaligned X/Y falls back to element loads/stores with bounds.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -18,19 +19,25 @@ namespace prunekit {
 
 constexpr int kDirectWarps = 8;
 
-template <typename T, typename I, bool YT, bool VEC>
+template <typename T, typename I, bool YT, bool VEC, int LPR>
 __global__ void __launch_bounds__(32 * kDirectWarps, 2)
 spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
                    const int* __restrict__ row_indices, const T* __restrict__ x, int64_t xs_k,
                    T* __restrict__ y, int64_t ys_m, int64_t ys_n, bool y_vec_ok, const T* __restrict__ bias,
                    bool relu, int m, int n) {
   constexpr int VN = 16 / sizeof(T);
-  constexpr int NTILE = 32 * VN;
-  constexpr int kPitch = NTILE + VN;  // shared-memory pitch of the YT staging tile
-  __shared__ __align__(16) T stage[YT ? kDirectWarps * kPitch : 1];
+  constexpr int NTILE = LPR * VN;            // output columns per row tile
+  constexpr int RPW = 32 / LPR;              // rows per warp (one per segment of LPR lanes)
+  constexpr int ROWS = kDirectWarps * RPW;   // rows per block
+  constexpr int kPitch = NTILE + VN;         // shared-memory pitch of the YT staging tile
+  __shared__ __align__(16) T stage[YT ? ROWS * kPitch : 1];
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int slot = blockIdx.x * kDirectWarps + warp;
+  const int warp = threadIdx.x / 32;
+  const int seg = (threadIdx.x % 32) / LPR, lane = threadIdx.x % LPR;
+  // Segments of one warp walk different rows (different trip counts): shuffles use the segment's lanes only.
+  const unsigned mask = LPR == 32 ? 0xffffffffu : (((1u << LPR) - 1u) << (seg * LPR));
+  const int rl = warp * RPW + seg;
+  const int slot = blockIdx.x * ROWS + rl;
   const bool active = slot < m;
   const int row = active ? (YT ? slot : __ldg(row_indices + slot)) : 0;
   const int start = active ? __ldg(row_offsets + row) : 0;
@@ -44,11 +51,11 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
 #pragma unroll
   for (int t = 0; t < VN; ++t) acc[t] = 0.0f;
 
-  for (int base = start; base < end; base += 32) {
+  for (int base = start; base < end; base += LPR) {
     const int j = base + lane;
     const float v = j < end ? to_f(values[j]) : 0.0f;
     const int c = j < end ? static_cast<int>(cols[j]) : 0;
-    const int cnt = min(32, end - base);
+    const int cnt = min(LPR, end - base);
     int e = 0;
     // Rows are padded to multiples of 4 entries or more (formats/csr.py), so groups of 4 cover every row.
     for (; e + 4 <= cnt; e += 4) {
@@ -56,8 +63,8 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
       int cc[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        a[u] = __shfl_sync(0xffffffffu, v, e + u);
-        cc[u] = __shfl_sync(0xffffffffu, c, e + u);
+        a[u] = __shfl_sync(mask, v, e + u, LPR);
+        cc[u] = __shfl_sync(mask, c, e + u, LPR);
       }
       if constexpr (VEC) {
         Words<16> w[4];
@@ -80,8 +87,8 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
       }
     }
     for (; e < cnt; ++e) {
-      const float a = __shfl_sync(0xffffffffu, v, e);
-      const T* xp = xl + static_cast<int64_t>(__shfl_sync(0xffffffffu, c, e)) * xs_k;
+      const float a = __shfl_sync(mask, v, e, LPR);
+      const T* xp = xl + static_cast<int64_t>(__shfl_sync(mask, c, e, LPR)) * xs_k;
 #pragma unroll
       for (int t = 0; t < VN; ++t)
         if (nl + t < n) acc[t] = fmaf(a, to_f(xp[t]), acc[t]);
@@ -104,45 +111,59 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
         if (nl + t < n) y[static_cast<int64_t>(row) * ys_m + static_cast<int64_t>(nl + t) * ys_n] = from_f<T>(o[t]);
     }
   } else {
-    // Transposed Y (element (row, col) at col * ys_n + row): stage the block's 8 rows x NTILE, then one thread per
-    // output column writes the 8 consecutive rows.
+    // Transposed Y (element (row, col) at col * ys_n + row): stage the block's ROWS rows x NTILE, then one thread
+    // per output column writes the ROWS consecutive rows.
 #pragma unroll
-    for (int t = 0; t < VN; ++t) stage[warp * kPitch + lane * VN + t] = from_f<T>(o[t]);
+    for (int t = 0; t < VN; ++t) stage[rl * kPitch + lane * VN + t] = from_f<T>(o[t]);
     __syncthreads();
-    const int r0 = blockIdx.x * kDirectWarps;
+    const int r0 = blockIdx.x * ROWS;
     for (int nn = threadIdx.x; nn < NTILE; nn += 32 * kDirectWarps) {
       const int col = tile0 + nn;
       if (col >= n) break;
       T* dst = y + static_cast<int64_t>(col) * ys_n + r0;
-      if (y_vec_ok && r0 + kDirectWarps <= m) {
-        float vals[kDirectWarps];
+      if (y_vec_ok && r0 + ROWS <= m) {
+        float vals[ROWS];
 #pragma unroll
-        for (int r = 0; r < kDirectWarps; ++r) vals[r] = to_f(stage[r * kPitch + nn]);
+        for (int r = 0; r < ROWS; ++r) vals[r] = to_f(stage[r * kPitch + nn]);
 #pragma unroll
-        for (int q = 0; q < kDirectWarps / VN; ++q) store_vec16<T>(dst + q * VN, vals + q * VN);
+        for (int q = 0; q < ROWS / VN; ++q) store_vec16<T>(dst + q * VN, vals + q * VN);
       } else {
-        for (int r = 0; r < kDirectWarps && r0 + r < m; ++r) dst[r] = stage[r * kPitch + nn];
+        for (int r = 0; r < ROWS && r0 + r < m; ++r) dst[r] = stage[r * kPitch + nn];
       }
     }
   }
 }
 
-template <typename T, typename I, bool YT>
-static void launch_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
-                          const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, bool y_vec_ok,
-                          const T* bias, bool relu, int m, int n) {
+template <typename T, typename I, bool YT, int LPR>
+static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
+                              const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, bool y_vec_ok,
+                              const T* bias, bool relu, int m, int n) {
   constexpr int VN = 16 / sizeof(T);
+  constexpr int ROWS = kDirectWarps * (32 / LPR);
   const bool vec = n % VN == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                    (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
-  const dim3 grid((m + kDirectWarps - 1) / kDirectWarps, (n + 32 * VN - 1) / (32 * VN));
+  const dim3 grid((m + ROWS - 1) / ROWS, (n + LPR * VN - 1) / (LPR * VN));
   TORCH_CHECK(grid.y <= 65535, "spmm_csr_direct: N too large");
-  auto kernel = vec ? spmm_direct_kernel<T, I, YT, true> : spmm_direct_kernel<T, I, YT, false>;
+  auto kernel = vec ? spmm_direct_kernel<T, I, YT, true, LPR> : spmm_direct_kernel<T, I, YT, false, LPR>;
   kernel<<<grid, 32 * kDirectWarps, 0, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
       reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
       reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<T*>(y.data_ptr()), y.stride(0),
       y.stride(1), y_vec_ok, bias, relu, m, n);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Rows get 32 lanes (32 * VN columns) when N fills them, else 16 lanes (two rows per warp) so that no lane idles.
+template <typename T, typename I, bool YT>
+static void launch_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
+                          const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, bool y_vec_ok,
+                          const T* bias, bool relu, int m, int n) {
+  constexpr int VN = 16 / sizeof(T);
+  if (n <= 16 * VN) {
+    launch_direct_lpr<T, I, YT, 16>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+  } else {
+    launch_direct_lpr<T, I, YT, 32>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+  }
 }
 
 void spmm_csr_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
