@@ -38,14 +38,39 @@ PLAN = [
 REPEATS = 5
 
 
+def render(path: Path) -> str:
+    """Markdown table of a results file (for docs/PERFORMANCE.md)."""
+    data = json.loads(path.read_text())
+    lines = [
+        f"Device: {data['device']}, torch {data['torch']}, CUDA {data['cuda']}, {data['date']}; median of "
+        f"{data['repeats']} timed runs after a warm-up; {data['inputs']}. Source: `{path.as_posix()}`.",
+        "",
+        "| case | N | layers | kernel | inference (s) | TeraEdges/s | categories | check |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        check = "PASS" if r["passed"] else "FAIL"
+        lines.append(
+            f"| {r['case']} | {r['neurons']} | {r['layers']} | {r['kernel']} | {r['inference_s']:.4f} "
+            f"| {r['teraedges_per_s']:.2f} | {r['categories']} | {check} |"
+        )
+    for r in data["skipped"]:
+        lines.append(f"| not run: {r['reason']} | {r['neurons']} | {r['layers']} | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--render", type=Path, help="print the Markdown table of a results JSON and exit")
     parser.add_argument(
         "--budget-s", type=float, default=420.0, help="stop starting new networks after this many seconds"
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--inputs", type=int, default=60000)
     args = parser.parse_args()
+    if args.render:
+        print(render(args.render), end="")
+        return
     start = time.perf_counter()
     rows, skipped = [], []
 
