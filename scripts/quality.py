@@ -210,6 +210,20 @@ def markdown() -> str:
                     f"{r['cosine_min']:.4f} | {r['spearman']:.4f} | {loss} | {r['elapsed_s']:.0f} s |"
                 )
         lines.append("")
+    for path in sorted(RESULTS.glob("sensitivity-*.json"))[-1:]:
+        data = json.loads(path.read_text())
+        lines.append(f"### sensitivity (`{path.relative_to(ROOT)}`)\n")
+        lines.append(
+            f"{data['texts']} held-out texts, {data['method']} pruning of one group at a time, {data['metric']}; "
+            f"allocation for a parameter-weighted mean of {data['allocated_mean']:.0%}.\n"
+        )
+        head = " | ".join(f"{s:.0%}" for s in data["sparsities"])
+        lines.append(f"| group | params | {head} | allocated |")
+        lines.append("|---|---|" + "---|" * len(data["sparsities"]) + "---|")
+        for g in data["groups"]:
+            errors = " | ".join(f"{e:.4f}" for e in g["errors"])
+            lines.append(f"| `{g['name']}` | {g['params']:,} | {errors} | {data['allocation'][g['name']]:.0%} |")
+        lines.append("")
     return "\n".join(lines)
 
 
