@@ -209,3 +209,10 @@ def test_state_dict_with_conv_and_pt_output_round_trips(tmp_path, mlp_pt):
     assert state.keys() == mlp_state().keys()
     conv = state["conv.weight"].reshape(16, -1)
     assert bool(((conv != 0).reshape(16, -1, 4).sum(-1) <= 1).all())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a GPU")
+def test_export_with_kernels_needs_a_gpu(tmp_path, mlp_safetensors):
+    pruned = tmp_path / "p.safetensors"
+    assert invoke("prune", mlp_safetensors, "-o", pruned, "-p", "2:4").exit_code == 0
+    assert_clean_failure(invoke("export", pruned, "-o", tmp_path / "out-pkg", "--kernels"), "unavailable", tmp_path)

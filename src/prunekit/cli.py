@@ -161,6 +161,10 @@ def export(
     pruned: Annotated[Path, typer.Argument(help="Pruned checkpoint (from `prunekit prune`).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Package directory to create.")],
     fmt: Annotated[str, typer.Option("--format", "-f", help="csr | bsr | nm | bitmask | dense | auto.")] = "auto",
+    kernels: Annotated[
+        bool,
+        typer.Option("--kernels", help="Ship the CUDA kernels built here (same torch/CUDA/GPU arch on the target)."),
+    ] = False,
     overwrite: Overwrite = False,
 ) -> None:
     """Export a deployable package: manifest, weights, config, runtime and REPORT.md."""
@@ -168,7 +172,7 @@ def export(
     from .deploy.report import human_bytes
 
     with progress_bar("exporting") as update:
-        result = export_package(pruned, output, fmt, overwrite, update)
+        result = export_package(pruned, output, fmt, overwrite, update, kernels=kernels)
     conv = result.convert
     console.print(
         f"package {result.output}: {human_bytes(conv.nbytes)} of weights (dense {human_bytes(conv.dense_nbytes)})"

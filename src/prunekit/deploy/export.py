@@ -68,16 +68,30 @@ def copy_runtime(dest: Path) -> None:
 
 
 def export_package(
-    source: str | Path, output: str | Path, fmt: str = "auto", overwrite: bool = False, progress: Progress | None = None
+    source: str | Path,
+    output: str | Path,
+    fmt: str = "auto",
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    kernels: bool = False,
 ) -> ExportResult:
     """Export ``source`` (a pruned checkpoint) to the package directory ``output``.
+
+    Args:
+        kernels: build (or load) prunekit's CUDA kernels here and ship the library in
+            ``runtime/kernels/prebuilt/``, so the target machine (same torch, CUDA and GPU arch) needs no compiler.
 
     Raises:
         CheckpointError: unreadable source. FormatError: unknown format.
         OutputExistsError: ``output`` exists without ``overwrite``.
+        KernelUnavailable: ``kernels`` without a CUDA GPU and compiler (or a prebuilt library) here.
     """
     source, output = Path(source), Path(output)
     check_output(output, overwrite, inputs=(source,))
+    if kernels:
+        from ..kernels import build
+
+        build.load()
     ckpt = open_checkpoint(source)
     hf_config = ckpt.hf_config()
     with atomic_path(output, overwrite, directory=True) as tmp:
@@ -89,6 +103,8 @@ def export_package(
                 (tmp / config_dir / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ckpt.path / rel, tmp / config_dir / rel)
         copy_runtime(tmp / "runtime")
+        if kernels:
+            build.copy_prebuilt(tmp / "runtime" / "kernels" / "prebuilt")
         report = report_from_weights(str(ckpt.path), tmp / WEIGHTS, converted.entries)
         (tmp / "REPORT.md").write_text(render_markdown(report))
         files = {
