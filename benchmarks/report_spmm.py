@@ -151,7 +151,7 @@ def sputnik_table(data: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def render(result: dict, variants: dict | None, sputnik: dict | None = None) -> str:
+def render(result: dict, variants: dict | None, sputnik: dict | None = None, extra: dict | None = None) -> str:
     env = result["environment"]
     parts = [
         f"Device: **{env['device']}** ({env['sm_count']} SMs, L2 {env['l2_bytes'] / 2**20:.0f} MiB), "
@@ -172,6 +172,14 @@ def render(result: dict, variants: dict | None, sputnik: dict | None = None) -> 
         parts.append(results_table(result["rows"], dtype))
     if result.get("skipped"):
         parts.append(f"Configurations skipped by the run's time budget: {len(result['skipped'])}.\n")
+    if extra:
+        xenv = extra["environment"]
+        parts.append(
+            f"### Earlier full run (kernel build {xenv['kernel_build_key']}, {xenv['date_utc']})\n\n"
+            f"Command `{xenv['command']}`. Same method; measured one commit earlier, before `direct` gave rows of "
+            "N <= 128 (fp16) half a warp, so its N = 128 rows are slower than the tables above. Its bf16 rows:\n"
+        )
+        parts.append(results_table(extra["rows"], "bfloat16"))
     if variants:
         venv = variants["environment"]
         parts.append(
@@ -195,12 +203,14 @@ def main() -> None:
     parser.add_argument("results", type=Path)
     parser.add_argument("--variants", type=Path, default=None)
     parser.add_argument("--sputnik", type=Path, default=None, help="JSON of the same-run Sputnik comparison")
+    parser.add_argument("--extra-results", type=Path, default=None, help="an earlier full run (its bf16 rows)")
     parser.add_argument("--splice", type=Path, default=None, help="replace the GENERATED block of this Markdown file")
     args = parser.parse_args()
     result = json.loads(args.results.read_text())
     variants = json.loads(args.variants.read_text()) if args.variants else None
     sputnik = json.loads(args.sputnik.read_text()) if args.sputnik else None
-    text = render(result, variants, sputnik)
+    extra = json.loads(args.extra_results.read_text()) if args.extra_results else None
+    text = render(result, variants, sputnik, extra)
     if args.splice is None:
         print(text)
         return
