@@ -101,6 +101,7 @@ def run_oneshot(args, model_dir: Path, texts: list[str], dense: torch.Tensor, wo
     from prunekit.prune import prune_checkpoint
 
     rows = []
+    prune_checkpoint(model_dir, work / "warm-up", "unstructured", 0.5, "magnitude")  # first-call costs, untimed
     for method, pattern, sparsity in ONESHOT:
         out = work / f"{method}-{pattern.replace(':', 'of')}"
         started = time.perf_counter()

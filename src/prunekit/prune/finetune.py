@@ -227,8 +227,9 @@ def finetune_checkpoint(
         checkpoint: Hugging Face model directory (dense, or already pruned by ``prunekit prune``).
         recipe: shipped recipe name, recipe file, or :class:`Recipe`.
         output: output directory (HF), with ``prunekit.json`` (method e.g. ``gmp+distill``).
-        data: training text file (lines or JSON lines with ``text``) or texts; default: the
-            calibration split of the stdlib docstring corpus (never its held-out split).
+        data: training text file (lines or JSON lines with ``text``) or texts, also the calibration
+            text of a one-shot Wanda/SparseGPT recipe; default: the calibration split of the stdlib
+            docstring corpus (never its held-out split).
         resume: continue from ``OUTPUT.state/state.pt`` when it exists (else start afresh).
         steps: override ``finetune.steps``; the GMP schedule, warmup and checkpoint interval are
             scaled by the same factor.
@@ -244,7 +245,7 @@ def finetune_checkpoint(
     """
     import torch.distributed as dist
 
-    from ..data import calibration_texts, load_texts
+    from ..data import DataError, calibration_texts, load_texts
 
     started = time.perf_counter()
     checkpoint, output = Path(checkpoint), Path(output)
@@ -284,6 +285,10 @@ def finetune_checkpoint(
     total = ft.steps if ft is not None else 0
     sched = recipe.prune.schedule
     texts = data if isinstance(data, list) else load_texts(data) if data is not None else calibration_texts()
+    if not texts:
+        raise DataError("no training texts")
+    if ft is not None and world > 1 and ft.batch_size % world:
+        raise PrunekitError(f"batch size {ft.batch_size} does not split over {world} processes (torchrun)")
     state_file = state_path(output)
     state = None
     if resume and state_file.is_file():
@@ -298,7 +303,8 @@ def finetune_checkpoint(
         student.load_state_dict(state["model"])
         masks = {n: m.bool() for n, m in state["masks"].items()}
     elif sched.kind == "oneshot":
-        batches = tokenize(checkpoint, calibration_texts(recipe.prune.calibration_samples))
+        n_calib = recipe.prune.calibration_samples
+        batches = tokenize(checkpoint, texts[:n_calib] if data is not None else calibration_texts(n_calib))
         masks = prune_model(student, specs, recipe.prune.method, batches, dev)
     student.to(dev)
     masks = {n: m.to(dev) for n, m in masks.items()}
@@ -308,6 +314,8 @@ def finetune_checkpoint(
         source = teacher
         if source is None and ckpt.sidecar is not None and Path(ckpt.sidecar["source"]["path"]).is_dir():
             source = ckpt.sidecar["source"]["path"]
+        if source is None and ckpt.sidecar is not None:
+            log.warning("the dense source of %s is not found: distilling from the checkpoint itself", checkpoint)
         teacher_model = build_hf_model(source or checkpoint).to(dev)
         for p in teacher_model.parameters():
             p.requires_grad_(False)
