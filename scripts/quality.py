@@ -19,7 +19,7 @@ Usage::
     python scripts/quality.py finetune --steps 300 --batch-size 8 --max-length 64
     python scripts/quality.py markdown           # docs/QUALITY.md tables from benchmarks/results/quality-*.json
 
-Results go to ``benchmarks/results/quality-<part>-<device>-<date>.json``.
+Results go to ``benchmarks/results/quality-<part>-<device>[-<steps>steps]-<date>.json``.
 """
 
 from __future__ import annotations
@@ -178,13 +178,13 @@ def run_finetune(args, model_dir: Path, texts: list[str], dense: torch.Tensor, w
 def markdown() -> str:
     """Tables for docs/QUALITY.md from the newest result file of each part."""
     lines = []
-    for part in ("oneshot", "finetune"):
-        files = sorted(RESULTS.glob(f"quality-{part}-*.json"))
-        if not files:
-            continue
-        data = json.loads(files[-1].read_text())
+    runs = [("oneshot", p) for p in sorted(RESULTS.glob("quality-oneshot-*.json"))[-1:]]
+    finetune = [(json.loads(p.read_text())["meta"]["steps"], p) for p in RESULTS.glob("quality-finetune-*.json")]
+    runs += [("finetune", p) for _, p in sorted(finetune)]
+    for part, path in runs:
+        data = json.loads(path.read_text())
         meta = data["meta"]
-        lines.append(f"### {part} (`{files[-1].relative_to(ROOT)}`)\n")
+        lines.append(f"### {part} (`{path.relative_to(ROOT)}`)\n")
         lines.append(
             f"{meta['eval_texts']} held-out texts; device {meta['device']} ({meta['torch_threads']} threads), "
             f"torch {meta['torch']}, Python {meta['python']}, {meta['date']}.\n"
@@ -252,7 +252,8 @@ def main() -> None:
     data = (run_oneshot if args.part == "oneshot" else run_finetune)(args, model_dir, texts, dense, work)
     device = data["meta"]["device"]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"quality-{args.part}-{device}-{datetime.date.today().isoformat()}.json"
+    steps = f"-{args.steps}steps" if args.part == "finetune" else ""
+    path = RESULTS / f"quality-{args.part}-{device}{steps}-{datetime.date.today().isoformat()}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {path}", file=sys.stderr)
 
