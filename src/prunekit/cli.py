@@ -340,6 +340,7 @@ SUB_APPS = (
     ("cli_kernels", "kernels", "Build and check the bundled CUDA kernels."),
     ("cli_train", "train", "Recipes, fine-tuning and sensitivity analysis."),
     ("cli_spdnn", "spdnn", "The Sparse DNN Graph Challenge: generate, run, check."),
+    ("cli_ks", "ks", "Kronecker-sparse layers: factorize a weight into KS factors."),
 )
 
 
