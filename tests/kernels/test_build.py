@@ -68,7 +68,7 @@ def test_copy_prebuilt_copies_the_loaded_library_under_its_key_name(monkeypatch,
     lib = tmp_path / "cache" / f"{build.library_name('cd' * 32)}.so"
     lib.parent.mkdir()
     lib.write_bytes(b"\x7fELF fake")
-    monkeypatch.setattr(build, "_loaded_path", lib)
+    monkeypatch.setitem(build._registry, build.MAIN.namespace, lib)
     copied = build.copy_prebuilt(tmp_path / "pkg" / "runtime" / "prebuilt")
     assert copied == tmp_path / "pkg" / "runtime" / "prebuilt" / lib.name
     assert copied.read_bytes() == lib.read_bytes()
@@ -145,3 +145,54 @@ def test_plan_spmm_forced_and_unknown_variant():
     assert gpu.plan_spmm(4096, 4096, 1, 10, variant="tiled").variant == "tiled"
     with pytest.raises(ValueError, match="unknown spmm variant"):
         gpu.plan_spmm(1, 1, 1, 1, variant="fast")
+
+
+def test_every_extension_has_its_own_namespace_prefix_and_existing_sources():
+    exts = build.extensions()
+    assert exts[0] is build.MAIN
+    assert len({e.namespace for e in exts}) == len(exts) and len({e.prefix for e in exts}) == len(exts)
+    for ext in exts:
+        for name in ext.sources + ext.headers:
+            assert (ext.csrc_dir / name).is_file(), (ext.namespace, name)
+        assert ext.library_name(("90",)).startswith(ext.prefix + "_")
+
+
+def test_extension_key_follows_sources_flags_archs_and_extra(tmp_path):
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    (csrc / "a.cu").write_text("// a\n")
+    ext = build.Extension(namespace="ns_t", prefix="ns_t", csrc_dir=csrc, sources=("a.cu",), probe="x")
+    base = ext.key(("80", "90"))
+    assert base == ext.key(("80", "90")) and base != ext.key(("90",))
+    from dataclasses import replace
+
+    assert base != replace(ext, cuda_cflags=("-O2",)).key(("80", "90"))
+    assert base != replace(ext, key_extra="lib/v2").key(("80", "90"))
+    assert replace(ext, gencode=False).key(("80",)) == replace(ext, gencode=False).key(("90",))
+    (csrc / "a.cu").write_text("// b\n")
+    assert ext.key(("80", "90")) != base
+
+
+def test_copy_prebuilt_ships_every_loaded_shippable_library_and_skips_the_rest(monkeypatch, tmp_path):
+    libs = {}
+    for ext in build.extensions():
+        lib = tmp_path / "cache" / f"{ext.library_name(('90',))}.so"
+        lib.parent.mkdir(exist_ok=True)
+        lib.write_bytes(ext.namespace.encode())
+        monkeypatch.setitem(build._registry, ext.namespace, lib)
+        libs[ext.namespace] = (ext, lib)
+    dest = tmp_path / "pkg" / "prebuilt"
+    main_copy = build.copy_prebuilt(dest)
+    assert main_copy == dest / libs[build.MAIN.namespace][1].name
+    shipped = {p.name for p in dest.iterdir()}
+    assert shipped == {lib.name for ext, lib in libs.values() if ext.prebuilt}
+    assert any(not ext.prebuilt for ext, _ in libs.values())  # the SpDNN kernel stays out of packages
+
+
+def test_find_prebuilt_looks_up_the_library_by_its_key(monkeypatch, tmp_path):
+    ext = build.extensions()[1]
+    monkeypatch.setenv(build.PREBUILT_ENV, str(tmp_path))
+    monkeypatch.setenv(build.ARCHS_ENV, "90")
+    assert build.find_prebuilt(ext) is None
+    (tmp_path / f"{ext.library_name()}.so").write_bytes(b"")
+    assert build.find_prebuilt(ext) == tmp_path / f"{ext.library_name()}.so"

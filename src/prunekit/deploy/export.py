@@ -78,8 +78,8 @@ def export_package(
     """Export ``source`` (a pruned checkpoint) to the package directory ``output``.
 
     Args:
-        kernels: build (or load) prunekit's CUDA kernels here and ship the library in
-            ``runtime/kernels/prebuilt/``, so the target machine (same torch, CUDA and GPU arch) needs no compiler.
+        kernels: build (or load) prunekit's CUDA kernels here (every shippable library: SpMM, structured,
+            Kronecker-sparse) and ship them in ``runtime/kernels/prebuilt/``, so the target machine (same torch, CUDA and GPU arch) needs no compiler.
 
     Raises:
         CheckpointError: unreadable source. FormatError: unknown format.
@@ -91,7 +91,7 @@ def export_package(
     if kernels:
         from ..kernels import build
 
-        build.load()
+        build.load_all()
     ckpt = open_checkpoint(source)
     hf_config = ckpt.hf_config()
     with atomic_path(output, overwrite, directory=True) as tmp:

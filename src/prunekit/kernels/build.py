@@ -1,16 +1,20 @@
-"""Build and load prunekit's CUDA extension: JIT with ``torch.utils.cpp_extension`` (ninja), cached by content.
+"""Build and load prunekit's CUDA extensions: JIT with ``torch.utils.cpp_extension`` (ninja), cached by content.
 
-The extension is one shared library built from ``csrc/`` that registers the ``prunekit_ext::*`` operators (it has no
-Python bindings, so it is loaded with ``torch.ops.load_library`` and a prebuilt copy works under any Python of the same
-torch build). It is compiled on first use into ``$PRUNEKIT_KERNEL_CACHE`` (default ``~/.cache/prunekit/kernels``) in a
-directory named by :func:`build_key`: sha256 of the sources, the torch version, the CUDA version and the target archs,
-so a changed source or toolchain never loads a stale library. Targets: explicit ``-gencode`` for sm_80 and sm_90 (plus
-the visible GPU's arch when it is neither) and compute_90 PTX for newer GPUs; ``PRUNEKIT_CUDA_ARCHS="90"`` narrows it.
+Each library is declared once as an :class:`Extension` (sources, headers, flags, operator namespace) next to its
+Python wrappers: :data:`MAIN` here (SpMM/SDDMM, ``prunekit_ext``), ``structured.EXTENSION`` (BSR/2:4),
+``ks.EXTENSION`` (Kronecker-sparse), ``spdnn_cuda.EXTENSION`` (fused SpDNN layer chain); :func:`extensions` lists them
+and ``scripts/compile_check.py`` compiles their sources without a GPU. A library registers its operators with
+``TORCH_LIBRARY`` and has no Python bindings, so it is loaded with ``torch.ops.load_library`` and a prebuilt copy works
+under any Python of the same torch build. :func:`load_extension` compiles it on first use into
+``$PRUNEKIT_KERNEL_CACHE`` (default ``~/.cache/prunekit/kernels``) in a directory named by :func:`build_key`: sha256 of
+the sources, the torch version, the CUDA version, the target archs and the flags, so a changed source or toolchain
+never loads a stale library. Targets: explicit ``-gencode`` for sm_80 and sm_90 (plus the visible GPU's arch when it
+is neither) and compute_90 PTX for newer GPUs; ``PRUNEKIT_CUDA_ARCHS="90"`` narrows it.
 
 A library whose file name carries the same key is used instead of compiling when found in ``$PRUNEKIT_KERNEL_PREBUILT``
 or the ``prebuilt/`` folder beside this module (where an exported package's ``runtime/`` keeps it).
 
-Importing this module never fails; :func:`load` raises :class:`KernelUnavailable` with one sentence when there is no
+Importing this module never fails; loading raises :class:`KernelUnavailable` with one sentence when there is no
 CUDA torch, no GPU, no compiler, or the build fails. torch and stdlib only (copied into exported packages).
 """
 
@@ -22,6 +26,7 @@ import logging
 import os
 import shutil
 import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -42,16 +47,23 @@ ARCHS_ENV = "PRUNEKIT_CUDA_ARCHS"
 PREBUILT_ENV = "PRUNEKIT_KERNEL_PREBUILT"
 
 _lock = threading.Lock()
-_loaded_path: Path | None = None
 
 __all__ = [
+    "Extension",
+    "MAIN",
     "build_key",
     "cache_root",
     "copy_prebuilt",
+    "extension_loaded",
+    "extensions",
+    "find_prebuilt",
     "gencode_flags",
     "is_loaded",
     "library_name",
     "load",
+    "load_all",
+    "load_extension",
+    "loaded_libraries",
     "loaded_library",
     "source_digest",
     "target_archs",
@@ -90,36 +102,22 @@ def gencode_flags(archs: tuple[str, ...]) -> list[str]:
 
 
 def source_digest(csrc_dir: Path = CSRC_DIR) -> str:
-    """sha256 (hex) over the names and bytes of every source and header in ``csrc_dir``."""
-    digest = hashlib.sha256()
-    for name in sorted(SOURCES + HEADERS):
-        digest.update(name.encode())
-        digest.update(b"\0")
-        digest.update((csrc_dir / name).read_bytes())
-        digest.update(b"\0")
-    return digest.hexdigest()
+    """sha256 (hex) over the names and bytes of the main library's sources and headers found in ``csrc_dir``."""
+    return replace(MAIN, csrc_dir=Path(csrc_dir)).source_digest()
 
 
-def build_key(source_sha256: str, torch_version: str, cuda_version: str | None, archs: tuple[str, ...]) -> str:
-    """sha256 (hex) naming one build: sources, torch version, CUDA version and target archs."""
-    payload = json.dumps(
-        {"sources": source_sha256, "torch": torch_version, "cuda": cuda_version, "archs": list(archs)}, sort_keys=True
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def library_name(key: str) -> str:
-    """Extension (and .so file stem) name for a build key."""
-    return f"prunekit_kernels_{key[:16]}"
+def build_key(
+    source_sha256: str, torch_version: str, cuda_version: str | None, archs: tuple[str, ...], extra: str = ""
+) -> str:
+    """sha256 (hex) naming one build: sources, torch version, CUDA version, target archs (and flags etc. in ``extra``)."""
+    fields = {"sources": source_sha256, "torch": torch_version, "cuda": cuda_version, "archs": list(archs)}
+    if extra:
+        fields["extra"] = extra
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def _device_capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-
-
-def current_key() -> str:
-    """:func:`build_key` for this process's torch, CUDA and visible GPU."""
-    return build_key(source_digest(), torch.__version__, torch.version.cuda, target_archs(_device_capability()))
 
 
 def unavailable_reason(need_compiler: bool = True) -> str | None:
@@ -141,49 +139,103 @@ def unavailable_reason(need_compiler: bool = True) -> str | None:
     return None
 
 
-def is_loaded() -> bool:
-    """True when the ``prunekit_ext`` operators are registered in this process."""
+@dataclass(frozen=True)
+class Extension:
+    """One CUDA/C++ extension library of prunekit: what to compile, how, and how to tell it is loaded.
+
+    Every library registers operators with ``TORCH_LIBRARY`` under ``namespace`` and has no Python bindings, so it is
+    loaded with ``torch.ops.load_library``. Its build folder and .so file are named ``{prefix}_{key16}``, the key being
+    the sha256 of (its sources' names and bytes, torch version, CUDA version, target archs, flags, ``key_extra``).
+
+    Attributes:
+        namespace: operator namespace the library registers (``prunekit_ext``, ``prunekit_structured``, ...).
+        prefix: library name prefix.
+        csrc_dir: folder of ``sources`` and ``headers``.
+        sources: files compiled (``.cu`` with nvcc, ``.cpp`` with the host compiler).
+        headers: files included by the sources (hashed into the key, not compiled).
+        probe: an operator name in ``namespace`` whose presence means the library is loaded.
+        description: what the kernels are, for error messages ("structured-sparse CUDA kernels").
+        cuda_cflags: extra nvcc flags (the ``-gencode`` flags are added by :func:`gencode_flags`).
+        include_paths / ldflags: extra include folders and linker flags.
+        gencode: compile ``.cu`` sources for :func:`target_archs` (False for a C++-only library).
+        prebuilt: whether the exporter may ship this library in a package (False when it links a library by rpath).
+        key_extra: anything else the build depends on (e.g. the folder of a linked library).
+    """
+
+    namespace: str
+    prefix: str
+    csrc_dir: Path
+    sources: tuple[str, ...]
+    headers: tuple[str, ...] = ()
+    probe: str = ""
+    description: str = "CUDA kernels"
+    cuda_cflags: tuple[str, ...] = ("-O3", "-lineinfo")
+    include_paths: tuple[str, ...] = ()
+    ldflags: tuple[str, ...] = ()
+    gencode: bool = True
+    prebuilt: bool = True
+    key_extra: str = ""
+
+    def source_digest(self) -> str:
+        """sha256 (hex) over the names and bytes of the sources and headers."""
+        digest = hashlib.sha256()
+        for name in sorted(self.sources + self.headers):
+            digest.update(name.encode() + b"\0" + (self.csrc_dir / name).read_bytes() + b"\0")
+        return digest.hexdigest()
+
+    def key(self, archs: tuple[str, ...] | None = None) -> str:
+        """sha256 (hex) naming one build of this library for ``archs`` (default: this machine's targets)."""
+        archs = target_archs(_device_capability()) if archs is None else archs
+        extra = json.dumps([*self.cuda_cflags, *self.include_paths, *self.ldflags, self.key_extra])
+        return build_key(
+            self.source_digest(), torch.__version__, torch.version.cuda, archs if self.gencode else (), extra
+        )
+
+    def library_name(self, archs: tuple[str, ...] | None = None) -> str:
+        """``{prefix}_{key16}``: the extension (and .so file stem) name."""
+        return f"{self.prefix}_{self.key(archs)[:16]}"
+
+    def nvcc_flags(self, archs: tuple[str, ...]) -> list[str]:
+        """nvcc flags of a build for ``archs``: :attr:`cuda_cflags` plus the ``-gencode`` flags."""
+        return [*self.cuda_cflags, *(gencode_flags(archs) if self.gencode else [])]
+
+
+_registry: dict[str, Path] = {}  # namespace -> library loaded by load_extension in this process
+_ready: set[str] = set()  # namespaces known to be loaded (the per-call fast check)
+
+
+def extension_loaded(ext: Extension) -> bool:
+    """True when ``ext``'s operators are registered in this process (by this module or another copy)."""
+    if ext.namespace in _ready:
+        return True
     try:
-        getattr(torch.ops, NAMESPACE).spmm_csr_tiled  # noqa: B018
+        getattr(getattr(torch.ops, ext.namespace), ext.probe)  # noqa: B009
     except (AttributeError, RuntimeError):
         return False
+    _ready.add(ext.namespace)
     return True
 
 
-def loaded_library() -> Path | None:
-    """Path of the .so loaded by :func:`load` in this process (for the exporter to copy), or None."""
-    return _loaded_path
-
-
-def copy_prebuilt(dest_dir: Path) -> Path | None:
-    """Copy the library loaded in this process into ``dest_dir`` under its key name (for an exported package).
-
-    A later :func:`load` in a process with the same sources, torch, CUDA and archs finds it when ``dest_dir`` is
-    ``$PRUNEKIT_KERNEL_PREBUILT`` or the ``prebuilt/`` folder beside this module. Returns the copy's path, or None when
-    no library was loaded by this module.
-    """
-    if _loaded_path is None or not Path(_loaded_path).is_file():
-        return None
-    dest_dir = Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    target = dest_dir / Path(_loaded_path).name
-    if Path(_loaded_path).resolve() != target.resolve():
-        shutil.copy2(_loaded_path, target)
-    return target
-
-
-def _prebuilt(key: str) -> Path | None:
+def _prebuilt_dirs() -> list[Path]:
     dirs = [Path(os.environ[PREBUILT_ENV])] if os.environ.get(PREBUILT_ENV) else []
     dirs.append(PREBUILT_DIR)
-    for folder in dirs:
-        candidate = folder / f"{library_name(key)}.so"
+    return dirs
+
+
+def find_prebuilt(ext: Extension, archs: tuple[str, ...] | None = None) -> Path | None:
+    """A prebuilt ``{library_name}.so`` for this key in ``$PRUNEKIT_KERNEL_PREBUILT`` or ``prebuilt/``, or None."""
+    if not ext.prebuilt:
+        return None
+    name = ext.library_name(archs)
+    for folder in _prebuilt_dirs():
+        candidate = folder / f"{name}.so"
         if candidate.is_file():
             return candidate
     return None
 
 
-def load(verbose: bool = False) -> Path | None:
-    """Make the ``prunekit_ext`` operators available, building the extension if needed (minutes, once per key).
+def load_extension(ext: Extension, verbose: bool = False) -> Path | None:
+    """Make ``ext``'s operators available: a loaded copy, a prebuilt library, or a JIT build (minutes, once per key).
 
     Returns:
         Path of the loaded library, or None when another copy registered the operators first.
@@ -191,46 +243,150 @@ def load(verbose: bool = False) -> Path | None:
     Raises:
         KernelUnavailable: no CUDA torch, no GPU of sm_80 or newer, no nvcc/ninja, or the compilation failed.
     """
-    global _loaded_path
     with _lock:
-        if is_loaded():
-            return _loaded_path
-        key = current_key()
-        prebuilt = _prebuilt(key)
+        if extension_loaded(ext):
+            return _registry.get(ext.namespace)
+        prebuilt = find_prebuilt(ext)
         reason = unavailable_reason(need_compiler=prebuilt is None)
         if reason is not None:
-            raise KernelUnavailable(f"prunekit's CUDA kernels are unavailable: {reason}.")
+            raise KernelUnavailable(f"prunekit's {ext.description} are unavailable: {reason}.")
         if prebuilt is not None:
-            log.info("loading prebuilt kernels %s", prebuilt)
+            log.info("loading prebuilt %s %s", ext.description, prebuilt)
             torch.ops.load_library(str(prebuilt))
-            _loaded_path = prebuilt
-            return prebuilt
-        _loaded_path = _compile(key, verbose)
-        return _loaded_path
+            path = prebuilt
+        else:
+            path = _compile(ext, verbose)
+        _registry[ext.namespace] = path
+        _ready.add(ext.namespace)
+        return path
 
 
-def _compile(key: str, verbose: bool) -> Path:
+def _compile(ext: Extension, verbose: bool) -> Path:
     from torch.utils import cpp_extension
 
-    name = library_name(key)
+    archs = target_archs(_device_capability())
+    name = ext.library_name(archs)
     build_dir = cache_root() / name
     build_dir.mkdir(parents=True, exist_ok=True)
-    archs = target_archs(_device_capability())
-    log.info("building prunekit CUDA kernels for sm_%s into %s", ",".join(archs), build_dir)
+    log.info("building prunekit %s for sm_%s into %s", ext.description, ",".join(archs), build_dir)
     try:
         cpp_extension.load(
             name=name,
-            sources=[str(CSRC_DIR / s) for s in SOURCES],
+            sources=[str(ext.csrc_dir / s) for s in ext.sources],
             extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3", "-lineinfo", *gencode_flags(archs)],
+            extra_cuda_cflags=ext.nvcc_flags(archs),
+            extra_include_paths=list(ext.include_paths),
+            extra_ldflags=list(ext.ldflags),
             build_directory=str(build_dir),
+            with_cuda=True,
             verbose=verbose,
             is_python_module=False,
         )
     except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError with the full log
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KernelUnavailable(
-            f"building prunekit's CUDA kernels failed ({first}); rerun `prunekit kernels build --verbose` "
+            f"building prunekit's {ext.description} failed ({first}); rerun `prunekit kernels build --verbose` "
             f"to see the compiler output (build folder {build_dir})."
         ) from exc
     return build_dir / f"{name}.so"
+
+
+MAIN = Extension(
+    namespace=NAMESPACE,
+    prefix="prunekit_kernels",
+    csrc_dir=CSRC_DIR,
+    sources=SOURCES,
+    headers=HEADERS,
+    probe="spmm_csr_tiled",
+    description="CUDA kernels",
+)
+"""The SpMM/SDDMM library (``prunekit_ext``); other modules declare theirs next to their Python wrappers."""
+
+
+def extensions() -> list[Extension]:
+    """Every extension prunekit ships (imports the modules that declare them), main library first."""
+    from . import ks, spdnn_cuda, structured
+
+    return [MAIN, structured.EXTENSION, ks.EXTENSION, spdnn_cuda.EXTENSION]
+
+
+def is_loaded() -> bool:
+    """True when the ``prunekit_ext`` operators are registered in this process."""
+    return extension_loaded(MAIN)
+
+
+def loaded_library() -> Path | None:
+    """Path of the main library loaded by :func:`load` in this process (for the exporter to copy), or None."""
+    return _registry.get(MAIN.namespace)
+
+
+def loaded_libraries() -> dict[str, Path]:
+    """namespace -> path of every library this module loaded in this process."""
+    return dict(_registry)
+
+
+def copy_prebuilt(dest_dir: Path) -> Path | None:
+    """Copy every shippable library loaded in this process into ``dest_dir`` under its key name (for a package).
+
+    A later load in a process with the same sources, torch, CUDA and archs finds them when ``dest_dir`` is
+    ``$PRUNEKIT_KERNEL_PREBUILT`` or the ``prebuilt/`` folder beside this module. Returns the main library's copy
+    (or the first copy when the main library was not loaded), or None when nothing was copied.
+    """
+    shippable = {e.namespace for e in _shippable()}
+    copied: dict[str, Path] = {}
+    for namespace, path in _registry.items():
+        if namespace not in shippable or not Path(path).is_file():
+            continue
+        dest_dir = Path(dest_dir)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        target = dest_dir / Path(path).name
+        if Path(path).resolve() != target.resolve():
+            shutil.copy2(path, target)
+        copied[namespace] = target
+    return copied.get(MAIN.namespace) or next(iter(copied.values()), None)
+
+
+def _shippable() -> list[Extension]:
+    try:
+        return [e for e in extensions() if e.prebuilt]
+    except ImportError:  # a package runtime without one of the modules
+        return [MAIN]
+
+
+def current_key() -> str:
+    """The main library's build key for this process's torch, CUDA and visible GPU."""
+    return MAIN.key()
+
+
+def library_name(key: str) -> str:
+    """Main library (and .so file stem) name for a build key."""
+    return f"{MAIN.prefix}_{key[:16]}"
+
+
+def _prebuilt(key: str) -> Path | None:
+    for folder in _prebuilt_dirs():
+        candidate = folder / f"{library_name(key)}.so"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load(verbose: bool = False) -> Path | None:
+    """Make the ``prunekit_ext`` operators (SpMM/SDDMM) available, building the extension if needed.
+
+    Returns:
+        Path of the loaded library, or None when another copy registered the operators first.
+
+    Raises:
+        KernelUnavailable: no CUDA torch, no GPU of sm_80 or newer, no nvcc/ninja, or the compilation failed.
+    """
+    return load_extension(MAIN, verbose)
+
+
+def load_all(verbose: bool = False) -> dict[str, Path | None]:
+    """Load (building if needed) every shippable extension; namespace -> library path.
+
+    Raises:
+        KernelUnavailable: as :func:`load_extension`, for the first library that cannot be built or loaded.
+    """
+    return {e.namespace: load_extension(e, verbose) for e in _shippable()}

@@ -23,16 +23,11 @@ torch + stdlib only (copied into exported packages).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import threading
 from pathlib import Path
 
 import torch
 
-from ..errors import KernelUnavailable
 from . import build, ks_reference, ops, reference
 from .layout import new_spmm_output
 
@@ -51,9 +46,6 @@ PIPELINED_DEFAULT = False
 
 __all__ = ["ks_mm", "ks_chain_mm", "ks_mm_cuda", "load", "is_loaded", "pick_tile"]
 
-_lock = threading.Lock()
-_loaded_path: Path | None = None
-
 
 def pick_tile(b: int, c: int, dtype: torch.dtype) -> int:
     """Rows of ``b`` one CTA computes: 128 when ``b`` is a multiple of 128 (fewer re-reads of X), else 64 (less
@@ -66,31 +58,20 @@ def pick_tile(b: int, c: int, dtype: torch.dtype) -> int:
     return 128 if b % 128 == 0 else 64
 
 
-def source_digest() -> str:
-    """sha256 (hex) over the names and bytes of this extension's sources and headers."""
-    digest = hashlib.sha256()
-    for name in sorted(SOURCES + HEADERS):
-        digest.update(name.encode() + b"\0" + (CSRC_DIR / name).read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def library_name() -> str:
-    """``prunekit_ks_<key16>``: the key hashes the sources, torch, CUDA and the target archs."""
-    archs = build.target_archs(torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
-    payload = json.dumps(
-        {"sources": source_digest(), "torch": torch.__version__, "cuda": torch.version.cuda, "archs": list(archs)},
-        sort_keys=True,
-    )
-    return f"{NAMESPACE}_{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
+EXTENSION = build.Extension(
+    namespace=NAMESPACE,
+    prefix=NAMESPACE,
+    csrc_dir=CSRC_DIR,
+    sources=SOURCES,
+    headers=HEADERS,
+    probe="ks_mm_out",
+    description="Kronecker-sparse CUDA kernels",
+)
 
 
 def is_loaded() -> bool:
     """True when the ``prunekit_ks`` operators are registered in this process."""
-    try:
-        torch.ops.prunekit_ks.ks_mm_out  # noqa: B018
-    except (AttributeError, RuntimeError):
-        return False
-    return True
+    return build.extension_loaded(EXTENSION)
 
 
 def load(verbose: bool = False) -> Path | None:
@@ -102,45 +83,7 @@ def load(verbose: bool = False) -> Path | None:
     Raises:
         KernelUnavailable: no CUDA torch, no GPU of sm_80 or newer, no nvcc/ninja, or the compilation failed.
     """
-    global _loaded_path
-    with _lock:
-        if is_loaded():
-            return _loaded_path
-        name = library_name()
-        prebuilt_dirs = [Path(os.environ[build.PREBUILT_ENV])] if os.environ.get(build.PREBUILT_ENV) else []
-        prebuilt_dirs.append(build.PREBUILT_DIR)
-        for folder in prebuilt_dirs:
-            candidate = folder / f"{name}.so"
-            if candidate.is_file() and build.unavailable_reason(need_compiler=False) is None:
-                torch.ops.load_library(str(candidate))
-                _loaded_path = candidate
-                return candidate
-        reason = build.unavailable_reason()
-        if reason is not None:
-            raise KernelUnavailable(f"prunekit's Kronecker-sparse CUDA kernels are unavailable: {reason}.")
-        from torch.utils import cpp_extension
-
-        build_dir = build.cache_root() / name
-        build_dir.mkdir(parents=True, exist_ok=True)
-        archs = build.target_archs(torch.cuda.get_device_capability())
-        log.info("building prunekit Kronecker-sparse kernels for sm_%s into %s", ",".join(archs), build_dir)
-        try:
-            cpp_extension.load(
-                name=name,
-                sources=[str(CSRC_DIR / s) for s in SOURCES],
-                extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3", "-lineinfo", *build.gencode_flags(archs)],
-                build_directory=str(build_dir),
-                verbose=verbose,
-                is_python_module=False,
-            )
-        except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError with the full log
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise KernelUnavailable(
-                f"building prunekit's Kronecker-sparse CUDA kernels failed ({first}); build folder {build_dir}."
-            ) from exc
-        _loaded_path = build_dir / f"{name}.so"
-        return _loaded_path
+    return build.load_extension(EXTENSION, verbose)
 
 
 def _check_activation(activation: str) -> None:

@@ -12,26 +12,25 @@ its own small library. torch + stdlib only.
 
 from __future__ import annotations
 
-import hashlib
-import threading
 from pathlib import Path
 
 import torch
 
-from ..errors import KernelUnavailable
-from .build import build_key, cache_root, gencode_flags, target_archs, unavailable_reason
+from .build import Extension, load_extension
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "spdnn" / "spdnn_chain.cu"
+CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "spdnn"
+SOURCES = ("spdnn_chain.cu",)
 MAX_CHAIN = 64  # layers per launch once few inputs are left
-_lock = threading.Lock()
 
-
-def _loaded() -> bool:
-    try:
-        torch.ops.prunekit_spdnn.chain  # noqa: B018
-    except (AttributeError, RuntimeError):
-        return False
-    return True
+EXTENSION = Extension(
+    namespace="prunekit_spdnn",
+    prefix="prunekit_spdnn",
+    csrc_dir=CSRC_DIR,
+    sources=SOURCES,
+    probe="chain",
+    description="fused SpDNN kernel",
+    prebuilt=False,  # benchmark/challenge kernel: never shipped in an exported package
+)
 
 
 def load(verbose: bool = False) -> None:
@@ -40,33 +39,7 @@ def load(verbose: bool = False) -> None:
     Raises:
         KernelUnavailable: no CUDA torch, GPU, or compiler, or the build failed.
     """
-    with _lock:
-        if _loaded():
-            return
-        reason = unavailable_reason()
-        if reason is not None:
-            raise KernelUnavailable(f"the fused SpDNN kernel is unavailable: {reason}.")
-        from torch.utils import cpp_extension
-
-        archs = target_archs(torch.cuda.get_device_capability())
-        key = build_key(hashlib.sha256(SOURCE.read_bytes()).hexdigest(), torch.__version__, torch.version.cuda, archs)
-        name = f"prunekit_spdnn_{key[:16]}"
-        build_dir = cache_root() / name
-        build_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            cpp_extension.load(
-                name=name,
-                sources=[str(SOURCE)],
-                extra_cuda_cflags=["-O3", "-lineinfo", *gencode_flags(archs)],
-                build_directory=str(build_dir),
-                verbose=verbose,
-                is_python_module=False,
-            )
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise KernelUnavailable(
-                f"building the fused SpDNN kernel failed ({first}); build folder {build_dir}"
-            ) from exc
+    load_extension(EXTENSION, verbose)
 
 
 def block_inputs(neurons: int) -> int:

@@ -30,11 +30,8 @@ CUDA versions and the target archs. Importing this module never fails; CUDA call
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import threading
 from pathlib import Path
 
 import torch
@@ -65,41 +62,24 @@ CSLT_ALIGN_MK = (32, 64)  # M and K the 2:4 path takes (cuSPARSELt fp16/bf16 str
 
 __all__ = ["bsr_mm", "bsr_mm_static", "nm_mm_cuda", "bsr_mm_cuda", "load", "is_loaded", "kernel_supports_bsr"]
 
-_lock = threading.Lock()
-_loaded_path: Path | None = None
-_ready = False  # set once the operators are loaded: the per-call fast check
 _SM_COUNT: dict[int, int] = {}
 
 
-def source_digest() -> str:
-    """sha256 (hex) over the names and bytes of this extension's sources and headers."""
-    digest = hashlib.sha256()
-    for name in sorted(SOURCES + HEADERS):
-        digest.update(name.encode() + b"\0" + (CSRC_DIR / name).read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def library_name() -> str:
-    """Extension (and .so stem) name: ``prunekit_structured_<key16>`` for this torch, CUDA, GPU and sources."""
-    archs = build.target_archs(torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
-    payload = json.dumps(
-        {"sources": source_digest(), "torch": torch.__version__, "cuda": torch.version.cuda, "archs": list(archs)},
-        sort_keys=True,
-    )
-    return f"{NAMESPACE}_{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
+EXTENSION = build.Extension(
+    namespace=NAMESPACE,
+    prefix=NAMESPACE,
+    csrc_dir=CSRC_DIR,
+    sources=SOURCES,
+    headers=HEADERS,
+    probe="bsr_mm_out",
+    description="structured-sparse CUDA kernels",
+    cuda_cflags=("-O3", "-lineinfo", "--expt-relaxed-constexpr"),
+)
 
 
 def is_loaded() -> bool:
     """True when the ``prunekit_structured`` operators are registered in this process."""
-    global _ready
-    if _ready:
-        return True
-    try:
-        torch.ops.prunekit_structured.bsr_mm_out  # noqa: B018
-    except (AttributeError, RuntimeError):
-        return False
-    _ready = True
-    return True
+    return build.extension_loaded(EXTENSION)
 
 
 def load(verbose: bool = False) -> Path | None:
@@ -111,45 +91,7 @@ def load(verbose: bool = False) -> Path | None:
     Raises:
         KernelUnavailable: no CUDA torch, no GPU of sm_80 or newer, no nvcc/ninja, or the compilation failed.
     """
-    global _loaded_path
-    with _lock:
-        if is_loaded():
-            return _loaded_path
-        reason = build.unavailable_reason()
-        name = library_name()
-        prebuilt_dirs = [Path(os.environ[build.PREBUILT_ENV])] if os.environ.get(build.PREBUILT_ENV) else []
-        prebuilt_dirs.append(build.PREBUILT_DIR)
-        for folder in prebuilt_dirs:
-            candidate = folder / f"{name}.so"
-            if candidate.is_file() and build.unavailable_reason(need_compiler=False) is None:
-                torch.ops.load_library(str(candidate))
-                _loaded_path = candidate
-                return candidate
-        if reason is not None:
-            raise KernelUnavailable(f"prunekit's structured-sparse CUDA kernels are unavailable: {reason}.")
-        from torch.utils import cpp_extension
-
-        build_dir = build.cache_root() / name
-        build_dir.mkdir(parents=True, exist_ok=True)
-        archs = build.target_archs(torch.cuda.get_device_capability())
-        log.info("building prunekit structured kernels for sm_%s into %s", ",".join(archs), build_dir)
-        try:
-            cpp_extension.load(
-                name=name,
-                sources=[str(CSRC_DIR / s) for s in SOURCES],
-                extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3", "-lineinfo", "--expt-relaxed-constexpr", *build.gencode_flags(archs)],
-                build_directory=str(build_dir),
-                verbose=verbose,
-                is_python_module=False,
-            )
-        except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError with the full log
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise KernelUnavailable(
-                f"building prunekit's structured-sparse CUDA kernels failed ({first}); build folder {build_dir}."
-            ) from exc
-        _loaded_path = build_dir / f"{name}.so"
-        return _loaded_path
+    return build.load_extension(EXTENSION, verbose)
 
 
 def _check_activation(activation: str) -> None:
@@ -241,7 +183,7 @@ def bsr_mm_cuda(
             out.copy_(y)
             return out
         return y
-    if not _ready:
+    if not is_loaded():
         load()
     r, c = blocks.shape[1], blocks.shape[2]
     if m % r or x.shape[0] % c or crow_indices.numel() != m // r + 1:
@@ -333,42 +275,34 @@ def load_cslt(verbose: bool = False) -> None:
         return
     except (AttributeError, RuntimeError):
         pass
-    reason = build.unavailable_reason()
-    if reason is not None:
-        raise KernelUnavailable(f"prunekit's cuSPARSELt binding is unavailable: {reason}.")
+    if build.unavailable_reason() is not None:
+        raise KernelUnavailable(f"prunekit's cuSPARSELt binding is unavailable: {build.unavailable_reason()}.")
     folder = cusparselt_dir()
     if folder is None:
         raise KernelUnavailable(
             f"prunekit's cuSPARSELt binding needs the nvidia-cusparselt wheel (or ${CUSPARSELT_DIR_ENV}) with "
             "include/cusparseLt.h and lib/libcusparseLt.so.0."
         )
-    from torch.utils import cpp_extension
+    build.load_extension(cslt_extension(folder), verbose)
 
-    digest = hashlib.sha256()
-    for name in CSLT_SOURCES:
-        digest.update(name.encode() + b"\0" + (CSRC_DIR / name).read_bytes())
-    digest.update(f"{torch.__version__}|{torch.version.cuda}|{folder}".encode())
-    name = f"prunekit_cslt_{digest.hexdigest()[:16]}"
-    build_dir = build.cache_root() / name
-    build_dir.mkdir(parents=True, exist_ok=True)
+
+def cslt_extension(folder: Path) -> build.Extension:
+    """The cuSPARSELt binding's library spec, linked against ``folder/lib/libcusparseLt.so.0`` by rpath (so it is
+    never shipped prebuilt)."""
     lib = folder / "lib"
-    try:
-        cpp_extension.load(
-            name=name,
-            sources=[str(CSRC_DIR / s) for s in CSLT_SOURCES],
-            extra_cflags=["-O2"],
-            extra_include_paths=[str(folder / "include")],
-            extra_ldflags=[f"-L{lib}", "-l:libcusparseLt.so.0", f"-Wl,-rpath,{lib}"],
-            build_directory=str(build_dir),
-            with_cuda=True,
-            verbose=verbose,
-            is_python_module=False,
-        )
-    except Exception as exc:  # compiler/linker errors arrive as RuntimeError/CalledProcessError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise KernelUnavailable(
-            f"building prunekit's cuSPARSELt binding failed ({first}); folder {build_dir}."
-        ) from exc
+    return build.Extension(
+        namespace="prunekit_cslt",
+        prefix="prunekit_cslt",
+        csrc_dir=CSRC_DIR,
+        sources=CSLT_SOURCES,
+        probe="mm",
+        description="cuSPARSELt binding",
+        include_paths=(str(folder / "include"),),
+        ldflags=(f"-L{lib}", "-l:libcusparseLt.so.0", f"-Wl,-rpath,{lib}"),
+        gencode=False,
+        prebuilt=False,
+        key_extra=str(folder),
+    )
 
 
 def native_cslt_available() -> bool:
