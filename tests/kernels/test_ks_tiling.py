@@ -1,0 +1,341 @@
+"""CPU emulation of the ``prunekit::ks_mm`` CUDA kernels' tiling and index math (``csrc/ks/ks_mm.cuh``, ``ks_mm.cu``).
+
+No GPU has run these kernels yet (issue 8), so this file replays, in pure torch, what every CTA of the tensor-core
+kernel (``ks_mm_tc_kernel``: BM x 128 tiles, BK = 32, eight warps of 2 x FRAG_N WMMA 16x16x16 fragments) and of
+the fp32 kernel (``ks_mm_f32_kernel``: 128 x 128 x 8, 8 x 8 outputs per thread) computes: the host's choice of load
+path (``ks_mm_out``: vec_w, vec_x), each load path's index expressions over flat storage (the strides of X as
+given, zero fill outside b, c and N, the cp.async partial-byte fill), the shared-memory tile addressing with its
+padded leading dimensions, the WMMA fragment addressing (pointer + row * ldm), the k loop, and the epilogue's
+lane -> (row, column) map with bias and ReLU. Each emulated output is compared with a float64 reference, every
+output element must be written exactly once, every read must fall inside X's storage, and every 16-byte access
+must be 16-byte aligned. The expressions below mirror the CUDA source line by line; a change to the kernel's index
+math must be mirrored here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prunekit.formats.ks import blocks_to_dense
+
+# ks_mm.cuh constants
+TC_BN, TC_BK, TC_THREADS, TC_PAD = 128, 32, 256, 8
+VEC = 8  # elements of fp16/bf16 in one 16-byte access
+# ks_mm.cu constants (fp32 kernel)
+F_BM, F_BN, F_BK, F_THREADS = 128, 128, 8, 256
+
+
+class Strided:
+    """X (K, N) or Y (M, N) as flat storage + (stride_row, stride_col, offset), like the kernel's pointer + strides."""
+
+    def __init__(self, flat: torch.Tensor, rows: int, cols: int, s_row: int, s_col: int, offset: int = 0):
+        self.flat, self.rows, self.cols, self.s_row, self.s_col, self.offset = flat, rows, cols, s_row, s_col, offset
+
+    def view(self) -> torch.Tensor:
+        return self.flat.as_strided((self.rows, self.cols), (self.s_row, self.s_col), self.offset)
+
+    def read(self, elem: torch.Tensor) -> torch.Tensor:
+        """Values at element offsets (relative to the data pointer); asserts they lie inside the storage."""
+        absolute = elem + self.offset
+        if absolute.numel():
+            assert int(absolute.min()) >= 0 and int(absolute.max()) < self.flat.numel(), "read outside X's storage"
+        return self.flat[absolute]
+
+
+def host_paths(c: int, d: int, x: Strided) -> tuple[int, int]:
+    """``ks_mm_out``'s vec_w / vec_x choice (blocks contiguous and 16-byte aligned; X aligned iff offset % 8 == 0)."""
+    vec_w = 1 if c % 8 == 0 else 0
+    aligned = x.offset % VEC == 0
+    if x.s_col == 1 and x.s_row % 8 == 0 and aligned:
+        return vec_w, 1
+    if x.s_row == 1 and x.s_col % 8 == 0 and d == 1 and c % 8 == 0 and aligned:
+        return vec_w, 2
+    return vec_w, 0
+
+
+def tc_load_tile(bm, a_dst, b_dst, w_flat, w_g_off, x: Strided, x_row0, beta0, n0, k0, b, c, d, n_total, vec_w, vec_x):
+    """``tc_load_tile``: fills the flat shared-memory tiles a_dst (BM x LDA) and b_dst (BK x LDB); returns the path
+    taken for X ("vec1", "vec2", "scalar_last" or "scalar_any")."""
+    lda, ldb = TC_BK + TC_PAD, TC_BN + TC_PAD
+    if vec_w:
+        v = torch.arange(bm * TC_BK // 8)
+        r, kv = v // (TC_BK // 8), (v % (TC_BK // 8)) * 8
+        beta, gamma = beta0 + r, k0 + kv
+        inside = (beta < b) & (gamma < c)
+        src = torch.where(inside, w_g_off + beta * c + gamma, w_g_off)
+        assert bool((src[inside] % VEC == 0).all()), "unaligned 16-byte W load"
+        for t in range(8):
+            a_dst[r * lda + kv + t] = torch.where(inside, w_flat[torch.where(inside, src + t, 0)], 0.0)
+    else:
+        e = torch.arange(bm * TC_BK)
+        r, kk = e // TC_BK, e % TC_BK
+        beta, gamma = beta0 + r, k0 + kk
+        inside = (beta < b) & (gamma < c)
+        a_dst[r * lda + kk] = torch.where(inside, w_flat[torch.where(inside, w_g_off + beta * c + gamma, 0)], 0.0)
+    if vec_x == 1:
+        v = torch.arange(TC_BK * TC_BN // 8)
+        kk, nv = v // (TC_BN // 8), (v % (TC_BN // 8)) * 8
+        gamma, n = k0 + kk, n0 + nv
+        valid = torch.where(gamma < c, (n_total - n).clamp(0, 8), 0)
+        src = torch.where(valid > 0, (x_row0 + gamma * d) * x.s_row + n, 0)
+        assert bool(((src[valid > 0] + x.offset) % VEC == 0).all()), "unaligned 16-byte X load"
+        for t in range(8):
+            take = t < valid  # cp.async with src_bytes = valid * 2: the rest of the 16 bytes is zero-filled
+            b_dst[kk * ldb + nv + t] = torch.where(take, x.read(torch.where(take, src + t, 0)), 0.0)
+        return "vec1"
+    if vec_x == 2:
+        v = torch.arange(TC_BK * TC_BN // 8)
+        nn, kv = v // (TC_BK // 8), (v % (TC_BK // 8)) * 8
+        gamma, n = k0 + kv, n0 + nn
+        inside = (gamma < c) & (n < n_total)
+        src = x_row0 + gamma + n * x.s_col
+        assert bool(((src[inside] + x.offset) % VEC == 0).all()), "unaligned 16-byte X load"
+        for t in range(8):
+            b_dst[(kv + t) * ldb + nn] = torch.where(inside, x.read(torch.where(inside, src + t, 0)), 0.0)
+        return "vec2"
+    e = torch.arange(TC_BK * TC_BN)
+    if x.s_col == 1:
+        kk, nn = e // TC_BN, e % TC_BN
+        path = "scalar_last"
+    else:
+        kk, nn = e % TC_BK, e // TC_BK
+        path = "scalar_any"
+    gamma, n = k0 + kk, n0 + nn
+    inside = (gamma < c) & (n < n_total)
+    src = (x_row0 + gamma * d) * x.s_row + n * x.s_col
+    b_dst[kk * ldb + nn] = torch.where(inside, x.read(torch.where(inside, src, 0)), 0.0)
+    return path
+
+
+def frag(base: int, ldm: int) -> torch.Tensor:
+    """``wmma::load_matrix_sync`` addressing of a row-major 16 x 16 fragment: flat indices ``base + row * ldm +
+    col``; checks the 32-byte pointer alignment and ldm % 8 that WMMA requires for 16-bit types."""
+    assert base % 16 == 0 and ldm % 8 == 0, "WMMA pointer not 32-byte aligned or ldm not a multiple of 8"
+    return base + torch.arange(16)[:, None] * ldm + torch.arange(16)[None, :]
+
+
+def emulate_tc(blocks, x: Strided, y: Strided, bias, relu, bm, pipelined, writes, paths):
+    """Every CTA of ``ks_mm_tc_kernel<T, BM, PIPE>`` in float64. ``writes`` counts stores per Y element."""
+    a, d, b, c = blocks.shape
+    n_total = x.cols
+    w_flat = blocks.reshape(-1)
+    vec_w, vec_x = host_paths(c, d, x)
+    warps_m = bm // 32
+    warps_n = 8 // warps_m
+    wn = TC_BN // warps_n
+    frag_m, frag_n = 2, wn // 16
+    lda, ldb = TC_BK + TC_PAD, TC_BN + TC_PAD
+    stages = 2 if pipelined else 1
+    k_steps = (c + TC_BK - 1) // TC_BK
+    rows_contiguous = y.s_row == 1
+    a_idx, b_idx, ep_row, ep_col, ep_st = fragment_indices(bm, rows_contiguous)
+    for g in range(a * d):
+        alpha, delta = g // d, g % d
+        w_g_off = g * b * c
+        x_row0 = alpha * c * d + delta
+        for by in range((n_total + TC_BN - 1) // TC_BN):
+            n0 = by * TC_BN
+            for bz in range((b + bm - 1) // bm):
+                beta0 = bz * bm
+                a_s = torch.full((stages, bm * lda), float("nan"), dtype=torch.float64)
+                b_s = torch.full((stages, TC_BK * ldb), float("nan"), dtype=torch.float64)
+                acc = torch.zeros(8, frag_m, frag_n, 16, 16, dtype=torch.float64)
+                for kt in range(k_steps):
+                    cur = kt & 1 if pipelined else 0
+                    paths.add(
+                        tc_load_tile(bm, a_s[cur], b_s[cur], w_flat, w_g_off, x, x_row0, beta0, n0, kt * TC_BK,
+                                     b, c, d, n_total, vec_w, vec_x)
+                    )  # fmt: skip
+                    fa = a_s[cur][a_idx]  # (warp, i, kk, 16, 16)
+                    fb = b_s[cur][b_idx]  # (warp, j, kk, 16, 16)
+                    acc += torch.einsum("wiqrk,wjqkc->wijrc", fa, fb)
+                assert not torch.isnan(acc).any(), "an mma read a shared-memory element no load wrote"
+                st = acc.reshape(8, frag_m, frag_n, 256)  # store_matrix_sync(st, acc, 16, mem_row_major) per warp
+                beta = beta0 + ep_row
+                n = n0 + ep_col
+                keep = (beta < b) & (n < n_total)
+                m = (alpha * b + beta) * d + delta
+                v = st.gather(3, ep_st.expand(8, frag_m, frag_n, 256))
+                if bias is not None:
+                    v = v + bias[torch.where(keep, m, 0)]
+                if relu:
+                    v = v.clamp_min(0.0)
+                off = (y.offset + m * y.s_row + n * y.s_col)[keep]
+                y.flat[off] = v[keep]
+                writes.index_add_(0, off, torch.ones_like(off))
+
+
+def fragment_indices(bm: int, rows_contiguous: bool):
+    """Flat shared-memory indices of every warp's WMMA fragments (load_matrix_sync at pointer + row * ldm) and the
+    epilogue's (row, column, stage index) of every (warp, i, j, lane + t * 32)."""
+    warps_m = bm // 32
+    warps_n = 8 // warps_m
+    wn = TC_BN // warps_n
+    frag_m, frag_n = 2, wn // 16
+    lda, ldb = TC_BK + TC_PAD, TC_BN + TC_PAD
+    a_idx = torch.empty(8, frag_m, TC_BK // 16, 16, 16, dtype=torch.int64)
+    b_idx = torch.empty(8, frag_n, TC_BK // 16, 16, 16, dtype=torch.int64)
+    ep_row = torch.empty(8, frag_m, frag_n, 256, dtype=torch.int64)
+    ep_col = torch.empty_like(ep_row)
+    e = torch.arange(32)[:, None] + torch.arange(8)[None, :] * 32  # lane + t * 32, t < 8
+    r = (e % 16 if rows_contiguous else e // 16).reshape(-1)
+    cc = (e // 16 if rows_contiguous else e % 16).reshape(-1)
+    for warp in range(8):
+        warp_m, warp_n = warp // warps_n, warp % warps_n
+        for q, kk in enumerate(range(0, TC_BK, 16)):
+            for i in range(frag_m):
+                a_idx[warp, i, q] = frag((warp_m * 32 + i * 16) * lda + kk, lda)
+            for j in range(frag_n):
+                b_idx[warp, j, q] = frag(kk * ldb + warp_n * wn + j * 16, ldb)
+        for i in range(frag_m):
+            for j in range(frag_n):
+                ep_row[warp, i, j] = warp_m * 32 + i * 16 + r
+                ep_col[warp, i, j] = warp_n * wn + j * 16 + cc
+    return a_idx, b_idx, ep_row, ep_col, (r * 16 + cc).reshape(1, 1, 1, 256)
+
+
+def emulate_f32(blocks, x: Strided, y: Strided, bias, relu, writes):
+    """Every CTA of ``ks_mm_f32_kernel`` (128 x 128 x 8 tiles, thread (ty, tx) owns 8 x 8 outputs) in float64."""
+    a, d, b, c = blocks.shape
+    n_total = x.cols
+    w_flat = blocks.reshape(-1)
+    batch_last = x.s_col == 1
+    tid = torch.arange(F_THREADS)
+    ty, tx = tid // 16, tid % 16
+    quarter = torch.arange(4)
+    rows = torch.cat([ty[:, None] * 4 + quarter, 64 + ty[:, None] * 4 + quarter], 1)  # (256, 8): ra[i]
+    cols = torch.cat([tx[:, None] * 4 + quarter, 64 + tx[:, None] * 4 + quarter], 1)  # (256, 8): rb[j]
+    for g in range(a * d):
+        alpha, delta = g // d, g % d
+        x_row0 = alpha * c * d + delta
+        for by in range((n_total + F_BN - 1) // F_BN):
+            n0 = by * F_BN
+            for bz in range((b + F_BM - 1) // F_BM):
+                beta0 = bz * F_BM
+                acc = torch.zeros(F_THREADS, 8, 8, dtype=torch.float64)
+                for k0 in range(0, c, F_BK):
+                    a_s = torch.full((F_BK, F_BM + 4), float("nan"), dtype=torch.float64)
+                    b_s = torch.full((F_BK, F_BN + 4), float("nan"), dtype=torch.float64)
+                    e = (tid[:, None] + torch.arange((F_BM * F_BK) // F_THREADS)[None, :] * F_THREADS).reshape(-1)
+                    kk, r = e % F_BK, e // F_BK
+                    beta, gamma = beta0 + r, k0 + kk
+                    inside = (beta < b) & (gamma < c)
+                    a_s[kk, r] = torch.where(inside, w_flat[torch.where(inside, g * b * c + beta * c + gamma, 0)], 0.0)
+                    e = (tid[:, None] + torch.arange((F_BK * F_BN) // F_THREADS)[None, :] * F_THREADS).reshape(-1)
+                    kk = e // F_BN if batch_last else e % F_BK
+                    nn = e % F_BN if batch_last else e // F_BK
+                    gamma, n = k0 + kk, n0 + nn
+                    inside = (gamma < c) & (n < n_total)
+                    src = (x_row0 + gamma * d) * x.s_row + n * x.s_col
+                    b_s[kk, nn] = torch.where(inside, x.read(torch.where(inside, src, 0)), 0.0)
+                    assert not torch.isnan(a_s[:, :F_BM]).any() and not torch.isnan(b_s[:, :F_BN]).any()
+                    for kq in range(F_BK):
+                        acc += a_s[kq][rows][:, :, None] * b_s[kq][cols][:, None, :]
+                beta = beta0 + rows[:, :, None].expand(-1, -1, 8)
+                n = n0 + cols[:, None, :].expand(-1, 8, -1)
+                keep = (beta < b) & (n < n_total)
+                m = (alpha * b + beta) * d + delta
+                v = acc.clone()
+                if bias is not None:
+                    v = v + bias[torch.where(keep, m, 0)]
+                if relu:
+                    v = v.clamp_min(0.0)
+                off = (y.offset + m * y.s_row + n * y.s_col)[keep]
+                y.flat[off] = v[keep]
+                writes.index_add_(0, off, torch.ones_like(off))
+
+
+def make_x(k: int, n: int, layout: str, g: torch.Generator) -> Strided:
+    """X (k, n) over flat storage: batch_last (row-major), batch_first (x2d.t()), and padded / offset variants that
+    force the scalar paths (unaligned leading dimensions or data pointer)."""
+    if layout == "batch_last":
+        return Strided(torch.randn(k * n, generator=g, dtype=torch.float64), k, n, n, 1)
+    if layout == "batch_first":
+        return Strided(torch.randn(n * k, generator=g, dtype=torch.float64), k, n, 1, k)
+    if layout == "batch_last_padded":  # row stride n + 3, data pointer 1 element in
+        return Strided(torch.randn(k * (n + 3) + 1, generator=g, dtype=torch.float64), k, n, n + 3, 1, 1)
+    if layout == "batch_first_offset":  # x2d rows of k + 8, data pointer 8 elements in (aligned)
+        return Strided(torch.randn(n * (k + 8) + 8, generator=g, dtype=torch.float64), k, n, 1, k + 8, 8)
+    raise ValueError(layout)
+
+
+def make_y(m: int, n: int, x: Strided) -> Strided:
+    """``layout.new_spmm_output``: column-major Y for a column-major X, else row-major."""
+    flat = torch.full((m * n,), float("nan"), dtype=torch.float64)
+    if x.s_row == 1 and x.s_col != 1:
+        return Strided(flat, m, n, 1, m)
+    return Strided(flat, m, n, n, 1)
+
+
+def reference(blocks, x: Strided, bias, relu):
+    y = blocks_to_dense(blocks) @ x.view()
+    if bias is not None:
+        y = y + bias[:, None]
+    return y.clamp_min(0.0) if relu else y
+
+
+def run_case(quad, n, layout, kernel, seed=0):
+    a, b, c, d = quad
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randn(a, d, b, c, generator=g, dtype=torch.float64)
+    x = make_x(a * c * d, n, layout, g)
+    bias = torch.randn(a * b * d, generator=g, dtype=torch.float64) if seed % 2 == 0 else None
+    relu = seed % 3 == 0
+    y = make_y(a * b * d, n, x)
+    writes = torch.zeros(y.flat.numel(), dtype=torch.int64)
+    paths: set[str] = set()
+    if kernel == "f32":
+        emulate_f32(blocks, x, y, bias, relu, writes)
+    else:
+        bm, pipelined = kernel
+        emulate_tc(blocks, x, y, bias, relu, bm, pipelined, writes, paths)
+    assert bool((writes == 1).all()), "an output element was written zero or several times"
+    ref = reference(blocks, x, bias, relu)
+    err = float((y.view() - ref).norm() / ref.norm().clamp_min(1e-30))
+    assert err < 1e-12, (quad, n, layout, kernel, err)
+    return paths
+
+
+# Odd shapes: b, c not multiples of 16 (or 8), c spanning several k-steps with a ragged last one, N not a multiple
+# of 128, b above one tile of 64 rows, d > 1 strided gathers, a > 1 groups.
+TC_CASES = [
+    ((1, 1, 1, 1), 1),
+    ((2, 3, 5, 7), 40),
+    ((3, 70, 40, 2), 130),
+    ((1, 130, 72, 1), 129),
+    ((2, 24, 48, 3), 17),
+    ((1, 20, 33, 1), 136),
+    ((2, 16, 16, 2), 37),
+]
+
+
+@pytest.mark.parametrize("layout", ["batch_last", "batch_first", "batch_last_padded", "batch_first_offset"])
+def test_tc_kernel_tiling_emulation_matches_float64(layout):
+    paths: set[str] = set()
+    for seed, (quad, n) in enumerate(TC_CASES):
+        kernels = [(64, False), (128, True)] if seed % 2 else [(64, True), (128, False)]
+        for kernel in kernels:
+            paths |= run_case(quad, n, layout, kernel, seed)
+    expected = {
+        "batch_last": {"vec1", "scalar_last"},  # vec1 needs N % 8 == 0 (16-byte rows)
+        "batch_first": {"vec2", "scalar_any", "scalar_last"},  # N = 1: X is (K, 1) with unit strides
+        "batch_last_padded": {"scalar_last"},
+        "batch_first_offset": {"vec2", "scalar_any"},
+    }[layout]
+    assert paths == expected  # every X load path of the kernel is exercised by some layout
+
+
+@pytest.mark.parametrize("layout", ["batch_last", "batch_first", "batch_last_padded"])
+def test_f32_kernel_tiling_emulation_matches_float64(layout):
+    for seed, (quad, n) in enumerate([((2, 3, 5, 7), 37), ((1, 130, 20, 1), 129), ((3, 9, 17, 2), 140)]):
+        run_case(quad, n, layout, "f32", seed)
+
+
+def test_host_path_choice_matches_layouts():
+    g = torch.Generator().manual_seed(0)
+    assert host_paths(16, 1, make_x(32, 16, "batch_last", g)) == (1, 1)
+    assert host_paths(16, 1, make_x(32, 16, "batch_first", g)) == (1, 2)
+    assert host_paths(16, 2, make_x(64, 16, "batch_first", g)) == (1, 0)  # d > 1: strided gather, scalar
+    assert host_paths(12, 1, make_x(24, 16, "batch_first", g)) == (0, 0)
+    assert host_paths(16, 1, make_x(32, 16, "batch_last_padded", g)) == (1, 0)
