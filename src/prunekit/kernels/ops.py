@@ -18,10 +18,11 @@ from .layout import as_spmm_output, new_spmm_output
 __all__ = ["spmm_csr", "sddmm_csr", "bsr_mm", "nm_mm"]
 
 
-def _define(name: str, fn, fake, cuda=None):
+def _define(name: str, fn, fake, cuda=None, autograd=None):
     """Register ``prunekit::name`` once per process (a package runtime and prunekit may both import this).
 
-    The first copy to import registers the CPU, fake and (when given) CUDA implementations; later copies reuse them.
+    The first copy to import registers the CPU, fake, (when given) CUDA and autograd (``(backward, setup_context)``)
+    implementations; later copies reuse them.
     """
     qualname = f"prunekit::{name}"
     try:
@@ -31,6 +32,8 @@ def _define(name: str, fn, fake, cuda=None):
     op.register_fake(fake)
     if cuda is not None:
         op.register_kernel("cuda")(cuda)
+    if autograd is not None:
+        op.register_autograd(autograd[0], setup_context=autograd[1])
     return op
 
 
@@ -56,6 +59,30 @@ def _spmm_csr_cuda(values, row_offsets, column_indices, row_indices, x, m, bias=
     from . import gpu
 
     return gpu.spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+
+
+def _spmm_csr_setup_context(ctx, inputs, output):
+    values, row_offsets, column_indices, row_indices, x, m, bias, activation = inputs
+    ctx.activation = activation
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(values, row_offsets, column_indices, row_indices, x, output)
+
+
+def _spmm_csr_backward(ctx, grad_y):
+    """Gradients of ``Y = act(A @ X + bias)``: values via SDDMM (``dY X^T`` sampled at A's pattern, Sputnik sec. 6;
+    0 at padding entries, so a pruned weight never receives a gradient), X via ``A^T dY``, bias via the row sums."""
+    values, row_offsets, column_indices, row_indices, x, y = ctx.saved_tensors
+    g = grad_y
+    if ctx.activation == "relu":
+        g = g * (y > 0).to(g.dtype)
+    grad_values = grad_x = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_values = sddmm_csr(row_offsets, column_indices, row_indices, g.to(x.dtype), x).to(values.dtype)
+    if ctx.needs_input_grad[4]:
+        grad_x = reference.spmm_csr_transposed(values, row_offsets, column_indices, g.to(x.dtype), x.shape[0])
+    if ctx.has_bias and ctx.needs_input_grad[6]:
+        grad_bias = g.sum(1)
+    return grad_values, None, None, None, grad_x, None, grad_bias, None
 
 
 def _sddmm_csr(
@@ -111,13 +138,20 @@ def _nm_mm_fake(values, metadata, x, n, m_group, bits, bias=None, activation="no
     return x.new_empty((values.shape[0], x.shape[1]))
 
 
-spmm_csr = _define("spmm_csr", _spmm_csr, _spmm_csr_fake, _spmm_csr_cuda)
-"""``prunekit::spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none")``:
-``Y (M, N) = act(A @ X + bias[:, None])`` with A in prunekit CSR (Sputnik SpMM, Gale et al. 2020). A column-major
-``x`` (``x2d.t()``) gives a column-major Y (``layout.py``). CPU: reference; CUDA: ``gpu.spmm_csr``."""
 sddmm_csr = _define("sddmm_csr", _sddmm_csr, _sddmm_csr_fake, _sddmm_csr_cuda)
 """``prunekit::sddmm_csr(row_offsets, column_indices, row_indices, a, b) -> (nnz_padded,)``: ``(A @ B^T)`` sampled at
 a CSR pattern (Sputnik SDDMM), ``a: (M, K_inner)``, ``b: (N, K_inner)``; padding entries are 0."""
+spmm_csr = _define(
+    "spmm_csr",
+    _spmm_csr,
+    _spmm_csr_fake,
+    _spmm_csr_cuda,
+    autograd=(_spmm_csr_backward, _spmm_csr_setup_context),
+)
+"""``prunekit::spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none")``:
+``Y (M, N) = act(A @ X + bias[:, None])`` with A in prunekit CSR (Sputnik SpMM, Gale et al. 2020). A column-major
+``x`` (``x2d.t()``) gives a column-major Y (``layout.py``). CPU: reference; CUDA: ``gpu.spmm_csr``. Differentiable in
+``values`` (SDDMM), ``x`` and ``bias``."""
 bsr_mm = _define("bsr_mm", _bsr_mm, _bsr_mm_fake)
 nm_mm = _define("nm_mm", _nm_mm, _nm_mm_fake)
 from . import structured  # noqa: E402,F401  (CUDA impls of bsr_mm / nm_mm)

@@ -71,6 +71,37 @@ def spmm_csr(
     return _epilogue(out, bias, activation, x.dtype)
 
 
+def spmm_csr_transposed(
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    dy: torch.Tensor,
+    k: int,
+) -> torch.Tensor:
+    """``A^T @ dY``: the input gradient of :func:`spmm_csr` (scatter form, no transposed copy of A).
+
+    Args:
+        values: ``(nnz_padded,)``; row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz_padded,)`` int16/int32
+            (padding entries hold value 0, so they add nothing); dy: ``(M, N)``; k: K.
+
+    Returns:
+        ``(K, N)`` in ``dy.dtype``, accumulated in float32 (float64 for float64) with ``index_add_`` (runs on any
+        device; on CUDA it is atomics-based, not one of prunekit's tuned kernels).
+    """
+    acc_dtype = accumulate_dtype(dy.dtype)
+    n = dy.shape[1]
+    out = torch.zeros(k, n, dtype=acc_dtype, device=dy.device)
+    rows = csr_rows(row_offsets)
+    cols = column_indices.long()
+    vals = values.to(acc_dtype)
+    g = dy.to(acc_dtype)
+    step = _chunk(n)
+    for start in range(0, vals.numel(), step):
+        sl = slice(start, start + step)
+        out.index_add_(0, cols[sl], vals[sl, None] * g[rows[sl]])
+    return out.to(dy.dtype)
+
+
 def bsr_mm(
     blocks: torch.Tensor,
     crow_indices: torch.Tensor,
