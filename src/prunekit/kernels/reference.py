@@ -57,18 +57,23 @@ def spmm_csr(
             ``(nnz_padded,)`` int16/int32; row_indices: ``(M,)`` int32 (unused here: an
             execution order); x: ``(K, N)``; m: M; bias: ``(M,)`` or None; activation: none|relu.
     """
-    acc_dtype = accumulate_dtype(x.dtype)
-    n = x.shape[1]
-    out = torch.zeros(m, n, dtype=acc_dtype, device=x.device)
-    rows = csr_rows(row_offsets)
-    cols = column_indices.long()
+    out = _scatter_products(values, csr_rows(row_offsets), column_indices.long(), x, m)
+    return _epilogue(out, bias, activation, x.dtype)
+
+
+def _scatter_products(
+    values: torch.Tensor, scatter: torch.Tensor, gather: torch.Tensor, src: torch.Tensor, rows_out: int
+) -> torch.Tensor:
+    """``out[scatter[j]] += values[j] * src[gather[j]]`` over all non-zeros j, chunked; ``(rows_out, N)`` accumulator."""
+    acc_dtype = accumulate_dtype(src.dtype)
+    out = torch.zeros(rows_out, src.shape[1], dtype=acc_dtype, device=src.device)
     vals = values.to(acc_dtype)
-    xa = x.to(acc_dtype)
-    step = _chunk(n)
+    sa = src.to(acc_dtype)
+    step = _chunk(src.shape[1])
     for start in range(0, vals.numel(), step):
         sl = slice(start, start + step)
-        out.index_add_(0, rows[sl], vals[sl, None] * xa[cols[sl]])
-    return _epilogue(out, bias, activation, x.dtype)
+        out.index_add_(0, scatter[sl], vals[sl, None] * sa[gather[sl]])
+    return out
 
 
 def spmm_csr_transposed(
@@ -88,18 +93,7 @@ def spmm_csr_transposed(
         ``(K, N)`` in ``dy.dtype``, accumulated in float32 (float64 for float64) with ``index_add_`` (runs on any
         device; on CUDA it is atomics-based, not one of prunekit's tuned kernels).
     """
-    acc_dtype = accumulate_dtype(dy.dtype)
-    n = dy.shape[1]
-    out = torch.zeros(k, n, dtype=acc_dtype, device=dy.device)
-    rows = csr_rows(row_offsets)
-    cols = column_indices.long()
-    vals = values.to(acc_dtype)
-    g = dy.to(acc_dtype)
-    step = _chunk(n)
-    for start in range(0, vals.numel(), step):
-        sl = slice(start, start + step)
-        out.index_add_(0, cols[sl], vals[sl, None] * g[rows[sl]])
-    return out.to(dy.dtype)
+    return _scatter_products(values, column_indices.long(), csr_rows(row_offsets), dy, k).to(dy.dtype)
 
 
 def bsr_mm(
