@@ -43,7 +43,11 @@ from .layout import as_spmm_output, new_spmm_output
 log = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "structured"
-SOURCES = ("bsr_mm.cu",) + tuple(f"bsr_mm_{t}_n{bn}.cu" for t in ("f16", "bf16") for bn in (32, 128, 256))
+SOURCES = (
+    ("bsr_mm.cu",)
+    + tuple(f"bsr_mm_{t}_n{bn}.cu" for t in ("f16", "bf16") for bn in (32, 128, 256))
+    + ("bsr_mm_wgmma.cu",)  # sm_90a wgmma + TMA variant: kernel body only in an sm_90a image (else probe says no)
+)
 HEADERS = ("bsr_mm.cuh",)
 NAMESPACE = "prunekit_structured"
 KERNEL_BLOCK_SIZES = (16, 32, 64)  # r and c the tensor-core kernel is instantiated for
@@ -51,16 +55,29 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 TILE_NS = (32, 128, 256)  # N tiles the kernel is instantiated for (csrc/structured/bsr_mm.cuh, BsrConfig)
 DECODE_MAX_N = 32  # N up to this takes the 32-wide tile: less wasted tensor-core work at decode shapes
 WIDE_TILE_MIN_BLOCKS_PER_ROW = 10  # 64-row blocks: the 256 tile paid off from ~13 blocks per row, lost at <= 6.4
+VARIANTS = {"auto": 0, "mma": 1, "wgmma": 2}  # csrc/structured/bsr_mm.cu VARIANT_*; "auto" is "mma" until measured
+WGMMA_BLOCKS = ((64, 16), (64, 32), (64, 64))  # r x c the wgmma variant takes (wgmma M = 64; c = the swizzle width)
+WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128
+BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and the runtime ("auto", "mma", "wgmma")
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
 CSLT_BACKEND_ENV = "PRUNEKIT_CSLT_BACKEND"  # "torch" forces torch._cslt_sparse_mm instead of prunekit's own binding
-CSLT_OUTPUT_ENV = (
-    "PRUNEKIT_CSLT_OUTPUT"  # "row": the binding writes a row-major (M, N) and transposes it (not yet run on a GPU)
-)
+CSLT_OUTPUT_ENV = "PRUNEKIT_CSLT_OUTPUT"  # the binding's output layout, "row" (default) or "col"
+CSLT_DEFAULT_OUTPUT = "row"  # a-priori choice (docs/PERFORMANCE_STRUCTURED.md, "2:4"); to be set by the nm benchmark
 CUSPARSELT_DIR_ENV = "PRUNEKIT_CUSPARSELT_DIR"  # folder holding include/cusparseLt.h and lib/libcusparseLt.so.0
 CSLT_ALIGN_N = 16  # cuSPARSELt's dense operand: N padded to a multiple of 16 (torch pads the same way)
 CSLT_ALIGN_MK = (32, 64)  # M and K the 2:4 path takes (cuSPARSELt fp16/bf16 structured-operand alignment)
 
-__all__ = ["bsr_mm", "bsr_mm_static", "nm_mm_cuda", "bsr_mm_cuda", "load", "is_loaded", "kernel_supports_bsr"]
+__all__ = [
+    "bsr_mm",
+    "bsr_mm_static",
+    "nm_mm_cuda",
+    "bsr_mm_cuda",
+    "bsr_variant",
+    "load",
+    "is_loaded",
+    "kernel_supports_bsr",
+    "wgmma_available",
+]
 
 _SM_COUNT: dict[int, int] = {}
 
@@ -117,7 +134,8 @@ def plan_tile_n(m: int, r: int, n: int, num_sms: int = 132, nblocks: int | None 
     ``n <= DECODE_MAX_N``: 32. Otherwise 256 when that still gives at least two CTAs per SM (``M / r`` block rows
     times the N tiles), since a wider tile re-reads each A block fewer times; except for 64-row blocks with fewer than
     :data:`WIDE_TILE_MIN_BLOCKS_PER_ROW` blocks per block row on average, where the shorter CTAs of the 128 tile won
-    (by 3-7% in the sweep); else 128.
+    (by 3-7% in the sweep); else 128. ``csrc/structured/bsr_mm.cu`` ``plan_tile_n`` is the same rule for the eager
+    C++ entry (a CUDA test compares them).
     """
     if n <= DECODE_MAX_N:
         return 32
@@ -125,6 +143,42 @@ def plan_tile_n(m: int, r: int, n: int, num_sms: int = 132, nblocks: int | None 
     if r == 64 and nblocks is not None and nblocks / rows < WIDE_TILE_MIN_BLOCKS_PER_ROW:
         return 128
     return 256 if rows * -(-n // 256) >= 2 * num_sms else 128
+
+
+def plan_tile_n_wgmma(m: int, r: int, n: int, num_sms: int = 132) -> int:
+    """N tile (128 or 256) of the wgmma variant: 256 (two consumer warpgroups sharing each A block) when ``n > 128``
+    and that still gives every SM a CTA, else 128 (the same rule as the C++ entry ``bsr_mm``)."""
+    return 256 if n > 128 and max(1, m // r) * -(-n // 256) >= num_sms else 128
+
+
+def bsr_variant(variant: str | None = None) -> str:
+    """The BSR kernel variant to use: ``variant``, else ``$PRUNEKIT_BSR_VARIANT``, else ``"auto"``.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    name = variant or os.environ.get(BSR_VARIANT_ENV) or "auto"
+    if name not in VARIANTS:
+        raise ValueError(f"unknown BSR kernel variant {name!r}; known: {', '.join(VARIANTS)}")
+    return name
+
+
+def wgmma_supports(blocks: torch.Tensor) -> bool:
+    """True when the wgmma variant takes this block shape (64 x 16, 64 x 32, 64 x 64)."""
+    return blocks.dim() == 3 and (int(blocks.shape[1]), int(blocks.shape[2])) in WGMMA_BLOCKS
+
+
+def wgmma_available() -> bool:
+    """True when the loaded library holds the sm_90a wgmma kernels and the current GPU is sm_90 (one probe launch and
+    host sync per process, on first use). False without a GPU or library."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        if not is_loaded():
+            load()
+    except KernelUnavailable:
+        return False
+    return bool(torch.ops.prunekit_structured.wgmma_available())
 
 
 def _sm_count(device: torch.device) -> int:
@@ -155,6 +209,7 @@ def bsr_mm_cuda(
     out: torch.Tensor | None = None,
     tile_n: int | None = None,
     staged_epilogue: bool = True,
+    variant: str | None = None,
 ) -> torch.Tensor:
     """CUDA BSR matmul ``Y (M, N) = act(A @ X + bias[:, None])`` (PopSparse, Li et al. 2023), fp32 accumulation.
 
@@ -165,16 +220,21 @@ def bsr_mm_cuda(
             (the K-contiguous ``x2d.t()`` is read in place, others are copied once); m: M; bias: ``(M,)`` or None;
             activation: ``"none"`` or ``"relu"``; schedule / split_rows: the static schedule of ``formats/bsr.py``
             (None: dynamic mode); out: optional ``(M, N)`` output to write into (any strides); tile_n: force the
-            kernel's N tile (32, 128 or 256; default :func:`plan_tile_n`); staged_epilogue: write the output tile
-            through shared memory with 16-byte stores (default) rather than element by element.
+            kernel's N tile (32, 128 or 256; wgmma: 128 or 256; default :func:`plan_tile_n` /
+            :func:`plan_tile_n_wgmma`); staged_epilogue: write the output tile through shared memory with 16-byte
+            stores (default) rather than element by element; variant: ``"auto"`` (today ``"mma"``), ``"mma"``
+            (mma.sync, ``bsr_mm.cuh``) or ``"wgmma"`` (sm_90a wgmma + TMA, ``bsr_mm_wgmma.cu``, blocks 64 x {16, 32,
+            64}; not yet run on a GPU); default :func:`bsr_variant`.
 
     Returns:
         ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` (column-major for ``x2d.t()``).
 
     Raises:
-        KernelUnavailable: no GPU/compiler. ValueError: bad activation or shapes.
+        KernelUnavailable: no GPU/compiler, or ``variant="wgmma"`` without an sm_90a build on an sm_90 GPU.
+        ValueError: bad activation, shapes or variant, or ``"wgmma"`` for a block shape it does not take.
     """
     _check_activation(activation)
+    variant = bsr_variant(variant)
     if x.dim() != 2 or blocks.dim() != 3:
         raise ValueError(f"x must be (K, N) and blocks (nblocks, r, c), got {tuple(x.shape)}, {tuple(blocks.shape)}")
     if not kernel_supports_bsr(blocks, x) or x.shape[0] == 0:
@@ -185,6 +245,11 @@ def bsr_mm_cuda(
         return y
     if not is_loaded():
         load()
+    if variant == "wgmma":
+        if not wgmma_supports(blocks):
+            raise ValueError(f"the wgmma variant takes blocks of {WGMMA_BLOCKS}, got {tuple(blocks.shape[1:])}")
+        if not wgmma_available():
+            raise KernelUnavailable("the wgmma BSR variant needs an sm_90 GPU and a library built for sm_90a")
     r, c = blocks.shape[1], blocks.shape[2]
     if m % r or x.shape[0] % c or crow_indices.numel() != m // r + 1:
         raise ValueError(f"bsr_mm: M={m}, K={x.shape[0]} and crow_indices do not match blocks of {r}x{c}")
@@ -199,7 +264,10 @@ def bsr_mm_cuda(
     if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
     if tile_n is None:
-        tile_n = plan_tile_n(m, r, n, _sm_count(x.device), blocks.shape[0])
+        if variant == "wgmma":
+            tile_n = plan_tile_n_wgmma(m, r, n, _sm_count(x.device))
+        else:
+            tile_n = plan_tile_n(m, r, n, _sm_count(x.device), blocks.shape[0])
     torch.ops.prunekit_structured.bsr_mm_out.default(
         blocks,
         _int32(crow_indices),
@@ -212,6 +280,7 @@ def bsr_mm_cuda(
         activation == "relu",
         tile_n,
         staged_epilogue,
+        VARIANTS[variant],
     )
     return y
 
@@ -364,22 +433,36 @@ def compressed_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: in
     return packed
 
 
-def _nm24_native(values, metadata, x, bits, bias, activation, transposed, n_pad, output) -> torch.Tensor:
-    k, n_cols = x.shape
-    state = native_weight_24(values, metadata, bits, k)
-    if transposed and n_pad == n_cols and x.stride(1) % 8 == 0 and x.data_ptr() % 16 == 0:
-        xb = x
-    else:
-        buf = x.new_zeros(n_pad, k)
-        buf[:n_cols] = x.t()
-        xb = buf.t()
-    if output == "row":  # cuSPARSELt writes (M, N) row-major; the layout rule's copy follows
-        y = torch.empty(values.shape[0], n_pad, dtype=x.dtype, device=x.device)
-    else:
-        y = torch.empty(n_pad, values.shape[0], dtype=x.dtype, device=x.device).t()
-    torch.ops.prunekit_cslt.mm.default(state.id, xb, y, bias, activation == "relu")
-    y = y[:, :n_cols] if n_pad != n_cols else y
-    return y if transposed and output != "row" else as_spmm_output(y, x)
+def cslt_output(output: str | None = None) -> str:
+    """The binding's output layout: ``output``, else ``$PRUNEKIT_CSLT_OUTPUT``, else :data:`CSLT_DEFAULT_OUTPUT`.
+
+    Raises:
+        ValueError: not ``"row"`` or ``"col"``.
+    """
+    name = output or os.environ.get(CSLT_OUTPUT_ENV) or CSLT_DEFAULT_OUTPUT
+    if name not in ("row", "col"):
+        raise ValueError(f"cuSPARSELt output layout must be 'row' or 'col', got {name!r}")
+    return name
+
+
+def _nm24_native(values, metadata, x, bits, bias, activation, output) -> torch.Tensor:
+    state = native_weight_24(values, metadata, bits, x.shape[0])
+    return torch.ops.prunekit_cslt.linear.default(state.id, x, bias, activation == "relu", output == "row")
+
+
+def nm24_fast(values: torch.Tensor, x: torch.Tensor, n: int, m_group: int) -> bool:
+    """True when a 2:4 weight ``values`` and ``x`` take the cuSPARSELt path (fp16/bf16, one dtype, ``M % 32 == 0``,
+    ``K % 64 == 0``, cuSPARSELt present)."""
+    k = x.shape[0]
+    return (
+        (n, m_group) == (2, 4)
+        and x.dtype in KERNEL_DTYPES
+        and values.dtype == x.dtype
+        and values.shape[0] % CSLT_ALIGN_MK[0] == 0
+        and k % CSLT_ALIGN_MK[1] == 0
+        and values.shape[0] > 0
+        and cusparselt_available()
+    )
 
 
 def nm_mm_cuda(
@@ -409,29 +492,19 @@ def nm_mm_cuda(
         values: ``(M, K / m_group * n)``; metadata: packed in-group indices (uint8, ``formats/nm.py``);
             x: ``(K, N)`` any strides; n, m_group, bits: the pattern; bias: ``(M,)`` or None; activation: none|relu;
             backend: ``"auto"`` (own binding when it loads) or ``"torch"``; output: the binding's output layout,
-            ``"col"`` (default, measured) or ``"row"`` (cuSPARSELt's faster configuration plus a transposing copy;
-            implemented but not yet run on a GPU), default ``$PRUNEKIT_CSLT_OUTPUT`` or ``"col"``.
+            ``"row"`` (cuSPARSELt's faster configuration on the H100, then the layout rule's transposing copy; the
+            a-priori default, not yet run on a GPU) or ``"col"`` (measured, 2.4x slower device time); default
+            :func:`cslt_output`.
 
     Returns:
         ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output``.
 
     Raises:
-        ValueError: bad activation.
+        ValueError: bad activation or output layout.
     """
     _check_activation(activation)
-    rows = values.shape[0]
     k, n_cols = x.shape
-    fast = (
-        (n, m_group) == (2, 4)
-        and x.dtype in KERNEL_DTYPES
-        and values.dtype == x.dtype
-        and rows % CSLT_ALIGN_MK[0] == 0
-        and k % CSLT_ALIGN_MK[1] == 0
-        and rows > 0
-        and n_cols > 0
-        and cusparselt_available()
-    )
-    if not fast:
+    if not (n_cols > 0 and nm24_fast(values, x, n, m_group)):
         return as_spmm_output(reference.nm_mm(values, metadata, x, n, m_group, bits, bias, activation), x)
     transposed = x.stride(0) == 1 and n_cols > 1
     n_pad = -(-n_cols // CSLT_ALIGN_N) * CSLT_ALIGN_N
@@ -439,8 +512,7 @@ def nm_mm_cuda(
         bias = bias.to(dtype=x.dtype).contiguous()
     if backend != "torch" and native_cslt_available():
         try:
-            output = output or os.environ.get(CSLT_OUTPUT_ENV, "col")
-            return _nm24_native(values, metadata, x, bits, bias, activation, transposed, n_pad, output)
+            return _nm24_native(values, metadata, x, bits, bias, activation, cslt_output(output))
         except RuntimeError as exc:  # a cuSPARSELt error: report once, then use torch's path for good
             global _native_state
             _native_state = False
@@ -467,6 +539,67 @@ def nm_mm_cuda(
     return as_spmm_output(res[:, :n_cols] if n_pad != n_cols else res, x)
 
 
+# --- eager entries: one C++ operator call per layer call -----------------------------------------------------------
+
+_wgmma_state: bool | None = None  # wgmma_available(), asked once
+
+
+def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None = None) -> int | None:
+    """Variant number (:data:`VARIANTS`) for the C++ eager entry ``prunekit_structured::bsr_mm`` when the tensor-core
+    kernels take ``blocks`` and ``x`` (loading the library on first use), or None when :func:`bsr_mm_cuda` must run
+    (reference shapes/dtypes, empty K). The runtime asks once per layer and dtype; ``"wgmma"`` falls back to
+    ``"mma"`` (with a warning) for block shapes or GPUs it does not take.
+
+    Raises:
+        KernelUnavailable: no GPU/compiler. ValueError: an unknown variant name.
+    """
+    global _wgmma_state
+    name = bsr_variant(variant)
+    if not kernel_supports_bsr(blocks, x) or x.dim() != 2 or x.shape[0] == 0:
+        return None
+    if not is_loaded():
+        load()
+    if name == "wgmma":
+        if _wgmma_state is None:
+            _wgmma_state = wgmma_available()
+        if not (_wgmma_state and wgmma_supports(blocks)):
+            log.warning("wgmma BSR variant unavailable for blocks %s on this GPU/build; using mma", tuple(blocks.shape))
+            name = "mma"
+    return VARIANTS[name]
+
+
+def bsr_mm_eager(
+    blocks: torch.Tensor,
+    crow_indices: torch.Tensor,
+    col_indices: torch.Tensor,
+    x: torch.Tensor,
+    m: int,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    schedule: torch.Tensor | None = None,
+    split_rows: torch.Tensor | None = None,
+    variant: str | None = None,
+) -> torch.Tensor:
+    """:func:`bsr_mm_cuda` through the C++ entry (output allocation, X layout, N tile and variant chosen in C++): the
+    CUDA implementation of the custom ops. Same arguments, result and errors (shape mismatches raise RuntimeError from
+    the C++ checks)."""
+    _check_activation(activation)
+    number = eager_bsr_variant(blocks, x, variant)
+    if number is None:
+        return bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias, activation, schedule, split_rows)
+    return torch.ops.prunekit_structured.bsr_mm.default(
+        blocks, crow_indices, col_indices, schedule, split_rows, x, m, bias, activation == "relu", number
+    )
+
+
+def eager_nm24_output(values: torch.Tensor, x: torch.Tensor, n: int, m_group: int) -> bool | None:
+    """For the runtime's eager 2:4 call: True (row-major binding output) / False (column-major) when prunekit's
+    cuSPARSELt binding takes ``values`` and ``x``, or None when :func:`nm_mm_cuda` must run. Asked once per layer."""
+    if x.dim() != 2 or not nm24_fast(values, x, n, m_group) or not native_cslt_available():
+        return None
+    return cslt_output() == "row"
+
+
 # --- op registration ---------------------------------------------------------------------------------------------
 
 
@@ -479,7 +612,7 @@ def _bsr_mm_fake(blocks, crow_indices, col_indices, x, m, bias=None, activation=
 
 
 def _bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias=None, activation="none"):
-    return bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias, activation)
+    return bsr_mm_eager(blocks, crow_indices, col_indices, x, m, bias, activation)
 
 
 def _nm_mm_cpu(values, metadata, x, n, m_group, bits, bias=None, activation="none"):
@@ -509,7 +642,7 @@ def _bsr_mm_static_fake(blocks, crow_indices, col_indices, schedule, split_rows,
 
 
 def _bsr_mm_static_cuda(blocks, crow_indices, col_indices, schedule, split_rows, x, m, bias=None, activation="none"):
-    return bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias, activation, schedule, split_rows)
+    return bsr_mm_eager(blocks, crow_indices, col_indices, x, m, bias, activation, schedule, split_rows)
 
 
 def _register() -> None:

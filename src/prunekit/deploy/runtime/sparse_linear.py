@@ -4,6 +4,11 @@ The forward pass computes ``y = x @ W^T + b`` with ``x: (..., in_features)`` thr
 format's matmul op (``prunekit::spmm_csr``, ``bsr_mm``, ``nm_mm``; CPU reference or CUDA
 kernels), as ``Y^T = W @ X^T`` on a transposed view. Storage-only formats (``bitmask``) and
 ``dense`` decode to a dense weight and use ``F.linear``.
+
+Eager calls on CUDA skip the custom-op layers: BSR and 2:4 layers call one C++ operator each
+(``prunekit_structured::bsr_mm``, ``prunekit_cslt::linear``) that allocates the output and launches
+the kernel, with the per-layer decisions (kernel or reference, variant, output layout) made on the
+first call and cached per dtype; traced, compiled and CPU calls go through the custom ops.
 """
 
 from __future__ import annotations
@@ -33,6 +38,24 @@ def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     c = layer.component
     static = "schedule" in layer._names  # static mode: the load-balanced schedule stored at export (formats/bsr.py)
     if _eager_cuda(xt):
+        buffers = layer._buffers
+        key = (xt.dtype, buffers["w_blocks"].dtype)
+        plan = layer._eager_plans.get(key, _UNSET)
+        if plan is _UNSET:
+            plan = layer._eager_plans[key] = structured.eager_bsr_variant(buffers["w_blocks"], xt)
+        if plan is not None:
+            return torch.ops.prunekit_structured.bsr_mm.default(
+                buffers["w_blocks"],
+                buffers["w_crow_indices"],
+                buffers["w_col_indices"],
+                buffers.get("w_schedule"),
+                buffers.get("w_split_rows"),
+                xt,
+                layer.out_features,
+                layer.bias,
+                False,
+                plan,
+            )
         sched = (c("schedule"), c("split_rows")) if static else (None, None)
         return structured.bsr_mm_cuda(
             c("blocks"), c("crow_indices"), c("col_indices"), xt, layer.out_features, layer.bias, "none", *sched
@@ -53,6 +76,19 @@ def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
 
 def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     c, p = layer.component, layer.params
+    if _eager_cuda(xt) and xt.shape[1] > 0:
+        buffers = layer._buffers
+        values = buffers["w_values"]
+        key = (xt.dtype, values.dtype)
+        row_output = layer._eager_plans.get(key, _UNSET)
+        if row_output is _UNSET:
+            row_output = layer._eager_plans[key] = structured.eager_nm24_output(values, xt, int(p["n"]), int(p["m"]))
+        if row_output is not None:
+            weight = structured.native_weight_24(values, buffers["w_metadata"], int(p["bits"]), layer.in_features)
+            try:
+                return torch.ops.prunekit_cslt.linear.default(weight.id, xt, layer.bias, False, row_output)
+            except RuntimeError:  # a cuSPARSELt error: nm_mm_cuda reports it and switches to torch's path for good
+                layer._eager_plans[key] = None
     matmul = structured.nm_mm_cuda if _eager_cuda(xt) else ops.nm_mm
     return matmul(c("values"), c("metadata"), xt, int(p["n"]), int(p["m"]), int(p["bits"]), layer.bias)
 
@@ -63,6 +99,8 @@ def _ks(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
 
     return ks.ks_chain_mm(factor_blocks(layer.encoded()), xt, layer.bias)
 
+
+_UNSET = object()  # no eager plan cached yet for this key
 
 # Format name -> matmul computing Y^T (out_features, tokens) from X^T (in_features, tokens).
 SPARSE_MATMULS = {"csr": _csr, "bsr": _bsr, "nm": _nm, "ks": _ks}
@@ -89,6 +127,7 @@ class SparseLinear(nn.Module):
             self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
         else:
             self.bias = None
+        self._eager_plans: dict[tuple[torch.dtype, torch.dtype], object] = {}  # (x dtype, weight dtype) -> plan
 
     def component(self, name: str) -> torch.Tensor:
         return getattr(self, f"w_{name}")

@@ -1,6 +1,12 @@
-// Host entry of the BSR tensor-core matmul (kernels in bsr_mm.cuh, instantiated per dtype in bsr_mm_f16.cu and
-// bsr_mm_bf16.cu so that they compile in parallel) and the torch operator registration.
+// Host entry of the BSR tensor-core matmul (mma.sync kernels in bsr_mm.cuh, instantiated per dtype and N tile in
+// bsr_mm_<dtype>_n<BN>.cu so that they compile in parallel; the sm_90a wgmma variant in bsr_mm_wgmma.cu) and the
+// torch operator registration. Two entries: bsr_mm_out (writes a given Y; benchmarks and tests force tile and
+// epilogue through it) and bsr_mm (the eager call: output allocation, X layout, N-tile and variant choice all here,
+// so that the runtime's eager forward is one dispatcher call with no Python-side tensor work).
 #include <torch/library.h>
+
+#include <algorithm>
+#include <mutex>
 
 #include "bsr_mm.cuh"
 
@@ -13,11 +19,40 @@ extern template void dispatch_rc<__nv_bfloat16, 32>(int, int, const BsrArgs&, in
 extern template void dispatch_rc<__nv_bfloat16, 128>(int, int, const BsrArgs&, int, cudaStream_t);
 extern template void dispatch_rc<__nv_bfloat16, 256>(int, int, const BsrArgs&, int, cudaStream_t);
 
+// bsr_mm_wgmma.cu
+bool bsr_wgmma_available();
+void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrArgs& args, int grid_rows, int tile_n,
+                      cudaStream_t stream);
+
+// Kernel variants (the `variant` argument; structured.py VARIANTS holds the same numbers).
+constexpr int64_t VARIANT_AUTO = 0;   // today: mma.sync (the wgmma variant has not run on a GPU yet)
+constexpr int64_t VARIANT_MMA = 1;    // bsr_mm.cuh, sm_80+
+constexpr int64_t VARIANT_WGMMA = 2;  // bsr_mm_wgmma.cu, sm_90a, blocks 64 x {16, 32, 64}
+constexpr int DECODE_MAX_N = 32;                // structured.DECODE_MAX_N
+constexpr int WIDE_TILE_MIN_BLOCKS_PER_ROW = 10;  // structured.WIDE_TILE_MIN_BLOCKS_PER_ROW
+
+// N tile of the mma.sync kernel: the same rule as structured.plan_tile_n (tests compare the two on the GPU).
+int64_t plan_tile_n(int64_t m, int64_t r, int64_t n, int64_t num_sms, int64_t nblocks) {
+  if (n <= DECODE_MAX_N) return 32;
+  const int64_t rows = std::max<int64_t>(1, m / r);
+  if (r == 64 && nblocks >= 0 && nblocks < WIDE_TILE_MIN_BLOCKS_PER_ROW * rows) return 128;
+  return rows * ((n + 255) / 256) >= 2 * num_sms ? 256 : 128;
+}
+
+int sm_count(int device) {
+  static std::mutex mutex;
+  static int counts[64] = {0};
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0 || device >= 64) return 132;
+  if (counts[device] == 0) C10_CUDA_CHECK(cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device));
+  return counts[device];
+}
+
 // y: (M, N) output with any strides; x: (K, N) with x.stride(0) == 1 and x.stride(1) % 8 == 0, 16-byte aligned.
 void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols,
                 const c10::optional<at::Tensor>& schedule, const c10::optional<at::Tensor>& split_rows,
                 const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu,
-                int64_t tile_n, bool staged_epilogue) {
+                int64_t tile_n, bool staged_epilogue, int64_t variant) {
   TORCH_CHECK(blocks.is_cuda() && x.is_cuda() && y.is_cuda(), "bsr_mm: tensors must be on the GPU");
   TORCH_CHECK(blocks.dim() == 3 && blocks.is_contiguous(), "bsr_mm: blocks must be a contiguous (nblocks, r, c)");
   TORCH_CHECK(blocks.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
@@ -72,7 +107,10 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
       args.ws = ws.data_ptr<float>();
     }
   }
-  if (grid_rows > 0) {
+  const bool wgmma = variant == VARIANT_WGMMA && blocks.size(0) > 0;
+  if (grid_rows > 0 && wgmma) {
+    launch_bsr_wgmma(blocks, x, args, grid_rows, static_cast<int>(tile_n), stream);
+  } else if (grid_rows > 0) {
     const bool half = x.scalar_type() == at::kHalf;
     if (half || x.scalar_type() == at::kBFloat16) {
       TORCH_CHECK(tile_n == 32 || tile_n == 128 || tile_n == 256, "bsr_mm: tile_n must be 32, 128 or 256");
@@ -109,12 +147,69 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
   }
 }
 
+
+// The eager entry: Y (M, N) = act(A @ X + bias), allocated here by layout.py's rule (X (K, N) with unit stride along
+// K and N > 1: Y is the transposed view of a contiguous (N, M); else a contiguous (M, N)). X is read in place when
+// K-contiguous with a leading dimension that is a multiple of 8 (the runtime's x2d.t()), else copied once. variant:
+// VARIANT_AUTO / _MMA / _WGMMA. No host synchronisation, one kernel launch (two for static schedules with split rows).
+at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols,
+                  const c10::optional<at::Tensor>& schedule, const c10::optional<at::Tensor>& split_rows,
+                  const at::Tensor& x, int64_t m, const c10::optional<at::Tensor>& bias, bool relu, int64_t variant) {
+  TORCH_CHECK(x.dim() == 2 && blocks.dim() == 3, "bsr_mm: x must be (K, N) and blocks (nblocks, r, c)");
+  const int64_t k = x.size(0), n = x.size(1);
+  const bool transposed_io = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
+  at::Tensor y = transposed_io ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+  at::Tensor xk = x;
+  const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  if (n == 1 && x.stride(0) == 1 && aligned && k % 8 == 0) {
+    xk = x.as_strided({k, 1}, {1, k});  // one column: its leading dimension is never used to address memory
+  } else if (!(x.stride(0) == 1 && x.stride(1) % 8 == 0 && x.stride(1) >= k && aligned)) {
+    xk = at::empty({n, k}, x.options()).copy_(x.t()).t();
+  }
+  at::Tensor blocks_c = blocks;
+  if (!blocks.is_contiguous() || reinterpret_cast<uintptr_t>(blocks.data_ptr()) % 16 != 0)
+    blocks_c = blocks.contiguous().clone();
+  auto as_int = [](const at::Tensor& t) {
+    return t.scalar_type() == at::kInt && t.is_contiguous() ? t : t.to(at::kInt).contiguous();
+  };
+  c10::optional<at::Tensor> bias_c = bias;
+  if (bias.has_value() && (bias->scalar_type() != x.scalar_type() || !bias->is_contiguous()))
+    bias_c = bias->to(x.scalar_type()).contiguous();
+  c10::optional<at::Tensor> sched_c, split_c;
+  if (schedule.has_value()) sched_c = as_int(*schedule);
+  if (split_rows.has_value()) split_c = as_int(*split_rows);
+  const int64_t r = blocks.size(1);
+  const int sms = sm_count(x.get_device());
+  int64_t tile_n;
+  if (variant == VARIANT_WGMMA) {
+    tile_n = n > 128 && std::max<int64_t>(1, m / r) * ((n + 255) / 256) >= sms ? 256 : 128;
+  } else {
+    TORCH_CHECK(variant == VARIANT_AUTO || variant == VARIANT_MMA, "bsr_mm: unknown variant ", variant);
+    variant = VARIANT_MMA;
+    tile_n = plan_tile_n(m, r, n, sms, blocks.size(0));
+  }
+  bsr_mm_out(blocks_c, as_int(crow), as_int(cols), sched_c, split_c, xk, y, bias_c, relu, tile_n, true, variant);
+  return y;
+}
+
+bool wgmma_available_op() { return bsr_wgmma_available(); }
+
 }  // namespace prunekit_structured
 
 TORCH_LIBRARY(prunekit_structured, m) {
   m.def(
       "bsr_mm_out(Tensor blocks, Tensor crow_indices, Tensor col_indices, Tensor? schedule, Tensor? split_rows, "
-      "Tensor x, Tensor(a!) y, Tensor? bias, bool relu, int tile_n, bool staged_epilogue) -> ()");
+      "Tensor x, Tensor(a!) y, Tensor? bias, bool relu, int tile_n, bool staged_epilogue, int variant=0) -> ()");
+  m.def(
+      "bsr_mm(Tensor blocks, Tensor crow_indices, Tensor col_indices, Tensor? schedule, Tensor? split_rows, Tensor x, "
+      "int m, Tensor? bias, bool relu, int variant=0) -> Tensor");
+  // No tensor arguments: catch-all kernels.
+  m.def("plan_tile_n(int m, int r, int n, int num_sms, int nblocks) -> int", &prunekit_structured::plan_tile_n);
+  m.def("wgmma_available() -> bool", &prunekit_structured::wgmma_available_op);
 }
 
-TORCH_LIBRARY_IMPL(prunekit_structured, CUDA, m) { m.impl("bsr_mm_out", &prunekit_structured::bsr_mm_out); }
+TORCH_LIBRARY_IMPL(prunekit_structured, CUDA, m) {
+  m.impl("bsr_mm_out", &prunekit_structured::bsr_mm_out);
+  m.impl("bsr_mm", &prunekit_structured::bsr_mm);
+}

@@ -4,7 +4,8 @@
 // torch._cslt_sparse_mm sets up descriptors, algorithm selection and plan on every call (hundreds of microseconds of
 // host time); here a weight is compressed once (prepare) and each (N, leading dimensions, bias, ReLU) gets its plan
 // once, so a call is one cusparseLtMatmul. Layouts: A = W (M, K) row-major, B = X (K, N) column-major (the
-// transposed view x2d.t() of nn.Linear activations), D = Y (M, N) column-major (the (N, M) row-major layer output).
+// transposed view x2d.t() of nn.Linear activations), D = Y (M, N) column-major (the (N, M) row-major layer output)
+// or row-major (cuSPARSELt's faster configuration on the H100; a transposing copy then gives the layer output).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -166,6 +167,43 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
                                  y.data_ptr(), y.data_ptr(), ws_ptr, &stream, 1));
 }
 
+// The eager entry (one dispatcher call per layer call, no Python tensor work): Y (M, N) = act(W @ x + bias) laid out
+// by layout.py's rule (x (K, N) with unit stride along K and N > 1: Y is the transposed view of a contiguous (N, M);
+// else a contiguous (M, N)). N is padded to a multiple of 16 (a zero-filled copy of x, only for such N). With
+// row_output cuSPARSELt writes a row-major (M, N_pad) (its fast configuration on the H100) and the layout rule's
+// copy follows; else it writes the column-major Y directly.
+at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool relu,
+                       bool row_output) {
+  TORCH_CHECK(x.dim() == 2, "cslt_linear: x must be (K, N)");
+  int64_t m = 0;
+  {
+    const std::lock_guard<std::mutex> lock(registry_mutex);
+    auto it = registry.find(id);
+    TORCH_CHECK(it != registry.end(), "cslt_linear: unknown weight id ", id);
+    m = it->second->m;
+  }
+  const int64_t k = x.size(0), n = x.size(1);
+  const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
+  const int64_t n_pad = (n + 15) / 16 * 16;
+  at::Tensor xb = x;
+  const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  if (!(transposed && n_pad == n && x.stride(1) % 8 == 0 && aligned)) {
+    at::Tensor buf = at::zeros({n_pad, k}, x.options());
+    buf.narrow(0, 0, n).copy_(x.t());
+    xb = buf.t();
+  }
+  at::Tensor y = row_output ? at::empty({m, n_pad}, x.options()) : at::empty({n_pad, m}, x.options()).t();
+  cslt_mm(id, xb, y, bias, relu);
+  if (n_pad != n) y = y.narrow(1, 0, n);
+  if (transposed) {
+    if (!row_output) return y;  // already the transposed view of a contiguous (N, M)
+    at::Tensor out = at::empty({n, m}, x.options());
+    out.copy_(y.t());
+    return out.t();
+  }
+  return y.is_contiguous() ? y : y.contiguous();
+}
+
 void cslt_release(int64_t id) {
   const std::lock_guard<std::mutex> lock(registry_mutex);
   registry.erase(id);
@@ -176,10 +214,12 @@ void cslt_release(int64_t id) {
 TORCH_LIBRARY(prunekit_cslt, m) {
   m.def("prepare(Tensor dense) -> int");
   m.def("mm(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
+  m.def("linear(int id, Tensor x, Tensor? bias, bool relu, bool row_output) -> Tensor");
   m.def("release(int id) -> ()", &prunekit_cslt::cslt_release);  // no tensor argument: a catch-all kernel
 }
 
 TORCH_LIBRARY_IMPL(prunekit_cslt, CUDA, m) {
   m.impl("prepare", &prunekit_cslt::cslt_prepare);
   m.impl("mm", &prunekit_cslt::cslt_mm);
+  m.impl("linear", &prunekit_cslt::cslt_linear);
 }
