@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -68,33 +72,70 @@ def run(
     device: Annotated[str, typer.Option(help="cpu (reference, slow) or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="float32 | float64 | float16 | bfloat16.")] = "float32",
     inputs: Annotated[int | None, typer.Option(help="Use only the first INPUTS inputs.")] = None,
-    kernel: Annotated[str, typer.Option(help="auto | fused (CUDA chain kernel) | reference (torch.sparse).")] = "auto",
+    kernel: Annotated[
+        str, typer.Option(help="auto | fused (shared-memory chain) | tiled (any N) | reference (torch.sparse).")
+    ] = "auto",
+    gpus: Annotated[
+        int,
+        typer.Option(
+            help="Ranks: G GPUs (NCCL) or, with --device cpu, G CPU processes (gloo); launched through torchrun."
+        ),
+    ] = 1,
+    repeats: Annotated[int, typer.Option(help="Timed runs after a warm-up (median reported) when > 1.")] = 1,
     categories_out: Annotated[Path | None, typer.Option(help="Write the categories found here (1-based).")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
 ) -> None:
-    """Run challenge networks; print time, TeraEdges/s and PASS/FAIL against the truth categories."""
-    from .spdnn.run import run_network
-    from .spdnn.tsv import write_categories
+    """Run challenge networks; print time, TeraEdges/s and PASS/FAIL against the truth categories.
+
+    With --gpus G > 1 the command relaunches itself under torchrun with G processes (or joins the group
+    when already started by torchrun); rank 0 prints and writes.
+    """
+    from .spdnn.run import init_distributed, run_network
 
     if dtype not in DTYPES:
         raise PrunekitError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    counts = _layer_counts(layers)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if gpus > 1 and world == 1:
+        args = ["run", "-n", str(neurons), "-l", layers, "--device", device, "--dtype", dtype, "--kernel", kernel]
+        args += ["--gpus", str(gpus), "--repeats", str(repeats)]
+        args += ["--synthetic"] if synthetic else ["--data", str(data)] if data is not None else []
+        args += ["--inputs", str(inputs)] if inputs is not None else []
+        args += ["--categories-out", str(categories_out)] if categories_out is not None else []
+        args += ["--json", str(json_out)] if json_out is not None else []
+        raise typer.Exit(_relaunch(gpus, args))
+    if world != gpus:
+        raise PrunekitError(f"--gpus {gpus}, but torchrun started {world} processes")
+    rank, _ = init_distributed(device)
     results = []
-    for count in _layer_counts(layers):
-        with progress_bar(f"N={neurons} L={count}") as update:
+    for count in counts:
+        bar = progress_bar(f"N={neurons} L={count}") if rank == 0 else contextlib.nullcontext(None)
+        with bar as update:
+            step = (lambda _m, d, t: update(d, t, "")) if update is not None else None
             results.append(
                 run_network(
-                    neurons,
-                    count,
-                    data,
-                    synthetic,
-                    device,
-                    DTYPES[dtype],
-                    inputs,
-                    lambda _m, d, t: update(d, t, ""),
-                    kernel,
+                    neurons, count, data, synthetic, device, DTYPES[dtype], inputs, step, kernel, repeats=repeats
                 )
             )
-    table = Table(title=f"Sparse DNN challenge, N={neurons}, {device}, {dtype}, kernel {results[0].kernel}")
+    if rank == 0:
+        _report(results, neurons, device, dtype, categories_out, json_out)
+    if any(r.passed is False for r in results):
+        raise typer.Exit(1)
+
+
+def _relaunch(gpus: int, args: list[str]) -> int:
+    """Run ``python -m prunekit.spdnn ARGS`` under torchrun with ``gpus`` processes; return its exit code."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
+    cmd += ["-m", "prunekit.spdnn", *args]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def _report(results, neurons: int, device: str, dtype: str, categories_out: Path | None, json_out: Path | None):
+    table = Table(
+        title=f"Sparse DNN challenge, N={neurons}, {device} x {results[0].ranks}, {dtype}, kernel {results[0].kernel}"
+    )
     for col in ("layers", "inputs", "categories", "build (s)", "inference (s)", "TeraEdges/s", "check"):
         table.add_column(col, justify="right")
     for r in results:
@@ -104,12 +145,14 @@ def run(
             str(r.inputs),
             str(r.categories.numel()),
             f"{r.build_s:.2f}",
-            f"{r.inference_s:.3f}",
+            f"{r.inference_s:.4f}",
             f"{r.teraedges_per_s:.4f}",
             check,
         )
     console.print(table)
     if categories_out is not None:
+        from .spdnn.tsv import write_categories
+
         write_categories(categories_out, results[-1].categories, overwrite=True)
     if json_out is not None:
         rows = [
@@ -118,5 +161,19 @@ def run(
             for r in results
         ]
         json_out.write_text(json.dumps(rows, indent=2) + "\n")
-    if any(r.passed is False for r in results):
-        raise typer.Exit(1)
+
+
+@app.command("export-champion")
+@handle_errors
+def export_champion(
+    data: Annotated[Path, typer.Option(help="Challenge data directory (official layout, TSV).")],
+    neurons: Annotated[int, typer.Option("--neurons", "-n", help="N.")] = 1024,
+    layers: Annotated[int, typer.Option("--layers", "-l", help="Layers to write (the largest L to run).")] = 1920,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: DATA).")] = None,
+) -> None:
+    """Write the binary files the 2020 champion's code reads: neuron{N}.bin and sparse-images-{N}.bin."""
+    from .spdnn.champion import write_champion_files
+
+    files = write_champion_files(data, neurons, layers, out or data)
+    for path in files:
+        console.print(f"wrote {path}")

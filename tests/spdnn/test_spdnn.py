@@ -19,11 +19,12 @@ from prunekit.spdnn.generator import (
     check_neurons,
     iter_layers,
     relabel,
+    synthetic_image_set,
     synthetic_images,
 )
 from prunekit.spdnn.ops import spdnn_layer
-from prunekit.spdnn.reference import dense_features, infer
-from prunekit.spdnn.run import generate, run_network
+from prunekit.spdnn.reference import compact_rows_, dense_features, infer, truth_categories
+from prunekit.spdnn.run import generate, partition, run_network
 
 N = 256  # n = 16, d = 4: small enough for CPU tests, same recipe as the challenge sizes
 
@@ -206,7 +207,7 @@ def test_fused_kernel_needs_cuda_float32():
 def test_relabelled_network_gives_the_same_categories():
     features = small_inputs(200)
     net = list(iter_layers(N, 12))
-    other = relabel(net, seed=3)
+    other = list(relabel(net, seed=3))
     assert not torch.equal(other[1].cols, net[1].cols)
     assert torch.equal(infer(features, other, bias_for(N)), infer(features, net, bias_for(N)))
 
@@ -235,3 +236,179 @@ def test_fused_chain_matches_float64_reference_on_cuda(neurons):
     truth = infer(features, net, bias_for(neurons))
     fused = spdnn_cuda.infer_fused(features.float(), idx, val, bias_for(neurons), 32.0)
     assert truth.numel() > 0 and torch.equal(fused, truth)
+
+
+def test_synthetic_rows_equal_coordinates_for_any_chunking():
+    source = synthetic_image_set(N, 70, total_nnz=int(0.2 * N * 70))
+    images, pixels = source.coordinates()
+    dense = torch.zeros(70, N)
+    dense[images, pixels] = 1
+    assert torch.equal(source.rows(0, 70), dense)
+    assert torch.equal(source.rows(13, 29, chunk_elements=3 * N), dense[13:29])
+    assert torch.equal(dense.sum(dim=1).long(), source.lit)
+    assert int(images.numel()) == int(0.2 * N * 70)
+
+
+def test_truth_categories_equal_infer_at_every_checkpoint_with_small_batches():
+    features = small_inputs(90)
+    net = list(iter_layers(N, 12))
+    truth = truth_categories(features.clone(), iter(net), bias_for(N), [3, 12], batch_inputs=7)
+    assert torch.equal(truth[3], infer(features, net[:3], bias_for(N)))
+    assert torch.equal(truth[12], infer(features, net, bias_for(N)))
+    assert 0 < truth[12].numel() < truth[3].numel() <= 90
+
+
+def test_compact_rows_moves_kept_rows_to_the_front_in_place():
+    y = torch.arange(40.0).reshape(20, 2)
+    keep = torch.tensor([1, 2, 7, 8, 9, 15, 19])
+    expected = y[keep].clone()
+    out = compact_rows_(y, keep, chunk_rows=2)
+    assert out.data_ptr() == y.data_ptr() and torch.equal(out, expected)
+
+
+def _ell(net):
+    from prunekit.kernels.spdnn_cuda import to_ell
+
+    ells = [to_ell(*layer.csr_by_output(), torch.full((layer.nnz,), 1 / 16, device=layer.rows.device)) for layer in net]
+    return torch.stack([e[0] for e in ells]), torch.stack([e[1] for e in ells])
+
+
+def _dense_layers(features, net, bias):
+    ref = features.clone()
+    for layer in net:
+        z = ref @ layer.dense().to(ref.device)
+        ref = torch.where(z != 0, z + bias, z).clamp(0, 32)
+    return ref
+
+
+@pytest.mark.parametrize("count", [37, 48])  # a partial last tile, and whole tiles only
+def test_tiled_kernel_emulation_matches_float64_reference(count):
+    from prunekit.kernels.spdnn_cuda import emulate_tiled, infer_chained
+
+    features = small_inputs(count)
+    net = list(relabel(iter_layers(N, 10), seed=5))  # general layers: no generator structure to lean on
+    idx, val = _ell(net)
+    out, alive = emulate_tiled(features.float(), idx[:4], val[:4], bias_for(N), 32.0)
+    ref = _dense_layers(features, net[:4], bias_for(N))
+    assert not torch.isnan(out).any()  # skipped tiles' stale buffers never leak
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(alive.bool(), ref.any(dim=1))
+    truth = infer(features, net, bias_for(N))
+    assert torch.equal(infer_chained(emulate_tiled, features, idx, val, bias_for(N), 32.0), truth)
+
+
+def test_memory_budget_fits_every_network_on_an_80gb_h100_and_docs_quote_it():
+    from prunekit.spdnn.generator import SPDNN_LAYERS, SPDNN_NEURONS
+    from prunekit.spdnn.memory import H100_NBYTES, budget_table, default_kernel, memory_budget
+
+    for neurons in SPDNN_NEURONS:
+        for layers in SPDNN_LAYERS:
+            b = memory_budget(neurons, layers, kernel=default_kernel(neurons))
+            assert b.fits and b.peak_nbytes <= H100_NBYTES, (neurons, layers)
+            assert b.batch_inputs % 16 == 0 or b.batch_inputs == 60000
+            assert b.ell_nbytes == layers * neurons * 32 * 8
+    assert memory_budget(65536, 1920).batch_inputs < 60000  # the largest network runs in input batches
+    assert memory_budget(65536, 1920, device_nbytes=40 * 10**9).batch_inputs == 0  # does not fit 40 GB
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "SPDNN.md").read_text()
+    assert budget_table() in docs
+
+
+def test_partition_covers_every_input_once():
+    for count, world in [(60000, 2), (301, 4), (5, 8)]:
+        parts = [partition(count, r, world) for r in range(world)]
+        assert parts[0][0] == 0 and parts[-1][1] == count
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+
+
+def test_two_gloo_processes_give_the_single_process_categories(tmp_path):
+    import subprocess
+    import sys
+
+    single = run_network(1024, 4, synthetic=True, inputs=256)
+    assert single.passed and single.categories.numel() > 0
+    out = tmp_path / "categories.tsv"
+    cmd = [sys.executable, "-m", "prunekit.spdnn", "run", "-n", "1024", "-l", "4", "--synthetic", "--inputs", "256"]
+    cmd += ["--device", "cpu", "--gpus", "2", "--categories-out", str(out), "--json", str(tmp_path / "r.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert torch.equal(tsv.read_categories(out), single.categories)
+    import json
+
+    row = json.loads((tmp_path / "r.json").read_text())[0]
+    assert row["ranks"] == 2 and row["passed"] is True and row["inputs"] == 256
+
+
+def test_champion_files_transpose_the_tsv_and_its_output_parses(tmp_path):
+    from prunekit.spdnn.champion import champion_env, parse_champion_output, write_champion_files
+
+    generate(tmp_path, N, [3], inputs=20)
+    wpath, ipath = write_champion_files(tmp_path, N, 3)
+    raw = np.fromfile(wpath, dtype=np.int32)
+    nnz = N * 32
+    assert raw.size == 3 * 3 * nnz
+    layer2 = list(iter_layers(N, 2))[-1]
+    rows, cols = torch.from_numpy(raw[3 * nnz : 4 * nnz] - 1), torch.from_numpy(raw[4 * nnz : 5 * nnz] - 1)
+    assert torch.equal(rows, layer2.cols) and torch.equal(cols, layer2.rows)  # row = output neuron
+    assert np.all(raw[5 * nnz : 6 * nnz].view(np.float32) == 0.0625)
+    images, pixels = tsv.read_images(tmp_path, N)
+    img = np.fromfile(ipath, dtype=np.int32)
+    assert np.array_equal(img[: images.numel()] - 1, pixels.numpy())  # row = pixel, column = image
+    env = champion_env(tmp_path, N, 3, images.numel(), 20)
+    assert env["INPUT"] == str(images.numel()) and env["BIAS"] == "-0.3"
+    text = "all categories: 515\nCHALLENGE PASSED!\nINFERENCE TIME: 0.012500 s\nINFERENCE THRP: 1.9e+13 EDGES/s (38 TFLOPS)"
+    result = parse_champion_output(text)
+    assert result.passed and result.categories == 515 and result.inference_s == 0.0125
+    assert abs(result.teraedges_per_s - 19.0) < 1e-9
+    with pytest.raises(PrunekitError):
+        parse_champion_output("ERROR: need more GPU memory")
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.cuda
+@CUDA
+@pytest.mark.parametrize("neurons", [256, 1024, 4096])
+def test_tiled_kernel_matches_float64_reference_on_cuda(neurons):
+    from prunekit.kernels import spdnn_cuda
+
+    spdnn_cuda.load()
+    count = 1000  # not a multiple of 16: a partial last tile
+    features = synthetic_image_set(neurons, count, total_nnz=int(0.25 * neurons * count)).rows(0, count, "cuda")
+    net = list(relabel(iter_layers(neurons, 24, "cuda"), seed=2))
+    idx, val = _ell(net)
+    out, alive = torch.ops.prunekit_spdnn.tiled(features, idx[:3], val[:3], bias_for(neurons), 32.0)
+    ref = _dense_layers(features.double(), net[:3], bias_for(neurons))
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(alive.bool(), ref.any(dim=1))
+    emulated, _ = spdnn_cuda.emulate_tiled(features[:40], idx[:3], val[:3], bias_for(neurons), 32.0)
+    torch.testing.assert_close(out[:40], emulated, rtol=1e-5, atol=1e-5)
+    truth = infer(features.double(), net, bias_for(neurons))
+    assert truth.numel() > 0
+    assert torch.equal(spdnn_cuda.infer_tiled(features, idx, val, bias_for(neurons), 32.0), truth)
+    assert torch.equal(spdnn_cuda.infer_fused(features, idx, val, bias_for(neurons), 32.0), truth)
+
+
+@pytest.mark.cuda
+@CUDA
+def test_synthetic_images_are_the_same_on_cpu_and_cuda():
+    source = synthetic_image_set(4096, 300)
+    assert torch.equal(source.rows(0, 300, "cuda").cpu(), source.rows(0, 300))
+
+
+@pytest.mark.cuda
+@CUDA
+@pytest.mark.parametrize(("neurons", "kernel"), [(1024, "tiled"), (1024, "fused"), (65536, "tiled")])
+def test_synthetic_run_passes_on_cuda_in_input_batches(neurons, kernel):
+    r = run_network(neurons, 16, synthetic=True, device="cuda", inputs=200, kernel=kernel, batch_inputs=48)
+    assert r.kernel == kernel and r.passed is True and r.categories.numel() > 0
+
+
+@pytest.mark.cuda
+@CUDA
+def test_synthetic_run_equals_the_file_run_on_cuda(tmp_path):
+    generate(tmp_path, 1024, [8], inputs=300, device="cuda")
+    from_files = run_network(1024, 8, data=tmp_path, device="cuda")
+    synthetic = run_network(1024, 8, synthetic=True, device="cuda", inputs=300)
+    assert from_files.passed and synthetic.passed
+    assert torch.equal(from_files.categories, synthetic.categories)

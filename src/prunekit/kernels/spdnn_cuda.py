@@ -1,10 +1,14 @@
-"""The fused Sparse DNN Graph Challenge kernel (``csrc/spdnn/spdnn_chain.cu``): build, load and drive it.
+"""The Sparse DNN Graph Challenge kernels (``csrc/spdnn/spdnn_chain.cu``): build, load and drive them.
 
 The kernel keeps a block of inputs' features in shared memory across a chain of layers (SpMM + bias on
 non-zeros + ReLU + cap, fused); between chains the host drops inputs that have become all-zero and
 compacts the rest (Hidayetoglu et al., HPEC 2020, sec. III: the champion's design, plus multi-layer
 fusion). Layers are given in ELL form, slot-major: ``ell_idx (layers, slots, N)`` int32 input neuron of
 each (slot, output neuron), ``ell_val`` float32 (0 in padding slots).
+
+``prunekit_spdnn::tiled`` is the same chain for any N: features stay in global memory (L2) in a blocked
+layout of 16-input tiles, one launch per layer, and tiles whose inputs are all dead are skipped; it serves
+N whose features do not fit in one block's shared memory (N = 65536).
 
 Built with torch.utils.cpp_extension into the same cache as the other kernels (see ``build.py``), as
 its own small library. torch + stdlib only.
@@ -21,6 +25,8 @@ from .build import Extension, load_extension
 CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "spdnn"
 SOURCES = ("spdnn_chain.cu",)
 MAX_CHAIN = 64  # layers per launch once few inputs are left
+TILE_INPUTS = 16  # inputs per tile of the tiled kernel (kTileInputs in spdnn_chain.cu; both ops live in that file)
+MAX_TILED_BATCH = 65535 * TILE_INPUTS  # grid.y limit of the tiled kernel
 
 EXTENSION = Extension(
     namespace="prunekit_spdnn",
@@ -67,23 +73,101 @@ def to_ell(
 def infer_fused(
     features: torch.Tensor, ell_idx: torch.Tensor, ell_val: torch.Tensor, bias: float, cap: float
 ) -> torch.Tensor:
-    """Run every layer; return the 0-based indices of inputs whose final row is non-zero (CPU int64, sorted).
+    """Run every layer with the shared-memory chain kernel; return the 0-based indices of inputs whose final
+    row is non-zero (CPU int64, sorted).
 
     Args:
-        features: ``(inputs, N)`` float32 CUDA.
+        features: ``(inputs, N)`` float32 CUDA (not modified).
         ell_idx / ell_val: ``(layers, slots, N)`` (see :func:`to_ell`), on the same device.
 
     Launches chains of 1, 1, 2, 4, ... (up to :data:`MAX_CHAIN`) layers, dropping dead inputs between them.
     """
     load()
+    return infer_chained(torch.ops.prunekit_spdnn.chain, features, ell_idx, ell_val, bias, cap)
+
+
+def infer_tiled(
+    features: torch.Tensor, ell_idx: torch.Tensor, ell_val: torch.Tensor, bias: float, cap: float
+) -> torch.Tensor:
+    """As :func:`infer_fused` with the tiled kernel (any N; features in global memory). Batches of more than
+    :data:`MAX_TILED_BATCH` inputs are run in pieces."""
+    load()
+    parts = []
+    for lo in range(0, features.shape[0], MAX_TILED_BATCH):
+        part = features[lo : lo + MAX_TILED_BATCH]
+        parts.append(infer_chained(torch.ops.prunekit_spdnn.tiled, part, ell_idx, ell_val, bias, cap) + lo)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+
+def infer_chained(op, features: torch.Tensor, ell_idx: torch.Tensor, ell_val: torch.Tensor, bias: float, cap: float):
+    """Drive ``op(y, idx, val, bias, cap) -> (out, alive)`` over chains of 1, 1, 2, 4, ... 64 layers with
+    compaction of the live inputs between chains; return the live inputs' 0-based indices (CPU int64, sorted).
+    ``op`` may be a CUDA op or :func:`emulate_tiled` (CPU tests)."""
     layers = ell_idx.shape[0]
     live = torch.arange(features.shape[0], device=features.device)
     y = features.float().contiguous()
     done, chain = 0, 1
     while done < layers and y.shape[0] > 0:
         stop = min(layers, done + chain)
-        y, alive = torch.ops.prunekit_spdnn.chain(y, ell_idx[done:stop], ell_val[done:stop], bias, cap)
+        y, alive = op(y, ell_idx[done:stop], ell_val[done:stop], bias, cap)
         keep = alive.bool()
-        y, live = y[keep], live[keep]
+        if not bool(keep.all()):
+            y, live = y[keep], live[keep]
         done, chain = stop, min(MAX_CHAIN, chain * 2 if stop > 1 else 1)
     return live.cpu()
+
+
+def emulate_tiled(
+    y: torch.Tensor,
+    ell_idx: torch.Tensor,
+    ell_val: torch.Tensor,
+    bias: float,
+    cap: float,
+    tile_inputs: int = TILE_INPUTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-torch emulation of ``prunekit_spdnn::tiled`` (same blocked layout, padding, stamps and tile skipping).
+
+    Runs on any device; the CPU tests check its index math against the float64 reference. Buffers the kernel
+    leaves unwritten (skipped tiles) are filled with NaN here, so a stale value that leaked into a result would
+    show.
+
+    Args:
+        y: ``(batch, N)`` float32. ell_idx / ell_val: ``(layers, slots, N)``.
+
+    Returns:
+        ``(out (batch, N) float32, alive (batch,) int32)`` like the CUDA op.
+    """
+    bt = tile_inputs
+    batch, n = y.shape
+    layers = ell_idx.shape[0]
+    tiles = (batch + bt - 1) // bt
+    a = torch.empty(tiles, n, bt, dtype=torch.float32, device=y.device)
+    full, rem = batch // bt, batch % bt
+    if full:
+        a[:full].copy_(y[: full * bt].reshape(full, bt, n).transpose(1, 2))
+    if rem:
+        a[full].zero_()
+        a[full, :, :rem].copy_(y[full * bt :].t())
+    b = torch.full_like(a, float("nan"))
+    stamp = torch.zeros(batch, dtype=torch.int32, device=y.device)
+    for layer in range(layers):
+        padded = torch.full((tiles * bt,), -1, dtype=torch.int32, device=y.device)
+        padded[:batch] = stamp
+        tile_live = (padded.view(tiles, bt) >= layer).any(dim=1)  # the block's __syncthreads_or
+        idx, val = ell_idx[layer].long(), ell_val[layer].float()
+        for t in torch.nonzero(tile_live).flatten().tolist():
+            acc = torch.zeros(n, bt, dtype=torch.float32, device=y.device)
+            for k in range(idx.shape[0]):
+                acc = acc + val[k][:, None] * a[t][idx[k]]  # x[(t * n + i) * BT + b], i = idx[k, j]
+            z = torch.where(acc != 0, acc + bias, torch.zeros_like(acc)).clamp(0.0, cap)
+            b[t] = z
+            nonzero = (z != 0).any(dim=0)  # (bt,)
+            for e in range(bt):
+                g = t * bt + e
+                if g < batch and bool(nonzero[e]) and int(stamp[g]) <= layer:
+                    stamp[g] = layer + 1
+        a, b = b, a
+    alive = (stamp == layers).to(torch.int32)
+    out = a.transpose(1, 2).reshape(tiles * bt, n)[:batch].clone()
+    out[alive == 0] = 0.0
+    return out, alive

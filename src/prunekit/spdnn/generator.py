@@ -17,7 +17,7 @@ images with the official total non-zero counts are generated instead (determinis
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,38 +116,140 @@ def iter_layers(neurons: int, layers: int, device: str | torch.device = "cpu") -
         yield Layer(k, neurons, new_rows[order], cols[order])
 
 
-def relabel(layers: list[Layer], seed: int = 0) -> list[Layer]:
+def relabel(layers: Iterable[Layer], seed: int = 0) -> Iterator[Layer]:
     """The same network with its hidden neurons renamed by one random permutation per hidden layer boundary.
 
     Layer k's columns and layer k+1's rows get the same permutation, so the function computed is unchanged
     (the input pixels and the final outputs keep their names). Used to check that a kernel does not depend
-    on the generator's structure (issue: TE/s within 10% on the relabelled network).
+    on the generator's structure (issue: TE/s within 10% on the relabelled network). Streams: holds one
+    layer at a time (the last layer keeps its columns, so the generator looks one layer ahead).
     """
     g = torch.Generator().manual_seed(seed)
-    out, prev_perm = [], None
-    for k, layer in enumerate(layers):
+    prev_perm = None
+    it = iter(layers)
+    layer = next(it, None)
+    while layer is not None:
+        following = next(it, None)
         rows, cols = layer.rows, layer.cols
         if prev_perm is not None:
             rows = prev_perm[rows]
-        if k < len(layers) - 1:
+        prev_perm = None
+        if following is not None:
             perm = torch.randperm(layer.neurons, generator=g).to(cols.device)
             cols = perm[cols]
             prev_perm = perm
         order = torch.argsort(rows * layer.neurons + cols)
-        out.append(Layer(layer.index, layer.neurons, rows[order], cols[order]))
-    return out
+        yield Layer(layer.index, layer.neurons, rows[order], cols[order])
+        layer = following
 
 
-def synthetic_images(
+SYNTHETIC_STROKES = 4  # pen strokes per synthetic image
+SYNTHETIC_SHIFT = 7919  # per-image rotation of the pixel ranking (a prime)
+
+
+@dataclass(frozen=True)
+class SyntheticImages:
+    """Binary stroke images standing in for MNIST; rows are computed on demand on any device, bit for bit alike.
+
+    Image ``m`` is a sqrt(N) x sqrt(N) grid (column-major pixel index ``col * side + row``, as the official
+    files) with :data:`SYNTHETIC_STROKES` thick pen strokes: pixel P is on a stroke iff its distance to the
+    stroke's segment [A, B] is at most ``radius`` (tested exactly). Exactly ``lit[m]`` pixels
+    are lit: stroke pixels first, in the order of a per-image rotation of one random pixel ranking, then
+    off-stroke pixels in that order when the strokes are short. Per pixel only integer ops (and float64 ops on
+    small integers, which are exact) run, so CPU and CUDA give the same images; the per-image parameters (counts, stroke end points) come from a CPU ``torch.Generator``.
+
+    Attributes:
+        lit: ``(count,)`` int64 lit pixels per image (total = the requested non-zero count).
+        ends: ``(count, SYNTHETIC_STROKES, 4)`` int64 stroke end points ``(a_row, a_col, b_row, b_col)``.
+        pixel_rank: ``(N,)`` int64 random permutation; image m ranks pixel p by ``(rank[p] + 7919 m) mod N``.
+    """
+
+    neurons: int
+    count: int
+    seed: int
+    radius: int
+    lit: torch.Tensor
+    ends: torch.Tensor
+    pixel_rank: torch.Tensor
+
+    @property
+    def side(self) -> int:
+        return math.isqrt(self.neurons)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.lit.sum())
+
+    def rows(
+        self,
+        start: int,
+        stop: int,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        chunk_elements: int = 1 << 22,
+    ) -> torch.Tensor:
+        """Dense binary features of images ``start..stop-1``: ``(stop - start, N)`` of ``dtype`` on ``device``."""
+        out = torch.zeros(stop - start, self.neurons, dtype=dtype, device=device)
+        for lo, hi, top in self._chunks(start, stop, device, chunk_elements):
+            lit = (top >= 0).to(dtype)  # padding (-1) adds 0 to pixel 0; lit pixels are distinct: values are 0/1
+            out[lo - start : hi - start].scatter_add_(1, top.clamp_min(0), lit)
+        return out
+
+    def coordinates(
+        self, start: int = 0, stop: int | None = None, device: str | torch.device = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(image_index, pixel_index)`` int64, 0-based, sorted (CPU), of images ``start..stop-1``."""
+        stop = self.count if stop is None else stop
+        images, pixels = [], []
+        for lo, hi, top in self._chunks(start, stop, device, 1 << 22):
+            pix = torch.sort(top, dim=1).values.cpu()
+            keep = pix >= 0
+            images.append(torch.arange(lo, hi)[:, None].expand_as(pix)[keep])
+            pixels.append(pix[keep])
+        if not images:
+            return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+        return torch.cat(images), torch.cat(pixels)
+
+    def _chunks(self, start: int, stop: int, device, chunk_elements: int):
+        """Yield ``(lo, hi, top)``: ``top (hi - lo, need)`` int64 lit pixel indices (``-1`` pads short rows)."""
+        n, side, r2 = self.neurons, self.side, float(self.radius * self.radius)
+        step = max(1, chunk_elements // n)
+        pixel = torch.arange(n, device=device)
+        # integer-valued float64: every product below is < 2^36, so exact on any device
+        p_row, p_col = (pixel % side).double(), (pixel // side).double()
+        rank = self.pixel_rank.to(device)
+        for lo in range(start, stop, step):
+            hi = min(stop, lo + step)
+            ends = self.ends[lo:hi].to(device=device, dtype=torch.float64)
+            on = torch.zeros(hi - lo, n, dtype=torch.bool, device=device)
+            for s in range(ends.shape[1]):
+                a_r, a_c, b_r, b_c = (ends[:, s, q, None] for q in range(4))
+                v_r, v_c = b_r - a_r, b_c - a_c
+                w_r, w_c = p_row - a_r, p_col - a_c
+                dot = w_r * v_r + w_c * v_c
+                len2 = v_r * v_r + v_c * v_c
+                ww = w_r * w_r + w_c * w_c
+                pb = (w_r - v_r) ** 2 + (w_c - v_c) ** 2
+                inside = ww * len2 - dot * dot <= r2 * len2  # squared distance to the line <= r^2
+                on |= torch.where(dot <= 0, ww <= r2, torch.where(dot >= len2, pb <= r2, inside))
+            shift = (torch.arange(lo, hi, device=device)[:, None] * SYNTHETIC_SHIFT) % n
+            key = (rank + shift) % n + on.long() * n  # distinct within a row: stroke pixels rank first
+            lit = self.lit[lo:hi].to(device)
+            need = int(self.lit[lo:hi].max())
+            top = torch.topk(key, need, dim=1, sorted=True).indices
+            yield lo, hi, torch.where(torch.arange(need, device=device) < lit[:, None], top, -1)
+
+
+def synthetic_image_set(
     neurons: int, count: int = SPDNN_INPUTS, total_nnz: int | None = None, seed: int = SYNTHETIC_IMAGE_SEED
-):
-    """Binary stroke images standing in for MNIST: ``(image_index, pixel_index)`` int64, 0-based, sorted.
+) -> SyntheticImages:
+    """The synthetic inputs for N: per-image lit counts 0.6-1.4x the mean, exact total, stroke end points.
 
-    Each image is a sqrt(N) x sqrt(N) grid (column-major pixel index, as the official files) on which
-    four thick pen strokes are drawn, like handwritten digits; then exactly its share of lit pixels is
-    kept (a random subset of the stroke pixels, topped up at random if the strokes are short). The
-    per-image counts vary 0.6-1.4x around the mean, and the total equals ``total_nnz`` (default: the
-    official count scaled to ``count`` images, or 10% density for other N). Deterministic for a seed.
+    ``total_nnz`` defaults to the official count scaled to ``count`` images (10% density for other N).
+    Deterministic for a seed.
+
+    Raises:
+        PrunekitError: N is not a square (sqrt(N) x sqrt(N) pixels).
     """
     side = math.isqrt(neurons)
     if side * side != neurons:
@@ -156,46 +258,31 @@ def synthetic_images(
         official = OFFICIAL_IMAGE_NNZ.get(neurons)
         total_nnz = round(official * count / SPDNN_INPUTS) if official else round(0.1 * neurons * count)
     g = torch.Generator().manual_seed(seed)
-    mean = total_nnz / count
+    mean = total_nnz / max(1, count)
     lit = torch.round(mean * (0.6 + 0.8 * torch.rand(count, generator=g))).long().clamp(1, neurons)
     diff = int(total_nnz - lit.sum())
-    while diff != 0:  # fix the total exactly, one pixel at a time on random images
+    while diff != 0 and count:  # fix the total exactly, one pixel at a time on random images
         idx = torch.randint(0, count, (min(abs(diff), count),), generator=g).unique()
         step = 1 if diff > 0 else -1
         idx = idx[(lit[idx] + step >= 1) & (lit[idx] + step <= neurons)][: abs(diff)]
         lit[idx] += step
         diff -= step * int(idx.numel())
+    origin = (0.2 + 0.6 * torch.rand(count, SYNTHETIC_STROKES, 2, generator=g, dtype=torch.float64)) * side
+    angle = torch.rand(count, SYNTHETIC_STROKES, generator=g, dtype=torch.float64) * 2 * math.pi
+    length = (0.3 + 0.3 * torch.rand(count, SYNTHETIC_STROKES, generator=g, dtype=torch.float64)) * side
+    direction = torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1) * length[..., None]
+    a = origin.round().long().clamp(0, side - 1)
+    b = (origin + direction).round().long().clamp(0, side - 1)
+    ends = torch.cat([a, b], dim=-1)  # (count, strokes, 4)
+    rank = torch.randperm(neurons, generator=g)
+    return SyntheticImages(neurons, count, seed, max(1, round(side / 28)), lit, ends, rank)
 
-    strokes, points = 4, 2 * side
-    radius = max(1, round(side / 28))
-    offsets = [
-        (dr, dc)
-        for dr in range(-radius, radius + 1)
-        for dc in range(-radius, radius + 1)
-        if dr * dr + dc * dc <= radius * radius
-    ]
-    off = torch.tensor(offsets, dtype=torch.float64)  # (O, 2)
-    t = torch.linspace(0, 1, points, dtype=torch.float64)
-    images, pixels = [], []
-    chunk = max(1, (1 << 22) // neurons)
-    for start in range(0, count, chunk):
-        stop = min(count, start + chunk)
-        b = stop - start
-        origin = (0.2 + 0.6 * torch.rand(b, strokes, 2, generator=g, dtype=torch.float64)) * side
-        angle = torch.rand(b, strokes, generator=g, dtype=torch.float64) * 2 * math.pi
-        length = (0.3 + 0.3 * torch.rand(b, strokes, generator=g, dtype=torch.float64)) * side
-        direction = torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1) * length[..., None]
-        pts = origin[:, :, None, :] + t[None, None, :, None] * direction[:, :, None, :]  # (b, S, P, 2)
-        pts = (pts[:, :, :, None, :] + off).round().long().clamp(0, side - 1)  # (b, S, P, O, 2)
-        flat = (pts[..., 1] * side + pts[..., 0]).reshape(b, -1)  # column-major: col * side + row
-        on_stroke = torch.zeros(b, neurons, dtype=torch.bool)
-        on_stroke.scatter_(1, flat, True)
-        score = torch.rand(b, neurons, generator=g) + on_stroke.float()  # stroke pixels first, random order
-        need = int(lit[start:stop].max())
-        top = torch.topk(score, need, dim=1).indices
-        keep = torch.arange(need).expand(b, -1) < lit[start:stop, None]
-        images.append(torch.arange(start, stop)[:, None].expand(-1, need)[keep])
-        pixels.append(top[keep])
-    images, pixels = torch.cat(images), torch.cat(pixels)
-    order = torch.argsort(images * neurons + pixels)
-    return images[order], pixels[order]
+
+def synthetic_images(
+    neurons: int, count: int = SPDNN_INPUTS, total_nnz: int | None = None, seed: int = SYNTHETIC_IMAGE_SEED
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Binary stroke images standing in for MNIST: ``(image_index, pixel_index)`` int64, 0-based, sorted.
+
+    See :class:`SyntheticImages` (the pixels) and :func:`synthetic_image_set` (counts and strokes).
+    """
+    return synthetic_image_set(neurons, count, total_nnz, seed).coordinates()

@@ -8,10 +8,12 @@ Hidayetoglu et al. 2020, sec. III); the survivors' indices are the "categories".
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 
 import torch
 
+from ..errors import PrunekitError
 from .generator import SPDNN_RELU_CAP, SPDNN_WEIGHT, Layer
 from .ops import spdnn_layer
 
@@ -59,3 +61,83 @@ def dense_features(
     y = torch.zeros(count, neurons, dtype=dtype)
     y[images, pixels] = 1.0
     return y
+
+
+def compact_rows_(y: torch.Tensor, keep: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
+    """Move the rows ``keep`` (sorted ascending, int64) of ``y`` to its front in place; return ``y[:len(keep)]``.
+
+    Works in chunks of ``chunk_rows`` rows, so the extra memory is one chunk, not a second copy of ``y``
+    (safe because ``keep[i] >= i``: a row is read before any later chunk can overwrite it).
+    """
+    for lo in range(0, keep.numel(), chunk_rows):
+        hi = min(keep.numel(), lo + chunk_rows)
+        y[lo:hi] = y[keep[lo:hi]]
+    return y[: keep.numel()]
+
+
+def truth_categories(
+    features: torch.Tensor,
+    layers: Iterable[Layer],
+    bias: float,
+    checkpoints: Iterable[int],
+    batch_inputs: int = 4096,
+    cap: float = SPDNN_RELU_CAP,
+    step: Callable[[Layer, int], None] | None = None,
+) -> dict[int, torch.Tensor]:
+    """Float64 truth categories after each layer count in ``checkpoints``, with bounded memory.
+
+    Layer-outer, input-batch-inner: each layer (streamed, so only one is held) is applied as torch.sparse CSR
+    W^T to ``batch_inputs`` live rows at a time and written back in place; rows that have become all-zero are
+    compacted away in place (:func:`compact_rows_`). Peak memory: ``features`` plus about six
+    ``(batch_inputs, N)`` float64 temporaries plus one layer. Independent of the fused kernels (no ELL, no
+    custom CUDA), so it serves as the truth for synthetic runs.
+
+    Args:
+        features: ``(inputs, N)`` float64, consumed (overwritten in place).
+        layers: the network in order; at least ``max(checkpoints)`` layers are read.
+        checkpoints: layer counts (e.g. 120, 480, 1920) whose categories to return.
+
+    Returns:
+        ``{L: 0-based sorted int64 CPU indices of inputs whose row is non-zero after L layers}``.
+    """
+    wanted = sorted(set(checkpoints))
+    out: dict[int, torch.Tensor] = {}
+    live = torch.arange(features.shape[0], device=features.device)
+    y = features
+    n = y.shape[1]
+    for layer in layers:
+        if not wanted or layer.index > wanted[-1]:
+            break
+        offsets, inputs = layer.csr_by_output()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+            w_t = torch.sparse_csr_tensor(
+                offsets.to(torch.int64),
+                inputs.to(torch.int64),
+                torch.full((inputs.numel(),), SPDNN_WEIGHT, dtype=y.dtype, device=y.device),
+                (n, n),
+                check_invariants=False,
+            )
+        alive = torch.zeros(y.shape[0], dtype=torch.bool, device=y.device)
+        for lo in range(0, y.shape[0], batch_inputs):
+            hi = min(y.shape[0], lo + batch_inputs)
+            z = w_t @ y[lo:hi].t()  # (N, batch): W^T Y^T
+            z = torch.where(z != 0, z + bias, z).clamp_(0.0, cap)
+            alive[lo:hi] = (z != 0).any(dim=0)
+            y[lo:hi] = z.t()
+            del z
+        if not bool(alive.all()):
+            keep = torch.nonzero(alive).flatten()
+            y, live = compact_rows_(y, keep), live[keep]
+        if step:
+            step(layer, int(live.numel()))
+        if layer.index in wanted:
+            out[layer.index] = live.cpu()
+        if live.numel() == 0:
+            break
+    for count in wanted:
+        if count not in out:
+            if live.numel():
+                raise PrunekitError(f"the network has fewer layers than {count}")
+            out[count] = torch.zeros(0, dtype=torch.int64)  # every input died before this layer count
+    return out

@@ -1,14 +1,22 @@
 """Generate challenge data directories and run the challenge networks, timed, with the truth check.
 
 Throughput follows the challenge: edges/s = inputs * (sum of the layers' non-zeros) / inference time;
-the time counts inference only (layers already on the device), and the build time is reported apart.
+the time counts inference only (layers and features already on the device), and the build time (and the
+truth run) are reported apart. Memory stays bounded (:mod:`prunekit.spdnn.memory`): the float64 truth runs
+first, layer by layer, and frees everything before the layers are built once as int32/float32 ELL; inputs
+are run in batches that fit beside them.
+
+Several GPUs (Hidayetoglu et al. 2020, sec. IV): every rank holds all layers and a contiguous 1/G share of
+the inputs; categories are gathered to every rank; the time is the maximum over ranks. Launched with
+torchrun (``torch.distributed``; NCCL on CUDA, gloo with ``--device cpu``).
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,16 +25,19 @@ from ..errors import PrunekitError
 from . import tsv
 from .generator import (
     SPDNN_INPUTS,
+    SPDNN_NNZ_PER_ROW,
     SPDNN_RELU_CAP,
     SPDNN_WEIGHT,
     Layer,
+    SyntheticImages,
     bias_for,
     check_neurons,
     iter_layers,
     relabel,
-    synthetic_images,
+    synthetic_image_set,
 )
-from .reference import dense_features, infer
+from .memory import IMAGE_CHUNK_ELEMENTS, memory_budget
+from .reference import truth_categories
 
 Step = Callable[[str, int, int], None]
 
@@ -52,33 +63,37 @@ def generate(
 ) -> GenerateResult:
     """Write the network (layers 1..max(L)), synthetic images and float64 truth categories per L.
 
+    The images and the truth are computed on ``device`` (the images are the same on every device); the
+    truth is one layer-by-layer float64 run with the categories taken after each requested L.
+
     Raises:
         PrunekitError: bad N, or an existing file without ``overwrite``.
     """
     check_neurons(neurons)
     root = Path(root)
     depth = max(layer_counts)
-    images, pixels = synthetic_images(neurons, inputs)
+    source = synthetic_image_set(neurons, inputs)
+    images, pixels = source.coordinates(device=device)
     tsv.write_images(root, neurons, images, pixels, overwrite)
-    layers = []
     for layer in iter_layers(neurons, depth):
         tsv.write_layer(root, layer, overwrite)
-        layers.append(layer)
         if step:
             step("writing layers", layer.index, depth)
-    features = dense_features(images, pixels, inputs, neurons).to(device)
+    features = source.rows(0, inputs, device, torch.float64)
+    batch = _truth_batch(neurons, depth, inputs, device)
+    truth = truth_categories(
+        features,
+        iter_layers(neurons, depth, device),
+        bias_for(neurons),
+        layer_counts,
+        batch,
+        step=lambda lay, live: step and step("truth", lay.index, depth),
+    )
     counts = {}
-    wanted = sorted(set(layer_counts))
-    for count in wanted:  # the 120- and 480-layer networks are prefixes of the 1920-layer one
-        truth = infer(
-            features,
-            layers[:count],
-            bias_for(neurons),
-            step=lambda lay, live, count=count: step and step(f"truth L={count}", lay.index, count),
-        )
-        tsv.write_categories(tsv.categories_path(root, neurons, count), truth, overwrite)
-        counts[count] = int(truth.numel())
-    return GenerateResult(root, neurons, depth, inputs, int(images.numel()), counts)
+    for count in sorted(set(layer_counts)):  # the 120- and 480-layer networks are prefixes of the 1920-layer one
+        tsv.write_categories(tsv.categories_path(root, neurons, count), truth[count], overwrite)
+        counts[count] = int(truth[count].numel())
+    return GenerateResult(root, neurons, depth, inputs, source.nnz, counts)
 
 
 @dataclass
@@ -88,12 +103,17 @@ class RunResult:
     inputs: int
     device: str
     dtype: str
-    kernel: str  # "fused" (prunekit's CUDA chain kernel) or "reference" (torch.sparse per layer)
+    kernel: str  # "fused" (shared-memory chain), "tiled" (global-memory tiles) or "reference" (torch.sparse)
     build_s: float
     inference_s: float
     total_nnz: int
     categories: torch.Tensor
     passed: bool | None  # None: no truth to check against
+    truth_s: float = 0.0
+    ranks: int = 1
+    batch_inputs: int = 0  # inputs per inference batch on each rank
+    peak_memory_nbytes: int = 0  # torch.cuda.max_memory_allocated on rank 0 (0 on CPU)
+    times_s: list[float] = field(default_factory=list)  # every timed run (max over ranks)
 
     @property
     def edges(self) -> int:
@@ -104,10 +124,104 @@ class RunResult:
         return self.edges / self.inference_s / 1e12 if self.inference_s > 0 else float("inf")
 
 
+def init_distributed(device: str) -> tuple[int, int]:
+    """Join the process group torchrun set up (``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` in the environment).
+
+    NCCL for CUDA (each rank on ``cuda:LOCAL_RANK``), gloo for CPU. Returns ``(rank, world_size)``;
+    ``(0, 1)`` when not launched by torchrun.
+    """
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    if not dist.is_initialized():
+        if device.startswith("cuda"):
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def partition(count: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous share ``[lo, hi)`` of ``count`` inputs (sizes differ by at most one)."""
+    return count * rank // world, count * (rank + 1) // world
+
+
+def _truth_batch(neurons: int, layers: int, inputs: int, device: str) -> int:
+    if not device.startswith("cuda"):
+        return max(1, min(inputs, (1 << 24) // neurons))
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return memory_budget(neurons, layers, max(1, inputs), "reference", total).truth_batch_inputs
+
+
+def _layer_stream(
+    neurons: int, layers: int, data: Path | None, device: str, relabel_seed: int | None
+) -> Iterator[Layer]:
+    if data is None:
+        stream = iter_layers(neurons, layers, device)
+    else:
+        stream = (_to_device(tsv.read_layer(data, neurons, k), device) for k in range(1, layers + 1))
+    return relabel(stream, relabel_seed) if relabel_seed is not None else stream
+
+
+def _to_device(layer: Layer, device: str) -> Layer:
+    return Layer(layer.index, layer.neurons, layer.rows.to(device), layer.cols.to(device))
+
+
+def build_ell(layers: Iterator[Layer], count: int, neurons: int, device: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Every layer as slot-major ELL, built one layer at a time into preallocated tensors.
+
+    Returns:
+        ``ell_idx (count, slots, N)`` int32, ``ell_val`` float32 (0 in padding slots), and the total nnz.
+        ``slots`` starts at 32 and grows (one copy) if a layer has a longer row.
+    """
+    from ..kernels.spdnn_cuda import to_ell
+
+    idx = torch.zeros(count, SPDNN_NNZ_PER_ROW, neurons, dtype=torch.int32, device=device)
+    val = torch.zeros(count, SPDNN_NNZ_PER_ROW, neurons, dtype=torch.float32, device=device)
+    total = 0
+    for k, layer in enumerate(layers):
+        offsets, inputs = layer.csr_by_output()
+        e_idx, e_val = to_ell(offsets, inputs, torch.full((inputs.numel(),), SPDNN_WEIGHT, device=inputs.device))
+        if e_idx.shape[0] > idx.shape[1]:  # a layer with a longer row than any so far: widen every layer
+            grow = e_idx.shape[0] - idx.shape[1]
+            idx = torch.cat([idx, idx.new_zeros(count, grow, neurons)], dim=1)
+            val = torch.cat([val, val.new_zeros(count, grow, neurons)], dim=1)
+        idx[k, : e_idx.shape[0]] = e_idx
+        val[k, : e_val.shape[0]] = e_val
+        total += layer.nnz
+    return idx, val, total
+
+
 def _prepared(layer: Layer, device: str, dtype: torch.dtype):
     offsets, inputs_idx = layer.csr_by_output()
     values = torch.full((inputs_idx.numel(),), SPDNN_WEIGHT, dtype=dtype, device=device)
     return offsets.to(device), inputs_idx.to(device), values
+
+
+class _Inputs:
+    """The inputs' features, from synthetic images or a data directory's coordinates, built on demand."""
+
+    def __init__(self, neurons: int, synthetic: SyntheticImages | None, coords=None, count: int = 0):
+        self.neurons, self.synthetic, self.coords = neurons, synthetic, coords
+        self.count = synthetic.count if synthetic is not None else count
+
+    def rows(self, lo: int, hi: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+        if self.synthetic is not None:
+            chunk = IMAGE_CHUNK_ELEMENTS if device.startswith("cuda") else 1 << 22
+            return self.synthetic.rows(lo, hi, device, dtype, chunk)
+        images, pixels = self.coords
+        keep = (images >= lo) & (images < hi)
+        y = torch.zeros(hi - lo, self.neurons, dtype=dtype, device=device)
+        y[(images[keep] - lo).to(device), pixels[keep].to(device)] = 1.0
+        return y
 
 
 def run_network(
@@ -122,98 +236,205 @@ def run_network(
     kernel: str = "auto",
     repeats: int = 1,
     relabel_seed: int | None = None,
+    truth: torch.Tensor | None = None,
+    batch_inputs: int | None = None,
 ) -> RunResult:
     """Run the N-neuron, L-layer network on the inputs of ``data`` (or synthetic, built in memory).
+
+    Under torchrun (after :func:`init_distributed`) every rank runs its share of the inputs and all ranks
+    return the same result (categories gathered, time = max over ranks, TE/s over all inputs).
 
     Args:
         data: a challenge data directory (official or from :func:`generate`); its categories file,
             when present, is the truth.
-        synthetic: build layers and inputs from the recipe in memory (no files); the truth is then
-            computed by a float64 run of the same reference path.
+        synthetic: build layers and inputs from the recipe on the device (no files); the truth is then
+            computed first by a float64 layer-by-layer run (:func:`~prunekit.spdnn.reference.truth_categories`).
         inputs: use only the first ``inputs`` inputs (default: all).
-        kernel: ``fused`` (CUDA, float32), ``reference`` (``prunekit::spdnn_layer`` via torch.sparse, any
-            device/dtype), or ``auto`` (fused on CUDA when N fits in shared memory and dtype is float32).
+        kernel: ``fused`` (CUDA, shared-memory chain), ``tiled`` (CUDA, any N), ``reference``
+            (``prunekit::spdnn_layer`` via torch.sparse, any device/dtype), or ``auto`` (fused on CUDA in
+            float32 when N fits in shared memory, else tiled).
         repeats: timed runs after one warm-up run when > 1; the median is reported.
         relabel_seed: run the network with its hidden neurons renamed (:func:`relabel`), same function.
+        truth: 0-based global truth categories to check against (skips the truth run; e.g. reused across
+            the 120/480/1920-layer prefixes).
+        batch_inputs: inputs per inference batch (default: from :func:`~prunekit.spdnn.memory.memory_budget`).
 
     Raises:
-        PrunekitError: bad N, missing files, or CUDA requested without a GPU.
+        PrunekitError: bad N, missing files, CUDA requested without a GPU, or a network that does not fit.
     """
     check_neurons(neurons)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise PrunekitError("--device cuda: no CUDA GPU is available")
     if (data is None) == (not synthetic):
         raise PrunekitError("give --data DIR or --synthetic")
-    t0 = time.perf_counter()
+    rank, world = _world()
+    on_cuda = device.startswith("cuda")
+    if on_cuda:
+        device = f"cuda:{torch.cuda.current_device()}" if world > 1 else device
+        torch.cuda.reset_peak_memory_stats(device)
+    root = None if data is None else Path(data)
     if synthetic:
-        net = list(iter_layers(neurons, layers, device))
-        if relabel_seed is not None:
-            net = relabel(net, relabel_seed)
-        count = inputs or SPDNN_INPUTS
-        images, pixels = synthetic_images(neurons, count)
+        source = _Inputs(neurons, synthetic_image_set(neurons, inputs or SPDNN_INPUTS))
     else:
-        root = Path(data)
-        net = [tsv.read_layer(root, neurons, k) for k in range(1, layers + 1)]
         images, pixels = tsv.read_images(root, neurons)
         count = int(images.max()) + 1 if images.numel() else 0
         if inputs is not None:
-            keep = images < inputs
-            images, pixels, count = images[keep], pixels[keep], min(inputs, count)
+            count = min(inputs, count)
+        source = _Inputs(neurons, None, (images, pixels), count)
+    count = source.count
+    lo, hi = partition(count, rank, world)
     kernel = _choose_kernel(kernel, neurons, device, dtype)
-    features = dense_features(images, pixels, count, neurons, dtype).to(device)
     bias = bias_for(neurons)
-    ell_idx = ell_val = prepared = None
-    if kernel == "fused":
-        from ..kernels import spdnn_cuda
+    if batch_inputs is None:
+        batch_inputs = max(1, hi - lo)
+        if on_cuda:
+            total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+            budget = memory_budget(neurons, layers, max(1, hi - lo), kernel, total)
+            if budget.batch_inputs == 0:
+                raise PrunekitError(
+                    f"N={neurons} L={layers}: the layers ({budget.ell_nbytes / 1e9:.1f} GB) and features "
+                    f"({budget.features_nbytes / 1e9:.1f} GB) leave no room for a batch on this GPU; use more GPUs"
+                )
+            batch_inputs = budget.batch_inputs
 
-        ells = [spdnn_cuda.to_ell(*_prepared(layer, device, torch.float32)) for layer in net]
-        ell_idx = torch.stack([e[0] for e in ells])
-        ell_val = torch.stack([e[1] for e in ells])
+    t0 = time.perf_counter()
+    truth_local = None
+    if truth is None and synthetic:  # float64 truth first, before the layers are built (memory)
+        features64 = source.rows(lo, hi, device, torch.float64)
+        found = truth_categories(
+            features64,
+            _layer_stream(neurons, layers, root, device, relabel_seed),
+            bias,
+            [layers],
+            _truth_batch(neurons, layers, hi - lo, device),
+            step=lambda lay, live: step and step("truth", lay.index, layers),
+        )
+        truth_local = found[layers] + lo
+        del features64
+        _release(device)
+    elif truth is None and inputs is None:
+        path = tsv.categories_path(root, neurons, layers)
+        if path.is_file():
+            truth = tsv.read_categories(path)
+    truth_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    features = source.rows(lo, hi, device, dtype)
+    ell_idx = ell_val = prepared = None
+    stream = _layer_stream(neurons, layers, root, device, relabel_seed)
+    if kernel in ("fused", "tiled"):
+        ell_idx, ell_val, total_nnz = build_ell(stream, layers, neurons, device)
     else:
-        prepared = [_prepared(layer, device, dtype) for layer in net]
+        prepared, total_nnz = [], 0
+        for layer in stream:
+            prepared.append(_prepared(layer, device, dtype))
+            total_nnz += layer.nnz
     _sync(device)
-    build_s = time.perf_counter() - t0
+    build_s = _max_over_ranks(time.perf_counter() - t0, device)
 
     def inference() -> torch.Tensor:
-        if kernel == "fused":
-            return spdnn_cuda.infer_fused(features, ell_idx, ell_val, bias, SPDNN_RELU_CAP)
-        from .ops import spdnn_layer
+        found = []
+        for b_lo in range(0, features.shape[0], batch_inputs):
+            y = features[b_lo : b_lo + batch_inputs]
+            if kernel == "fused":
+                live = spdnn_cuda.infer_fused(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP)
+            elif kernel == "tiled":
+                live = spdnn_cuda.infer_tiled(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP)
+            else:
+                live = _infer_reference(y, prepared, bias, step, layers)
+            found.append(live + b_lo)
+        return torch.cat(found) + lo if found else torch.zeros(0, dtype=torch.int64)
 
-        live = torch.arange(count, device=features.device)
-        y = features
-        for k, (offsets, idx, values) in enumerate(prepared, start=1):
-            y = spdnn_layer(y, offsets, idx, values, bias, SPDNN_RELU_CAP)
-            alive = (y != 0).any(dim=1)
-            y, live = y[alive], live[alive]
-            if step:
-                step("inference", k, layers)
-        return live.cpu()
-
+    if kernel in ("fused", "tiled"):
+        from ..kernels import spdnn_cuda
     if repeats > 1:
         inference()  # warm-up: first launches, allocator, JIT
     times = []
     for _ in range(max(1, repeats)):
+        _barrier()
         _sync(device)
         t1 = time.perf_counter()
-        categories = inference()
+        local = inference()
         _sync(device)
-        times.append(time.perf_counter() - t1)
+        times.append(_max_over_ranks(time.perf_counter() - t1, device))
     inference_s = sorted(times)[len(times) // 2]
+    features = ell_idx = ell_val = prepared = None
+    peak = torch.cuda.max_memory_allocated(device) if on_cuda else 0
+    _release(device)
 
-    ell_idx = ell_val = prepared = features = None  # free the device copies before the float64 truth run
-    truth = None
-    if synthetic:
-        truth = infer(dense_features(images, pixels, count, neurons).to(device), net, bias)  # float64
-    else:
-        path = tsv.categories_path(Path(data), neurons, layers)
-        if path.is_file() and inputs is None:
-            truth = tsv.read_categories(path)
+    categories = _gather(local)
+    if truth_local is not None:
+        truth = _gather(truth_local)
     passed = None if truth is None else torch.equal(categories, truth.cpu())
-    total_nnz = sum(layer.nnz for layer in net)
     dtype_name = str(dtype).removeprefix("torch.")
     return RunResult(
-        neurons, layers, count, device, dtype_name, kernel, build_s, inference_s, total_nnz, categories, passed
+        neurons,
+        layers,
+        count,
+        device,
+        dtype_name,
+        kernel,
+        build_s,
+        inference_s,
+        total_nnz,
+        categories,
+        passed,
+        truth_s,
+        world,
+        batch_inputs,
+        peak,
+        times,
     )
+
+
+def _infer_reference(y, prepared, bias, step, layers) -> torch.Tensor:
+    from .ops import spdnn_layer
+
+    live = torch.arange(y.shape[0], device=y.device)
+    for k, (offsets, idx, values) in enumerate(prepared, start=1):
+        y = spdnn_layer(y, offsets, idx, values, bias, SPDNN_RELU_CAP)
+        alive = (y != 0).any(dim=1)
+        y, live = y[alive], live[alive]
+        if step:
+            step("inference", k, layers)
+        if live.numel() == 0:
+            break
+    return live.cpu()
+
+
+def _gather(local: torch.Tensor) -> torch.Tensor:
+    """Every rank's 0-based global category indices, concatenated and sorted (CPU int64)."""
+    rank, world = _world()
+    if world == 1:
+        return local.cpu()
+    import torch.distributed as dist
+
+    parts: list = [None] * world
+    dist.all_gather_object(parts, local.cpu().tolist())
+    return torch.tensor(sorted(i for part in parts for i in part), dtype=torch.int64)
+
+
+def _max_over_ranks(seconds: float, device: str) -> float:
+    rank, world = _world()
+    if world == 1:
+        return seconds
+    import torch.distributed as dist
+
+    t = torch.tensor([seconds], dtype=torch.float64, device=device if device.startswith("cuda") else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _barrier() -> None:
+    if _world()[1] > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _release(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def _sync(device: str) -> None:
@@ -222,19 +443,21 @@ def _sync(device: str) -> None:
 
 
 def _choose_kernel(kernel: str, neurons: int, device: str, dtype: torch.dtype) -> str:
-    if kernel not in ("auto", "fused", "reference"):
-        raise PrunekitError(f"--kernel {kernel!r}: choose auto, fused or reference")
+    if kernel not in ("auto", "fused", "tiled", "reference"):
+        raise PrunekitError(f"--kernel {kernel!r}: choose auto, fused, tiled or reference")
     if kernel == "reference":
         return kernel
     on_cuda = device.startswith("cuda")
-    if kernel == "fused" and (not on_cuda or dtype != torch.float32):
-        raise PrunekitError("--kernel fused runs on CUDA in float32")
+    if kernel in ("fused", "tiled") and (not on_cuda or dtype != torch.float32):
+        raise PrunekitError(f"--kernel {kernel} runs on CUDA in float32")
     if not on_cuda or dtype != torch.float32:
         return "reference"
+    if kernel == "tiled":
+        return kernel
     from ..kernels import spdnn_cuda
 
     if spdnn_cuda.block_inputs(neurons) == 0:
         if kernel == "fused":
-            raise PrunekitError(f"--kernel fused: N={neurons} features do not fit in shared memory")
-        return "reference"
+            raise PrunekitError(f"--kernel fused: N={neurons} features do not fit in shared memory (use tiled)")
+        return "tiled"
     return "fused"

@@ -146,13 +146,149 @@ std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const tor
   return {out, alive};
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Tiled layers for any N (features in global memory / L2; used when one input's features do not fit in shared
+// memory, e.g. N = 65536). Features are kept in a blocked layout: tile t holds inputs t*BT .. t*BT+BT-1
+// feature-major, x[(t * n + i) * BT + b], so the BT values of one input neuron are one 64-byte read. One launch
+// per layer: block (x = 256 output neurons, y = tile) computes those outputs for the tile's BT inputs from the
+// layer's ELL (slot-major, coalesced); a general sparse layer, nothing assumed about its structure.
+// Dead inputs: stamp[b] = number of layers after which input b was last non-zero. A block whose BT inputs all
+// have stamp < layer skips the layer (its buffers hold stale values that are never read again: a dead input
+// stays dead, and a live tile is recomputed in full every layer, so its dead inputs' rows are exact zeros).
+constexpr int kTiledThreads = 256;
+constexpr int kTileInputs = 16;
+
+template <int BT>
+__global__ void __launch_bounds__(kTiledThreads) spdnn_tiled_layer_kernel(
+    const float* __restrict__ x, float* __restrict__ x_next, int batch, int n, int slots,
+    const int* __restrict__ idx, const float* __restrict__ val, float bias, float cap, int* stamp, int layer) {
+  static_assert(BT % 4 == 0 && BT <= 32, "BT: a multiple of 4, at most 32 (bit mask)");
+  __shared__ int block_bits;
+  const int t = blockIdx.y;
+  const int b0 = t * BT;
+  if (threadIdx.x == 0) block_bits = 0;
+  int live = 0;
+  if (threadIdx.x < BT) {
+    const int b = b0 + threadIdx.x;
+    live = b < batch && stamp[b] >= layer;
+  }
+  if (!__syncthreads_or(live)) return;  // every input of the tile is dead (uniform: the whole block returns)
+
+  const int j = blockIdx.x * kTiledThreads + threadIdx.x;
+  unsigned bits = 0;
+  if (j < n) {
+    float acc[BT];
+#pragma unroll
+    for (int b = 0; b < BT; ++b) acc[b] = 0.f;
+    const float* tile = x + static_cast<size_t>(t) * n * BT;
+    for (int k = 0; k < slots; ++k) {
+      const int i = __ldg(idx + static_cast<size_t>(k) * n + j);
+      const float w = __ldg(val + static_cast<size_t>(k) * n + j);
+      const float4* src = reinterpret_cast<const float4*>(tile + static_cast<size_t>(i) * BT);
+#pragma unroll
+      for (int q = 0; q < BT / 4; ++q) {
+        const float4 v = __ldg(src + q);
+        acc[4 * q] = fmaf(w, v.x, acc[4 * q]);
+        acc[4 * q + 1] = fmaf(w, v.y, acc[4 * q + 1]);
+        acc[4 * q + 2] = fmaf(w, v.z, acc[4 * q + 2]);
+        acc[4 * q + 3] = fmaf(w, v.w, acc[4 * q + 3]);
+      }
+    }
+    float4* dst = reinterpret_cast<float4*>(x_next + (static_cast<size_t>(t) * n + j) * BT);
+#pragma unroll
+    for (int q = 0; q < BT / 4; ++q) {
+      float z[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = acc[4 * q + e];
+        v = (v != 0.f) ? v + bias : 0.f;  // the challenge adds the bias to non-zero entries only
+        v = fminf(fmaxf(v, 0.f), cap);
+        z[e] = v;
+        if (v != 0.f) bits |= 1u << (4 * q + e);
+      }
+      dst[q] = make_float4(z[0], z[1], z[2], z[3]);
+    }
+  }
+  bits = __reduce_or_sync(0xffffffffu, bits);
+  if ((threadIdx.x & 31) == 0 && bits) atomicOr(&block_bits, static_cast<int>(bits));
+  __syncthreads();
+  if (threadIdx.x < BT) {
+    const int b = b0 + threadIdx.x;
+    // stamp only grows (layer -> layer + 1) within a launch, so a plain read decides whether the atomic is needed
+    if (b < batch && ((block_bits >> threadIdx.x) & 1) && *reinterpret_cast<volatile int*>(stamp + b) <= layer)
+      atomicMax(stamp + b, layer + 1);
+  }
+}
+
+std::tuple<torch::Tensor, torch::Tensor> tiled(const torch::Tensor& y, const torch::Tensor& ell_idx,
+                                               const torch::Tensor& ell_val, double bias, double cap) {
+  TORCH_CHECK(y.is_cuda() && y.dim() == 2 && y.scalar_type() == torch::kFloat, "y must be a 2-D float32 CUDA tensor");
+  TORCH_CHECK(ell_idx.dim() == 3 && ell_idx.scalar_type() == torch::kInt, "ell_idx must be (layers, slots, N) int32");
+  TORCH_CHECK(ell_val.sizes() == ell_idx.sizes() && ell_val.scalar_type() == torch::kFloat,
+              "ell_val must be float32 and shaped like ell_idx");
+  TORCH_CHECK(ell_idx.size(2) == y.size(1), "ELL layers must have N = y.size(1) outputs");
+  TORCH_CHECK(ell_idx.size(0) >= 1, "tiled: give at least one layer");
+  constexpr int BT = kTileInputs;
+  const c10::cuda::CUDAGuard guard(y.device());
+  auto yc = y.contiguous();
+  auto idx = ell_idx.contiguous();
+  auto val = ell_val.contiguous();
+  const int64_t batch = yc.size(0), n = yc.size(1);
+  const int layers = static_cast<int>(idx.size(0)), slots = static_cast<int>(idx.size(1));
+  TORCH_CHECK(n * BT < (int64_t{1} << 31) && batch < (int64_t{1} << 31), "tiled: N or the batch is too large");
+  const int64_t tiles = (batch + BT - 1) / BT;
+  TORCH_CHECK(tiles <= 65535, "tiled: at most 65535 tiles of ", BT, " inputs per call (split the batch)");
+  auto alive = torch::zeros({batch}, yc.options().dtype(torch::kInt));
+  if (batch == 0) return {torch::empty_like(yc), alive};
+
+  // Blocked layout: a[t, i, b] = y[t * BT + b, i]; the last tile's missing inputs are zeros (they stay zero).
+  auto a = torch::empty({tiles, n, BT}, yc.options());
+  const int64_t full = batch / BT, rem = batch - full * BT;
+  if (full) a.narrow(0, 0, full).copy_(yc.narrow(0, 0, full * BT).view({full, BT, n}).transpose(1, 2));
+  if (rem) {
+    auto last = a.select(0, full);
+    last.zero_();
+    last.narrow(1, 0, rem).copy_(yc.narrow(0, full * BT, rem).t());
+  }
+  auto b = torch::empty_like(a);
+  auto stamp = torch::zeros({batch}, yc.options().dtype(torch::kInt));
+  const dim3 grid(static_cast<unsigned>((n + kTiledThreads - 1) / kTiledThreads), static_cast<unsigned>(tiles));
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  for (int l = 0; l < layers; ++l) {
+    spdnn_tiled_layer_kernel<BT><<<grid, kTiledThreads, 0, stream>>>(
+        a.data_ptr<float>(), b.data_ptr<float>(), static_cast<int>(batch), static_cast<int>(n), slots,
+        idx.data_ptr<int>() + static_cast<size_t>(l) * slots * n, val.data_ptr<float>() + static_cast<size_t>(l) * slots * n,
+        static_cast<float>(bias), static_cast<float>(cap), stamp.data_ptr<int>(), l);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    std::swap(a, b);
+  }
+  b = torch::Tensor();  // release the other ping-pong buffer before the row-major copy
+  alive = stamp.eq(layers).to(torch::kInt);
+  auto out = torch::empty({tiles * BT, n}, yc.options());
+  out.view({tiles, BT, n}).copy_(a.transpose(1, 2));
+  a = torch::Tensor();
+  out = out.narrow(0, 0, batch);
+  out.masked_fill_(alive.eq(0).unsqueeze(1), 0.f);  // dead inputs of skipped tiles hold stale values
+  return {out, alive};
+}
+
+int64_t tile_inputs() { return kTileInputs; }
+
 }  // namespace
 
 TORCH_LIBRARY(prunekit_spdnn, m) {
   m.def("chain(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap) -> (Tensor, Tensor)");
+  m.def("tiled(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap) -> (Tensor, Tensor)");
   m.def("max_block_inputs(int n) -> int");
+  m.def("tile_inputs() -> int");
 }
 
-TORCH_LIBRARY_IMPL(prunekit_spdnn, CUDA, m) { m.impl("chain", &chain); }
+TORCH_LIBRARY_IMPL(prunekit_spdnn, CUDA, m) {
+  m.impl("chain", &chain);
+  m.impl("tiled", &tiled);
+}
 
-TORCH_LIBRARY_IMPL(prunekit_spdnn, CompositeExplicitAutograd, m) { m.impl("max_block_inputs", &max_block_inputs); }
+TORCH_LIBRARY_IMPL(prunekit_spdnn, CompositeExplicitAutograd, m) {
+  m.impl("max_block_inputs", &max_block_inputs);
+  m.impl("tile_inputs", &tile_inputs);
+}
