@@ -235,3 +235,115 @@ def test_sparse_linear_uses_static_bsr_on_cuda():
     assert y.shape == (3, 5, 128) and y.is_contiguous()
     ref = x.double().reshape(-1, 256) @ dense.double().cuda().t()
     assert relative_error(y.reshape(-1, 128), ref) < TOLERANCE[torch.float16]
+
+
+# --- variants and the C++ eager entry -------------------------------------------------------------------------------
+
+WGMMA_SHAPES = [(128, 3, 1), (192, 4, 7), (256, 2, 130), (320, 5, 300)]  # (M, K / c, N): odd N, N < and > one tile
+
+
+def _single_block_weight(m, k, r, c, dtype):
+    """``(m, k)`` with exactly one stored block, at block row 1, block column 1 (``m >= 2r``, ``k >= 2c``)."""
+    dense = torch.zeros(m, k)
+    dense[r : 2 * r, c : 2 * c] = torch.randn(r, c)
+    return dense.to(dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("c", [16, 32, 64])
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_bsr_wgmma_matches_float64(dtype, c, mode):
+    """The sm_90a wgmma + TMA variant: every tile, both epilogues and X layouts, bias + ReLU, split rows, poisoned Y."""
+    if not structured.wgmma_available():
+        pytest.skip("needs an sm_90 GPU and a library built for sm_90a")
+    r = 64
+    cases = [(m, kc * c, n, i) for i, (m, kc, n) in enumerate(WGMMA_SHAPES)]
+    for m, k, n, i in cases + [(128, 2 * c, 9, -1)]:
+        if i < 0:
+            dense = _single_block_weight(m, k, r, c, dtype).cuda()  # one stored block in the whole matrix
+        else:
+            dense = block_sparse_weight(m, k, r, c, 0.35, dtype, "cuda", seed=i, heavy_rows=1 if m // r > 3 else 0)
+        comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
+        extra = (None, None)
+        if mode == "static":
+            sched, split = (t.cuda() for t in static_schedule(comp["crow_indices"], chunk=1))
+            extra = (sched, split)
+        for transposed in (True, False):
+            x2d = torch.randn(n, k, device="cuda").to(dtype)
+            x = x2d.t() if transposed else x2d.t().contiguous()
+            bias = torch.randn(m, device="cuda").to(dtype)
+            for activation, b in (("none", None), ("relu", bias)):
+                ref = spmm_reference64(dense, x, b, activation)
+                for tile_n in structured.WGMMA_TILE_NS:
+                    for staged in (True, False):
+                        out = _poisoned(m, n, dtype, transposed)
+                        structured.bsr_mm_cuda(
+                            comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, b, activation,
+                            *extra, out=out, tile_n=tile_n, staged_epilogue=staged, variant="wgmma",
+                        )  # fmt: skip
+                        torch.cuda.synchronize()
+                        err = relative_error(out, ref)
+                        assert err < TOLERANCE[dtype], (m, k, n, transposed, activation, tile_n, staged, err)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["mma", "wgmma"])
+@pytest.mark.parametrize(("r", "c"), [(16, 16), (32, 64), (64, 32), (64, 64)])
+def test_bsr_eager_entry_matches_float64_and_layout_rule(variant, r, c):
+    """prunekit_structured::bsr_mm (the runtime's eager call): output strides by layout.py, X copied when needed."""
+    if variant == "wgmma" and not (structured.wgmma_available() and (r, c) in structured.WGMMA_BLOCKS):
+        pytest.skip("wgmma variant not available for this GPU/build/block")
+    from prunekit.kernels.layout import new_spmm_output
+
+    for i, (m, k, n) in enumerate([(4 * r, 3 * c, 1), (6 * r, 4 * c, 37), (4 * r, 2 * c, 300)]):
+        dense = block_sparse_weight(m, k, r, c, 0.4, torch.float16, "cuda", seed=20 + i, heavy_rows=1)
+        comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
+        x2d = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        bias = torch.randn(m, device="cuda", dtype=torch.float32)  # another dtype: converted in C++
+        for x in (x2d.t(), x2d.t().contiguous(), torch.randn(k, 2 * n, device="cuda").half()[:, ::2]):
+            for sched in ((None, None), (comp["schedule"], comp["split_rows"])):
+                y = structured.bsr_mm_eager(
+                    comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, bias, "relu", *sched,
+                    variant=variant,
+                )  # fmt: skip
+                torch.cuda.synchronize()
+                assert y.stride() == new_spmm_output(x, m).stride()
+                err = relative_error(y, spmm_reference64(dense, x, bias.half(), "relu"))
+                assert err < TOLERANCE[torch.float16], (m, k, n, x.stride(), err)
+
+
+@pytest.mark.cuda
+def test_plan_tile_n_cpp_matches_python():
+    structured.load()
+    for m in (64, 4096, 16384):
+        for r in (16, 32, 64):
+            for n in (1, 32, 33, 2048, 8192):
+                for nblocks in (m // r * 3, m // r * 26):
+                    assert torch.ops.prunekit_structured.plan_tile_n(m, r, n, 132, nblocks) == structured.plan_tile_n(
+                        m, r, n, 132, nblocks
+                    )
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("static", [True, False])
+def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static):
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    dense = block_sparse_weight(256, 192, 32, 32, 0.5, torch.float16, seed=7, heavy_rows=1)
+    enc = formats.encode("bsr", dense, {"block_rows": 32, "block_cols": 32})
+    if not static:
+        enc = formats.EncodedTensor(
+            enc.format, enc.shape, enc.dtype, enc.params,
+            {k: v for k, v in enc.components.items() if k not in ("schedule", "split_rows")},
+        )  # fmt: skip
+    bias = torch.randn(256).half()
+    layer = SparseLinear(enc, bias).cuda()
+    for tokens in (1, 5, 70):
+        x = torch.randn(tokens, 192, device="cuda", dtype=torch.float16)
+        y = layer(x)
+        assert y.shape == (tokens, 256) and y.is_contiguous()
+        ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
+        assert relative_error(y, ref) < TOLERANCE[torch.float16]
+    # the C++ entry was taken (a None plan would mean the Python fallback)
+    assert list(layer._eager_plans.values()) == [structured.VARIANTS[structured.bsr_variant()]]

@@ -104,3 +104,24 @@ def test_opcheck_nm24_cuda():
     x2d = torch.randn(32, 256, device="cuda", dtype=torch.float16)
     args = (values.cuda(), metadata.cuda(), x2d.t(), 2, 4, bits, torch.randn(128, device="cuda").half(), "relu")
     torch.library.opcheck(ops.nm_mm, args)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("output", ["row", "col"])
+def test_sparse_linear_eager_24_through_the_binding_both_output_layouts(output, monkeypatch):
+    """The runtime's eager 2:4 call (prunekit_cslt::linear) in both cuSPARSELt output layouts, odd token counts."""
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    monkeypatch.setenv(structured.CSLT_OUTPUT_ENV, output)
+    dense = nm_weight(256, 512, 2, 4, torch.float16, seed=11)
+    bias = torch.randn(256).half()
+    layer = SparseLinear(formats.encode("nm", dense, {"n": 2, "m": 4}), bias).cuda()
+    for tokens in (1, 16, 37, 300):
+        x = torch.randn(2, tokens, 512, device="cuda", dtype=torch.float16)
+        y = layer(x)
+        assert y.shape == (2, tokens, 256) and y.is_contiguous()
+        ref = x.double().reshape(-1, 512) @ dense.double().cuda().t() + bias.double().cuda()
+        assert relative_error(y.reshape(-1, 256), ref) < TOLERANCE[torch.float16], tokens
+    assert list(layer._eager_plans.values()) == [output == "row"]  # the binding's C++ entry, this layout
