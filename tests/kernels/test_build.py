@@ -196,3 +196,15 @@ def test_find_prebuilt_looks_up_the_library_by_its_key(monkeypatch, tmp_path):
     assert build.find_prebuilt(ext) is None
     (tmp_path / f"{ext.library_name()}.so").write_bytes(b"")
     assert build.find_prebuilt(ext) == tmp_path / f"{ext.library_name()}.so"
+
+
+def test_arch_specific_extensions_compile_sm90a_sass_and_keep_portable_ptx():
+    flags = build.gencode_flags(("80", "90"), arch_specific=True)
+    assert "-gencode=arch=compute_80,code=sm_80" in flags
+    assert "-gencode=arch=compute_90a,code=sm_90a" in flags
+    assert flags[-1] == "-gencode=arch=compute_90,code=compute_90"
+    from prunekit.kernels import structured
+
+    assert structured.EXTENSION.arch_specific and "-gencode=arch=compute_90a,code=sm_90a" in (
+        structured.EXTENSION.nvcc_flags(("80", "90"))
+    )

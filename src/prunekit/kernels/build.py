@@ -93,9 +93,19 @@ def target_archs(device_capability: tuple[int, int] | None = None) -> tuple[str,
     return tuple(sorted(archs, key=int))
 
 
-def gencode_flags(archs: tuple[str, ...]) -> list[str]:
-    """nvcc ``-gencode`` flags: SASS for every arch and PTX for the highest (runs, JIT-compiled, on newer GPUs)."""
-    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+ARCH_SPECIFIC = {"90": "90a"}  # archs whose arch-specific target (wgmma, setmaxnreg) an Extension may ask for
+
+
+def gencode_flags(archs: tuple[str, ...], arch_specific: bool = False) -> list[str]:
+    """nvcc ``-gencode`` flags: SASS for every arch and PTX for the highest (runs, JIT-compiled, on newer GPUs).
+
+    ``arch_specific`` compiles sm_90 as ``sm_90a`` (Hopper's wgmma/TMA instructions; that SASS runs on sm_90 GPUs
+    only), while the PTX for newer GPUs stays the portable ``compute_XX``.
+    """
+    flags = []
+    for a in archs:
+        t = ARCH_SPECIFIC.get(a, a) if arch_specific else a
+        flags.append(f"-gencode=arch=compute_{t},code=sm_{t}")
     top = archs[-1]
     flags.append(f"-gencode=arch=compute_{top},code=compute_{top}")
     return flags
@@ -158,6 +168,7 @@ class Extension:
         cuda_cflags: extra nvcc flags (the ``-gencode`` flags are added by :func:`gencode_flags`).
         include_paths / ldflags: extra include folders and linker flags.
         gencode: compile ``.cu`` sources for :func:`target_archs` (False for a C++-only library).
+        arch_specific: compile sm_90 as sm_90a (see :func:`gencode_flags`).
         prebuilt: whether the exporter may ship this library in a package (False when it links a library by rpath).
         key_extra: anything else the build depends on (e.g. the folder of a linked library).
     """
@@ -173,6 +184,7 @@ class Extension:
     include_paths: tuple[str, ...] = ()
     ldflags: tuple[str, ...] = ()
     gencode: bool = True
+    arch_specific: bool = False
     prebuilt: bool = True
     key_extra: str = ""
 
@@ -186,7 +198,7 @@ class Extension:
     def key(self, archs: tuple[str, ...] | None = None) -> str:
         """sha256 (hex) naming one build of this library for ``archs`` (default: this machine's targets)."""
         archs = target_archs(_device_capability()) if archs is None else archs
-        extra = json.dumps([*self.cuda_cflags, *self.include_paths, *self.ldflags, self.key_extra])
+        extra = json.dumps([*self.cuda_cflags, *self.include_paths, *self.ldflags, self.key_extra, self.arch_specific])
         return build_key(
             self.source_digest(), torch.__version__, torch.version.cuda, archs if self.gencode else (), extra
         )
@@ -197,7 +209,7 @@ class Extension:
 
     def nvcc_flags(self, archs: tuple[str, ...]) -> list[str]:
         """nvcc flags of a build for ``archs``: :attr:`cuda_cflags` plus the ``-gencode`` flags."""
-        return [*self.cuda_cflags, *(gencode_flags(archs) if self.gencode else [])]
+        return [*self.cuda_cflags, *(gencode_flags(archs, self.arch_specific) if self.gencode else [])]
 
 
 _registry: dict[str, Path] = {}  # namespace -> library loaded by load_extension in this process
