@@ -329,9 +329,12 @@ def test_two_gloo_processes_give_the_single_process_categories(tmp_path):
     out = tmp_path / "categories.tsv"
     cmd = [sys.executable, "-m", "prunekit.spdnn", "run", "-n", "1024", "-l", "4", "--synthetic", "--inputs", "256"]
     cmd += ["--device", "cpu", "--gpus", "2", "--categories-out", str(out), "--json", str(tmp_path / "r.json")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env | {"OMP_NUM_THREADS": "1"}
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert torch.equal(tsv.read_categories(out), single.categories)
+    assert torch.equal(tsv.read_categories(out), single.categories), proc.stdout + proc.stderr
     import json
 
     row = json.loads((tmp_path / "r.json").read_text())[0]
