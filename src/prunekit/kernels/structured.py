@@ -46,9 +46,10 @@ CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "structured"
 SOURCES = (
     ("bsr_mm.cu",)
     + tuple(f"bsr_mm_{t}_n{bn}.cu" for t in ("f16", "bf16") for bn in (32, 128, 256))
-    + ("bsr_mm_wgmma.cu",)  # sm_90a wgmma + TMA variant: kernel body only in an sm_90a image (else probe says no)
+    # sm_90a wgmma + TMA variant: kernel bodies only in an sm_90a image (else its probe reports it unavailable)
+    + ("bsr_mm_wgmma.cu", "bsr_mm_wgmma_f16.cu", "bsr_mm_wgmma_bf16.cu")
 )
-HEADERS = ("bsr_mm.cuh",)
+HEADERS = ("bsr_mm.cuh", "bsr_mm_wgmma.cuh")
 NAMESPACE = "prunekit_structured"
 KERNEL_BLOCK_SIZES = (16, 32, 64)  # r and c the tensor-core kernel is instantiated for
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -91,6 +92,7 @@ EXTENSION = build.Extension(
     probe="bsr_mm_out",
     description="structured-sparse CUDA kernels",
     cuda_cflags=("-O3", "-lineinfo", "--expt-relaxed-constexpr"),
+    arch_specific=True,  # sm_90a: the wgmma + TMA BSR variant (bsr_mm_wgmma*.cu)
 )
 
 

@@ -1,0 +1,308 @@
+// BSR times dense matmul on Hopper's warpgroup tensor cores (sm_90a only): TMA loads, mbarrier pipeline, wgmma.
+//
+// Same operation, arguments and schedule as bsr_mm_kernel in bsr_mm.cuh (Y = act(A @ X + bias), A in BSR with
+// 64 x C blocks, C in {16, 32, 64}; dynamic mode or PopSparse's static schedule, Li et al. 2023), restructured the way
+// a Hopper dense GEMM is: every stored block is one k-step of a dense mainloop whose A tile is the block itself (one
+// contiguous 64 x C tile of `blocks`) and whose B tile is the C x BN slab of X at the block's column, a TMA box load
+// at a runtime coordinate (col * C, n0). One producer warpgroup issues the TMA loads into a STAGES-deep ring of
+// shared-memory stages guarded by mbarriers (full: TMA bytes landed; empty: every consumer warp is done with the
+// stage); CONSUMERS warpgroups each own 64 x 128 of the CTA's 64 x BN output tile (BN = 128 * CONSUMERS) and run
+// wgmma.mma_async m64n128k16 straight from shared memory (descriptors with the hardware swizzle TMA wrote: 128-,
+// 64- or 32-byte for C = 64, 32, 16, so that no bank conflicts arise and no ldmatrix is needed).
+//
+// This header holds the kernel and its launch templates (instantiated per dtype in bsr_mm_wgmma_f16.cu and
+// bsr_mm_wgmma_bf16.cu, which compile in parallel); bsr_mm_wgmma.cu holds the host entry. Compiled for every target
+// like the rest of the library; the kernel body exists only in the sm_90a image
+// (__CUDA_ARCH_FEAT_SM90_ALL), and bsr_wgmma_available() tells the host at run time (one probe launch per process).
+#pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <mutex>
+
+#include "bsr_mm.cuh"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PK_SM90A 1
+#endif
+
+namespace prunekit_structured {
+namespace wgmma_bsr {
+
+constexpr int R = 64;      // block rows: wgmma's M
+constexpr int WG_N = 128;  // output columns per consumer warpgroup (m64n128k16)
+
+template <int C, int CONSUMERS>
+struct WgConfig {
+  static constexpr int BN = WG_N * CONSUMERS;
+  static constexpr int THREADS = 128 * (CONSUMERS + 1);
+  static constexpr int STAGES = C == 64 ? 4 : (C == 32 ? 6 : 8);
+  static constexpr int A_BYTES = R * C * 2;
+  static constexpr int B_BYTES = BN * C * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // a multiple of 1024: every stage stays swizzle-aligned
+  static constexpr int OUT_LD = R + 8;                   // epilogue tile, Y^T rows of R (+8 halves: no conflicts)
+  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
+  static_assert(STAGE_BYTES % 1024 == 0, "stages must keep 1024-byte alignment");
+  static_assert(BN * OUT_LD * 2 <= STAGES * STAGE_BYTES, "epilogue tile must fit in the pipeline's memory");
+  static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
+};
+
+// Shared-memory matrix descriptor of a K-major tile whose rows are C halves (= the swizzle width, 2 * C bytes) and
+// whose 8-row core-matrix groups are 8 * 2 * C bytes apart (PTX ISA, "Matrix Descriptor Format" of wgmma): start
+// address >> 4 in bits 0-13, leading byte offset (unused for swizzled K-major; 1) in 16-29, stride byte offset >> 4
+// in 32-45, swizzle mode in 62-63 (1: 128B, 2: 64B, 3: 32B). A k-step of 16 halves inside the swizzle atom is the
+// start address plus 32 bytes; the hardware applies the XOR pattern to the computed addresses.
+template <int C>
+__host__ __device__ constexpr uint64_t make_desc(uint32_t smem_addr) {
+  constexpr uint64_t mode = C == 64 ? 1 : (C == 32 ? 2 : 3);
+  constexpr uint64_t sbo = 8 * 2 * C;
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | ((sbo >> 4) << 32) | (mode << 62);
+}
+
+#ifdef PK_SM90A
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// 2-D TMA box load of `map` at (c0 inner, c1 outer) into `dst`, completing `bytes` on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void consumer_sync(int threads) {
+  asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory");
+}
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <typename T>
+struct Wgmma;
+template <>
+struct Wgmma<__half> {
+  // D (64 x 128, fp32, registers) += A (64 x 16, smem descriptor) * B (16 x 128, smem descriptor), both K-major.
+  static __device__ __forceinline__ void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  }
+};
+template <>
+struct Wgmma<__nv_bfloat16> {
+  // D (64 x 128, fp32, registers) += A (64 x 16, smem descriptor) * B (16 x 128, smem descriptor), both K-major.
+  static __device__ __forceinline__ void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  }
+};
+#endif  // PK_SM90A
+
+// Accumulator element i of lane `lane` in warp `warp` (0-3) of a consumer warpgroup, m64nNk16 fp32 layout (PTX ISA,
+// "Register Fragments" of wgmma .m64nNk16): row 16 * warp + lane / 4 + 8 * ((i / 2) % 2), column
+// 8 * (i / 4) + 2 * (lane % 4) + i % 2. (tests/kernels/test_structured_tiling.py checks the map is a bijection.)
+__host__ __device__ constexpr int acc_row(int warp, int lane, int i) { return 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1); }
+__host__ __device__ constexpr int acc_col(int lane, int i) { return 8 * (i >> 2) + 2 * (lane & 3) + (i & 1); }
+
+template <typename T, int C, int CONSUMERS>
+__global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
+    bsr_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_x,
+                     const BsrArgs args) {
+#ifdef PK_SM90A
+  using Cfg = WgConfig<C, CONSUMERS>;
+  constexpr int STAGES = Cfg::STAGES, BN = Cfg::BN;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
+  uint64_t* empty = full + STAGES;
+
+  int block_row, start, end, slot = -1;
+  if (args.schedule != nullptr) {
+    const int4 item = args.schedule[blockIdx.x];
+    block_row = item.x;
+    start = item.y;
+    end = item.z;
+    slot = item.w;
+  } else {
+    block_row = blockIdx.x;
+    start = args.crow[block_row];
+    end = args.crow[block_row + 1];
+  }
+  const int count = end - start;
+  const int n0 = blockIdx.y * BN;
+  const int wg = threadIdx.x >> 7;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 4 * CONSUMERS);  // lane 0 of every consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
+    if (threadIdx.x == 0) {
+      for (int it = 0; it < count; ++it) {
+        const int s = it % STAGES;
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);  // the (it / STAGES - 1)-th release
+        unsigned char* a_dst = smem + s * Cfg::STAGE_BYTES;
+        const int b = start + it;
+        mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
+        tma_load_2d(a_dst, &map_a, 0, b * R, &full[s]);
+        tma_load_2d(a_dst + Cfg::A_BYTES, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
+      }
+    }
+    return;
+  }
+
+  const int cw = wg - 1;  // consumer index: columns cw * 128 ... of the CTA tile
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  for (int it = 0; it < count; ++it) {
+    const int s = it % STAGES;
+    mbar_wait(&full[s], (it / STAGES) & 1);
+    const uint32_t a_addr = smem_u32(smem + s * Cfg::STAGE_BYTES);
+    const uint32_t b_addr = a_addr + Cfg::A_BYTES + cw * WG_N * C * 2;
+    fence_acc(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) Wgmma<T>::run(acc, make_desc<C>(a_addr + kk * 32), make_desc<C>(b_addr + kk * 32));
+    wgmma_commit();
+    fence_acc(acc);
+    wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
+    if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+
+  const long long m0 = static_cast<long long>(block_row) * R;
+  if (slot >= 0) {  // a slice of a split block row: fp32 partial sums, finished by bsr_finalize_kernel
+    float* ws = args.ws + static_cast<long long>(slot) * R * args.n;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int nn = n0 + cw * WG_N + acc_col(lane, i);
+      if (nn < args.n) atomicAdd(ws + static_cast<long long>(acc_row(warp, lane, i)) * args.n + nn, acc[i]);
+    }
+    return;
+  }
+  T* y = static_cast<T*>(args.y);
+  const T* bias = static_cast<const T*>(args.bias);
+  float bias_v[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) bias_v[h] = bias != nullptr ? to_f(bias[m0 + acc_row(warp, lane, 2 * h)]) : 0.f;
+  if (args.staged == 1) {  // Y^T (the runtime's (N, M) output): through shared memory, 16-byte stores along m
+    T* tile = reinterpret_cast<T*>(smem);
+    consumer_sync(128 * CONSUMERS);  // every consumer's wgmmas have finished reading the pipeline stages
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      float v = acc[i] + bias_v[(i >> 1) & 1];
+      if (args.relu) v = fmaxf(v, 0.f);
+      tile[(cw * WG_N + acc_col(lane, i)) * Cfg::OUT_LD + acc_row(warp, lane, i)] = from_f<T>(v);
+    }
+    consumer_sync(128 * CONSUMERS);
+    constexpr int PER_ROW = R / 8;
+    for (int idx = threadIdx.x - 128; idx < BN * PER_ROW; idx += 128 * CONSUMERS) {
+      const int nl = idx / PER_ROW, ml = (idx % PER_ROW) * 8;
+      if (n0 + nl < args.n)
+        *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) =
+            *reinterpret_cast<const int4*>(tile + nl * Cfg::OUT_LD + ml);
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int nn = n0 + cw * WG_N + acc_col(lane, i);
+    if (nn < args.n) {
+      float v = acc[i] + bias_v[(i >> 1) & 1];
+      if (args.relu) v = fmaxf(v, 0.f);
+      y[(m0 + acc_row(warp, lane, i)) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v);
+    }
+  }
+#endif  // PK_SM90A
+}
+
+template <typename T, int C, int CONSUMERS>
+void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
+            cudaStream_t stream) {
+  using Cfg = WgConfig<C, CONSUMERS>;
+  auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS>;
+  static std::once_flag once;  // per instantiation
+  std::call_once(once, [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
+  });
+  const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(map_a, map_x, args);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int CONSUMERS>
+void dispatch_c(int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
+                cudaStream_t stream) {
+  if (c == 64) return launch<T, 64, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+  if (c == 32) return launch<T, 32, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+  return launch<T, 16, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+}
+
+
+}  // namespace wgmma_bsr
+}  // namespace prunekit_structured
