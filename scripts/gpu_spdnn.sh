@@ -7,6 +7,8 @@
 #   bash scripts/gpu_spdnn.sh huge       benchmark N=65536 (120/480/1920, tiled kernel)
 #   bash scripts/gpu_spdnn.sh champion   build the 2020 champion's singlegpu code (sources in .carry/spdnn_champion,
 #                                        carried, never committed), run it and ours on the same N=1024 files
+#                                        (writes the files first: 1920 TSV layers + binary copy; if the call runs out
+#                                        of time, call it again on the still-warm machine: finished steps are kept)
 #   bash scripts/gpu_spdnn.sh multi      (nvidia-h200-x2) two GPUs vs one on N=16384 and 65536 x 1920
 #
 # Logs and results JSON under $OUT (default /tmp/spdnn-out). BUDGET_S bounds the benchmark's time per call.

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrunekitError
+from ..io import atomic_path
 from . import tsv
 from .generator import bias_for
 
@@ -39,7 +40,8 @@ def images_bin_path(root: Path, neurons: int) -> Path:
 
 
 def write_champion_files(data: str | Path, neurons: int, layers: int, out: str | Path | None = None) -> list[Path]:
-    """Convert a data directory's TSV layers 1..``layers`` and images into the champion's binary files.
+    """Convert a data directory's TSV layers 1..``layers`` and images into the champion's binary files
+    (each written to a temporary file and renamed when complete).
 
     Returns:
         The two paths written (``neuron{N}.bin``, ``sparse-images-{N}.bin``) in ``out`` (default ``data``).
@@ -51,7 +53,7 @@ def write_champion_files(data: str | Path, neurons: int, layers: int, out: str |
     out = Path(out) if out is not None else data
     out.mkdir(parents=True, exist_ok=True)
     wpath = weights_path(out, neurons)
-    with open(wpath, "wb") as fh:
+    with atomic_path(wpath, overwrite=True) as tmp, open(tmp, "wb") as fh:
         for k in range(1, layers + 1):
             layer = tsv.read_layer(data, neurons, k)
             (layer.cols.numpy() + 1).astype(np.int32).tofile(fh)  # row = output neuron
@@ -59,7 +61,7 @@ def write_champion_files(data: str | Path, neurons: int, layers: int, out: str |
             np.full(layer.nnz, 0.0625, dtype=np.float32).tofile(fh)
     images, pixels = tsv.read_images(data, neurons)
     ipath = images_bin_path(out, neurons)
-    with open(ipath, "wb") as fh:
+    with atomic_path(ipath, overwrite=True) as tmp, open(tmp, "wb") as fh:
         (pixels.numpy() + 1).astype(np.int32).tofile(fh)
         (images.numpy() + 1).astype(np.int32).tofile(fh)
         np.ones(images.numel(), dtype=np.float32).tofile(fh)
