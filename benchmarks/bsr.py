@@ -5,10 +5,16 @@ For every dtype, weight shape W (M x K), block (r x c), block sparsity and N: W 
 ``1 - sparsity`` (N(0, 1) values inside kept tiles), activations are nn.Linear-shaped ``x2d: (N, K)``, and the
 contenders compute the layer output as a user would call them:
 
-- prunekit static: ``structured.bsr_mm_cuda(blocks, crow, cols, x2d.t(), M, ..., schedule, split_rows)``, the
-  runtime's eager call for an exported weight (SparseLinear calls the CUDA implementation directly when eager);
-  returns the transposed (N, M) output, no copies. ``static_op_eager_ms`` times the same through the custom op
-  ``prunekit::bsr_mm_static`` (the path under torch.compile / export), and ``static_tile<BN>_gpu_ms`` each N tile;
+- prunekit static: ``structured.bsr_mm_eager(blocks, crow, cols, x2d.t(), M, ..., schedule, split_rows)``, the C++
+  entry ``prunekit_structured::bsr_mm`` that the runtime's SparseLinear calls when eager (output allocation, N tile
+  and variant chosen in C++); returns the transposed (N, M) output, no copies. ``static_op_eager_ms`` times the same
+  through the custom op ``prunekit::bsr_mm_static`` (the path under torch.compile / export),
+  ``static_tile<BN>_gpu_ms`` each N tile of the mma.sync kernel, ``static_wgmma_*`` the sm_90a wgmma + TMA variant
+  (64-row blocks, when the library holds it);
+- prunekit layer: ``SparseLinear.forward(x2d)`` on the exported weight, eager: ``layer_wall_ms`` is wall-clock per
+  call over many back-to-back calls with one synchronize at the end, ``layer_eager_overhead_us`` that minus the
+  static device time (what eager calls add over the kernel; about 0 when the GPU is the bottleneck),
+  ``layer_host_us`` the host time to issue one call (perf_counter over a burst shorter than the launch queue);
 - prunekit dynamic: ``structured.bsr_mm_cuda(blocks, crow, cols, x2d.t(), M)`` (no schedule);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch BSR: ``torch.sparse._triton_ops.bsr_dense_mm(W_bsr, x2d.t())`` (Triton; eager and CUDA-graph replayed).
@@ -30,6 +36,7 @@ import json
 import math
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +45,8 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
+from prunekit.deploy.runtime.sparse_linear import SparseLinear
+from prunekit.formats import EncodedTensor
 from prunekit.formats.bsr import static_schedule
 from prunekit.kernels import structured
 
@@ -115,6 +124,44 @@ def graph_time(calls: list, replays: int = 7, target_s: float = GRAPH_TARGET_S) 
     return statistics.median(_ms_between(graph.replay) / reps for _ in range(replays))
 
 
+def wall_time(calls: list, trials: int = 5, target_s: float = EAGER_TARGET_S) -> float:
+    """Median wall-clock ms per call (perf_counter) over ``trials`` loops of back-to-back eager calls with one
+    synchronize at the end of each loop: host and device time together, as an application sees them."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    calls[0]()
+    torch.cuda.synchronize()
+    one = time.perf_counter() - t
+    reps = max(10, min(2000, int(target_s / max(one, 1e-6))))
+    samples = []
+    for _ in range(trials):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for i in range(reps):
+            calls[i % len(calls)]()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t) / reps * 1e3)
+    return statistics.median(samples)
+
+
+def host_time_us(calls: list, burst: int = 200, trials: int = 5) -> float:
+    """Median host microseconds to issue one call (perf_counter around ``burst`` calls, before synchronizing; the
+    burst is shorter than the launch queue, so the host never waits on the GPU)."""
+    for c in calls:
+        c()
+    samples = []
+    for _ in range(trials):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for i in range(burst):
+            calls[i % len(calls)]()
+        samples.append((time.perf_counter() - t) / burst * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
 def block_weight(m: int, k: int, r: int, c: int, sparsity: float, dtype: torch.dtype, gen: torch.Generator):
     """Dense W with r x c tiles kept with probability 1 - sparsity, and its BSR components (built on the GPU)."""
     keep = torch.rand(m // r, k // c, device="cuda", generator=gen) >= sparsity
@@ -160,12 +207,23 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
         "nblocks": int(sets[0][1]["crow_indices"][-1]), "split_rows": int(sets[0][1]["split_rows"].numel()),
     }  # fmt: skip
 
-    def static_call(s, tile_n=None):
+    def static_call(s, tile_n=None, variant=None):
         w, c, x2d = s
+        if tile_n is None:  # the runtime's eager call: the C++ entry
+            return lambda: structured.bsr_mm_eager(
+                c["blocks"], c["crow_indices"], c["col_indices"], x2d.t(), m, None, "none", c["schedule"],
+                c["split_rows"], variant=variant,
+            )  # fmt: skip
         return lambda: structured.bsr_mm_cuda(
             c["blocks"], c["crow_indices"], c["col_indices"], x2d.t(), m, None, "none", c["schedule"],
-            c["split_rows"], tile_n=tile_n,
+            c["split_rows"], tile_n=tile_n, variant=variant,
         )  # fmt: skip
+
+    def layer_call(s):
+        w, c, x2d = s
+        enc = EncodedTensor("bsr", (m, k), res["dtype"], {"block_rows": r, "block_cols": r}, c)
+        layer = SparseLinear(enc)
+        return lambda: layer(x2d)
 
     def static_op_call(s):
         w, c, x2d = s
@@ -193,6 +251,20 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
         res[f"{name}_gpu_ms"] = graph_time(calls)
         res[f"{name}_eager_ms"] = eager_time(calls)
     res["static_op_eager_ms"] = eager_time([static_op_call(s) for s in sets])
+    layers = [layer_call(s) for s in sets]
+    res["layer_err"] = relative_error(layers[0]().t(), ref)
+    res["layer_wall_ms"] = wall_time(layers)
+    res["layer_host_us"] = host_time_us(layers)
+    res["layer_eager_overhead_us"] = 1e3 * (res["layer_wall_ms"] - res["static_gpu_ms"])
+    if r == 64 and args.wgmma and structured.wgmma_available():
+        try:
+            res["static_wgmma_err"] = relative_error(static_call(sets[0], variant="wgmma")(), ref)
+            res["static_wgmma_gpu_ms"] = graph_time([static_call(s, variant="wgmma") for s in sets])
+            res["static_wgmma_speedup_gpu"] = res["dense_gpu_ms"] / res["static_wgmma_gpu_ms"]
+            for tile_n in structured.WGMMA_TILE_NS:
+                res[f"static_wgmma_tile{tile_n}_gpu_ms"] = graph_time([static_call(s, tile_n, "wgmma") for s in sets])
+        except Exception as exc:  # record why the variant could not run at this point; keep benchmarking
+            res["static_wgmma_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     for tile_n in (32, 128) if n <= structured.DECODE_MAX_N else (128, 256):  # the N-tile sweep behind plan_tile_n
         res[f"static_tile{tile_n}_gpu_ms"] = graph_time([static_call(s, tile_n) for s in sets])
     triton_mm = _triton_bsr()
@@ -222,8 +294,8 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
 
 def table(results: list[dict]) -> Table:
     t = Table(title="prunekit bsr_mm vs cuBLAS dense and torch Triton BSR (speedups vs dense, same run)")
-    for col in ("dtype", "M x K", "N", "blk", "sp", "static ms", "x dense", "eager x", "op ovh us", "dyn/static",
-                "torch bsr x (graph)", "torch bsr x (eager)", "err"):  # fmt: skip
+    for col in ("dtype", "M x K", "N", "blk", "sp", "static ms", "x dense", "eager x", "layer ovh us", "host us",
+                "wgmma x", "dyn/static", "torch bsr x (graph)", "torch bsr x (eager)", "err"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in results:
         tb = f"{r['torch_bsr_speedup_gpu']:.2f}" if "torch_bsr_speedup_gpu" in r else "-"
@@ -231,7 +303,9 @@ def table(results: list[dict]) -> Table:
         t.add_row(
             r["dtype"], f"{r['m']}x{r['k']}", str(r["n"]), str(r["block"]), f"{r['sparsity']:.2f}",
             f"{r['static_gpu_ms']:.3f}", f"{r['static_speedup_gpu']:.2f}", f"{r['static_speedup_eager']:.2f}",
-            f"{1e3 * (r['static_op_eager_ms'] - r['static_gpu_ms']):.0f}", f"{r['dynamic_over_static']:.2f}", tb, te, f"{max(r['static_err'], r['dynamic_err']):.1e}",
+            f"{r['layer_eager_overhead_us']:.1f}", f"{r['layer_host_us']:.1f}",
+            f"{r['static_wgmma_speedup_gpu']:.2f}" if "static_wgmma_speedup_gpu" in r else "-",
+            f"{r['dynamic_over_static']:.2f}", tb, te, f"{max(r['static_err'], r['dynamic_err']):.1e}",
         )  # fmt: skip
     return t
 
@@ -244,17 +318,22 @@ def markdown(path: Path) -> str:
         f"{meta['device']}, torch {meta['torch']} (CUDA {meta['cuda']}), {meta['date']}, `{meta['command']}`",
         "",
         "| dtype | M x K | N | block | sparsity | static ms (graph) | x dense (graph) | x dense (eager) | "
-        "eager overhead us (direct / op) | dynamic / static | torch BSR x dense (graph / eager) | rel. err |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "eager overhead us (direct / op) | layer: wall - kernel us / host us per call | wgmma x dense (graph) | "
+        "dynamic / static | torch BSR x dense (graph / eager) | rel. err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
         tb = "-"
         if "torch_bsr_gpu_ms" in r:
             tb = f"{r['torch_bsr_speedup_gpu']:.2f} / {r['dense_eager_ms'] / r['torch_bsr_eager_ms']:.2f}"
+        layer = "-"
+        if "layer_wall_ms" in r:
+            layer = f"{r['layer_eager_overhead_us']:.1f} / {r['layer_host_us']:.1f}"
+        wg = f"{r['static_wgmma_speedup_gpu']:.2f}" if "static_wgmma_speedup_gpu" in r else "-"
         lines.append(
             f"| {r['dtype']} | {r['m']}x{r['k']} | {r['n']} | {r['block']} | {r['sparsity']:.2f} | "
             f"{r['static_gpu_ms']:.3f} | {r['static_speedup_gpu']:.2f} | {r['static_speedup_eager']:.2f} | "
-            f"{r['static_eager_overhead_us']:.0f} / {r['static_op_eager_overhead_us']:.0f} | "
+            f"{r['static_eager_overhead_us']:.0f} / {r['static_op_eager_overhead_us']:.0f} | {layer} | {wg} | "
             f"{r['dynamic_over_static']:.2f} | {tb} | {max(r['static_err'], r['dynamic_err']):.1e} |"
         )
     return "\n".join(lines)
@@ -267,6 +346,9 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="the whole grid (about an hour); default: quick grid")
     parser.add_argument("--max-sets", type=int, default=8)
     parser.add_argument("--no-torch-bsr", action="store_true")
+    parser.add_argument("--wgmma", action=argparse.BooleanOptionalAction, default=True, help="time the wgmma variant")
+    parser.add_argument("--blocks", help="comma-separated block sizes (default: the grid's)")
+    parser.add_argument("--sparsities", help="comma-separated block sparsities (default: the grid's)")
     parser.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new configurations after this")
     args = parser.parse_args()
     if args.render:
@@ -274,7 +356,11 @@ def main() -> None:
         return
     if args.out is None:
         parser.error("--out is required")
-    grid = FULL if args.full else QUICK
+    grid = dict(FULL if args.full else QUICK)
+    if args.blocks:
+        grid["blocks"] = [int(b) for b in args.blocks.split(",")]
+    if args.sparsities:
+        grid["sparsities"] = [float(v) for v in args.sparsities.split(",")]
     structured.load()
     t0 = time.time()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -285,6 +371,9 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "command": "PYTHONPATH=src python benchmarks/bsr.py" + (" --full" if args.full else ""),
+        "argv": sys.argv[1:],
+        "variant": structured.bsr_variant(),
+        "wgmma_available": structured.wgmma_available(),
         "timing": "median of CUDA-graph replays (gpu_ms) and of eager loops (eager_ms), rotating input sets",
     }
     results: list[dict] = []

@@ -4,10 +4,15 @@ chosen once per shape) vs dense cuBLAS and torch's ``to_sparse_semi_structured``
 For every dtype, weight shape W (M x K) and N: W keeps the 2 largest-magnitude of every 4 entries of an N(0, 1)
 matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user calls them:
 
-- prunekit: ``structured.nm_mm_cuda(values, metadata, x2d.t(), 2, 4, bits)`` on the stored ``nm`` format (the
-  runtime's eager call: prunekit's own cuSPARSELt binding, plan built once); ``prunekit_torchpath_*`` the same with
-  ``backend="torch"`` (``torch._cslt_sparse_mm``, plan set up per call); ``prunekit_op_eager_ms`` the custom op
-  ``prunekit::nm_mm`` (the path under torch.compile);
+- prunekit: ``structured.nm_mm_cuda(values, metadata, x2d.t(), 2, 4, bits, output=...)`` on the stored ``nm``
+  format through prunekit's own cuSPARSELt binding (weight compressed and plan built once; C++ entry
+  ``prunekit_cslt::linear``), in both output layouts in the same run: ``prunekit_row_*`` (cuSPARSELt writes a
+  row-major (M, N), then the layout rule's transposing copy) and ``prunekit_col_*`` (column-major Y written
+  directly); ``prunekit_*`` (no suffix) is the default layout (``structured.cslt_output()``, in the JSON's meta);
+  ``prunekit_torchpath_*`` the same with ``backend="torch"`` (``torch._cslt_sparse_mm``, plan set up per call; its
+  eager time, ~0.25 s a call on the H100, only with ``--torch-path-eager``); ``prunekit_op_eager_ms`` the custom op
+  ``prunekit::nm_mm`` (the path under torch.compile); ``layer_*`` ``SparseLinear.forward`` eager as in
+  ``benchmarks/bsr.py`` (wall-clock minus device time, host time per call);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch 2:4: ``F.linear(x2d, to_sparse_semi_structured(W))`` (cuSPARSELt through torch's tensor subclass).
 
@@ -24,6 +29,7 @@ import json
 import math
 import platform
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -32,9 +38,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bsr import L2_BYTES, eager_time, graph_time, relative_error  # noqa: E402
+from bsr import L2_BYTES, eager_time, graph_time, host_time_us, relative_error, wall_time  # noqa: E402
 
 from prunekit import formats  # noqa: E402
+from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
 from prunekit.kernels import ops, structured  # noqa: E402
 
 POINTS = [
@@ -68,18 +75,19 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
     n_sets = max(2, min(args.max_sets, math.ceil(2 * L2_BYTES / set_bytes)))
     free = torch.cuda.mem_get_info()[0]
     n_sets = max(1, min(n_sets, int(0.3 * free / (set_bytes + 2 * m * k * elem))))
-    sets = []
+    sets, encs = [], []
     for _ in range(n_sets):
         w = nm24_weight(m, k, dtype, gen)
         enc = formats.encode("nm", w, {"n": 2, "m": 4})  # encoded on the GPU (torch ops on w's device)
         c = enc.components
         x2d = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
         sets.append((w, c, int(enc.params["bits"]), x2d))
+        encs.append(enc)
     res = {"m": m, "k": k, "n": n, "dtype": str(dtype).removeprefix("torch."), "n_sets": n_sets}
 
-    def ours(s):
+    def ours(s, output=None):
         w, c, bits, x2d = s
-        return lambda: structured.nm_mm_cuda(c["values"], c["metadata"], x2d.t(), 2, 4, bits)
+        return lambda: structured.nm_mm_cuda(c["values"], c["metadata"], x2d.t(), 2, 4, bits, output=output)
 
     def ours_torch(s):
         w, c, bits, x2d = s
@@ -95,21 +103,39 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
 
     w0, _, _, x0 = sets[0]
     ref = F.linear(x0.float(), w0.float()).t()
-    res["prunekit_err"] = relative_error(ours(sets[0])(), ref)
+    res["output_default"] = structured.cslt_output()
+    for output in ("row", "col"):
+        res[f"prunekit_{output}_err"] = relative_error(ours(sets[0], output)(), ref)
     compress_before = structured.compress_calls
     res["prunekit_torchpath_err"] = relative_error(ours_torch(sets[0])(), ref)
-    for name, make in (("prunekit", ours), ("prunekit_torchpath", ours_torch), ("dense", dense)):
+    contenders = [
+        ("prunekit_row", lambda s: ours(s, "row"), True),
+        ("prunekit_col", lambda s: ours(s, "col"), True),
+        ("prunekit_torchpath", ours_torch, args.torch_path_eager),
+        ("dense", dense, True),
+    ]
+    for name, make, eager in contenders:
         calls = [make(s) for s in sets]
         res[f"{name}_gpu_ms"] = graph_time(calls)
-        res[f"{name}_eager_ms"] = eager_time(calls)
+        if eager:
+            res[f"{name}_eager_ms"] = eager_time(calls)
+    for key in ("gpu_ms", "eager_ms", "err"):
+        res[f"prunekit_{key}"] = res[f"prunekit_{res['output_default']}_{key}"]
     res["prunekit_op_eager_ms"] = eager_time([ours_op(s) for s in sets])
+    layers = [(SparseLinear(e), s[3]) for e, s in zip(encs, sets, strict=True)]
+    layer_calls = [lambda layer=layer, x=x: layer(x) for layer, x in layers]
+    res["layer_err"] = relative_error(layer_calls[0]().t(), ref)
+    res["layer_wall_ms"] = wall_time(layer_calls)
+    res["layer_host_us"] = host_time_us(layer_calls)
+    res["layer_eager_overhead_us"] = 1e3 * (res["layer_wall_ms"] - res["prunekit_gpu_ms"])
     res["compressions_while_timing"] = structured.compress_calls - compress_before
     res["native_binding"] = structured.native_cslt_available()
-    # Host cost of one cuSPARSELt call through torch (plan set-up per call) next to the device time, same weight.
-    packed = structured.compressed_24(sets[0][1]["values"], sets[0][1]["metadata"], sets[0][2], k)
-    res["cslt_direct_eager_ms"] = eager_time(
-        [lambda x=x: torch._cslt_sparse_mm(packed, x.t(), transpose_result=True) for _, _, _, x in sets]
-    )
+    if args.torch_path_eager:
+        # Host cost of one cuSPARSELt call through torch (plan set-up per call) next to the device time, same weight.
+        packed = structured.compressed_24(sets[0][1]["values"], sets[0][1]["metadata"], sets[0][2], k)
+        res["cslt_direct_eager_ms"] = eager_time(
+            [lambda x=x: torch._cslt_sparse_mm(packed, x.t(), transpose_result=True) for _, _, _, x in sets]
+        )
     try:
         semis = [(to_sparse_semi_structured(w), x2d) for w, _, _, x2d in sets]
         res["torch24_err"] = relative_error(F.linear(semis[0][1], semis[0][0]).t(), ref)
@@ -118,53 +144,74 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
         res["torch24_gpu_ms"] = graph_time(calls)
     except Exception as exc:  # record why the baseline could not run at this point
         res["torch24_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    for output in ("row", "col"):
+        res[f"speedup_{output}_gpu"] = res["dense_gpu_ms"] / res[f"prunekit_{output}_gpu_ms"]
+        res[f"speedup_{output}_eager"] = res["dense_eager_ms"] / res[f"prunekit_{output}_eager_ms"]
     res["speedup_gpu"] = res["dense_gpu_ms"] / res["prunekit_gpu_ms"]
     res["speedup_eager"] = res["dense_eager_ms"] / res["prunekit_eager_ms"]
     res["eager_overhead_us"] = 1e3 * (res["prunekit_eager_ms"] - res["prunekit_gpu_ms"])
     if "torch24_gpu_ms" in res:
         res["torch24_speedup_gpu"] = res["dense_gpu_ms"] / res["torch24_gpu_ms"]
         res["torch24_speedup_eager"] = res["dense_eager_ms"] / res["torch24_eager_ms"]
-    del sets
+    del sets, encs, layers, layer_calls
     torch.cuda.empty_cache()
     return res
 
 
 def table(results: list[dict]) -> Table:
     t = Table(title="prunekit nm_mm (2:4) vs cuBLAS dense and torch semi-structured (speedups vs dense, same run)")
-    for col in ("dtype", "M x K", "N", "ours ms", "x dense (graph)", "x dense (eager)", "overhead us",
-                "torch x (graph)", "torch x (eager)", "err"):  # fmt: skip
+    for col in ("dtype", "M x K", "N", "row ms", "row x (graph)", "row x (eager)", "col ms", "col x (graph)",
+                "layer ovh us", "host us", "torch x (graph)", "torch x (eager)", "err row/col"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in results:
         t.add_row(
-            r["dtype"], f"{r['m']}x{r['k']}", str(r["n"]), f"{r['prunekit_gpu_ms']:.3f}", f"{r['speedup_gpu']:.2f}",
-            f"{r['speedup_eager']:.2f}", f"{r['eager_overhead_us']:.1f}",
+            r["dtype"], f"{r['m']}x{r['k']}", str(r["n"]), f"{r['prunekit_row_gpu_ms']:.3f}",
+            f"{r['speedup_row_gpu']:.2f}", f"{r['speedup_row_eager']:.2f}", f"{r['prunekit_col_gpu_ms']:.3f}",
+            f"{r['speedup_col_gpu']:.2f}", f"{r['layer_eager_overhead_us']:.1f}", f"{r['layer_host_us']:.1f}",
             f"{r.get('torch24_speedup_gpu', float('nan')):.2f}", f"{r.get('torch24_speedup_eager', float('nan')):.2f}",
-            f"{r['prunekit_err']:.1e}",
+            f"{r['prunekit_row_err']:.1e}/{r['prunekit_col_err']:.1e}",
         )  # fmt: skip
     return t
 
 
+def _t24(r: dict) -> str:
+    return f"{r['torch24_speedup_gpu']:.2f} / {r['torch24_speedup_eager']:.2f}" if "torch24_gpu_ms" in r else "-"
+
+
 def markdown(path: Path) -> str:
-    """Markdown table of a results JSON written by this script (for docs/PERFORMANCE_STRUCTURED.md)."""
+    """Markdown table of a results JSON written by this script (for docs/PERFORMANCE_STRUCTURED.md); JSONs of the
+    first run (one output layout, before ``prunekit_row_*`` / ``prunekit_col_*``) render in their own columns."""
     data = json.loads(path.read_text())
     meta = data["meta"]
-    lines = [
-        f"{meta['device']}, torch {meta['torch']} (CUDA {meta['cuda']}), {meta['date']}, `{meta['command']}`",
-        "",
-        "| dtype | M x K | N | ours ms (graph) | x dense (graph) | x dense (eager) | ours eager ms | "
-        "ours via torch._cslt_sparse_mm: ms graph / eager | torch 2:4 x dense (graph / eager) | "
-        "compressions while timing | rel. err |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+    lines = [f"{meta['device']}, torch {meta['torch']} (CUDA {meta['cuda']}), {meta['date']}, `{meta['command']}`", ""]
+    if data["results"] and "prunekit_row_gpu_ms" not in data["results"][0]:
+        lines += [
+            "| dtype | M x K | N | ours ms (graph) | x dense (graph) | x dense (eager) | ours eager ms | "
+            "ours via torch._cslt_sparse_mm: ms graph / eager | torch 2:4 x dense (graph / eager) | "
+            "compressions while timing | rel. err |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in data["results"]:
+            lines.append(
+                f"| {r['dtype']} | {r['m']}x{r['k']} | {r['n']} | {r['prunekit_gpu_ms']:.3f} | {r['speedup_gpu']:.2f} | "
+                f"{r['speedup_eager']:.2f} | {r['prunekit_eager_ms']:.3f} | "
+                f"{r['prunekit_torchpath_gpu_ms']:.3f} / {r['prunekit_torchpath_eager_ms']:.3f} | "
+                f"{_t24(r)} | {r.get('compressions_while_timing', '-')} | {r['prunekit_err']:.1e} |"
+            )
+        return "\n".join(lines)
+    lines += [
+        "| dtype | M x K | N | dense ms (graph) | row-major out: ms (graph) / x dense (graph / eager) | "
+        "col-major out: ms (graph) / x dense (graph / eager) | layer: wall - kernel us / host us per call | "
+        "torch 2:4 x dense (graph / eager) | compressions while timing | rel. err row / col |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
-        t24 = "-"
-        if "torch24_gpu_ms" in r:
-            t24 = f"{r['torch24_speedup_gpu']:.2f} / {r['torch24_speedup_eager']:.2f}"
         lines.append(
-            f"| {r['dtype']} | {r['m']}x{r['k']} | {r['n']} | {r['prunekit_gpu_ms']:.3f} | {r['speedup_gpu']:.2f} | "
-            f"{r['speedup_eager']:.2f} | {r['prunekit_eager_ms']:.3f} | "
-            f"{r['prunekit_torchpath_gpu_ms']:.3f} / {r['prunekit_torchpath_eager_ms']:.3f} | "
-            f"{t24} | {r.get('compressions_while_timing', '-')} | {r['prunekit_err']:.1e} |"
+            f"| {r['dtype']} | {r['m']}x{r['k']} | {r['n']} | {r['dense_gpu_ms']:.3f} | "
+            f"{r['prunekit_row_gpu_ms']:.3f} / {r['speedup_row_gpu']:.2f} / {r['speedup_row_eager']:.2f} | "
+            f"{r['prunekit_col_gpu_ms']:.3f} / {r['speedup_col_gpu']:.2f} / {r['speedup_col_eager']:.2f} | "
+            f"{r['layer_eager_overhead_us']:.1f} / {r['layer_host_us']:.1f} | {_t24(r)} | "
+            f"{r.get('compressions_while_timing', '-')} | {r['prunekit_row_err']:.1e} / {r['prunekit_col_err']:.1e} |"
         )
     return "\n".join(lines)
 
@@ -175,6 +222,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--dtypes", default="float16")
     parser.add_argument("--max-sets", type=int, default=8)
+    parser.add_argument(
+        "--torch-path-eager", action="store_true", help="also time torch._cslt_sparse_mm eagerly (~0.25 s a call)"
+    )
+    parser.add_argument("--points", help="comma-separated indices into POINTS (default: all)")
+    parser.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new points after this")
     args = parser.parse_args()
     if args.render:
         print(markdown(args.render))
@@ -190,15 +242,22 @@ def main() -> None:
         "python": platform.python_version(),
         "cusparselt": structured.cusparselt_available(),
         "command": f"PYTHONPATH=src python benchmarks/nm.py --dtypes {args.dtypes}",
+        "argv": sys.argv[1:],
+        "output_default": structured.cslt_output(),
     }
     results = []
+    points = [POINTS[int(i)] for i in args.points.split(",")] if args.points else POINTS
+    t0 = time.time()
     for dtype_name in args.dtypes.split(","):
-        for m, k, n in POINTS:
+        for m, k, n in points:
+            if time.time() - t0 > args.time_limit_s:
+                break
             res = run_point(m, k, n, getattr(torch, dtype_name), args, gen)
             results.append(res)
             console.print(
-                f"{dtype_name} {m}x{k} N={n}: {res['prunekit_gpu_ms']:.3f} ms, {res['speedup_gpu']:.2f}x dense "
-                f"(eager {res['speedup_eager']:.2f}x, overhead {res['eager_overhead_us']:.1f} us), torch 2:4 "
+                f"{dtype_name} {m}x{k} N={n}: row {res['prunekit_row_gpu_ms']:.3f} ms "
+                f"({res['speedup_row_gpu']:.2f}x dense), col {res['prunekit_col_gpu_ms']:.3f} ms "
+                f"({res['speedup_col_gpu']:.2f}x), layer overhead {res['layer_eager_overhead_us']:.1f} us, torch 2:4 "
                 f"{res.get('torch24_speedup_gpu', float('nan')):.2f}x/{res.get('torch24_speedup_eager', float('nan')):.2f}x"
             )
             args.out.parent.mkdir(parents=True, exist_ok=True)
