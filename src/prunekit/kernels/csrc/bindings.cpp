@@ -31,6 +31,9 @@ TORCH_LIBRARY(prunekit_ext, m) {
   m.def(
       "spmm_csr_direct(Tensor values, Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor x, "
       "Tensor(a!) y, Tensor? bias, bool relu) -> ()");
+  m.def(
+      "spmm_csr_tc(Tensor frag_values, Tensor slot_rows, Tensor kstep_offsets, Tensor window_rows, Tensor x, "
+      "Tensor(a!) y, Tensor? bias, bool relu, int windows_per_warp, int ntile) -> ()");
   m.def("sddmm_csr(Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor a, Tensor b, Tensor(a!) out) -> ()");
 }
 
@@ -38,5 +41,6 @@ TORCH_LIBRARY_IMPL(prunekit_ext, CUDA, m) {
   m.impl("spmm_csr_rowwarp", &prunekit::spmm_csr_rowwarp);
   m.impl("spmm_csr_tiled", &prunekit::spmm_csr_tiled);
   m.impl("spmm_csr_direct", &prunekit::spmm_csr_direct);
+  m.impl("spmm_csr_tc", &prunekit::spmm_csr_tc);
   m.impl("sddmm_csr", &prunekit::sddmm_csr);
 }
