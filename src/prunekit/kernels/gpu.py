@@ -13,6 +13,8 @@ SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
   L2. Path for N > ROWWARP_MAX_N.
 - ``tiled``: X tiles staged in shared memory and shared by 16 or 64 rows; measured slower than ``direct`` on the
   H100 at every shape, so ``auto`` never picks it (kept for experiments, forced with ``variant="tiled"``).
+- ``tc``: tensor cores on condensed 16-row windows ("load sparse, compute dense", ``spmm_tc.cu`` with the plan of
+  ``spmm_tc_plan.py``, built once per weight and cached on its values tensor); fp16/bf16 only. Large-N path.
 """
 
 from __future__ import annotations
@@ -26,10 +28,18 @@ import torch
 from . import build
 from .layout import new_spmm_output, transposed_io
 from .reference import ACTIVATIONS
+from .spmm_tc_plan import get_tc_plan
 
 log = logging.getLogger(__name__)
 
-SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled")
+SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled", "tc")
+TC_DTYPES = (torch.float16, torch.bfloat16)
+# Smallest N sent to the tensor-core kernel by "auto" (fp16/bf16). A-priori rule, not yet measured (docs/KERNELS.md,
+# "Tensor-core path"): its bound predicts it beats `direct` wherever `direct` is chosen today.
+TC_MIN_N = 65  # = ROWWARP_MAX_N + 1
+# (windows_per_warp, ntile) tiles of spmm_tc.cu, largest first; the first giving >= one block per SM is used.
+TC_TILES = ((2, 128), (1, 128), (1, 64))
+TC_WARPS = 8  # warps per tensor-core block
 # Largest N sent to the rowwarp kernel by "auto". Measured on the H100 (benchmarks/results/spmm-variants-h100-*.json):
 # rowwarp is fastest up to N = 32 everywhere and at N = 64 for most shapes; direct from N = 128 up (or equal).
 ROWWARP_MAX_N = 64
@@ -49,10 +59,19 @@ class SpmmPlan:
     ntile: int = 16
     rows_per_warp: int = 8
     stage_x: bool = True  # rowwarp: copy X[:, tile] to shared memory per block when it fits
+    windows_per_warp: int = 1  # tc: 16-row windows per warp (a block holds 8 warps); ntile: columns per block
 
 
 @functools.lru_cache(maxsize=4096)
-def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, variant: str = "auto") -> SpmmPlan:
+def plan_spmm(
+    m: int,
+    k: int,
+    n: int,
+    nnz_padded: int,
+    num_sms: int = 132,
+    variant: str = "auto",
+    dtype: torch.dtype | None = None,
+) -> SpmmPlan:
     """Choose the SpMM kernel and tiling for ``A (m, k)`` with ``nnz_padded`` stored entries times ``X (k, n)``.
 
     ``auto`` takes ``rowwarp`` for ``n <= ROWWARP_MAX_N`` (weights dominate the bytes) and ``direct`` above (the
@@ -61,6 +80,11 @@ def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, varia
     blocks. ``rowwarp`` copies X to shared memory (``stage_x``) only for ``n >= STAGE_X_MIN_N``, at least
     ``STAGE_X_MIN_ROWS_PER_SM`` rows per SM and ``nnz_padded >= 2 * k * num_sms``.
 
+    With ``dtype`` fp16 or bf16, ``auto`` takes the tensor-core ``tc`` kernel for ``n >= TC_MIN_N`` instead of
+    ``direct`` (a-priori rule from its bound, docs/KERNELS.md; to be replaced by the H100 measurement); with
+    ``dtype=None`` (unknown) or fp32 it never does. ``tc`` uses the largest tile of :data:`TC_TILES` that still gives
+    at least one block per SM.
+
     Raises:
         ValueError: unknown ``variant``.
     """
@@ -68,6 +92,8 @@ def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, varia
         raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
     if variant == "auto":
         variant = "rowwarp" if n <= ROWWARP_MAX_N else "direct"
+        if dtype in TC_DTYPES and n >= TC_MIN_N:
+            variant = "tc"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.
         stage_x = n >= STAGE_X_MIN_N and m >= STAGE_X_MIN_ROWS_PER_SM * num_sms and nnz_padded >= 2 * k * num_sms
@@ -75,6 +101,12 @@ def plan_spmm(m: int, k: int, n: int, nnz_padded: int, num_sms: int = 132, varia
         stage_x = variant != "rowwarp_global"
     if variant == "direct":
         return SpmmPlan("direct")
+    if variant == "tc":
+        windows = -(-m // 16)
+        for wpw, ntile in TC_TILES:
+            if -(-windows // (TC_WARPS * wpw)) * -(-n // ntile) >= num_sms:
+                break
+        return SpmmPlan("tc", ntile=ntile, windows_per_warp=wpw)
     if variant in ("rowwarp", "rowwarp_global"):
         avg_nnz = nnz_padded / max(1, m)
         subwarp = 32 if avg_nnz >= SUBWARP_MIN_NNZ else 8
@@ -99,6 +131,7 @@ def _ensure_loaded() -> None:
         rowwarp=ext.spmm_csr_rowwarp.default,
         direct=ext.spmm_csr_direct.default,
         tiled=ext.spmm_csr_tiled.default,
+        tc=ext.spmm_csr_tc.default,
         sddmm=ext.sddmm_csr.default,
     )
 
@@ -112,6 +145,21 @@ def _sm_count(device: torch.device) -> int:
 
 def _aligned16(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
+
+
+def _tc_operand(x: torch.Tensor) -> torch.Tensor:
+    """``x (K, N)`` as spmm_tc.cu takes it: row-major, leading dimension a multiple of 8, 16-byte aligned base.
+
+    Anything else (the runtime's transposed activations, odd N) is copied once into a buffer whose rows are padded
+    to a multiple of 8 elements (2 * N * K elements moved; the benchmark's time includes it).
+    """
+    k, n = x.shape
+    if (x.stride(1) == 1 or n == 1) and x.stride(0) % 8 == 0 and x.stride(0) >= n and _aligned16(x):
+        return x
+    ld = -(-n // 8) * 8
+    buf = torch.empty((k, ld), dtype=x.dtype, device=x.device)
+    buf[:, :n].copy_(x)
+    return buf[:, :n]
 
 
 def spmm_csr(
@@ -134,14 +182,15 @@ def spmm_csr(
             column_indices: ``(nnz_padded,)`` int16/int32; row_indices: ``(M,)`` int32 row swizzle;
             x: ``(K, N)``, any strides (column-major X gives a column-major Y, see ``layout.py``);
             m: M; bias: ``(M,)`` or None; activation: ``"none"`` or ``"relu"``;
-            variant: ``"auto"``, ``"rowwarp"`` or ``"tiled"``; out: optional ``(M, N)`` output to write into
-            (unit stride along M or N).
+            variant: one of :data:`SPMM_VARIANTS` (``"tc"``: tensor cores, fp16/bf16 only); out: optional
+            ``(M, N)`` output to write into (unit stride along M or N).
 
     Returns:
         ``Y (M, N)`` in ``x.dtype`` (``out`` when given), accumulated in fp32.
 
     Raises:
-        KernelUnavailable: no GPU/compiler (see ``build.load``). ValueError: bad dtypes, shapes or activation.
+        KernelUnavailable: no GPU/compiler (see ``build.load``). ValueError: bad dtypes, shapes or activation, or
+        ``variant="tc"`` with fp32.
     """
     _ensure_loaded()
     if activation not in ACTIVATIONS:
@@ -178,9 +227,25 @@ def spmm_csr(
         row_offsets = row_offsets.contiguous()
     if not row_indices.is_contiguous():
         row_indices = row_indices.contiguous()
-    plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), variant)
+    plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), variant, x.dtype)
     relu = activation == "relu"
-    if plan.variant == "rowwarp":
+    if plan.variant == "tc":
+        if x.dtype not in TC_DTYPES:
+            raise ValueError(f"the tensor-core SpMM (variant='tc') takes float16 or bfloat16, got {x.dtype}")
+        tc = get_tc_plan(values, row_offsets, column_indices, m, x.shape[0])
+        _OPS["tc"](
+            tc.frag_values,
+            tc.slot_rows,
+            tc.kstep_offsets,
+            tc.window_rows,
+            _tc_operand(x),
+            y,
+            bias,
+            relu,
+            plan.windows_per_warp,
+            plan.ntile,
+        )
+    elif plan.variant == "rowwarp":
         if n > 1 and x.stride(1) != 1:
             # Row-major (K, N) copy of transposed activations: N*K elements, small next to the weights at these N,
             # and it turns N scattered loads per non-zero into one vector load.
