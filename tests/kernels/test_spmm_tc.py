@@ -1,0 +1,273 @@
+"""Tensor-core SpMM (``spmm_tc_plan.py`` + ``csrc/spmm_tc.cu``).
+
+CPU (CI): the condensed-window plan multiplied by its pure-torch emulation (fragment order decoded, gathered slot
+rows, padding, row order) against float64, plus the plan's invariants. CUDA (``@pytest.mark.cuda``): the kernel against
+float64 with NaN-poisoned outputs, every tile, both X layouts, fp16/bf16, bias + ReLU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prunekit.kernels import gpu
+from prunekit.kernels.spmm_tc_plan import (
+    K_CHUNK,
+    K_STEP,
+    WINDOW_ROWS,
+    build_tc_plan,
+    fragment_index,
+    get_tc_plan,
+    tc_plan_matmul,
+)
+from prunekit.kernels.testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, spmm_reference64
+
+DTYPES = [torch.float16, torch.bfloat16]
+# (M, K, N, sparsity, empty_rows): M = 1, M not a multiple of 16, K and N not multiples of 8/16/256, several chunks,
+# empty rows (20 empty rows = a whole empty window), 1-nnz rows, dense, very sparse (empty segments).
+SHAPES = [
+    (1, 7, 1, 0.5, 0),
+    (1, 300, 5, 0.9, 0),
+    (33, 45, 3, 0.7, 2),
+    (77, 203, 17, 0.8, 2),
+    (130, 301, 129, 0.9, 20),
+    (64, 1031, 260, 0.95, 2),
+    (40, 520, 72, 0.98, 3),
+    (257, 64, 33, 0.0, 2),
+    (19, 777, 512, 0.7, 2),
+]
+
+
+def _case(m, k, n, sparsity, empty_rows, dtype, seed, device="cpu"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    dense = random_sparse_weight(
+        m, k, sparsity, dtype, device, g, empty_rows=min(empty_rows, m - 1), single_rows=min(2, m - 1)
+    )
+    x2d = torch.randn(n, k, generator=g, device=device).to(dtype)
+    bias = torch.randn(m, generator=g, device=device).to(dtype)
+    return dense, encode_csr(dense), x2d, bias
+
+
+def _plan(c, m, k, row_order=None):
+    return build_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k, row_order)
+
+
+# ----------------------------------------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
+def test_tc_plan_emulation_matches_float64_reference(dtype, m, k, n, sparsity, empty_rows):
+    dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
+    plan = _plan(c, m, k)
+    for b, activation in ((bias, "relu"), (None, "none")):
+        y = tc_plan_matmul(plan, x2d.t(), b, activation)
+        ref = spmm_reference64(dense, x2d.t(), b, activation)
+        # Products of fp16/bf16 values summed in float64: only the summation order differs from the reference.
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("m,k,n,sparsity,empty_rows", [(77, 203, 17, 0.8, 2), (130, 600, 9, 0.95, 20)])
+def test_tc_plan_row_order_permutes_windows_and_keeps_the_product(m, k, n, sparsity, empty_rows):
+    dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, torch.float16, 7)
+    order = torch.randperm(m, generator=torch.Generator().manual_seed(3))
+    plan = _plan(c, m, k, order)
+    assert torch.equal(plan.window_rows[:m].long(), order)
+    assert (plan.window_rows[m:] == -1).all()
+    y = tc_plan_matmul(plan, x2d.t(), bias, "relu")
+    torch.testing.assert_close(y, spmm_reference64(dense, x2d.t(), bias, "relu"), rtol=1e-12, atol=1e-9)
+
+
+def test_tc_plan_shapes_and_segment_offsets():
+    m, k = 45, 700
+    _, c, _, _ = _case(m, k, 1, 0.9, 2, torch.float16, 1)
+    plan = _plan(c, m, k)
+    windows, chunks = -(-m // WINDOW_ROWS), -(-k // K_CHUNK)
+    assert (plan.num_windows, plan.num_chunks) == (windows, chunks)
+    assert plan.kstep_offsets.shape == (windows * chunks + 1,) and plan.kstep_offsets.dtype == torch.int32
+    assert int(plan.kstep_offsets[0]) == 0 and int(plan.kstep_offsets[-1]) == plan.ksteps
+    assert (plan.kstep_offsets[1:] >= plan.kstep_offsets[:-1]).all()
+    assert plan.frag_values.shape == (plan.ksteps, 32, 8) and plan.frag_values.dtype == torch.float16
+    assert plan.slot_rows.shape == (plan.ksteps, K_STEP) and plan.slot_rows.dtype == torch.uint8
+    assert plan.window_rows.shape == (windows * WINDOW_ROWS,)
+    # Stored weights: exactly the real non-zeros (padding entries of the CSR are dropped).
+    assert int((plan.frag_values != 0).sum()) == int((c["values"] != 0).sum())
+
+
+def test_tc_plan_slots_of_a_segment_are_distinct_rows_of_its_union():
+    m, k = 32, 512
+    dense, c, _, _ = _case(m, k, 1, 0.95, 0, torch.float16, 2)
+    plan = _plan(c, m, k)
+    for seg in range(plan.num_windows * plan.num_chunks):
+        w, ch = divmod(seg, plan.num_chunks)
+        t0, t1 = int(plan.kstep_offsets[seg]), int(plan.kstep_offsets[seg + 1])
+        used = (dense[w * 16 : (w + 1) * 16, ch * K_CHUNK : (ch + 1) * K_CHUNK] != 0).any(0)
+        union = set(torch.nonzero(used).squeeze(1).tolist())
+        assert t1 - t0 == -(-len(union) // K_STEP)
+        rows = plan.slot_rows[t0:t1].flatten().tolist()
+        assert union <= set(rows)  # every union column has a slot (padding slots may repeat rows)
+        assert len([r for r in rows if r in union]) >= len(union)
+
+
+def test_tc_plan_dense_chunks_are_conflict_free():
+    m, k = 48, 512
+    _, c, _, _ = _case(m, k, 1, 0.0, 0, torch.float16, 4)
+    plan = _plan(c, m, k)
+    assert plan.compute_fraction == 1.0
+    assert plan.conflict_factor == 1.0
+    groups = (plan.slot_rows.long() % 8).view(-1, 8)
+    assert (groups.sort(1).values == torch.arange(8)).all()
+
+
+def test_tc_plan_compute_fraction_follows_the_union_density():
+    m, k, sparsity = 256, 2048, 0.95
+    _, c, _, _ = _case(m, k, 1, sparsity, 0, torch.float16, 5)
+    plan = _plan(c, m, k)
+    union = 1 - sparsity**WINDOW_ROWS  # random pattern: expected union fraction of a 16-row window
+    # Padding adds less than one k-step (16 of 256 columns) per segment.
+    assert union - 0.02 <= plan.compute_fraction <= union + K_STEP / K_CHUNK + 0.02
+    assert 1.0 <= plan.conflict_factor < 2.0
+
+
+def test_fragment_index_is_a_bijection_onto_lanes_and_elements():
+    r = torch.arange(16)
+    lane, elem = fragment_index(r[:, None], r[None, :])
+    flat = (lane * 8 + elem).flatten()
+    assert torch.equal(flat.sort().values, torch.arange(256))
+    # PTX m16n8k16 A fragment: a0/a1 hold row groupID, columns 2 * (lane % 4) + {0, 1}.
+    assert lane[5, 3].item() == 5 * 4 + 1 and elem[5, 3].item() == 1
+    assert lane[13, 10].item() == 5 * 4 + 1 and elem[13, 10].item() == 6
+
+
+def test_get_tc_plan_caches_per_weight_and_rebuilds_after_in_place_change():
+    m, k = 40, 300
+    _, c, _, _ = _case(m, k, 1, 0.9, 0, torch.float16, 6)
+    first = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+    assert get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k) is first
+    c["values"].mul_(2)
+    second = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+    assert second is not first
+    assert torch.equal(second.frag_values, first.frag_values * 2)
+
+
+def test_tc_plan_rejects_bad_inputs():
+    _, c, _, _ = _case(10, 20, 1, 0.5, 0, torch.float16, 8)
+    with pytest.raises(ValueError, match="permutation"):
+        _plan(c, 10, 20, torch.zeros(10, dtype=torch.int64))
+    with pytest.raises(ValueError, match="M \\+ 1"):
+        _plan(c, 11, 20)
+    with pytest.raises(ValueError, match="out of range"):
+        _plan(c, 10, 3)
+
+
+def test_plan_spmm_takes_tensor_cores_only_for_16_bit_large_n():
+    assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float16) == gpu.SpmmPlan(
+        "tc", ntile=128, windows_per_warp=2
+    )
+    assert gpu.plan_spmm(768, 3072, 128, 10**5, 132, "auto", torch.bfloat16) == gpu.SpmmPlan(
+        "tc", ntile=64, windows_per_warp=1
+    )
+    assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float32).variant == "direct"
+    assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto").variant == "direct"  # dtype unknown
+    assert gpu.plan_spmm(4096, 4096, 16, 10**6, 132, "auto", torch.float16).variant == "rowwarp"
+    assert gpu.plan_spmm(4096, 4096, 16, 10**6, 132, "tc").variant == "tc"
+
+
+# ---------------------------------------------------------------------------------------------------------- CUDA
+
+
+def _poisoned(m, n, dtype, transposed):
+    if transposed:
+        return torch.full((n, m), float("nan"), dtype=dtype, device="cuda").t()
+    return torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("transposed", [False, True], ids=["xrow", "xT"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
+def test_tc_kernel_matches_float64_reference(transposed, dtype, m, k, n, sparsity, empty_rows):
+    for seed, activation in ((0, "relu"), (1, "none")):
+        dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, seed + m + n, "cuda")
+        x = x2d.t() if transposed else x2d.t().contiguous()
+        y = _poisoned(m, n, dtype, transposed)
+        b = bias if activation == "relu" else None
+        gpu.spmm_csr(**c, x=x, m=m, bias=b, activation=activation, variant="tc", out=y)
+        err = relative_error(y, spmm_reference64(dense, x, b, activation))
+        assert err <= TOLERANCE[dtype], f"tc {dtype} {m}x{k}x{n}: rel err {err:.2e}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tile", gpu.TC_TILES)
+@pytest.mark.parametrize("y_transposed", [False, True])
+def test_tc_kernel_every_tile(tile, y_transposed):
+    wpw, ntile = tile
+    m, k, n = 300, 700, 333  # several blocks along both axes, partial windows, chunks and tiles
+    dense, c, x2d, bias = _case(m, k, n, 0.9, 20, torch.float16, 12, "cuda")
+    plan = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+    x = gpu._tc_operand(x2d.t())
+    y = _poisoned(m, n, torch.float16, y_transposed)
+    torch.ops.prunekit_ext.spmm_csr_tc(
+        plan.frag_values, plan.slot_rows, plan.kstep_offsets, plan.window_rows, x, y, bias, True, wpw, ntile
+    )
+    assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
+def test_tc_kernel_matches_its_cpu_emulation():
+    m, k, n = 130, 600, 96
+    dense, c, x2d, bias = _case(m, k, n, 0.95, 20, torch.bfloat16, 13, "cuda")
+    y = gpu.spmm_csr(**c, x=x2d.t(), m=m, bias=bias, activation="relu", variant="tc")
+    plan = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+    emulated = tc_plan_matmul(plan, x2d.t(), bias, "relu")
+    assert relative_error(y, emulated) <= TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.cuda
+def test_tc_kernel_row_order_plan():
+    m, k, n = 77, 400, 40
+    dense, c, x2d, bias = _case(m, k, n, 0.9, 2, torch.float16, 14, "cuda")
+    order = torch.randperm(m, device="cuda")
+    plan = build_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k, order)
+    x = x2d.t().contiguous()
+    y = _poisoned(m, n, torch.float16, False)
+    torch.ops.prunekit_ext.spmm_csr_tc(
+        plan.frag_values, plan.slot_rows, plan.kstep_offsets, plan.window_rows, x, y, bias, True, 1, 64
+    )
+    assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
+def test_tc_int32_column_indices_and_all_zero_weight():
+    m, k, n = 9, 33000, 20
+    dense, c, x2d, bias = _case(m, k, n, 0.99, 0, torch.float16, 5, "cuda")
+    assert c["column_indices"].dtype == torch.int32
+    y = gpu.spmm_csr(**c, x=x2d.t(), m=m, bias=bias, activation="relu", variant="tc")
+    assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, "relu")) <= TOLERANCE[torch.float16]
+    zero = encode_csr(torch.zeros(20, 50, dtype=torch.float16, device="cuda"))
+    x = torch.randn(50, 7, device="cuda").half()
+    b = torch.randn(20, device="cuda").half()
+    y = gpu.spmm_csr(**zero, x=x, m=20, bias=b, variant="tc", out=_poisoned(20, 7, torch.float16, False))
+    torch.testing.assert_close(y, b[:, None].expand(20, 7))
+
+
+@pytest.mark.cuda
+def test_tc_rejects_fp32_and_auto_uses_it_for_fp16():
+    dense, c, x2d, bias = _case(64, 128, 200, 0.9, 0, torch.float32, 15, "cuda")
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        gpu.spmm_csr(**c, x=x2d.t(), m=64, variant="tc")
+    dense, c, x2d, bias = _case(64, 128, 200, 0.9, 0, torch.float16, 15, "cuda")
+    assert gpu.plan_spmm(64, 128, 200, c["values"].numel(), 132, "auto", torch.float16).variant == "tc"
+    from prunekit.kernels import ops
+
+    y = ops.spmm_csr(c["values"], c["row_offsets"], c["column_indices"], c["row_indices"], x2d.t(), 64, bias, "relu")
+    assert y.t().is_contiguous()
+    assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, "relu")) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
+def test_tc_repeated_runs_are_bitwise_identical():
+    _, c, x2d, bias = _case(300, 900, 200, 0.9, 0, torch.bfloat16, 11, "cuda")
+    first = gpu.spmm_csr(**c, x=x2d.t(), m=300, bias=bias, variant="tc")
+    for _ in range(3):
+        assert torch.equal(gpu.spmm_csr(**c, x=x2d.t(), m=300, bias=bias, variant="tc"), first)
