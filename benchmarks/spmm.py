@@ -8,6 +8,11 @@ layer output the way a user would call them:
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch.sparse: ``torch.sparse.mm(W_csr, x2d.t())`` (cuSPARSE through torch, int64 CSR).
 
+For fp16/bf16 and N >= TC_BENCH_MIN_N the same run also times the tensor-core variant (``variant="tc"``, transposed
+activations copied to row-major inside the call, so the copy is timed) and the CUDA-core ``direct`` variant forced
+(``tc_gpu_ms``, ``direct_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
+build time of the plan on the GPU, first call only; later calls reuse the plan cached on the weight).
+
 Timing (docs/KERNELS.md "Measurement"): CUDA events; ``gpu_ms`` is the median over replays of a CUDA graph of many
 calls (device time, no launch gaps), ``eager_ms`` the median over loops of plain eager calls (host overhead included,
 what a user sees); torch.sparse.mm is timed eager only. Every measurement rotates over several independent input sets
@@ -37,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prunekit.kernels import build, gpu, ops
+from prunekit.kernels.spmm_tc_plan import build_tc_plan
 from prunekit.kernels.testing import encode_csr, random_sparse_weight, relative_error
 
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (768, 3072), (3072, 768)]
@@ -49,6 +55,7 @@ HBM_GBPS = 3000.0
 MAX_SETS = 16
 GRAPH_TARGET_S = 0.02  # device time per graph replay
 EAGER_TARGET_S = 0.03
+TC_BENCH_MIN_N = 128  # smallest N at which the tensor-core and direct variants are timed forced
 
 console = Console()
 
@@ -120,6 +127,20 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
         torch_csrs.append(w.to_sparse_csr())
     nnz_real = int((weights[0] != 0).sum())
     nnz_padded = csrs[0]["values"].numel()
+    tc_stats = {}
+    if dtype in gpu.TC_DTYPES and max(ns) >= TC_BENCH_MIN_N:
+        c0 = csrs[0]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        tc_plan = build_tc_plan(c0["values"], c0["row_offsets"], c0["column_indices"], m, k)
+        torch.cuda.synchronize()
+        tc_stats = {
+            "tc_plan_build_ms": 1e3 * (time.perf_counter() - t0),
+            "tc_compute_fraction": tc_plan.compute_fraction,
+            "tc_conflict_factor": tc_plan.conflict_factor,
+            "tc_plan_mbytes": tc_plan.nbytes / 1e6,
+        }
+        del tc_plan
     rows = []
     for n in ns:
         xs = [torch.randn(n, k, generator=gen, device="cuda").to(dtype) for _ in range(nsets)]
@@ -130,7 +151,9 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
         y = ops.spmm_csr(**csrs[0], x=xs[0].t(), m=m)
         ref = F.linear(xs[0].float(), weights[0].float())
         err = relative_error(y.t(), ref)
-        plan = gpu.plan_spmm(m, k, n, nnz_padded, torch.cuda.get_device_properties(0).multi_processor_count)
+        plan = gpu.plan_spmm(
+            m, k, n, nnz_padded, torch.cuda.get_device_properties(0).multi_processor_count, "auto", dtype
+        )
 
         ours = [lambda c=c, x=x: ops.spmm_csr(**c, x=x.t(), m=m) for c, x in zip(csrs, xs, strict=True)]
         dense = [lambda w=w, x=x: F.linear(x, w) for w, x in zip(weights, xs, strict=True)]
@@ -138,6 +161,18 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
         ours_eager = eager_time(ours)
         dense_gpu = graph_time(dense)
         dense_eager = eager_time(dense)
+        forced = {}
+        if tc_stats and n >= TC_BENCH_MIN_N:
+            for variant in ("tc", "direct"):
+                calls = [
+                    lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
+                    for c, x in zip(csrs, xs, strict=True)
+                ]
+                y_v = calls[0]()
+                forced[f"{variant}_rel_error"] = relative_error(y_v.t(), ref)
+                forced[f"{variant}_gpu_ms"] = graph_time(calls)
+                forced[f"speedup_{variant}_vs_dense"] = dense_gpu / forced[f"{variant}_gpu_ms"]
+            forced.update(tc_stats)
         try:
             tsp = [lambda s=s, x=x: torch.sparse.mm(s, x.t()) for s, x in zip(torch_csrs, xs, strict=True)]
             sparse_eager = eager_time(tsp, min_reps=1, trials=3)
@@ -175,6 +210,7 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
                 "min_bytes": min_bytes,
                 "gbps": min_bytes / (ours_gpu * 1e-3) / 1e9,
                 "fraction_of_hbm": min_bytes / (ours_gpu * 1e-3) / 1e9 / HBM_GBPS,
+                **forced,
             }
         )
         del xs, ours, dense
@@ -193,13 +229,16 @@ def bench_variants(dtype_name: str, m: int, k: int, sparsity: float, ns: list[in
     for n in ns:
         xs = [torch.randn(n, k, generator=gen, device="cuda").to(dtype) for _ in range(nsets)]
         row = {"dtype": dtype_name, "m": m, "k": k, "n": n, "sparsity": sparsity}
-        for variant in ("auto", "rowwarp", "rowwarp_global", "direct", "tiled"):
+        variants = ["auto", "rowwarp", "rowwarp_global", "direct", "tiled"]
+        if dtype in gpu.TC_DTYPES:
+            variants.append("tc")
+        for variant in variants:
             calls = [
                 lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
                 for c, x in zip(csrs, xs, strict=True)
             ]
             row[f"{variant}_gpu_ms"] = graph_time(calls)
-        row["auto_variant"] = gpu.plan_spmm(m, k, n, csrs[0]["values"].numel()).variant
+        row["auto_variant"] = gpu.plan_spmm(m, k, n, csrs[0]["values"].numel(), 132, "auto", dtype).variant
         rows.append(row)
     return rows
 
@@ -256,6 +295,7 @@ def render(rows: list, title: str) -> None:
         "ours ms",
         "dense ms",
         "vs dense",
+        "tc vs dense",
         "vs t.sparse",
         "TFLOP/s",
         "GB/s",
@@ -272,6 +312,7 @@ def render(rows: list, title: str) -> None:
             f"{r['prunekit_gpu_ms']:.4f}",
             f"{r['dense_gpu_ms']:.4f}",
             f"{r['speedup_vs_dense']:.2f}x",
+            f"{r['speedup_tc_vs_dense']:.2f}x" if "speedup_tc_vs_dense" in r else "-",
             f"{vs_sparse:.1f}x" if vs_sparse else "-",
             f"{r['nnz_tflops']:.1f}",
             f"{r['gbps']:.0f}",
@@ -308,7 +349,7 @@ def main() -> None:
             ops.spmm_csr(**csr, x=x2d.t(), m=m)
         torch.cuda.synchronize()
         console.print(
-            f"profiled {dtypes[0]} {m}x{k} N={n} sparsity={sparsities[0]}: {gpu.plan_spmm(m, k, n, csr['values'].numel())}"
+            f"profiled {dtypes[0]} {m}x{k} N={n} sparsity={sparsities[0]}: {gpu.plan_spmm(m, k, n, csr['values'].numel(), 132, 'auto', dtype)}"
         )
         return
     env = environment()

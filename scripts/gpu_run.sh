@@ -2,7 +2,11 @@
 # One GPU-machine run for issue 4: build the kernels, run the kernel tests, `kernels check`, a compute-sanitizer
 # memcheck of a small case, then the SpMM benchmark. Logs and JSON go to $OUT (or ./out).
 #
-#   scripts/gpu_run.sh [all|test|bench|variants|sanitize] [extra benchmark args...]
+#   scripts/gpu_run.sh [all|test|bench|variants|sanitize|tc] [extra benchmark args...]
+#
+# `tc` (tensor-core SpMM, one 10-minute device call): build, the tc GPU tests, a compute-sanitizer memcheck of small
+# tc cases, and a short benchmark (4096x4096 and 11008x4096 at N = 4096, 90/95/98%, fp16; dense cuBLAS, torch.sparse,
+# auto, tc and direct in the same run) into $OUT/spmm-tc-<dev>-<date>.json.
 #
 # Run from the repository root on a machine with a CUDA GPU, nvcc and ninja (no install needed: PYTHONPATH=src).
 set -uo pipefail
@@ -30,7 +34,7 @@ if [[ $MODE == all || $MODE == test ]]; then
   # Issue 4's tests only (tests/kernels also holds other issues' kernels, whose failures must not mask ours).
   python3 -m pytest -q -p no:cacheprovider tests/kernels/test_build.py tests/kernels/test_cli_kernels.py \
     tests/kernels/test_ops_cpu.py tests/kernels/test_reference.py tests/kernels/test_spmm_csr_cuda.py \
-    tests/kernels/test_sddmm_csr_cuda.py 2>&1 | tee "$OUT/tests.log" | tail -25
+    tests/kernels/test_sddmm_csr_cuda.py tests/kernels/test_spmm_tc.py 2>&1 | tee "$OUT/tests.log" | tail -25
   step check
   python3 -c "from prunekit.cli_kernels import app; app()" check 2>&1 | tee "$OUT/check.log"
 fi
@@ -57,6 +61,40 @@ PY
     > "$OUT/memcheck.log" 2>&1
   echo "compute-sanitizer exit code $?" | tee -a "$OUT/memcheck.log"
   tail -4 "$OUT/memcheck.log"
+fi
+
+if [[ $MODE == tc ]]; then
+  step tc tests
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmm_tc.py 2>&1 | tee "$OUT/tc-tests.log" | tail -25
+  step tc compute-sanitizer memcheck
+  cat > /tmp/sanitize_tc.py <<'PY'
+import torch
+from prunekit.kernels import gpu
+from prunekit.kernels.spmm_tc_plan import get_tc_plan
+from prunekit.kernels.testing import encode_csr, random_sparse_weight
+for dtype in (torch.float16, torch.bfloat16):
+    w = random_sparse_weight(45, 301, 0.8, dtype, "cuda", empty_rows=2, single_rows=2)
+    c = encode_csr(w)
+    x2d = torch.randn(37, 301, device="cuda").to(dtype)
+    bias = torch.randn(45, device="cuda").to(dtype)
+    plan = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], 45, 301)
+    for x in (x2d.t(), x2d.t().contiguous()):
+        gpu.spmm_csr(**c, x=x, m=45, bias=bias, activation="relu", variant="tc")
+        xr = gpu._tc_operand(x)
+        for wpw, ntile in gpu.TC_TILES:
+            for y in (torch.empty(45, 37, device="cuda", dtype=dtype), torch.empty(37, 45, device="cuda", dtype=dtype).t()):
+                torch.ops.prunekit_ext.spmm_csr_tc(plan.frag_values, plan.slot_rows, plan.kstep_offsets,
+                                                   plan.window_rows, xr, y, bias, True, wpw, ntile)
+torch.cuda.synchronize()
+print("sanitize tc case ran")
+PY
+  timeout 150 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 python3 /tmp/sanitize_tc.py \
+    > "$OUT/tc-memcheck.log" 2>&1
+  echo "compute-sanitizer exit code $?" | tee -a "$OUT/tc-memcheck.log"
+  tail -4 "$OUT/tc-memcheck.log"
+  step tc benchmark
+  python3 benchmarks/spmm.py --dtypes float16 --shapes 4096x4096,11008x4096 --ns 4096 --sparsities 0.9,0.95,0.98 \
+    --time-budget-s 240 --out "$OUT/spmm-tc-$DEV-$DATE.json" "$@" 2>&1 | tee "$OUT/tc-bench.log" | tail -40
 fi
 
 if [[ $MODE == variants ]]; then
