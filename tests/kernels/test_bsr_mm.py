@@ -347,3 +347,28 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static):
         assert relative_error(y, ref) < TOLERANCE[torch.float16]
     # the C++ entry was taken (a None plan would mean the Python fallback)
     assert list(layer._eager_plans.values()) == [structured.VARIANTS[structured.bsr_variant()]]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["mma", "wgmma"])
+@pytest.mark.parametrize(("r", "c"), BLOCKS)
+def test_bsr_cuda_single_block_matrix(variant, r, c):
+    """One stored block in the whole weight (every other block row empty: bias + ReLU only), poisoned outputs."""
+    if variant == "wgmma" and not (structured.wgmma_available() and (r, c) in structured.WGMMA_BLOCKS):
+        pytest.skip("wgmma variant not available for this GPU/build/block")
+    m, k = 3 * r, 3 * c
+    dense = _single_block_weight(m, k, r, c, torch.float16).cuda()
+    comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
+    assert comp["blocks"].shape[0] == 1
+    bias = torch.randn(m, device="cuda", dtype=torch.float16)
+    for n in (1, 9, 257):
+        x2d = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        ref = spmm_reference64(dense, x2d.t(), bias, "relu")
+        for sched in ((None, None), (comp["schedule"], comp["split_rows"])):
+            out = _poisoned(m, n, torch.float16, True)
+            structured.bsr_mm_cuda(
+                comp["blocks"], comp["crow_indices"], comp["col_indices"], x2d.t(), m, bias, "relu", *sched,
+                out=out, variant=variant,
+            )  # fmt: skip
+            torch.cuda.synchronize()
+            assert relative_error(out, ref) < TOLERANCE[torch.float16], (n, sched[0] is None)

@@ -12,15 +12,20 @@ sparse matrix multiplication on IPU", 2023):
   (``formats/bsr.py``: long block rows split evenly, items in descending-work order). The runtime uses it whenever
   the stored weight has one.
 
-Kernel: ``csrc/structured/bsr_mm.cuh`` (cp.async pipeline over blocks, ldmatrix, ``mma.sync.m16n8k16`` fp16/bf16 with
-fp32 accumulation, fused bias + ReLU), blocks of 16, 32 or 64 rows and columns. Other block shapes and dtypes run
-the pure-torch reference on the GPU.
+Kernels (``variant``): ``"mma"``, ``csrc/structured/bsr_mm.cuh`` (cp.async pipeline over blocks, ldmatrix,
+``mma.sync.m16n8k16`` fp16/bf16 with fp32 accumulation, fused bias + ReLU), blocks of 16, 32 or 64 rows and columns;
+``"wgmma"``, ``csrc/structured/bsr_mm_wgmma.cuh`` (sm_90a only: TMA box loads of each block and of the X slab at its
+column into a swizzled mbarrier ring, ``wgmma.mma_async`` from shared memory; blocks 64 x {16, 32, 64}; opt-in, not
+yet run on a GPU); ``"auto"`` is ``"mma"`` until the wgmma variant is measured. Other block shapes and dtypes run the
+pure-torch reference on the GPU. Eager calls go through one C++ operator, ``prunekit_structured::bsr_mm``, which
+allocates the output, picks the N tile and launches (:func:`bsr_mm_eager`, the runtime's SparseLinear).
 
 2:4 matmul (NVIDIA's 2:4 structured sparsity, Mishra et al., "Accelerating Sparse Deep Neural Networks", 2021) on
-Hopper's sparse tensor cores through cuSPARSELt as shipped in torch (``torch._cslt_compress`` /
-``torch._cslt_sparse_mm``): the weight is compressed once per stored tensor on first use and cached; no per-call
-search or compression. Other N:M patterns run the
-reference on the GPU.
+Hopper's sparse tensor cores through cuSPARSELt: prunekit's own binding (``csrc/structured/cslt/``, C++ entry
+``prunekit_cslt::linear``; weight compressed and plan built once) or ``torch._cslt_sparse_mm`` on a cached
+compressed copy; no per-call search or compression. The binding writes a row-major output and transposes it into the
+layer's layout by default (:data:`CSLT_DEFAULT_OUTPUT`, chosen a priori, see docs/PERFORMANCE_STRUCTURED.md). Other
+N:M patterns run the reference on the GPU.
 
 The extension (``prunekit_structured`` operator namespace) is separate from ``build.py``'s ``prunekit_ext`` and is
 built lazily on the first CUDA call into the same cache root, in a folder keyed by the sources' sha256, torch and

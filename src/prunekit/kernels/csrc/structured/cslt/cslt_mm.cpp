@@ -201,7 +201,8 @@ at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::
     out.copy_(y.t());
     return out.t();
   }
-  return y.is_contiguous() ? y : y.contiguous();
+  if (y.stride(1) == 1 && y.stride(0) == n) return y;  // exactly the strides of a fresh (M, N), as the fake impl's
+  return at::empty({m, n}, x.options()).copy_(y);       // (a size-1 N keeps stride 1, so torch's checks agree)
 }
 
 void cslt_release(int64_t id) {
