@@ -160,7 +160,8 @@ def test_tc_plan_rejects_bad_inputs():
         _plan(c, 10, 3)
 
 
-def test_plan_spmm_takes_tensor_cores_only_for_16_bit_large_n():
+def test_plan_spmm_takes_tensor_cores_only_for_16_bit_large_n(monkeypatch):
+    monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
     assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float16) == gpu.SpmmPlan(
         "tc", ntile=128, windows_per_warp=2
     )
@@ -252,7 +253,8 @@ def test_tc_int32_column_indices_and_all_zero_weight():
 
 
 @pytest.mark.cuda
-def test_tc_rejects_fp32_and_auto_uses_it_for_fp16():
+def test_tc_rejects_fp32_and_auto_uses_it_for_fp16(monkeypatch):
+    monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
     dense, c, x2d, bias = _case(64, 128, 200, 0.9, 0, torch.float32, 15, "cuda")
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         gpu.spmm_csr(**c, x=x2d.t(), m=64, variant="tc")
@@ -271,3 +273,15 @@ def test_tc_repeated_runs_are_bitwise_identical():
     first = gpu.spmm_csr(**c, x=x2d.t(), m=300, bias=bias, variant="tc")
     for _ in range(3):
         assert torch.equal(gpu.spmm_csr(**c, x=x2d.t(), m=300, bias=bias, variant="tc"), first)
+
+
+def test_auto_takes_tc_only_when_enabled_for_fp16_bf16_at_large_n(monkeypatch):
+    monkeypatch.delenv(gpu.TC_AUTO_ENV, raising=False)
+    assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float16).variant == "direct"
+    monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
+    assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float16).variant == "tc"
+    assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.bfloat16).variant == "tc"
+    assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float32).variant == "direct"
+    assert gpu.plan_spmm(4096, 4096, 16, 10**6, 132, "auto", torch.float16).variant == "rowwarp"
+    monkeypatch.setenv(gpu.TC_AUTO_ENV, "0")
+    assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float16).variant == "direct"

@@ -35,7 +35,8 @@ class KernelCheck:
 
 
 def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
-    """Check ``spmm_csr`` (every variant, row-major and transposed X, bias + ReLU) and ``sddmm_csr`` per dtype.
+    """Check ``spmm_csr`` (every variant, ``tc`` for fp16/bf16; row-major and transposed X, bias + ReLU) and
+    ``sddmm_csr`` per dtype.
 
     M=77, K=203 (odd), N from 5 to 264 (odd and vector-aligned), with empty rows and single-entry rows.
 
@@ -50,14 +51,17 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
         dense = random_sparse_weight(m, k, 0.8, dtype, device, gen, empty_rows=3, single_rows=3)
         csr = encode_csr(dense)
         bias = torch.randn(m, generator=gen, device=device).to(dtype)
-        for variant, n in (
+        cases = [
             ("rowwarp", 5),
             ("rowwarp", 16),
             ("rowwarp_global", 16),
             ("direct", 37),
             ("direct", 264),
             ("tiled", 37),
-        ):
+        ]
+        if dtype in gpu.TC_DTYPES:
+            cases += [("tc", 37), ("tc", 264)]
+        for variant, n in cases:
             for layout in ("row-major", "transposed"):
                 x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
                 x = x2d.t() if layout == "transposed" else x2d.t().contiguous()

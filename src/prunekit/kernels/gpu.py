@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,10 @@ TC_DTYPES = (torch.float16, torch.bfloat16)
 # Smallest N sent to the tensor-core kernel by "auto" (fp16/bf16). A-priori rule, not yet measured (docs/KERNELS.md,
 # "Tensor-core path"): its bound predicts it beats `direct` wherever `direct` is chosen today.
 TC_MIN_N = 65  # = ROWWARP_MAX_N + 1
+# Whether "auto" may pick `tc` at all. Off until the kernel has passed its GPU tests and the H100 benchmark has shown
+# where it wins (it has never run on a GPU; `variant="tc"` or $PRUNEKIT_SPMM_TC=1 turn it on meanwhile).
+TC_AUTO_ENV = "PRUNEKIT_SPMM_TC"
+TC_AUTO_DEFAULT = False
 # (windows_per_warp, ntile) tiles of spmm_tc.cu, largest first; the first giving >= one block per SM is used.
 TC_TILES = ((2, 128), (1, 128), (1, 64))
 TC_WARPS = 8  # warps per tensor-core block
@@ -62,7 +67,13 @@ class SpmmPlan:
     windows_per_warp: int = 1  # tc: 16-row windows per warp (a block holds 8 warps); ntile: columns per block
 
 
-@functools.lru_cache(maxsize=4096)
+def tc_auto_enabled() -> bool:
+    """Whether ``auto`` may choose the tensor-core kernel: ``$PRUNEKIT_SPMM_TC`` (``1``/``0``) or
+    :data:`TC_AUTO_DEFAULT` (False until the kernel has run on a GPU)."""
+    env = os.environ.get(TC_AUTO_ENV)
+    return TC_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+
+
 def plan_spmm(
     m: int,
     k: int,
@@ -72,6 +83,21 @@ def plan_spmm(
     variant: str = "auto",
     dtype: torch.dtype | None = None,
 ) -> SpmmPlan:
+    """Choose the SpMM kernel and tiling (see :func:`_plan_spmm`, which caches the choice per shape)."""
+    return _plan_spmm(m, k, n, nnz_padded, num_sms, variant, dtype, tc_auto_enabled())
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_spmm(
+    m: int,
+    k: int,
+    n: int,
+    nnz_padded: int,
+    num_sms: int = 132,
+    variant: str = "auto",
+    dtype: torch.dtype | None = None,
+    tc_auto: bool = False,
+) -> SpmmPlan:
     """Choose the SpMM kernel and tiling for ``A (m, k)`` with ``nnz_padded`` stored entries times ``X (k, n)``.
 
     ``auto`` takes ``rowwarp`` for ``n <= ROWWARP_MAX_N`` (weights dominate the bytes) and ``direct`` above (the
@@ -80,9 +106,9 @@ def plan_spmm(
     blocks. ``rowwarp`` copies X to shared memory (``stage_x``) only for ``n >= STAGE_X_MIN_N``, at least
     ``STAGE_X_MIN_ROWS_PER_SM`` rows per SM and ``nnz_padded >= 2 * k * num_sms``.
 
-    With ``dtype`` fp16 or bf16, ``auto`` takes the tensor-core ``tc`` kernel for ``n >= TC_MIN_N`` instead of
-    ``direct`` (a-priori rule from its bound, docs/KERNELS.md; to be replaced by the H100 measurement); with
-    ``dtype=None`` (unknown) or fp32 it never does. ``tc`` uses the largest tile of :data:`TC_TILES` that still gives
+    With ``dtype`` fp16 or bf16 and ``tc_auto`` (:func:`tc_auto_enabled`), ``auto`` takes the tensor-core ``tc`` kernel for
+    ``n >= TC_MIN_N`` instead of ``direct`` (a-priori rule from its bound, docs/KERNELS.md; to be replaced by the
+    H100 measurement); with ``dtype=None`` (unknown) or fp32 it never does. ``tc`` uses the largest tile of :data:`TC_TILES` that still gives
     at least one block per SM.
 
     Raises:
@@ -92,7 +118,7 @@ def plan_spmm(
         raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
     if variant == "auto":
         variant = "rowwarp" if n <= ROWWARP_MAX_N else "direct"
-        if dtype in TC_DTYPES and n >= TC_MIN_N:
+        if dtype in TC_DTYPES and n >= TC_MIN_N and tc_auto:
             variant = "tc"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.
