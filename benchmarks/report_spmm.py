@@ -193,8 +193,13 @@ def render(result: dict, variants: dict | None, sputnik: dict | None = None, ext
     overhead = result.get("overhead") or (variants or {}).get("overhead")
     if overhead:
         parts.append("### Host overhead per eager call (tiny problem: 256 x 256, N = 1, fp16)\n")
-        parts.append("| call path | us per call |\n|---|---:|")
-        parts.append("\n".join(f"| {r['path']} | {r['eager_us']:.1f} |" for r in overhead) + "\n")
+        if all("eager_grad_mode_us" in r for r in overhead):
+            parts.append("| call path | us per call (inference_mode) | us per call (grad mode) |\n|---|---:|---:|")
+            lines = (f"| {r['path']} | {r['eager_us']:.1f} | {r['eager_grad_mode_us']:.1f} |" for r in overhead)
+        else:  # results measured before the grad/inference split: grad mode only
+            parts.append("| call path | us per call |\n|---|---:|")
+            lines = (f"| {r['path']} | {r['eager_us']:.1f} |" for r in overhead)
+        parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
 
 
