@@ -1,64 +1,103 @@
 """Kronecker-sparse matmul benchmark (issue 8; the sweep of Gonon et al. 2024, arXiv 2405.15013, section 5).
 
-For each pattern (a, b, c, d) of a deterministic subsample of the paper's 728 patterns (``--patterns``, the authors'
-``patterns.in`` as copied to shared/data/ks_patterns.txt), batch N = 25088, fp32 and fp16, batch-last (X: (a*c*d, N)
-row-major) and batch-first (x2d: (N, a*c*d) row-major, the op reads X = x2d.t() in place), it times Y = K X with:
+For each pattern (a, b, c, d) of a fixed subsample of the paper's 728 patterns (``benchmarks/ks_subsample.txt``;
+how it is drawn: :func:`draw_subsample`), batch N = 25088, fp32 and fp16, batch-last (X: (a*c*d, N) row-major) and
+batch-first (x2d: (N, a*c*d) row-major; the op reads X = x2d.t() in place), it times Y = K X with:
 
-- ``prunekit``: ``kernels.ks.ks_mm_cuda`` (tensor cores for fp16, CUDA cores for fp32; its default tile rows and
-  pipelining), and for fp16 also every variant (``tile64_simple``, ``tile64_pipe``, ``tile128_simple``,
-  ``tile128_pipe``: one or two shared-memory stages) to check the defaults against measurements;
+- prunekit ``kernels.ks.ks_mm_cuda``: fp16 every tensor-core variant (``tile64_simple``, ``tile64_pipe``,
+  ``tile128_simple``, ``tile128_pipe``: 64/128 rows of b per CTA, one or two shared-memory stages), fp32 the
+  CUDA-core kernel (``f32``). ``prunekit`` is the variant ``ks.pick_variant`` picks (what a user gets),
+  ``prunekit_best`` the fastest variant (what a measured table could reach);
 - ``bmm``: Monarch-style permute X to (a*d, c, N) + bmm + permute back (copies included);
 - ``einsum``: ``torch.einsum`` on the (a, d, b, c) blocks and the viewed X;
 - ``dense``: cuBLAS on the dense (a*b*d, a*c*d) K (fp32 without TF32);
-- ``bsr``: torch BSR with (b, c) blocks, only when d == 1 (for d > 1 the support has no dense tiles without a
-  permutation: that case is the bmm baseline); ``csr``: torch sparse CSR.
+- ``bsr``: torch BSR, only when d == 1 (K is then block-diagonal), square blocks of gcd(b, c) as the authors did;
+- ``csr``: torch sparse CSR (built from the blocks, never through a dense K);
+- ``authors``: the authors' kernel (PascalCarrivain/ksmm, ``src/ksmm_py/layer/kronecker_sparse``), built from
+  their public sources in the git-ignored ``.carry/ksmm/`` (never committed) as a benchmark-only baseline, with the
+  tile sizes of their own tuning files (``*.best``, batch 25088, VSIZE 4 else 2) for every pattern at once: one
+  extension, one generated dispatch per (layout, precision) split over several translation units so that the
+  build runs in parallel (:func:`build_authors`). Patterns their tuning files lack are recorded as such.
 
-The authors' own kernel is not in this script: its build compiles one extension per pattern (~40 s each, see
-shared/baselines/README.md), which the device budget of this run does not allow.
+Every baseline runs in its own ``try``: a failure (e.g. an unsupported layout) is recorded with its message, the run
+goes on. A baseline whose estimated call time exceeds ``--max-call-ms`` (only dense and CSR on the largest
+patterns) is skipped, with the estimate recorded.
 
-Timing: CUDA events around each call after 2 warm-ups, median of up to 10 calls (at least 3, about 40 ms per
+Correctness: every prunekit variant writes into an output poisoned with NaN first, the authors' kernel (it allocates
+its own output) gets a NaN-filled block freed to torch's caching allocator just before, and each output is compared
+with a float64 einsum on the GPU (relative Frobenius error; ``correct``: every prunekit variant under the dtype's
+tolerance).
+
+Timing: CUDA events around each call after warm-up, median of up to 10 calls (at least 3, about 40 ms per
 contender; a contender over 100 ms per call is timed once after one warm-up); before each timed call a 256 MB
-scratch buffer is overwritten (outside the events), so no call finds its inputs in the 50 MB L2 (small patterns'
-X would fit). Correctness: every prunekit variant's output (poisoned with NaN first) against a float64
-einsum on the GPU, relative Frobenius error (``correct``: all variants under the dtype's tolerance). Floor per pattern: max(2*a*b*c*d*N / peak, (a*c*d + a*b*d)*N*bytes / bw)
-with peak (cuBLAS 8192^3 matmul of the dtype) and bw (device-to-device copy) measured at the start of the run.
+scratch buffer is overwritten (outside the events), so no call finds its inputs in the 50 MB L2.
 
-Subsample (deterministic): the patterns with max(a*b*d, a*c*d) <= ``--max-dim`` (16384 by default: 394 of 728), every
-``len // --count``-th of them in file order, the first ``--count``, run in an order shuffled with seed 0. ``--budget-s`` stops starting new patterns after
-that many seconds; the JSON (rewritten after each pattern) says which ran.
+Floor per pattern (the issue's): ``max(2*a*b*c*d*N / peak, (a*c*d + a*b*d)*N*bytes / bw)`` with ``peak`` the cuBLAS
+8192^3 matmul rate of the dtype and ``bw`` the device-to-device copy bandwidth, both measured at the start of each
+part; ``floor_fraction`` = floor / time.
 
-``python benchmarks/ks.py --out benchmarks/results/ks-h100-<date>.json`` on the GPU machine;
-``python benchmarks/ks.py --plot RESULTS.json`` (any machine) draws the speedup distribution next to the JSON.
+Parts: the subsample does not fit one 10-minute device call, so :func:`assign_parts` splits it into ``k`` parts of
+about equal *estimated* time (:func:`estimate_pattern_s`: a cost model of every timed call, warm-up and check from
+the FLOPs and bytes of each contender at assumed H100 rates, constants in :data:`COST`), deterministically
+(longest first, to the least loaded part). ``--part i/k`` runs part i; ``--budget-s`` stops starting patterns
+after that many seconds (the JSON says which ran, ``--resume`` skips patterns already in the part's JSON).
+Each part writes ``benchmarks/results/ks-<dev>-<date>-part<i>of<k>.json`` (and a copy under ``$OUT`` when set);
+``benchmarks/ks_report.py`` merges the parts, prints the tables, draws the plot and derives the variant table.
+
+``python benchmarks/ks.py --plan 3`` prints the parts with their estimates; ``--dry-run`` runs the whole code path
+on the CPU with the reference op on tiny sizes (its timings mean nothing); ``--write-subsample`` redraws
+``ks_subsample.txt`` from the pattern list.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
+import hashlib
+import importlib.util
 import json
 import math
 import os
 import platform
 import random
+import shutil
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+ROOT = Path(__file__).resolve().parents[1]
 BATCH = 25088  # the paper's batch (Gonon et al. 2024, section 5: 128 images x 196 ViT tokens)
 FLUSH_BYTES = 256 << 20  # > 2x the H100's 50 MB L2
 _FLUSH: list = []  # the scratch buffer overwritten before each timed call (cuda only)
 DEVICE = "cuda"  # "cpu" with --dry-run: the same code path on tiny sizes with the reference op (no timings kept)
-DEFAULT_PATTERNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "ks_patterns.txt"
+PATTERNS_FILE = ROOT.parent / "shared" / "data" / "ks_patterns.txt"
+PATTERNS_CARRY = ROOT / ".carry" / "ks" / "ks_patterns.txt"
+SUBSAMPLE_FILE = ROOT / "benchmarks" / "ks_subsample.txt"
+AUTHORS_DIR = ROOT / ".carry" / "ksmm"
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+SUBSAMPLE_FRACTION = 1 / 3
+SUBSAMPLE_SEED = 0
 TARGET_MS = 40.0  # time per contender and pattern
 SLOW_MS = 100.0  # contenders slower than this per call are timed once
 TOL = {"float32": 1e-5, "float16": 2e-3}
+BASELINES = ("bmm", "einsum", "dense", "bsr")  # the issue's "best baseline" set
+ALL_BASELINES = (*BASELINES, "csr", "authors")
+
+Quad = tuple[int, int, int, int]
 
 
-def read_patterns(path: Path) -> list[tuple[int, int, int, int]]:
-    """The (a, b, c, d) lines of the authors' pattern list, in file order."""
+# ---------------------------------------------------------------------------------------------------------------
+# patterns and the subsample
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def read_patterns(path: Path) -> list[Quad]:
+    """The ``a,b,c,d`` lines of a pattern file (``#`` comments skipped), in file order."""
     quads = []
     for line in path.read_text().splitlines():
         line = line.strip()
@@ -67,14 +106,140 @@ def read_patterns(path: Path) -> list[tuple[int, int, int, int]]:
     return quads
 
 
-def subsample(quads: list, count: int, max_dim: int) -> list:
-    """Every ``len // count``-th pattern with max(a*b*d, a*c*d) <= max_dim, the first ``count`` (file order), in
-    an order shuffled with seed 0."""
-    fit = [q for q in quads if max(q[0] * q[1] * q[3], q[0] * q[2] * q[3]) <= max_dim]
-    step = max(1, len(fit) // count)
-    chosen = fit[::step][:count]
-    random.Random(0).shuffle(chosen)  # run order: a budget cut still leaves a spread of the subsample
+def draw_subsample(quads: list[Quad], fraction: float = SUBSAMPLE_FRACTION, seed: int = SUBSAMPLE_SEED) -> list[Quad]:
+    """A stratified systematic sample: the patterns are grouped by ``(a, d)`` (the grid of groups the kernels
+    launch), each group sorted by ``(b*c, b, c)`` (the tile size); from a group of ``n`` patterns,
+    ``max(1, round(n * fraction))`` are taken at evenly spaced positions ``start + i * n / take`` with ``start``
+    drawn uniformly in ``[0, n / take)`` from ``random.Random(seed)``, the groups visited in sorted ``(a, d)``
+    order. Every ``(a, d)`` appears, and each group's sample spans its tile sizes. Output in that order."""
+    rng = random.Random(seed)
+    groups: dict[tuple[int, int], list[Quad]] = collections.defaultdict(list)
+    for q in quads:
+        groups[(q[0], q[3])].append(q)
+    chosen: list[Quad] = []
+    for key in sorted(groups):
+        group = sorted(groups[key], key=lambda q: (q[1] * q[2], q[1], q[2]))
+        take = max(1, round(len(group) * fraction))
+        step = len(group) / take
+        start = rng.random() * step
+        chosen += [group[min(len(group) - 1, int(start + i * step))] for i in range(take)]
     return chosen
+
+
+def write_subsample(path: Path, quads: list[Quad], source: Path, fraction: float, seed: int) -> list[Quad]:
+    chosen = draw_subsample(quads, fraction, seed)
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    header = [
+        f"# Fixed subsample of the Kronecker-sparse benchmark patterns a,b,c,d: {len(chosen)} of {len(quads)}.",
+        f"# Drawn by benchmarks/ks.py draw_subsample(fraction={fraction:.6g}, seed={seed}) from {source.name}",
+        f"# (sha256 {digest}...): grouped by (a, d), each group sorted by (b*c, b, c), max(1, round(n * fraction))",
+        "# patterns per group at evenly spaced positions from a seeded random start. Redraw: python",
+        "# benchmarks/ks.py --write-subsample --patterns PATH (tests/kernels/test_ks_bench.py checks it is current).",
+    ]
+    path.write_text("\n".join(header + [",".join(map(str, q)) for q in chosen]) + "\n")
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cost model and parts
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Assumed H100 rates for planning only (never reported as measurements): bytes/s of a streaming kernel, FLOP/s
+    of cuBLAS per dtype, of CSR SpMM and of float64 einsum, the efficiency assumed of the prunekit and authors'
+    kernels against their floor, and the fixed seconds per (pattern, dtype, layout) (allocation, randn, syncs)."""
+
+    bandwidth: float = 2.0e12
+    flops: tuple[tuple[str, float], ...] = (("float16", 4.0e14), ("float32", 4.0e13), ("float64", 4.0e13))
+    csr_flops: float = 1.0e12
+    kernel_efficiency: float = 0.35
+    authors_efficiency: float = 0.15
+    overhead_s: float = 0.25
+
+    def rate(self, dtype_name: str) -> float:
+        return dict(self.flops)[dtype_name]
+
+
+COST = CostModel()
+
+
+def contender_ms(quad: Quad, dtype_name: str, batch: int = BATCH, cost: CostModel = COST) -> dict[str, float]:
+    """Estimated ms per call of every contender (cost model :data:`COST`; for planning and skipping only)."""
+    a, b, c, d = quad
+    elt = 2 if dtype_name == "float16" else 4
+    m, k = a * b * d, a * c * d
+    flops = 2.0 * a * b * c * d * batch
+    io = (m + k) * batch * elt
+    floor_s = max(flops / cost.rate(dtype_name), io / cost.bandwidth)
+    est = {
+        "prunekit": floor_s / cost.kernel_efficiency,
+        "bmm": flops / cost.rate(dtype_name) + 3 * io / cost.bandwidth,
+        "einsum": flops / cost.rate(dtype_name) + 3 * io / cost.bandwidth,
+        "dense": 2.0 * m * k * batch / cost.rate(dtype_name) + (m * k * elt + io) / cost.bandwidth,
+        "csr": flops / cost.csr_flops + 2 * io / cost.bandwidth,
+        "authors": floor_s / cost.authors_efficiency,
+    }
+    if d == 1:
+        est["bsr"] = flops / cost.csr_flops * 0.5 + io / cost.bandwidth
+    return {name: s * 1e3 for name, s in est.items()}
+
+
+def timing_s(call_ms: float) -> float:
+    """Seconds :func:`median_ms` spends on a contender of ``call_ms`` per call (warm-ups included)."""
+    if call_ms > SLOW_MS:
+        return 2 * call_ms / 1e3
+    calls = 2  # first call + warm-up
+    total = 0.0
+    while calls < 12 and (calls < 5 or total < TARGET_MS):
+        calls += 1
+        total += call_ms
+    return calls * (call_ms + 0.3) / 1e3  # + flush and event overhead per call
+
+
+def estimate_pattern_s(
+    quad: Quad,
+    dtypes: tuple[str, ...] = ("float16", "float32"),
+    layouts: int = 2,
+    batch: int = BATCH,
+    max_call_ms: float = 1500.0,
+    cost: CostModel = COST,
+) -> float:
+    """Estimated seconds of one pattern in this benchmark: for each dtype and layout, the float64 reference, one
+    poisoned check per prunekit variant and the authors' kernel, and :func:`timing_s` of every contender timed."""
+    a, b, c, d = quad
+    total = 0.0
+    for dtype_name in dtypes:
+        est = contender_ms(quad, dtype_name, batch, cost)
+        variants = 4 if dtype_name != "float32" else 1
+        m, k = a * b * d, a * c * d
+        ref_s = 2.0 * a * b * c * d * batch / cost.rate("float64") + 3 * (m + k) * batch * 8 / cost.bandwidth
+        checks_s = (variants + 1) * (est["prunekit"] / 1e3 + 3 * m * batch * 8 / cost.bandwidth)
+        timed = variants * timing_s(est["prunekit"])
+        timed += sum(timing_s(ms) for name, ms in est.items() if name != "prunekit" and ms <= max_call_ms)
+        total += layouts * (cost.overhead_s + ref_s + checks_s + timed)
+    return total
+
+
+def assign_parts(quads: list[Quad], parts: int, **estimate_kwargs) -> list[list[Quad]]:
+    """Split ``quads`` into ``parts`` lists of about equal :func:`estimate_pattern_s`: longest first (ties in list
+    order), each to the part with the least estimated time so far (lowest index on ties); each part keeps the
+    subsample's order. Deterministic."""
+    est = {q: estimate_pattern_s(q, **estimate_kwargs) for q in quads}
+    order = sorted(range(len(quads)), key=lambda i: (-est[quads[i]], i))
+    load = [0.0] * parts
+    members: list[list[int]] = [[] for _ in range(parts)]
+    for i in order:
+        p = min(range(parts), key=lambda j: (load[j], j))
+        load[p] += est[quads[i]]
+        members[p].append(i)
+    return [[quads[i] for i in sorted(idx)] for idx in members]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------------------------------------
 
 
 def _event_ms(fn) -> float:
@@ -94,8 +259,7 @@ def _event_ms(fn) -> float:
 
 def median_ms(fn, target_ms: float = TARGET_MS) -> float:
     """Median event time of ``fn`` after warm-up: up to 10 calls (at least 3) within ``target_ms``; a contender
-    slower than :data:`SLOW_MS` per call is timed once after one warm-up (it cannot be the best by a margin that
-    matters, and the device budget is short)."""
+    slower than :data:`SLOW_MS` per call is timed once after one warm-up."""
     first = _event_ms(fn)
     if first > SLOW_MS:
         return _event_ms(fn)
@@ -116,6 +280,149 @@ def _empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
+def ceilings() -> dict:
+    """Measured device ceilings: copy bandwidth (read + write bytes / s) and matmul rates per dtype."""
+    if DEVICE == "cpu":
+        return {"copy_gbps": 1.0, "matmul_float16_tflops": 1.0, "matmul_float32_tflops": 1.0}
+    buffers = [torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE) for _ in range(2)]
+    copy_ms = median_ms(lambda: buffers[1].copy_(buffers[0]))
+    out = {"copy_gbps": 2 * buffers[0].numel() / copy_ms / 1e6}
+    buffers.clear()
+    for name, dtype in (("float16", torch.float16), ("float32", torch.float32)):
+        x = torch.randn(8192, 8192, device=DEVICE, dtype=dtype)
+        w = torch.randn(8192, 8192, device=DEVICE, dtype=dtype)
+        ms = median_ms(lambda x=x, w=w: x @ w)
+        out[f"matmul_{name}_tflops"] = 2 * 8192**3 / ms / 1e9
+    _empty_cache()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the authors' kernel (benchmark-only baseline, sources in the git-ignored .carry/ksmm/)
+# ---------------------------------------------------------------------------------------------------------------
+
+AUTHORS_FILES = ("kernel.cpp", "kernel.cu", "kernel.py", "template_kernels_float.cuh", "template_kernels_half.cuh")
+AUTHORS_LAYOUTS = (("bs_first", False), ("bs_last", True))
+AUTHORS_PRECISIONS = (("half", "float16"), ("float", "float32"))
+AUTHORS_CHUNK = 12  # dispatch lines per generated translation unit (parallel compilation)
+
+
+def _authors_module(src: Path):
+    """The authors' ``kernel.py`` imported from ``src`` (for its instance-line generator only)."""
+    spec = importlib.util.spec_from_file_location("ksmm_authors_kernel_py", src / "kernel.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _best_rows(path: Path, batch: int) -> dict[Quad, list[list[int]]]:
+    """Rows of an authors' ``*.best`` tuning file for ``batch``: (a, b, c, d) -> [[TILEX, TILEK, TILEY, TX, TY,
+    VSIZE], ...] in file order."""
+    rows: dict[Quad, list[list[int]]] = collections.defaultdict(list)
+    for line in path.read_text().splitlines()[1:]:
+        f = line.split()
+        if len(f) >= 11 and int(f[0]) == batch:
+            rows[tuple(int(v) for v in f[1:5])].append([int(v) for v in f[5:11]])
+    return rows
+
+
+def authors_sources(src: Path, quads: list[Quad], batch: int = BATCH) -> tuple[dict[str, str], dict[str, list]]:
+    """Generated sources of the authors' extension for ``quads``: ``{file name: text}`` for the four dispatch
+    headers their ``kernel.cu`` includes (declarations + a dispatcher over the parts) and the part files (their
+    instance lines from ``add_lines_to_instantiate_kernel_with_hp`` with their ``*.best`` tile sizes, VSIZE 4
+    preferred, else 2, as their loader does with its default vsize=4), and ``{"<layout>_<precision>": [pattern,
+    ...]}`` of the patterns their tuning files lack."""
+    gen = _authors_module(src).add_lines_to_instantiate_kernel_with_hp
+    files: dict[str, str] = {}
+    missing: dict[str, list] = {}
+    for layout, _ in AUTHORS_LAYOUTS:
+        for precision, _dtype_name in AUTHORS_PRECISIONS:
+            name = f"kernel_{layout}_{precision}"
+            best = _best_rows(src / f"{name}.best", batch)
+            lines_per_quad = []
+            for q in quads:
+                rows = best.get(tuple(q), [])
+                row = next((r for r in rows if r[5] == 4), None) or next((r for r in rows if r[5] == 2), None)
+                if row is None:
+                    missing.setdefault(f"{layout}_{precision}", []).append(list(q))
+                    continue
+                lines_per_quad.append("".join(gen([], name, batch, *q, precision, *row)))
+            signature = (
+                f"{precision} *input, {precision} *values, {precision} *output, int batch_size, int a, int b, "
+                "int c, int d, dim3 &blockGrid, dim3 &threadsPerBlock"
+            )
+            call = "input, values, output, batch_size, a, b, c, d, blockGrid, threadsPerBlock"
+            parts = [lines_per_quad[i : i + AUTHORS_CHUNK] for i in range(0, len(lines_per_quad), AUTHORS_CHUNK)]
+            for j, chunk in enumerate(parts):
+                files[f"gen_{name}_{j}.cu"] = (
+                    f'// generated by prunekit benchmarks/ks.py\n#include <cassert>\n#include "template_kernels_'
+                    f'{precision}.cuh"\n\nbool gen_{name}_{j}({signature}) {{\n\twhile (1) {{\n'
+                    "\t\tthreadsPerBlock.y = 1;\n" + "".join(chunk) + "\t\treturn false;\n\t}\n\treturn true;\n}\n"
+                )
+            decls = "".join(f"bool gen_{name}_{j}({signature});\n" for j in range(len(parts)))
+            tries = "".join(f"\tif (gen_{name}_{j}({call})) return;\n" for j in range(len(parts)))
+            files[f"{name}.cuh"] = (
+                f"// generated by prunekit benchmarks/ks.py\n#pragma once\n#include <cstdio>\n#include <cuda_fp16.h>\n"
+                f"#include <cuda_runtime.h>\n\n{decls}\nvoid best_{name}({signature}) {{\n{tries}"
+                f'\tfprintf(stderr, "ksmm baseline: no instance for batch %d, pattern %d,%d,%d,%d\\n", batch_size, '
+                "a, b, c, d);\n}\n"
+            )
+    return files, missing
+
+
+def build_authors(src: Path, quads: list[Quad], build_root: Path, verbose: bool = False):
+    """Build (or load, when built before: ninja is incremental) the authors' extension for ``quads``.
+
+    Returns:
+        ``(module, info)``: the Python module (``forward(input, factor, bs_last, a, b, c, d, dtype_str, vsize)``)
+        and ``{"name", "missing", "build_s", "files"}``.
+
+    Raises:
+        FileNotFoundError: the sources are not in ``src``; RuntimeError: the compilation failed.
+    """
+    from torch.utils import cpp_extension
+
+    for f in AUTHORS_FILES:
+        if not (src / f).is_file():
+            raise FileNotFoundError(f"the authors' kernel source {src / f} is missing (see docs/KRONECKER.md)")
+    files, missing = authors_sources(src, quads)
+    digest = hashlib.sha256()
+    for f in AUTHORS_FILES:
+        digest.update((src / f).read_bytes())
+    for name in sorted(files):
+        digest.update(name.encode() + files[name].encode())
+    name = f"ksmm_authors_{digest.hexdigest()[:12]}"
+    folder = build_root / name
+    gen_dir = folder / "src"
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    for f in AUTHORS_FILES:
+        if f != "kernel.py":
+            shutil.copyfile(src / f, gen_dir / f)
+    for fname, text in files.items():
+        target = gen_dir / fname
+        if not target.is_file() or target.read_text() != text:
+            target.write_text(text)
+    if DEVICE == "cuda" and "TORCH_CUDA_ARCH_LIST" not in os.environ:
+        major, minor = torch.cuda.get_device_capability()
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+    t0 = time.perf_counter()
+    module = cpp_extension.load(
+        name=name,
+        sources=[str(gen_dir / "kernel.cpp"), str(gen_dir / "kernel.cu")]
+        + [str(gen_dir / f) for f in sorted(files) if f.endswith(".cu")],
+        extra_cuda_cflags=["-O3"],
+        build_directory=str(folder),
+        verbose=verbose,
+    )
+    info = {"name": name, "missing": missing, "build_s": time.perf_counter() - t0, "files": len(files)}
+    return module, info
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one pattern
+# ---------------------------------------------------------------------------------------------------------------
+
+
 def ks_call(blocks, x, out=None, tile_rows=None, pipelined=None):
     """The prunekit contender: the CUDA kernel (the reference op under --dry-run)."""
     from prunekit.kernels import ks
@@ -126,24 +433,59 @@ def ks_call(blocks, x, out=None, tile_rows=None, pipelined=None):
     return ks.ks_mm_cuda(blocks, x, out=out, tile_rows=tile_rows, pipelined=pipelined)
 
 
-def ceilings() -> dict:
-    """Measured device ceilings: copy bandwidth (read + write bytes / s) and matmul rates per dtype."""
-    buffers = [torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE) for _ in range(2)]
-    copy_ms = median_ms(lambda: buffers[1].copy_(buffers[0]))
-    out = {"copy_gbps": 2 * buffers[0].numel() / copy_ms / 1e6}
-    buffers.clear()
-    for name, dtype in (("float16", torch.float16), ("float32", torch.float32)):
-        a = torch.randn(8192, 8192, device=DEVICE, dtype=dtype)
-        b = torch.randn(8192, 8192, device=DEVICE, dtype=dtype)
-        ms = median_ms(lambda a=a, b=b: a @ b)
-        out[f"matmul_{name}_tflops"] = 2 * 8192**3 / ms / 1e9
-    return out
+def prunekit_variants(dtype: torch.dtype) -> dict[str, dict]:
+    """Variant name -> ks_mm_cuda keyword arguments."""
+    from prunekit.kernels import ks
+
+    if dtype == torch.float32:
+        return {"f32": {}}
+    return {
+        f"tile{tile}_{'pipe' if pipe else 'simple'}": {"tile_rows": tile, "pipelined": pipe}
+        for tile in ks.TILE_ROWS
+        for pipe in (False, True)
+    }
 
 
-def run_pattern(quad, dtype_name: str, batch_first: bool, ceil: dict, gen: torch.Generator) -> dict:
+def csr_from_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """torch sparse CSR of K built from the blocks: row (alpha*b + beta)*d + delta holds, at columns
+    (alpha*c + gamma)*d + delta for gamma < c (increasing), the values blocks[alpha, delta, beta, :]."""
+    a, d, b, c = blocks.shape
+    dev = blocks.device
+    alpha = torch.arange(a, device=dev).view(a, 1, 1, 1)
+    gamma = torch.arange(c, device=dev).view(1, 1, 1, c)
+    delta = torch.arange(d, device=dev).view(1, 1, d, 1)
+    cols = ((alpha * c + gamma) * d + delta).expand(a, b, d, c).reshape(-1)
+    values = blocks.permute(0, 2, 1, 3).reshape(-1)
+    crow = torch.arange(a * b * d + 1, device=dev) * c
+    return torch.sparse_csr_tensor(crow, cols, values, size=(a * b * d, a * c * d))
+
+
+def bsr_from_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """torch BSR of K for d == 1 (block-diagonal), square blocks of side gcd(b, c) (the authors' choice)."""
+    a, d, b, c = blocks.shape
+    if d != 1:
+        raise ValueError("BSR baseline only for d == 1")
+    s = math.gcd(b, c)
+    rb, cb = b // s, c // s
+    dev = blocks.device
+    values = blocks[:, 0].reshape(a, rb, s, cb, s).permute(0, 1, 3, 2, 4).reshape(-1, s, s)
+    alpha = torch.arange(a, device=dev).view(a, 1, 1)
+    cols = (alpha * cb + torch.arange(cb, device=dev).view(1, 1, cb)).expand(a, rb, cb).reshape(-1)
+    crow = torch.arange(a * rb + 1, device=dev) * cb
+    return torch.sparse_bsr_tensor(crow, cols, values.contiguous(), size=(a * b, a * c))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+def run_pattern(quad: Quad, dtype_name: str, batch_first: bool, ceil: dict, gen, authors=None, max_call_ms=1500.0):
+    """Checks and times every contender on one (pattern, dtype, layout); returns the JSON row."""
     from prunekit.formats.ks import blocks_to_dense
     from prunekit.kernels import ks
 
+    t_start = time.perf_counter()
     a, b, c, d = quad
     dtype = getattr(torch, dtype_name)
     m, k, n = a * b * d, a * c * d, BATCH
@@ -154,37 +496,69 @@ def run_pattern(quad, dtype_name: str, batch_first: bool, ceil: dict, gen: torch
     else:
         x = torch.randn(k, n, generator=gen, device=DEVICE).to(dtype)
         x2d = None
-    row = {"pattern": list(quad), "dtype": dtype_name, "layout": "batch_first" if batch_first else "batch_last"}
+    layout = "batch_first" if batch_first else "batch_last"
+    row: dict = {"pattern": list(quad), "dtype": dtype_name, "layout": layout}
+    estimates = contender_ms(quad, dtype_name)
+    row["estimated_ms"] = {key: round(v, 4) for key, v in estimates.items()}
 
-    ref = torch.einsum("adbc,acdn->abdn", blocks.double(), x.double().reshape(a, c, d, n)).reshape(m, n)
+    # float64 reference, computed in chunks of N (no float64 copy of X)
+    ref = torch.empty((m, n), dtype=torch.float64, device=DEVICE)
+    w64 = blocks.double()
+    step = max(1, (1 << 27) // max(1, k + m))
+    for s in range(0, n, step):
+        xs = (x2d[s : s + step].t() if batch_first else x[:, s : s + step]).double().reshape(a, c, d, -1)
+        ref[:, s : s + step] = torch.einsum("adbc,acdn->abdn", w64, xs).reshape(m, -1)
+    del w64
     ref_norm = float(ref.norm())
-    variants = {"prunekit": {}}
-    if dtype != torch.float32 and DEVICE == "cuda":
-        for tile in ks.TILE_ROWS:
-            for pipe in (False, True):
-                variants[f"tile{tile}_{'pipe' if pipe else 'simple'}"] = {"tile_rows": tile, "pipelined": pipe}
 
-    def poisoned_error(kwargs: dict, ref: torch.Tensor) -> float | None:
-        out = torch.full((n, m), float("nan"), dtype=dtype, device=DEVICE).t() if batch_first else None
-        if out is None:
-            out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
-        ks_call(blocks, x, out=out, **kwargs)
-        _sync()
-        err = float((out.double() - ref).norm()) / ref_norm
+    def rel_error(y: torch.Tensor) -> float | None:
+        """||y - ref|| / ||ref|| for y (M, N) any strides, chunked; None when y holds a NaN (a poisoned entry)."""
+        sq = 0.0
+        for s in range(0, n, step):
+            sq += float((y[:, s : s + step].double() - ref[:, s : s + step]).square().sum())
+        err = math.sqrt(sq) / max(ref_norm, 1e-30)
         return None if math.isnan(err) else err
 
-    row["variant_rel_error"] = {name: poisoned_error(kw, ref) for name, kw in variants.items()}
-    row["rel_error"] = row["variant_rel_error"]["prunekit"]
-    row["correct"] = all(e is not None and e < TOL[dtype_name] for e in row["variant_rel_error"].values())
-    del ref
+    variants = prunekit_variants(dtype)
+    default_tile, default_pipe = ks.pick_variant(b, c, d, dtype, batch_first)
+    default_name = next(
+        (v for v, kw in variants.items() if kw.get("tile_rows", default_tile) == default_tile
+         and kw.get("pipelined", default_pipe) == default_pipe),
+        next(iter(variants)),
+    )  # fmt: skip
+    row["default_variant"] = default_name
+    errors: dict[str, str] = {}
+    rel: dict[str, float | None] = {}
+    for name, kwargs in variants.items():
+        out = (
+            torch.full((n, m), float("nan"), dtype=dtype, device=DEVICE).t()
+            if batch_first
+            else torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+        )
+        try:
+            ks_call(blocks, x, out=out, **kwargs)
+            _sync()
+            rel[name] = rel_error(out)
+        except Exception as exc:  # noqa: BLE001 - a failing variant is recorded, the run goes on
+            rel[name] = None
+            errors[name] = _first_line(exc)
+        del out
+    row["correct"] = all(e is not None and e < TOL[dtype_name] for e in rel.values())
 
     ms: dict[str, float | None] = {}
-    errors: dict[str, str] = {}
-    row["tile_rows"] = ks.pick_tile(b, c, dtype)
-    row["pipelined"] = ks.PIPELINED_DEFAULT
     for name, kwargs in variants.items():
+        if name in errors:
+            ms[name] = None
+            continue
         ms[name] = median_ms(lambda kwargs=kwargs: ks_call(blocks, x, **kwargs))
+    ms["prunekit"] = ms[default_name]
+    timed_variants = {v: t for v, t in ms.items() if v in variants and t}
+    row["best_variant"] = min(timed_variants, key=timed_variants.get) if timed_variants else None
+    ms["prunekit_best"] = timed_variants.get(row["best_variant"]) if row["best_variant"] else None
 
+    # baselines
+    skipped: dict[str, str] = {}
+    contenders: dict = {}
     w_bmm = blocks.reshape(a * d, b, c)
 
     def bmm_call():
@@ -198,206 +572,240 @@ def run_pattern(quad, dtype_name: str, batch_first: bool, ceil: dict, gen: torch
             return torch.einsum("adbc,nacd->nabd", blocks, x2d.reshape(n, a, c, d)).reshape(n, m)
         return torch.einsum("adbc,acdn->abdn", blocks, x.reshape(a, c, d, n)).reshape(m, n)
 
-    contenders = {"bmm": bmm_call, "einsum": einsum_call}
-    dense_w = blocks_to_dense(blocks)
-    contenders["dense"] = (lambda: F.linear(x2d, dense_w)) if batch_first else (lambda: dense_w @ x)
-    try:
-        csr = dense_w.to_sparse_csr()
-        contenders["csr"] = (lambda: csr @ x2d.t()) if batch_first else (lambda: csr @ x)
-    except Exception as exc:  # noqa: BLE001 - record why a baseline cannot run
-        errors["csr"] = str(exc).splitlines()[0][:160]
+    contenders["bmm"] = bmm_call
+    contenders["einsum"] = einsum_call
+    elt = torch.finfo(dtype).bits // 8
+    if estimates["dense"] > max_call_ms or m * k * elt > (8 << 30):
+        skipped["dense"] = (
+            f"estimated {estimates['dense']:.0f} ms per call (> {max_call_ms:.0f}), {m * k * elt / 2**30:.1f} GiB"
+        )
+    else:
+        try:
+            dense_w = blocks_to_dense(blocks)
+            contenders["dense"] = (lambda: F.linear(x2d, dense_w)) if batch_first else (lambda: dense_w @ x)
+        except Exception as exc:  # noqa: BLE001
+            errors["dense"] = _first_line(exc)
+    if estimates["csr"] > max_call_ms:
+        skipped["csr"] = f"estimated {estimates['csr']:.0f} ms per call (> {max_call_ms:.0f})"
+    else:
+        try:
+            csr = csr_from_blocks(blocks)
+            contenders["csr"] = (lambda: csr @ x2d.t()) if batch_first else (lambda: csr @ x)
+        except Exception as exc:  # noqa: BLE001
+            errors["csr"] = _first_line(exc)
     if d == 1:
         try:
-            bsr = dense_w.to_sparse_bsr((b, c))
+            bsr = bsr_from_blocks(blocks)
             contenders["bsr"] = (lambda: bsr @ x2d.t()) if batch_first else (lambda: bsr @ x)
         except Exception as exc:  # noqa: BLE001
-            errors["bsr"] = str(exc).splitlines()[0][:160]
+            errors["bsr"] = _first_line(exc)
+    else:
+        skipped["bsr"] = "d > 1: K has no dense tiles without a permutation (that case is the bmm baseline)"
+    if authors is None:
+        skipped["authors"] = "not built (see the part's authors_build)"
+    elif tuple(quad) in authors["missing"].get(f"{'bs_first' if batch_first else 'bs_last'}_"
+                                               f"{'half' if dtype_name == 'float16' else 'float'}", set()):  # fmt: skip
+        skipped["authors"] = "the authors' tuning files (*.best) have no tile sizes for this pattern at batch 25088"
+    else:
+        factor = blocks.permute(0, 1, 3, 2).reshape(a * d * c, b).contiguous()  # their (a*d*c, b) layout
+        inp = x2d if batch_first else x
+        bs_last = 0 if batch_first else 1
+
+        def authors_call(factor=factor, inp=inp, bs_last=bs_last):
+            return authors["module"].forward(inp, factor, bs_last, a, b, c, d, str(dtype), 4)
+
+        try:
+            poison = torch.full((m * n,), float("nan"), dtype=dtype, device=DEVICE)
+            del poison  # its block returns to the caching allocator: their torch::empty output likely reuses it
+            y = authors_call()
+            _sync()
+            rel["authors"] = rel_error(y.t() if batch_first else y)
+            del y
+            contenders["authors"] = authors_call
+        except Exception as exc:  # noqa: BLE001
+            errors["authors"] = _first_line(exc)
     for name, fn in contenders.items():
         try:
             ms[name] = median_ms(fn)
         except Exception as exc:  # noqa: BLE001
             ms[name] = None
-            errors[name] = str(exc).splitlines()[0][:160]
+            errors[name] = _first_line(exc)
         _empty_cache()
+    row["rel_error"] = rel
     row["ms"] = ms
     row["errors"] = errors
-    base = {k: v for k, v in ms.items() if k in ("bmm", "einsum", "dense", "bsr") and v}
+    row["skipped"] = skipped
+    base = {key: v for key, v in ms.items() if key in BASELINES and v}
     row["best_baseline"] = min(base, key=base.get) if base else None
-    row["speedup_vs_best"] = base[row["best_baseline"]] / ms["prunekit"] if base else None
-    elt = torch.finfo(dtype).bits // 8
+    ours, ours_best = ms.get("prunekit"), ms.get("prunekit_best")
+    row["speedup_vs_best"] = base[row["best_baseline"]] / ours if base and ours else None
+    row["speedup_best_variant_vs_best"] = base[row["best_baseline"]] / ours_best if base and ours_best else None
+    row["authors_correct"] = rel.get("authors") is not None and rel["authors"] < TOL[dtype_name] * 10
+    row["speedup_vs_authors"] = ms["authors"] / ours if ms.get("authors") and ours else None
     flops = 2 * a * b * c * d * n
     nbytes = (k + m) * n * elt
     peak = ceil[f"matmul_{dtype_name}_tflops"] * 1e12
     floor_ms = max(flops / peak, nbytes / (ceil["copy_gbps"] * 1e9)) * 1e3
     row["floor_ms"] = floor_ms
-    row["floor_fraction"] = floor_ms / ms["prunekit"]
+    row["floor_fraction"] = floor_ms / ours if ours else None
+    row["floor_fraction_best_variant"] = floor_ms / ours_best if ours_best else None
+    row["elapsed_s"] = time.perf_counter() - t_start
     return row
 
 
-def summarize(rows: list) -> dict:
-    out = {}
-    for dt in ("float32", "float16"):
-        for layout in ("batch_last", "batch_first", "all"):
-            sel = [r for r in rows if r["dtype"] == dt and (layout == "all" or r["layout"] == layout)]
-            sp = sorted(r["speedup_vs_best"] for r in sel if r.get("speedup_vs_best"))
-            if not sp:
-                continue
-            q = statistics.quantiles(sp, n=4, method="inclusive") if len(sp) > 1 else [sp[0]] * 3
-            worst = sorted((r for r in sel if r.get("speedup_vs_best")), key=lambda r: r["speedup_vs_best"])[:3]
-            out[f"{dt}/{layout}"] = {
-                "count": len(sp),
-                "median": statistics.median(sp),
-                "q1": q[0],
-                "q3": q[2],
-                "min": sp[0],
-                "max": sp[-1],
-                "wins": sum(s > 1.0 for s in sp),
-                "floor_fraction_median": statistics.median(r["floor_fraction"] for r in sel),
-                "all_correct": all(r["correct"] for r in sel),
-                "worst": [[r["pattern"], r["layout"], round(r["speedup_vs_best"], 3)] for r in worst],
-            }
-    return out
+# ---------------------------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------------------------
 
 
-def markdown(path: Path) -> str:
-    """Markdown tables (summary, then every row) of a results JSON, for docs/KRONECKER.md."""
-    data = json.loads(path.read_text())
-    ceil = data["ceilings"]
-    lines = [
-        f"{data['device']}, torch {data['torch']}, CUDA {data['cuda']}, {data['date']}, batch {data['batch']}; "
-        f"{data.get('patterns_run', 0)} patterns of the subsample ran in {data.get('elapsed_s', 0):.0f} s. Measured "
-        f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, fp16 matmul {ceil['matmul_float16_tflops']:.0f} TFLOP/s, "
-        f"fp32 matmul {ceil['matmul_float32_tflops']:.0f} TFLOP/s.",
-        "",
-        "| dtype / layout | n | median speedup | q1 | q3 | min | max | wins | median floor fraction | all correct |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for key, v in data.get("summary", {}).items():
-        lines.append(
-            f"| {key} | {v['count']} | {v['median']:.2f}x | {v['q1']:.2f} | {v['q3']:.2f} | {v['min']:.2f} | "
-            f"{v['max']:.2f} | {v['wins']} | {v['floor_fraction_median']:.2f} | {v['all_correct']} |"
-        )
-    lines += [
-        "",
-        "| pattern | dtype | layout | prunekit ms | best baseline | its ms | speedup | floor fraction | rel. error |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in data["rows"]:
-        best = r["best_baseline"]
-        lines.append(
-            f"| {','.join(map(str, r['pattern']))} | {r['dtype']} | {r['layout']} | {r['ms']['prunekit']:.3f} | "
-            f"{best} | {r['ms'].get(best) or float('nan'):.3f} | {r['speedup_vs_best'] or float('nan'):.2f}x | "
-            f"{r['floor_fraction']:.2f} | {r['rel_error'] if r['rel_error'] is None else format(r['rel_error'], '.1e')} |"
-        )
-    return "\n".join(lines)
+def device_tag() -> str:
+    if DEVICE == "cpu":
+        return "cpu-dryrun"
+    name = torch.cuda.get_device_name().lower()
+    return "h100" if "h100" in name else "h200" if "h200" in name else name.replace(" ", "-")
 
 
-def plot(path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    data = json.loads(path.read_text())
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for dt, layout, color in (
-        ("float32", "batch_last", "tab:blue"),
-        ("float32", "batch_first", "tab:cyan"),
-        ("float16", "batch_last", "tab:red"),
-        ("float16", "batch_first", "tab:orange"),
-    ):
-        sp = sorted(
-            r["speedup_vs_best"]
-            for r in data["rows"]
-            if r["dtype"] == dt and r["layout"] == layout and r["speedup_vs_best"]
-        )
-        if sp:
-            ax.plot(range(1, len(sp) + 1), sp, marker="o", ms=3, color=color, label=f"{dt} {layout} (n={len(sp)})")
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_yscale("log")
-    ax.set_xlabel("patterns, sorted by speedup")
-    ax.set_ylabel("prunekit ks_mm speedup vs best of bmm/einsum/dense/bsr")
-    ax.set_title(f"Kronecker-sparse matmul, batch {data['batch']}, {data['device']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = path.with_suffix(".png")
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+def parse_part(text: str) -> tuple[int, int]:
+    i, k = (int(v) for v in text.split("/"))
+    if not 1 <= i <= k:
+        raise ValueError(f"--part {text}: expected i/k with 1 <= i <= k")
+    return i, k
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> Path | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--patterns", type=Path, default=DEFAULT_PATTERNS)
-    parser.add_argument("--count", type=int, default=40)
-    parser.add_argument("--max-dim", type=int, default=16384)
-    parser.add_argument("--budget-s", type=float, default=200.0)
+    parser.add_argument("--subsample", type=Path, default=SUBSAMPLE_FILE)
+    parser.add_argument("--patterns", type=Path, help="Pattern list for --write-subsample (default: shared, carry).")
+    parser.add_argument("--write-subsample", action="store_true", help="Redraw --subsample from --patterns; exit.")
+    parser.add_argument("--part", default="1/1", help="i/k: run part i of k (assign_parts).")
+    parser.add_argument("--plan", type=int, metavar="K", help="Print the K parts with estimated seconds; exit.")
+    parser.add_argument("--limit", type=int, help="Run only the first LIMIT patterns of the part.")
+    parser.add_argument("--budget-s", type=float, default=460.0, help="Start no pattern after this many seconds.")
+    parser.add_argument("--resume", action="store_true", help="Keep the rows already in the part's JSON.")
     parser.add_argument("--dtypes", default="float16,float32")
     parser.add_argument("--layouts", default="batch_last,batch_first")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--plot", type=Path, help="Draw the speedup distribution of a results JSON and exit.")
-    parser.add_argument("--markdown", type=Path, help="Print Markdown tables of a results JSON and exit.")
+    parser.add_argument("--max-call-ms", type=float, default=1500.0, help="Skip dense/CSR above this estimate.")
+    parser.add_argument("--authors", type=Path, default=AUTHORS_DIR, help="The authors' sources ('' to skip).")
+    parser.add_argument("--authors-build", type=Path, default=ROOT / ".carry" / "ksmm-build")
+    parser.add_argument("--build-authors-only", action="store_true", help="Build the authors' extension; exit.")
+    parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/ks-<dev>-<date>-partIofK).")
     parser.add_argument("--dry-run", action="store_true", help="CPU, batch 64, reference op: checks the script only.")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     global DEVICE, BATCH
     if args.dry_run:
         DEVICE, BATCH = "cpu", 64
-    if args.plot:
-        print(plot(args.plot))
-        return
-    if args.markdown:
-        print(markdown(args.markdown))
-        return
+    dtypes = tuple(args.dtypes.split(","))
+    layouts = args.layouts.split(",")
+    if args.write_subsample:
+        source = args.patterns or (PATTERNS_FILE if PATTERNS_FILE.is_file() else PATTERNS_CARRY)
+        chosen = write_subsample(args.subsample, read_patterns(source), source, SUBSAMPLE_FRACTION, SUBSAMPLE_SEED)
+        print(f"{len(chosen)} patterns -> {args.subsample}")
+        return args.subsample
+    quads = read_patterns(args.subsample)
+    if args.plan:
+        for i, part in enumerate(assign_parts(quads, args.plan, dtypes=dtypes, layouts=len(layouts)), 1):
+            est = sum(estimate_pattern_s(q, dtypes=dtypes, layouts=len(layouts)) for q in part)
+            print(f"part {i}/{args.plan}: {len(part)} patterns, estimated {est:.0f} s")
+        return None
+    part_i, part_k = parse_part(args.part)
+    part = assign_parts(quads, part_k, dtypes=dtypes, layouts=len(layouts))[part_i - 1]
+    if DEVICE == "cpu":  # dry run: the small patterns only (the CPU reference on the large ones takes minutes)
+        part = [q for q in part if max(q[0] * q[1] * q[3], q[0] * q[2] * q[3]) <= 1024]
+    if args.limit:
+        part = part[: args.limit]
+
+    authors = None
+    authors_info: dict = {}
+    if DEVICE == "cpu":
+        authors_info = {"error": "dry run: not built"}
+    elif str(args.authors) and args.authors.name:
+        try:
+            module, info = build_authors(args.authors, quads, args.authors_build)  # one build for the subsample
+            missing = {key: {tuple(q) for q in v} for key, v in info["missing"].items()}
+            authors = {"module": module, "missing": missing}
+            authors_info = {**info, "missing": {key: len(v) for key, v in info["missing"].items()}}
+        except Exception as exc:  # noqa: BLE001 - the run goes on without this baseline
+            authors_info = {"error": _first_line(exc)}
+    if args.build_authors_only:
+        print(json.dumps(authors_info))
+        return None
+
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     started = time.perf_counter()
-    quads = subsample(read_patterns(args.patterns), args.count, args.max_dim)
     if DEVICE == "cuda":
+        from prunekit.kernels import ks
+
+        ks.load()
         _FLUSH.append(torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda"))
-    ceil = (
-        ceilings()
-        if DEVICE == "cuda"
-        else {"copy_gbps": 1.0, "matmul_float16_tflops": 1.0, "matmul_float32_tflops": 1.0}
-    )
+    ceil = ceilings()
     print(json.dumps(ceil), flush=True)
+    tag = device_tag()
+    date = datetime.date.today().isoformat()
+    out_path = args.out or RESULTS_DIR / f"ks-{tag}-{date}-part{part_i}of{part_k}.json"
     result = {
         "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run, not a measurement)",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "host": platform.node(),
-        "date": datetime.date.today().isoformat(),
+        "date": date,
         "batch": BATCH,
-        "subsample": {"count": args.count, "max_dim": args.max_dim, "patterns": [list(q) for q in quads]},
+        "part": [part_i, part_k],
+        "subsample": {
+            "file": str(args.subsample.relative_to(ROOT))
+            if args.subsample.is_relative_to(ROOT)
+            else str(args.subsample),
+            "count": len(quads),
+        },  # fmt: skip
+        "part_patterns": [list(q) for q in part],
         "ceilings": ceil,
+        "cost_model": {"constants": COST.__dict__ | {"flops": dict(COST.flops)}},
+        "authors_build": authors_info,
+        "prunekit_measured_variants": "none (a-priori rule)",
         "rows": [],
     }
+    from prunekit.kernels import ks
+
+    if ks.MEASURED_VARIANTS:
+        result["prunekit_measured_variants"] = ks.MEASURED_SOURCE
+    if args.resume and out_path.is_file():
+        result["rows"] = json.loads(out_path.read_text()).get("rows", [])
+    done_keys = {(tuple(r["pattern"]), r["dtype"], r["layout"]) for r in result["rows"]}
     gen = torch.Generator(device=DEVICE).manual_seed(0)
-    out_path = args.out or Path(os.environ.get("OUT", ".")) / "ks.json"
-    done = 0
-    for quad in quads:
+    not_run = []
+    for quad in part:
         if time.perf_counter() - started > args.budget_s:
-            break
-        for dtype_name in args.dtypes.split(","):
-            for layout in args.layouts.split(","):
-                row = run_pattern(quad, dtype_name, layout == "batch_first", ceil, gen)
+            not_run.append(list(quad))
+            continue
+        for dtype_name in dtypes:
+            for layout in layouts:
+                if (tuple(quad), dtype_name, layout) in done_keys:
+                    continue
+                row = run_pattern(quad, dtype_name, layout == "batch_first", ceil, gen, authors, args.max_call_ms)
                 result["rows"].append(row)
                 ms = row["ms"]
                 print(
-                    f"{quad} {dtype_name:8s} {layout:11s} ok={row['correct']} err={row['rel_error']:.1e} "
-                    f"ours={ms['prunekit']:.3f} best={row['best_baseline']}="
-                    f"{(ms.get(row['best_baseline']) or float('nan')):.3f} x{row['speedup_vs_best'] or 0:.2f} "
-                    f"floor={row['floor_fraction']:.2f} "
-                    + " ".join(f"{k}={v:.3f}" for k, v in ms.items() if v and k != "prunekit"),
+                    f"{quad} {dtype_name:8s} {layout:11s} ok={row['correct']} ours={ms.get('prunekit') or 0:.3f} "
+                    f"({row['default_variant']}; best {row['best_variant']}) best={row['best_baseline']} "
+                    f"x{row['speedup_vs_best'] or 0:.2f} vs-authors x{row['speedup_vs_authors'] or 0:.2f} "
+                    f"floor={row['floor_fraction'] or 0:.2f} {row['elapsed_s']:.1f}s est "
+                    f"{estimate_pattern_s(quad, (dtype_name,), 1):.1f}s",
                     flush=True,
                 )
                 _empty_cache()
-        done += 1
-        result["patterns_run"] = done
+        result["not_run"] = not_run
         result["elapsed_s"] = time.perf_counter() - started
-        result["summary"] = summarize(result["rows"])
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result.get("summary", {}), indent=1))
+    result["not_run"] = not_run
+    result["elapsed_s"] = time.perf_counter() - started
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=1) + "\n")
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out_path, Path(os.environ["OUT"]) / out_path.name)
+    print(f"{len(result['rows'])} rows, {len(not_run)} patterns not run -> {out_path}")
+    return out_path
 
 
 if __name__ == "__main__":

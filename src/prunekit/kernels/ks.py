@@ -11,7 +11,8 @@ with the strided rows of ``X`` it meets (the paper's section 4 kernel idea), acc
 - CPU: ``ks_reference.ks_mm`` (einsum on the blocks, no dense matrix).
 - CUDA (``csrc/ks/``): fp16/bf16 on tensor cores (WMMA 16x16x16 on the ``b x c`` tiles, fp32 accumulators; one
   shared-memory stage, or two with cp.async loads overlapping the mma), fp32 on CUDA cores (register-tiled FMA);
-  tile rows picked per pattern by :func:`pick_tile`. float64 runs the reference on
+  tile rows and pipelining picked per pattern by :func:`pick_variant` (a measured table once the benchmark has
+  run, else the a-priori :func:`pick_tile`). float64 runs the reference on
   the GPU. The extension (``prunekit_ks`` operator namespace) is built on first CUDA use into
   ``build.cache_root()`` in a folder keyed by the sources' sha256, torch and CUDA versions and target archs (the
   same scheme as ``build.py``, whose helpers it uses read-only).
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 from . import build, ks_reference, ops, reference
-from .layout import new_spmm_output
+from .layout import new_spmm_output, transposed_io
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,17 @@ NAMESPACE = "prunekit_ks"
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TILE_ROWS = (64, 128)  # rows of b per CTA the tensor-core kernel is instantiated for (columns of N: 128)
 # One shared-memory stage by default: the simpler variant. Neither variant has run on a GPU yet (issue 8: the device
-# budget was spent); benchmarks/ks.py times both (and both tile sizes) and checks each against float64, and the
-# defaults here should follow its results.
+# budget was spent); benchmarks/ks.py times both (and both tile sizes) and checks each against float64, and
+# benchmarks/ks_report.py derives MEASURED_VARIANTS from its results.
 PIPELINED_DEFAULT = False
+# Measured (tile rows, pipelined) per variant_key(), derived by ``benchmarks/ks_report.py`` (the variant with the
+# smallest geometric-mean time ratio to the per-pattern fastest variant, fp16 rows) from MEASURED_SOURCE. Empty
+# until the benchmark has run on a GPU (it has not yet): pick_variant() then falls back to the a-priori rule
+# (pick_tile, PIPELINED_DEFAULT). Keys the table lacks fall back the same way.
+MEASURED_VARIANTS: dict[tuple[str, str, str, str], tuple[int, bool]] = {}
+MEASURED_SOURCE: str | None = None
 
-__all__ = ["ks_mm", "ks_chain_mm", "ks_mm_cuda", "load", "is_loaded", "pick_tile"]
+__all__ = ["ks_mm", "ks_chain_mm", "ks_mm_cuda", "load", "is_loaded", "pick_tile", "pick_variant", "variant_key"]
 
 
 def pick_tile(b: int, c: int, dtype: torch.dtype) -> int:
@@ -56,6 +63,31 @@ def pick_tile(b: int, c: int, dtype: torch.dtype) -> int:
     if dtype == torch.float32:
         return 128
     return 128 if b % 128 == 0 else 64
+
+
+def variant_key(b: int, c: int, d: int, batch_first: bool) -> tuple[str, str, str, str]:
+    """Class of a pattern for the measured variant table: ``(layout, b class, c class, d class)``.
+
+    ``layout``: ``"batch_first"`` | ``"batch_last"``; b: ``"b%128"`` (a multiple of 128: 128-row tiles waste
+    nothing), ``"b<=64"`` or ``"b>64"``; c: ``"c<=64"``, ``"c<=256"`` or ``"c>256"`` (k-steps of 32 per tile, the
+    pipelined variant's overlap needs several); d: ``"d=1"`` or ``"d>1"`` (batch-first gathers X at stride d).
+    """
+    b_class = "b%128" if b % 128 == 0 else ("b<=64" if b <= 64 else "b>64")
+    c_class = "c<=64" if c <= 64 else ("c<=256" if c <= 256 else "c>256")
+    return ("batch_first" if batch_first else "batch_last", b_class, c_class, "d=1" if d == 1 else "d>1")
+
+
+def pick_variant(b: int, c: int, d: int, dtype: torch.dtype, batch_first: bool = False) -> tuple[int, bool]:
+    """``(tile_rows, pipelined)`` for a pattern: the measured table :data:`MEASURED_VARIANTS` when it has the
+    pattern's :func:`variant_key`, else the a-priori rule ``(pick_tile(b, c, dtype), PIPELINED_DEFAULT)``.
+    fp32 (CUDA cores) has one variant: ``(128, False)``.
+    """
+    if dtype == torch.float32:
+        return 128, False
+    measured = MEASURED_VARIANTS.get(variant_key(b, c, d, batch_first))
+    if measured is not None:
+        return int(measured[0]), bool(measured[1])
+    return pick_tile(b, c, dtype), PIPELINED_DEFAULT
 
 
 EXTENSION = build.Extension(
@@ -107,8 +139,8 @@ def ks_mm_cuda(
         blocks: ``(a, d, b, c)`` fp16/bf16 (tensor cores) or fp32 (CUDA cores), same dtype as ``x`` (else the
             reference runs on the GPU); x: ``(a*c*d, N)`` any strides (read in place); bias: ``(a*b*d,)`` or None;
             activation: ``"none"`` | ``"relu"``; out: optional ``(a*b*d, N)`` output of ``x``'s dtype, any strides;
-            tile_rows: override :func:`pick_tile` (64 or 128; fp16/bf16 only); pipelined: two shared-memory stages
-            with cp.async (default :data:`PIPELINED_DEFAULT`; fp16/bf16 only).
+            tile_rows: override :func:`pick_variant`'s tile (64 or 128; fp16/bf16 only); pipelined: two
+            shared-memory stages with cp.async (default: :func:`pick_variant`'s; fp16/bf16 only).
 
     Returns:
         ``Y`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` unless ``out`` is given.
@@ -130,12 +162,13 @@ def ks_mm_cuda(
         return y
     if c == 0:
         return y.copy_(ks_reference.ks_mm(blocks, x, bias, activation))
-    tile = tile_rows or pick_tile(b, c, x.dtype)
+    auto_tile, auto_pipe = pick_variant(b, c, d, x.dtype, transposed_io(x))
+    tile = tile_rows or auto_tile
     if tile not in TILE_ROWS:
         raise ValueError(f"tile_rows must be one of {TILE_ROWS}, got {tile}")
     if bias is not None:
         bias = bias.to(dtype=x.dtype).contiguous()
-    pipe = PIPELINED_DEFAULT if pipelined is None else bool(pipelined)
+    pipe = auto_pipe if pipelined is None else bool(pipelined)
     torch.ops.prunekit_ks.ks_mm_out(blocks.contiguous(), x, y, bias, activation == "relu", tile, int(pipe))
     return y
 
