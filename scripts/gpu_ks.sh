@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Issue 8 (Kronecker-sparse ks_mm) on the GPU machine, one subcommand per device call (each well under 10 minutes).
+# Logs and JSON go to $OUT (or ./out); part JSONs also stay in the git-ignored .carry/ks-results/ (kept on a warm
+# machine between calls, so a part cut by its time budget continues with the same command: --resume).
+#
+#   scripts/gpu_ks.sh build          # prunekit_ks extension + the authors' extension (.carry/ksmm -> .carry/ksmm-build)
+#   scripts/gpu_ks.sh test           # CUDA + CPU ks tests, compute-sanitizer memcheck of small cases
+#   scripts/gpu_ks.sh bench I [K]    # part I of K (default K=4) of benchmarks/ks.py, ~6 min estimated each
+#   scripts/gpu_ks.sh report         # merge the parts in .carry/ks-results -> JSON, PNG, Markdown (+ variant table)
+#
+# Needs (carried, git-ignored): .carry/ks/ks_patterns.txt (the paper's list, for the subsample check) and
+# .carry/ksmm/ (the authors' sources, docs/KRONECKER.md says how to recreate it). Run from the repository root.
+set -uo pipefail
+MODE=${1:-}
+shift || true
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT" .carry/ks-results
+export OUT
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
+export PRUNEKIT_CUDA_ARCHS=${PRUNEKIT_CUDA_ARCHS:-90}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-16}
+DATE=$(date -u +%Y-%m-%d)
+step() { echo "=== $* ($(date -u +%H:%M:%S))"; }
+dev() { python3 -c "import torch; n=torch.cuda.get_device_name(0).lower(); print('h100' if 'h100' in n else 'h200' if 'h200' in n else n.replace(' ', '-'))"; }
+
+case "$MODE" in
+build)
+  step carried inputs
+  sha256sum .carry/ks/ks_patterns.txt 2>&1 | tee "$OUT/ks-build.log"
+  grep -m1 sha256 benchmarks/ks_subsample.txt | tee -a "$OUT/ks-build.log"
+  ls .carry/ksmm 2>&1 | tr '\n' ' ' | tee -a "$OUT/ks-build.log"; echo
+  step prunekit_ks build
+  timeout 300 python3 -c "
+import logging, time; logging.basicConfig(level=logging.INFO)
+import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))
+from prunekit.kernels import ks
+t = time.time(); print(ks.load(verbose=False), f'{time.time() - t:.1f}s')
+" >> "$OUT/ks-build.log" 2>&1
+  echo "prunekit_ks build exit code $?"; tail -3 "$OUT/ks-build.log"
+  step authors build
+  # ninja is incremental: if this is cut by the timeout, the same command continues the build.
+  timeout 420 python3 benchmarks/ks.py --build-authors-only >> "$OUT/ks-build.log" 2>&1
+  echo "authors build exit code $?"; tail -2 "$OUT/ks-build.log"
+  ;;
+test)
+  step tests
+  timeout 300 python3 -m pytest -q --maxfail=5 -p no:cacheprovider tests/kernels/test_ks_mm.py \
+    tests/kernels/test_ks_tiling.py tests/kernels/test_ks_bench.py tests/formats/test_ks.py \
+    > "$OUT/ks-tests.log" 2>&1
+  echo "pytest exit code $?"; tail -15 "$OUT/ks-tests.log"
+  step compute-sanitizer memcheck
+  cat > /tmp/sanitize_ks.py <<'PY'
+import torch
+from prunekit.kernels import ks
+from prunekit.kernels.layout import new_spmm_output
+for dtype in (torch.float16, torch.bfloat16, torch.float32):
+    for a, b, c, d in ((1, 1, 1, 1), (2, 3, 5, 7), (3, 130, 70, 2), (1, 64, 48, 1), (2, 128, 96, 1)):
+        blocks = torch.randn(a, d, b, c, device="cuda").to(dtype)
+        bias = torch.randn(a * b * d, device="cuda").to(dtype)
+        for n in (1, 37, 136):
+            x2d = torch.randn(n, a * c * d, device="cuda").to(dtype)
+            for x in (x2d.t(), x2d.t().contiguous()):
+                variants = [(128, False)] if dtype == torch.float32 else [(t, p) for t in ks.TILE_ROWS for p in (False, True)]
+                for tile, pipe in variants:
+                    ks.ks_mm_cuda(blocks, x, bias, "relu", tile_rows=tile, pipelined=pipe)
+torch.cuda.synchronize()
+print("sanitize cases ran")
+PY
+  timeout 200 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 python3 /tmp/sanitize_ks.py \
+    > "$OUT/ks-memcheck.log" 2>&1
+  echo "compute-sanitizer exit code $?" | tee -a "$OUT/ks-memcheck.log"; grep -E "ERROR SUMMARY|ran" "$OUT/ks-memcheck.log" | tail -3
+  ;;
+bench)
+  PART=${1:?usage: gpu_ks.sh bench I [K]}
+  PARTS=${2:-4}
+  NAME=ks-$(dev)-$DATE-part${PART}of${PARTS}
+  step "benchmark part $PART/$PARTS"
+  timeout 585 python3 benchmarks/ks.py --part "$PART/$PARTS" --resume --budget-s 470 \
+    --out ".carry/ks-results/$NAME.json" > "$OUT/$NAME.log" 2>&1
+  echo "benchmark exit code $?"; tail -4 "$OUT/$NAME.log"
+  cp ".carry/ks-results/$NAME.json" "$OUT/" 2>/dev/null
+  ;;
+report)
+  step report
+  NAME=ks-$(dev)-$DATE
+  python3 benchmarks/ks_report.py .carry/ks-results/ks-*-part*of*.json --merged "$OUT/$NAME.json" \
+    --png "$OUT/$NAME.png" --markdown "$OUT/$NAME.md" > "$OUT/ks-report.log" 2>&1
+  echo "report exit code $?"; head -12 "$OUT/$NAME.md"
+  ;;
+*)
+  sed -n 2,13p "$0"; exit 2
+  ;;
+esac
