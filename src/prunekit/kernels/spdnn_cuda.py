@@ -34,7 +34,7 @@ EXTENSION = Extension(
     csrc_dir=CSRC_DIR,
     sources=SOURCES,
     probe="chain",
-    description="fused SpDNN kernel",
+    description="fused SpDNN kernels",
     prebuilt=False,  # benchmark/challenge kernel: never shipped in an exported package
 )
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# First call of a GPU session: build every prunekit CUDA library at once, then run every GPU test file in its own
+# process (a crash such as an illegal instruction in one file cannot hide the others), and write a one-line-per-file
+# summary. Fits one 10-minute device call; the per-issue scripts (gpu_run.sh, gpu_structured.sh, gpu_ks.sh,
+# gpu_spdnn.sh, gpu_finetune.sh) then benchmark on the warm machine, whose kernel cache they share.
+#
+#   bash scripts/gpu_session.sh [build|tests|all]        (default all)
+#
+# Outputs in $OUT (default ./out): build-<namespace>.log, tests-<file>.log, summary.txt, and prebuilt/*.so (the built
+# libraries, named by their build keys: carry them back in a later call as .carry/prebuilt with
+# PRUNEKIT_KERNEL_PREBUILT=$PWD/.carry/prebuilt to skip the build on a fresh machine).
+# Run from the repository root on a machine with a CUDA GPU, nvcc and ninja (no install needed: PYTHONPATH=src).
+set -uo pipefail
+MODE=${1:-all}
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT/prebuilt"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
+export MAX_JOBS=${MAX_JOBS:-4}  # per library; the libraries build in parallel
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+step() { echo "=== $* ($(date -u +%H:%M:%S))"; }
+
+if [[ $MODE == all || $MODE == build ]]; then
+  step build every extension in parallel
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$SUMMARY"
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$SUMMARY"
+  namespaces=$(python3 -c "from prunekit.kernels import build; print(' '.join(e.namespace for e in build.extensions()))")
+  pids=()
+  for ns in $namespaces; do
+    python3 - "$ns" "$OUT/prebuilt" > "$OUT/build-$ns.log" 2>&1 <<'PY' &
+import logging, shutil, sys, time
+from pathlib import Path
+logging.basicConfig(level=logging.INFO)
+from prunekit.kernels import build
+ext = next(e for e in build.extensions() if e.namespace == sys.argv[1])
+start = time.time()
+try:
+    path = build.load_extension(ext, verbose=True)
+except Exception as exc:
+    print(f"BUILD FAILED {ext.namespace}: {exc}")
+    raise SystemExit(1)
+print(f"built {ext.namespace} in {time.time() - start:.0f} s: {path}")
+if path is not None and Path(path).is_file() and ext.prebuilt:
+    shutil.copy2(path, Path(sys.argv[2]) / Path(path).name)
+    print(f"copied {Path(path).stat().st_size} bytes")
+PY
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  for ns in $namespaces; do
+    line=$(grep -E "^(built|BUILD FAILED)" "$OUT/build-$ns.log" | tail -1)
+    size=$(grep -E "^copied" "$OUT/build-$ns.log" | tail -1)
+    echo "build $ns: ${line:-no result (see build-$ns.log)} ${size}" | tee -a "$SUMMARY"
+  done
+fi
+
+if [[ $MODE == all || $MODE == tests ]]; then
+  step GPU test files, one process each
+  files=$(grep -l "pytest.mark.cuda\|cuda_only\|requires_cuda\|torch.cuda.is_available" -r tests --include="test_*.py" | sort)
+  deadline=$(( SECONDS + ${TEST_BUDGET_S:-420} ))
+  for f in $files; do
+    name=$(basename "$f" .py)
+    if (( SECONDS >= deadline )); then
+      echo "tests $f: skipped (TEST_BUDGET_S spent)" | tee -a "$SUMMARY"
+      continue
+    fi
+    start=$(date +%s)
+    timeout $(( deadline - SECONDS > 30 ? deadline - SECONDS : 30 )) python3 -m pytest -q -p no:cacheprovider --maxfail=10 "$f" > "$OUT/tests-$name.log" 2>&1
+    rc=$?
+    tail_line=$(grep -E "passed|failed|error|skipped" "$OUT/tests-$name.log" | tail -1)
+    echo "tests $f: rc=$rc $(( $(date +%s) - start ))s ${tail_line}" | tee -a "$SUMMARY"
+  done
+fi
+step done
