@@ -19,6 +19,8 @@ export PYTHONUNBUFFERED=1
 export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
 export PRUNEKIT_CUDA_ARCHS=${PRUNEKIT_CUDA_ARCHS:-90}  # compiled as sm_90a for the structured library (wgmma)
 export MAX_JOBS=${MAX_JOBS:-16}
+# exercise the C++ eager entries (off by default until they have passed here; kernels/structured.py EAGER_CPP_DEFAULT)
+export PRUNEKIT_STRUCTURED_CPP=${PRUNEKIT_STRUCTURED_CPP:-1}
 DATE=$(date -u +%Y-%m-%d)
 DEV=$(python3 -c "import torch; n=torch.cuda.get_device_name(0).lower(); print('h100' if 'h100' in n else 'h200' if 'h200' in n else n.replace(' ', '-'))")
 step() { echo "=== $* ($(date -u +%H:%M:%S))"; }

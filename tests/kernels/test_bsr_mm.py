@@ -290,8 +290,9 @@ def test_bsr_wgmma_matches_float64(dtype, c, mode):
 @pytest.mark.cuda
 @pytest.mark.parametrize("variant", ["mma", "wgmma"])
 @pytest.mark.parametrize(("r", "c"), [(16, 16), (32, 64), (64, 32), (64, 64)])
-def test_bsr_eager_entry_matches_float64_and_layout_rule(variant, r, c):
+def test_bsr_eager_entry_matches_float64_and_layout_rule(variant, r, c, monkeypatch):
     """prunekit_structured::bsr_mm (the runtime's eager call): output strides by layout.py, X copied when needed."""
+    monkeypatch.setenv(structured.EAGER_CPP_ENV, "1")
     if variant == "wgmma" and not (structured.wgmma_available() and (r, c) in structured.WGMMA_BLOCKS):
         pytest.skip("wgmma variant not available for this GPU/build/block")
     from prunekit.kernels.layout import new_spmm_output
@@ -327,7 +328,8 @@ def test_plan_tile_n_cpp_matches_python():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("static", [True, False])
-def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static):
+def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch):
+    monkeypatch.setenv(structured.EAGER_CPP_ENV, "1")
     from prunekit.deploy.runtime.sparse_linear import SparseLinear
 
     dense = block_sparse_weight(256, 192, 32, 32, 0.5, torch.float16, seed=7, heavy_rows=1)

@@ -109,6 +109,7 @@ def test_opcheck_nm24_cuda():
 @pytest.mark.cuda
 @pytest.mark.parametrize("output", ["row", "col"])
 def test_sparse_linear_eager_24_through_the_binding_both_output_layouts(output, monkeypatch):
+    monkeypatch.setenv(structured.EAGER_CPP_ENV, "1")
     """The runtime's eager 2:4 call (prunekit_cslt::linear) in both cuSPARSELt output layouts, odd token counts."""
     if not structured.cusparselt_available():
         pytest.skip("this torch has no cuSPARSELt")

@@ -68,7 +68,13 @@ BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and t
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
 CSLT_BACKEND_ENV = "PRUNEKIT_CSLT_BACKEND"  # "torch" forces torch._cslt_sparse_mm instead of prunekit's own binding
 CSLT_OUTPUT_ENV = "PRUNEKIT_CSLT_OUTPUT"  # the binding's output layout, "row" (default) or "col"
-CSLT_DEFAULT_OUTPUT = "row"  # a-priori choice (docs/PERFORMANCE_STRUCTURED.md, "2:4"); to be set by the nm benchmark
+# The measured layout stays the default until the row-major output has run on a GPU (docs/PERFORMANCE_STRUCTURED.md,
+# "2:4": row is the a-priori favourite); the nm benchmark times both and sets this.
+CSLT_DEFAULT_OUTPUT = "col"
+# The C++ eager entries (prunekit_structured::bsr_mm, prunekit_cslt::linear) have not run on a GPU yet: until they
+# have passed there, CUDA calls keep the measured Python launch path unless $PRUNEKIT_STRUCTURED_CPP=1.
+EAGER_CPP_ENV = "PRUNEKIT_STRUCTURED_CPP"
+EAGER_CPP_DEFAULT = False
 CUSPARSELT_DIR_ENV = "PRUNEKIT_CUSPARSELT_DIR"  # folder holding include/cusparseLt.h and lib/libcusparseLt.so.0
 CSLT_ALIGN_N = 16  # cuSPARSELt's dense operand: N padded to a multiple of 16 (torch pads the same way)
 CSLT_ALIGN_MK = (32, 64)  # M and K the 2:4 path takes (cuSPARSELt fp16/bf16 structured-operand alignment)
@@ -551,10 +557,17 @@ def nm_mm_cuda(
 _wgmma_state: bool | None = None  # wgmma_available(), asked once
 
 
+def eager_cpp_enabled() -> bool:
+    """Whether CUDA calls take the C++ eager entries: ``$PRUNEKIT_STRUCTURED_CPP`` (``1``/``0``), else
+    :data:`EAGER_CPP_DEFAULT` (False until they have run on a GPU)."""
+    env = os.environ.get(EAGER_CPP_ENV)
+    return EAGER_CPP_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+
+
 def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None = None) -> int | None:
     """Variant number (:data:`VARIANTS`) for the C++ eager entry ``prunekit_structured::bsr_mm`` when the tensor-core
     kernels take ``blocks`` and ``x`` (loading the library on first use), or None when :func:`bsr_mm_cuda` must run
-    (reference shapes/dtypes, empty K). The runtime asks once per layer and dtype; ``"wgmma"`` falls back to
+    (reference shapes/dtypes, empty K, or :func:`eager_cpp_enabled` False). The runtime asks once per layer and dtype; ``"wgmma"`` falls back to
     ``"mma"`` (with a warning) for block shapes or GPUs it does not take.
 
     Raises:
@@ -562,7 +575,7 @@ def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None
     """
     global _wgmma_state
     name = bsr_variant(variant)
-    if not kernel_supports_bsr(blocks, x) or x.dim() != 2 or x.shape[0] == 0:
+    if not eager_cpp_enabled() or not kernel_supports_bsr(blocks, x) or x.dim() != 2 or x.shape[0] == 0:
         return None
     if not is_loaded():
         load()
@@ -602,7 +615,7 @@ def bsr_mm_eager(
 def eager_nm24_output(values: torch.Tensor, x: torch.Tensor, n: int, m_group: int) -> bool | None:
     """For the runtime's eager 2:4 call: True (row-major binding output) / False (column-major) when prunekit's
     cuSPARSELt binding takes ``values`` and ``x``, or None when :func:`nm_mm_cuda` must run. Asked once per layer."""
-    if x.dim() != 2 or not nm24_fast(values, x, n, m_group) or not native_cslt_available():
+    if not eager_cpp_enabled() or x.dim() != 2 or not nm24_fast(values, x, n, m_group) or not native_cslt_available():
         return None
     return cslt_output() == "row"
 
