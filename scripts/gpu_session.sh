@@ -17,6 +17,7 @@ mkdir -p "$OUT/prebuilt"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
+export PRUNEKIT_CUDA_ARCHS=${PRUNEKIT_CUDA_ARCHS:-90}  # the H100/H200 only: half the build time (sm_80 is compile-checked by scripts/compile_check.py)
 export MAX_JOBS=${MAX_JOBS:-4}  # per library; the libraries build in parallel
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
