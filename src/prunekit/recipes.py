@@ -140,6 +140,14 @@ class LRSchedule(_Strict):
 
 
 class Finetune(_Strict):
+    """Fine-tuning: ``steps`` optimizer steps on batches of ``batch_size`` texts of at most ``max_length`` tokens.
+
+    ``precision`` picks automatic mixed precision (Micikevicius et al. 2018, "Mixed Precision
+    Training"): ``auto`` is bfloat16 autocast on CUDA and float32 on the CPU; ``bf16`` / ``fp16``
+    autocast on any device (``fp16`` adds a dynamic loss scaler, ``torch.amp.GradScaler``);
+    ``fp32`` turns autocast off. Weights, optimizer state and masks stay float32 in every mode.
+    """
+
     steps: int = Field(ge=0)
     batch_size: int = Field(16, ge=1)
     max_length: int = Field(128, ge=8)
@@ -148,6 +156,7 @@ class Finetune(_Strict):
     grad_clip: float | None = Field(1.0, gt=0)
     optimizer: Optimizer = Field(default_factory=Optimizer)
     lr_schedule: LRSchedule = Field(default_factory=LRSchedule)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
 
 
 class Distillation(_Strict):

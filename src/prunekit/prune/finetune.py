@@ -15,13 +15,23 @@
   states are written atomically to ``OUTPUT.state/state.pt``; ``resume=True`` continues from
   there. Batches are a pure function of (seed, step), so a resumed run is bit-identical to an
   uninterrupted one on the CPU.
-- AMP (bfloat16 autocast) on CUDA. Several GPUs: launch with ``torchrun --nproc-per-node N``;
-  each rank runs a DDP replica on its share of every batch and rank 0 writes states and output
-  (this path has not been run in CI, which has no GPU).
+- Mixed precision (Micikevicius et al. 2018): ``finetune.precision`` ``auto`` autocasts to
+  bfloat16 on CUDA (float32 on the CPU); ``fp16`` adds dynamic loss scaling (``GradScaler``).
+  Weights, optimizer state and masks stay float32; masks are re-applied to the float32 weights
+  after every step.
+- Several processes (PyTorch DDP, Li et al. 2020, "PyTorch Distributed"): launched by
+  ``torchrun --nproc-per-node N``, each rank takes the GPU ``LOCAL_RANK`` (or the CPU with gloo),
+  trains a DistributedDataParallel replica on a disjoint, deterministic share of every global
+  batch (rank r takes texts r, r + N, ... of it), recomputes the GMP masks like every other rank
+  and takes rank 0's masks (broadcast), and checks at the end that every replica holds the same
+  weights and masks. Rank 0 alone writes training states and the output; ``resume`` works the
+  same, each rank restoring its own RNG state. CI runs this path on the CPU (gloo, 2 processes);
+  NCCL on several GPUs has not been run yet.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -45,7 +55,7 @@ from .criteria import magnitude
 from .patterns import Pattern
 from .select import select_tensors
 
-__all__ = ["FinetuneResult", "finetune_checkpoint", "state_path", "recipe_targets"]
+__all__ = ["FinetuneResult", "finetune_checkpoint", "state_path", "recipe_targets", "rank_share"]
 
 log = logging.getLogger(__name__)
 StepProgress = Callable[[int, int, float], None]
@@ -59,6 +69,11 @@ class FinetuneResult:
     Attributes:
         losses: training loss per step run in this call (float, the recipe's loss).
         resumed_from: the step the run resumed from, or None.
+        pruned, skipped: what the output holds (filled on rank 0, the rank that writes it).
+        rank, world_size: this process' rank and the number of processes (0 and 1 without torchrun).
+        precision: the autocast dtype used (``bf16`` | ``fp16``), or ``fp32`` without autocast.
+        replica_digest: sha256 of this rank's trained weights and masks after the last step, set
+            under torchrun only (equal on every rank, or the run raises).
     """
 
     output: Path
@@ -68,6 +83,10 @@ class FinetuneResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     resumed_from: int | None = None
     elapsed_s: float = 0.0
+    rank: int = 0
+    world_size: int = 1
+    precision: str = "fp32"
+    replica_digest: str | None = None
 
 
 def state_path(output: str | Path) -> Path:
@@ -117,11 +136,115 @@ def _lr_lambda(recipe: Recipe, steps: int) -> Callable[[int], float]:
 def _batch_indices(step: int, batch_size: int, n_texts: int, seed: int) -> list[int]:
     """Indices of the texts of ``step``: consecutive slices of per-epoch permutations (pure function of step)."""
     out = []
+    perms: dict[int, torch.Tensor] = {}
     for pos in range(step * batch_size, (step + 1) * batch_size):
         epoch, i = divmod(pos, n_texts)
-        perm = torch.randperm(n_texts, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        out.append(int(perm[i]))
+        if epoch not in perms:
+            perms[epoch] = torch.randperm(n_texts, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        out.append(int(perms[epoch][i]))
     return out
+
+
+def rank_share(indices: list[int], rank: int, world_size: int) -> list[int]:
+    """The texts of a global batch that one DDP rank trains on: positions ``rank, rank + world_size, ...``.
+
+    The shares of all ranks are disjoint and together are the whole batch (when ``world_size``
+    divides its length, every share has the same size, so DDP's mean of per-rank gradients is the
+    gradient of the batch-mean loss).
+    """
+    return indices[rank::world_size]
+
+
+def _amp_dtype(precision: str, dev: torch.device) -> torch.dtype | None:
+    """The autocast dtype of a recipe's ``precision`` on ``dev`` (None: no autocast, float32).
+
+    Raises:
+        PrunekitError: ``bf16`` on a GPU without bfloat16 support.
+    """
+    dtype = {"auto": torch.bfloat16 if dev.type == "cuda" else None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    amp = dtype.get(precision)
+    if amp is torch.bfloat16 and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise PrunekitError(f"{torch.cuda.get_device_name(dev)} has no bfloat16: use --precision fp16 or fp32")
+    return amp
+
+
+@dataclass(frozen=True)
+class _Ranks:
+    """This process' place among the DDP processes (rank 0 of 1 without torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    owns_group: bool = False  # this call initialised the process group, so it destroys it
+
+
+def _setup_distributed(device: str | None) -> tuple[torch.device, _Ranks]:
+    """Pick the device and, under torchrun (``WORLD_SIZE`` > 1), join the process group.
+
+    Each rank takes GPU ``LOCAL_RANK`` (nccl), or the CPU when ``device`` is ``cpu`` or there is
+    no GPU (gloo). A process group initialised by the caller is used as it is.
+
+    Raises:
+        PrunekitError: ``device`` is cuda without a GPU, or a rank has no GPU of its own.
+    """
+    import torch.distributed as dist
+
+    wanted = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if wanted.type == "cuda" and not torch.cuda.is_available():
+        raise PrunekitError("--device cuda, but torch sees no GPU")
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return wanted, _Ranks()
+    if wanted.type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank >= torch.cuda.device_count():
+            raise PrunekitError(
+                f"LOCAL_RANK {local_rank} but {torch.cuda.device_count()} GPU(s): start at most one process per GPU"
+            )
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    owns = False
+    if not dist.is_initialized():
+        if dev.type == "cuda":
+            dist.init_process_group("nccl", device_id=dev)
+        else:
+            dist.init_process_group("gloo")
+        owns = True
+    return dev, _Ranks(dist.get_rank(), dist.get_world_size(), owns)
+
+
+def _broadcast_masks(masks: dict[str, torch.Tensor], dev: torch.device) -> None:
+    """Replace every rank's masks by rank 0's (same keys on every rank; sent as uint8)."""
+    import torch.distributed as dist
+
+    for name in sorted(masks):
+        buf = masks[name].to(device=dev, dtype=torch.uint8).contiguous()
+        dist.broadcast(buf, src=0)
+        masks[name] = buf.bool()
+
+
+def _apply_masks(modules: dict[str, nn.Linear], masks: dict[str, torch.Tensor]) -> None:
+    """Zero every pruned weight (in the weight's own dtype, float32 during training)."""
+    with torch.no_grad():
+        for name, module in modules.items():
+            if name in masks:
+                module.weight.mul_(masks[name].to(module.weight.dtype))
+
+
+def _replica_digest(student: nn.Module, masks: dict[str, torch.Tensor]) -> str:
+    """sha256 of every tensor of the student's state dict and of every mask (names included)."""
+    digest = hashlib.sha256()
+    tensors = {
+        **{f"model:{k}": v for k, v in student.state_dict().items()},
+        **{f"mask:{k}": v for k, v in masks.items()},
+    }
+    for name in sorted(tensors):
+        value = tensors[name].detach().cpu().contiguous()
+        digest.update(name.encode())
+        digest.update(str(value.dtype).encode())
+        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 class _Loss:
@@ -220,8 +343,13 @@ def finetune_checkpoint(
     teacher: str | Path | None = None,
     device: str | None = None,
     progress: StepProgress | None = None,
+    precision: str | None = None,
 ) -> FinetuneResult:
     """Prune an HF checkpoint by a recipe, fine-tune it with exact masks, and write it like ``prune``.
+
+    Under torchrun (``WORLD_SIZE`` > 1) every rank calls this function with the same arguments:
+    each trains a DDP replica on its share of every batch (see :func:`rank_share`); rank 0 writes
+    the training states and the output.
 
     Args:
         checkpoint: Hugging Face model directory (dense, or already pruned by ``prunekit prune``).
@@ -235,39 +363,52 @@ def finetune_checkpoint(
             scaled by the same factor.
         teacher: dense teacher directory (default: the pruned checkpoint's sidecar source when it
             exists, else ``checkpoint`` itself).
-        device: ``cuda`` | ``cpu`` (default: cuda when available); under torchrun, each rank's GPU.
-        progress: ``(step_done, total_steps, loss)`` after every step.
+        device: ``cuda`` | ``cpu`` (default: cuda when available); under torchrun, each rank's GPU
+            ``LOCAL_RANK`` (nccl), or the CPU (gloo) when ``cpu`` or without GPUs.
+        progress: ``(step_done, total_steps, loss)`` after every step, on every rank (the loss is
+            the mean over ranks); the CLI shows it on rank 0 only.
+        precision: override ``finetune.precision`` (``auto`` | ``bf16`` | ``fp16`` | ``fp32``).
 
     Raises:
         PrunekitError: not an HF directory, a state written for another recipe, a loss the model
-            cannot produce. RecipeError: unknown/invalid recipe. DataError: bad data file.
+            cannot produce, a batch size that the processes cannot split evenly, DDP replicas that
+            diverged. RecipeError: unknown/invalid recipe. DataError: bad data file.
         OutputExistsError: output exists without ``overwrite``.
     """
-    import torch.distributed as dist
-
-    from ..data import DataError, calibration_texts, load_texts
-
     started = time.perf_counter()
     checkpoint, output = Path(checkpoint), Path(output)
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     if steps is not None:
         recipe = _scaled(recipe, steps)
+    if precision is not None:
+        recipe = _with_precision(recipe, precision)
     check_output(output, overwrite, inputs=(checkpoint,))
     ckpt = open_checkpoint(checkpoint)
     if ckpt.kind != "hf":
         raise PrunekitError(
             f"finetune needs a Hugging Face model directory (it trains the model); {checkpoint} is a {ckpt.kind} checkpoint"
         )
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    if world > 1 and torch.cuda.is_available():
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(dev)
-    else:
-        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev, ranks = _setup_distributed(device)
+    try:
+        return _finetune(
+            ckpt, checkpoint, recipe, output, data, resume, overwrite, teacher, dev, ranks, progress, started
+        )
+    finally:
+        if ranks.owns_group:
+            import torch.distributed as dist
 
+            dist.destroy_process_group()
+
+
+def _finetune(
+    ckpt, checkpoint, recipe, output, data, resume, overwrite, teacher, dev, ranks, progress, started
+) -> FinetuneResult:
+    """The body of :func:`finetune_checkpoint` once the device and the process group are set up."""
+    import torch.distributed as dist
+
+    from ..data import DataError, calibration_texts, load_texts
+
+    rank, world = ranks.rank, ranks.world_size
     prune_record = PruneResult(output)
     tensor_specs = recipe_targets(ckpt, recipe, prune_record)
     student = build_hf_model(checkpoint)
@@ -289,6 +430,7 @@ def finetune_checkpoint(
         raise DataError("no training texts")
     if ft is not None and world > 1 and ft.batch_size % world:
         raise PrunekitError(f"batch size {ft.batch_size} does not split over {world} processes (torchrun)")
+    amp_dtype = _amp_dtype(ft.precision, dev) if ft is not None else None
     state_file = state_path(output)
     state = None
     if resume and state_file.is_file():
@@ -308,6 +450,9 @@ def finetune_checkpoint(
         masks = prune_model(student, specs, recipe.prune.method, batches, dev)
     student.to(dev)
     masks = {n: m.to(dev) for n, m in masks.items()}
+    if world > 1 and masks:  # rank 0's masks everywhere (DDP broadcasts rank 0's weights below)
+        _broadcast_masks(masks, dev)
+        _apply_masks(modules, masks)
 
     teacher_model = None
     if recipe.distillation is not None and total > 0:
@@ -321,7 +466,14 @@ def finetune_checkpoint(
             p.requires_grad_(False)
     loss_fn = _Loss(recipe, student, teacher_model, checkpoint) if total > 0 else None
 
-    result = FinetuneResult(output, total, resumed_from=state["step"] if state else None)
+    result = FinetuneResult(
+        output,
+        total,
+        resumed_from=state["step"] if state else None,
+        rank=rank,
+        world_size=world,
+        precision={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype, "fp32"),
+    )
     start = state["step"] if state else 0
     if total > 0:
         opt_cfg = ft.optimizer
@@ -333,15 +485,22 @@ def finetune_checkpoint(
                 params, lr=opt_cfg.lr, momentum=opt_cfg.momentum, weight_decay=opt_cfg.weight_decay
             )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(recipe, total))
+        # fp16 needs loss scaling (its gradients underflow); bf16 has float32's exponent range and does not.
+        scaler = torch.amp.GradScaler(dev.type) if amp_dtype is torch.float16 else None
         if state is not None:
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
-            _set_rng_state(state["rng"], dev)
+            if scaler is not None and state.get("scaler"):
+                scaler.load_state_dict(state["scaler"])
+            _set_rng_state(_rank_rng(state, rank, world), dev)
         else:
-            torch.manual_seed(ft.seed)
+            torch.manual_seed(ft.seed + rank)  # rank 0 draws what a single process draws
         model = student
         if world > 1:
-            model = nn.parallel.DistributedDataParallel(student, device_ids=[dev.index] if dev.type == "cuda" else None)
+            # Unused parameters (e.g. BERT's pooler, outside the distillation loss) get no gradient: find them.
+            model = nn.parallel.DistributedDataParallel(
+                student, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=True
+            )
         import transformers
 
         tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
@@ -355,49 +514,109 @@ def finetune_checkpoint(
             )
             if pruning_step:
                 _gmp_masks(modules, specs, masks, lambda n, step=step: gmp_sparsity(step, sched, specs[n][1]))
-            indices = _batch_indices(step, ft.batch_size, len(texts), ft.seed)[rank::world]
+                if world > 1:
+                    _broadcast_masks(masks, dev)
+                    _apply_masks(modules, masks)
+            indices = rank_share(_batch_indices(step, ft.batch_size, len(texts), ft.seed), rank, world)
             batch = tokenizer(
                 [texts[i] for i in indices], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
             )
             batch = {k: v.to(dev) for k, v in batch.items()}
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 loss = loss_fn(model, batch)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            (scaler.scale(loss) if scaler is not None else loss).backward()
             with torch.no_grad():
                 for name, weight in weight_of.items():
                     if name in masks and weight.grad is not None:
                         weight.grad.mul_(masks[name].to(weight.grad.dtype))
+            if scaler is not None:
+                scaler.unscale_(optimizer)  # clip the true gradients
             if ft.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(params, ft.grad_clip)
-            optimizer.step()
+            if scaler is not None:
+                scaler.step(optimizer)  # skipped when a gradient is inf/NaN (same decision on every rank)
+                scaler.update()
+            else:
+                optimizer.step()
             scheduler.step()
-            with torch.no_grad():
-                for name, weight in weight_of.items():
-                    if name in masks:
-                        weight.mul_(masks[name].to(weight.dtype))
+            _apply_masks(modules, masks)  # float32 weights: AdamW's momentum/decay must not revive them
             value = float(loss.detach())
             if world > 1:
-                reduced = torch.tensor([value], device=dev)
+                reduced = torch.tensor([value], dtype=torch.float64, device=dev)
                 dist.all_reduce(reduced)
                 value = float(reduced) / world
             result.losses.append(value)
             done = step + 1
-            if done % ft.checkpoint_every == 0 and done < total and rank == 0:
-                _save_state(state_file, recipe, done, student, optimizer, scheduler, masks, dev)
+            if done % ft.checkpoint_every == 0 and done < total:
+                rngs = _gather_rng(dev, world)
+                if rank == 0:
+                    _save_state(state_file, recipe, done, student, optimizer, scheduler, scaler, masks, rngs)
             if progress:
                 progress(done, total, value)
         student.eval()
     if sched.kind == "gmp" and total <= sched.end_step:  # the final pruning step falls after the last step
         _gmp_masks(modules, specs, masks, lambda n: specs[n][1])
+        if world > 1:
+            _broadcast_masks(masks, dev)
+            _apply_masks(modules, masks)
+    if world > 1:
+        result.replica_digest = _replica_digest(student, masks)
+        digests: list[str | None] = [None] * world
+        dist.all_gather_object(digests, result.replica_digest)
+        if len(set(digests)) != 1:
+            raise PrunekitError(f"DDP replicas diverged (a bug): weight digests differ across ranks {digests}")
     if rank == 0:
         _write_output(ckpt, output, overwrite, student, specs, tensor_of, masks, recipe, prune_record, result)
         if state_file.parent.is_dir():
             shutil.rmtree(state_file.parent)
     if world > 1:
-        dist.barrier()
+        dist.barrier()  # no rank returns before the output exists
     result.elapsed_s = time.perf_counter() - started
     return result
+
+
+def _rank_rng(state: dict, rank: int, world: int) -> dict:
+    """This rank's RNG state from a training state (rank 0's, with a warning, if the world size changed)."""
+    rngs = state["rng"] if isinstance(state["rng"], list) else [state["rng"]]
+    if len(rngs) != world:
+        log.warning(
+            "the state was written by %d process(es), this run has %d: RNG states (dropout) are not restored "
+            "rank by rank, so the run is not bit-identical to an uninterrupted one",
+            len(rngs),
+            world,
+        )
+    return rngs[rank] if len(rngs) == world else rngs[0]
+
+
+def _gather_rng(dev: torch.device, world: int) -> list[dict]:
+    """Every rank's RNG state, in rank order (a collective under torchrun: every rank calls it)."""
+    mine = _rng_state(dev)
+    if world == 1:
+        return [mine]
+    import torch.distributed as dist
+
+    states: list[dict | None] = [None] * world
+    dist.all_gather_object(states, mine)
+    return states
+
+
+def _with_precision(recipe: Recipe, precision: str) -> Recipe:
+    """The recipe with ``finetune.precision`` replaced.
+
+    Raises:
+        RecipeError: an unknown precision, or a recipe without a finetune section.
+    """
+    from ..recipes import RecipeError
+
+    if recipe.finetune is None:
+        raise RecipeError(f"recipe {recipe.name} has no finetune section: --precision does not apply")
+    data = recipe.model_dump()
+    data["finetune"]["precision"] = precision
+    try:
+        return Recipe.model_validate(data)
+    except ValueError:
+        raise RecipeError(f"unknown precision {precision!r}: auto, bf16, fp16 or fp32") from None
 
 
 def _scaled(recipe: Recipe, steps: int) -> Recipe:
@@ -420,7 +639,8 @@ def _scaled(recipe: Recipe, steps: int) -> Recipe:
     return Recipe.model_validate(data)
 
 
-def _save_state(path: Path, recipe, step, student, optimizer, scheduler, masks, dev) -> None:
+def _save_state(path: Path, recipe, step, student, optimizer, scheduler, scaler, masks, rngs) -> None:
+    """Write the training state atomically; ``rngs`` holds every rank's RNG state, in rank order."""
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
         "recipe": recipe.model_dump(mode="json"),
@@ -428,8 +648,9 @@ def _save_state(path: Path, recipe, step, student, optimizer, scheduler, masks, 
         "model": {k: v.detach().cpu() for k, v in student.state_dict().items()},
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
         "masks": {n: m.cpu() for n, m in masks.items()},
-        "rng": _rng_state(dev),
+        "rng": rngs,
     }
     with atomic_path(path, overwrite=True) as tmp:
         torch.save(state, tmp)
