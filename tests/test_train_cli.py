@@ -86,6 +86,16 @@ def test_finetune_command_writes_a_pruned_model(tmp_path, tiny_bert_tok):  # noq
     assert_clean_failure(result, "already exists")
 
 
+def test_finetune_precision_option_autocasts_and_is_reported(tmp_path, tiny_bert_tok):  # noqa: F811
+    data = tmp_path / "train.txt"
+    data.write_text("\n".join(f"line {i} of training text about topic {i % 3}" for i in range(12)) + "\n")
+    args = ("finetune", tiny_bert_tok, "-r", "unstructured-90-gmp-distill", "--data", data, "--steps", "2")
+    result = invoke(*args, "-o", tmp_path / "bf16", "--device", "cpu", "--precision", "bf16")
+    assert result.exit_code == 0, result.output
+    assert "2 steps (bf16)" in result.stdout
+    assert_clean_failure(invoke(*args, "-o", tmp_path / "bad", "--precision", "fp8"), "unknown precision", tmp_path)
+
+
 def test_finetune_errors_are_one_line(tmp_path, tiny_bert_tok, mlp_safetensors):  # noqa: F811
     assert_clean_failure(
         invoke("finetune", tiny_bert_tok, "-r", "nope", "-o", tmp_path / "out"), "unknown recipe", tmp_path

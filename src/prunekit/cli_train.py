@@ -66,11 +66,25 @@ def finetune(
     ] = None,
     teacher: Annotated[Path | None, typer.Option(help="Dense teacher (default: the unpruned source).")] = None,
     device: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if present).")] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            help="Override the recipe's finetune.precision: auto (bf16 autocast on CUDA, fp32 on CPU), "
+            "bf16, fp16 (with loss scaling) or fp32."
+        ),
+    ] = None,
     overwrite: Overwrite = False,
 ) -> None:
-    """Prune by a recipe and fine-tune with exact masks (GMP, distillation); resumable; torchrun for DDP."""
+    """Prune by a recipe and fine-tune with exact masks (GMP, distillation); resumable.
+
+    Several GPUs: `torchrun --nproc-per-node N --no-python prunekit finetune ...` trains one DDP replica per
+    GPU on a share of every batch; rank 0 shows progress and writes states and the output.
+    """
+    import os
+
     from .prune.finetune import finetune_checkpoint
 
+    shown = os.environ.get("RANK", "0") == "0"
     with Progress(
         TextColumn("[bold]fine-tuning"),
         BarColumn(),
@@ -80,6 +94,7 @@ def finetune(
         TimeRemainingColumn(),
         console=err_console,
         transient=True,
+        disable=not shown,
     ) as bar:
         task = bar.add_task("finetune", total=None, loss="-")
 
@@ -87,14 +102,17 @@ def finetune(
             bar.update(task, completed=done, total=total, loss=f"{loss:.4f}")
 
         result = finetune_checkpoint(
-            checkpoint, recipe, output, data, resume, overwrite, steps, teacher, device, progress=update
+            checkpoint, recipe, output, data, resume, overwrite, steps, teacher, device, update, precision
         )
+    if result.rank != 0:
+        return
     mean = sum(t.sparsity for t in result.pruned) / max(1, len(result.pruned))
     resumed = f", resumed from step {result.resumed_from}" if result.resumed_from is not None else ""
     last = f", final loss {result.losses[-1]:.4f}" if result.losses else ""
+    ranks = f" on {result.world_size} processes" if result.world_size > 1 else ""
     console.print(
-        f"{result.steps} steps{resumed}{last}; {len(result.pruned)} tensors at mean sparsity {mean:.1%} "
-        f"in {result.elapsed_s:.1f} s -> {result.output}"
+        f"{result.steps} steps ({result.precision}{ranks}){resumed}{last}; {len(result.pruned)} tensors at mean "
+        f"sparsity {mean:.1%} in {result.elapsed_s:.1f} s -> {result.output}"
     )
 
 
