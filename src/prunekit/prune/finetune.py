@@ -497,7 +497,8 @@ def _finetune(
             torch.manual_seed(ft.seed + rank)  # rank 0 draws what a single process draws
         model = student
         if world > 1:
-            # Unused parameters (e.g. BERT's pooler, outside the distillation loss) get no gradient: find them.
+            # Parameters outside the loss (e.g. BERT's pooler) get no gradient; without find_unused_parameters
+            # DDP fails on the second step. (Its warning that it found no unused parameter is wrong here.)
             model = nn.parallel.DistributedDataParallel(
                 student, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=True
             )
