@@ -1,11 +1,15 @@
 """Tensor-core SpMM (``spmm_tc_plan.py`` + ``csrc/spmm_tc.cu``).
 
 CPU (CI): the condensed-window plan multiplied by its pure-torch emulation (fragment order decoded, gathered slot
-rows, padding, row order) against float64, plus the plan's invariants. CUDA (``@pytest.mark.cuda``): the kernel against
+rows, padding, row order) against float64, plus the plan's invariants; and ``replay_tc_kernel``, which replays the
+kernel lane by lane (swizzled staging, ldmatrix.trans row addresses, PTX fragment tables, grid, epilogue stores)
+against float64 with every output element stored exactly once. CUDA (``@pytest.mark.cuda``): the kernel against
 float64 with NaN-poisoned outputs, every tile, both X layouts, fp16/bf16, bias + ReLU.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -15,9 +19,13 @@ from prunekit.kernels.spmm_tc_plan import (
     K_CHUNK,
     K_STEP,
     WINDOW_ROWS,
+    _mma_a_coords,
+    _mma_b_coords,
+    _mma_c_coords,
     build_tc_plan,
     fragment_index,
     get_tc_plan,
+    replay_tc_kernel,
     tc_plan_matmul,
 )
 from prunekit.kernels.testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, spmm_reference64
@@ -160,6 +168,111 @@ def test_tc_plan_rejects_bad_inputs():
         _plan(c, 10, 3)
 
 
+def test_get_tc_plan_rebuilds_after_in_place_row_offsets_change():
+    m, k = 20, 64
+    dense = torch.zeros(m, k, dtype=torch.float16)
+    dense[0, :4] = 1.0
+    c = encode_csr(dense)
+    first = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+    # Move row 0's entries to row 1 in place (same values, same column indices, same pointers).
+    c["row_offsets"][1] = 0
+    second = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+    assert second is not first
+    moved = dense.roll(1, 0)
+    torch.testing.assert_close(tc_plan_matmul(second, torch.eye(k)), moved.double())
+
+
+def test_get_tc_plan_takes_inference_tensors():
+    m, k = 24, 100
+    with torch.inference_mode():
+        _, c, x2d, _ = _case(m, k, 5, 0.8, 0, torch.float16, 9)
+        plan = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+        assert get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k) is plan
+    assert plan.num_windows == 2
+
+
+# ------------------------------------------------------------------------------------ lane-by-lane kernel replay
+
+
+def test_mma_fragment_tables_are_bijections_and_fragment_index_inverts_the_a_table():
+    lane = torch.arange(32)[:, None]
+    for coords, regs, shape in ((_mma_a_coords, 8, (16, 16)), (_mma_b_coords, 4, (16, 8)), (_mma_c_coords, 4, (16, 8))):
+        row, col = coords(lane, torch.arange(regs)[None, :])
+        flat = (row * shape[1] + col).flatten()
+        assert torch.equal(flat.sort().values, torch.arange(shape[0] * shape[1])), coords.__name__
+    # PTX ISA figure values: lane 5 (groupID 1, tig 1) holds a0 at (1, 2), a3 at (9, 3), a6 at (9, 10); b2 at
+    # (k 10, n 1); c3 at (9, 3).
+    a_row, a_col = _mma_a_coords(torch.tensor(5), torch.tensor([0, 3, 6]))
+    assert a_row.tolist() == [1, 9, 9] and a_col.tolist() == [2, 3, 10]
+    assert [int(v) for v in _mma_b_coords(torch.tensor(5), torch.tensor(2))] == [10, 1]
+    assert [int(v) for v in _mma_c_coords(torch.tensor(5), torch.tensor(3))] == [9, 3]
+    # The plan's encoder (fragment_index: (row, slot) -> (lane, element)) is the inverse of the PTX A table.
+    r = torch.arange(16)
+    f_lane, f_elem = fragment_index(r[:, None].expand(16, 16), r[None, :].expand(16, 16))
+    row, col = _mma_a_coords(f_lane, f_elem)
+    assert torch.equal(row, r[:, None].expand(16, 16)) and torch.equal(col, r[None, :].expand(16, 16))
+
+
+def _check_replay(plan, dense, x, bias, activation, tile):
+    replay = replay_tc_kernel(plan, x, bias, activation, *tile)
+    assert (replay.writes == 1).all(), f"tile {tile}: some outputs stored {replay.writes.min()}..{replay.writes.max()}"
+    torch.testing.assert_close(replay.y, spmm_reference64(dense, x, bias, activation), rtol=1e-12, atol=1e-9)
+    return replay
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", range(len(SHAPES)))
+def test_tc_kernel_replay_matches_float64_and_stores_every_output_once(dtype, case):
+    m, k, n, sparsity, empty_rows = SHAPES[case]
+    tile = gpu.TC_TILES[case % len(gpu.TC_TILES)]
+    dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
+    plan = _plan(c, m, k)
+    replay = _check_replay(plan, dense, x2d.t(), bias if case % 2 else None, "relu" if case % 2 else "none", tile)
+    # Distinct rows in one bank line position serialise; equal addresses broadcast, so the replay's count is at
+    # most the plan's (which counts repeated residues).
+    assert 1.0 <= replay.wavefronts <= plan.conflict_factor + 1e-12
+
+
+@pytest.mark.parametrize("tile", gpu.TC_TILES)
+def test_tc_kernel_replay_every_tile_with_row_order_and_k_zero(tile):
+    m, k, n = 70, 530, 150  # partial last window, three chunks (last partial), N not a multiple of 8 or of NT
+    dense, c, x2d, bias = _case(m, k, n, 0.9, 18, torch.float16, 21)
+    order = torch.randperm(m, generator=torch.Generator().manual_seed(1))
+    _check_replay(_plan(c, m, k, order), dense, x2d.t(), bias, "relu", tile)
+    empty = encode_csr(torch.zeros(m, 0, dtype=torch.float16))
+    plan = build_tc_plan(empty["values"], empty["row_offsets"], empty["column_indices"], m, 0)
+    _check_replay(plan, torch.zeros(m, 0, dtype=torch.float16), torch.zeros(0, 9), bias, "relu", tile)
+
+
+def test_tc_kernel_replay_dense_weight_is_conflict_free():
+    m, k = 48, 512
+    dense, c, x2d, _ = _case(m, k, 64, 0.0, 0, torch.float16, 4)
+    assert _check_replay(_plan(c, m, k), dense, x2d.t(), None, "none", (1, 64)).wavefronts == 1.0
+
+
+def test_tc_kernel_replay_detects_register_and_gather_mixups():
+    m, k, n = 40, 300, 24
+    dense, c, x2d, bias = _case(m, k, n, 0.7, 0, torch.float16, 5)
+    plan = _plan(c, m, k)
+    ref = spmm_reference64(dense, x2d.t(), None, "none")
+    # A registers a.y and a.z swapped (rows 8-15 / k 0-7 exchanged with rows 0-7 / k 8-15).
+    swapped = plan.frag_values[:, :, [0, 1, 4, 5, 2, 3, 6, 7]].contiguous()
+    bad = replay_tc_kernel(dataclasses.replace(plan, frag_values=swapped), x2d.t())
+    assert relative_error(bad.y, ref) > 0.1
+    # ldmatrix matrices 0/1 addressed with the other half's slots (lanes 0-7 <-> 8-15).
+    halves = plan.slot_rows[:, list(range(8, 16)) + list(range(8))].contiguous()
+    bad = replay_tc_kernel(dataclasses.replace(plan, slot_rows=halves), x2d.t())
+    assert relative_error(bad.y, ref) > 0.1
+
+
+def test_tc_kernel_replay_rejects_tiles_the_kernel_cannot_have():
+    _, c, x2d, _ = _case(16, 20, 4, 0.5, 0, torch.float16, 8)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        replay_tc_kernel(_plan(c, 16, 20), x2d.t(), ntile=32)
+    with pytest.raises(ValueError, match="K = 20"):
+        replay_tc_kernel(_plan(c, 16, 20), torch.zeros(21, 4))
+
+
 def test_plan_spmm_takes_tensor_cores_only_for_16_bit_large_n(monkeypatch):
     monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
     assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float16) == gpu.SpmmPlan(
@@ -222,6 +335,10 @@ def test_tc_kernel_matches_its_cpu_emulation():
     plan = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
     emulated = tc_plan_matmul(plan, x2d.t(), bias, "relu")
     assert relative_error(y, emulated) <= TOLERANCE[torch.bfloat16]
+    tile = gpu.plan_spmm(m, k, n, c["values"].numel(), gpu._sm_count(y.device), "tc", torch.bfloat16)
+    replay = replay_tc_kernel(plan, x2d.t(), bias, "relu", tile.windows_per_warp, tile.ntile)
+    assert (replay.writes == 1).all()
+    assert relative_error(y, replay.y) <= TOLERANCE[torch.bfloat16]
 
 
 @pytest.mark.cuda

@@ -182,9 +182,10 @@ def build_tc_plan(
         pos_of_row[order] = torch.arange(m, device=device)
 
     # int32 and shifts (the window, chunk and k-step sizes are powers of two): this loop-free pass is bound by
-    # elementwise passes over the non-zeros.
-    slot_pos = rows.int() if row_order is None else pos_of_row[rows].int()  # window slot of every entry
-    cols32 = cols.int()
+    # elementwise passes over the non-zeros. The key below reaches num_segments * 256: int64 where that passes int32.
+    idx = torch.int32 if num_segments * K_CHUNK < 2**31 else torch.int64
+    slot_pos = (rows if row_order is None else pos_of_row[rows]).to(idx)  # window slot of every entry
+    cols32 = cols.to(idx)
     window_row = slot_pos & (WINDOW_ROWS - 1)
     # (segment, chunk-local column) of every entry; segment = window * num_chunks + chunk.
     key = (((slot_pos >> _WINDOW_SHIFT) * num_chunks + (cols32 >> _CHUNK_SHIFT)) << _CHUNK_SHIFT) | (
@@ -241,7 +242,12 @@ def build_tc_plan(
     )
 
 
-_CACHE_ATTR = "_prunekit_tc_plan"  # attribute on the stored values tensor: (key, plan)
+_CACHE_ATTR = "_prunekit_tc_plan"  # attribute on the stored values tensor: (key, row_offsets, column_indices, plan)
+
+
+def _version(t: torch.Tensor) -> int:
+    """``t._version``; -1 for inference tensors, which keep no version counter (reading it raises)."""
+    return -1 if t.is_inference() else t._version
 
 
 def get_tc_plan(
@@ -249,24 +255,30 @@ def get_tc_plan(
 ) -> TcPlan:
     """:func:`build_tc_plan` cached on ``values`` (rebuilt when values, indices or shape change in place or by identity).
 
-    The key holds ``values``' data pointer and version counter and the indices' data pointers, like the cuSPARSELt
-    weight cache in ``structured.py``; the plan lives as long as the stored values tensor.
+    The key holds the data pointers and version counters of ``values``, ``column_indices`` and ``row_offsets``, the
+    shape and the dtype, like the cuSPARSELt weight cache in ``structured.py``; the plan lives as long as the stored
+    values tensor. The cache entry also holds references to the two index tensors, so their memory cannot be freed
+    and reused by other indices at the same address while the entry lives (a data-pointer key alone would then
+    return a stale plan). Inference tensors (made under ``torch.inference_mode``) keep no version counter: for them
+    only identity (data pointers, shape) is checked, so an in-place edit of such a weight is not detected.
     """
     key = (
         values.data_ptr(),
-        values._version,
+        _version(values),
         column_indices.data_ptr(),
-        column_indices._version,
+        _version(column_indices),
         row_offsets.data_ptr(),
+        _version(row_offsets),
         m,
         k,
         values.dtype,
+        values.device,
     )
     hit = getattr(values, _CACHE_ATTR, None)
     if hit is not None and hit[0] == key:
-        return hit[1]
+        return hit[3]
     plan = build_tc_plan(values, row_offsets, column_indices, m, k)
-    setattr(values, _CACHE_ATTR, (key, plan))
+    setattr(values, _CACHE_ATTR, (key, row_offsets, column_indices, plan))
     return plan
 
 
@@ -311,3 +323,186 @@ def tc_plan_matmul(
     if bias is not None:
         y = y + bias.to(device=device, dtype=dtype)[:, None]
     return torch.relu(y) if activation == "relu" else y
+
+
+# ------------------------------------------------------------------------------------------------ kernel replay
+# PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" (f16 / bf16), written here as maps from
+# (lane, fragment element) to the tile's (row, col), independently of fragment_index (its inverse, which the plan
+# uses to encode): groupID = lane >> 2, threadID_in_group = lane % 4.
+KERNEL_WARPS = 8  # warps per block of spmm_tc.cu (kTcWarps)
+
+
+def _mma_a_coords(lane: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (16 x 16, row): a_i of ``lane`` is at row groupID (+ 8 for i in {2, 3, 6, 7}), col 2 * tig + (i & 1)
+    (+ 8 for i >= 4)."""
+    row = (lane >> 2) + 8 * ((i >> 1) & 1)
+    col = 2 * (lane & 3) + (i & 1) + 8 * (i >> 2)
+    return row, col
+
+
+def _mma_b_coords(lane: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """B (16 x 8, k x n, col): b_i of ``lane`` is at k = 2 * tig + (i & 1) (+ 8 for i >= 2), n = groupID."""
+    return 2 * (lane & 3) + (i & 1) + 8 * (i >> 1), (lane >> 2) + 0 * i
+
+
+def _mma_c_coords(lane: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """C / D (16 x 8, fp32): c_i of ``lane`` is at row groupID (+ 8 for i >= 2), col 2 * tig + (i & 1)."""
+    return (lane >> 2) + 8 * (i >> 1), 2 * (lane & 3) + (i & 1)
+
+
+@dataclass(frozen=True)
+class TcKernelReplay:
+    """Result of :func:`replay_tc_kernel`.
+
+    Attributes:
+        y: ``(M, N)`` output in the replay's dtype; elements no epilogue store reached stay NaN.
+        writes: ``(M, N)`` int64, number of epilogue stores to each element (1 everywhere for a correct kernel).
+        wavefronts: mean shared-memory wavefronts per 8x8 ``ldmatrix`` matrix, counted from the replayed row
+            addresses (16-byte groups in the same 128-byte bank line conflict unless equal).
+    """
+
+    y: torch.Tensor
+    writes: torch.Tensor
+    wavefronts: float
+
+
+def replay_tc_kernel(
+    plan: TcPlan,
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    windows_per_warp: int = 1,
+    ntile: int = 64,
+    dtype: torch.dtype = torch.float64,
+) -> TcKernelReplay:
+    """Replay ``spmm_tc.cu`` lane by lane on the CPU: its staging, gathers, register fragments and epilogue.
+
+    Unlike :func:`tc_plan_matmul` (which decodes the plan with :func:`fragment_index`, the same map that encoded it),
+    this follows the kernel's own index expressions: ``stage_chunk`` writes 16-byte group ``c`` of chunk row ``r`` to
+    group ``r * CPR + (c ^ (r & 7))`` of a NaN-poisoned shared buffer (zero outside X); in ``segment_mma`` lane ``l``
+    passes chunk row ``slot_rows[t, l & 15]`` at column group ``2 * j2 + (l >> 4)`` to ``ldmatrix.x4.trans``, whose
+    result registers follow the PTX ``ldmatrix`` definition (register ``i`` of lane ``l``: elements ``2 * (l % 4)``
+    and ``+1`` of rows of matrix ``i``, column ``l / 4``); registers 0-1 and 2-3 feed the mma of n8 tiles ``2 * j2``
+    and ``2 * j2 + 1``; the A registers are the lane's 16 bytes of ``frag_values``; A, B and C/D fragments are
+    placed by the PTX ISA's m16n8k16 tables (``_mma_*_coords``, written as lane -> (row, col), independent of
+    :func:`fragment_index`); blocks, warps and windows per warp are enumerated as the grid does, and the epilogue
+    stores (bias, ReLU, ``window_rows``, M and N residues) are counted. A fragment-layout, swizzle or epilogue bug in
+    the kernel that is mirrored here shows up as a mismatch with the float64 reference, a NaN, or a write count
+    other than 1.
+
+    Args:
+        plan: from :func:`build_tc_plan`; x: ``(K, N)`` with ``K == plan.k`` (any strides, any float dtype);
+            bias: ``(M,)`` or None; activation: none|relu; windows_per_warp, ntile: the kernel's tile (WPW, NT),
+            NT a multiple of 64 (the swizzle needs at least 8 column groups per row); dtype: arithmetic dtype.
+
+    Returns:
+        :class:`TcKernelReplay`.
+
+    Raises:
+        ValueError: unknown activation, a tile the kernel cannot have, or ``x`` of the wrong K.
+    """
+    if activation not in ("none", "relu"):
+        raise ValueError(f"unknown activation {activation!r}; known: none, relu")
+    if ntile <= 0 or ntile % 64 or windows_per_warp < 1:
+        raise ValueError(f"tile (windows_per_warp={windows_per_warp}, ntile={ntile}): ntile must be a multiple of 64")
+    k, n = x.shape
+    if k != plan.k:
+        raise ValueError(f"x has K = {k}, the plan was built for K = {plan.k}")
+    device = plan.frag_values.device
+    cpr = ntile // 8  # 16-byte column groups per staged row (CPR)
+    n_blocks = -(-n // ntile)  # gridDim.y
+    chunks = plan.num_chunks
+    lane = torch.arange(LANES, device=device)
+    nan = float("nan")
+
+    # stage_chunk: every (chunk, column block) buffer, poisoned first so a group no copy writes would show.
+    xpad = torch.zeros(chunks * K_CHUNK, n_blocks * ntile, dtype=dtype, device=device)
+    xpad[:k, :n] = x.to(device=device, dtype=dtype)
+    r = torch.arange(K_CHUNK, device=device)[:, None]
+    c = torch.arange(cpr, device=device)[None, :]
+    dst = (r * cpr + (c ^ (r & 7))).reshape(-1)
+    smem = torch.full((chunks, n_blocks, K_CHUNK * cpr, 8), nan, dtype=dtype, device=device)
+    groups = xpad.view(chunks, K_CHUNK, n_blocks, cpr, 8).permute(0, 2, 1, 3, 4)
+    smem[:, :, dst] = groups.reshape(chunks, n_blocks, K_CHUNK * cpr, 8)
+
+    # Segment of every k-step, as the kernel reaches it: kstep_offsets[w * num_chunks + ch] .. [+ 1].
+    counts = (plan.kstep_offsets[1:] - plan.kstep_offsets[:-1]).long()
+    seg_of_kstep = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
+    window_of_kstep = seg_of_kstep // chunks
+    chunk_of_kstep = seg_of_kstep % chunks
+    ksteps = plan.ksteps
+
+    # segment_mma: ldmatrix row addresses (16-byte group index in the chunk's buffer), (ksteps, NT / 16, 32).
+    slot = lane & (K_STEP - 1)
+    half = lane >> 4
+    r_cur = plan.slot_rows.long()[:, slot]  # (ksteps, 32)
+    sw = r_cur & 7
+    c_grp = 2 * torch.arange(cpr // 2, device=device)[:, None] + half[None, :]  # (NT / 16, 32)
+    addr = r_cur[:, None, :] * cpr + (c_grp[None] ^ sw[:, None, :])
+    rows16 = smem[
+        chunk_of_kstep[:, None, None, None],
+        torch.arange(n_blocks, device=device)[None, :, None, None],
+        addr[:, None],
+    ]  # (ksteps, n_blocks, NT / 16, 32 address lanes, 8 elements)
+    # ldmatrix .trans: register i of lane l = rows 2 * (l % 4) + {0, 1} of matrix i (lanes 8i .. 8i + 7), column l / 4.
+    reg = torch.arange(4, device=device)[None, :, None]
+    e = torch.arange(2, device=device)[None, None, :]
+    src_lane = 8 * reg + 2 * (lane[:, None, None] & 3) + e  # (32, 4, 2)
+    b_regs = rows16[..., src_lane, (lane >> 2)[:, None, None].expand_as(src_lane)]  # (..., NT/16, 32, 4 regs, 2)
+    # Registers {0, 1} -> mma of n8 tile 2 * j2, {2, 3} -> tile 2 * j2 + 1: (ksteps, n_blocks, NT / 8, 32, 2 regs, 2).
+    shape = b_regs.shape
+    b_regs = b_regs.view(*shape[:3], LANES, 2, 2, 2).permute(0, 1, 2, 4, 3, 5, 6).reshape(*shape[:2], cpr, LANES, 2, 2)
+    # B tile from the fragment table: b_(2 * reg + e) of lane l.
+    b_row, b_col = _mma_b_coords(lane[:, None, None], 2 * torch.arange(2, device=device)[None, :, None] + e)
+    b_tile = torch.full((*shape[:2], cpr, K_STEP, 8), nan, dtype=dtype, device=device)
+    b_tile[..., b_row, b_col] = b_regs
+    # A tile: lane l's 16 bytes of frag_values are registers a.x .. a.w = (a0, a1) .. (a6, a7), low half first.
+    i8 = torch.arange(FRAG_ELEMS, device=device)[None, :]
+    a_row, a_col = _mma_a_coords(lane[:, None], i8)
+    a_tile = torch.full((ksteps, WINDOW_ROWS, K_STEP), nan, dtype=dtype, device=device)
+    a_tile[:, a_row, a_col] = plan.frag_values.to(dtype)
+    d_tile = a_tile[:, None, None] @ b_tile  # (ksteps, n_blocks, NT / 8, 16, 8)
+    c_row, c_col = _mma_c_coords(lane[:, None], torch.arange(4, device=device)[None, :])
+    c_frag = d_tile[..., c_row, c_col]  # (ksteps, n_blocks, NT / 8, 32, 4): each lane's accumulator increments
+    acc = torch.zeros(plan.num_windows, *c_frag.shape[1:], dtype=dtype, device=device)
+    acc.index_add_(0, window_of_kstep, c_frag)
+
+    # Grid: block bx, warp, wi -> window bx * (8 * WPW) + warp * WPW + wi, skipped past num_windows.
+    per_block = KERNEL_WARPS * windows_per_warp
+    bx = torch.arange(-(-plan.num_windows // per_block), device=device)[:, None, None]
+    warp = torch.arange(KERNEL_WARPS, device=device)[None, :, None]
+    wi = torch.arange(windows_per_warp, device=device)[None, None, :]
+    visits = (bx * per_block + warp * windows_per_warp + wi).reshape(-1)
+    visits = visits[visits < plan.num_windows]
+
+    # Epilogue: c0, c1 at window row gid, c2, c3 at gid + 8; columns n0 + 8 j + 2 tig + {0, 1}.
+    hh = torch.arange(2, device=device)
+    out_row = plan.window_rows.long()[visits[:, None, None] * WINDOW_ROWS + (lane >> 2)[None, :, None] + 8 * hh]
+    by = torch.arange(n_blocks, device=device)[:, None, None, None]
+    jj = torch.arange(cpr, device=device)[None, :, None, None]
+    out_col = by * ntile + 8 * jj + 2 * (lane & 3)[None, None, :, None] + hh[None, None, None, :]  # (nb, NT/8, 32, 2)
+    vals = acc[visits].view(visits.numel(), n_blocks, cpr, LANES, 2, 2)  # (..., h, pair element)
+    row_b = out_row[:, None, None, :, :, None].expand_as(vals)
+    col_b = out_col[None, :, :, :, None, :].expand_as(vals)
+    if bias is not None:
+        bias_d = bias.to(device=device, dtype=dtype)
+        vals = vals + torch.where(row_b >= 0, bias_d[row_b.clamp(min=0)], torch.zeros((), dtype=dtype, device=device))
+    if activation == "relu":
+        vals = torch.relu(vals)
+    store = (row_b >= 0) & (col_b < n)
+    y = torch.full((plan.m, n), nan, dtype=dtype, device=device)
+    writes = torch.zeros(plan.m, n, dtype=torch.int64, device=device)
+    y.index_put_((row_b[store], col_b[store]), vals[store])
+    writes.index_put_((row_b[store], col_b[store]), torch.ones_like(row_b[store]), accumulate=True)
+
+    # Bank conflicts of each 8x8 matrix: distinct 16-byte groups sharing a bank line position (group % 8) serialise.
+    if ksteps:
+        mats = addr.view(ksteps, cpr // 2, 4, LDMATRIX_ROWS).sort(-1).values
+        first = torch.ones_like(mats, dtype=torch.bool)
+        first[..., 1:] = mats[..., 1:] != mats[..., :-1]
+        per_pos = torch.zeros(*mats.shape[:-1], 8, dtype=torch.int64, device=device)
+        per_pos.scatter_add_(-1, mats % 8, first.long())
+        wavefronts = float(per_pos.max(-1).values.double().mean())
+    else:
+        wavefronts = 1.0
+    return TcKernelReplay(y=y, writes=writes, wavefronts=wavefronts)

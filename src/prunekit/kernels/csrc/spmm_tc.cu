@@ -41,9 +41,15 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte asynchronous global -> shared copy; bytes < 16 zero-fills the rest (bytes = 0: nothing is read).
+// 16-byte asynchronous global -> shared copy of `bytes` in [1, 16] bytes; the rest of the 16 is zero-filled (PTX
+// cp.async src-size). Both addresses must be 16-byte aligned.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+// Plain 16-byte zero store to shared memory (groups wholly outside X: no global address is formed at all, so an
+// empty X, whose data pointer may be null, is never touched). Made visible by the same __syncthreads as the copies.
+__device__ __forceinline__ void st_shared_zero16(uint32_t dst) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
@@ -89,9 +95,12 @@ __device__ __forceinline__ void stage_chunk(uint32_t buf, const T* __restrict__ 
   for (int u = threadIdx.x; u < kTcChunk * CPR; u += kTcThreads) {
     const int r = u / CPR, c = u % CPR;
     const int gk = k0 + r, gn = n0 + c * 8;
-    const int bytes = (gk < k && gn < n) ? min(16, (n - gn) * static_cast<int>(sizeof(T))) : 0;
-    const T* src = bytes > 0 ? x + static_cast<int64_t>(gk) * ldx + gn : x;
-    cp_async16(buf + static_cast<uint32_t>(r * CPR + (c ^ (r & 7))) * 16u, src, bytes);
+    const uint32_t dst = buf + static_cast<uint32_t>(r * CPR + (c ^ (r & 7))) * 16u;
+    if (gk < k && gn < n) {
+      cp_async16(dst, x + static_cast<int64_t>(gk) * ldx + gn, min(16, (n - gn) * static_cast<int>(sizeof(T))));
+    } else {
+      st_shared_zero16(dst);
+    }
   }
 }
 
@@ -220,8 +229,9 @@ void launch_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, const
   constexpr int kSmem = kTcStages * kTcChunk * NT * static_cast<int>(sizeof(T));
   auto kernel = spmm_tc_kernel<T, YT, WPW, NT>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const dim3 grid((num_windows + kTcWarps * WPW - 1) / (kTcWarps * WPW), (n + NT - 1) / NT);
-  TORCH_CHECK(grid.y <= 65535, "spmm_csr_tc: N too large");
+  const int64_t grid_y = (static_cast<int64_t>(n) + NT - 1) / NT;  // int64: n + NT - 1 may pass INT_MAX
+  TORCH_CHECK(grid_y <= 65535, "spmm_csr_tc: N = ", n, " needs ", grid_y, " column tiles of ", NT, "; at most 65535");
+  const dim3 grid((num_windows + kTcWarps * WPW - 1) / (kTcWarps * WPW), static_cast<unsigned>(grid_y));
   auto stream = c10::cuda::getCurrentCUDAStream();
   kernel<<<grid, kTcThreads, kSmem, stream>>>(
       reinterpret_cast<const uint4*>(frag_values.data_ptr()), slot_rows.data_ptr<uint8_t>(),
@@ -232,11 +242,25 @@ void launch_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, const
 }
 
 // Tile configurations (Sputnik style: template arguments picked by a small dispatch, gpu.plan_spmm chooses).
+// NT = 128 stages 2 x 64 KB of X: more than the 99 KB a block may opt into on sm_86 / sm_89 (RTX 30xx / 40xx, L4,
+// L40), which would fail at cudaFuncSetAttribute; there the (1, 64) tile (64 KB) is taken instead.
 template <typename T, bool YT>
 void dispatch_tile(int64_t wpw, int64_t ntile, const at::Tensor& frag_values, const at::Tensor& slot_rows,
                    const at::Tensor& kstep_offsets, const at::Tensor& window_rows, const at::Tensor& x, int64_t ldx,
                    const at::Tensor& y, bool y_pair_ok, const T* bias, bool relu, int k, int n, int num_windows,
                    int num_chunks) {
+  TORCH_CHECK((wpw == 2 && ntile == 128) || (wpw == 1 && ntile == 128) || (wpw == 1 && ntile == 64),
+              "spmm_csr_tc: (windows_per_warp, ntile) must be (2, 128), (1, 128) or (1, 64), got (", wpw, ", ", ntile,
+              ")");
+  int smem_optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, x.get_device()));
+  const auto stage_bytes = [](int nt) { return kTcStages * kTcChunk * nt * static_cast<int>(sizeof(T)); };
+  if (ntile == 128 && smem_optin < stage_bytes(128)) {
+    wpw = 1;
+    ntile = 64;
+  }
+  TORCH_CHECK(smem_optin >= stage_bytes(64), "spmm_csr_tc: needs ", stage_bytes(64),
+              " bytes of shared memory per block, the device allows ", smem_optin);
   if (wpw == 2 && ntile == 128) {
     return launch_tc<T, YT, 2, 128>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok, bias,
                                     relu, k, n, num_windows, num_chunks);
@@ -245,8 +269,6 @@ void dispatch_tile(int64_t wpw, int64_t ntile, const at::Tensor& frag_values, co
     return launch_tc<T, YT, 1, 128>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok, bias,
                                     relu, k, n, num_windows, num_chunks);
   }
-  TORCH_CHECK(wpw == 1 && ntile == 64, "spmm_csr_tc: (windows_per_warp, ntile) must be (2, 128), (1, 128) or "
-              "(1, 64), got (", wpw, ", ", ntile, ")");
   return launch_tc<T, YT, 1, 64>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok, bias,
                                  relu, k, n, num_windows, num_chunks);
 }
@@ -260,6 +282,10 @@ void spmm_csr_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, con
   TORCH_CHECK(frag_values.is_cuda() && slot_rows.is_cuda() && kstep_offsets.is_cuda() && window_rows.is_cuda() &&
                   x.is_cuda() && y.is_cuda(),
               op, ": tensors must be on the GPU");
+  const auto device = x.device();
+  TORCH_CHECK(frag_values.device() == device && slot_rows.device() == device && kstep_offsets.device() == device &&
+                  window_rows.device() == device && y.device() == device && (!bias || bias->device() == device),
+              op, ": the plan, x, y and bias must be on one GPU (x is on ", device, ")");
   const auto dtype = x.scalar_type();
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, op, ": tensor cores take float16 or bfloat16, got ",
               dtype);
@@ -285,9 +311,11 @@ void spmm_csr_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, con
                   kstep_offsets.numel() == num_windows * num_chunks + 1,
               op, ": kstep_offsets must be a contiguous int32 tensor of num_windows * ceil(K / 256) + 1 entries "
               "(was the plan built for this K?)");
-  TORCH_CHECK(m < (int64_t(1) << 31) && k < (int64_t(1) << 31) && n < (int64_t(1) << 31) &&
-                  ksteps * 32 < (int64_t(1) << 31),
-              op, ": problem too large");
+  // int32 index math in the kernel: window slot w * 16 + 15, segment w * num_chunks + ch (+ 1), k-step * 32 + 31.
+  constexpr int64_t kInt32Max = (int64_t(1) << 31) - 1;
+  TORCH_CHECK(num_windows * kTcWindow <= kInt32Max && k <= kInt32Max && n <= kInt32Max &&
+                  num_windows * num_chunks < kInt32Max && ksteps * 32 <= kInt32Max,
+              op, ": problem too large for int32 indexing");
   // X: row-major, leading dimension a multiple of 8 elements (16 bytes), 16-byte aligned base.
   const int64_t ldx = x.stride(0);
   TORCH_CHECK((x.stride(1) == 1 || n <= 1) && ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
@@ -300,7 +328,7 @@ void spmm_csr_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, con
                 ": bias must be a contiguous (M,) tensor of x's dtype");
   }
   if (m == 0 || n == 0) return;
-  const c10::cuda::CUDAGuard guard(x.device());
+  const c10::cuda::CUDAGuard guard(device);
   const auto run = [&](auto tag) {
     using scalar_t = decltype(tag);
     const scalar_t* b = bias ? reinterpret_cast<const scalar_t*>(bias->data_ptr()) : nullptr;
