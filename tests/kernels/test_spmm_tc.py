@@ -385,6 +385,21 @@ def test_tc_rejects_fp32_and_auto_uses_it_for_fp16(monkeypatch):
 
 
 @pytest.mark.cuda
+def test_tc_plan_is_cached_on_a_misaligned_stored_weight():
+    m, k, n = 48, 200, 80
+    dense, c, x2d, bias = _case(m, k, n, 0.9, 0, torch.float16, 16, "cuda")
+    # Stored values at an odd element offset (as in a packed buffer): the kernels' path copies them per call.
+    values = torch.cat([torch.zeros(1, dtype=torch.float16, device="cuda"), c["values"]])[1:]
+    assert values.data_ptr() % 16 != 0
+    csr = {**c, "values": values}
+    first = gpu.spmm_csr(**csr, x=x2d.t(), m=m, bias=bias, variant="tc")
+    plan = get_tc_plan(values, c["row_offsets"], c["column_indices"], m, k)
+    assert torch.equal(gpu.spmm_csr(**csr, x=x2d.t(), m=m, bias=bias, variant="tc"), first)
+    assert get_tc_plan(values, c["row_offsets"], c["column_indices"], m, k) is plan
+    assert relative_error(first, spmm_reference64(dense, x2d.t(), bias, "none")) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
 def test_tc_repeated_runs_are_bitwise_identical():
     _, c, x2d, bias = _case(300, 900, 200, 0.9, 0, torch.bfloat16, 11, "cuda")
     first = gpu.spmm_csr(**c, x=x2d.t(), m=300, bias=bias, variant="tc")

@@ -244,6 +244,9 @@ def spmm_csr(
         return y
     if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
+    # The tc plan is cached on the stored tensors themselves (keyed on their pointers): it takes them as passed, not
+    # the per-call copies below, or a misaligned or strided weight would rebuild its plan on every call.
+    csr_as_stored = (values, row_offsets, column_indices)
     # Only copy what the kernels cannot take as is (each call here costs host time on every eager call).
     if not values.is_contiguous() or not _aligned16(values):
         values = values.contiguous().clone()
@@ -258,7 +261,7 @@ def spmm_csr(
     if plan.variant == "tc":
         if x.dtype not in TC_DTYPES:
             raise ValueError(f"the tensor-core SpMM (variant='tc') takes float16 or bfloat16, got {x.dtype}")
-        tc = get_tc_plan(values, row_offsets, column_indices, m, x.shape[0])
+        tc = get_tc_plan(*csr_as_stored, m, x.shape[0])
         _OPS["tc"](
             tc.frag_values,
             tc.slot_rows,
