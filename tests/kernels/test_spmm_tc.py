@@ -182,6 +182,16 @@ def test_get_tc_plan_rebuilds_after_in_place_row_offsets_change():
     torch.testing.assert_close(tc_plan_matmul(second, torch.eye(k)), moved.double())
 
 
+def test_get_tc_plan_rebuilds_after_the_values_storage_is_swapped():
+    m, k = 40, 300
+    _, c, _, _ = _case(m, k, 1, 0.9, 0, torch.float16, 10)
+    values = c["values"]
+    first = get_tc_plan(values, c["row_offsets"], c["column_indices"], m, k)
+    values.data = values.detach() * 3  # new storage, same tensor object (and so the same cache attribute)
+    second = get_tc_plan(values, c["row_offsets"], c["column_indices"], m, k)
+    assert second is not first and torch.equal(second.frag_values, first.frag_values * 3)
+
+
 def test_get_tc_plan_takes_inference_tensors():
     m, k = 24, 100
     with torch.inference_mode():

@@ -242,7 +242,7 @@ def build_tc_plan(
     )
 
 
-_CACHE_ATTR = "_prunekit_tc_plan"  # attribute on the stored values tensor: (key, row_offsets, column_indices, plan)
+_CACHE_ATTR = "_prunekit_tc_plan"  # on the stored values tensor: (key, (storages the key points into), plan)
 
 
 def _version(t: torch.Tensor) -> int:
@@ -257,9 +257,9 @@ def get_tc_plan(
 
     The key holds the data pointers and version counters of ``values``, ``column_indices`` and ``row_offsets``, the
     shape and the dtype, like the cuSPARSELt weight cache in ``structured.py``; the plan lives as long as the stored
-    values tensor. The cache entry also holds references to the two index tensors, so their memory cannot be freed
-    and reused by other indices at the same address while the entry lives (a data-pointer key alone would then
-    return a stale plan). Inference tensors (made under ``torch.inference_mode``) keep no version counter: for them
+    values tensor. The cache entry also holds the storages of the three tensors, so memory the key points to cannot
+    be freed and handed to other data at the same address while the entry lives (e.g. after ``values.data = ...`` or
+    new index tensors; a data-pointer key alone would then return a stale plan). Inference tensors (made under ``torch.inference_mode``) keep no version counter: for them
     only identity (data pointers, shape) is checked, so an in-place edit of such a weight is not detected.
     """
     key = (
@@ -276,9 +276,10 @@ def get_tc_plan(
     )
     hit = getattr(values, _CACHE_ATTR, None)
     if hit is not None and hit[0] == key:
-        return hit[3]
+        return hit[2]
     plan = build_tc_plan(values, row_offsets, column_indices, m, k)
-    setattr(values, _CACHE_ATTR, (key, row_offsets, column_indices, plan))
+    held = tuple(t.untyped_storage() for t in (values, row_offsets, column_indices))
+    setattr(values, _CACHE_ATTR, (key, held, plan))
     return plan
 
 
