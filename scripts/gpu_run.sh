@@ -93,6 +93,11 @@ PY
     > "$OUT/tc-memcheck.log" 2>&1
   echo "compute-sanitizer exit code $?" | tee -a "$OUT/tc-memcheck.log"
   tail -4 "$OUT/tc-memcheck.log"
+  step tc compute-sanitizer racecheck
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 python3 /tmp/sanitize_tc.py \
+    > "$OUT/tc-racecheck.log" 2>&1
+  echo "compute-sanitizer racecheck exit code $?" | tee -a "$OUT/tc-racecheck.log"
+  tail -4 "$OUT/tc-racecheck.log"
   step tc benchmark
   python3 benchmarks/spmm.py --dtypes float16 --shapes 4096x4096,11008x4096 --ns 4096 --sparsities 0.9,0.95,0.98 \
     --time-budget-s 240 --out "$OUT/spmm-tc-$DEV-$DATE.json" "$@" 2>&1 | tee "$OUT/tc-bench.log" | tail -40
