@@ -195,7 +195,8 @@ def _setup_distributed(device: str | None) -> tuple[torch.device, _Ranks]:
     if world <= 1:
         return wanted, _Ranks()
     if wanted.type == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        fallback = dist.get_rank() % max(1, torch.cuda.device_count()) if dist.is_initialized() else 0
+        local_rank = int(os.environ.get("LOCAL_RANK", fallback))
         if local_rank >= torch.cuda.device_count():
             raise PrunekitError(
                 f"LOCAL_RANK {local_rank} but {torch.cuda.device_count()} GPU(s): start at most one process per GPU"
