@@ -254,7 +254,8 @@ def _single_block_weight(m, k, r, c, dtype):
 @pytest.mark.parametrize("c", [16, 32, 64])
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_bsr_wgmma_matches_float64(dtype, c, mode):
-    """The sm_90a wgmma + TMA variant: every tile, both epilogues and X layouts, bias + ReLU, split rows, poisoned Y."""
+    """The sm_90a wgmma + TMA variant: every tile, both epilogues, bias + ReLU, split rows, poisoned Y, and three X
+    layouts: x2d.t(), a contiguous (K, N) (copied) and x2d.t() of a row-padded buffer (the TMA row stride > K)."""
     if not structured.wgmma_available():
         pytest.skip("needs an sm_90 GPU and a library built for sm_90a")
     r = 64
@@ -269,8 +270,9 @@ def test_bsr_wgmma_matches_float64(dtype, c, mode):
         if mode == "static":
             sched, split = (t.cuda() for t in static_schedule(comp["crow_indices"], chunk=1))
             extra = (sched, split)
-        for transposed in (True, False):
-            x2d = torch.randn(n, k, device="cuda").to(dtype)
+        for x_layout in ("transposed", "contiguous", "padded"):
+            transposed = x_layout != "contiguous"
+            x2d = torch.randn(n, k + (8 if x_layout == "padded" else 0), device="cuda").to(dtype)[:, :k]
             x = x2d.t() if transposed else x2d.t().contiguous()
             bias = torch.randn(m, device="cuda").to(dtype)
             for activation, b in (("none", None), ("relu", bias)):
@@ -284,7 +286,7 @@ def test_bsr_wgmma_matches_float64(dtype, c, mode):
                         )  # fmt: skip
                         torch.cuda.synchronize()
                         err = relative_error(out, ref)
-                        assert err < TOLERANCE[dtype], (m, k, n, transposed, activation, tile_n, staged, err)
+                        assert err < TOLERANCE[dtype], (m, k, n, x_layout, activation, tile_n, staged, err)
 
 
 @pytest.mark.cuda

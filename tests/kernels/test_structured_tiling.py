@@ -1,9 +1,25 @@
 """CPU emulation of the index math of the sm_90a wgmma BSR variant (``csrc/structured/bsr_mm_wgmma.cu``), checked
-against float64 without a GPU: the CTA grid over (schedule item or block row, N tile), the TMA box coordinates of
-each stage's A tile (block ``b``: rows ``64 b``) and X slab (``(col * C, n0)``, zero outside X), the consumers' split
-of the N tile, the wgmma accumulator fragment map ``acc_row`` / ``acc_col``, the epilogue (bias, ReLU, split rows'
-fp32 partial sums finished like ``bsr_finalize_kernel``), and the mbarrier ring's parity protocol (no stage is
-overwritten before every consumer warp released it, and every wait sees the fill it expects)."""
+against float64 without a GPU: the CTA grid over (schedule item or block row, N tile); the shared-memory ring
+(``WgConfig``: stage offsets, A / X slab offsets, expect-tx bytes, the 1024-byte rounding of the dynamic base, the
+mbarriers after the stages); the TMA box writes of each stage's A tile (block ``b``: rows ``64 b`` of ``blocks``
+as 2-D) and X slab (``(col * C, n0)``, zero outside X) with the swizzle the host's tensor map picks from the box
+width; the wgmma reads through the 64-bit shared-memory descriptors (``make_desc``'s bits decoded field by field,
+the K-major canonical layout, the +32-byte k-steps, each consumer's 128-row half of the slab); the accumulator
+fragment map ``acc_row`` / ``acc_col``; both epilogues (scalar stores, and Y^T staged through shared memory with
+16-byte vectors), bias, ReLU, split rows' fp32 partial sums finished like ``bsr_finalize_kernel``; and the mbarrier
+ring's parity protocol (no stage is overwritten before every consumer warp released it, and every wait sees the fill
+it expects).
+
+The address model (what the hardware does, taken from the PTX ISA's "Matrix Descriptor Format" / "Shared Memory
+Matrix Layout" of wgmma, the CUDA driver API's ``cuTensorMapEncodeTiled`` and CuTe's canonical GMMA layouts, not
+from a run): a TMA box is written densely, row after row of ``box_inner`` elements, and the 16-byte chunk bits
+``[4, 4 + B)`` of every shared-memory byte address are XORed with its bits ``[7, 7 + B)`` (B = 3, 2, 1 for the
+128-, 64-, 32-byte swizzles; CuTe's ``Swizzle<B, 4, 3>``); wgmma computes, for row ``r`` and k-element ``k`` of a
+K-major operand, ``start + (r // 8) * SBO + (r % 8) * (16 << B) + 2 k`` and applies the same XOR to that absolute
+address (the base-offset field stays 0 because every tile starts on a swizzle-pattern boundary, which the
+emulation asserts). A layout bug on either side (descriptor fields, swizzle mode, k-step, stage or slab offsets)
+reads the wrong elements or unwritten (NaN) bytes here.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +27,7 @@ import pytest
 import torch
 
 from prunekit import formats
+from prunekit.errors import KernelUnavailable
 from prunekit.formats.bsr import static_schedule
 from prunekit.kernels import structured
 from prunekit.kernels.testing import relative_error, spmm_reference64
@@ -19,6 +36,11 @@ from .test_bsr_mm import block_sparse_weight
 
 R = 64  # wgmma_bsr::R
 WG_N = 128  # wgmma_bsr::WG_N
+SWIZZLE_MODE = {64: 1, 32: 2, 16: 3}  # C -> descriptor bits 62-63 (128-, 64-, 32-byte swizzle)
+MODE_BITS = {1: 3, 2: 2, 3: 1}  # descriptor mode -> B of Swizzle<B, 4, 3>
+TMA_SWIZZLE_BITS = {128: 3, 64: 2, 32: 1}  # make_map: box row bytes -> CU_TENSOR_MAP_SWIZZLE_{128,64,32}B
+# make_desc<C>(1024) exactly as the static_asserts in bsr_mm_wgmma.cuh pin them
+DESC_AT_1024 = {64: 0x4000004000010040, 32: 0x8000002000010040, 16: 0xC000001000010040}
 
 
 def acc_row(warp: int, lane: int, i: int) -> int:
@@ -36,6 +58,64 @@ def stages(c: int) -> int:
     return 4 if c == 64 else (6 if c == 32 else 8)
 
 
+def wg_config(c: int, consumers: int) -> dict[str, int]:
+    """Mirror of ``WgConfig<C, CONSUMERS>`` (bytes)."""
+    bn = WG_N * consumers
+    cfg = {"BN": bn, "STAGES": stages(c), "A_BYTES": R * c * 2, "B_BYTES": bn * c * 2, "OUT_LD": R + 8}
+    cfg["STAGE_BYTES"] = cfg["A_BYTES"] + cfg["B_BYTES"]
+    cfg["SMEM_BYTES"] = 1024 + cfg["STAGES"] * cfg["STAGE_BYTES"] + 2 * cfg["STAGES"] * 8
+    return cfg
+
+
+def make_desc(c: int, smem_addr: int) -> int:
+    """Mirror of ``wgmma_bsr::make_desc<C>``: the 64-bit wgmma shared-memory descriptor of a K-major tile."""
+    sbo = 8 * 2 * c
+    return ((smem_addr & 0x3FFFF) >> 4) | (1 << 16) | ((sbo >> 4) << 32) | (SWIZZLE_MODE[c] << 62)
+
+
+def decode_desc(desc: int) -> dict[str, int]:
+    """The descriptor's fields (PTX ISA, wgmma "Matrix Descriptor Format"), byte units where the ISA stores >> 4."""
+    return {
+        "start": (desc & 0x3FFF) << 4,  # bits 0-13
+        "lbo": ((desc >> 16) & 0x3FFF) << 4,  # bits 16-29
+        "sbo": ((desc >> 32) & 0x3FFF) << 4,  # bits 32-45
+        "base_offset": (desc >> 49) & 0x7,  # bits 49-51
+        "mode": (desc >> 62) & 0x3,  # bits 62-63
+        "reserved": desc & ((0x3 << 14) | (0x3 << 30) | (0x7 << 46) | (0x3FF << 52)),
+    }
+
+
+def swizzle(addr: torch.Tensor, bits: int) -> torch.Tensor:
+    """Swizzle<bits, 4, 3> on shared-memory byte addresses (TMA and wgmma alike, see the module docstring)."""
+    return addr ^ (((addr >> 7) & ((1 << bits) - 1)) << 4)
+
+
+def tma_box_addresses(dst: int, rows: int, box_inner: int) -> torch.Tensor:
+    """``(rows, box_inner)`` byte addresses a 2-byte TMA box lands at, with the swizzle ``make_map`` picks."""
+    bits = TMA_SWIZZLE_BITS[box_inner * 2]
+    r, k = torch.meshgrid(torch.arange(rows), torch.arange(box_inner), indexing="ij")
+    return swizzle(dst + r * (box_inner * 2) + 2 * k, bits)
+
+
+def wgmma_operand_addresses(desc: int, rows: int) -> torch.Tensor:
+    """``(rows, 16)`` byte addresses wgmma reads for a K-major operand (A: 64 rows of M; B: 128 rows of N) of one
+    k16 step, from the descriptor's fields alone."""
+    f = decode_desc(desc)
+    assert f["reserved"] == 0 and f["base_offset"] == 0 and f["mode"] in MODE_BITS
+    bits = MODE_BITS[f["mode"]]
+    pitch = 16 << bits  # one swizzle row: the 8 rows of a core-matrix group are this far apart
+    assert (f["start"] >> 7) & ((1 << bits) - 1) == 0, "start not on a swizzle-pattern boundary: base offset != 0"
+    assert f["start"] % pitch + 32 <= pitch, "a k16 slice must not cross a swizzle row (LBO would be needed)"
+    r, k = torch.meshgrid(torch.arange(rows), torch.arange(16), indexing="ij")
+    return swizzle(f["start"] + (r // 8) * f["sbo"] + (r % 8) * pitch + 2 * k, bits)
+
+
+def fragment_index() -> tuple[torch.Tensor, torch.Tensor]:
+    """``(4, 32, 64)`` row and column of every accumulator register of a consumer warpgroup (warp, lane, register)."""
+    warp, lane, i = torch.meshgrid(torch.arange(4), torch.arange(32), torch.arange(64), indexing="ij")
+    return 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+
+
 def test_wgmma_accumulator_map_is_a_bijection_onto_the_warpgroup_tile():
     seen = torch.zeros(R, WG_N, dtype=torch.int64)
     for warp in range(4):
@@ -48,20 +128,97 @@ def test_wgmma_accumulator_map_is_a_bijection_onto_the_warpgroup_tile():
         for lane in range(32):
             rows = {acc_row(warp, lane, i) for i in range(64)}
             assert rows == {acc_row(warp, lane, 0), acc_row(warp, lane, 2)}
+    frag_row, frag_col = fragment_index()
+    assert int(frag_row[1, 5, 6]) == acc_row(1, 5, 6) and int(frag_col[1, 5, 6]) == acc_col(5, 6)
 
 
-def fragment_index() -> tuple[torch.Tensor, torch.Tensor]:
-    """``(4, 32, 64)`` row and column of every accumulator register of a consumer warpgroup (warp, lane, register)."""
-    warp, lane, i = torch.meshgrid(torch.arange(4), torch.arange(32), torch.arange(64), indexing="ij")
-    return 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
+def test_wgmma_accumulator_map_matches_the_m16n8_layout_per_8_columns():
+    """Per the PTX ISA, each warp's 16 x N slice of the m64nNk16 D fragment repeats mma.m16n8's C layout every 8
+    columns: register 4 j + e holds (lane / 4 + 8 (e / 2), 8 j + 2 (lane % 4) + e % 2) of the warp's rows."""
+    for lane in range(32):
+        for j in range(WG_N // 8):
+            for e in range(4):
+                g, t = lane >> 2, lane & 3
+                assert acc_row(0, lane, 4 * j + e) == g + 8 * (e >> 1)
+                assert acc_col(lane, 4 * j + e) == 8 * j + 2 * t + (e & 1)
 
 
-def emulate_wgmma_bsr(blocks, crow, cols, x, m, bias, relu, schedule=None, split_rows=None, tile_n=256):
-    """The wgmma kernel's CTAs, stage loads, consumer split and epilogue, in float64 (one CTA at a time)."""
+@pytest.mark.parametrize("c", [16, 32, 64])
+def test_wgmma_descriptor_bits_match_the_kernel(c):
+    """make_desc's literals (pinned by static_asserts in bsr_mm_wgmma.cuh) decode to the K-major canonical layout."""
+    assert make_desc(c, 1024) == DESC_AT_1024[c]
+    f = decode_desc(DESC_AT_1024[c])
+    assert f == {"start": 1024, "lbo": 16, "sbo": 8 * 2 * c, "base_offset": 0, "mode": SWIZZLE_MODE[c], "reserved": 0}
+    assert 16 << MODE_BITS[f["mode"]] == 2 * c  # the swizzle row is one block row of C halves: TMA's box width
+    assert make_desc(c, 1024 + 32) == make_desc(c, 1024) + 2  # a k-step: +32 bytes in the start field
+
+
+@pytest.mark.parametrize("c", [16, 32, 64])
+@pytest.mark.parametrize("consumers", [1, 2])
+def test_wgmma_reads_through_descriptors_what_tma_wrote(c, consumers):
+    """Every (stage, consumer, k-step): the elements wgmma fetches through make_desc are exactly the block's and the
+    X slab's (row, 16 kk + k) elements that the two TMA boxes wrote, and the boxes fill the stage byte for byte."""
+    cfg = wg_config(c, consumers)
+    base = 1024  # the kernel's 1024-rounded dynamic shared-memory base
+    for s in range(cfg["STAGES"]):
+        a_dst = base + s * cfg["STAGE_BYTES"]
+        a_addr = tma_box_addresses(a_dst, R, c)
+        x_addr = tma_box_addresses(a_dst + cfg["A_BYTES"], cfg["BN"], c)
+        written = torch.cat([a_addr.reshape(-1), x_addr.reshape(-1)])
+        assert written.unique().numel() == written.numel() == cfg["STAGE_BYTES"] // 2  # expect_tx == STAGE_BYTES
+        assert int(written.min()) == a_dst and int(written.max()) == a_dst + cfg["STAGE_BYTES"] - 2
+        for kk in range(c // 16):
+            got_a = wgmma_operand_addresses(make_desc(c, a_dst + kk * 32), R)
+            assert got_a.equal(a_addr[:, 16 * kk : 16 * kk + 16])
+            for cw in range(consumers):
+                b_start = a_dst + cfg["A_BYTES"] + cw * WG_N * c * 2
+                got_b = wgmma_operand_addresses(make_desc(c, b_start + kk * 32), WG_N)
+                assert got_b.equal(x_addr[cw * WG_N : (cw + 1) * WG_N, 16 * kk : 16 * kk + 16])
+
+
+def test_wgmma_smem_budget_and_epilogue_tile_fit():
+    for c in (16, 32, 64):
+        for consumers in (1, 2):
+            cfg = wg_config(c, consumers)
+            assert cfg["STAGE_BYTES"] % 1024 == 0 and cfg["A_BYTES"] % 1024 == 0
+            assert cfg["SMEM_BYTES"] <= 227 * 1024
+            assert cfg["BN"] * cfg["OUT_LD"] * 2 <= cfg["STAGES"] * cfg["STAGE_BYTES"]  # before the mbarriers
+            assert (cfg["OUT_LD"] * 2) % 16 == 0  # 16-byte vector reads of tile rows
+
+
+class SharedMemory:
+    """Byte-addressed shared memory of 2-byte elements (float64 values, NaN = never written) of one CTA."""
+
+    def __init__(self, nbytes: int):
+        self.data = torch.full((nbytes // 2,), float("nan"), dtype=torch.float64)
+
+    def write(self, addr: torch.Tensor, values: torch.Tensor) -> None:
+        assert bool((addr % 2 == 0).all()) and int(addr.max()) < 2 * self.data.numel()
+        self.data[addr.reshape(-1) // 2] = values.reshape(-1).double()
+
+    def read(self, addr: torch.Tensor) -> torch.Tensor:
+        v = self.data[addr // 2]
+        assert not bool(torch.isnan(v).any()), "read a shared-memory element this stage's TMA boxes did not write"
+        return v
+
+
+def emulate_wgmma_bsr(
+    blocks, crow, cols, x, m, bias, relu, schedule=None, split_rows=None, tile_n=256, staged=False, raw_offset=16
+):
+    """The wgmma kernel's CTAs in float64, one at a time: the producer's TMA boxes into the shared-memory ring, the
+    consumers' wgmmas through the descriptors, the accumulator fragments, and the epilogue (``staged``: Y^T through
+    shared memory with 16-byte vectors, into a Y^T buffer of leading dimension ``m``; else scalar stores).
+    ``raw_offset``: where the dynamic shared memory starts (the kernel rounds it up to 1024)."""
     c = blocks.shape[2]
     k, n = x.shape
     consumers = tile_n // WG_N
+    cfg = wg_config(c, consumers)
+    n_stages = cfg["STAGES"]
+    base = (raw_offset + 1023) & ~1023
+    bar_addr = base + n_stages * cfg["STAGE_BYTES"]
+    assert bar_addr % 8 == 0 and bar_addr + 2 * n_stages * 8 <= raw_offset + cfg["SMEM_BYTES"]
     y = torch.full((m, n), float("nan"), dtype=torch.float64)
+    yt_flat = torch.full((n * m,), float("nan"), dtype=torch.float64)  # Y^T storage: y(m, n) at n * m + m
     if schedule is None:
         items = [(row, int(crow[row]), int(crow[row + 1]), -1) for row in range(m // R)]
     else:
@@ -70,37 +227,68 @@ def emulate_wgmma_bsr(blocks, crow, cols, x, m, bias, relu, schedule=None, split
     frag_row, frag_col = fragment_index()
     ws = torch.zeros(n_split, R, n, dtype=torch.float64)
     xd = x.double()
+    blocks_2d = blocks.double().reshape(-1, c)  # map_a: (C, capacity * 64) as a 2-D tensor
     for block_row, start, end, slot in items:
         for n_tile in range(-(-n // tile_n)):
             n0 = n_tile * tile_n
+            smem = SharedMemory(raw_offset + cfg["SMEM_BYTES"])
             acc = torch.zeros(consumers, 4, 32, 64, dtype=torch.float64)  # [consumer][warp][lane][register]
             for it in range(end - start):
+                s = it % n_stages
                 b = start + it
-                a_tile = blocks[b].double()  # TMA box (C, 64) of map_a at (0, b * 64): the block itself
-                assert blocks.reshape(-1, c)[b * R : b * R + R].equal(blocks[b])
-                k0 = int(cols[b]) * c  # TMA box (C, tile_n) of map_x at (col * C, n0); zeros outside X
+                a_dst = base + s * cfg["STAGE_BYTES"]
+                smem.data[a_dst // 2 : (a_dst + cfg["STAGE_BYTES"]) // 2] = float("nan")  # stale data would show
+                smem.write(tma_box_addresses(a_dst, R, c), blocks_2d[b * R : b * R + R])  # box at (0, b * 64)
+                k0 = int(cols[b]) * c  # box of map_x at (col * C, n0): (tile_n rows of n) x (C of k); zeros past N
                 slab = torch.zeros(tile_n, c, dtype=torch.float64)
                 width = max(0, min(tile_n, n - n0))
                 slab[:width] = xd[k0 : k0 + c, n0 : n0 + width].t()
+                smem.write(tma_box_addresses(a_dst + cfg["A_BYTES"], tile_n, c), slab)
                 for cw in range(consumers):
+                    b_addr = a_dst + cfg["A_BYTES"] + cw * WG_N * c * 2
                     part = torch.zeros(R, WG_N, dtype=torch.float64)
-                    for kk in range(c // 16):  # the C / 16 wgmma k-steps (descriptor start + 32 bytes each)
-                        ks = slice(16 * kk, 16 * kk + 16)
-                        part += a_tile[:, ks] @ slab[cw * WG_N : (cw + 1) * WG_N, ks].t()
+                    for kk in range(c // 16):  # Wgmma<T>::run(acc, make_desc<C>(a + 32 kk), make_desc<C>(b + 32 kk))
+                        a_k = smem.read(wgmma_operand_addresses(make_desc(c, a_dst + kk * 32), R))
+                        b_k = smem.read(wgmma_operand_addresses(make_desc(c, b_addr + kk * 32), WG_N))
+                        part += a_k @ b_k.t()
                     acc[cw] += part[frag_row, frag_col]
             m0 = block_row * R
+            if slot < 0 and staged:  # Y^T tile in the pipeline's memory, then 16-byte vectors along m
+                tile = SharedMemory(raw_offset + cfg["SMEM_BYTES"])
+                assert base + cfg["BN"] * cfg["OUT_LD"] * 2 <= bar_addr
             for cw in range(consumers):
                 rows, cols_out = frag_row.reshape(-1), n0 + cw * WG_N + frag_col.reshape(-1)
                 vals = acc[cw].reshape(-1)
-                keep = cols_out < n  # the kernel's `nn < args.n` guard
-                rows, cols_out, vals = rows[keep], cols_out[keep], vals[keep]
                 if slot >= 0:
-                    ws[slot].index_put_((rows, cols_out), vals, accumulate=True)  # atomicAdd
+                    keep = cols_out < n  # the kernel's `nn < args.n` guard
+                    ws[slot].index_put_((rows[keep], cols_out[keep]), vals[keep], accumulate=True)  # atomicAdd
                     continue
                 if bias is not None:
                     vals = vals + bias.double()[m0 + rows]
+                vals = vals.clamp_min(0.0) if relu else vals
+                if staged:
+                    tile_idx = (cw * WG_N + frag_col.reshape(-1)) * cfg["OUT_LD"] + rows
+                    tile.write(base + 2 * tile_idx, vals)  # every element, columns past N included
+                    continue
+                keep = cols_out < n
+                rows, cols_out, vals = rows[keep], cols_out[keep], vals[keep]
                 assert bool(torch.isnan(y[m0 + rows, cols_out]).all())  # each element written once
-                y[m0 + rows, cols_out] = vals.clamp_min(0.0) if relu else vals
+                y[m0 + rows, cols_out] = vals
+            if slot < 0 and staged:
+                per_row = R // 8
+                for idx in range(cfg["BN"] * per_row):  # threads 128 .. of the consumers, strided
+                    nl, ml = idx // per_row, (idx % per_row) * 8
+                    if n0 + nl >= n:
+                        continue
+                    src = base + 2 * (nl * cfg["OUT_LD"] + ml)
+                    dst = (n0 + nl) * m + m0 + ml  # y + (n0 + nl) * syn + m0 + ml, syn = m
+                    assert src % 16 == 0 and (2 * dst) % 16 == 0  # int4 loads and stores
+                    assert bool(torch.isnan(yt_flat[dst : dst + 8]).all())
+                    yt_flat[dst : dst + 8] = tile.read(src + 2 * torch.arange(8))
+    if staged:
+        filled = yt_flat.reshape(n, m).t().clone()
+        written = ~torch.isnan(filled)
+        y[written] = filled[written]
     for slot in range(n_split):  # bsr_finalize_kernel
         m0 = int(split_rows[slot]) * R
         v = ws[slot] + (bias[m0 : m0 + R, None].double() if bias is not None else 0.0)
@@ -109,9 +297,10 @@ def emulate_wgmma_bsr(blocks, crow, cols, x, m, bias, relu, schedule=None, split
 
 
 @pytest.mark.parametrize(
-    ("c", "tile_n", "n", "static"), [(64, 256, 300, True), (32, 128, 5, False), (16, 256, 1, True)]
+    ("c", "tile_n", "n", "static", "staged"),
+    [(64, 256, 300, True, True), (32, 128, 5, False, True), (16, 256, 1, True, False), (32, 256, 130, False, False)],
 )
-def test_wgmma_schedule_emulation_matches_float64(c, tile_n, n, static):
+def test_wgmma_schedule_emulation_matches_float64(c, tile_n, n, static, staged):
     m, k = 4 * R, 6 * c
     dense = block_sparse_weight(m, k, R, c, 0.4, torch.float32, seed=c + n, heavy_rows=1)
     comp = formats.encode("bsr", dense, {"block_rows": R, "block_cols": c}).components
@@ -122,10 +311,47 @@ def test_wgmma_schedule_emulation_matches_float64(c, tile_n, n, static):
         schedule, split_rows = static_schedule(comp["crow_indices"], chunk=2)
         assert split_rows.numel() > 0  # the dense row is cut: exercises the fp32 partial sums
     y = emulate_wgmma_bsr(
-        comp["blocks"], comp["crow_indices"], comp["col_indices"], x2d.t(), m, bias, True, schedule, split_rows, tile_n
-    )
+        comp["blocks"], comp["crow_indices"], comp["col_indices"], x2d.t(), m, bias, True, schedule, split_rows,
+        tile_n, staged=staged, raw_offset=16 if static else 0,
+    )  # fmt: skip
     assert not bool(torch.isnan(y).any())  # every output element written exactly by its owner (empty rows too)
     assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, "relu")) < 1e-12
+
+
+def _descriptor_reads_match(c, consumers, desc=make_desc, k_step=32, consumer_offset=None):
+    """True when every wgmma read of stage 0 (all k-steps, all consumers) fetches the elements TMA wrote there."""
+    cfg = wg_config(c, consumers)
+    a_dst = 1024
+    a_addr = tma_box_addresses(a_dst, R, c)
+    x_addr = tma_box_addresses(a_dst + cfg["A_BYTES"], cfg["BN"], c)
+    consumer_offset = WG_N * c * 2 if consumer_offset is None else consumer_offset
+    for kk in range(c // 16):
+        ks = slice(16 * kk, 16 * kk + 16)
+        if not wgmma_operand_addresses(desc(c, a_dst + kk * k_step), R).equal(a_addr[:, ks]):
+            return False
+        for cw in range(consumers):
+            got = wgmma_operand_addresses(desc(c, a_dst + cfg["A_BYTES"] + cw * consumer_offset + kk * k_step), WG_N)
+            if not got.equal(x_addr[cw * WG_N : (cw + 1) * WG_N, ks]):
+                return False
+    return True
+
+
+def _with_field(desc_fn, shift, width, value_fn):
+    mask = ((1 << width) - 1) << shift
+    return lambda c, addr: (desc_fn(c, addr) & ~mask) | (value_fn(c) << shift)
+
+
+def test_wgmma_address_model_catches_layout_mutations():
+    """The address model is sharp: each of these plausible mistakes reads other elements than TMA wrote."""
+    assert all(_descriptor_reads_match(c, 2) for c in (16, 32, 64))
+    sbo_doubled = _with_field(make_desc, 32, 14, lambda c: (8 * 4 * c) >> 4)
+    assert not any(_descriptor_reads_match(c, 1, desc=sbo_doubled) for c in (16, 32, 64))
+    mode_128b = _with_field(make_desc, 62, 2, lambda c: 1)
+    assert not any(_descriptor_reads_match(c, 1, desc=mode_128b) for c in (16, 32))
+    modes_swapped = _with_field(make_desc, 62, 2, lambda c: {64: 1, 32: 3, 16: 2}[c])
+    assert not any(_descriptor_reads_match(c, 1, desc=modes_swapped) for c in (16, 32))
+    assert not any(_descriptor_reads_match(c, 1, k_step=16) for c in (32, 64))  # k-step in halves, not bytes
+    assert not any(_descriptor_reads_match(c, 2, consumer_offset=WG_N * c) for c in (16, 32, 64))
 
 
 @pytest.mark.parametrize("c", [16, 32, 64])
@@ -196,3 +422,24 @@ def test_variant_names_resolve_and_unknown_names_raise(monkeypatch):
     assert structured.cslt_output() == structured.CSLT_DEFAULT_OUTPUT
     with pytest.raises(ValueError, match="row"):
         structured.cslt_output("diagonal")
+
+
+def test_wgmma_env_default_falls_back_to_mma_but_an_explicit_request_raises(monkeypatch, caplog):
+    """``$PRUNEKIT_BSR_VARIANT=wgmma`` must not break layers the variant does not take (block shape, GPU/build)."""
+    monkeypatch.setattr(structured, "_wgmma_fallback_warned", set())
+    blocks32 = torch.zeros(2, 32, 32, dtype=torch.float16)
+    blocks64 = torch.zeros(2, 64, 32, dtype=torch.float16)
+    with caplog.at_level("WARNING", logger=structured.__name__):
+        assert structured._wgmma_or_fallback(blocks32, None, explicit=False) == "mma"
+        assert structured._wgmma_or_fallback(blocks32, None, explicit=False) == "mma"
+    assert sum("wgmma does not apply" in r.getMessage() for r in caplog.records) == 1  # once per block shape
+    with pytest.raises(ValueError, match="wgmma variant takes blocks"):
+        structured._wgmma_or_fallback(blocks32, None, explicit=True)
+    monkeypatch.setattr(structured, "wgmma_available", lambda: False)
+    assert structured._wgmma_or_fallback(blocks64, 256, explicit=False) == "mma"
+    with pytest.raises(KernelUnavailable, match="sm_90a"):
+        structured._wgmma_or_fallback(blocks64, None, explicit=True)
+    monkeypatch.setattr(structured, "wgmma_available", lambda: True)
+    assert structured._wgmma_or_fallback(blocks64, 256, explicit=True) == "wgmma"
+    with pytest.raises(ValueError, match="tile_n"):
+        structured._wgmma_or_fallback(blocks64, 32, explicit=True)

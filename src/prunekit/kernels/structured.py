@@ -237,16 +237,20 @@ def bsr_mm_cuda(
             :func:`plan_tile_n_wgmma`); staged_epilogue: write the output tile through shared memory with 16-byte
             stores (default) rather than element by element; variant: ``"auto"`` (today ``"mma"``), ``"mma"``
             (mma.sync, ``bsr_mm.cuh``) or ``"wgmma"`` (sm_90a wgmma + TMA, ``bsr_mm_wgmma.cu``, blocks 64 x {16, 32,
-            64}; not yet run on a GPU); default :func:`bsr_variant`.
+            64}; not yet run on a GPU); default :func:`bsr_variant` (a ``"wgmma"`` that comes from
+            ``$PRUNEKIT_BSR_VARIANT`` falls back to ``"mma"``, with one warning, where it does not apply).
 
     Returns:
         ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` (column-major for ``x2d.t()``).
 
     Raises:
-        KernelUnavailable: no GPU/compiler, or ``variant="wgmma"`` without an sm_90a build on an sm_90 GPU.
-        ValueError: bad activation, shapes or variant, or ``"wgmma"`` for a block shape it does not take.
+        KernelUnavailable: no GPU/compiler, or an explicit ``variant="wgmma"`` without an sm_90a build on an sm_90
+            GPU.
+        ValueError: bad activation, shapes or variant, an explicit ``"wgmma"`` for a block shape it does not take,
+            or a wgmma ``tile_n`` other than 128 / 256.
     """
     _check_activation(activation)
+    explicit_variant = variant is not None
     variant = bsr_variant(variant)
     if x.dim() != 2 or blocks.dim() != 3:
         raise ValueError(f"x must be (K, N) and blocks (nblocks, r, c), got {tuple(x.shape)}, {tuple(blocks.shape)}")
@@ -259,10 +263,7 @@ def bsr_mm_cuda(
     if not is_loaded():
         load()
     if variant == "wgmma":
-        if not wgmma_supports(blocks):
-            raise ValueError(f"the wgmma variant takes blocks of {WGMMA_BLOCKS}, got {tuple(blocks.shape[1:])}")
-        if not wgmma_available():
-            raise KernelUnavailable("the wgmma BSR variant needs an sm_90 GPU and a library built for sm_90a")
+        variant = _wgmma_or_fallback(blocks, tile_n, explicit_variant)
     r, c = blocks.shape[1], blocks.shape[2]
     if m % r or x.shape[0] % c or crow_indices.numel() != m // r + 1:
         raise ValueError(f"bsr_mm: M={m}, K={x.shape[0]} and crow_indices do not match blocks of {r}x{c}")
@@ -296,6 +297,37 @@ def bsr_mm_cuda(
         VARIANTS[variant],
     )
     return y
+
+
+_wgmma_fallback_warned: set[tuple[int, int]] = set()  # block shapes already warned about (once per process)
+
+
+def _wgmma_or_fallback(blocks: torch.Tensor, tile_n: int | None, explicit: bool) -> str:
+    """``"wgmma"`` when that variant takes ``blocks`` on this GPU/build, else ``"mma"`` with one warning per block
+    shape when the variant only came from ``$PRUNEKIT_BSR_VARIANT`` (like :func:`eager_bsr_variant`: a process-wide
+    default must not break layers whose blocks the variant does not take). An explicit ``variant="wgmma"`` raises.
+
+    Raises:
+        ValueError: explicit ``"wgmma"`` for a block shape it does not take, or a ``tile_n`` not in
+            :data:`WGMMA_TILE_NS`. KernelUnavailable: explicit ``"wgmma"`` without an sm_90a build on an sm_90 GPU.
+    """
+    if not wgmma_supports(blocks):
+        if explicit:
+            raise ValueError(f"the wgmma variant takes blocks of {WGMMA_BLOCKS}, got {tuple(blocks.shape[1:])}")
+        problem = f"blocks {tuple(blocks.shape[1:])}"
+    elif not wgmma_available():
+        if explicit:
+            raise KernelUnavailable("the wgmma BSR variant needs an sm_90 GPU and a library built for sm_90a")
+        problem = "this GPU/build"
+    else:
+        if tile_n is not None and tile_n not in WGMMA_TILE_NS:
+            raise ValueError(f"the wgmma variant's tile_n is one of {WGMMA_TILE_NS}, got {tile_n}")
+        return "wgmma"
+    shape = (int(blocks.shape[1]), int(blocks.shape[2]))
+    if shape not in _wgmma_fallback_warned:
+        _wgmma_fallback_warned.add(shape)
+        log.warning("$%s=wgmma does not apply to %s; using mma", BSR_VARIANT_ENV, problem)
+    return "mma"
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:

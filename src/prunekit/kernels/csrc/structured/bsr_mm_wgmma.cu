@@ -87,6 +87,12 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
               "x", c);
   TORCH_CHECK(tile_n == 128 || tile_n == 256, "bsr_mm wgmma: tile_n must be 128 or 256");
   TORCH_CHECK(bsr_wgmma_available(), "bsr_mm wgmma: needs an sm_90 GPU and a library built for sm_90a");
+  // The tensor maps are encoded as FLOAT16 or BFLOAT16 from x's dtype: any other dtype would be read as bf16.
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+              "bsr_mm wgmma: takes float16 or bfloat16, got ", x.scalar_type());
+  // TMA: rows of X (its columns n) at a byte stride that is a multiple of 16 and covers a row of K elements.
+  TORCH_CHECK(x.stride(0) == 1 && x.stride(1) % 8 == 0 && x.stride(1) >= x.size(0),
+              "bsr_mm wgmma: x must be K-contiguous with a leading dimension >= K and a multiple of 8");
   const bool half = x.scalar_type() == at::kHalf;
   const uint64_t capacity_rows = static_cast<uint64_t>(std::max<int64_t>(blocks.size(0), 1)) * r;
   const CUtensorMap map_a = make_map(blocks.data_ptr(), half, c, capacity_rows, static_cast<uint64_t>(c) * 2, c, R);

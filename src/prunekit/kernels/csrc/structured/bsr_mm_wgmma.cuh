@@ -58,6 +58,12 @@ __host__ __device__ constexpr uint64_t make_desc(uint32_t smem_addr) {
   constexpr uint64_t sbo = 8 * 2 * C;
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | ((sbo >> 4) << 32) | (mode << 62);
 }
+// The exact bits at a 1024-byte-aligned tile (start 1024 >> 4 = 0x40, LBO 1, SBO 1024/512/256 >> 4, mode 1/2/3);
+// tests/kernels/test_structured_tiling.py decodes the same literals with its address model of TMA + wgmma.
+static_assert(make_desc<64>(1024) == 0x4000004000010040ull, "descriptor bits, C = 64 (128-byte swizzle)");
+static_assert(make_desc<32>(1024) == 0x8000002000010040ull, "descriptor bits, C = 32 (64-byte swizzle)");
+static_assert(make_desc<16>(1024) == 0xC000001000010040ull, "descriptor bits, C = 16 (32-byte swizzle)");
+static_assert(make_desc<64>(1024 + 32) == make_desc<64>(1024) + 2, "a k-step of 16 halves adds 32 bytes >> 4");
 
 #ifdef PK_SM90A
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -286,8 +292,12 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
             cudaStream_t stream) {
   using Cfg = WgConfig<C, CONSUMERS>;
   auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS>;
-  static std::once_flag once;  // per instantiation
-  std::call_once(once, [&] {
+  constexpr int MAX_DEVICES = 64;
+  static std::once_flag once[MAX_DEVICES];  // per instantiation and device: the attribute is set per device
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  TORCH_CHECK(device >= 0 && device < MAX_DEVICES, "bsr_mm wgmma: device index ", device, " out of range");
+  std::call_once(once[device], [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });
   const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
