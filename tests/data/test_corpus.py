@@ -47,3 +47,25 @@ def test_load_texts_errors_name_the_file_and_line(tmp_path, name, content, match
         load_texts(path)
     with pytest.raises(DataError, match="not found"):
         load_texts(tmp_path / "missing.txt")
+
+
+def test_corpus_does_not_depend_on_what_the_process_imported(monkeypatch):
+    """torch.package replaces inspect.getfile when imported; the harvest runs in a fresh interpreter, so a patched
+    stdlib function in this process changes nothing."""
+    import inspect
+
+    from prunekit.data import corpus
+
+    before = corpus.stdlib_corpus()
+
+    def _patched_getfile(obj):
+        return "patched"
+
+    monkeypatch.setattr(inspect, "getfile", _patched_getfile)
+    corpus.stdlib_corpus.cache_clear()
+    try:
+        after = corpus.stdlib_corpus()
+    finally:
+        corpus.stdlib_corpus.cache_clear()
+    assert after == before
+    assert any(t.startswith("Work out which source or compiled file") for t in before[0] + before[1])

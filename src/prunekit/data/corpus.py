@@ -3,7 +3,8 @@
 Calibration (Wanda, SparseGPT), fine-tuning and evaluation need real text, and CI has no
 network. Every Python installation ships thousands of hand-written English paragraphs: the
 docstrings of its standard library. :func:`stdlib_corpus` imports a fixed list of stdlib
-modules (:data:`CORPUS_MODULES`), collects the docstrings of each module and of its public
+modules (:data:`CORPUS_MODULES`) in a fresh interpreter (``_stdlib_harvest.py``, so the caller's imports cannot
+change the text), collects the docstrings of each module and of its public
 classes, functions and methods (``inspect.getdoc``), splits them into paragraphs, and keeps
 prose paragraphs (no doctest lines, 60 to 1000 characters, mostly letters).
 
@@ -21,66 +22,43 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
-import inspect
 import json
-import re
-import warnings
+import subprocess
+import sys
 from pathlib import Path
 
 from ..errors import PrunekitError
+from ._stdlib_harvest import CORPUS_MODULES
 
 __all__ = ["CORPUS_MODULES", "DataError", "stdlib_corpus", "calibration_texts", "evaluation_texts", "load_texts"]
 
-# Stdlib modules without import side effects (no GUI, no network at import, no ``this``).
-CORPUS_MODULES = (
-    "abc argparse ast asyncio base64 bisect bz2 calendar cmd codecs collections colorsys configparser "
-    "contextlib copy csv dataclasses datetime decimal difflib dis doctest email enum filecmp fnmatch "
-    "fractions ftplib functools getopt gettext glob graphlib gzip hashlib heapq hmac html.parser "
-    "http.client http.cookiejar imaplib inspect io ipaddress itertools json locale logging lzma mailbox "
-    "math mimetypes mmap multiprocessing netrc numbers operator optparse os pathlib pickle pickletools "
-    "poplib pprint pydoc queue quopri random re reprlib sched secrets selectors shelve shlex shutil "
-    "signal smtplib socket socketserver sqlite3 ssl statistics string struct subprocess tarfile "
-    "tempfile textwrap threading timeit tokenize trace traceback types typing unittest urllib.parse "
-    "urllib.request uuid warnings wave weakref xml.dom.minidom xml.etree.ElementTree zipfile zoneinfo"
-).split()
 HELD_OUT_FRACTION = 0.2
-MIN_CHARS, MAX_CHARS = 60, 1000
 
 
 class DataError(PrunekitError):
     """A text file for calibration, training or evaluation is missing, empty or malformed."""
 
 
-def _paragraphs(doc: str) -> list[str]:
-    out = []
-    for block in re.split(r"\n\s*\n", doc):
-        lines = [line.strip() for line in block.strip().splitlines()]
-        if not lines or any(line.startswith((">>>", "...", "$ ", "%")) for line in lines):
-            continue
-        text = " ".join(" ".join(lines).split())
-        letters = sum(ch.isalpha() or ch == " " for ch in text)
-        if MIN_CHARS <= len(text) <= MAX_CHARS and letters >= 0.85 * len(text) and text[0].isupper():
-            out.append(text)
-    return out
-
-
-def _docstrings(module) -> list[str]:
-    docs = [inspect.getdoc(module) or ""]
-    for name, obj in sorted(vars(module).items()):
-        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
-            continue
-        if inspect.isclass(obj) or inspect.isfunction(obj):
-            docs.append(inspect.getdoc(obj) or "")
-        if inspect.isclass(obj):
-            for attr, member in sorted(vars(obj).items()):
-                if not attr.startswith("_") and inspect.isfunction(member):
-                    docs.append(inspect.getdoc(member) or "")
-    return docs
-
-
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _harvest_fresh() -> list[str]:
+    """The paragraphs harvested by ``_stdlib_harvest.py`` in a fresh, isolated interpreter (``-I``).
+
+    Raises:
+        DataError: the harvest process failed.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-I", str(Path(__file__).with_name("_stdlib_harvest.py"))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DataError(f"harvesting the stdlib docstring corpus failed: {last}")
+    return json.loads(proc.stdout)
 
 
 @functools.lru_cache(maxsize=1)
@@ -90,16 +68,7 @@ def stdlib_corpus() -> tuple[tuple[str, ...], tuple[str, ...]]:
     Returns:
         ``(calibration, held_out)``: unique prose paragraphs (str), each ordered by sha256.
     """
-    seen: set[str] = set()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # deprecated stdlib aliases warn when their docstrings are read
-        for name in CORPUS_MODULES:
-            try:
-                module = importlib.import_module(name)
-            except ImportError:
-                continue
-            for doc in _docstrings(module):
-                seen.update(_paragraphs(doc))
+    seen = _harvest_fresh()
     cut = int(HELD_OUT_FRACTION * 16**8)
     ordered = sorted(seen, key=_digest)
     held_out = tuple(t for t in ordered if int(_digest(t)[:8], 16) < cut)
