@@ -443,3 +443,17 @@ def test_wgmma_env_default_falls_back_to_mma_but_an_explicit_request_raises(monk
     assert structured._wgmma_or_fallback(blocks64, 256, explicit=True) == "wgmma"
     with pytest.raises(ValueError, match="tile_n"):
         structured._wgmma_or_fallback(blocks64, 32, explicit=True)
+
+
+def test_weight_caches_accept_inference_tensors():
+    """The 2:4 weight caches key on the version counter, which inference tensors lack (the runtime's run and the
+    benchmarks work under torch.inference_mode)."""
+    from prunekit.kernels import structured
+
+    plain = torch.zeros(4)
+    assert structured.tensor_version(plain) == 0
+    plain.add_(1)
+    assert structured.tensor_version(plain) == 1
+    with torch.inference_mode():
+        made_inside = torch.zeros(4)
+    assert structured.tensor_version(made_inside) == -1

@@ -449,14 +449,21 @@ class _NativeWeight:
             pass
 
 
+def tensor_version(t: torch.Tensor) -> int:
+    """``t._version`` (bumped by in-place writes), or -1 for an inference tensor, which keeps no version counter
+    (reading it raises); such a weight is matched by its data pointer alone (it cannot be modified in place outside
+    inference mode)."""
+    return -1 if t.is_inference() else t._version
+
+
 def native_weight_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> _NativeWeight:
     """The binding's compressed copy of a stored 2:4 weight, built once and kept on ``values`` (rebuilt only when
     ``values`` was modified in place or moved)."""
     global compress_calls
     state = getattr(values, _NATIVE_ATTR, None)
-    if state is not None and state.version == values._version and state.data_ptr == values.data_ptr():
+    if state is not None and state.version == tensor_version(values) and state.data_ptr == values.data_ptr():
         return state
-    state = _NativeWeight(_decode_nm_dense(values, metadata, 2, 4, bits, k), values._version, values.data_ptr())
+    state = _NativeWeight(_decode_nm_dense(values, metadata, 2, 4, bits, k), tensor_version(values), values.data_ptr())
     compress_calls += 1
     setattr(values, _NATIVE_ATTR, state)
     return state
@@ -470,11 +477,11 @@ def compressed_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: in
     """
     global compress_calls
     hit = getattr(values, _CACHE_ATTR, None)
-    if hit is not None and hit[0] == values._version and hit[1] == values.data_ptr():
+    if hit is not None and hit[0] == tensor_version(values) and hit[1] == values.data_ptr():
         return hit[2]
     packed = torch._cslt_compress(_decode_nm_dense(values, metadata, 2, 4, bits, k))
     compress_calls += 1
-    setattr(values, _CACHE_ATTR, (values._version, values.data_ptr(), packed))
+    setattr(values, _CACHE_ATTR, (tensor_version(values), values.data_ptr(), packed))
     return packed
 
 
