@@ -37,7 +37,15 @@ log = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
 PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
-SOURCES = ("bindings.cpp", "spmm_rowwarp.cu", "spmm_direct.cu", "spmm_tiled.cu", "spmm_tc.cu", "sddmm_csr.cu")
+SOURCES = (
+    "bindings.cpp",
+    "spmm_entry.cu",
+    "spmm_rowwarp.cu",
+    "spmm_direct.cu",
+    "spmm_tiled.cu",
+    "spmm_tc.cu",
+    "sddmm_csr.cu",
+)
 HEADERS = ("common.cuh", "kernels.h")
 DEFAULT_ARCHS = ("80", "90")
 MIN_CAPABILITY = (8, 0)  # bf16 conversion intrinsics need sm_80

@@ -15,6 +15,10 @@ SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
   H100 at every shape, so ``auto`` never picks it (kept for experiments, forced with ``variant="tiled"``).
 - ``tc``: tensor cores on condensed 16-row windows ("load sparse, compute dense", ``spmm_tc.cu`` with the plan of
   ``spmm_tc_plan.py``, built once per weight and cached on its values tensor); fp16/bf16 only. Large-N path.
+
+The C++ operator ``prunekit_ext::spmm_csr_auto`` (``csrc/spmm_entry.cu``) repeats :func:`spmm_csr` for the
+CUDA-core variants in one dispatcher call (its plan is :func:`plan_spmm` ported to C++); the runtime's eager CSR
+layers take it when :func:`eager_spmm_variant` says so (opt-in, ``$PRUNEKIT_SPMM_CPP=1``, until it has run on a GPU).
 """
 
 from __future__ import annotations
@@ -53,6 +57,14 @@ TILED_N_TILE = 128  # output columns per tiled block
 SUBWARP_MIN_NNZ = 128
 STAGE_X_MIN_N = 32  # auto: rowwarp stages X in shared memory only from this N ...
 STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
+# Variant codes of the C++ entry prunekit_ext::spmm_csr_auto and of prunekit_ext::plan_spmm_code (csrc/spmm_entry.cu
+# kAuto ... kTc hold the same numbers; the entry takes 0-4, tc stays on this module's launcher).
+SPMM_VARIANT_CODES = {"auto": 0, "rowwarp": 1, "rowwarp_global": 2, "direct": 3, "tiled": 4, "tc": 5}
+EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ entry takes (values and x alike)
+# The C++ eager entry has not run on a GPU yet: until its GPU tests (tests/kernels/test_spmm_entry.py) have passed,
+# the runtime keeps the measured Python launch path unless $PRUNEKIT_SPMM_CPP=1.
+EAGER_CPP_ENV = "PRUNEKIT_SPMM_CPP"
+EAGER_CPP_DEFAULT = False
 
 
 @dataclass(frozen=True)
@@ -292,6 +304,101 @@ def spmm_csr(
             x = x.contiguous()
         _OPS["tiled"](values, row_offsets, column_indices, x, y, bias, relu, plan.rows_per_warp)
     return y
+
+
+# --- eager entry: one C++ operator call per layer call (the CUDA-core variants) ------------------------------------
+
+
+def eager_cpp_enabled() -> bool:
+    """Whether eager CUDA calls of the runtime take the C++ entry ``prunekit_ext::spmm_csr_auto``:
+    ``$PRUNEKIT_SPMM_CPP`` (``1``/``0``), else :data:`EAGER_CPP_DEFAULT` (False until it has run on a GPU)."""
+    env = os.environ.get(EAGER_CPP_ENV)
+    return EAGER_CPP_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+
+
+def spmm_plan_code(plan: SpmmPlan) -> tuple[int, int, int, int, int, int]:
+    """``plan`` as ``prunekit_ext::plan_spmm_code`` returns it: ``(variant code, subwarp, ntile, rows_per_warp,
+    stage_x, windows_per_warp)`` with :data:`SPMM_VARIANT_CODES` (a GPU test compares the two plans with this)."""
+    return (
+        SPMM_VARIANT_CODES[plan.variant],
+        plan.subwarp,
+        plan.ntile,
+        plan.rows_per_warp,
+        int(plan.stage_x),
+        plan.windows_per_warp,
+    )
+
+
+def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtype, n: int, tc_auto: bool) -> int | None:
+    """Variant code for ``prunekit_ext::spmm_csr_auto``, or None when :func:`spmm_csr` must run the call.
+
+    None when the call would use the tensor-core kernel (``variant="tc"``, or ``"auto"`` with ``tc_auto``, fp16/bf16
+    and ``n >= TC_MIN_N``: the rule of :func:`plan_spmm`, whose ``tc`` plan is a Python object), when the dtypes differ
+    (mixed precision converts in Python) or are not in :data:`EAGER_DTYPES`. Pure function of its arguments.
+
+    Args:
+        variant: one of :data:`SPMM_VARIANTS`; x_dtype / values_dtype: the activations' and weights' dtypes;
+            n: N (tokens); tc_auto: :func:`tc_auto_enabled`.
+
+    Raises:
+        ValueError: unknown ``variant``.
+    """
+    if variant not in SPMM_VARIANTS:
+        raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
+    if variant == "tc" or (variant == "auto" and tc_auto and x_dtype in TC_DTYPES and n >= TC_MIN_N):
+        return None
+    if x_dtype != values_dtype or x_dtype not in EAGER_DTYPES:
+        return None
+    return SPMM_VARIANT_CODES[variant]
+
+
+def eager_spmm_variant(values: torch.Tensor, x: torch.Tensor, variant: str = "auto") -> int | None:
+    """Variant code for the C++ eager entry ``prunekit_ext::spmm_csr_auto`` (loading the library on first use), or
+    None when :func:`spmm_csr` must run: :func:`eager_cpp_enabled` False, ``x`` not a 2-D CUDA tensor, or
+    :func:`eager_spmm_code` None (tensor-core plan, mixed or unsupported dtypes).
+
+    The answer depends on ``x`` only through its dtype, its device and whether ``N >= TC_MIN_N`` (and on
+    ``$PRUNEKIT_SPMM_CPP`` / ``$PRUNEKIT_SPMM_TC``, read now): the runtime asks once per layer, dtype pair and that
+    size class and caches the answer (``SparseLinear._eager_plans``).
+
+    Args:
+        values: ``(nnz_padded,)`` the weight's stored values; x: ``(K, N)`` activations; variant: one of
+            :data:`SPMM_VARIANTS`.
+
+    Raises:
+        KernelUnavailable: enabled, but no GPU/compiler. ValueError: unknown ``variant``.
+    """
+    if not eager_cpp_enabled() or x.dim() != 2 or not x.is_cuda:
+        return None
+    code = eager_spmm_code(variant, x.dtype, values.dtype, x.shape[1], tc_auto_enabled())
+    if code is not None:
+        _ensure_loaded()
+    return code
+
+
+def spmm_csr_eager(
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    row_indices: torch.Tensor,
+    x: torch.Tensor,
+    m: int,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    *,
+    variant: str = "auto",
+) -> torch.Tensor:
+    """:func:`spmm_csr` through the C++ entry ``prunekit_ext::spmm_csr_auto`` where :func:`eager_spmm_variant` allows
+    (output allocation, X layout, variant and tiling chosen in C++), else :func:`spmm_csr`. Same arguments (no
+    ``out``), result and layout; shape and dtype errors of the C++ checks raise RuntimeError."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
+    code = eager_spmm_variant(values, x, variant)
+    if code is None:
+        return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation, variant=variant)
+    return torch.ops.prunekit_ext.spmm_csr_auto.default(
+        values, row_offsets, column_indices, row_indices, x, m, bias, activation == "relu", code
+    )
 
 
 def sddmm_csr(

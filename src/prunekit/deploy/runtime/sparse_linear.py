@@ -18,10 +18,32 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...formats import EncodedTensor, decode
-from ...kernels import ops, structured
+from ...kernels import gpu, ops, structured
 
 
 def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
+    # Eager CUDA inference: one C++ operator call (prunekit_ext::spmm_csr_auto) when gpu.eager_spmm_variant allows;
+    # an input that needs a gradient keeps the differentiable custom op.
+    if _eager_cuda(xt) and not (xt.requires_grad and torch.is_grad_enabled()):
+        buffers = layer._buffers
+        values = buffers["w_values"]
+        # The decision depends on N only through whether the tensor-core plan is possible (gpu.eager_spmm_variant).
+        key = (xt.dtype, values.dtype, xt.shape[1] >= gpu.TC_MIN_N)
+        code = layer._eager_plans.get(key, _UNSET)
+        if code is _UNSET:
+            code = layer._eager_plans[key] = gpu.eager_spmm_variant(values, xt)
+        if code is not None:
+            return torch.ops.prunekit_ext.spmm_csr_auto.default(
+                values,
+                buffers["w_row_offsets"],
+                buffers["w_column_indices"],
+                buffers["w_row_indices"],
+                xt,
+                layer.out_features,
+                layer.bias,
+                False,
+                code,
+            )
     c = layer.component
     return ops.spmm_csr(
         c("values"), c("row_offsets"), c("column_indices"), c("row_indices"), xt, layer.out_features, layer.bias

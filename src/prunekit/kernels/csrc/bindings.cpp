@@ -35,6 +35,13 @@ TORCH_LIBRARY(prunekit_ext, m) {
       "spmm_csr_tc(Tensor frag_values, Tensor slot_rows, Tensor kstep_offsets, Tensor window_rows, Tensor x, "
       "Tensor(a!) y, Tensor? bias, bool relu, int windows_per_warp, int ntile) -> ()");
   m.def("sddmm_csr(Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor a, Tensor b, Tensor(a!) out) -> ()");
+  // The runtime's eager CSR call (spmm_entry.cu): allocates Y, chooses the CUDA-core variant, launches.
+  m.def(
+      "spmm_csr_auto(Tensor values, Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor x, int m, "
+      "Tensor? bias, bool relu, int variant=0) -> Tensor");
+  // No tensor arguments: a catch-all kernel (gpu.plan_spmm in C++, compared with it by a GPU test).
+  m.def("plan_spmm_code(int m, int k, int n, int nnz_padded, int num_sms, int variant, ScalarType? dtype, bool tc_auto) -> int[]",
+        &prunekit::plan_spmm_code);
 }
 
 TORCH_LIBRARY_IMPL(prunekit_ext, CUDA, m) {
@@ -43,4 +50,5 @@ TORCH_LIBRARY_IMPL(prunekit_ext, CUDA, m) {
   m.impl("spmm_csr_direct", &prunekit::spmm_csr_direct);
   m.impl("spmm_csr_tc", &prunekit::spmm_csr_tc);
   m.impl("sddmm_csr", &prunekit::sddmm_csr);
+  m.impl("spmm_csr_auto", &prunekit::spmm_csr_auto);
 }

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <optional>
+#include <vector>
 
 namespace prunekit {
 
@@ -32,6 +33,18 @@ void spmm_csr_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, con
 // Sputnik-style SDDMM: out[j] = dot(a[row(j)], b[col(j)]) at each stored CSR entry. See sddmm_csr.cu.
 void sddmm_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const at::Tensor& row_indices,
                const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
+
+// Eager entry of the CUDA-core SpMM variants (rowwarp, direct, tiled): checks, output allocation by layout.py's rule,
+// the variant/tiling choice of gpu.plan_spmm, X layout and launch in one call. variant: 0 auto (never tc), 1 rowwarp,
+// 2 rowwarp_global, 3 direct, 4 tiled (gpu.SPMM_VARIANT_CODES). Returns Y (m, N). See spmm_entry.cu.
+at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
+                         const at::Tensor& row_indices, const at::Tensor& x, int64_t m,
+                         const std::optional<at::Tensor>& bias, bool relu, int64_t variant);
+
+// gpu.plan_spmm in C++: {variant code, subwarp, ntile, rows_per_warp, stage_x, windows_per_warp} for A (m, k) with
+// nnz_padded stored entries times X (k, n); dtype decides whether auto may take tc (with tc_auto). See spmm_entry.cu.
+std::vector<int64_t> plan_spmm_code(int64_t m, int64_t k, int64_t n, int64_t nnz_padded, int64_t num_sms,
+                                    int64_t variant, std::optional<at::ScalarType> dtype, bool tc_auto);
 
 // Shared argument checks.
 void check_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const char* op);

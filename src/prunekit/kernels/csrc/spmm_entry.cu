@@ -1,0 +1,183 @@
+// Eager host entry of the CUDA-core SpMM kernels: prunekit_ext::spmm_csr_auto does in one dispatcher call what the
+// Python launcher gpu.spmm_csr does for the rowwarp, direct and tiled variants (argument checks, output allocation by
+// layout.py's rule, the variant and tiling choice of gpu.plan_spmm, a row-major copy of X where the variant needs
+// one, the launch on the current stream), so that the runtime's eager forward of a CSR layer costs no Python-side
+// tensor work. No host synchronisation, no .item(). The tensor-core variant (tc) is not taken here: its plan is a
+// Python object built once per weight (spmm_tc_plan.py), so gpu.py's decision function sends those calls to the
+// Python launcher. prunekit_ext::plan_spmm_code exports the plan so that a GPU test checks it equals gpu.plan_spmm.
+// Host code only, in a .cu file: nvcc supplies the CUDA runtime headers of the SM-count query, so that
+// scripts/compile_check.py compiles it on machines where torch has no CUDA_HOME.
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <vector>
+
+#include "kernels.h"
+
+namespace prunekit {
+
+namespace {
+
+// Variant codes: gpu.py SPMM_VARIANT_CODES holds the same numbers (the `variant` argument of both ops, and the
+// first entry of plan_spmm_code's result, where rowwarp_global comes back as rowwarp with stage_x = 0).
+constexpr int64_t kAuto = 0;
+constexpr int64_t kRowwarp = 1;
+constexpr int64_t kRowwarpGlobal = 2;
+constexpr int64_t kDirect = 3;
+constexpr int64_t kTiled = 4;
+constexpr int64_t kTc = 5;
+
+// gpu.py's tiling constants (same names there).
+constexpr int64_t ROWWARP_MAX_N = 64;
+constexpr int64_t TC_MIN_N = 65;
+constexpr int64_t SUBWARP_MIN_NNZ = 128;
+constexpr int64_t STAGE_X_MIN_N = 32;
+constexpr int64_t STAGE_X_MIN_ROWS_PER_SM = 16;
+constexpr int64_t TILED_BIG_ROWS_PER_BLOCK = 64;  // TILED_ROWS_PER_BLOCK[8]
+constexpr int64_t TILED_N_TILE = 128;
+constexpr int64_t TC_WARPS = 8;
+constexpr std::array<std::array<int64_t, 2>, 3> TC_TILES{{{2, 128}, {1, 128}, {1, 64}}};  // (windows_per_warp, ntile)
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int sm_count(int device) {
+  static std::array<std::atomic<int>, 64> counts{};  // per device, filled on first use (a race writes one value)
+  if (device < 0 || device >= 64) {
+    int value = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+    return value;
+  }
+  int value = counts[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+    counts[device].store(value, std::memory_order_relaxed);
+  }
+  return value;
+}
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+}  // namespace
+
+std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_padded, int64_t num_sms,
+                                 int64_t variant, bool tensor_core_dtype, bool tc_auto) {
+  // Result: {variant, subwarp, ntile, rows_per_warp, stage_x, windows_per_warp}, the fields of gpu.SpmmPlan with its
+  // defaults {-, 32, 16, 8, 1, 1} where a variant leaves one unset.
+  TORCH_CHECK(variant >= kAuto && variant <= kTc, "plan_spmm_code: unknown variant code ", variant,
+              " (0 auto, 1 rowwarp, 2 rowwarp_global, 3 direct, 4 tiled, 5 tc)");
+  bool stage_x;
+  if (variant == kAuto) {
+    variant = n <= ROWWARP_MAX_N ? kRowwarp : kDirect;
+    if (tensor_core_dtype && n >= TC_MIN_N && tc_auto) variant = kTc;
+    stage_x = n >= STAGE_X_MIN_N && m >= STAGE_X_MIN_ROWS_PER_SM * num_sms && nnz_padded >= 2 * k * num_sms;
+  } else {
+    stage_x = variant != kRowwarpGlobal;
+  }
+  if (variant == kDirect) return {kDirect, 32, 16, 8, 1, 1};
+  if (variant == kTc) {
+    const int64_t windows = ceil_div(m, 16);
+    int64_t wpw = 0, ntile = 0;
+    for (const auto& tile : TC_TILES) {  // largest tile giving at least one block per SM, else the smallest
+      wpw = tile[0];
+      ntile = tile[1];
+      if (ceil_div(windows, TC_WARPS * wpw) * ceil_div(n, ntile) >= num_sms) break;
+    }
+    return {kTc, 32, ntile, 8, 1, wpw};
+  }
+  if (variant == kRowwarp || variant == kRowwarpGlobal) {
+    // gpu.py: nnz_padded / max(1, m) >= SUBWARP_MIN_NNZ, exact in integers.
+    const int64_t subwarp = nnz_padded >= SUBWARP_MIN_NNZ * std::max<int64_t>(1, m) ? 32 : 8;
+    const int64_t ntile = n <= 1 ? 1 : n <= 4 ? 4 : n <= 8 ? 8 : 16;
+    return {kRowwarp, subwarp, ntile, 8, stage_x ? 1 : 0, 1};
+  }
+  const int64_t big_blocks = ceil_div(m, TILED_BIG_ROWS_PER_BLOCK) * ceil_div(n, TILED_N_TILE);
+  return {kTiled, 32, 16, big_blocks >= 2 * num_sms ? 8 : 2, 1, 1};
+}
+
+std::vector<int64_t> plan_spmm_code(int64_t m, int64_t k, int64_t n, int64_t nnz_padded, int64_t num_sms,
+                                    int64_t variant, std::optional<at::ScalarType> dtype, bool tc_auto) {
+  const bool tensor_core_dtype = dtype.has_value() && (*dtype == at::kHalf || *dtype == at::kBFloat16);
+  const auto plan = plan_spmm(m, k, n, nnz_padded, num_sms, variant, tensor_core_dtype, tc_auto);
+  return std::vector<int64_t>(plan.begin(), plan.end());
+}
+
+at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
+                         const at::Tensor& row_indices, const at::Tensor& x, int64_t m,
+                         const std::optional<at::Tensor>& bias, bool relu, int64_t variant) {
+  constexpr const char* op = "spmm_csr_auto";
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D (K, N), got shape ", x.sizes());
+  TORCH_CHECK(values.dim() == 1 && column_indices.dim() == 1 && row_offsets.dim() == 1 && row_indices.dim() == 1, op,
+              ": values, column_indices, row_offsets and row_indices must be 1-D");
+  TORCH_CHECK(x.is_cuda(), op, ": x must be on the GPU, got ", x.device());
+  const auto device = x.device();
+  TORCH_CHECK(values.device() == device && row_offsets.device() == device && column_indices.device() == device &&
+                  row_indices.device() == device && (!bias.has_value() || bias->device() == device),
+              op, ": every tensor must be on x's device (", device, ")");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, op,
+              ": x must be float16, bfloat16 or float32, got ", dtype);
+  TORCH_CHECK(values.scalar_type() == dtype, op, ": values (", values.scalar_type(), ") and x (", dtype,
+              ") must share one dtype (gpu.spmm_csr converts mixed precision)");
+  TORCH_CHECK(row_offsets.scalar_type() == at::kInt && row_indices.scalar_type() == at::kInt, op,
+              ": row_offsets and row_indices must be int32");
+  TORCH_CHECK(column_indices.scalar_type() == at::kShort || column_indices.scalar_type() == at::kInt, op,
+              ": column_indices must be int16 or int32, got ", column_indices.scalar_type());
+  TORCH_CHECK(variant >= kAuto && variant <= kTiled, op, ": variant code must be 0-4 (auto, rowwarp, rowwarp_global, ",
+              "direct, tiled), got ", variant, "; the tensor-core variant runs through gpu.spmm_csr");
+  TORCH_CHECK(m >= 0, op, ": m must be >= 0, got ", m);
+  TORCH_CHECK(row_offsets.numel() == m + 1, op, ": row_offsets has ", row_offsets.numel(), " entries, expected M + 1 = ",
+              m + 1);
+  TORCH_CHECK(row_indices.numel() == m, op, ": row_indices has ", row_indices.numel(), " entries, expected M = ", m);
+  TORCH_CHECK(column_indices.numel() == values.numel(), op, ": column_indices (", column_indices.numel(),
+              ") and values (", values.numel(), ") must have one length");
+  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->numel() == m), op, ": bias must be (M,) = (", m, ",)");
+
+  // Output by layout.py's rule: a column-major X (the runtime's x2d.t(), N > 1) gives the transposed view of a
+  // contiguous (N, M) buffer, anything else a contiguous (M, N).
+  const int64_t k = x.size(0), n = x.size(1);
+  const bool transposed_io = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
+  at::Tensor y = transposed_io ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+
+  std::optional<at::Tensor> bias_c = bias;
+  if (bias.has_value() && (bias->scalar_type() != dtype || !bias->is_contiguous()))
+    bias_c = bias->to(dtype).contiguous();
+  // Copy only what the kernels cannot take as stored (16-byte vector loads of values and column indices).
+  const at::Tensor values_c =
+      values.is_contiguous() && aligned16(values) ? values : values.clone(at::MemoryFormat::Contiguous);
+  const at::Tensor cols_c = column_indices.is_contiguous() && aligned16(column_indices)
+                                ? column_indices
+                                : column_indices.clone(at::MemoryFormat::Contiguous);
+  const at::Tensor offsets_c = row_offsets.contiguous();
+  const at::Tensor rows_c = row_indices.contiguous();
+
+  const auto plan =
+      plan_spmm(m, k, n, values_c.numel(), sm_count(x.get_device()), variant, /*tensor_core_dtype=*/false, false);
+  switch (plan[0]) {
+    case kRowwarp: {
+      // Row-major copy of transposed activations (N * K elements, small next to the weights at these N).
+      const at::Tensor xr = n > 1 && x.stride(1) != 1 ? x.contiguous() : x;
+      spmm_csr_rowwarp(values_c, offsets_c, cols_c, rows_c, xr, y, bias_c, relu, plan[1], plan[2], plan[4] != 0);
+      break;
+    }
+    case kDirect: {
+      const at::Tensor xr = n > 1 && x.stride(1) != 1 ? x.contiguous() : x;
+      spmm_csr_direct(values_c, offsets_c, cols_c, rows_c, xr, y, bias_c, relu);
+      break;
+    }
+    case kTiled: {
+      // The tiled kernel reads row-major X and the transposed view of a row-major (N, K) buffer.
+      const at::Tensor xr = x.stride(1) == 1 || transposed_io ? x : x.contiguous();
+      spmm_csr_tiled(values_c, offsets_c, cols_c, xr, y, bias_c, relu, plan[3]);
+      break;
+    }
+    default:
+      TORCH_CHECK(false, op, ": internal error, plan chose variant code ", plan[0]);
+  }
+  return y;
+}
+
+}  // namespace prunekit

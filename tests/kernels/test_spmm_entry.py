@@ -1,0 +1,327 @@
+"""The C++ eager SpMM entry ``prunekit_ext::spmm_csr_auto`` (csrc/spmm_entry.cu) and the runtime's use of it.
+
+CPU: the Python decision (``gpu.eager_spmm_code`` / ``eager_spmm_variant``: opt-in, never for the tensor-core plan or
+mixed dtypes), the C++ constants against gpu.py's, and SparseLinear falling back to the custom op. GPU (``cuda``): the
+entry against a float64 reference for every variant it can choose, its output layout, its errors, ``plan_spmm_code``
+against ``gpu.plan_spmm``, and SparseLinear taking the entry with ``PRUNEKIT_SPMM_CPP=1``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+import torch
+
+from prunekit import formats
+from prunekit.deploy.runtime.sparse_linear import SparseLinear
+from prunekit.kernels import build, gpu, ops
+from prunekit.kernels.layout import new_spmm_output
+from prunekit.kernels.testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, spmm_reference64
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+ENTRY_SOURCE = build.CSRC_DIR / "spmm_entry.cu"
+
+
+@pytest.fixture
+def cpp_on(monkeypatch):
+    monkeypatch.setenv(gpu.EAGER_CPP_ENV, "1")
+    monkeypatch.setenv(gpu.TC_AUTO_ENV, "0")
+
+
+# --- CPU: the decision function -------------------------------------------------------------------------------------
+
+
+def test_eager_cpp_enabled_reads_the_flag_and_defaults_off(monkeypatch):
+    monkeypatch.delenv(gpu.EAGER_CPP_ENV, raising=False)
+    assert gpu.eager_cpp_enabled() is gpu.EAGER_CPP_DEFAULT is False
+    for value, expected in (("1", True), ("0", False), ("", False), ("false", False), ("true", True)):
+        monkeypatch.setenv(gpu.EAGER_CPP_ENV, value)
+        assert gpu.eager_cpp_enabled() is expected, value
+
+
+def test_eager_spmm_code_never_takes_the_tensor_core_plan():
+    half = torch.float16
+    assert gpu.eager_spmm_code("tc", half, half, 1, tc_auto=False) is None
+    assert gpu.eager_spmm_code("auto", half, half, gpu.TC_MIN_N, tc_auto=True) is None
+    assert gpu.eager_spmm_code("auto", torch.bfloat16, torch.bfloat16, 4096, tc_auto=True) is None
+    # below TC_MIN_N, with tc off, or in fp32 the plan is a CUDA-core one: the entry takes it
+    assert gpu.eager_spmm_code("auto", half, half, gpu.TC_MIN_N - 1, tc_auto=True) == 0
+    assert gpu.eager_spmm_code("auto", half, half, 4096, tc_auto=False) == 0
+    assert gpu.eager_spmm_code("auto", torch.float32, torch.float32, 4096, tc_auto=True) == 0
+    for plan_n in (1, 64, 65, 4096):  # the rule is plan_spmm's: tc exactly where the Python plan says tc
+        for tc_auto in (False, True):
+            plan = gpu._plan_spmm(1024, 1024, plan_n, 10000, 132, "auto", half, tc_auto)
+            assert (gpu.eager_spmm_code("auto", half, half, plan_n, tc_auto) is None) == (plan.variant == "tc")
+
+
+def test_eager_spmm_code_rejects_mixed_and_unsupported_dtypes():
+    assert gpu.eager_spmm_code("auto", torch.float32, torch.float16, 1, tc_auto=False) is None
+    assert gpu.eager_spmm_code("auto", torch.float64, torch.float64, 1, tc_auto=False) is None
+    for dtype in gpu.EAGER_DTYPES:
+        assert gpu.eager_spmm_code("auto", dtype, dtype, 1, tc_auto=False) == 0
+
+
+def test_eager_spmm_code_maps_forced_variants_and_rejects_unknown():
+    codes = {v: gpu.eager_spmm_code(v, torch.float16, torch.float16, 16, tc_auto=False) for v in gpu.SPMM_VARIANTS}
+    assert codes == {"auto": 0, "rowwarp": 1, "rowwarp_global": 2, "direct": 3, "tiled": 4, "tc": None}
+    with pytest.raises(ValueError, match="unknown spmm variant"):
+        gpu.eager_spmm_code("fast", torch.float16, torch.float16, 16, tc_auto=False)
+
+
+def test_eager_spmm_variant_is_none_when_off_or_not_cuda(monkeypatch):
+    values = torch.zeros(8, dtype=torch.float16)
+    x = torch.zeros(4, 3, dtype=torch.float16)
+    monkeypatch.delenv(gpu.EAGER_CPP_ENV, raising=False)
+    assert gpu.eager_spmm_variant(values, x) is None
+    monkeypatch.setenv(gpu.EAGER_CPP_ENV, "1")
+    assert gpu.eager_spmm_variant(values, x) is None  # CPU tensors: the reference op runs
+    assert gpu.eager_spmm_variant(values, x[None]) is None  # not (K, N)
+
+
+def test_plan_code_fields_follow_spmm_plan():
+    plan = gpu._plan_spmm(64, 300, 3, 64 * 160, 132, "auto", torch.float16, False)
+    assert gpu.spmm_plan_code(plan) == (1, 32, 4, 8, 0, 1)
+    assert gpu.spmm_plan_code(gpu._plan_spmm(64, 300, 300, 100, 132, "direct", None, False)) == (3, 32, 16, 8, 1, 1)
+    assert set(gpu.SPMM_VARIANT_CODES) == set(gpu.SPMM_VARIANTS)
+
+
+def _cpp_constants() -> dict[str, int]:
+    text = ENTRY_SOURCE.read_text()
+    return {name: int(value) for name, value in re.findall(r"constexpr int64_t (\w+) = (\d+);", text)}
+
+
+def test_cpp_entry_constants_match_gpu_py():
+    """The C++ plan is gpu.plan_spmm ported: its thresholds and variant codes must be gpu.py's (the GPU test compares
+    whole plans; this catches a one-sided edit without a GPU)."""
+    cpp = _cpp_constants()
+    for name in ("ROWWARP_MAX_N", "TC_MIN_N", "SUBWARP_MIN_NNZ", "STAGE_X_MIN_N", "STAGE_X_MIN_ROWS_PER_SM"):
+        assert cpp[name] == getattr(gpu, name), name
+    assert cpp["TILED_N_TILE"] == gpu.TILED_N_TILE
+    assert cpp["TILED_BIG_ROWS_PER_BLOCK"] == gpu.TILED_ROWS_PER_BLOCK[8]
+    assert cpp["TC_WARPS"] == gpu.TC_WARPS
+    codes = {"kAuto": "auto", "kRowwarp": "rowwarp", "kRowwarpGlobal": "rowwarp_global", "kDirect": "direct"}
+    codes |= {"kTiled": "tiled", "kTc": "tc"}
+    assert {name: cpp[name] for name in codes} == {name: gpu.SPMM_VARIANT_CODES[v] for name, v in codes.items()}
+    tiles = re.search(r"TC_TILES\{\{(.*?)\}\};", ENTRY_SOURCE.read_text()).group(1)
+    assert tuple(tuple(map(int, t)) for t in re.findall(r"\{(\d+), (\d+)\}", tiles)) == gpu.TC_TILES
+
+
+def _csr_layer(m=48, k=40, dtype=torch.float16, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    dense = random_sparse_weight(m, k, 0.7, dtype, "cpu", g, empty_rows=2, single_rows=2)
+    b = torch.randn(m, generator=g).to(dtype) if bias else None
+    return dense, b, SparseLinear(formats.encode("csr", dense), b)
+
+
+def test_sparse_linear_csr_on_cpu_keeps_the_custom_op(cpp_on):
+    dense, bias, layer = _csr_layer(dtype=torch.float32)
+    for tokens in (1, 5):
+        x = torch.randn(2, tokens, 40)
+        y = layer(x)
+        ref = (x.double() @ dense.double().t() + bias.double()).float()
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    assert layer._eager_plans == {}  # CPU calls never ask for (or cache) an eager plan
+
+
+def test_sparse_linear_csr_on_cpu_stays_differentiable(cpp_on):
+    dense, bias, layer = _csr_layer(dtype=torch.float32, bias=False)
+    x = torch.randn(3, 40, requires_grad=True)
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, dense.sum(0).expand(3, 40), rtol=1e-5, atol=1e-5)
+
+
+# --- GPU: the entry against float64 ------------------------------------------------------------------------------
+
+
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def _shapes() -> list[tuple[int, int, int, float]]:
+    """(M, K, N, sparsity): M = 1, odd K and N, every rowwarp N tile, subwarps 8 and 32 (a dense-ish K = 300), and
+    M = 16 * SMs + 3 rows so that ``auto`` stages X in shared memory (N = 40) and forced ``tiled`` takes 8-row warps
+    (N = 1030)."""
+    big_m = 16 * _sm_count() + 3
+    return [
+        (1, 7, 1, 0.5),
+        (33, 45, 3, 0.7),
+        (40, 100, 8, 0.6),
+        (77, 203, 17, 0.8),
+        (64, 300, 5, 0.5),
+        (50, 77, 64, 0.8),
+        (130, 301, 129, 0.9),
+        (19, 40, 512, 0.7),
+        (big_m, 96, 40, 0.5),
+        (big_m, 96, 1030, 0.9),
+    ]
+
+
+def _x_layouts(x2d: torch.Tensor) -> dict[str, torch.Tensor]:
+    """(K, N) activations: the runtime's x2d.t() (column-major), row-major, and neither (every other column)."""
+    k = x2d.shape[1]
+    wide = torch.randn(k, 2 * x2d.shape[0], device=x2d.device).to(x2d.dtype)
+    wide[:, ::2] = x2d.t()
+    return {"xT": x2d.t(), "xrow": x2d.t().contiguous(), "xstrided": wide[:, ::2]}
+
+
+def _poison_allocator(numel: int, dtype: torch.dtype) -> None:
+    """Fill a freed block of the caching allocator with NaN: the entry's output of that size reuses it, so an element
+    the kernel fails to write shows up as NaN."""
+    block = torch.full((max(1, numel),), float("nan"), dtype=dtype, device="cuda")
+    del block
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape_index", range(10))
+def test_entry_matches_float64_for_every_variant(dtype, shape_index, cpp_on):
+    m, k, n, sparsity = _shapes()[shape_index]
+    g = torch.Generator(device="cuda").manual_seed(shape_index)
+    dense = random_sparse_weight(m, k, sparsity, dtype, "cuda", g, empty_rows=min(2, m - 1), single_rows=min(2, m - 1))
+    c = encode_csr(dense)
+    x2d = torch.randn(n, k, generator=g, device="cuda").to(dtype)
+    bias = torch.randn(m, generator=g, device="cuda").to(dtype)
+    entry = torch.ops.prunekit_ext.spmm_csr_auto.default
+    gpu._ensure_loaded()
+    for (layout, x), (activation, b) in itertools.product(_x_layouts(x2d).items(), (("relu", bias), ("none", None))):
+        ref = spmm_reference64(dense, x, b, activation)
+        for variant in ("auto", "rowwarp", "rowwarp_global", "direct", "tiled"):
+            _poison_allocator(m * n, dtype)
+            y = entry(*c.values(), x, m, b, activation == "relu", gpu.SPMM_VARIANT_CODES[variant])
+            torch.cuda.synchronize()
+            assert y.shape == (m, n) and y.dtype == dtype
+            assert y.stride() == new_spmm_output(x, m).stride(), (layout, variant)
+            err = relative_error(y, ref)
+            assert err <= TOLERANCE[dtype], f"{variant} {layout} {activation} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
+
+
+@pytest.mark.cuda
+def test_entry_shapes_cover_every_cuda_core_plan():
+    """The shapes above reach every branch of the C++ plan (else the float64 test would not check them)."""
+    plans = set()
+    for m, k, n, sparsity in _shapes():
+        nnz = encode_csr(random_sparse_weight(m, k, sparsity, torch.float16, "cuda"))["values"].numel()
+        for variant in ("auto", "rowwarp", "rowwarp_global", "direct", "tiled"):
+            plans.add(gpu.plan_spmm(m, k, n, nnz, _sm_count(), variant, torch.float16))
+    rowwarp = [p for p in plans if p.variant == "rowwarp"]
+    assert {p.subwarp for p in rowwarp} == {8, 32}
+    assert {p.ntile for p in rowwarp} == {1, 4, 8, 16}
+    assert {p.stage_x for p in rowwarp} == {False, True}
+    assert {p.rows_per_warp for p in plans if p.variant == "tiled"} == {2, 8}
+    assert any(p.variant == "direct" for p in plans)
+    big_m = 16 * _sm_count() + 3
+    nnz = encode_csr(random_sparse_weight(big_m, 96, 0.5, torch.float16, "cuda"))["values"].numel()
+    assert gpu.plan_spmm(big_m, 96, 40, nnz, _sm_count()).stage_x  # auto itself stages X
+
+
+@pytest.mark.cuda
+def test_entry_copies_misaligned_and_converts_bias(cpp_on):
+    """Offset views of values/column_indices (not 16-byte aligned) are copied in C++; an fp32 bias is converted."""
+    m, k, n = 45, 77, 9
+    dense = random_sparse_weight(m, k, 0.8, torch.float16, "cuda", empty_rows=2, single_rows=2)
+    c = encode_csr(dense)
+    shifted = {}
+    for name in ("values", "column_indices"):
+        t = c[name]
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")
+        buf[1:] = t
+        shifted[name] = buf[1:]
+        assert shifted[name].data_ptr() % 16 != 0
+    x = torch.randn(n, k, device="cuda").half().t()
+    bias = torch.randn(m, device="cuda")
+    y = torch.ops.prunekit_ext.spmm_csr_auto(
+        shifted["values"], c["row_offsets"], shifted["column_indices"], c["row_indices"], x, m, bias, True, 0
+    )
+    assert relative_error(y, spmm_reference64(dense, x, bias.half(), "relu")) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
+def test_entry_empty_shapes_and_all_zero_weight():
+    m, k = 20, 50
+    c = encode_csr(torch.zeros(m, k, dtype=torch.float16, device="cuda"))
+    bias = torch.randn(m, device="cuda").half()
+    y = torch.ops.prunekit_ext.spmm_csr_auto(*c.values(), torch.randn(k, 7, device="cuda").half(), m, bias, False, 0)
+    torch.testing.assert_close(y, bias[:, None].expand(m, 7))
+    assert torch.ops.prunekit_ext.spmm_csr_auto(
+        *c.values(), torch.empty(k, 0, device="cuda").half(), m, None, False, 0
+    ).shape == (m, 0)
+    e = encode_csr(torch.zeros(0, k, dtype=torch.float16, device="cuda"))
+    assert torch.ops.prunekit_ext.spmm_csr_auto(
+        *e.values(), torch.randn(k, 3, device="cuda").half(), 0, None, False, 0
+    ).shape == (0, 3)
+
+
+@pytest.mark.cuda
+def test_entry_errors_are_clear():
+    m, k = 20, 50
+    c = encode_csr(random_sparse_weight(m, k, 0.5, torch.float16, "cuda"))
+    x = torch.randn(k, 4, device="cuda").half()
+    entry = torch.ops.prunekit_ext.spmm_csr_auto
+    with pytest.raises(RuntimeError, match="must share one dtype"):
+        entry(*c.values(), x.float(), m, None, False, 0)
+    with pytest.raises(RuntimeError, match="tensor-core variant"):
+        entry(*c.values(), x, m, None, False, gpu.SPMM_VARIANT_CODES["tc"])
+    with pytest.raises(RuntimeError, match="expected M \\+ 1"):
+        entry(*c.values(), x, m + 1, None, False, 0)
+    with pytest.raises(RuntimeError, match="2-D"):
+        entry(*c.values(), x[None], m, None, False, 0)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        entry(*c.values(), x, m, torch.zeros(m + 1, device="cuda").half(), False, 0)
+
+
+@pytest.mark.cuda
+def test_plan_spmm_code_cpp_matches_python():
+    gpu._ensure_loaded()
+    dtypes = (None, torch.float16, torch.bfloat16, torch.float32)
+    for m, k, n, density, sms, variant, dtype, tc_auto in itertools.product(
+        (0, 1, 100, 2111, 4096, 11008), (7, 64, 4096), (0, 1, 4, 5, 8, 9, 16, 32, 64, 65, 129, 4096),
+        (0.0, 0.05, 0.5, 1.0), (108, 132), gpu.SPMM_VARIANTS, dtypes, (False, True),
+    ):  # fmt: skip
+        nnz = int(m * k * density)
+        cpp = torch.ops.prunekit_ext.plan_spmm_code(m, k, n, nnz, sms, gpu.SPMM_VARIANT_CODES[variant], dtype, tc_auto)
+        python = gpu.spmm_plan_code(gpu._plan_spmm(m, k, n, nnz, sms, variant, dtype, tc_auto))
+        assert tuple(cpp) == python, (m, k, n, nnz, sms, variant, dtype, tc_auto)
+
+
+# --- GPU: the runtime takes the entry ------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sparse_linear_eager_csr_goes_through_the_cpp_entry(dtype, cpp_on, monkeypatch):
+    dense, bias, layer = _csr_layer(96, 80, dtype, seed=3)
+    layer = layer.cuda()
+
+    def custom_op_called(*args, **kwargs):
+        raise AssertionError("the custom op ran: the C++ entry was not taken")
+
+    monkeypatch.setattr(ops, "spmm_csr", custom_op_called)
+    for tokens in (1, 5, 70, 130):
+        x = torch.randn(2, tokens, 80, device="cuda").to(dtype)
+        with torch.inference_mode():
+            y = layer(x)
+        assert y.shape == (2, tokens, 96) and y.is_contiguous()
+        ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
+        assert relative_error(y, ref) <= TOLERANCE[dtype]
+    assert set(layer._eager_plans.values()) == {gpu.SPMM_VARIANT_CODES["auto"]}
+
+
+@pytest.mark.cuda
+def test_sparse_linear_eager_csr_falls_back_for_tc_mixed_dtypes_and_gradients(cpp_on, monkeypatch):
+    dense, bias, layer = _csr_layer(96, 80, torch.float16, seed=4)
+    layer = layer.cuda()
+    x = torch.randn(70, 80, device="cuda", dtype=torch.float16)
+    monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")  # N = 70 >= TC_MIN_N in fp16: the tc plan, which stays in Python
+    assert gpu.eager_spmm_variant(layer.w_values, x.t()) is None
+    assert gpu.eager_spmm_variant(layer.w_values, x[:5].t()) == 0
+    monkeypatch.setenv(gpu.TC_AUTO_ENV, "0")
+    y = layer(x.float())  # fp32 activations, fp16 weights: mixed precision through gpu.spmm_csr
+    assert y.dtype == torch.float32
+    assert relative_error(y, x.double() @ dense.double().cuda().t() + bias.double().cuda()) <= TOLERANCE[torch.float16]
+    assert list(layer._eager_plans.values()) == [None]
+    xg = x[:3].clone().requires_grad_()
+    layer(xg).sum().backward()  # needs a gradient: the differentiable custom op, not the entry
+    torch.testing.assert_close(xg.grad.double(), dense.double().cuda().sum(0).expand(3, 80), rtol=2e-3, atol=2e-2)
+    assert list(layer._eager_plans.values()) == [None]
