@@ -263,6 +263,7 @@ def bench_overhead(dtype_name: str = "float16") -> list:
     args = (csr["values"], csr["row_offsets"], csr["column_indices"], csr["row_indices"], x, m)
     plan = gpu.plan_spmm(m, k, 1, csr["values"].numel())
     raw = torch.ops.prunekit_ext.spmm_csr_rowwarp.default
+    entry = torch.ops.prunekit_ext.spmm_csr_auto.default  # the runtime's eager CSR call with $PRUNEKIT_SPMM_CPP=1
     w = torch.randn(m, k, device="cuda").to(dtype)
     paths = {
         "ops.spmm_csr (custom_op wrapper)": lambda: ops.spmm_csr(*args),
@@ -271,6 +272,7 @@ def bench_overhead(dtype_name: str = "float16") -> list:
         "torch.ops.prunekit_ext.spmm_csr_rowwarp (kernel op, preallocated out)": lambda: raw(
             *args[:5], y, None, False, plan.subwarp, plan.ntile, plan.stage_x
         ),
+        "torch.ops.prunekit_ext.spmm_csr_auto (C++ eager entry, allocates Y)": lambda: entry(*args, None, False, 0),
         "F.linear (dense cuBLAS, same shape)": lambda: F.linear(x2d, w),
     }
     return [

@@ -132,6 +132,29 @@ def test_sparse_linear_csr_on_cpu_stays_differentiable(cpp_on):
     torch.testing.assert_close(x.grad, dense.sum(0).expand(3, 40), rtol=1e-5, atol=1e-5)
 
 
+def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatch):
+    """The eager branch's cache, exercised on the CPU: with the decision forced to None (the Python path), the layer
+    asks once per (x dtype, weight dtype, N >= TC_MIN_N), never for an input that needs a gradient, and computes
+    through the custom op."""
+    from prunekit.deploy.runtime import sparse_linear
+
+    asked = []
+
+    def decide(values, x, variant="auto"):
+        asked.append((x.dtype, x.shape[1]))
+        return None
+
+    monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda xt: True)
+    monkeypatch.setattr(gpu, "eager_spmm_variant", decide)
+    dense, bias, layer = _csr_layer(dtype=torch.float32)
+    for tokens in (1, 3, gpu.TC_MIN_N, gpu.TC_MIN_N + 7, 2):
+        y = layer(torch.randn(tokens, 40))
+        assert y.shape == (tokens, 48)
+    layer(torch.randn(4, 40, requires_grad=True)).sum().backward()
+    assert asked == [(torch.float32, 1), (torch.float32, gpu.TC_MIN_N)]
+    assert list(layer._eager_plans) == [(torch.float32, torch.float32, False), (torch.float32, torch.float32, True)]
+
+
 # --- GPU: the entry against float64 ------------------------------------------------------------------------------
 
 
