@@ -107,6 +107,20 @@ struct BsrArgs {
   int staged;  // epilogue: 0 scalar stores; 1 Y^T rows (sym == 1) and 2 Y rows (syn == 1) staged in smem, 16-byte stores
 };
 
+// The work of this CTA: one schedule item (static mode: block row, block range, split-row slot or -1) or, without a
+// schedule (dynamic mode), the whole block row blockIdx.x read from crow on the device.
+struct BsrWork {
+  int block_row, start, end, slot;
+};
+__device__ __forceinline__ BsrWork bsr_work_item(const BsrArgs& args) {
+  if (args.schedule != nullptr) {
+    const int4 item = args.schedule[blockIdx.x];
+    return {item.x, item.y, item.z, item.w};
+  }
+  const int block_row = blockIdx.x;
+  return {block_row, args.crow[block_row], args.crow[block_row + 1], -1};
+}
+
 template <typename T, int R, int C, int BN_>
 __global__ void __launch_bounds__(BsrConfig<R, C, BN_>::THREADS) bsr_mm_kernel(const BsrArgs args) {
   using Cfg = BsrConfig<R, C, BN_>;
@@ -115,18 +129,8 @@ __global__ void __launch_bounds__(BsrConfig<R, C, BN_>::THREADS) bsr_mm_kernel(c
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
 
-  int block_row, start, end, slot = -1;
-  if (args.schedule != nullptr) {
-    const int4 item = args.schedule[blockIdx.x];
-    block_row = item.x;
-    start = item.y;
-    end = item.z;
-    slot = item.w;
-  } else {
-    block_row = blockIdx.x;
-    start = args.crow[block_row];
-    end = args.crow[block_row + 1];
-  }
+  const BsrWork work = bsr_work_item(args);
+  const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
   const int n0 = blockIdx.y * BN;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / Cfg::WARPS_N, warp_n = warp % Cfg::WARPS_N;

@@ -165,18 +165,8 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
   uint64_t* empty = full + STAGES;
 
-  int block_row, start, end, slot = -1;
-  if (args.schedule != nullptr) {
-    const int4 item = args.schedule[blockIdx.x];
-    block_row = item.x;
-    start = item.y;
-    end = item.z;
-    slot = item.w;
-  } else {
-    block_row = blockIdx.x;
-    start = args.crow[block_row];
-    end = args.crow[block_row + 1];
-  }
+  const BsrWork work = bsr_work_item(args);
+  const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
   const int count = end - start;
   const int n0 = blockIdx.y * BN;
   const int wg = threadIdx.x >> 7;
