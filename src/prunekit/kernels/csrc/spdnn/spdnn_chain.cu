@@ -121,13 +121,18 @@ int64_t max_block_inputs(int64_t n) {
   return 0;
 }
 
-std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const torch::Tensor& ell_idx,
-                                               const torch::Tensor& ell_val, double bias, double cap) {
+// Features y (inputs, N) float32 on the GPU; ELL layers (layers, slots, N): int32 indices, float32 values.
+static void check_chain_inputs(const torch::Tensor& y, const torch::Tensor& ell_idx, const torch::Tensor& ell_val) {
   TORCH_CHECK(y.is_cuda() && y.dim() == 2 && y.scalar_type() == torch::kFloat, "y must be a 2-D float32 CUDA tensor");
   TORCH_CHECK(ell_idx.dim() == 3 && ell_idx.scalar_type() == torch::kInt, "ell_idx must be (layers, slots, N) int32");
   TORCH_CHECK(ell_val.sizes() == ell_idx.sizes() && ell_val.scalar_type() == torch::kFloat,
               "ell_val must be float32 and shaped like ell_idx");
   TORCH_CHECK(ell_idx.size(2) == y.size(1), "ELL layers must have N = y.size(1) outputs");
+}
+
+std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const torch::Tensor& ell_idx,
+                                               const torch::Tensor& ell_val, double bias, double cap) {
+  check_chain_inputs(y, ell_idx, ell_val);
   const c10::cuda::CUDAGuard guard(y.device());
   auto yc = y.contiguous();
   auto idx = ell_idx.contiguous();
@@ -222,11 +227,7 @@ __global__ void __launch_bounds__(kTiledThreads) spdnn_tiled_layer_kernel(
 
 std::tuple<torch::Tensor, torch::Tensor> tiled(const torch::Tensor& y, const torch::Tensor& ell_idx,
                                                const torch::Tensor& ell_val, double bias, double cap) {
-  TORCH_CHECK(y.is_cuda() && y.dim() == 2 && y.scalar_type() == torch::kFloat, "y must be a 2-D float32 CUDA tensor");
-  TORCH_CHECK(ell_idx.dim() == 3 && ell_idx.scalar_type() == torch::kInt, "ell_idx must be (layers, slots, N) int32");
-  TORCH_CHECK(ell_val.sizes() == ell_idx.sizes() && ell_val.scalar_type() == torch::kFloat,
-              "ell_val must be float32 and shaped like ell_idx");
-  TORCH_CHECK(ell_idx.size(2) == y.size(1), "ELL layers must have N = y.size(1) outputs");
+  check_chain_inputs(y, ell_idx, ell_val);
   TORCH_CHECK(ell_idx.size(0) >= 1, "tiled: give at least one layer");
   constexpr int BT = kTileInputs;
   const c10::cuda::CUDAGuard guard(y.device());
