@@ -415,3 +415,25 @@ def test_synthetic_run_equals_the_file_run_on_cuda(tmp_path):
     synthetic = run_network(1024, 4, synthetic=True, device="cuda", inputs=300)
     assert from_files.passed and synthetic.passed and synthetic.categories.numel() > 0
     assert torch.equal(from_files.categories, synthetic.categories)
+
+
+def test_float64_truth_resolves_exact_ties_independent_of_summation_order():
+    # N=1024, 4 layers, 300 synthetic inputs: many pre-activations are exactly 0 in exact arithmetic; a plain
+    # float64 dense matmul keeps +1e-16 residues alive (47 survivors), the exact answer is 38
+    neurons, layers, count = 1024, 4, 300
+    features = synthetic_image_set(neurons, count).rows(0, count, "cpu", torch.float64)
+    truth = truth_categories(features.clone(), iter_layers(neurons, layers, "cpu"), bias_for(neurons), [layers])
+    y = features.clone()
+    for layer in iter_layers(neurons, layers, "cpu"):
+        offsets, inputs = layer.csr_by_output()
+        rows = torch.repeat_interleave(torch.arange(neurons), offsets[1:] - offsets[:-1])
+        w_t = torch.zeros(neurons, neurons, dtype=torch.float64)
+        w_t[rows, inputs.long()] = 0.0625
+        z = y.flip(1) @ w_t.t().flip(0)  # another summation order
+        z = torch.where(z != 0, z + bias_for(neurons), z)
+        y = torch.where(z.abs() <= 1e-10, torch.zeros_like(z), z).clamp(0.0, 32.0)
+    exact = torch.nonzero((y != 0).any(dim=1)).flatten()
+    assert torch.equal(truth[layers], exact) and exact.numel() == 38
+    assert torch.equal(infer(features.clone(), iter_layers(neurons, layers, "cpu"), bias_for(neurons)), exact)
+    y32 = features.float()
+    assert torch.equal(infer(y32, iter_layers(neurons, layers, "cpu"), bias_for(neurons)), exact)
