@@ -30,6 +30,13 @@ def cpp_on(monkeypatch):
     monkeypatch.setenv(gpu.TC_AUTO_ENV, "0")
 
 
+@pytest.fixture(autouse=True)
+def _library_loaded(request):
+    """``torch.ops.prunekit_ext.*`` exists only once the library is loaded: load it for the GPU tests."""
+    if request.node.get_closest_marker("cuda") and torch.cuda.is_available():
+        gpu._ensure_loaded()
+
+
 # --- CPU: the decision function -------------------------------------------------------------------------------------
 
 
