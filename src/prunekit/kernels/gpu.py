@@ -39,13 +39,16 @@ log = logging.getLogger(__name__)
 
 SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled", "tc")
 TC_DTYPES = (torch.float16, torch.bfloat16)
-# Smallest N sent to the tensor-core kernel by "auto" (fp16/bf16). A-priori rule, not yet measured (docs/KERNELS.md,
-# "Tensor-core path"): its bound predicts it beats `direct` wherever `direct` is chosen today.
+# Smallest N sent to the tensor-core kernel by "auto" (fp16/bf16).
 TC_MIN_N = 65  # = ROWWARP_MAX_N + 1
-# Whether "auto" may pick `tc` at all. Off until the kernel has passed its GPU tests and the H100 benchmark has shown
-# where it wins (it has never run on a GPU; `variant="tc"` or $PRUNEKIT_SPMM_TC=1 turn it on meanwhile).
+# Lowest density (nnz_padded / (M K)) sent to the tensor-core kernel by "auto": measured on the H100
+# (benchmarks/results/spmm-tc-h100-2026-11-25.json, N = 4096, 4096 x 4096 and 11008 x 4096), tc beats `direct` by
+# 1.5x at 90% sparsity and 1.02-1.07x at 95%, and loses by 1.2-1.4x at 98%: tc from 4% density (96% sparsity) up.
+TC_MIN_DENSITY_DENOMINATOR = 25  # tc when nnz_padded * 25 >= M * K (integer rule, the same in csrc/spmm_entry.cu)
+# Whether "auto" may pick `tc` at all: on since the H100 run of 2026-11-25 (tests, memcheck and racecheck clean);
+# $PRUNEKIT_SPMM_TC=0 turns it off.
 TC_AUTO_ENV = "PRUNEKIT_SPMM_TC"
-TC_AUTO_DEFAULT = False
+TC_AUTO_DEFAULT = True
 # (windows_per_warp, ntile) tiles of spmm_tc.cu, largest first; the first giving >= one block per SM is used.
 TC_TILES = ((2, 128), (1, 128), (1, 64))
 TC_WARPS = 8  # warps per tensor-core block
@@ -81,7 +84,7 @@ class SpmmPlan:
 
 def tc_auto_enabled() -> bool:
     """Whether ``auto`` may choose the tensor-core kernel: ``$PRUNEKIT_SPMM_TC`` (``1``/``0``) or
-    :data:`TC_AUTO_DEFAULT` (False until the kernel has run on a GPU)."""
+    :data:`TC_AUTO_DEFAULT`."""
     env = os.environ.get(TC_AUTO_ENV)
     return TC_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
 
@@ -119,8 +122,8 @@ def _plan_spmm(
     ``STAGE_X_MIN_ROWS_PER_SM`` rows per SM and ``nnz_padded >= 2 * k * num_sms``.
 
     With ``dtype`` fp16 or bf16 and ``tc_auto`` (:func:`tc_auto_enabled`), ``auto`` takes the tensor-core ``tc`` kernel for
-    ``n >= TC_MIN_N`` instead of ``direct`` (a-priori rule from its bound, docs/KERNELS.md; to be replaced by the
-    H100 measurement); with ``dtype=None`` (unknown) or fp32 it never does. ``tc`` uses the largest tile of :data:`TC_TILES` that still gives
+    ``n >= TC_MIN_N`` and density ``>= 1 / TC_MIN_DENSITY_DENOMINATOR`` instead of ``direct`` (measured on the H100,
+    see the constants); with ``dtype=None`` (unknown) or fp32 it never does. ``tc`` uses the largest tile of :data:`TC_TILES` that still gives
     at least one block per SM.
 
     Raises:
@@ -130,7 +133,7 @@ def _plan_spmm(
         raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
     if variant == "auto":
         variant = "rowwarp" if n <= ROWWARP_MAX_N else "direct"
-        if dtype in TC_DTYPES and n >= TC_MIN_N and tc_auto:
+        if dtype in TC_DTYPES and n >= TC_MIN_N and tc_auto and nnz_padded * TC_MIN_DENSITY_DENOMINATOR >= m * k:
             variant = "tc"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.

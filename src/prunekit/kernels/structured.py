@@ -15,8 +15,9 @@ sparse matrix multiplication on IPU", 2023):
 Kernels (``variant``): ``"mma"``, ``csrc/structured/bsr_mm.cuh`` (cp.async pipeline over blocks, ldmatrix,
 ``mma.sync.m16n8k16`` fp16/bf16 with fp32 accumulation, fused bias + ReLU), blocks of 16, 32 or 64 rows and columns;
 ``"wgmma"``, ``csrc/structured/bsr_mm_wgmma.cuh`` (sm_90a only: TMA box loads of each block and of the X slab at its
-column into a swizzled mbarrier ring, ``wgmma.mma_async`` from shared memory; blocks 64 x {16, 32, 64}; opt-in, not
-yet run on a GPU); ``"auto"`` is ``"mma"`` until the wgmma variant is measured. Other block shapes and dtypes run the
+column into a swizzled mbarrier ring, ``wgmma.mma_async`` from shared memory; blocks 64 x {16, 32, 64}; measured
+on the H100: 1.3-2.1x faster than mma.sync at N >= 2048); ``"auto"`` takes ``"wgmma"`` where it applies
+(:func:`auto_takes_wgmma`), else ``"mma"``. Other block shapes and dtypes run the
 pure-torch reference on the GPU. Eager calls go through one C++ operator, ``prunekit_structured::bsr_mm``, which
 allocates the output, picks the N tile and launches (:func:`bsr_mm_eager`, the runtime's SparseLinear).
 
@@ -24,7 +25,7 @@ allocates the output, picks the N tile and launches (:func:`bsr_mm_eager`, the r
 Hopper's sparse tensor cores through cuSPARSELt: prunekit's own binding (``csrc/structured/cslt/``, C++ entry
 ``prunekit_cslt::linear``; weight compressed and plan built once) or ``torch._cslt_sparse_mm`` on a cached
 compressed copy; no per-call search or compression. The binding writes a row-major output and transposes it into the
-layer's layout by default (:data:`CSLT_DEFAULT_OUTPUT`, chosen a priori, see docs/PERFORMANCE_STRUCTURED.md). Other
+layer's layout by default (:data:`CSLT_DEFAULT_OUTPUT`, measured, see docs/PERFORMANCE_STRUCTURED.md). Other
 N:M patterns run the reference on the GPU.
 
 The extension (``prunekit_structured`` operator namespace) is separate from ``build.py``'s ``prunekit_ext`` and is
@@ -61,20 +62,21 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 TILE_NS = (32, 128, 256)  # N tiles the kernel is instantiated for (csrc/structured/bsr_mm.cuh, BsrConfig)
 DECODE_MAX_N = 32  # N up to this takes the 32-wide tile: less wasted tensor-core work at decode shapes
 WIDE_TILE_MIN_BLOCKS_PER_ROW = 10  # 64-row blocks: the 256 tile paid off from ~13 blocks per row, lost at <= 6.4
-VARIANTS = {"auto": 0, "mma": 1, "wgmma": 2}  # csrc/structured/bsr_mm.cu VARIANT_*; "auto" is "mma" until measured
+VARIANTS = {"auto": 0, "mma": 1, "wgmma": 2}  # csrc/structured/bsr_mm.cu VARIANT_*; "auto": wgmma where it applies
 WGMMA_BLOCKS = ((64, 16), (64, 32), (64, 64))  # r x c the wgmma variant takes (wgmma M = 64; c = the swizzle width)
 WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128
 BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and the runtime ("auto", "mma", "wgmma")
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
 CSLT_BACKEND_ENV = "PRUNEKIT_CSLT_BACKEND"  # "torch" forces torch._cslt_sparse_mm instead of prunekit's own binding
 CSLT_OUTPUT_ENV = "PRUNEKIT_CSLT_OUTPUT"  # the binding's output layout, "row" (default) or "col"
-# The measured layout stays the default until the row-major output has run on a GPU (docs/PERFORMANCE_STRUCTURED.md,
-# "2:4": row is the a-priori favourite); the nm benchmark times both and sets this.
-CSLT_DEFAULT_OUTPUT = "col"
-# The C++ eager entries (prunekit_structured::bsr_mm, prunekit_cslt::linear) have not run on a GPU yet: until they
-# have passed there, CUDA calls keep the measured Python launch path unless $PRUNEKIT_STRUCTURED_CPP=1.
+# Row-major output measured faster on the H100 at 10 of 12 points (1.9x at 16384 x 16384 x 8192, 2x at decode shapes;
+# col faster only at N = 128 on 768 x 3072 and 3072 x 768): benchmarks/results/nm-h100-2026-11-25.json.
+CSLT_DEFAULT_OUTPUT = "row"
+# The C++ eager entries (prunekit_structured::bsr_mm, prunekit_cslt::linear) passed their H100 tests (2026-11-25) and
+# cost 13-23 us less per decode-shaped call than the custom-op path (bsr-h100-2026-11-25.json: static_eager_ms vs
+# static_op_eager_ms): CUDA calls take them unless $PRUNEKIT_STRUCTURED_CPP=0.
 EAGER_CPP_ENV = "PRUNEKIT_STRUCTURED_CPP"
-EAGER_CPP_DEFAULT = False
+EAGER_CPP_DEFAULT = True
 CUSPARSELT_DIR_ENV = "PRUNEKIT_CUSPARSELT_DIR"  # folder holding include/cusparseLt.h and lib/libcusparseLt.so.0
 CSLT_ALIGN_N = 16  # cuSPARSELt's dense operand: N padded to a multiple of 16 (torch pads the same way)
 CSLT_ALIGN_MK = (32, 64)  # M and K the 2:4 path takes (cuSPARSELt fp16/bf16 structured-operand alignment)
@@ -237,7 +239,7 @@ def bsr_mm_cuda(
             :func:`plan_tile_n_wgmma`); staged_epilogue: write the output tile through shared memory with 16-byte
             stores (default) rather than element by element; variant: ``"auto"`` (today ``"mma"``), ``"mma"``
             (mma.sync, ``bsr_mm.cuh``) or ``"wgmma"`` (sm_90a wgmma + TMA, ``bsr_mm_wgmma.cu``, blocks 64 x {16, 32,
-            64}; not yet run on a GPU); default :func:`bsr_variant` (a ``"wgmma"`` that comes from
+            64}); default :func:`bsr_variant` (``"auto"``: :func:`auto_takes_wgmma`) (a ``"wgmma"`` that comes from
             ``$PRUNEKIT_BSR_VARIANT`` falls back to ``"mma"``, with one warning, where it does not apply).
 
     Returns:
@@ -264,6 +266,8 @@ def bsr_mm_cuda(
         load()
     if variant == "wgmma":
         variant = _wgmma_or_fallback(blocks, tile_n, explicit_variant)
+    elif variant == "auto" and auto_takes_wgmma(blocks, tile_n):
+        variant = "wgmma"
     r, c = blocks.shape[1], blocks.shape[2]
     if m % r or x.shape[0] % c or crow_indices.numel() != m // r + 1:
         raise ValueError(f"bsr_mm: M={m}, K={x.shape[0]} and crow_indices do not match blocks of {r}x{c}")
@@ -300,6 +304,19 @@ def bsr_mm_cuda(
 
 
 _wgmma_fallback_warned: set[tuple[int, int]] = set()  # block shapes already warned about (once per process)
+
+
+def auto_takes_wgmma(blocks: torch.Tensor, tile_n: int | None = None) -> bool:
+    """Whether ``"auto"`` runs the wgmma variant: for the block shapes it takes (64 x {16, 32, 64}) on an sm_90 GPU
+    with an sm_90a build, unless a ``tile_n`` only the mma.sync kernels have (32) is forced. Measured on the H100
+    (benchmarks/results/bsr-h100-2026-11-25.json, block 64 x 64, 50/90/95% sparsity, 5 shapes): wgmma faster than
+    mma.sync at 14 of 15 points (1.3-2.1x at N >= 2048), 20% slower at 11008 x 4096, N = 16, 50%."""
+    global _wgmma_state
+    if not wgmma_supports(blocks) or (tile_n is not None and tile_n not in WGMMA_TILE_NS):
+        return False
+    if _wgmma_state is None:
+        _wgmma_state = wgmma_available()
+    return _wgmma_state
 
 
 def _wgmma_or_fallback(blocks: torch.Tensor, tile_n: int | None, explicit: bool) -> str:
@@ -598,7 +615,7 @@ _wgmma_state: bool | None = None  # wgmma_available(), asked once
 
 def eager_cpp_enabled() -> bool:
     """Whether CUDA calls take the C++ eager entries: ``$PRUNEKIT_STRUCTURED_CPP`` (``1``/``0``), else
-    :data:`EAGER_CPP_DEFAULT` (False until they have run on a GPU)."""
+    :data:`EAGER_CPP_DEFAULT` (True since their H100 run)."""
     env = os.environ.get(EAGER_CPP_ENV)
     return EAGER_CPP_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
 
@@ -618,6 +635,8 @@ def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None
         return None
     if not is_loaded():
         load()
+    if name == "auto":
+        return VARIANTS["wgmma"] if auto_takes_wgmma(blocks) else VARIANTS["mma"]
     if name == "wgmma":
         if _wgmma_state is None:
             _wgmma_state = wgmma_available()

@@ -25,7 +25,7 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
                       cudaStream_t stream);
 
 // Kernel variants (the `variant` argument; structured.py VARIANTS holds the same numbers).
-constexpr int64_t VARIANT_AUTO = 0;   // today: mma.sync (the wgmma variant has not run on a GPU yet)
+constexpr int64_t VARIANT_AUTO = 0;   // wgmma where it takes the block shape on sm_90a, else mma.sync
 constexpr int64_t VARIANT_MMA = 1;    // bsr_mm.cuh, sm_80+
 constexpr int64_t VARIANT_WGMMA = 2;  // bsr_mm_wgmma.cu, sm_90a, blocks 64 x {16, 32, 64}
 constexpr int DECODE_MAX_N = 32;                // structured.DECODE_MAX_N
@@ -182,6 +182,11 @@ at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   const int64_t r = blocks.size(1);
   const int sms = sm_count(x.get_device());
   int64_t tile_n;
+  // auto: the wgmma variant for the block shapes it takes on an sm_90a build (structured.auto_takes_wgmma, measured)
+  const int64_t c = blocks.size(2);
+  if (variant == VARIANT_AUTO && r == 64 && (c == 16 || c == 32 || c == 64) && blocks.size(0) > 0 &&
+      bsr_wgmma_available())
+    variant = VARIANT_WGMMA;
   if (variant == VARIANT_WGMMA) {
     tile_n = n > 128 && std::max<int64_t>(1, m / r) * ((n + 255) / 256) >= sms ? 256 : 128;
   } else {
