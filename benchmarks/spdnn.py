@@ -8,7 +8,9 @@ relabelled copy of the N=1024 network checks that the kernel does not depend on 
 Plans fit one 10-minute GPU call each (scripts/gpu_spdnn.sh); ``champion`` runs the 2020 champion's code
 beside ours on the same files; ``multi`` compares one GPU with all visible ones.
 
-    PYTHONPATH=src python benchmarks/spdnn.py --plan small|big|huge|champion|multi [--out DIR]
+    PYTHONPATH=src python benchmarks/spdnn.py --plan small|n4096|big|huge|champion|multi [--out DIR]
+
+``n4096`` is the N=4096 half of ``small`` alone (a short call that re-checks those three networks).
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from prunekit.spdnn.run import run_network
 
 PLANS = {
     "small": [(1024, 120), (1024, 480), (1024, 1920), (4096, 120), (4096, 480), (4096, 1920)],
+    "n4096": [(4096, 120), (4096, 480), (4096, 1920)],
     "big": [(16384, 120), (16384, 480), (16384, 1920)],
     "huge": [(65536, 120), (65536, 480), (65536, 1920)],
     "champion": [(1024, 120), (1024, 480), (1024, 1920)],
     "multi": [(16384, 1920), (65536, 480)],
 }
-REPEATS = {"small": 5, "big": 3, "huge": 1, "champion": 5, "multi": 3}
+REPEATS = {"small": 5, "n4096": 3, "big": 3, "huge": 1, "champion": 5, "multi": 3}
 
 
 def render(path: Path) -> str:
