@@ -54,6 +54,9 @@ def render(path: Path) -> str:
     ]
     for r in data["rows"]:
         check = {True: "PASS", False: "FAIL", None: "no truth"}[r["passed"]]
+        if r.get("disputed"):
+            how = "CPU float64 verdict" if r.get("arbitrated") else "not arbitrated"
+            check += f" ({r['disputed']} disputed, {how}; truth {r.get('truth_count')})"
         lines.append(
             f"| {r['case']} | {r['neurons']} | {r['layers']} | {r['kernel']} | {r['inference_s']:.4f} "
             f"| {r['teraedges_per_s']:.2f} | {r['categories']} | {check} |"
@@ -139,6 +142,9 @@ def main() -> None:
             "times_s": r.times_s,
             "teraedges_per_s": r.teraedges_per_s,
             "categories": int(r.categories.numel()),
+            "truth_count": r.truth_count,
+            "disputed": r.disputed,  # inputs on which the kernel and the (GPU float64) truth first disagreed
+            "arbitrated": r.arbitrated,  # those re-run through the CPU float64 reference, whose verdict stands
             "passed": r.passed,
         } | extra
 
@@ -195,6 +201,8 @@ def main() -> None:
         table.add_column(col)
     for r in rows:
         check = {True: "PASS", False: "FAIL", None: "no truth"}[r["passed"]]
+        if r.get("disputed"):
+            check += f" ({r['disputed']} disputed{', CPU verdict' if r.get('arbitrated') else ''})"
         table.add_row(
             r["case"],
             str(r["neurons"]),

@@ -10,6 +10,7 @@
 #                                        (writes the files first: 1920 TSV layers + binary copy; if the call runs out
 #                                        of time, call it again on the still-warm machine: finished steps are kept)
 #   bash scripts/gpu_spdnn.sh multi      (nvidia-h200-x2) two GPUs vs one on N=16384 and 65536 x 1920
+#   bash scripts/gpu_spdnn.sh debug      float64 truth on the CPU vs on the GPU vs the fused kernel, N=4096 x 120
 #
 # Logs and results JSON under $OUT (default /tmp/spdnn-out). BUDGET_S bounds the benchmark's time per call.
 set -uo pipefail
@@ -71,5 +72,9 @@ case "$what" in
     build
     python3 benchmarks/spdnn.py --plan multi --budget-s "${BUDGET_S:-480}" --out "$OUT" 2>&1 | tee "$OUT/bench-multi.log" | tail -30
     ;;
-  *) echo "usage: bash scripts/gpu_spdnn.sh tests|small|big|huge|champion|multi"; exit 2 ;;
+  debug)
+    build
+    python3 scripts/debug_spdnn.py --neurons 4096 --layers 120 2>&1 | tee "$OUT/debug.log"
+    ;;
+  *) echo "usage: bash scripts/gpu_spdnn.sh tests|small|big|huge|champion|multi|debug"; exit 2 ;;
 esac

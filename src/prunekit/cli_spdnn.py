@@ -140,6 +140,8 @@ def _report(results, neurons: int, device: str, dtype: str, categories_out: Path
         table.add_column(col, justify="right")
     for r in results:
         check = "no truth" if r.passed is None else ("[green]PASS[/]" if r.passed else "[red]FAIL[/]")
+        if r.disputed:  # inputs the first truth got otherwise, settled (or not) by the CPU float64 reference
+            check += f" ({r.disputed} disputed{', CPU float64 verdict' if r.arbitrated else ''})"
         table.add_row(
             str(r.layers),
             str(r.inputs),

@@ -42,7 +42,9 @@ def _library_loaded(request):
 
 def test_eager_cpp_enabled_reads_the_flag_and_defaults_off(monkeypatch):
     monkeypatch.delenv(gpu.EAGER_CPP_ENV, raising=False)
-    assert gpu.eager_cpp_enabled() is gpu.EAGER_CPP_DEFAULT is False  # off: test_entry_errors_are_clear crashed on the H100
+    assert (
+        gpu.eager_cpp_enabled() is gpu.EAGER_CPP_DEFAULT is False
+    )  # off: test_entry_errors_are_clear crashed on the H100
     for value, expected in (("1", True), ("0", False), ("", False), ("false", False), ("true", True)):
         monkeypatch.setenv(gpu.EAGER_CPP_ENV, value)
         assert gpu.eager_cpp_enabled() is expected, value
@@ -103,8 +105,14 @@ def test_cpp_entry_constants_match_gpu_py():
     """The C++ plan is gpu.plan_spmm ported: its thresholds and variant codes must be gpu.py's (the GPU test compares
     whole plans; this catches a one-sided edit without a GPU)."""
     cpp = _cpp_constants()
-    for name in ("ROWWARP_MAX_N", "TC_MIN_N", "TC_MIN_DENSITY_DENOMINATOR", "SUBWARP_MIN_NNZ", "STAGE_X_MIN_N",
-                 "STAGE_X_MIN_ROWS_PER_SM"):
+    for name in (
+        "ROWWARP_MAX_N",
+        "TC_MIN_N",
+        "TC_MIN_DENSITY_DENOMINATOR",
+        "SUBWARP_MIN_NNZ",
+        "STAGE_X_MIN_N",
+        "STAGE_X_MIN_ROWS_PER_SM",
+    ):
         assert cpp[name] == getattr(gpu, name), name
     assert cpp["TILED_N_TILE"] == gpu.TILED_N_TILE
     assert cpp["TILED_BIG_ROWS_PER_BLOCK"] == gpu.TILED_ROWS_PER_BLOCK[8]

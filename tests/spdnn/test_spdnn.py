@@ -437,3 +437,50 @@ def test_float64_truth_resolves_exact_ties_independent_of_summation_order():
     assert torch.equal(infer(features.clone(), iter_layers(neurons, layers, "cpu"), bias_for(neurons)), exact)
     y32 = features.float()
     assert torch.equal(infer(y32, iter_layers(neurons, layers, "cpu"), bias_for(neurons)), exact)
+
+
+# --- arbitration of a disputed truth (run.arbitrate_categories) ------------------------------------------------------
+
+
+def _truth_run():
+    right = run_network(1024, 4, synthetic=True, inputs=200)
+    assert right.passed and right.disputed == 0 and not right.arbitrated
+    assert right.truth_count == right.categories.numel() > 1
+    return right
+
+
+def test_a_wrong_first_truth_is_corrected_by_the_cpu_reference_on_the_disputed_inputs():
+    right = _truth_run()
+    cats = right.categories
+    not_a_category = next(i for i in range(200) if i not in set(cats.tolist()))
+    # a first truth that misses one true category and claims one input that dies (as a GPU truth might)
+    wrong = torch.sort(torch.cat([cats[1:], torch.tensor([not_a_category])])).values
+    r = run_network(1024, 4, synthetic=True, inputs=200, truth=wrong)
+    assert r.passed is True and r.disputed == 2 and r.arbitrated
+    assert r.truth_count == cats.numel()
+    off = run_network(1024, 4, synthetic=True, inputs=200, truth=wrong, arbitrate=False)
+    assert off.passed is False and off.disputed == 2 and not off.arbitrated
+
+
+def test_arbitration_does_not_excuse_a_wrong_kernel(monkeypatch):
+    from prunekit.spdnn import run as run_module
+
+    right = _truth_run()
+    real = run_module._infer_reference
+
+    def drops_the_first_survivor(*args, **kwargs):
+        return real(*args, **kwargs)[1:]
+
+    monkeypatch.setattr(run_module, "_infer_reference", drops_the_first_survivor)
+    r = run_network(1024, 4, synthetic=True, inputs=200, truth=right.categories)
+    assert r.passed is False and r.disputed == 1 and r.arbitrated
+    assert r.truth_count == right.categories.numel()
+
+
+def test_a_truth_from_files_is_never_arbitrated(tmp_path):
+    generate(tmp_path, 1024, [4], inputs=120)
+    truth = tsv.read_categories(tsv.categories_path(tmp_path, 1024, 4))
+    assert truth.numel() > 1
+    tsv.write_categories(tsv.categories_path(tmp_path, 1024, 4), truth[1:], overwrite=True)
+    r = run_network(1024, 4, data=tmp_path)
+    assert r.passed is False and r.disputed == 1 and not r.arbitrated
