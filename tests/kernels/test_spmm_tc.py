@@ -26,6 +26,7 @@ from prunekit.kernels.spmm_tc_plan import (
     fragment_index,
     get_tc_plan,
     replay_tc_kernel,
+    spectral_row_order,
     tc_plan_matmul,
 )
 from prunekit.kernels.testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, spmm_reference64
@@ -84,6 +85,65 @@ def test_tc_plan_row_order_permutes_windows_and_keeps_the_product(m, k, n, spars
     assert (plan.window_rows[m:] == -1).all()
     y = tc_plan_matmul(plan, x2d.t(), bias, "relu")
     torch.testing.assert_close(y, spmm_reference64(dense, x2d.t(), bias, "relu"), rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("m,k,empty_rows", [(1, 30, 0), (17, 40, 2), (130, 600, 20), (77, 203, 2)])
+def test_spectral_row_order_is_a_permutation(m, k, empty_rows):
+    _, c, _, _ = _case(m, k, 1, 0.9, empty_rows, torch.float16, 5)
+    order = spectral_row_order(c["row_offsets"], c["column_indices"], m, k)
+    assert order.dtype == torch.int64 and torch.equal(torch.sort(order).values, torch.arange(m))
+
+
+def _planted_groups(groups=8, per_group=WINDOW_ROWS, k=512, used=24, seed=0):
+    """Rows in ``groups`` groups of identical column sets, shuffled: identity windows mix groups."""
+    g = torch.Generator().manual_seed(seed)
+    m = groups * per_group
+    sets = torch.stack([torch.randperm(k, generator=g)[:used] for _ in range(groups)])
+    pattern = torch.zeros(m, k, dtype=torch.bool)
+    pattern[torch.arange(m)[:, None], sets.repeat_interleave(per_group, 0)] = True
+    shuffle = torch.randperm(m, generator=g)
+    dense = (torch.randn(m, k, generator=g) * pattern[shuffle]).half()
+    return dense, m, k
+
+
+def test_spectral_row_order_recovers_planted_windows_and_get_tc_plan_keeps_it():
+    dense, m, k = _planted_groups()
+    c = encode_csr(dense)
+    identity = _plan(c, m, k)
+    order = spectral_row_order(c["row_offsets"], c["column_indices"], m, k)
+    windows = (dense[order] != 0).view(m // WINDOW_ROWS, WINDOW_ROWS, k)
+    assert (windows == windows[:, :1]).all()  # every window holds one group: its rows share one column set
+    reordered = _plan(c, m, k, order)
+    assert reordered.ksteps < identity.ksteps
+    chosen = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k, reorder=True)
+    assert chosen.ksteps == reordered.ksteps and torch.equal(chosen.window_rows, reordered.window_rows)
+    g = torch.Generator().manual_seed(1)
+    x2d, bias = torch.randn(9, k, generator=g).half(), torch.randn(m, generator=g).half()
+    y = tc_plan_matmul(chosen, x2d.t(), bias, "relu")
+    torch.testing.assert_close(y, spmm_reference64(dense, x2d.t(), bias, "relu"), rtol=1e-12, atol=1e-9)
+
+
+def test_get_tc_plan_reorder_off_keeps_the_identity_order(monkeypatch):
+    dense, m, k = _planted_groups(seed=2)
+    c = encode_csr(dense)
+    off = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k, reorder=False)
+    assert torch.equal(off.window_rows[:m].long(), torch.arange(m))
+    c2 = encode_csr(dense)
+    monkeypatch.setenv("PRUNEKIT_TC_REORDER", "0")
+    by_env = get_tc_plan(c2["values"], c2["row_offsets"], c2["column_indices"], m, k)
+    assert torch.equal(by_env.window_rows[:m].long(), torch.arange(m))
+    monkeypatch.setenv("PRUNEKIT_TC_REORDER", "1")
+    on = get_tc_plan(c2["values"], c2["row_offsets"], c2["column_indices"], m, k)
+    assert on.ksteps < by_env.ksteps  # a new key (reorder flag): rebuilt, reordered
+
+
+def test_spectral_row_order_refuses_patterns_too_large(monkeypatch):
+    from prunekit.kernels import spmm_tc_plan
+
+    _, c, _, _ = _case(40, 100, 1, 0.9, 0, torch.float16, 5)
+    monkeypatch.setattr(spmm_tc_plan, "REORDER_MAX_ELEMENTS", 40 * 100 - 1)
+    with pytest.raises(ValueError, match="above"):
+        spectral_row_order(c["row_offsets"], c["column_indices"], 40, 100)
 
 
 def test_tc_plan_shapes_and_segment_offsets():

@@ -25,7 +25,10 @@ groups of 8 slots hold 8 distinct residues; only the tail of a segment can repea
 
 Optional row reordering (``row_order``): the window slots take the rows in the given order and the kernel writes each
 output row back to its real position (``window_rows``), so a permutation that puts rows with similar column sets in
-one window shrinks the unions at no runtime cost.
+one window shrinks the unions at no runtime cost. :func:`spectral_row_order` finds such a permutation by recursive
+spectral bisection of the rows' column sets (each split by the sign of the centred pattern's leading singular
+vector, as in spectral partitioning, Pothen, Simon & Liou 1990, applied to rows as in row-reordering SpMM work such as
+Jiang, Hong & Agrawal, PPoPP 2020), and :func:`get_tc_plan` keeps the reordered plan when it has fewer k-steps.
 
 Everything here is vectorised torch (no Python loop over rows or segments) and runs on the weight's device.
 :func:`tc_plan_matmul` multiplies with exactly the plan's data (fragment order, slot rows, padding, row order): the CPU
@@ -50,6 +53,9 @@ _WINDOW_SHIFT = WINDOW_ROWS.bit_length() - 1
 _CHUNK_SHIFT = K_CHUNK.bit_length() - 1
 _KSTEP_SHIFT = K_STEP.bit_length() - 1
 
+REORDER_MAX_ELEMENTS = 1 << 27  # M * K above this: no reordering (the dense float32 pattern would be > 512 MiB)
+REORDER_ENV = "PRUNEKIT_TC_REORDER"  # "0" turns the row reordering of get_tc_plan off
+
 __all__ = [
     "K_CHUNK",
     "K_STEP",
@@ -58,6 +64,7 @@ __all__ = [
     "build_tc_plan",
     "fragment_index",
     "get_tc_plan",
+    "spectral_row_order",
     "tc_plan_matmul",
 ]
 
@@ -250,18 +257,92 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
+def spectral_row_order(
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    m: int,
+    k: int,
+    group: int = WINDOW_ROWS,
+    iters: int = 10,
+    seed: int = 0,
+) -> torch.Tensor:
+    """A row permutation that puts rows with similar column sets into the same window of ``group`` rows.
+
+    Recursive spectral bisection of the binary pattern ``P (M, K)``: a set of rows is split at the median of its
+    projection on the leading right singular vector of ``P[rows] - mean(P[rows])`` (``iters`` power iterations from
+    a seeded random start), the first part rounded up to a multiple of ``group``, until a part has at most ``group``
+    rows; the leaves in order form the permutation, so every window but the last holds rows of one leaf. Cost: about
+    ``2 * iters * M * K`` FLOP per level, ``log2(M / group)`` levels, on the pattern's device; memory ``4 * M * K``
+    bytes (a dense float32 pattern).
+
+    Args:
+        row_offsets: ``(M + 1,)`` int32/int64; column_indices: ``(nnz_padded,)`` int16/int32/int64 (prunekit CSR: a
+            row's padding repeats a column of the row, which does not change its column set).
+        m, k: the weight shape; group: rows per window.
+
+    Returns:
+        ``(M,)`` int64 permutation on the pattern's device: window slot ``p`` takes row ``order[p]``.
+
+    Raises:
+        ValueError: ``M * K`` above :data:`REORDER_MAX_ELEMENTS`.
+    """
+    if m * k > REORDER_MAX_ELEMENTS:
+        raise ValueError(f"spectral_row_order: M * K = {m * k} is above {REORDER_MAX_ELEMENTS} elements")
+    device = column_indices.device
+    rows = csr_rows(row_offsets.to(device).long())
+    pattern = torch.zeros(m, k, dtype=torch.float32, device=device)
+    pattern[rows, column_indices.long()] = 1.0
+    gen = torch.Generator(device=device).manual_seed(seed)
+    leaves: list[torch.Tensor] = []
+    stack = [torch.arange(m, device=device)]
+    while stack:
+        part = stack.pop()
+        if part.numel() <= group:
+            leaves.append(part)
+            continue
+        sub = pattern[part]
+        centred = sub - sub.mean(0, keepdim=True)
+        v = torch.randn(k, generator=gen, device=device)
+        for _ in range(iters):
+            v = centred.t() @ (centred @ v)
+            v = v / v.norm().clamp_min(1e-30)
+        by_score = torch.argsort(centred @ v, stable=True)
+        first = -(-(part.numel() // 2) // group) * group
+        stack.append(part[by_score[first:]])
+        stack.append(part[by_score[:first]])
+    return torch.cat(leaves) if leaves else torch.zeros(0, dtype=torch.int64, device=device)
+
+
+def _reorder_default() -> bool:
+    import os
+
+    return os.environ.get(REORDER_ENV, "1") != "0"
+
+
 def get_tc_plan(
-    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    m: int,
+    k: int,
+    reorder: bool | None = None,
 ) -> TcPlan:
     """:func:`build_tc_plan` cached on ``values`` (rebuilt when values, indices or shape change in place or by identity).
 
+    With ``reorder`` (default: on unless ``$PRUNEKIT_TC_REORDER`` is ``0``) and ``M * K <=``
+    :data:`REORDER_MAX_ELEMENTS`, the plan is also built on the rows permuted by :func:`spectral_row_order`, and the
+    plan with fewer k-steps is kept (the identity order on a tie): the kernel's work is proportional to its k-steps,
+    and the permuted plan writes every row to its own place, so the product is the same.
+
     The key holds the data pointers and version counters of ``values``, ``column_indices`` and ``row_offsets``, the
-    shape and the dtype, like the cuSPARSELt weight cache in ``structured.py``; the plan lives as long as the stored
-    values tensor. The cache entry also holds the storages of the three tensors, so memory the key points to cannot
-    be freed and handed to other data at the same address while the entry lives (e.g. after ``values.data = ...`` or
-    new index tensors; a data-pointer key alone would then return a stale plan). Inference tensors (made under ``torch.inference_mode``) keep no version counter: for them
-    only identity (data pointers, shape) is checked, so an in-place edit of such a weight is not detected.
+    shape, the dtype and ``reorder``, like the cuSPARSELt weight cache in ``structured.py``; the plan lives as long as
+    the stored values tensor. The cache entry also holds the storages of the three tensors, so memory the key points
+    to cannot be freed and handed to other data at the same address while the entry lives (e.g. after
+    ``values.data = ...`` or new index tensors; a data-pointer key alone would then return a stale plan). Inference
+    tensors (made under ``torch.inference_mode``) keep no version counter: for them only identity (data pointers,
+    shape) is checked, so an in-place edit of such a weight is not detected.
     """
+    reorder = _reorder_default() if reorder is None else reorder
     key = (
         values.data_ptr(),
         _version(values),
@@ -273,11 +354,17 @@ def get_tc_plan(
         k,
         values.dtype,
         values.device,
+        reorder,
     )
     hit = getattr(values, _CACHE_ATTR, None)
     if hit is not None and hit[0] == key:
         return hit[2]
     plan = build_tc_plan(values, row_offsets, column_indices, m, k)
+    if reorder and m > WINDOW_ROWS and 0 < m * k <= REORDER_MAX_ELEMENTS:
+        order = spectral_row_order(row_offsets, column_indices, m, k)
+        reordered = build_tc_plan(values, row_offsets, column_indices, m, k, order)
+        if reordered.ksteps < plan.ksteps:
+            plan = reordered
     held = tuple(t.untyped_storage() for t in (values, row_offsets, column_indices))
     setattr(values, _CACHE_ATTR, (key, held, plan))
     return plan
