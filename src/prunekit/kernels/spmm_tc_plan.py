@@ -272,8 +272,8 @@ def spectral_row_order(
     projection on the leading right singular vector of ``P[rows] - mean(P[rows])`` (``iters`` power iterations from
     a seeded random start), the first part rounded up to a multiple of ``group``, until a part has at most ``group``
     rows; the leaves in order form the permutation, so every window but the last holds rows of one leaf. Cost: about
-    ``2 * iters * M * K`` FLOP per level, ``log2(M / group)`` levels, on the pattern's device; memory ``4 * M * K``
-    bytes (a dense float32 pattern).
+    ``2 * iters * M * K`` FLOP per level, ``log2(M / group)`` levels, on the pattern's device; memory about ``8 * M * K``
+    bytes (a dense float32 pattern and the copy of the part being split).
 
     Args:
         row_offsets: ``(M + 1,)`` int32/int64; column_indices: ``(nnz_padded,)`` int16/int32/int64 (prunekit CSR: a
@@ -301,12 +301,13 @@ def spectral_row_order(
             leaves.append(part)
             continue
         sub = pattern[part]
-        centred = sub - sub.mean(0, keepdim=True)
+        mean = sub.mean(0)  # (P - 1 mean^T) v = P v - (mean . v); (P - 1 mean^T)^T u = P^T u - mean * sum(u)
         v = torch.randn(k, generator=gen, device=device)
         for _ in range(iters):
-            v = centred.t() @ (centred @ v)
+            u = sub @ v - mean @ v
+            v = sub.t() @ u - mean * u.sum()
             v = v / v.norm().clamp_min(1e-30)
-        by_score = torch.argsort(centred @ v, stable=True)
+        by_score = torch.argsort(sub @ v - mean @ v, stable=True)
         first = -(-(part.numel() // 2) // group) * group
         stack.append(part[by_score[first:]])
         stack.append(part[by_score[:first]])
