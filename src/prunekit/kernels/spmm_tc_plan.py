@@ -37,6 +37,7 @@ tests check it against float64 so the index math is verified without a GPU. torc
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -315,8 +316,6 @@ def spectral_row_order(
 
 
 def _reorder_default() -> bool:
-    import os
-
     return os.environ.get(REORDER_ENV, "1") != "0"
 
 

@@ -375,9 +375,10 @@ def run_network(
     disputed, arbitrated = 0, False
     if truth is not None:
         truth = truth.cpu()
-        disputed = int(_symmetric_difference(categories, truth).numel())
+        differ = _symmetric_difference(categories, truth)
+        disputed = int(differ.numel())
         if disputed and synthetic and arbitrate and disputed <= ARBITRATE_MAX_INPUTS:
-            truth = arbitrate_categories(source, neurons, layers, relabel_seed, categories, truth)
+            truth = arbitrate_categories(source, neurons, layers, relabel_seed, differ, truth)
             arbitrated = True
     passed = None if truth is None else torch.equal(categories, truth)
     dtype_name = str(dtype).removeprefix("torch.")
@@ -420,25 +421,24 @@ def arbitrate_categories(
     neurons: int,
     layers: int,
     relabel_seed: int | None,
-    categories: torch.Tensor,
+    disputed: torch.Tensor,
     truth: torch.Tensor,
 ) -> torch.Tensor:
     """The truth with its verdict on the disputed inputs replaced by the float64 reference's on the CPU.
 
-    A float64 truth computed on a GPU (torch.sparse CSR through cuSPARSE) can disagree with the CPU float64
-    reference on a few inputs: the network amplifies rounding differences of the summation order layer after
-    layer. The CPU reference (:func:`~prunekit.spdnn.reference.truth_categories`, the layers built on the CPU)
+    A float64 truth computed on a GPU (torch.sparse CSR through cuSPARSE) disagreed with the CPU float64
+    reference at N = 4096 on the H100 (2026-11-25; cause not established, docs/SPDNN.md). The CPU reference (:func:`~prunekit.spdnn.reference.truth_categories`, the layers built on the CPU)
     is the definition this package checks against, so the inputs on which the kernel and the first truth
     disagree are re-run there, alone (each input's rows are independent of the others), and its verdict
     replaces the first truth's for them. The kernel's output is not consulted for any verdict.
 
     Args:
-        categories, truth: 0-based sorted int64 CPU indices (the kernel's, the first truth's).
+        disputed: 0-based sorted int64 CPU indices in exactly one of the kernel's categories and ``truth``.
+        truth: the first truth, 0-based sorted int64 CPU indices.
 
     Returns:
         The arbitrated truth: 0-based sorted int64 CPU indices.
     """
-    disputed = _symmetric_difference(categories, truth)
     features = torch.cat([source.rows(int(i), int(i) + 1, "cpu", torch.float64) for i in disputed])
     stream = _layer_stream(neurons, layers, None, "cpu", relabel_seed)
     alive = truth_categories(features, stream, bias_for(neurons), [layers], max(1, disputed.numel()))[layers]
