@@ -30,7 +30,11 @@ tolerance).
 
 Timing: CUDA events around each call after warm-up, median of up to 10 calls (at least 3, about 40 ms per
 contender; a contender over 100 ms per call is timed once after one warm-up); before each timed call a 256 MB
-scratch buffer is overwritten (outside the events), so no call finds its inputs in the 50 MB L2.
+scratch buffer is overwritten (outside the events), so no call finds its inputs in the 50 MB L2. Two savings keep
+the sweep within its device time: cuBLAS does not look at the values, so ``dense`` is timed once per (M, K, dtype,
+layout) and reused by every pattern of that shape (the row's ``dense_timed_on`` names the pattern it was timed
+on, also across parts and resumed runs of the same date); ``csr`` (reported, not in the target's baseline set) is
+timed once after one warm-up and skipped above ``--max-csr-ms`` estimated.
 
 Floor per pattern (the issue's): ``max(2*a*b*c*d*N / peak, (a*c*d + a*b*d)*N*bytes / bw)`` with ``peak`` the cuBLAS
 8192^3 matmul rate of the dtype and ``bw`` the device-to-device copy bandwidth, both measured at the start of each
@@ -186,9 +190,9 @@ def contender_ms(quad: Quad, dtype_name: str, batch: int = BATCH, cost: CostMode
     return {name: s * 1e3 for name, s in est.items()}
 
 
-def timing_s(call_ms: float) -> float:
+def timing_s(call_ms: float, quick: bool = False) -> float:
     """Seconds :func:`median_ms` spends on a contender of ``call_ms`` per call (warm-ups included)."""
-    if call_ms > SLOW_MS:
+    if quick or call_ms > SLOW_MS:
         return 2 * call_ms / 1e3
     calls = 2  # first call + warm-up
     total = 0.0
@@ -205,9 +209,11 @@ def estimate_pattern_s(
     batch: int = BATCH,
     max_call_ms: float = 1500.0,
     cost: CostModel = COST,
+    max_csr_ms: float = 500.0,
 ) -> float:
     """Estimated seconds of one pattern in this benchmark: for each dtype and layout, the float64 reference, one
-    poisoned check per prunekit variant and the authors' kernel, and :func:`timing_s` of every contender timed."""
+    poisoned check per prunekit variant and the authors' kernel, and :func:`timing_s` of every contender timed
+    (``dense`` counted for every pattern: an upper bound, since it is timed once per shape)."""
     a, b, c, d = quad
     total = 0.0
     for dtype_name in dtypes:
@@ -217,7 +223,9 @@ def estimate_pattern_s(
         ref_s = 2.0 * a * b * c * d * batch / cost.rate("float64") + 3 * (m + k) * batch * 8 / cost.bandwidth
         checks_s = (variants + 1) * (est["prunekit"] / 1e3 + 3 * m * batch * 8 / cost.bandwidth)
         timed = variants * timing_s(est["prunekit"])
-        timed += sum(timing_s(ms) for name, ms in est.items() if name != "prunekit" and ms <= max_call_ms)
+        timed += sum(timing_s(ms) for name, ms in est.items() if name not in ("prunekit", "csr") and ms <= max_call_ms)
+        if est["csr"] <= min(max_call_ms, max_csr_ms):
+            timed += timing_s(est["csr"], quick=True)
         total += layouts * (cost.overhead_s + ref_s + checks_s + timed)
     return total
 
@@ -257,11 +265,11 @@ def _event_ms(fn) -> float:
     return start.elapsed_time(end)
 
 
-def median_ms(fn, target_ms: float = TARGET_MS) -> float:
+def median_ms(fn, target_ms: float = TARGET_MS, quick: bool = False) -> float:
     """Median event time of ``fn`` after warm-up: up to 10 calls (at least 3) within ``target_ms``; a contender
-    slower than :data:`SLOW_MS` per call is timed once after one warm-up."""
+    slower than :data:`SLOW_MS` per call, or any with ``quick``, is timed once after one warm-up."""
     first = _event_ms(fn)
-    if first > SLOW_MS:
+    if quick or first > SLOW_MS:
         return _event_ms(fn)
     _event_ms(fn)
     times: list[float] = []
@@ -480,8 +488,40 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
-def run_pattern(quad: Quad, dtype_name: str, batch_first: bool, ceil: dict, gen, authors=None, max_call_ms=1500.0):
-    """Checks and times every contender on one (pattern, dtype, layout); returns the JSON row."""
+def dense_key(m: int, k: int, dtype_name: str, layout: str) -> str:
+    """Key of the dense timing cache: cuBLAS time depends on the shape, dtype and layout, not on the values."""
+    return f"{m}x{k}/{dtype_name}/{layout}"
+
+
+def seed_dense_cache(paths) -> dict[str, tuple[float, list[int]]]:
+    """The dense timings already in result JSONs (``paths``): ``{dense_key: (ms, pattern timed on)}``."""
+    cache: dict[str, tuple[float, list[int]]] = {}
+    for path in paths:
+        try:
+            rows = json.loads(Path(path).read_text()).get("rows", [])
+        except (OSError, ValueError):
+            continue
+        for r in rows:
+            ms = r.get("ms", {}).get("dense")
+            a, b, c, d = r["pattern"]
+            if ms and not r.get("dense_timed_on"):  # timed on this very row
+                cache.setdefault(dense_key(a * b * d, a * c * d, r["dtype"], r["layout"]), (ms, r["pattern"]))
+    return cache
+
+
+def run_pattern(
+    quad: Quad,
+    dtype_name: str,
+    batch_first: bool,
+    ceil: dict,
+    gen,
+    authors=None,
+    max_call_ms=1500.0,
+    dense_cache: dict | None = None,
+    max_csr_ms: float = 500.0,
+):
+    """Checks and times every contender on one (pattern, dtype, layout); returns the JSON row. ``dense_cache``
+    (updated in place) holds the dense timings by :func:`dense_key`; CSR is timed once after one warm-up."""
     from prunekit.formats.ks import blocks_to_dense
     from prunekit.kernels import ks
 
@@ -575,7 +615,10 @@ def run_pattern(quad: Quad, dtype_name: str, batch_first: bool, ceil: dict, gen,
     contenders["bmm"] = bmm_call
     contenders["einsum"] = einsum_call
     elt = torch.finfo(dtype).bits // 8
-    if estimates["dense"] > max_call_ms or m * k * elt > (8 << 30):
+    dkey = dense_key(m, k, dtype_name, layout)
+    if dense_cache is not None and dkey in dense_cache:
+        ms["dense"], row["dense_timed_on"] = dense_cache[dkey]
+    elif estimates["dense"] > max_call_ms or m * k * elt > (8 << 30):
         skipped["dense"] = (
             f"estimated {estimates['dense']:.0f} ms per call (> {max_call_ms:.0f}), {m * k * elt / 2**30:.1f} GiB"
         )
@@ -585,8 +628,8 @@ def run_pattern(quad: Quad, dtype_name: str, batch_first: bool, ceil: dict, gen,
             contenders["dense"] = (lambda: F.linear(x2d, dense_w)) if batch_first else (lambda: dense_w @ x)
         except Exception as exc:  # noqa: BLE001
             errors["dense"] = _first_line(exc)
-    if estimates["csr"] > max_call_ms:
-        skipped["csr"] = f"estimated {estimates['csr']:.0f} ms per call (> {max_call_ms:.0f})"
+    if estimates["csr"] > min(max_call_ms, max_csr_ms):
+        skipped["csr"] = f"estimated {estimates['csr']:.0f} ms per call (> {min(max_call_ms, max_csr_ms):.0f})"
     else:
         try:
             csr = csr_from_blocks(blocks)
@@ -626,11 +669,13 @@ def run_pattern(quad: Quad, dtype_name: str, batch_first: bool, ceil: dict, gen,
             errors["authors"] = _first_line(exc)
     for name, fn in contenders.items():
         try:
-            ms[name] = median_ms(fn)
+            ms[name] = median_ms(fn, quick=name == "csr")
         except Exception as exc:  # noqa: BLE001
             ms[name] = None
             errors[name] = _first_line(exc)
         _empty_cache()
+    if dense_cache is not None and ms.get("dense") and "dense_timed_on" not in row:
+        dense_cache[dkey] = (ms["dense"], list(quad))
     row["rel_error"] = rel
     row["ms"] = ms
     row["errors"] = errors
@@ -682,9 +727,19 @@ def main(argv: list[str] | None = None) -> Path | None:
     parser.add_argument("--limit", type=int, help="Run only the first LIMIT patterns of the part.")
     parser.add_argument("--budget-s", type=float, default=460.0, help="Start no pattern after this many seconds.")
     parser.add_argument("--resume", action="store_true", help="Keep the rows already in the part's JSON.")
+    parser.add_argument(
+        "--resume-also", type=Path, nargs="*", default=[],
+        help="With --resume: rows of these JSONs (earlier copies of this part) are kept too, not re-run.",
+    )  # fmt: skip
+    parser.add_argument(
+        "--shuffle", type=int, metavar="SEED",
+        help="Run the part's patterns in the order of random.Random(SEED).shuffle (a run cut by its budget then "
+        "covers a random subset of the part, not its first (a, d) groups).",
+    )  # fmt: skip
     parser.add_argument("--dtypes", default="float16,float32")
     parser.add_argument("--layouts", default="batch_last,batch_first")
     parser.add_argument("--max-call-ms", type=float, default=1500.0, help="Skip dense/CSR above this estimate.")
+    parser.add_argument("--max-csr-ms", type=float, default=500.0, help="Skip CSR above this estimate.")
     parser.add_argument("--authors", type=Path, default=AUTHORS_DIR, help="The authors' sources ('' to skip).")
     parser.add_argument("--authors-build", type=Path, default=ROOT / ".carry" / "ksmm-build")
     parser.add_argument("--build-authors-only", action="store_true", help="Build the authors' extension; exit.")
@@ -711,6 +766,8 @@ def main(argv: list[str] | None = None) -> Path | None:
     part = assign_parts(quads, part_k, dtypes=dtypes, layouts=len(layouts))[part_i - 1]
     if DEVICE == "cpu":  # dry run: the small patterns only (the CPU reference on the large ones takes minutes)
         part = [q for q in part if max(q[0] * q[1] * q[3], q[0] * q[2] * q[3]) <= 1024]
+    if args.shuffle is not None:
+        random.Random(args.shuffle).shuffle(part)
     if args.limit:
         part = part[: args.limit]
 
@@ -758,6 +815,7 @@ def main(argv: list[str] | None = None) -> Path | None:
             "count": len(quads),
         },  # fmt: skip
         "part_patterns": [list(q) for q in part],
+        "order": f"random.Random({args.shuffle}).shuffle" if args.shuffle is not None else "subsample order",
         "ceilings": ceil,
         "cost_model": {"constants": COST.__dict__ | {"flops": dict(COST.flops)}},
         "authors_build": authors_info,
@@ -768,8 +826,18 @@ def main(argv: list[str] | None = None) -> Path | None:
 
     if ks.MEASURED_VARIANTS:
         result["prunekit_measured_variants"] = ks.MEASURED_SOURCE
-    if args.resume and out_path.is_file():
-        result["rows"] = json.loads(out_path.read_text()).get("rows", [])
+    if args.resume:
+        seen: set = set()
+        for path in [out_path, *args.resume_also]:
+            if not path.is_file():
+                continue
+            for r in json.loads(path.read_text()).get("rows", []):
+                key = (tuple(r["pattern"]), r["dtype"], r["layout"])
+                if key not in seen:
+                    seen.add(key)
+                    result["rows"].append(r)
+    # dense timings of this date's parts (and of this part when resumed) are reused, not re-timed
+    dense_cache = seed_dense_cache([*sorted(out_path.parent.glob(f"ks-{tag}-{date}-part*of*.json")), *args.resume_also])
     done_keys = {(tuple(r["pattern"]), r["dtype"], r["layout"]) for r in result["rows"]}
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     not_run = []
@@ -781,7 +849,10 @@ def main(argv: list[str] | None = None) -> Path | None:
             for layout in layouts:
                 if (tuple(quad), dtype_name, layout) in done_keys:
                     continue
-                row = run_pattern(quad, dtype_name, layout == "batch_first", ceil, gen, authors, args.max_call_ms)
+                row = run_pattern(
+                    quad, dtype_name, layout == "batch_first", ceil, gen, authors, args.max_call_ms, dense_cache,
+                    args.max_csr_ms,
+                )  # fmt: skip
                 result["rows"].append(row)
                 ms = row["ms"]
                 print(

@@ -7,6 +7,10 @@
 #   scripts/gpu_ks.sh test           # CUDA + CPU ks tests, compute-sanitizer memcheck of small cases
 #   scripts/gpu_ks.sh bench I [K]    # part I of K (default K=4) of benchmarks/ks.py, ~6 min estimated each
 #   scripts/gpu_ks.sh report         # merge the parts in .carry/ks-results -> JSON, PNG, Markdown (+ variant table)
+#   TOTAL_S=570 scripts/gpu_ks.sh all    # one call: build, tests (beside the authors' build), then `sweep` in the rest
+#   TOTAL_S=570 scripts/gpu_ks.sh sweep  # the whole subsample as one part in a fixed shuffled order, resumed until
+#                                        # TOTAL_S; rows of .carry/ks-results-in/*.json (carried copies of earlier
+#                                        # calls' JSON) are kept, so a machine that went cold loses nothing; report at the end
 #
 # Needs (carried, git-ignored): .carry/ks/ks_patterns.txt (the paper's list, for the subsample check) and
 # .carry/ksmm/ (the authors' sources, docs/KRONECKER.md says how to recreate it). Run from the repository root.
@@ -83,6 +87,35 @@ bench)
   echo "benchmark exit code $?"; tail -4 "$OUT/$NAME.log"
   cp ".carry/ks-results/$NAME.json" "$OUT/" 2>/dev/null
   ;;
+all|sweep)
+  T0=$SECONDS
+  TOTAL_S=${TOTAL_S:-570}
+  if [ "$MODE" = all ]; then
+    step prunekit_ks build
+    timeout 300 python3 -c "from prunekit.kernels import ks; print(ks.load(verbose=False))" > "$OUT/ks-build.log" 2>&1
+    echo "prunekit_ks build exit code $?"; tail -2 "$OUT/ks-build.log"
+    step "authors build (background) + tests"
+    timeout 420 python3 benchmarks/ks.py --build-authors-only >> "$OUT/ks-build.log" 2>&1 &
+    BUILD_PID=$!
+    timeout 240 python3 -m pytest -q --maxfail=5 -p no:cacheprovider tests/kernels/test_ks_mm.py \
+      tests/kernels/test_ks_tiling.py tests/kernels/test_ks_bench.py tests/formats/test_ks.py \
+      > "$OUT/ks-tests.log" 2>&1
+    echo "pytest exit code $?"; tail -3 "$OUT/ks-tests.log"
+    wait $BUILD_PID; echo "authors build exit code $?"; tail -1 "$OUT/ks-build.log"
+  fi
+  NAME=ks-$(dev)-$DATE-part1of1
+  REM=$((TOTAL_S - (SECONDS - T0) - 45))
+  step "sweep, budget ${REM}s"
+  if [ "$REM" -gt 20 ]; then
+    timeout $((REM + 40)) python3 benchmarks/ks.py --part 1/1 --shuffle 1 --resume --budget-s "$REM" \
+      --resume-also .carry/ks-results-in/*.json --out ".carry/ks-results/$NAME.json" >> "$OUT/$NAME.log" 2>&1
+    echo "benchmark exit code $?"; tail -3 "$OUT/$NAME.log"
+  fi
+  cp ".carry/ks-results/$NAME.json" "$OUT/" 2>/dev/null
+  python3 benchmarks/ks_report.py ".carry/ks-results/$NAME.json" --merged "$OUT/ks-$(dev)-$DATE.json" \
+    --png "$OUT/ks-$(dev)-$DATE.png" --markdown "$OUT/ks-$(dev)-$DATE.md" > "$OUT/ks-report.log" 2>&1
+  echo "report exit code $?"; head -14 "$OUT/ks-$(dev)-$DATE.md" 2>/dev/null
+  ;;
 report)
   step report
   NAME=ks-$(dev)-$DATE
@@ -91,6 +124,6 @@ report)
   echo "report exit code $?"; head -12 "$OUT/$NAME.md"
   ;;
 *)
-  sed -n 2,13p "$0"; exit 2
+  sed -n 2,17p "$0"; exit 2
   ;;
 esac

@@ -106,6 +106,27 @@ def test_dry_run_writes_rows_for_every_contender(tmp_path):
         assert row["speedup_vs_best"] > 0 and row["floor_fraction"] > 0
 
 
+def test_dense_is_timed_once_per_shape_and_resumed_rows_are_kept(tmp_path):
+    sub = tmp_path / "sub.txt"
+    sub.write_text("# two patterns of one shape (4x4), one of another\n1,4,4,1\n4,1,1,1\n1,2,3,2\n")
+    first = tmp_path / "a" / "ks-cpu-dryrun-x-part1of1.json"
+    argv = ["--dry-run", "--subsample", str(sub), "--dtypes", "float32", "--layouts", "batch_last", "--part", "1/1"]
+    bench.main([*argv, "--limit", "1", "--out", str(first)])
+    assert len(json.loads(first.read_text())["rows"]) == 1
+    second = tmp_path / "b" / "ks-cpu-dryrun-x-part1of1.json"
+    bench.main([*argv, "--resume", "--resume-also", str(first), "--shuffle", "3", "--out", str(second)])
+    data = json.loads(second.read_text())
+    rows = {tuple(r["pattern"]): r for r in data["rows"]}
+    assert len(data["rows"]) == 3 and data["order"] == "random.Random(3).shuffle"
+    assert rows[(1, 4, 4, 1)] == json.loads(first.read_text())["rows"][0]  # kept, not re-run
+    same_shape = rows[(4, 1, 1, 1)]
+    assert same_shape["dense_timed_on"] == [1, 4, 4, 1]
+    assert same_shape["ms"]["dense"] == rows[(1, 4, 4, 1)]["ms"]["dense"]
+    assert "dense_timed_on" not in rows[(1, 2, 3, 2)] and rows[(1, 2, 3, 2)]["ms"]["dense"] > 0
+    cache = bench.seed_dense_cache([second, tmp_path / "absent.json"])
+    assert set(cache) == {"4x4/float32/batch_last", "4x6/float32/batch_last"}
+
+
 def _row(pattern, dtype, layout, ms, correct=True):
     base = {k: v for k, v in ms.items() if k in ("bmm", "einsum", "dense", "bsr")}
     best = min(base, key=base.get)
