@@ -93,6 +93,21 @@ BASELINES = ("bmm", "einsum", "dense", "bsr")  # the issue's "best baseline" set
 ALL_BASELINES = (*BASELINES, "csr", "authors")
 
 Quad = tuple[int, int, int, int]
+# Crash bookkeeping: a contender that kills the CUDA context (e.g. an illegal instruction) takes the process with it.
+# Before each contender runs, its key is written to _MARKER; the next --resume run finds the file, records the
+# contender as crashed (result["crashed"]) and skips it on that (pattern, dtype, layout) from then on.
+_MARKER: list[Path] = []
+_EXCLUDED: set[tuple] = set()
+CRASHED = "killed the CUDA context in an earlier run of this part (process exited); not run again"
+
+
+def _mark(quad: Quad, dtype_name: str, layout: str, name: str) -> None:
+    if _MARKER:
+        _MARKER[0].write_text(json.dumps({"pattern": list(quad), "dtype": dtype_name, "layout": layout, "name": name}))
+
+
+def _excluded(quad: Quad, dtype_name: str, layout: str, name: str) -> bool:
+    return (tuple(quad), dtype_name, layout, name) in _EXCLUDED
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -570,6 +585,10 @@ def run_pattern(
     errors: dict[str, str] = {}
     rel: dict[str, float | None] = {}
     for name, kwargs in variants.items():
+        if _excluded(quad, dtype_name, layout, name):
+            rel[name], errors[name] = None, CRASHED
+            continue
+        _mark(quad, dtype_name, layout, name)
         out = (
             torch.full((n, m), float("nan"), dtype=dtype, device=DEVICE).t()
             if batch_first
@@ -590,6 +609,7 @@ def run_pattern(
         if name in errors:
             ms[name] = None
             continue
+        _mark(quad, dtype_name, layout, name)
         ms[name] = median_ms(lambda kwargs=kwargs: ks_call(blocks, x, **kwargs))
     ms["prunekit"] = ms[default_name]
     timed_variants = {v: t for v, t in ms.items() if v in variants and t}
@@ -616,7 +636,9 @@ def run_pattern(
     contenders["einsum"] = einsum_call
     elt = torch.finfo(dtype).bits // 8
     dkey = dense_key(m, k, dtype_name, layout)
-    if dense_cache is not None and dkey in dense_cache:
+    if "dense" in skipped:
+        pass
+    elif dense_cache is not None and dkey in dense_cache:
         ms["dense"], row["dense_timed_on"] = dense_cache[dkey]
     elif estimates["dense"] > max_call_ms or m * k * elt > (8 << 30):
         skipped["dense"] = (
@@ -628,23 +650,34 @@ def run_pattern(
             contenders["dense"] = (lambda: F.linear(x2d, dense_w)) if batch_first else (lambda: dense_w @ x)
         except Exception as exc:  # noqa: BLE001
             errors["dense"] = _first_line(exc)
-    if estimates["csr"] > min(max_call_ms, max_csr_ms):
+    if "csr" in skipped:
+        pass
+    elif estimates["csr"] > min(max_call_ms, max_csr_ms):
         skipped["csr"] = f"estimated {estimates['csr']:.0f} ms per call (> {min(max_call_ms, max_csr_ms):.0f})"
     else:
         try:
+            _mark(quad, dtype_name, layout, "csr")
             csr = csr_from_blocks(blocks)
             contenders["csr"] = (lambda: csr @ x2d.t()) if batch_first else (lambda: csr @ x)
         except Exception as exc:  # noqa: BLE001
             errors["csr"] = _first_line(exc)
-    if d == 1:
+    if "bsr" in skipped:
+        pass
+    elif d == 1:
         try:
+            _mark(quad, dtype_name, layout, "bsr")
             bsr = bsr_from_blocks(blocks)
             contenders["bsr"] = (lambda: bsr @ x2d.t()) if batch_first else (lambda: bsr @ x)
         except Exception as exc:  # noqa: BLE001
             errors["bsr"] = _first_line(exc)
     else:
         skipped["bsr"] = "d > 1: K has no dense tiles without a permutation (that case is the bmm baseline)"
-    if authors is None:
+    for name in ("dense", "csr", "bsr", "authors"):
+        if _excluded(quad, dtype_name, layout, name):
+            skipped[name] = CRASHED
+    if "authors" in skipped:
+        pass
+    elif authors is None:
         skipped["authors"] = "not built (see the part's authors_build)"
     elif tuple(quad) in authors["missing"].get(f"{'bs_first' if batch_first else 'bs_last'}_"
                                                f"{'half' if dtype_name == 'float16' else 'float'}", set()):  # fmt: skip
@@ -658,6 +691,7 @@ def run_pattern(
             return authors["module"].forward(inp, factor, bs_last, a, b, c, d, str(dtype), 4)
 
         try:
+            _mark(quad, dtype_name, layout, "authors")
             poison = torch.full((m * n,), float("nan"), dtype=dtype, device=DEVICE)
             del poison  # its block returns to the caching allocator: their torch::empty output likely reuses it
             y = authors_call()
@@ -668,6 +702,10 @@ def run_pattern(
         except Exception as exc:  # noqa: BLE001
             errors["authors"] = _first_line(exc)
     for name, fn in contenders.items():
+        if _excluded(quad, dtype_name, layout, name):
+            skipped[name] = CRASHED
+            continue
+        _mark(quad, dtype_name, layout, name)
         try:
             ms[name] = median_ms(fn, quick=name == "csr")
         except Exception as exc:  # noqa: BLE001
@@ -826,16 +864,29 @@ def main(argv: list[str] | None = None) -> Path | None:
 
     if ks.MEASURED_VARIANTS:
         result["prunekit_measured_variants"] = ks.MEASURED_SOURCE
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    marker = out_path.with_name(out_path.name + ".running")
+    result["crashed"] = []
     if args.resume:
         seen: set = set()
         for path in [out_path, *args.resume_also]:
             if not path.is_file():
                 continue
-            for r in json.loads(path.read_text()).get("rows", []):
+            earlier = json.loads(path.read_text())
+            result["crashed"] += [c for c in earlier.get("crashed", []) if c not in result["crashed"]]
+            for r in earlier.get("rows", []):
                 key = (tuple(r["pattern"]), r["dtype"], r["layout"])
                 if key not in seen:
                     seen.add(key)
                     result["rows"].append(r)
+    if marker.is_file():  # the previous run of this part died inside this contender
+        crash = json.loads(marker.read_text())
+        if crash not in result["crashed"]:
+            result["crashed"].append(crash)
+        print(f"crashed earlier, excluded from now on: {crash}", flush=True)
+    marker.unlink(missing_ok=True)
+    _EXCLUDED.update((tuple(c["pattern"]), c["dtype"], c["layout"], c["name"]) for c in result["crashed"])
+    _MARKER[:] = [marker]
     # dense timings of this date's parts (and of this part when resumed) are reused, not re-timed
     dense_cache = seed_dense_cache([*sorted(out_path.parent.glob(f"ks-{tag}-{date}-part*of*.json")), *args.resume_also])
     done_keys = {(tuple(r["pattern"]), r["dtype"], r["layout"]) for r in result["rows"]}
@@ -872,6 +923,8 @@ def main(argv: list[str] | None = None) -> Path | None:
     result["elapsed_s"] = time.perf_counter() - started
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1) + "\n")
+    marker.unlink(missing_ok=True)
+    _MARKER.clear()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out_path, Path(os.environ["OUT"]) / out_path.name)

@@ -127,6 +127,23 @@ def test_dense_is_timed_once_per_shape_and_resumed_rows_are_kept(tmp_path):
     assert set(cache) == {"4x4/float32/batch_last", "4x6/float32/batch_last"}
 
 
+def test_a_contender_that_killed_the_process_is_recorded_and_skipped_on_resume(tmp_path):
+    sub = tmp_path / "sub.txt"
+    sub.write_text("# one pattern\n1,4,4,1\n")
+    out = tmp_path / "ks-cpu-dryrun-x-part1of1.json"
+    crash = {"pattern": [1, 4, 4, 1], "dtype": "float32", "layout": "batch_first", "name": "csr"}
+    (tmp_path / (out.name + ".running")).write_text(json.dumps(crash))  # what a process killed inside csr leaves
+    argv = ["--dry-run", "--subsample", str(sub), "--dtypes", "float32", "--part", "1/1", "--out", str(out)]
+    bench.main([*argv, "--resume"])
+    data = json.loads(out.read_text())
+    assert data["crashed"] == [crash] and not (tmp_path / (out.name + ".running")).exists()
+    rows = {r["layout"]: r for r in data["rows"]}
+    assert rows["batch_first"]["skipped"]["csr"] == bench.CRASHED and "csr" not in rows["batch_first"]["ms"]
+    assert rows["batch_last"]["ms"]["csr"] > 0  # only that (pattern, dtype, layout) loses the contender
+    bench.main([*argv, "--resume"])  # the record survives a later resume
+    assert json.loads(out.read_text())["crashed"] == [crash]
+
+
 def _row(pattern, dtype, layout, ms, correct=True):
     base = {k: v for k, v in ms.items() if k in ("bmm", "einsum", "dense", "bsr")}
     best = min(base, key=base.get)
@@ -205,6 +222,16 @@ def test_report_main_writes_merged_json_png_and_markdown(tmp_path):
 
 
 def test_pick_variant_follows_the_measured_table_and_falls_back(monkeypatch):
+    shipped = ks.MEASURED_VARIANTS
+    assert all(tile in ks.TILE_ROWS and isinstance(pipe, bool) for tile, pipe in shipped.values())
+    for key, variant in shipped.items():  # the shipped table is what pick_variant returns for its keys
+        layout, b_cls, c_cls, d_cls = key
+        b = {"b%128": 256, "b<=64": 48, "b>64": 192}[b_cls]
+        c = {"c<=64": 48, "c<=256": 192, "c>256": 512}[c_cls]
+        d = 1 if d_cls == "d=1" else 4
+        assert ks.variant_key(b, c, d, layout == "batch_first") == key
+        assert ks.pick_variant(b, c, d, torch.float16, layout == "batch_first") == variant
+    monkeypatch.setattr(ks, "MEASURED_VARIANTS", {})
     assert ks.pick_variant(192, 192, 1, torch.float16) == (ks.pick_tile(192, 192, torch.float16), ks.PIPELINED_DEFAULT)
     assert ks.pick_variant(256, 256, 4, torch.float32, True) == (128, False)
     monkeypatch.setattr(ks, "MEASURED_VARIANTS", {ks.variant_key(192, 192, 1, True): (128, True)})

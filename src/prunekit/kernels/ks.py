@@ -40,16 +40,42 @@ HEADERS = ("ks_mm.cuh",)
 NAMESPACE = "prunekit_ks"
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TILE_ROWS = (64, 128)  # rows of b per CTA the tensor-core kernel is instantiated for (columns of N: 128)
-# One shared-memory stage by default: the simpler variant. Neither variant has run on a GPU yet (issue 8: the device
-# budget was spent); benchmarks/ks.py times both (and both tile sizes) and checks each against float64, and
-# benchmarks/ks_report.py derives MEASURED_VARIANTS from its results.
-PIPELINED_DEFAULT = False
+# Two shared-memory stages (cp.async) by default: on the H100 the pipelined variant was the fastest (or within 1%)
+# in every variant class of the first 100 patterns of the sweep (benchmarks/results/ks-h100-2026-11-25-part1of1.json).
+PIPELINED_DEFAULT = True
 # Measured (tile rows, pipelined) per variant_key(), derived by ``benchmarks/ks_report.py`` (the variant with the
-# smallest geometric-mean time ratio to the per-pattern fastest variant, fp16 rows) from MEASURED_SOURCE. Empty
-# until the benchmark has run on a GPU (it has not yet): pick_variant() then falls back to the a-priori rule
-# (pick_tile, PIPELINED_DEFAULT). Keys the table lacks fall back the same way.
-MEASURED_VARIANTS: dict[tuple[str, str, str, str], tuple[int, bool]] = {}
-MEASURED_SOURCE: str | None = None
+# smallest geometric-mean time ratio to the per-pattern fastest variant, fp16 rows) from MEASURED_SOURCE. Keys the
+# table lacks fall back to the a-priori rule (pick_tile, PIPELINED_DEFAULT).
+MEASURED_VARIANTS: dict[tuple[str, str, str, str], tuple[int, bool]] = {
+    ("batch_first", "b%128", "c<=256", "d>1"): (128, True),  # geomean 1.000
+    ("batch_first", "b%128", "c<=64", "d>1"): (128, True),  # geomean 1.001
+    ("batch_first", "b%128", "c>256", "d=1"): (128, True),  # geomean 1.000
+    ("batch_first", "b%128", "c>256", "d>1"): (128, True),  # geomean 1.000
+    ("batch_first", "b<=64", "c<=256", "d>1"): (64, True),  # geomean 1.000
+    ("batch_first", "b<=64", "c<=64", "d=1"): (64, True),  # geomean 1.001
+    ("batch_first", "b<=64", "c<=64", "d>1"): (64, True),  # geomean 1.005
+    ("batch_first", "b>64", "c<=256", "d=1"): (128, True),  # geomean 1.000
+    ("batch_first", "b>64", "c<=256", "d>1"): (128, True),  # geomean 1.000
+    ("batch_first", "b>64", "c<=64", "d=1"): (128, True),  # geomean 1.000
+    ("batch_first", "b>64", "c<=64", "d>1"): (128, True),  # geomean 1.000
+    ("batch_first", "b>64", "c>256", "d>1"): (128, True),  # geomean 1.008
+    ("batch_last", "b%128", "c<=256", "d>1"): (128, True),  # geomean 1.000
+    ("batch_last", "b%128", "c<=64", "d>1"): (128, True),  # geomean 1.000
+    ("batch_last", "b%128", "c>256", "d=1"): (128, True),  # geomean 1.000
+    ("batch_last", "b%128", "c>256", "d>1"): (128, True),  # geomean 1.000
+    ("batch_last", "b<=64", "c<=256", "d>1"): (64, True),  # geomean 1.000
+    ("batch_last", "b<=64", "c<=64", "d=1"): (64, True),  # geomean 1.000
+    ("batch_last", "b<=64", "c<=64", "d>1"): (64, True),  # geomean 1.000
+    ("batch_last", "b>64", "c<=256", "d=1"): (128, True),  # geomean 1.000
+    ("batch_last", "b>64", "c<=256", "d>1"): (128, True),  # geomean 1.000
+    ("batch_last", "b>64", "c<=64", "d=1"): (128, True),  # geomean 1.000
+    ("batch_last", "b>64", "c<=64", "d>1"): (64, True),  # geomean 1.001
+    ("batch_last", "b>64", "c>256", "d>1"): (128, True),  # geomean 1.000
+}
+MEASURED_SOURCE: str | None = (
+    "benchmarks/results/ks-h100-2026-11-25-part1of1.json: the first 100 patterns of the shuffled sweep "
+    "(H100, torch 2.11, fp16 rows); the sweep's later patterns ran with this table"
+)
 
 __all__ = ["ks_mm", "ks_chain_mm", "ks_mm_cuda", "load", "is_loaded", "pick_tile", "pick_variant", "variant_key"]
 
