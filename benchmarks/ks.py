@@ -93,11 +93,14 @@ BASELINES = ("bmm", "einsum", "dense", "bsr")  # the issue's "best baseline" set
 ALL_BASELINES = (*BASELINES, "csr", "authors")
 
 Quad = tuple[int, int, int, int]
-# Crash bookkeeping: a contender that kills the CUDA context (e.g. an illegal instruction) takes the process with it.
-# Before each contender runs, its key is written to _MARKER; the next --resume run finds the file, records the
-# contender as crashed (result["crashed"]) and skips it on that (pattern, dtype, layout) from then on.
+# Crash bookkeeping: a kernel that kills the CUDA context (e.g. an illegal instruction) takes the process with it,
+# and the error surfaces at a later synchronisation, not necessarily in the contender that caused it. Before each
+# contender runs, its key is written to _MARKER; the next --resume run finds the file, records the (pattern, dtype,
+# layout) as crashed (result["crashed"], with the step that was running) and skips it from then on; --diagnose then
+# runs each contender of each crashed row alone in its own process with CUDA_LAUNCH_BLOCKING=1 to name the culprit.
 _MARKER: list[Path] = []
 _EXCLUDED: set[tuple] = set()
+_ONLY: list[str] = []  # --single: run only this contender
 CRASHED = "killed the CUDA context in an earlier run of this part (process exited); not run again"
 
 
@@ -107,6 +110,8 @@ def _mark(quad: Quad, dtype_name: str, layout: str, name: str) -> None:
 
 
 def _excluded(quad: Quad, dtype_name: str, layout: str, name: str) -> bool:
+    if _ONLY:
+        return name != _ONLY[0]
     return (tuple(quad), dtype_name, layout, name) in _EXCLUDED
 
 
@@ -741,6 +746,63 @@ def run_pattern(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def contender_names(dtype_name: str, d: int) -> list[str]:
+    """Every contender a row of this dtype runs, in run order (prunekit variants first)."""
+    names = list(prunekit_variants(getattr(torch, dtype_name)))
+    return [*names, "bmm", "einsum", "dense", "csr", *(["bsr"] if d == 1 else []), "authors"]
+
+
+def _run_single(spec: list[str], authors) -> None:
+    """--single: one contender of one row (the others excluded); prints ``SINGLE {json}``."""
+    quad = tuple(int(v) for v in spec[0].split(","))
+    dtype_name, layout, name = spec[1], spec[2], spec[3]
+    _ONLY[:] = [name]
+    if DEVICE == "cuda":
+        from prunekit.kernels import ks
+
+        ks.load()
+        _FLUSH.append(torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda"))
+    ceil = {"matmul_float16_tflops": 1.0, "matmul_float32_tflops": 1.0, "copy_gbps": 1.0}
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    row = run_pattern(quad, dtype_name, layout == "batch_first", ceil, gen, authors, dense_cache=None)
+    _sync()
+    keep = {"ms": row["ms"].get(name), "rel_error": row["rel_error"].get(name), "error": row["errors"].get(name)}
+    print("SINGLE " + json.dumps(keep), flush=True)
+
+
+def _diagnose(args, argv) -> None:
+    """--diagnose: each contender of each crashed row of ``--out`` alone in a subprocess (CUDA_LAUNCH_BLOCKING=1)."""
+    import subprocess
+    import sys
+
+    path = args.out
+    data = json.loads(path.read_text())
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+    for crash in data.get("crashed", []):
+        if crash.get("diagnosis"):
+            continue
+        verdicts = {}
+        for name in contender_names(crash["dtype"], crash["pattern"][3]):
+            cmd = [sys.executable, __file__, "--single", ",".join(map(str, crash["pattern"])), crash["dtype"],
+                   crash["layout"], name]  # fmt: skip
+            if DEVICE == "cpu":
+                cmd.append("--dry-run")
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+                line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SINGLE ")), None)
+                if proc.returncode == 0 and line:
+                    verdicts[name] = json.loads(line[7:])
+                else:
+                    tail = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln][-1:]
+                    verdicts[name] = {"exit_code": proc.returncode, "error": tail[0] if tail else None}
+            except subprocess.TimeoutExpired:
+                verdicts[name] = {"error": "timed out after 120 s"}
+            print(crash["pattern"], crash["dtype"], crash["layout"], name, verdicts[name], flush=True)
+        crash["diagnosis"] = verdicts
+        path.write_text(json.dumps(data, indent=1) + "\n")
+    return None
+
+
 def device_tag() -> str:
     if DEVICE == "cpu":
         return "cpu-dryrun"
@@ -783,6 +845,15 @@ def main(argv: list[str] | None = None) -> Path | None:
     parser.add_argument("--build-authors-only", action="store_true", help="Build the authors' extension; exit.")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/ks-<dev>-<date>-partIofK).")
     parser.add_argument("--dry-run", action="store_true", help="CPU, batch 64, reference op: checks the script only.")
+    parser.add_argument(
+        "--single", nargs=4, metavar=("A,B,C,D", "DTYPE", "LAYOUT", "CONTENDER"),
+        help="Run one contender on one (pattern, dtype, layout) and print its JSON line (used by --diagnose).",
+    )  # fmt: skip
+    parser.add_argument(
+        "--diagnose", action="store_true",
+        help="For each crashed row of --out: every contender alone, in its own process with CUDA_LAUNCH_BLOCKING=1; "
+        "the verdicts go into the crashed entry ('diagnosis').",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     global DEVICE, BATCH
     if args.dry_run:
@@ -800,6 +871,8 @@ def main(argv: list[str] | None = None) -> Path | None:
             est = sum(estimate_pattern_s(q, dtypes=dtypes, layouts=len(layouts)) for q in part)
             print(f"part {i}/{args.plan}: {len(part)} patterns, estimated {est:.0f} s")
         return None
+    if args.diagnose:
+        return _diagnose(args, argv)
     part_i, part_k = parse_part(args.part)
     part = assign_parts(quads, part_k, dtypes=dtypes, layouts=len(layouts))[part_i - 1]
     if DEVICE == "cpu":  # dry run: the small patterns only (the CPU reference on the large ones takes minutes)
@@ -828,6 +901,8 @@ def main(argv: list[str] | None = None) -> Path | None:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if args.single:
+        return _run_single(args.single, authors)
     if DEVICE == "cuda":
         from prunekit.kernels import ks
 
@@ -885,7 +960,8 @@ def main(argv: list[str] | None = None) -> Path | None:
             result["crashed"].append(crash)
         print(f"crashed earlier, excluded from now on: {crash}", flush=True)
     marker.unlink(missing_ok=True)
-    _EXCLUDED.update((tuple(c["pattern"]), c["dtype"], c["layout"], c["name"]) for c in result["crashed"])
+    crashed_keys = {(tuple(c["pattern"]), c["dtype"], c["layout"]) for c in result["crashed"]}
+    out_path.write_text(json.dumps(result, indent=1) + "\n")  # the crash record survives another crash
     _MARKER[:] = [marker]
     # dense timings of this date's parts (and of this part when resumed) are reused, not re-timed
     dense_cache = seed_dense_cache([*sorted(out_path.parent.glob(f"ks-{tag}-{date}-part*of*.json")), *args.resume_also])
@@ -898,7 +974,7 @@ def main(argv: list[str] | None = None) -> Path | None:
             continue
         for dtype_name in dtypes:
             for layout in layouts:
-                if (tuple(quad), dtype_name, layout) in done_keys:
+                if (tuple(quad), dtype_name, layout) in done_keys | crashed_keys:
                     continue
                 row = run_pattern(
                     quad, dtype_name, layout == "batch_first", ceil, gen, authors, args.max_call_ms, dense_cache,

@@ -106,7 +106,9 @@ all|sweep)
   NAME=ks-$(dev)-$DATE-part1of1
   # a contender that kills the CUDA context ends the process: the next attempt records and skips it (ks.py)
   for attempt in 1 2 3 4 5 6; do
-    REM=$((TOTAL_S - (SECONDS - T0) - 45))
+    RESERVE=0; [ -f ".carry/ks-results/$NAME.json" ] && grep -q '"crashed": \[$' ".carry/ks-results/$NAME.json" && RESERVE=110
+    [ -f ".carry/ks-results/$NAME.json.running" ] && RESERVE=110
+    REM=$((TOTAL_S - (SECONDS - T0) - 45 - RESERVE))
     [ "$REM" -gt 20 ] || break
     step "sweep attempt $attempt, budget ${REM}s"
     timeout $((REM + 40)) python3 benchmarks/ks.py --part 1/1 --shuffle 1 --resume --budget-s "$REM" \
@@ -116,6 +118,16 @@ all|sweep)
     echo "benchmark exit code $RC"; grep -v "^(" "$OUT/$NAME.log" | grep -E "Error|error|crashed" | tail -2
     [ -f ".carry/ks-results/$NAME.json.running" ] || break
   done
+  if [ -f ".carry/ks-results/$NAME.json.running" ]; then  # the last attempt died: record it before diagnosing
+    timeout 60 python3 benchmarks/ks.py --part 1/1 --shuffle 1 --resume --budget-s 0 \
+      --resume-also .carry/ks-results-in/*.json --out ".carry/ks-results/$NAME.json" >> "$OUT/$NAME.log" 2>&1
+  fi
+  REM=$((TOTAL_S - (SECONDS - T0) - 25))
+  if [ "$REM" -gt 30 ]; then
+    step "diagnose crashed rows (each contender alone, CUDA_LAUNCH_BLOCKING=1), ${REM}s"
+    timeout "$REM" python3 benchmarks/ks.py --diagnose --out ".carry/ks-results/$NAME.json" > "$OUT/ks-diagnose.log" 2>&1
+    echo "diagnose exit code $?"; grep "^\[" "$OUT/ks-diagnose.log" | cut -c1-220
+  fi
   cp ".carry/ks-results/$NAME.json" "$OUT/" 2>/dev/null
   python3 benchmarks/ks_report.py ".carry/ks-results/$NAME.json" --merged "$OUT/ks-$(dev)-$DATE.json" \
     --png "$OUT/ks-$(dev)-$DATE.png" --markdown "$OUT/ks-$(dev)-$DATE.md" > "$OUT/ks-report.log" 2>&1

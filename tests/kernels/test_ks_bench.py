@@ -127,7 +127,7 @@ def test_dense_is_timed_once_per_shape_and_resumed_rows_are_kept(tmp_path):
     assert set(cache) == {"4x4/float32/batch_last", "4x6/float32/batch_last"}
 
 
-def test_a_contender_that_killed_the_process_is_recorded_and_skipped_on_resume(tmp_path):
+def test_a_row_that_killed_the_process_is_recorded_and_skipped_on_resume(tmp_path, capsys):
     sub = tmp_path / "sub.txt"
     sub.write_text("# one pattern\n1,4,4,1\n")
     out = tmp_path / "ks-cpu-dryrun-x-part1of1.json"
@@ -137,11 +137,15 @@ def test_a_contender_that_killed_the_process_is_recorded_and_skipped_on_resume(t
     bench.main([*argv, "--resume"])
     data = json.loads(out.read_text())
     assert data["crashed"] == [crash] and not (tmp_path / (out.name + ".running")).exists()
-    rows = {r["layout"]: r for r in data["rows"]}
-    assert rows["batch_first"]["skipped"]["csr"] == bench.CRASHED and "csr" not in rows["batch_first"]["ms"]
-    assert rows["batch_last"]["ms"]["csr"] > 0  # only that (pattern, dtype, layout) loses the contender
+    assert [r["layout"] for r in data["rows"]] == ["batch_last"]  # the crashed row is not run again
     bench.main([*argv, "--resume"])  # the record survives a later resume
     assert json.loads(out.read_text())["crashed"] == [crash]
+    # --single runs one contender alone (what --diagnose runs per contender in a CUDA_LAUNCH_BLOCKING process)
+    capsys.readouterr()
+    bench.main(["--dry-run", "--single", "1,4,4,1", "float32", "batch_first", "f32"])
+    single = json.loads(capsys.readouterr().out.split("SINGLE ", 1)[1])
+    assert single["error"] is None and single["ms"] > 0 and single["rel_error"] < 1e-5
+    assert bench.contender_names("float16", 1)[-3:] == ["csr", "bsr", "authors"]
 
 
 def _row(pattern, dtype, layout, ms, correct=True):
