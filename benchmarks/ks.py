@@ -948,7 +948,11 @@ def main(argv: list[str] | None = None) -> Path | None:
             if not path.is_file():
                 continue
             earlier = json.loads(path.read_text())
-            result["crashed"] += [c for c in earlier.get("crashed", []) if c not in result["crashed"]]
+            for c in earlier.get("crashed", []):
+                if (c["pattern"], c["dtype"], c["layout"]) not in [
+                    (e["pattern"], e["dtype"], e["layout"]) for e in result["crashed"]
+                ]:
+                    result["crashed"].append(c)
             for r in earlier.get("rows", []):
                 key = (tuple(r["pattern"]), r["dtype"], r["layout"])
                 if key not in seen:
@@ -956,7 +960,9 @@ def main(argv: list[str] | None = None) -> Path | None:
                     result["rows"].append(r)
     if marker.is_file():  # the previous run of this part died inside this contender
         crash = json.loads(marker.read_text())
-        if crash not in result["crashed"]:
+        if (crash["pattern"], crash["dtype"], crash["layout"]) not in [
+            (e["pattern"], e["dtype"], e["layout"]) for e in result["crashed"]
+        ]:
             result["crashed"].append(crash)
         print(f"crashed earlier, excluded from now on: {crash}", flush=True)
     marker.unlink(missing_ok=True)
