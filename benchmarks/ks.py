@@ -101,12 +101,36 @@ Quad = tuple[int, int, int, int]
 _MARKER: list[Path] = []
 _EXCLUDED: set[tuple] = set()
 _ONLY: list[str] = []  # --single: run only this contender
-CRASHED = "killed the CUDA context in an earlier run of this part (process exited); not run again"
+CRASHED = "hung (over --step-timeout-s) in an earlier run of this part; not run again on this row"
+
+
+STEP_TIMEOUT_S = 60.0  # a step running longer is taken as hung (e.g. a Triton compile of a 512x512 BSR block)
+_STEP: list = [None, 0.0]  # the marker's text and when it was written (watchdog input)
 
 
 def _mark(quad: Quad, dtype_name: str, layout: str, name: str) -> None:
     if _MARKER:
-        _MARKER[0].write_text(json.dumps({"pattern": list(quad), "dtype": dtype_name, "layout": layout, "name": name}))
+        text = json.dumps({"pattern": list(quad), "dtype": dtype_name, "layout": layout, "name": name})
+        _MARKER[0].write_text(text)
+        _STEP[:] = [text, time.monotonic()]
+
+
+def _watchdog(timeout_s: float) -> None:
+    """Daemon thread: when one marked step runs over ``timeout_s``, the marker gets ``"hung": true`` and the process
+    exits (code 3); the next --resume run then skips that contender only on that row (``result["hung"]``)."""
+    import threading
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            text, since = _STEP
+            if _MARKER and text is not None and time.monotonic() - since > timeout_s:
+                entry = json.loads(text) | {"hung": True, "after_s": round(time.monotonic() - since, 1)}
+                _MARKER[0].write_text(json.dumps(entry))
+                print(f"hung, exiting: {entry}", flush=True)
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _excluded(quad: Quad, dtype_name: str, layout: str, name: str) -> bool:
@@ -547,6 +571,7 @@ def run_pattern(
 
     t_start = time.perf_counter()
     a, b, c, d = quad
+    _mark(quad, dtype_name, "batch_first" if batch_first else "batch_last", "setup")
     dtype = getattr(torch, dtype_name)
     m, k, n = a * b * d, a * c * d, BATCH
     blocks = (torch.randn(a, d, b, c, generator=gen, device=DEVICE) / math.sqrt(c)).to(dtype)
@@ -850,6 +875,7 @@ def main(argv: list[str] | None = None) -> Path | None:
         "--single", nargs=4, metavar=("A,B,C,D", "DTYPE", "LAYOUT", "CONTENDER"),
         help="Run one contender on one (pattern, dtype, layout) and print its JSON line (used by --diagnose).",
     )  # fmt: skip
+    parser.add_argument("--step-timeout-s", type=float, default=STEP_TIMEOUT_S, help="A step over this is hung.")
     parser.add_argument(
         "--diagnose", action="store_true",
         help="For each crashed row of --out: every contender alone, in its own process with CUDA_LAUNCH_BLOCKING=1; "
@@ -959,8 +985,18 @@ def main(argv: list[str] | None = None) -> Path | None:
                 if key not in seen:
                     seen.add(key)
                     result["rows"].append(r)
-    if marker.is_file():  # the previous run of this part died inside this contender
-        crash = json.loads(marker.read_text())
+    result["hung"] = []
+    if args.resume:
+        for path in [out_path, *args.resume_also]:
+            if path.is_file():
+                for h in json.loads(path.read_text()).get("hung", []):
+                    if h not in result["hung"]:
+                        result["hung"].append(h)
+    crash = json.loads(marker.read_text()) if marker.is_file() else None
+    if crash and crash.get("hung") and crash["name"] != "setup":  # a contender that hung: only it is skipped
+        result["hung"].append(crash)
+        print(f"hung earlier, this contender is skipped on this row from now on: {crash}", flush=True)
+    elif crash:  # the previous run of this part died inside this row: the CUDA context may be at fault, skip the row
         if (crash["pattern"], crash["dtype"], crash["layout"]) not in [
             (e["pattern"], e["dtype"], e["layout"]) for e in result["crashed"]
         ]:
@@ -968,8 +1004,12 @@ def main(argv: list[str] | None = None) -> Path | None:
         print(f"crashed earlier, excluded from now on: {crash}", flush=True)
     marker.unlink(missing_ok=True)
     crashed_keys = {(tuple(c["pattern"]), c["dtype"], c["layout"]) for c in result["crashed"]}
+    _EXCLUDED.update((tuple(h["pattern"]), h["dtype"], h["layout"], h["name"]) for h in result["hung"])
     out_path.write_text(json.dumps(result, indent=1) + "\n")  # the crash record survives another crash
     _MARKER[:] = [marker]
+    _STEP[:] = [None, 0.0]
+    if DEVICE == "cuda":  # the GPU run only (a dry run inside pytest must never be exited by it)
+        _watchdog(args.step_timeout_s)
     # dense timings of this date's parts (and of this part when resumed) are reused, not re-timed
     dense_cache = seed_dense_cache([*sorted(out_path.parent.glob(f"ks-{tag}-{date}-part*of*.json")), *args.resume_also])
     done_keys = {(tuple(r["pattern"]), r["dtype"], r["layout"]) for r in result["rows"]}
@@ -1008,6 +1048,7 @@ def main(argv: list[str] | None = None) -> Path | None:
     out_path.write_text(json.dumps(result, indent=1) + "\n")
     marker.unlink(missing_ok=True)
     _MARKER.clear()
+    _STEP[:] = [None, 0.0]
     if os.environ.get("OUT"):
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out_path, Path(os.environ["OUT"]) / out_path.name)

@@ -106,8 +106,8 @@ all|sweep)
   NAME=ks-$(dev)-$DATE-part1of1
   # a contender that kills the CUDA context ends the process: the next attempt records and skips it (ks.py)
   for attempt in 1 2 3 4 5 6; do
-    RESERVE=0; [ -f ".carry/ks-results/$NAME.json" ] && grep -q '"crashed": \[$' ".carry/ks-results/$NAME.json" && RESERVE=110
-    [ -f ".carry/ks-results/$NAME.json.running" ] && RESERVE=110
+    RESERVE=0; [ -f ".carry/ks-results/$NAME.json" ] && grep -q '"crashed": \[$' ".carry/ks-results/$NAME.json" && RESERVE=80
+    [ -f ".carry/ks-results/$NAME.json.running" ] && RESERVE=80
     REM=$((TOTAL_S - (SECONDS - T0) - 45 - RESERVE))
     [ "$REM" -gt 20 ] || break
     step "sweep attempt $attempt, budget ${REM}s"

@@ -140,6 +140,17 @@ def test_a_row_that_killed_the_process_is_recorded_and_skipped_on_resume(tmp_pat
     assert [r["layout"] for r in data["rows"]] == ["batch_last"]  # the crashed row is not run again
     bench.main([*argv, "--resume"])  # the record survives a later resume
     assert json.loads(out.read_text())["crashed"] == [crash]
+    # a contender that hung (the watchdog's marker): only it is skipped, on that row only
+    out2 = tmp_path / "b" / out.name
+    out2.parent.mkdir()
+    hung = {"pattern": [1, 4, 4, 1], "dtype": "float32", "layout": "batch_last", "name": "csr", "hung": True}
+    (out2.parent / (out.name + ".running")).write_text(json.dumps(hung))
+    bench.main([*argv[:-1], str(out2), "--resume"])
+    data = json.loads(out2.read_text())
+    assert data["hung"] == [hung] and data["crashed"] == [] and len(data["rows"]) == 2
+    rows = {r["layout"]: r for r in data["rows"]}
+    assert rows["batch_last"]["skipped"]["csr"] == bench.CRASHED and "csr" not in rows["batch_last"]["ms"]
+    assert rows["batch_first"]["ms"]["csr"] > 0
     # --single runs one contender alone (what --diagnose runs per contender in a CUDA_LAUNCH_BLOCKING process)
     capsys.readouterr()
     bench.main(["--dry-run", "--single", "1,4,4,1", "float32", "batch_first", "f32"])
