@@ -475,14 +475,14 @@ def build_authors(src: Path, quads: list[Quad], build_root: Path, verbose: bool 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def ks_call(blocks, x, out=None, tile_rows=None, pipelined=None):
+def ks_call(blocks, x, out=None, tile_rows=None, pipelined=None, delta_block=False):
     """The prunekit contender: the CUDA kernel (the reference op under --dry-run)."""
     from prunekit.kernels import ks
 
     if DEVICE == "cpu":
         y = ks.ks_mm(blocks, x)
         return y if out is None else out.copy_(y)
-    return ks.ks_mm_cuda(blocks, x, out=out, tile_rows=tile_rows, pipelined=pipelined)
+    return ks.ks_mm_cuda(blocks, x, out=out, tile_rows=tile_rows, pipelined=pipelined, delta_block=delta_block)
 
 
 def prunekit_variants(dtype: torch.dtype) -> dict[str, dict]:
@@ -605,6 +605,8 @@ def run_pattern(
         return None if math.isnan(err) else err
 
     variants = prunekit_variants(dtype)
+    if batch_first and dtype != torch.float32 and d % 8 == 0:
+        variants["dblock8"] = {"delta_block": True}  # 8 deltas per CTA, 16-byte X and Y vectors (kernels/ks.py)
     default_tile, default_pipe = ks.pick_variant(b, c, d, dtype, batch_first)
     default_name = next(
         (v for v, kw in variants.items() if kw.get("tile_rows", default_tile) == default_tile

@@ -174,3 +174,28 @@ def test_cuda_chain_through_sparse_linear_matches_float64(dtype):
     ref = torch.nn.functional.linear(x.double(), dense, bias.double())
     assert out.shape == (3, 50, 128) and out.dtype == dtype
     assert rel_err(out.cpu(), ref) < (1e-5 if dtype == torch.float32 else 4 * TOL[dtype])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_delta_block_kernel_matches_float64_on_poisoned_outputs(dtype):
+    # batch-first, d % 8 == 0: b over one 64-row tile and ragged, c ragged (scalar W path) and a multiple of 8
+    for seed, quad in enumerate([(1, 3, 5, 8), (2, 20, 33, 8), (1, 70, 16, 16), (3, 48, 192, 8), (1, 130, 64, 32)]):
+        for n in (1, 37, 200):
+            blocks, x, bias = case(quad, n, dtype, seed, True)
+            blocks, x, bias = blocks.cuda(), x.cuda(), bias.cuda()
+            ref = reference64(blocks.cpu(), x.cpu(), bias.cpu(), seed % 2 == 0)
+            out = new_spmm_output(x, ref.shape[0]).fill_(float("nan"))
+            ks.ks_mm_cuda(blocks, x, bias, "relu" if seed % 2 == 0 else "none", out=out, delta_block=True)
+            torch.cuda.synchronize()
+            assert rel_err(out.cpu(), ref) < TOL[dtype], (quad, n)
+
+
+@pytest.mark.cuda
+def test_cuda_delta_block_kernel_refuses_what_it_cannot_take():
+    blocks, x, bias = case((1, 8, 8, 4), 16, torch.float16, 0, True)
+    with pytest.raises(ValueError, match="d % 8"):
+        ks.ks_mm_cuda(blocks.cuda(), x.cuda(), delta_block=True)
+    blocks, x, bias = case((1, 8, 8, 8), 16, torch.float16, 0, False)
+    with pytest.raises(ValueError, match="batch-first"):
+        ks.ks_mm_cuda(blocks.cuda(), x.cuda(), delta_block=True)

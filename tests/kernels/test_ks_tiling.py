@@ -339,3 +339,128 @@ def test_host_path_choice_matches_layouts():
     assert host_paths(16, 2, make_x(64, 16, "batch_first", g)) == (1, 0)  # d > 1: strided gather, scalar
     assert host_paths(12, 1, make_x(24, 16, "batch_first", g)) == (0, 0)
     assert host_paths(16, 1, make_x(32, 16, "batch_last_padded", g)) == (1, 0)
+
+
+# ks_mm.cuh constants of the batch-first delta-block kernel (ks_mm_tc_dblock_kernel)
+DB_D, DB_BM, DB_BN, DB_BK = 8, 64, 64, 16
+DB_LDA, DB_LDB = DB_BK + 8, DB_BN + 8
+
+
+def emulate_dblock(blocks, x: Strided, y: Strided, bias, relu, writes):
+    """Every CTA of ``ks_mm_tc_dblock_kernel``: 8 deltas of one alpha per CTA (warp w = delta0 + w), 16-byte X vectors
+    of the 8 deltas of a (token, gamma), W tiles of the 8 groups, one WMMA 64 x 64 tile per warp, and the epilogue's
+    16-byte Y vectors of the 8 deltas of a (beta, n). Mirrors the CUDA source's index expressions."""
+    a, d, b, c = blocks.shape
+    assert d % DB_D == 0 and x.s_row == 1 and x.s_col % 8 == 0 and y.s_row == 1 and y.s_col % 8 == 0
+    w_flat = blocks.reshape(-1)
+    n_total = x.cols
+    vec_w = 1 if c % 8 == 0 else 0
+    blocks_per_alpha = d // DB_D
+    lanes = torch.arange(DB_D)
+    for bx in range(a * blocks_per_alpha):
+        alpha, delta0 = bx // blocks_per_alpha, (bx % blocks_per_alpha) * DB_D
+        g0 = alpha * d + delta0
+        for by in range((n_total + DB_BN - 1) // DB_BN):
+            n0 = by * DB_BN
+            for bz in range((b + DB_BM - 1) // DB_BM):
+                beta0 = bz * DB_BM
+                acc = torch.zeros(DB_D, DB_BM, DB_BN, dtype=torch.float64)
+                for kt in range((c + DB_BK - 1) // DB_BK):
+                    k0 = kt * DB_BK
+                    a_s = torch.full((DB_D * DB_BM * DB_LDA,), float("nan"), dtype=torch.float64)
+                    b_s = torch.full((DB_D * DB_BK * DB_LDB,), float("nan"), dtype=torch.float64)
+                    # X: v -> (kk = v % BK, nn = v / BK), one 16-byte vector of the 8 deltas
+                    v = torch.arange(DB_BN * DB_BK)
+                    kk, nn = v % DB_BK, v // DB_BK
+                    gamma, n = k0 + kk, n0 + nn
+                    valid = (gamma < c) & (n < n_total)
+                    src = n * x.s_col + (alpha * c + gamma) * d + delta0
+                    assert bool(((src[valid] + x.offset) % VEC == 0).all()), "unaligned 16-byte X load"
+                    vals = torch.zeros(v.numel(), DB_D, dtype=torch.float64)
+                    vals[valid] = x.read(src[valid, None] + lanes)
+                    for i in range(DB_D):
+                        b_s[(i * DB_BK + kk) * DB_LDB + nn] = vals[:, i]
+                    # W: the 8 groups' BM x BK tiles
+                    if vec_w:
+                        v = torch.arange(DB_D * DB_BM * (DB_BK // 8))
+                        kv, r, i = (v % (DB_BK // 8)) * 8, (v // (DB_BK // 8)) % DB_BM, v // (DB_BM * (DB_BK // 8))
+                        beta, gamma = beta0 + r, k0 + kv
+                        inside = (beta < b) & (gamma < c)
+                        src = (g0 + i) * b * c + beta * c + gamma
+                        assert bool((src[inside] % VEC == 0).all()), "unaligned 16-byte W load"
+                        vals = torch.zeros(v.numel(), VEC, dtype=torch.float64)
+                        vals[inside] = w_flat[src[inside, None] + torch.arange(VEC)]
+                        dst = (i * DB_BM + r) * DB_LDA + kv
+                        assert bool((dst % VEC == 0).all()), "unaligned 16-byte shared-memory store"
+                        for t in range(VEC):
+                            a_s[dst + t] = vals[:, t]
+                    else:
+                        e = torch.arange(DB_D * DB_BM * DB_BK)
+                        kk, r, i = e % DB_BK, (e // DB_BK) % DB_BM, e // (DB_BM * DB_BK)
+                        beta, gamma = beta0 + r, k0 + kk
+                        inside = (beta < b) & (gamma < c)
+                        vals = torch.zeros(e.numel(), dtype=torch.float64)
+                        vals[inside] = w_flat[((g0 + i) * b * c + beta * c + gamma)[inside]]
+                        a_s[(i * DB_BM + r) * DB_LDA + kk] = vals
+                    a_off = 0
+                    b_off = DB_D * DB_BM * DB_LDA  # b_s follows a_s in the one shared array
+                    smem = torch.cat([a_s, b_s])
+                    for warp in range(DB_D):
+                        for i in range(DB_BM // 16):
+                            fa = smem[frag(a_off + (warp * DB_BM + i * 16) * DB_LDA, DB_LDA)]
+                            for j in range(DB_BN // 16):
+                                fb = smem[frag(b_off + (warp * DB_BK) * DB_LDB + j * 16, DB_LDB)]
+                                acc[warp, i * 16 : i * 16 + 16, j * 16 : j * 16 + 16] += fa @ fb
+                # epilogue: stage (DB_D, 16, 16) per fragment; thread t -> (r = t / 16, cc = t % 16)
+                t = torch.arange(TC_THREADS)
+                r, cc = t // 16, t % 16
+                for i in range(DB_BM // 16):
+                    for j in range(DB_BN // 16):
+                        stage = acc[:, i * 16 : i * 16 + 16, j * 16 : j * 16 + 16]
+                        beta, n = beta0 + i * 16 + r, n0 + j * 16 + cc
+                        valid = (beta < b) & (n < n_total)
+                        m0 = (alpha * b + beta) * d + delta0
+                        out = stage[:, r, cc].t()  # (threads, 8 deltas)
+                        if bias is not None:
+                            out = out + bias[(m0[:, None] + lanes).clamp_max(bias.numel() - 1)]
+                        if relu:
+                            out = out.clamp_min(0.0)
+                        dst = m0 + n * y.s_col + y.offset
+                        assert bool((dst[valid] % VEC == 0).all()), "unaligned 16-byte Y store"
+                        idx = dst[valid, None] + lanes
+                        if idx.numel():
+                            assert int(idx.max()) < y.flat.numel(), "write outside Y's storage"
+                        y.flat[idx.reshape(-1)] = out[valid].reshape(-1)
+                        writes.index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), dtype=torch.int64))
+
+
+@pytest.mark.parametrize("layout", ["batch_first", "batch_first_offset"])
+def test_delta_block_kernel_tiling_emulation_matches_float64(layout):
+    # d = 8 and 16 (two delta blocks per alpha), b over one 64-row tile, c over several 16-gamma steps with a ragged
+    # last one and not a multiple of 8 (scalar W loads), N ragged and N = 1, a > 1
+    cases = [((1, 3, 5, 8), 40), ((2, 20, 33, 8), 70), ((1, 70, 16, 16), 65), ((3, 8, 24, 8), 1), ((2, 9, 40, 16), 130)]
+    for seed, ((a, b, c, d), n) in enumerate(cases):
+        g = torch.Generator().manual_seed(seed)
+        blocks = torch.randn(a, d, b, c, generator=g, dtype=torch.float64)
+        x = make_x(a * c * d, n, layout, g)
+        bias = torch.randn(a * b * d, generator=g, dtype=torch.float64) if seed % 2 == 0 else None
+        relu = seed % 3 == 0
+        y = make_y(a * b * d, n, x)
+        writes = torch.zeros(y.flat.numel(), dtype=torch.int64)
+        emulate_dblock(blocks, x, y, bias, relu, writes)
+        assert bool((writes == 1).all()), "an output element was written zero or several times"
+        ref = reference(blocks, x, bias, relu)
+        err = float((y.view() - ref).norm() / ref.norm().clamp_min(1e-30))
+        assert err < 1e-12, ((a, b, c, d), n, layout, err)
+
+
+def test_delta_block_fits_names_what_is_missing():
+    from prunekit.kernels.ks import delta_block_fits
+
+    blocks = torch.zeros(2, 8, 3, 4, dtype=torch.float16)
+    x2d = torch.zeros(5, 2 * 4 * 8, dtype=torch.float16)
+    y2d = torch.zeros(5, 2 * 3 * 8, dtype=torch.float16)
+    assert delta_block_fits(blocks, x2d.t(), y2d.t()) is None
+    assert "d % 8" in delta_block_fits(torch.zeros(2, 4, 3, 4, dtype=torch.float16), x2d.t(), y2d.t())
+    assert "batch-first x" in delta_block_fits(blocks, x2d.t().contiguous(), y2d.t())
+    assert "float16 or bfloat16" in delta_block_fits(blocks.float(), x2d.t().float(), y2d.t().float())

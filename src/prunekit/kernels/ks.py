@@ -77,7 +77,7 @@ MEASURED_SOURCE: str | None = (
     "(H100, torch 2.11, fp16 rows); the sweep's later patterns ran with this table"
 )
 
-__all__ = ["ks_mm", "ks_chain_mm", "ks_mm_cuda", "load", "is_loaded", "pick_tile", "pick_variant", "variant_key"]
+__all__ = ["ks_mm", "ks_chain_mm", "ks_mm_cuda", "load", "is_loaded", "pick_tile", "pick_variant", "variant_key", "delta_block_fits"]
 
 
 def pick_tile(b: int, c: int, dtype: torch.dtype) -> int:
@@ -158,6 +158,7 @@ def ks_mm_cuda(
     out: torch.Tensor | None = None,
     tile_rows: int | None = None,
     pipelined: bool | None = None,
+    delta_block: bool = False,
 ) -> torch.Tensor:
     """CUDA ``Y (a*b*d, N) = act(K @ X + bias[:, None])`` for one KS factor (Gonon et al. 2024, section 4).
 
@@ -166,13 +167,17 @@ def ks_mm_cuda(
             reference runs on the GPU); x: ``(a*c*d, N)`` any strides (read in place); bias: ``(a*b*d,)`` or None;
             activation: ``"none"`` | ``"relu"``; out: optional ``(a*b*d, N)`` output of ``x``'s dtype, any strides;
             tile_rows: override :func:`pick_variant`'s tile (64 or 128; fp16/bf16 only); pipelined: two
-            shared-memory stages with cp.async (default: :func:`pick_variant`'s; fp16/bf16 only).
+            shared-memory stages with cp.async (default: :func:`pick_variant`'s; fp16/bf16 only); delta_block: the
+            batch-first kernel that gives a CTA 8 consecutive deltas so that X and Y move in 16-byte vectors
+            (fp16/bf16, conditions in :func:`delta_block_fits`; not timed on a GPU yet, so never picked by
+            default).
 
     Returns:
         ``Y`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` unless ``out`` is given.
 
     Raises:
-        KernelUnavailable: no GPU/compiler. ValueError: bad activation, shapes or ``tile_rows``.
+        KernelUnavailable: no GPU/compiler. ValueError: bad activation, shapes or ``tile_rows``, or ``delta_block``
+        for tensors that do not fit it.
     """
     _check_activation(activation)
     a, b, c, d = ks_reference.check_ks_args(blocks, x)
@@ -194,9 +199,38 @@ def ks_mm_cuda(
         raise ValueError(f"tile_rows must be one of {TILE_ROWS}, got {tile}")
     if bias is not None:
         bias = bias.to(dtype=x.dtype).contiguous()
-    pipe = auto_pipe if pipelined is None else bool(pipelined)
-    torch.ops.prunekit_ks.ks_mm_out(blocks.contiguous(), x, y, bias, activation == "relu", tile, int(pipe))
+    pipe = int(auto_pipe if pipelined is None else bool(pipelined))
+    blocks = blocks.contiguous()
+    if delta_block:
+        why = delta_block_fits(blocks, x, y)
+        if why:
+            raise ValueError(f"delta_block: {why}")
+        pipe = 2  # the C++ entry's code for the delta-block kernel
+    torch.ops.prunekit_ks.ks_mm_out(blocks, x, y, bias, activation == "relu", tile, pipe)
     return y
+
+
+def delta_block_fits(blocks: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> str | None:
+    """Why the batch-first delta-block kernel cannot take these tensors, or None when it can.
+
+    Args:
+        blocks: ``(a, d, b, c)`` contiguous; x: ``(a*c*d, N)``; y: ``(a*b*d, N)``.
+
+    It needs fp16/bf16, ``d % 8 == 0``, batch-first X and Y (``stride(0) == 1``, ``stride(1) % 8 == 0``: the
+    ``x2d.t()`` views of row-major ``(N, features)`` matrices) and 16-byte aligned data.
+    """
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return f"needs float16 or bfloat16, got {x.dtype}"
+    d = int(blocks.shape[1])
+    if d % 8:
+        return f"needs d % 8 == 0, got d = {d}"
+    for name, t in (("x", x), ("y", y)):
+        if t.stride(0) != 1 or t.stride(1) % 8:
+            return f"needs batch-first {name} (strides (1, multiple of 8)), got strides {tuple(t.stride())}"
+    for name, t in (("blocks", blocks), ("x", x), ("y", y)):
+        if t.data_ptr() % 16:
+            return f"needs 16-byte aligned {name}"
+    return None
 
 
 def _ks_mm_cpu(

@@ -160,7 +160,14 @@ void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, co
   } else if (args.sxk == 1 && args.sxn % 8 == 0 && d == 1 && c % 8 == 0 && aligned16(args.x)) {
     vec_x = 2;
   }
-  const int pipe = pipelined ? 1 : 0;
+  if (pipelined == 2) {  // batch-first delta-block kernel: its layout conditions (ks_mm.cuh)
+    TORCH_CHECK(d % DB_D == 0 && args.sxk == 1 && args.sxn % 8 == 0 && args.sym == 1 && args.syn % 8 == 0 &&
+                    aligned16(args.x) && aligned16(args.y) && aligned16(args.w),
+                "ks_mm: the delta-block kernel needs d % 8 == 0, batch-first x and y (row strides % 8 == 0) and "
+                "16-byte aligned tensors");
+    TORCH_CHECK((args.n + DB_BN - 1) / DB_BN <= 65535, "ks_mm: grid too large");
+  }
+  const int pipe = pipelined == 2 ? 2 : (pipelined ? 1 : 0);
   if (x.scalar_type() == at::kHalf) {
     launch_tc<__half>(args, static_cast<int>(tile_rows), pipe, vec_w, vec_x, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
