@@ -606,8 +606,8 @@ def run_pattern(
         return None if math.isnan(err) else err
 
     variants = prunekit_variants(dtype)
-    if batch_first and dtype != torch.float32 and d % 8 == 0:
-        variants["dblock8"] = {"delta_block": True}  # 8 deltas per CTA, 16-byte X and Y vectors (kernels/ks.py)
+    if batch_first and dtype != torch.float32 and d % 2 == 0:
+        variants["dblock"] = {"delta_block": True}  # 8, 4 or 2 deltas per CTA, X and Y in vectors (kernels/ks.py)
     default_tile, default_pipe = ks.pick_variant(b, c, d, dtype, batch_first)
     default_name = next(
         (v for v, kw in variants.items() if kw.get("tile_rows", default_tile) == default_tile

@@ -179,8 +179,11 @@ def test_cuda_chain_through_sparse_linear_matches_float64(dtype):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_delta_block_kernel_matches_float64_on_poisoned_outputs(dtype):
-    # batch-first, d % 8 == 0: b over one 64-row tile and ragged, c ragged (scalar W path) and a multiple of 8
-    for seed, quad in enumerate([(1, 3, 5, 8), (2, 20, 33, 8), (1, 70, 16, 16), (3, 48, 192, 8), (1, 130, 64, 32)]):
+    # batch-first, widths 8 (d = 8, 16, 32), 4 (d = 4, 12) and 2 (d = 2, 6): b over one 64-row tile and ragged, c
+    # ragged (scalar W path) and a multiple of 8
+    quads = [(1, 3, 5, 8), (2, 20, 33, 8), (1, 70, 16, 16), (3, 48, 192, 8), (1, 130, 64, 32), (2, 9, 24, 4),
+             (1, 33, 40, 12), (3, 66, 17, 2), (2, 5, 24, 6)]  # fmt: skip
+    for seed, quad in enumerate(quads):
         for n in (1, 37, 200):
             blocks, x, bias = case(quad, n, dtype, seed, True)
             blocks, x, bias = blocks.cuda(), x.cuda(), bias.cuda()
@@ -193,8 +196,8 @@ def test_cuda_delta_block_kernel_matches_float64_on_poisoned_outputs(dtype):
 
 @pytest.mark.cuda
 def test_cuda_delta_block_kernel_refuses_what_it_cannot_take():
-    blocks, x, bias = case((1, 8, 8, 4), 16, torch.float16, 0, True)
-    with pytest.raises(ValueError, match="d % 8"):
+    blocks, x, bias = case((1, 8, 8, 3), 16, torch.float16, 0, True)
+    with pytest.raises(ValueError, match="even d"):
         ks.ks_mm_cuda(blocks.cuda(), x.cuda(), delta_block=True)
     blocks, x, bias = case((1, 8, 8, 8), 16, torch.float16, 0, False)
     with pytest.raises(ValueError, match="batch-first"):

@@ -257,6 +257,8 @@ def make_x(k: int, n: int, layout: str, g: torch.Generator) -> Strided:
         return Strided(torch.randn(k * (n + 3) + 1, generator=g, dtype=torch.float64), k, n, n + 3, 1, 1)
     if layout == "batch_first_offset":  # x2d rows of k + 8, data pointer 8 elements in (aligned)
         return Strided(torch.randn(n * (k + 8) + 8, generator=g, dtype=torch.float64), k, n, 1, k + 8, 8)
+    if layout == "batch_first_stride2":  # x2d rows of k + 2, data pointer 2 elements in (4-byte aligned only)
+        return Strided(torch.randn(n * (k + 2) + 2, generator=g, dtype=torch.float64), k, n, 1, k + 2, 2)
     raise ValueError(layout)
 
 
@@ -342,47 +344,65 @@ def test_host_path_choice_matches_layouts():
 
 
 # ks_mm.cuh constants of the batch-first delta-block kernel (ks_mm_tc_dblock_kernel)
-DB_D, DB_BM, DB_BN, DB_BK = 8, 64, 64, 16
+DB_BM, DB_BN, DB_BK = 64, 64, 16
 DB_LDA, DB_LDB = DB_BK + 8, DB_BN + 8
 
 
-def emulate_dblock(blocks, x: Strided, y: Strided, bias, relu, writes):
-    """Every CTA of ``ks_mm_tc_dblock_kernel``: 8 deltas of one alpha per CTA (warp w = delta0 + w), 16-byte X vectors
-    of the 8 deltas of a (token, gamma), W tiles of the 8 groups, one WMMA 64 x 64 tile per warp, and the epilogue's
-    16-byte Y vectors of the 8 deltas of a (beta, n). Mirrors the CUDA source's index expressions."""
+def dblock_width(d: int, x: Strided, y: Strided) -> int:
+    """``dblock_width`` of ks_mm.cuh (pointer alignment in elements: the offset's largest power of two up to 8)."""
+
+    def align(offset: int) -> int:
+        return 8 if offset % 8 == 0 else 4 if offset % 4 == 0 else 2 if offset % 2 == 0 else 1
+
+    if x.s_row != 1 or y.s_row != 1:
+        return 0
+    for dt in (8, 4, 2):
+        if d % dt == 0 and x.s_col % dt == 0 and y.s_col % dt == 0 and align(x.offset) % dt == 0:
+            if align(y.offset) % dt == 0:
+                return dt
+    return 0
+
+
+def emulate_dblock(blocks, x: Strided, y: Strided, bias, relu, writes, dt: int):
+    """Every CTA of ``ks_mm_tc_dblock_kernel<T, dt>``: dt deltas of one alpha per CTA, warp w = (delta0 + w % dt,
+    token columns (w / dt) * WN ...), dt-element X vectors of a (token, gamma), W tiles of the dt groups, WMMA tiles of
+    64 x WN per warp, and the epilogue's dt-element Y vectors of a (beta, n). Mirrors the CUDA index expressions."""
     a, d, b, c = blocks.shape
-    assert d % DB_D == 0 and x.s_row == 1 and x.s_col % 8 == 0 and y.s_row == 1 and y.s_col % 8 == 0
+    assert d % dt == 0 and x.s_row == 1 and x.s_col % dt == 0 and y.s_row == 1 and y.s_col % dt == 0
+    wpd = 8 // dt
+    wn = DB_BN // wpd
+    frag_n = wn // 16
     w_flat = blocks.reshape(-1)
     n_total = x.cols
     vec_w = 1 if c % 8 == 0 else 0
-    blocks_per_alpha = d // DB_D
-    lanes = torch.arange(DB_D)
+    blocks_per_alpha = d // dt
+    lanes = torch.arange(dt)
+    a_elems = dt * DB_BM * DB_LDA
     for bx in range(a * blocks_per_alpha):
-        alpha, delta0 = bx // blocks_per_alpha, (bx % blocks_per_alpha) * DB_D
+        alpha, delta0 = bx // blocks_per_alpha, (bx % blocks_per_alpha) * dt
         g0 = alpha * d + delta0
         for by in range((n_total + DB_BN - 1) // DB_BN):
             n0 = by * DB_BN
             for bz in range((b + DB_BM - 1) // DB_BM):
                 beta0 = bz * DB_BM
-                acc = torch.zeros(DB_D, DB_BM, DB_BN, dtype=torch.float64)
+                acc = torch.zeros(8, DB_BM, wn, dtype=torch.float64)  # per warp
                 for kt in range((c + DB_BK - 1) // DB_BK):
                     k0 = kt * DB_BK
-                    a_s = torch.full((DB_D * DB_BM * DB_LDA,), float("nan"), dtype=torch.float64)
-                    b_s = torch.full((DB_D * DB_BK * DB_LDB,), float("nan"), dtype=torch.float64)
-                    # X: v -> (kk = v % BK, nn = v / BK), one 16-byte vector of the 8 deltas
+                    smem = torch.full((a_elems + dt * DB_BK * DB_LDB,), float("nan"), dtype=torch.float64)
+                    # X: v -> (kk = v % BK, nn = v / BK), one vector of the dt deltas
                     v = torch.arange(DB_BN * DB_BK)
                     kk, nn = v % DB_BK, v // DB_BK
                     gamma, n = k0 + kk, n0 + nn
                     valid = (gamma < c) & (n < n_total)
                     src = n * x.s_col + (alpha * c + gamma) * d + delta0
-                    assert bool(((src[valid] + x.offset) % VEC == 0).all()), "unaligned 16-byte X load"
-                    vals = torch.zeros(v.numel(), DB_D, dtype=torch.float64)
+                    assert bool(((src[valid] + x.offset) % dt == 0).all()), "unaligned X vector load"
+                    vals = torch.zeros(v.numel(), dt, dtype=torch.float64)
                     vals[valid] = x.read(src[valid, None] + lanes)
-                    for i in range(DB_D):
-                        b_s[(i * DB_BK + kk) * DB_LDB + nn] = vals[:, i]
-                    # W: the 8 groups' BM x BK tiles
+                    for i in range(dt):
+                        smem[a_elems + (i * DB_BK + kk) * DB_LDB + nn] = vals[:, i]
+                    # W: the dt groups' BM x BK tiles
                     if vec_w:
-                        v = torch.arange(DB_D * DB_BM * (DB_BK // 8))
+                        v = torch.arange(dt * DB_BM * (DB_BK // 8))
                         kv, r, i = (v % (DB_BK // 8)) * 8, (v // (DB_BK // 8)) % DB_BM, v // (DB_BM * (DB_BK // 8))
                         beta, gamma = beta0 + r, k0 + kv
                         inside = (beta < b) & (gamma < c)
@@ -393,40 +413,38 @@ def emulate_dblock(blocks, x: Strided, y: Strided, bias, relu, writes):
                         dst = (i * DB_BM + r) * DB_LDA + kv
                         assert bool((dst % VEC == 0).all()), "unaligned 16-byte shared-memory store"
                         for t in range(VEC):
-                            a_s[dst + t] = vals[:, t]
+                            smem[dst + t] = vals[:, t]
                     else:
-                        e = torch.arange(DB_D * DB_BM * DB_BK)
+                        e = torch.arange(dt * DB_BM * DB_BK)
                         kk, r, i = e % DB_BK, (e // DB_BK) % DB_BM, e // (DB_BM * DB_BK)
                         beta, gamma = beta0 + r, k0 + kk
                         inside = (beta < b) & (gamma < c)
                         vals = torch.zeros(e.numel(), dtype=torch.float64)
                         vals[inside] = w_flat[((g0 + i) * b * c + beta * c + gamma)[inside]]
-                        a_s[(i * DB_BM + r) * DB_LDA + kk] = vals
-                    a_off = 0
-                    b_off = DB_D * DB_BM * DB_LDA  # b_s follows a_s in the one shared array
-                    smem = torch.cat([a_s, b_s])
-                    for warp in range(DB_D):
+                        smem[(i * DB_BM + r) * DB_LDA + kk] = vals
+                    for warp in range(8):
+                        di, sub = warp % dt, warp // dt
                         for i in range(DB_BM // 16):
-                            fa = smem[frag(a_off + (warp * DB_BM + i * 16) * DB_LDA, DB_LDA)]
-                            for j in range(DB_BN // 16):
-                                fb = smem[frag(b_off + (warp * DB_BK) * DB_LDB + j * 16, DB_LDB)]
+                            fa = smem[frag((di * DB_BM + i * 16) * DB_LDA, DB_LDA)]
+                            for j in range(frag_n):
+                                fb = smem[frag(a_elems + (di * DB_BK) * DB_LDB + sub * wn + j * 16, DB_LDB)]
                                 acc[warp, i * 16 : i * 16 + 16, j * 16 : j * 16 + 16] += fa @ fb
-                # epilogue: stage (DB_D, 16, 16) per fragment; thread t -> (r = t / 16, cc = t % 16)
-                t = torch.arange(TC_THREADS)
-                r, cc = t // 16, t % 16
+                # epilogue: stage (8 warps, 16, 16) per fragment; idx = tid + q * 256 -> (s_blk, r, cc)
+                idx_all = torch.arange(wpd * TC_THREADS)
+                s_blk, r, cc = idx_all // 256, (idx_all % 256) // 16, idx_all % 16
                 for i in range(DB_BM // 16):
-                    for j in range(DB_BN // 16):
-                        stage = acc[:, i * 16 : i * 16 + 16, j * 16 : j * 16 + 16]
-                        beta, n = beta0 + i * 16 + r, n0 + j * 16 + cc
+                    for j in range(frag_n):
+                        stage = acc[:, i * 16 : i * 16 + 16, j * 16 : j * 16 + 16]  # (8, 16, 16)
+                        beta, n = beta0 + i * 16 + r, n0 + s_blk * wn + j * 16 + cc
                         valid = (beta < b) & (n < n_total)
                         m0 = (alpha * b + beta) * d + delta0
-                        out = stage[:, r, cc].t()  # (threads, 8 deltas)
+                        out = torch.stack([stage[s_blk * dt + k, r, cc] for k in range(dt)], dim=1)
                         if bias is not None:
                             out = out + bias[(m0[:, None] + lanes).clamp_max(bias.numel() - 1)]
                         if relu:
                             out = out.clamp_min(0.0)
                         dst = m0 + n * y.s_col + y.offset
-                        assert bool((dst[valid] % VEC == 0).all()), "unaligned 16-byte Y store"
+                        assert bool((dst[valid] % dt == 0).all()), "unaligned Y vector store"
                         idx = dst[valid, None] + lanes
                         if idx.numel():
                             assert int(idx.max()) < y.flat.numel(), "write outside Y's storage"
@@ -434,11 +452,20 @@ def emulate_dblock(blocks, x: Strided, y: Strided, bias, relu, writes):
                         writes.index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), dtype=torch.int64))
 
 
-@pytest.mark.parametrize("layout", ["batch_first", "batch_first_offset"])
+@pytest.mark.parametrize("layout", ["batch_first", "batch_first_offset", "batch_first_stride2"])
 def test_delta_block_kernel_tiling_emulation_matches_float64(layout):
-    # d = 8 and 16 (two delta blocks per alpha), b over one 64-row tile, c over several 16-gamma steps with a ragged
-    # last one and not a multiple of 8 (scalar W loads), N ragged and N = 1, a > 1
-    cases = [((1, 3, 5, 8), 40), ((2, 20, 33, 8), 70), ((1, 70, 16, 16), 65), ((3, 8, 24, 8), 1), ((2, 9, 40, 16), 130)]
+    # d = 8 / 16 (8 deltas per CTA), 4 / 12 (4), 2 / 6 (2); b over one 64-row tile and ragged, c over several
+    # 16-gamma steps with a ragged last one and not a multiple of 8 (scalar W loads), N ragged and N = 1, a > 1
+    cases = [
+        ((1, 3, 5, 8), 40),
+        ((2, 20, 33, 8), 70),
+        ((1, 70, 16, 16), 65),
+        ((3, 8, 24, 4), 1),
+        ((2, 9, 40, 12), 130),
+        ((1, 66, 17, 2), 67),
+        ((2, 5, 24, 6), 33),
+    ]
+    widths = set()
     for seed, ((a, b, c, d), n) in enumerate(cases):
         g = torch.Generator().manual_seed(seed)
         blocks = torch.randn(a, d, b, c, generator=g, dtype=torch.float64)
@@ -446,21 +473,31 @@ def test_delta_block_kernel_tiling_emulation_matches_float64(layout):
         bias = torch.randn(a * b * d, generator=g, dtype=torch.float64) if seed % 2 == 0 else None
         relu = seed % 3 == 0
         y = make_y(a * b * d, n, x)
+        dt = dblock_width(d, x, y)
+        assert dt in (2, 4, 8) and d % dt == 0
+        widths.add(dt)
         writes = torch.zeros(y.flat.numel(), dtype=torch.int64)
-        emulate_dblock(blocks, x, y, bias, relu, writes)
+        emulate_dblock(blocks, x, y, bias, relu, writes, dt)
         assert bool((writes == 1).all()), "an output element was written zero or several times"
         ref = reference(blocks, x, bias, relu)
         err = float((y.view() - ref).norm() / ref.norm().clamp_min(1e-30))
-        assert err < 1e-12, ((a, b, c, d), n, layout, err)
+        assert err < 1e-12, ((a, b, c, d), n, layout, dt, err)
+    assert widths == ({2} if layout == "batch_first_stride2" else {2, 4, 8})
 
 
 def test_delta_block_fits_names_what_is_missing():
-    from prunekit.kernels.ks import delta_block_fits
+    from prunekit.kernels.ks import delta_block_fits, delta_block_width
 
     blocks = torch.zeros(2, 8, 3, 4, dtype=torch.float16)
     x2d = torch.zeros(5, 2 * 4 * 8, dtype=torch.float16)
     y2d = torch.zeros(5, 2 * 3 * 8, dtype=torch.float16)
-    assert delta_block_fits(blocks, x2d.t(), y2d.t()) is None
-    assert "d % 8" in delta_block_fits(torch.zeros(2, 4, 3, 4, dtype=torch.float16), x2d.t(), y2d.t())
+    assert delta_block_fits(blocks, x2d.t(), y2d.t()) is None and delta_block_width(blocks, x2d.t(), y2d.t()) == 8
+    b4 = torch.zeros(2, 4, 3, 4, dtype=torch.float16)
+    assert delta_block_width(b4, torch.zeros(5, 32, dtype=torch.float16).t(), torch.zeros(5, 24).half().t()) == 4
+    shifted = torch.zeros(5 * 64 + 1, dtype=torch.float16)[1:].view(5, 64).t()  # data pointer 2 bytes in
+    assert delta_block_width(blocks, shifted, y2d.t()) == 0 and "divisible" in delta_block_fits(
+        blocks, shifted, y2d.t()
+    )
+    assert "even d" in delta_block_fits(torch.zeros(2, 3, 3, 4, dtype=torch.float16), x2d.t(), y2d.t())
     assert "batch-first x" in delta_block_fits(blocks, x2d.t().contiguous(), y2d.t())
     assert "float16 or bfloat16" in delta_block_fits(blocks.float(), x2d.t().float(), y2d.t().float())

@@ -77,7 +77,18 @@ MEASURED_SOURCE: str | None = (
     "(H100, torch 2.11, fp16 rows); the sweep's later patterns ran with this table"
 )
 
-__all__ = ["ks_mm", "ks_chain_mm", "ks_mm_cuda", "load", "is_loaded", "pick_tile", "pick_variant", "variant_key", "delta_block_fits"]
+__all__ = [
+    "ks_mm",
+    "ks_chain_mm",
+    "ks_mm_cuda",
+    "load",
+    "is_loaded",
+    "pick_tile",
+    "pick_variant",
+    "variant_key",
+    "delta_block_fits",
+    "delta_block_width",
+]
 
 
 def pick_tile(b: int, c: int, dtype: torch.dtype) -> int:
@@ -168,9 +179,9 @@ def ks_mm_cuda(
             activation: ``"none"`` | ``"relu"``; out: optional ``(a*b*d, N)`` output of ``x``'s dtype, any strides;
             tile_rows: override :func:`pick_variant`'s tile (64 or 128; fp16/bf16 only); pipelined: two
             shared-memory stages with cp.async (default: :func:`pick_variant`'s; fp16/bf16 only); delta_block: the
-            batch-first kernel that gives a CTA 8 consecutive deltas so that X and Y move in 16-byte vectors
-            (fp16/bf16, conditions in :func:`delta_block_fits`; not timed on a GPU yet, so never picked by
-            default).
+            batch-first kernel that gives a CTA 8, 4 or 2 consecutive deltas so that X and Y move in vectors of
+            that many elements (fp16/bf16, conditions in :func:`delta_block_fits`; not timed on a GPU yet, so never
+            picked by default).
 
     Returns:
         ``Y`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` unless ``out`` is given.
@@ -210,26 +221,53 @@ def ks_mm_cuda(
     return y
 
 
+def delta_block_width(blocks: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Deltas per CTA the batch-first delta-block kernel would use for these tensors: the largest of 8, 4, 2 that
+    divides ``d``, both row strides and both data pointers (in elements); 0 when none does or the layout is not
+    batch-first. Mirrors ``dblock_width`` in ``csrc/ks/ks_mm.cuh``.
+
+    Args:
+        blocks: ``(a, d, b, c)``; x: ``(a*c*d, N)``; y: ``(a*b*d, N)``.
+    """
+    if x.stride(0) != 1 or y.stride(0) != 1:
+        return 0
+    d = int(blocks.shape[1])
+    elt = x.element_size()
+
+    def align(t: torch.Tensor) -> int:
+        ptr = t.data_ptr()
+        nbytes = 16 if ptr % 16 == 0 else 8 if ptr % 8 == 0 else 4 if ptr % 4 == 0 else 2 if ptr % 2 == 0 else 1
+        return max(1, nbytes // elt)  # 1: no vector width divides it
+
+    for width in (8, 4, 2):
+        if d % width == 0 and x.stride(1) % width == 0 and y.stride(1) % width == 0:
+            if align(x) % width == 0 and align(y) % width == 0:
+                return width
+    return 0
+
+
 def delta_block_fits(blocks: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> str | None:
     """Why the batch-first delta-block kernel cannot take these tensors, or None when it can.
 
     Args:
         blocks: ``(a, d, b, c)`` contiguous; x: ``(a*c*d, N)``; y: ``(a*b*d, N)``.
 
-    It needs fp16/bf16, ``d % 8 == 0``, batch-first X and Y (``stride(0) == 1``, ``stride(1) % 8 == 0``: the
-    ``x2d.t()`` views of row-major ``(N, features)`` matrices) and 16-byte aligned data.
+    It needs fp16/bf16, batch-first X and Y (``stride(0) == 1``: the ``x2d.t()`` views of row-major ``(N,
+    features)`` matrices), an even ``d`` with the row strides and data pointers divisible by the chosen width
+    (:func:`delta_block_width`: 8, 4 or 2 deltas per CTA) and 16-byte aligned blocks.
     """
     if x.dtype not in (torch.float16, torch.bfloat16):
         return f"needs float16 or bfloat16, got {x.dtype}"
-    d = int(blocks.shape[1])
-    if d % 8:
-        return f"needs d % 8 == 0, got d = {d}"
     for name, t in (("x", x), ("y", y)):
-        if t.stride(0) != 1 or t.stride(1) % 8:
-            return f"needs batch-first {name} (strides (1, multiple of 8)), got strides {tuple(t.stride())}"
-    for name, t in (("blocks", blocks), ("x", x), ("y", y)):
-        if t.data_ptr() % 16:
-            return f"needs 16-byte aligned {name}"
+        if t.stride(0) != 1:
+            return f"needs batch-first {name} (stride(0) == 1), got strides {tuple(t.stride())}"
+    d = int(blocks.shape[1])
+    if d % 2:
+        return f"needs an even d (8, 4 or 2 deltas per CTA), got d = {d}"
+    if blocks.data_ptr() % 16:
+        return "needs 16-byte aligned blocks"
+    if not delta_block_width(blocks, x, y):
+        return "needs row strides and data pointers of x and y divisible by 2 elements or more (as d is)"
     return None
 
 

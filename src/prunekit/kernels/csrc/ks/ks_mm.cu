@@ -160,11 +160,17 @@ void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, co
   } else if (args.sxk == 1 && args.sxn % 8 == 0 && d == 1 && c % 8 == 0 && aligned16(args.x)) {
     vec_x = 2;
   }
-  if (pipelined == 2) {  // batch-first delta-block kernel: its layout conditions (ks_mm.cuh)
-    TORCH_CHECK(d % DB_D == 0 && args.sxk == 1 && args.sxn % 8 == 0 && args.sym == 1 && args.syn % 8 == 0 &&
-                    aligned16(args.x) && aligned16(args.y) && aligned16(args.w),
-                "ks_mm: the delta-block kernel needs d % 8 == 0, batch-first x and y (row strides % 8 == 0) and "
-                "16-byte aligned tensors");
+  if (pipelined == 2) {  // batch-first delta-block kernel: its width and layout conditions (ks_mm.cuh)
+    const int elt = static_cast<int>(x.element_size());
+    const auto align_elems = [elt](const void* p) {
+      const auto a = reinterpret_cast<uintptr_t>(p);
+      const int bytes = a % 16 == 0 ? 16 : a % 8 == 0 ? 8 : a % 4 == 0 ? 4 : a % 2 == 0 ? 2 : 1;
+      return bytes >= elt ? bytes / elt : 1;  // 1: no vector width divides it
+    };
+    vec_x = dblock_width(args.d, args.sxk, args.sxn, args.sym, args.syn, align_elems(args.x), align_elems(args.y));
+    TORCH_CHECK(vec_x != 0 && aligned16(args.w),
+                "ks_mm: the delta-block kernel needs batch-first x and y, d, the row strides and the data pointers "
+                "divisible by 2 elements or more, and 16-byte aligned blocks");
     TORCH_CHECK((args.n + DB_BN - 1) / DB_BN <= 65535, "ks_mm: grid too large");
   }
   const int pipe = pipelined == 2 ? 2 : (pipelined ? 1 : 0);

@@ -274,38 +274,53 @@ __global__ void __launch_bounds__(TC_THREADS, 2) ks_mm_tc_kernel(KsArgs args, in
 // ---------------------------------------------------------------------------------------------------------------
 // Batch-first delta-block kernel (fp16 / bf16): for batch-first X (x2d (N, a*c*d) row-major, read as X = x2d.t())
 // the rows of one group X_g are d elements apart inside a token's row, so the one-group kernel above gathers them
-// with 2-byte loads, each touching its own 32-byte sector when d >= 16 (and writes Y the same way). This kernel
-// gives a CTA DB_D = 8 consecutive deltas of one alpha: for a token n and a gamma, the 8 deltas' X values are one
-// aligned 16-byte vector (d % 8 == 0), and so are the 8 outputs of a (beta, n). Warp w computes group
-// (alpha, delta0 + w): a DB_BM x DB_BN tile of Y_g^T over the k loop (BK = 16, one shared-memory stage). Needs
-// d % 8 == 0, x: sxk == 1, sxn % 8 == 0; y: sym == 1, syn % 8 == 0; W, X and Y 16-byte aligned (checked by the host).
+// with 2-byte loads, each touching its own 32-byte sector once d >= 16 (and writes Y the same way). This kernel
+// gives a CTA DT consecutive deltas of one alpha (DT = 8, 4 or 2, dividing d): for a token n and a gamma, the DT
+// deltas' X values are one aligned vector of DT elements (16, 8 or 4 bytes), and so are the DT outputs of a
+// (beta, n). The 8 warps: warp w computes group (alpha, delta0 + w % DT) on the token columns
+// [(w / DT) * WN, + WN) of the CTA's DB_BN, WN = DB_BN * DT / 8, over the k loop (BK = 16, one shared-memory
+// stage). The host checks d % DT == 0, x: sxk == 1, sxn % DT == 0; y: sym == 1, syn % DT == 0; X and Y aligned to
+// DT elements, W 16-byte aligned.
 // ---------------------------------------------------------------------------------------------------------------
 
-constexpr int DB_D = 8;     // deltas per CTA = warps per CTA
-constexpr int DB_BM = 64;   // rows of b per CTA
-constexpr int DB_BN = 64;   // tokens per CTA
-constexpr int DB_BK = 16;   // gammas per k-step
+constexpr int DB_BM = 64;  // rows of b per CTA
+constexpr int DB_BN = 64;  // tokens per CTA
+constexpr int DB_BK = 16;  // gammas per k-step
 constexpr int DB_LDA = DB_BK + 8;
 constexpr int DB_LDB = DB_BN + 8;
 
-template <typename T>
+template <int BYTES>
+struct VecOf;
+template <>
+struct VecOf<16> { using type = uint4; };
+template <>
+struct VecOf<8> { using type = uint2; };
+template <>
+struct VecOf<4> { using type = uint32_t; };
+
+template <typename T, int DT>
 __global__ void __launch_bounds__(TC_THREADS, 1) ks_mm_tc_dblock_kernel(KsArgs args, int vec_w) {
   using namespace nvcuda;
-  // W tiles (DB_D x BM x LDA) and X tiles (DB_D x BK x LDB); after the k loop the same bytes hold the epilogue's
+  using Vec = typename VecOf<DT * sizeof(T)>::type;
+  constexpr int WPD = 8 / DT;           // warps per delta
+  constexpr int WN = DB_BN / WPD;       // token columns per warp
+  constexpr int FRAG_N = WN / 16;
+  // W tiles (DT x BM x LDA) and X tiles (DT x BK x LDB); after the k loop the same bytes hold the epilogue's
   // per-warp 16 x 16 fp32 stages.
-  constexpr int A_ELEMS = DB_D * DB_BM * DB_LDA;
-  constexpr int B_ELEMS = DB_D * DB_BK * DB_LDB;
-  static_assert((A_ELEMS + B_ELEMS) * sizeof(T) >= DB_D * 256 * sizeof(float), "epilogue stage must fit");
+  constexpr int A_ELEMS = DT * DB_BM * DB_LDA;
+  constexpr int B_ELEMS = DT * DB_BK * DB_LDB;
+  static_assert((A_ELEMS + B_ELEMS) * sizeof(T) >= 8 * 256 * sizeof(float), "epilogue stage must fit");
   __shared__ __align__(128) T smem[A_ELEMS + B_ELEMS];
   T* a_s = smem;
   T* b_s = smem + A_ELEMS;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
+  const int di = warp % DT, sub = warp / DT;
   const int b = args.b, c = args.c, d = args.d, n_total = args.n;
-  const int blocks_per_alpha = d / DB_D;
+  const int blocks_per_alpha = d / DT;
   const int alpha = blockIdx.x / blocks_per_alpha;
-  const int delta0 = (blockIdx.x % blocks_per_alpha) * DB_D;
+  const int delta0 = (blockIdx.x % blocks_per_alpha) * DT;
   const int n0 = blockIdx.y * DB_BN;
   const int beta0 = blockIdx.z * DB_BM;
   const T* w = static_cast<const T*>(args.w);
@@ -313,34 +328,38 @@ __global__ void __launch_bounds__(TC_THREADS, 1) ks_mm_tc_dblock_kernel(KsArgs a
   // group of delta0 + i: g = alpha * d + delta0 + i; its W tile starts at w + g * b * c
   const int64_t g0 = static_cast<int64_t>(alpha) * d + delta0;
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DB_BM / 16][DB_BN / 16];
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DB_BM / 16][FRAG_N];
 #pragma unroll
   for (int i = 0; i < DB_BM / 16; ++i)
 #pragma unroll
-    for (int j = 0; j < DB_BN / 16; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int j = 0; j < FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
   const int k_steps = (c + DB_BK - 1) / DB_BK;
   for (int kt = 0; kt < k_steps; ++kt) {
     const int k0 = kt * DB_BK;
-    // X: one 16-byte vector per (token, gamma) = the 8 deltas; consecutive threads along gamma (same token)
+    // X: one vector per (token, gamma) = the DT deltas; consecutive threads along gamma (same token)
 #pragma unroll
     for (int v = tid; v < DB_BN * DB_BK; v += TC_THREADS) {
       const int kk = v % DB_BK, nn = v / DB_BK;
       const int gamma = k0 + kk, n = n0 + nn;
-      __align__(16) T tmp[DB_D];
+      union {
+        Vec vec;
+        T val[DT];
+      } tmp;
       if (gamma < c && n < n_total) {
-        *reinterpret_cast<uint4*>(tmp) = *reinterpret_cast<const uint4*>(
+        tmp.vec = *reinterpret_cast<const Vec*>(
             x + static_cast<int64_t>(n) * args.sxn + (static_cast<int64_t>(alpha) * c + gamma) * d + delta0);
       } else {
-        *reinterpret_cast<uint4*>(tmp) = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int i = 0; i < DT; ++i) tmp.val[i] = zero_value<T>();
       }
 #pragma unroll
-      for (int i = 0; i < DB_D; ++i) b_s[(i * DB_BK + kk) * DB_LDB + nn] = tmp[i];
+      for (int i = 0; i < DT; ++i) b_s[(i * DB_BK + kk) * DB_LDB + nn] = tmp.val[i];
     }
-    // W: the 8 groups' BM x BK tiles
+    // W: the DT groups' BM x BK tiles
     if (vec_w) {  // c % 8 == 0: 16-byte vectors of 8 gammas, all in or all out
 #pragma unroll
-      for (int v = tid; v < DB_D * DB_BM * (DB_BK / 8); v += TC_THREADS) {
+      for (int v = tid; v < DT * DB_BM * (DB_BK / 8); v += TC_THREADS) {
         const int kv = (v % (DB_BK / 8)) * 8, r = (v / (DB_BK / 8)) % DB_BM, i = v / (DB_BM * (DB_BK / 8));
         const int beta = beta0 + r, gamma = k0 + kv;
         const bool in = beta < b && gamma < c;
@@ -350,7 +369,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1) ks_mm_tc_dblock_kernel(KsArgs a
       }
     } else {
 #pragma unroll 4
-      for (int e = tid; e < DB_D * DB_BM * DB_BK; e += TC_THREADS) {
+      for (int e = tid; e < DT * DB_BM * DB_BK; e += TC_THREADS) {
         const int kk = e % DB_BK, r = (e / DB_BK) % DB_BM, i = e / (DB_BM * DB_BK);
         const int beta = beta0 + r, gamma = k0 + kk;
         a_s[(i * DB_BM + r) * DB_LDA + kk] =
@@ -358,15 +377,14 @@ __global__ void __launch_bounds__(TC_THREADS, 1) ks_mm_tc_dblock_kernel(KsArgs a
       }
     }
     __syncthreads();
-    {  // warp `warp` multiplies its group's tiles: (BM x 16) x (16 x BN)
+    {  // warp (di, sub) multiplies its group's tiles: (BM x 16) x (16 x WN)
       wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[DB_BM / 16];
       wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
 #pragma unroll
-      for (int i = 0; i < DB_BM / 16; ++i)
-        wmma::load_matrix_sync(fa[i], a_s + (warp * DB_BM + i * 16) * DB_LDA, DB_LDA);
+      for (int i = 0; i < DB_BM / 16; ++i) wmma::load_matrix_sync(fa[i], a_s + (di * DB_BM + i * 16) * DB_LDA, DB_LDA);
 #pragma unroll
-      for (int j = 0; j < DB_BN / 16; ++j) {
-        wmma::load_matrix_sync(fb, b_s + (warp * DB_BK) * DB_LDB + j * 16, DB_LDB);
+      for (int j = 0; j < FRAG_N; ++j) {
+        wmma::load_matrix_sync(fb, b_s + (di * DB_BK) * DB_LDB + sub * WN + j * 16, DB_LDB);
 #pragma unroll
         for (int i = 0; i < DB_BM / 16; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
       }
@@ -374,34 +392,52 @@ __global__ void __launch_bounds__(TC_THREADS, 1) ks_mm_tc_dblock_kernel(KsArgs a
     __syncthreads();
   }
 
-  // ---- epilogue: per 16 x 16 fragment, each warp stages its group's values; then every thread writes the 8 deltas
-  // of one (beta, n) as one 16-byte vector of Y (batch-first: y[m + n * syn], m = (alpha*b + beta)*d + delta0 + i)
-  float* stage = reinterpret_cast<float*>(smem);  // (DB_D, 16, 16)
+  // ---- epilogue: per 16 x 16 fragment, each warp stages its values; then the DT deltas of one (beta, n) go out as
+  // one vector of Y (batch-first: y[m + n * syn], m = (alpha*b + beta)*d + delta0 + i); stage[warp] holds the
+  // values of delta0 + warp % DT at columns (warp / DT) * WN + j*16 + cc
+  float* stage = reinterpret_cast<float*>(smem);  // (8 warps, 16, 16)
   T* y = static_cast<T*>(args.y);
   const T* bias = static_cast<const T*>(args.bias);
-  const int r = tid / 16, cc = tid % 16;
 #pragma unroll
   for (int i = 0; i < DB_BM / 16; ++i) {
 #pragma unroll
-    for (int j = 0; j < DB_BN / 16; ++j) {
+    for (int j = 0; j < FRAG_N; ++j) {
       wmma::store_matrix_sync(stage + warp * 256, acc[i][j], 16, wmma::mem_row_major);
       __syncthreads();
-      const int beta = beta0 + i * 16 + r, n = n0 + j * 16 + cc;
-      if (beta < b && n < n_total) {
-        const int64_t m0 = (static_cast<int64_t>(alpha) * b + beta) * d + delta0;
-        __align__(16) T out[DB_D];
 #pragma unroll
-        for (int k = 0; k < DB_D; ++k) {
-          float v = stage[k * 256 + r * 16 + cc];
-          if (bias != nullptr) v += to_float<T>(bias[m0 + k]);
-          if (args.relu) v = fmaxf(v, 0.0f);
-          out[k] = from_float<T>(v);
+      for (int q = 0; q < WPD; ++q) {
+        const int idx = tid + q * TC_THREADS;  // (s, r, cc): s = warp column block, r = row, cc = column
+        const int s_blk = idx / 256, r = (idx % 256) / 16, cc = idx % 16;
+        const int beta = beta0 + i * 16 + r, n = n0 + s_blk * WN + j * 16 + cc;
+        if (beta < b && n < n_total) {
+          const int64_t m0 = (static_cast<int64_t>(alpha) * b + beta) * d + delta0;
+          union {
+            Vec vec;
+            T val[DT];
+          } out;
+#pragma unroll
+          for (int k = 0; k < DT; ++k) {
+            float v = stage[(s_blk * DT + k) * 256 + r * 16 + cc];
+            if (bias != nullptr) v += to_float<T>(bias[m0 + k]);
+            if (args.relu) v = fmaxf(v, 0.0f);
+            out.val[k] = from_float<T>(v);
+          }
+          *reinterpret_cast<Vec*>(y + m0 + static_cast<int64_t>(n) * args.syn) = out.vec;
         }
-        *reinterpret_cast<uint4*>(y + m0 + static_cast<int64_t>(n) * args.syn) = *reinterpret_cast<const uint4*>(out);
       }
       __syncthreads();
     }
   }
+}
+
+// Deltas per CTA of the delta-block kernel for this layout: the largest of 8, 4, 2 that divides d and the X / Y row
+// strides, with X and Y aligned to that many elements (align_x, align_y: pointer alignment in elements); 0: none.
+inline int dblock_width(int d, int64_t sxk, int64_t sxn, int64_t sym, int64_t syn, int align_x, int align_y) {
+  if (sxk != 1 || sym != 1) return 0;
+  for (int dt : {8, 4, 2}) {
+    if (d % dt == 0 && sxn % dt == 0 && syn % dt == 0 && align_x % dt == 0 && align_y % dt == 0) return dt;
+  }
+  return 0;
 }
 
 // Host launcher of the tensor-core kernels (instantiated for __half in ks_mm_f16.cu and for __nv_bfloat16 in
@@ -409,10 +445,16 @@ __global__ void __launch_bounds__(TC_THREADS, 1) ks_mm_tc_dblock_kernel(KsArgs a
 // batch-first delta-block kernel (tile_rows ignored; the caller checked its layout conditions).
 template <typename T>
 void launch_tc(const KsArgs& args, int tile_rows, int pipelined, int vec_w, int vec_x, cudaStream_t stream) {
-  if (pipelined == 2) {
-    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(args.a) * (args.d / DB_D)),
+  if (pipelined == 2) {  // vec_x carries the delta-block width (8, 4 or 2) chosen by the host
+    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(args.a) * (args.d / vec_x)),
                     static_cast<unsigned>((args.n + DB_BN - 1) / DB_BN), static_cast<unsigned>((args.b + DB_BM - 1) / DB_BM));
-    ks_mm_tc_dblock_kernel<T><<<grid, TC_THREADS, 0, stream>>>(args, vec_w);
+    if (vec_x == 8) {
+      ks_mm_tc_dblock_kernel<T, 8><<<grid, TC_THREADS, 0, stream>>>(args, vec_w);
+    } else if (vec_x == 4) {
+      ks_mm_tc_dblock_kernel<T, 4><<<grid, TC_THREADS, 0, stream>>>(args, vec_w);
+    } else {
+      ks_mm_tc_dblock_kernel<T, 2><<<grid, TC_THREADS, 0, stream>>>(args, vec_w);
+    }
     return;
   }
   const int64_t groups = static_cast<int64_t>(args.a) * args.d;
