@@ -30,6 +30,19 @@ DATE=$(date -u +%Y-%m-%d)
 step() { echo "=== $* ($(date -u +%H:%M:%S))"; }
 dev() { python3 -c "import torch; n=torch.cuda.get_device_name(0).lower(); print('h100' if 'h100' in n else 'h200' if 'h200' in n else n.replace(' ', '-'))"; }
 
+export KS_AUTHORS_PREBUILT=${KS_AUTHORS_PREBUILT:-$PWD/.carry/prebuilt-authors}
+export PRUNEKIT_KERNEL_PREBUILT=${PRUNEKIT_KERNEL_PREBUILT:-$PWD/.carry/prebuilt}
+# The machine goes back 30 s after a call, so the next call usually starts cold: return the built libraries in $OUT
+# (prebuilt/, prebuilt-authors/) so that the next call can carry them (.carry/prebuilt, .carry/prebuilt-authors,
+# with PRUNEKIT_KERNEL_PREBUILT=$PWD/.carry/prebuilt) instead of compiling again (~30 s + ~70 s).
+save_prebuilt() {
+  mkdir -p "$OUT/prebuilt" "$OUT/prebuilt-authors"
+  cp "$PRUNEKIT_KERNEL_CACHE"/prunekit_ks_*/prunekit_ks_*.so "$OUT/prebuilt/" 2>/dev/null
+  for so in .carry/ksmm-build/ksmm_authors_*/ksmm_authors_*.so; do
+    [ -f "$so" ] && [ "$(stat -c %s "$so")" -lt 40000000 ] && cp "$so" "$OUT/prebuilt-authors/"
+  done
+  ls -la "$OUT/prebuilt" "$OUT/prebuilt-authors" | grep "\.so" | awk '{print $5, $9}'
+}
 case "$MODE" in
 build)
   step carried inputs
@@ -131,6 +144,7 @@ all|sweep)
     echo "diagnose exit code $?"; grep "^\[" "$OUT/ks-diagnose.log" | cut -c1-220
   fi
   cp ".carry/ks-results/$NAME.json" "$OUT/" 2>/dev/null
+  save_prebuilt
   python3 benchmarks/ks_report.py ".carry/ks-results/$NAME.json" --merged "$OUT/ks-$(dev)-$DATE.json" \
     --png "$OUT/ks-$(dev)-$DATE.png" --markdown "$OUT/ks-$(dev)-$DATE.md" > "$OUT/ks-report.log" 2>&1
   echo "report exit code $?"; head -14 "$OUT/ks-$(dev)-$DATE.md" 2>/dev/null
