@@ -289,6 +289,11 @@ def run_case(quad, n, layout, kernel, seed=0):
     paths: set[str] = set()
     if kernel == "f32":
         emulate_f32(blocks, x, y, bias, relu, writes)
+    elif kernel == "dblock":  # the width the host would pick (8, 4 or 2 deltas per CTA)
+        dt = dblock_width(d, x, y)
+        assert dt in (2, 4, 8) and d % dt == 0
+        emulate_dblock(blocks, x, y, bias, relu, writes, dt)
+        paths.add(f"dblock{dt}")
     else:
         bm, pipelined = kernel
         emulate_tc(blocks, x, y, bias, relu, bm, pipelined, writes, paths)
@@ -452,37 +457,18 @@ def emulate_dblock(blocks, x: Strided, y: Strided, bias, relu, writes, dt: int):
                         writes.index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), dtype=torch.int64))
 
 
+# (quad, N): d = 8, 16 (8 deltas per CTA), 4, 12 (4), 2, 6 (2); b over one 64-row tile and ragged, c over several
+# 16-gamma steps with a ragged last one and not a multiple of 8 (scalar W loads), N ragged and N = 1, a > 1
+DBLOCK_CASES = [(q, n) for q, n in zip([(1, 3, 5, 8), (2, 20, 33, 8), (1, 70, 16, 16), (3, 8, 24, 4), (2, 9, 40, 12),
+                                        (1, 66, 17, 2), (2, 5, 24, 6)], [40, 70, 65, 1, 130, 67, 33])]  # fmt: skip
+
+
 @pytest.mark.parametrize("layout", ["batch_first", "batch_first_offset", "batch_first_stride2"])
 def test_delta_block_kernel_tiling_emulation_matches_float64(layout):
-    # d = 8 / 16 (8 deltas per CTA), 4 / 12 (4), 2 / 6 (2); b over one 64-row tile and ragged, c over several
-    # 16-gamma steps with a ragged last one and not a multiple of 8 (scalar W loads), N ragged and N = 1, a > 1
-    cases = [
-        ((1, 3, 5, 8), 40),
-        ((2, 20, 33, 8), 70),
-        ((1, 70, 16, 16), 65),
-        ((3, 8, 24, 4), 1),
-        ((2, 9, 40, 12), 130),
-        ((1, 66, 17, 2), 67),
-        ((2, 5, 24, 6), 33),
-    ]
-    widths = set()
-    for seed, ((a, b, c, d), n) in enumerate(cases):
-        g = torch.Generator().manual_seed(seed)
-        blocks = torch.randn(a, d, b, c, generator=g, dtype=torch.float64)
-        x = make_x(a * c * d, n, layout, g)
-        bias = torch.randn(a * b * d, generator=g, dtype=torch.float64) if seed % 2 == 0 else None
-        relu = seed % 3 == 0
-        y = make_y(a * b * d, n, x)
-        dt = dblock_width(d, x, y)
-        assert dt in (2, 4, 8) and d % dt == 0
-        widths.add(dt)
-        writes = torch.zeros(y.flat.numel(), dtype=torch.int64)
-        emulate_dblock(blocks, x, y, bias, relu, writes, dt)
-        assert bool((writes == 1).all()), "an output element was written zero or several times"
-        ref = reference(blocks, x, bias, relu)
-        err = float((y.view() - ref).norm() / ref.norm().clamp_min(1e-30))
-        assert err < 1e-12, ((a, b, c, d), n, layout, dt, err)
-    assert widths == ({2} if layout == "batch_first_stride2" else {2, 4, 8})
+    widths: set[str] = set()
+    for seed, (quad, n) in enumerate(DBLOCK_CASES):
+        widths |= run_case(quad, n, layout, "dblock", seed)
+    assert widths == ({"dblock2"} if layout == "batch_first_stride2" else {"dblock2", "dblock4", "dblock8"})
 
 
 def test_delta_block_fits_names_what_is_missing():
