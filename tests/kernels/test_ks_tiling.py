@@ -1,8 +1,10 @@
 """CPU emulation of the ``prunekit::ks_mm`` CUDA kernels' tiling and index math (``csrc/ks/ks_mm.cuh``, ``ks_mm.cu``).
 
-No GPU has run these kernels yet (issue 8), so this file replays, in pure torch, what every CTA of the tensor-core
-kernel (``ks_mm_tc_kernel``: BM x 128 tiles, BK = 32, eight warps of 2 x FRAG_N WMMA 16x16x16 fragments) and of
-the fp32 kernel (``ks_mm_f32_kernel``: 128 x 128 x 8, 8 x 8 outputs per thread) computes: the host's choice of load
+Written before any GPU ran these kernels (issue 8; the one-group kernels have since passed their CUDA tests and the
+sweep on the H100, the delta-block kernel has not run on a GPU yet), this file replays, in pure torch, what every
+CTA of the tensor-core kernel (``ks_mm_tc_kernel``: BM x 128 tiles, BK = 32, eight warps of 2 x FRAG_N WMMA
+16x16x16 fragments), of the batch-first delta-block kernel (``ks_mm_tc_dblock_kernel``: 8, 4 or 2 deltas per CTA)
+and of the fp32 kernel (``ks_mm_f32_kernel``: 128 x 128 x 8, 8 x 8 outputs per thread) computes: the host's choice of load
 path (``ks_mm_out``: vec_w, vec_x), each load path's index expressions over flat storage (the strides of X as
 given, zero fill outside b, c and N, the cp.async partial-byte fill), the shared-memory tile addressing with its
 padded leading dimensions, the WMMA fragment addressing (pointer + row * ldm), the k loop, and the epilogue's
