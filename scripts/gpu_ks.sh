@@ -83,6 +83,8 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
                 variants = [(128, False)] if dtype == torch.float32 else [(t, p) for t in ks.TILE_ROWS for p in (False, True)]
                 for tile, pipe in variants:
                     ks.ks_mm_cuda(blocks, x, bias, "relu", tile_rows=tile, pipelined=pipe)
+                if dtype == torch.float32:
+                    ks.ks_mm_cuda(blocks, x, bias, "relu", tf32x3=True)
                 if dtype != torch.float32 and d % 2 == 0 and x.stride(0) == 1:
                     ks.ks_mm_cuda(blocks, x, bias, "relu", delta_block=True)
 torch.cuda.synchronize()

@@ -202,3 +202,19 @@ def test_cuda_delta_block_kernel_refuses_what_it_cannot_take():
     blocks, x, bias = case((1, 8, 8, 8), 16, torch.float16, 0, False)
     with pytest.raises(ValueError, match="batch-first"):
         ks.ks_mm_cuda(blocks.cuda(), x.cuda(), delta_block=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("transposed", [False, True], ids=["batch_last", "batch_first"])
+def test_cuda_tf32x3_kernel_keeps_fp32_accuracy_on_poisoned_outputs(transposed):
+    for seed, quad in enumerate(CUDA_QUADS):
+        for n in (1, 37, 256):
+            blocks, x, bias = case(quad, n, torch.float32, seed, transposed)
+            blocks, x, bias = blocks.cuda(), x.cuda(), bias.cuda()
+            ref = reference64(blocks.cpu(), x.cpu(), bias.cpu(), True)
+            out = new_spmm_output(x, ref.shape[0]).fill_(float("nan"))
+            ks.ks_mm_cuda(blocks, x, bias, "relu", out=out, tf32x3=True)
+            torch.cuda.synchronize()
+            assert rel_err(out.cpu(), ref) < 1e-5, (quad, n)  # plain TF32 would give ~1e-3
+    with pytest.raises(ValueError, match="float32 only"):
+        ks.ks_mm_cuda(blocks.half(), x.half(), tf32x3=True)

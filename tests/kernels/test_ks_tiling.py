@@ -117,12 +117,13 @@ def frag(base: int, ldm: int) -> torch.Tensor:
     return base + torch.arange(16)[:, None] * ldm + torch.arange(16)[None, :]
 
 
-def emulate_tc(blocks, x: Strided, y: Strided, bias, relu, bm, pipelined, writes, paths):
-    """Every CTA of ``ks_mm_tc_kernel<T, BM, PIPE>`` in float64. ``writes`` counts stores per Y element."""
+def emulate_tc(blocks, x: Strided, y: Strided, bias, relu, bm, pipelined, writes, paths, scalar_only=False):
+    """Every CTA of ``ks_mm_tc_kernel<T, BM, PIPE>`` in float64. ``writes`` counts stores per Y element.
+    ``scalar_only``: T = float (3xTF32), whose loads never take the 16-byte paths."""
     a, d, b, c = blocks.shape
     n_total = x.cols
     w_flat = blocks.reshape(-1)
-    vec_w, vec_x = host_paths(c, d, x)
+    vec_w, vec_x = (0, 0) if scalar_only else host_paths(c, d, x)
     warps_m = bm // 32
     warps_n = 8 // warps_m
     wn = TC_BN // warps_n
@@ -291,6 +292,8 @@ def run_case(quad, n, layout, kernel, seed=0):
     paths: set[str] = set()
     if kernel == "f32":
         emulate_f32(blocks, x, y, bias, relu, writes)
+    elif kernel == "tf32x3":  # ks_mm_tc_kernel<float, 64, one stage>, scalar load paths (launch_tf32x3)
+        emulate_tc(blocks, x, y, bias, relu, 64, False, writes, paths, scalar_only=True)
     elif kernel == "dblock":  # the width the host would pick (8, 4 or 2 deltas per CTA)
         dt = dblock_width(d, x, y)
         assert dt in (2, 4, 8) and d % dt == 0
@@ -335,9 +338,13 @@ def test_tc_kernel_tiling_emulation_matches_float64(layout):
     assert paths == expected  # every X load path of the kernel is exercised by some layout
 
 
+# fp32 kernels: c over several k-steps, b over one tile, N ragged, d > 1
+F32_CASES = [((2, 3, 5, 7), 37), ((1, 130, 20, 1), 129), ((3, 9, 17, 2), 140)]
+
+
 @pytest.mark.parametrize("layout", ["batch_last", "batch_first", "batch_last_padded"])
 def test_f32_kernel_tiling_emulation_matches_float64(layout):
-    for seed, (quad, n) in enumerate([((2, 3, 5, 7), 37), ((1, 130, 20, 1), 129), ((3, 9, 17, 2), 140)]):
+    for seed, (quad, n) in enumerate(F32_CASES):
         run_case(quad, n, layout, "f32", seed)
 
 
@@ -457,6 +464,23 @@ def emulate_dblock(blocks, x: Strided, y: Strided, bias, relu, writes, dt: int):
                             assert int(idx.max()) < y.flat.numel(), "write outside Y's storage"
                         y.flat[idx.reshape(-1)] = out[valid].reshape(-1)
                         writes.index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), dtype=torch.int64))
+
+
+@pytest.mark.parametrize("layout", ["batch_last", "batch_first", "batch_last_padded"])
+def test_tf32x3_kernel_tiling_emulation_matches_float64(layout):
+    paths: set[str] = set()
+    for seed, (quad, n) in enumerate(F32_CASES):
+        paths |= run_case(quad, n, layout, "tf32x3", seed)
+    assert paths == {"scalar_any" if layout == "batch_first" else "scalar_last"}
+    # tf32 fragments are 16 x 8 (A) and 8 x 16 (B) at k offsets 0, 8, 16, 24 of the 32-deep tile: every fragment
+    # pointer must be 32-byte aligned (8 floats) and ldm a multiple of 4 floats
+    lda, ldb = TC_BK + TC_PAD, TC_BN + TC_PAD
+    assert lda % 4 == 0 and ldb % 4 == 0
+    for kk in range(0, TC_BK, 8):
+        for row in range(0, 64, 16):
+            assert (row * lda + kk) % 8 == 0
+        for col in range(0, TC_BN, 16):
+            assert (kk * ldb + col) % 8 == 0
 
 
 # (quad, N): d = 8, 16 (8 deltas per CTA), 4, 12 (4), 2, 6 (2); b over one 64-row tile and ragged, c over several

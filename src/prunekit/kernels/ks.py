@@ -35,7 +35,7 @@ from .layout import new_spmm_output, transposed_io
 log = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "ks"
-SOURCES = ("ks_mm.cu", "ks_mm_f16.cu", "ks_mm_bf16.cu")
+SOURCES = ("ks_mm.cu", "ks_mm_f16.cu", "ks_mm_bf16.cu", "ks_mm_tf32.cu")
 HEADERS = ("ks_mm.cuh",)
 NAMESPACE = "prunekit_ks"
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -170,6 +170,7 @@ def ks_mm_cuda(
     tile_rows: int | None = None,
     pipelined: bool | None = None,
     delta_block: bool = False,
+    tf32x3: bool = False,
 ) -> torch.Tensor:
     """CUDA ``Y (a*b*d, N) = act(K @ X + bias[:, None])`` for one KS factor (Gonon et al. 2024, section 4).
 
@@ -181,7 +182,8 @@ def ks_mm_cuda(
             shared-memory stages with cp.async (default: :func:`pick_variant`'s; fp16/bf16 only); delta_block: the
             batch-first kernel that gives a CTA 8, 4 or 2 consecutive deltas so that X and Y move in vectors of
             that many elements (fp16/bf16, conditions in :func:`delta_block_fits`; not timed on a GPU yet, so never
-            picked by default).
+            picked by default); tf32x3: fp32 on tensor cores with the 3xTF32 split (hi*hi + hi*lo + lo*hi in fp32;
+            float32 only; not timed on a GPU yet, so never picked by default).
 
     Returns:
         ``Y`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` unless ``out`` is given.
@@ -217,6 +219,10 @@ def ks_mm_cuda(
         if why:
             raise ValueError(f"delta_block: {why}")
         pipe = 2  # the C++ entry's code for the delta-block kernel
+    if tf32x3:
+        if x.dtype != torch.float32:
+            raise ValueError(f"tf32x3: float32 only, got {x.dtype}")
+        pipe = 3  # the C++ entry's code for the 3xTF32 kernel
     torch.ops.prunekit_ks.ks_mm_out(blocks, x, y, bias, activation == "relu", tile, pipe)
     return y
 

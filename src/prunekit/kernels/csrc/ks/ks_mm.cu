@@ -145,6 +145,13 @@ void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, co
                 "ks_mm: bias must be a contiguous (a*b*d,) GPU tensor of x's dtype");
     args.bias = bias->data_ptr();
   }
+  if (x.scalar_type() == at::kFloat && pipelined == 3) {  // 3xTF32 on tensor cores (ks_mm_tf32.cu)
+    TORCH_CHECK((args.n + 127) / 128 <= 65535, "ks_mm: grid too large");
+    launch_tf32x3(args, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  TORCH_CHECK(pipelined != 3, "ks_mm: the 3xTF32 kernel takes float32 only");
   if (x.scalar_type() == at::kFloat) {
     const int64_t groups = a * d;
     const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((args.n + F_BN - 1) / F_BN),

@@ -20,6 +20,7 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace prunekit_ks {
 
@@ -80,7 +81,7 @@ __device__ __forceinline__ void tc_load_tile(T* a_dst, T* b_dst, const KsArgs& a
   constexpr int LDA = TC_BK + TC_PAD;
   constexpr int LDB = TC_BN + TC_PAD;
   const int b = args.b, c = args.c, d = args.d, n_total = args.n;
-  if (vec_w) {  // c % 8 == 0: a vector is all in or all out
+  if (sizeof(T) == 2 && vec_w) {  // c % 8 == 0: a vector is all in or all out (16-bit types only)
     constexpr int VECS = BM * TC_BK / 8;
 #pragma unroll
     for (int v = tid; v < VECS; v += TC_THREADS) {
@@ -103,7 +104,7 @@ __device__ __forceinline__ void tc_load_tile(T* a_dst, T* b_dst, const KsArgs& a
       a_dst[r * LDA + kk] = (beta < b && gamma < c) ? w_g[static_cast<int64_t>(beta) * c + gamma] : zero_value<T>();
     }
   }
-  if (vec_x == 1) {  // batch-last, 16-byte aligned rows
+  if (sizeof(T) == 2 && vec_x == 1) {  // batch-last, 16-byte aligned rows
     constexpr int VECS = TC_BK * TC_BN / 8;
 #pragma unroll
     for (int v = tid; v < VECS; v += TC_THREADS) {
@@ -124,7 +125,7 @@ __device__ __forceinline__ void tc_load_tile(T* a_dst, T* b_dst, const KsArgs& a
         *reinterpret_cast<uint4*>(b_dst + kk * LDB + nv) = *reinterpret_cast<const uint4*>(tmp);
       }
     }
-  } else if (vec_x == 2) {  // batch-first, d == 1, c % 8 == 0: 8 consecutive gammas of one token per load
+  } else if (sizeof(T) == 2 && vec_x == 2) {  // batch-first, d == 1, c % 8 == 0: 8 consecutive gammas per load
     constexpr int VECS = TC_BK * TC_BN / 8;
 #pragma unroll
     for (int v = tid; v < VECS; v += TC_THREADS) {
@@ -161,6 +162,22 @@ __device__ __forceinline__ void tc_load_tile(T* a_dst, T* b_dst, const KsArgs& a
   }
 }
 
+// 3xTF32 split of a tf32 fragment loaded from fp32 values: hi = tf32(v), lo = tf32(v - hi); hi*hi + hi*lo + lo*hi
+// accumulated in fp32 keeps fp32-level accuracy (the lo*lo term, ~2^-22 relative, is dropped; the "3xTF32" of
+// NVIDIA's CUTLASS; Ootomo and Yokota 2022, "Recovering single precision accuracy from Tensor Cores while surpassing
+// the FP32 theoretical peak performance").
+template <typename Frag>
+__device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
+#pragma unroll
+  for (int t = 0; t < hi.num_elements; ++t) {
+    const float v = hi.x[t];
+    const float h = nvcuda::wmma::__float_to_tf32(v);
+    hi.x[t] = h;
+    lo.x[t] = nvcuda::wmma::__float_to_tf32(v - h);
+  }
+}
+
+// T = __half / __nv_bfloat16: WMMA 16 x 16 x 16; T = float: 3xTF32 (launch_tf32x3: BM = 64, one stage, scalar loads).
 // PIPE: two shared-memory stages, the next k-step's tiles loaded (cp.async where 16-byte) while the tensor cores
 // work on the current one; else one stage, load -> barrier -> mma -> barrier.
 template <typename T, int BM, bool PIPE>
@@ -193,25 +210,55 @@ __global__ void __launch_bounds__(TC_THREADS, 2) ks_mm_tc_kernel(KsArgs args, in
   // X row of (gamma) for this group: (alpha * c + gamma) * d + delta
   const int64_t x_row0 = static_cast<int64_t>(alpha) * c * d + delta;
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FRAG_M][FRAG_N];
+  // T = float: 3xTF32 (16 x 16 x 8 tf32 fragments, each operand split into hi + lo, see split_tf32)
+  constexpr bool TF32X3 = std::is_same<T, float>::value;
+  using AccFrag = typename std::conditional<TF32X3, wmma::fragment<wmma::accumulator, 16, 16, 8, float>,
+                                            wmma::fragment<wmma::accumulator, 16, 16, 16, float>>::type;
+  AccFrag acc[FRAG_M][FRAG_N];
 #pragma unroll
   for (int i = 0; i < FRAG_M; ++i)
 #pragma unroll
     for (int j = 0; j < FRAG_N; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
   auto mma_tile = [&](const T* as, const T* bs) {
+    if constexpr (TF32X3) {
 #pragma unroll
-    for (int kk = 0; kk < TC_BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[FRAG_M];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb[FRAG_N];
+      for (int kk = 0; kk < TC_BK; kk += 8) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> a_hi[FRAG_M], a_lo[FRAG_M];
+        wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b_hi[FRAG_N], b_lo[FRAG_N];
 #pragma unroll
-      for (int i = 0; i < FRAG_M; ++i) wmma::load_matrix_sync(fa[i], as + (warp_m * 32 + i * 16) * LDA + kk, LDA);
+        for (int i = 0; i < FRAG_M; ++i) {
+          wmma::load_matrix_sync(a_hi[i], as + (warp_m * 32 + i * 16) * LDA + kk, LDA);
+          split_tf32(a_hi[i], a_lo[i]);
+        }
 #pragma unroll
-      for (int j = 0; j < FRAG_N; ++j) wmma::load_matrix_sync(fb[j], bs + kk * LDB + warp_n * WN + j * 16, LDB);
+        for (int j = 0; j < FRAG_N; ++j) {
+          wmma::load_matrix_sync(b_hi[j], bs + kk * LDB + warp_n * WN + j * 16, LDB);
+          split_tf32(b_hi[j], b_lo[j]);
+        }
 #pragma unroll
-      for (int i = 0; i < FRAG_M; ++i)
+        for (int i = 0; i < FRAG_M; ++i)
 #pragma unroll
-        for (int j = 0; j < FRAG_N; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+          for (int j = 0; j < FRAG_N; ++j) {  // small terms first
+            wmma::mma_sync(acc[i][j], a_lo[i], b_hi[j], acc[i][j]);
+            wmma::mma_sync(acc[i][j], a_hi[i], b_lo[j], acc[i][j]);
+            wmma::mma_sync(acc[i][j], a_hi[i], b_hi[j], acc[i][j]);
+          }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < TC_BK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[FRAG_M];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb[FRAG_N];
+#pragma unroll
+        for (int i = 0; i < FRAG_M; ++i) wmma::load_matrix_sync(fa[i], as + (warp_m * 32 + i * 16) * LDA + kk, LDA);
+#pragma unroll
+        for (int j = 0; j < FRAG_N; ++j) wmma::load_matrix_sync(fb[j], bs + kk * LDB + warp_n * WN + j * 16, LDB);
+#pragma unroll
+        for (int i = 0; i < FRAG_M; ++i)
+#pragma unroll
+          for (int j = 0; j < FRAG_N; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+      }
     }
   };
 
@@ -439,6 +486,9 @@ inline int dblock_width(int d, int64_t sxk, int64_t sxn, int64_t sym, int64_t sy
   }
   return 0;
 }
+
+// fp32 on tensor cores with 3xTF32 (ks_mm_tf32.cu): the host's entry passes pipelined == 3 for it.
+void launch_tf32x3(const KsArgs& args, cudaStream_t stream);
 
 // Host launcher of the tensor-core kernels (instantiated for __half in ks_mm_f16.cu and for __nv_bfloat16 in
 // ks_mm_bf16.cu, so that the two compile in parallel). tile_rows: 64 or 128; pipelined: 0 or 1, or 2 for the
