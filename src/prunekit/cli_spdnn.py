@@ -90,7 +90,7 @@ def run(
     With --gpus G > 1 the command relaunches itself under torchrun with G processes (or joins the group
     when already started by torchrun); rank 0 prints and writes.
     """
-    from .spdnn.run import init_distributed, run_network
+    from .spdnn.run import init_distributed, run_network, shutdown_distributed
 
     if dtype not in DTYPES:
         raise PrunekitError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
@@ -108,17 +108,20 @@ def run(
         raise PrunekitError(f"--gpus {gpus}, but torchrun started {world} processes")
     rank, _ = init_distributed(device)
     results = []
-    for count in counts:
-        bar = progress_bar(f"N={neurons} L={count}") if rank == 0 else contextlib.nullcontext(None)
-        with bar as update:
-            step = (lambda _m, d, t: update(d, t, "")) if update is not None else None
-            results.append(
-                run_network(
-                    neurons, count, data, synthetic, device, DTYPES[dtype], inputs, step, kernel, repeats=repeats
+    try:
+        for count in counts:
+            bar = progress_bar(f"N={neurons} L={count}") if rank == 0 else contextlib.nullcontext(None)
+            with bar as update:
+                step = (lambda _m, d, t: update(d, t, "")) if update is not None else None
+                results.append(
+                    run_network(
+                        neurons, count, data, synthetic, device, DTYPES[dtype], inputs, step, kernel, repeats=repeats
+                    )
                 )
-            )
-    if rank == 0:
-        _report(results, neurons, device, dtype, categories_out, json_out)
+        if rank == 0:
+            _report(results, neurons, device, dtype, categories_out, json_out)
+    finally:
+        shutdown_distributed()
     if any(r.passed is False for r in results):
         raise typer.Exit(1)
 

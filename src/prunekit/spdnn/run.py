@@ -144,6 +144,21 @@ def init_distributed(device: str) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def shutdown_distributed() -> None:
+    """Leave the process group (barrier, then ``destroy_process_group``) when one was joined; a no-op otherwise.
+
+    Without it, a gloo rank could exit while its worker threads still run and abort at interpreter shutdown
+    ("terminate called without an active exception", exit code -6) after a run that had passed.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+
 def _world() -> tuple[int, int]:
     import torch.distributed as dist
 
