@@ -121,6 +121,15 @@ all|sweep)
     wait $BUILD_PID; echo "authors build exit code $?"; tail -1 "$OUT/ks-build.log"
   fi
   NAME=ks-$(dev)-$DATE-part1of1
+  # the experimental variants (not yet timed) go into the sweep only when their own GPU tests pass here
+  step "experimental variants' GPU tests"
+  if timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_ks_mm.py -k "delta_block or tf32x3" \
+      > "$OUT/ks-experimental-tests.log" 2>&1; then
+    echo "experimental variants pass: timed in the sweep"
+  else
+    export KS_SKIP_VARIANTS=dblock,tf32x3
+    echo "experimental variants FAILED their tests (ks-experimental-tests.log): left out of the sweep"; tail -5 "$OUT/ks-experimental-tests.log"
+  fi
   # a contender that kills the CUDA context ends the process: the next attempt records and skips it (ks.py)
   for attempt in 1 2 3 4 5 6; do
     RESERVE=0; [ -f ".carry/ks-results/$NAME.json" ] && grep -q '"crashed": \[$' ".carry/ks-results/$NAME.json" && RESERVE=80
