@@ -108,7 +108,7 @@ Quad = tuple[int, int, int, int]
 _MARKER: list[Path] = []
 _EXCLUDED: set[tuple] = set()
 _ONLY: list[str] = []  # --single: run only this contender
-CRASHED = "hung (over --step-timeout-s) in an earlier run of this part; not run again on this row"
+HUNG = "hung (over --step-timeout-s) in an earlier run of this part; not run again on this row"
 
 
 STEP_TIMEOUT_S = 60.0  # a step running longer is taken as hung (e.g. a Triton compile of a 512x512 BSR block)
@@ -637,7 +637,7 @@ def run_pattern(
     rel: dict[str, float | None] = {}
     for name, kwargs in variants.items():
         if _excluded(quad, dtype_name, layout, name):
-            rel[name], errors[name] = None, CRASHED
+            rel[name], errors[name] = None, HUNG
             continue
         _mark(quad, dtype_name, layout, name)
         out = (
@@ -732,7 +732,7 @@ def run_pattern(
         skipped["bsr"] = "d > 1: K has no dense tiles without a permutation (that case is the bmm baseline)"
     for name in ("dense", "csr", "bsr", "authors"):
         if _excluded(quad, dtype_name, layout, name):
-            skipped[name] = CRASHED
+            skipped[name] = HUNG
     if "authors" in skipped:
         pass
     elif authors is None:
@@ -761,7 +761,7 @@ def run_pattern(
             errors["authors"] = _first_line(exc)
     for name, fn in contenders.items():
         if _excluded(quad, dtype_name, layout, name):
-            skipped[name] = CRASHED
+            skipped[name] = HUNG
             continue
         _mark(quad, dtype_name, layout, name)
         try:

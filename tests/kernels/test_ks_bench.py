@@ -149,7 +149,7 @@ def test_a_row_that_killed_the_process_is_recorded_and_skipped_on_resume(tmp_pat
     data = json.loads(out2.read_text())
     assert data["hung"] == [hung] and data["crashed"] == [] and len(data["rows"]) == 2
     rows = {r["layout"]: r for r in data["rows"]}
-    assert rows["batch_last"]["skipped"]["csr"] == bench.CRASHED and "csr" not in rows["batch_last"]["ms"]
+    assert rows["batch_last"]["skipped"]["csr"] == bench.HUNG and "csr" not in rows["batch_last"]["ms"]
     assert rows["batch_first"]["ms"]["csr"] > 0
     # --single runs one contender alone (what --diagnose runs per contender in a CUDA_LAUNCH_BLOCKING process)
     capsys.readouterr()
