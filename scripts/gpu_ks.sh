@@ -33,7 +33,7 @@ dev() { python3 -c "import torch; n=torch.cuda.get_device_name(0).lower(); print
 export KS_AUTHORS_PREBUILT=${KS_AUTHORS_PREBUILT:-$PWD/.carry/prebuilt-authors}
 export PRUNEKIT_KERNEL_PREBUILT=${PRUNEKIT_KERNEL_PREBUILT:-$PWD/.carry/prebuilt}
 # The machine goes back 30 s after a call, so the next call usually starts cold: return the built libraries in $OUT
-# (prebuilt/, prebuilt-authors/) so that the next call can carry them (.carry/prebuilt, .carry/prebuilt-authors,
+# (prebuilt_ks_*.so and ksmm_authors_*.so, in $OUT itself by pack_logs) so that the next call can carry them (.carry/prebuilt, .carry/prebuilt-authors,
 # with PRUNEKIT_KERNEL_PREBUILT=$PWD/.carry/prebuilt) instead of compiling again (~30 s + ~70 s).
 save_prebuilt() {
   mkdir -p "$OUT/prebuilt" "$OUT/prebuilt-authors"
@@ -42,6 +42,13 @@ save_prebuilt() {
     [ -f "$so" ] && [ "$(stat -c %s "$so")" -lt 40000000 ] && cp "$so" "$OUT/prebuilt-authors/"
   done
   ls -la "$OUT/prebuilt" "$OUT/prebuilt-authors" | grep "\.so" | awk '{print $5, $9}'
+}
+# At most 8 files come back from $OUT (device README): the logs travel as one archive, the libraries sit in $OUT itself.
+pack_logs() {
+  (cd "$OUT" && tar czf ks-logs.tgz --remove-files ./*.log 2>/dev/null)
+  mv "$OUT"/prebuilt/*.so "$OUT"/prebuilt-authors/*.so "$OUT"/ 2>/dev/null
+  rmdir "$OUT/prebuilt" "$OUT/prebuilt-authors" 2>/dev/null
+  ls "$OUT"
 }
 case "$MODE" in
 build)
@@ -64,7 +71,7 @@ t = time.time(); print(ks.load(verbose=False), f'{time.time() - t:.1f}s')
   ;;
 test)
   step tests
-  timeout 300 python3 -m pytest -q --maxfail=5 -p no:cacheprovider tests/kernels/test_ks_mm.py \
+  timeout 300 env -u OUT python3 -m pytest -q -rf --maxfail=5 -p no:cacheprovider tests/kernels/test_ks_mm.py \
     tests/kernels/test_ks_tiling.py tests/kernels/test_ks_bench.py tests/formats/test_ks.py \
     > "$OUT/ks-tests.log" 2>&1
   echo "pytest exit code $?"; tail -15 "$OUT/ks-tests.log"
@@ -114,7 +121,7 @@ all|sweep)
     step "authors build (background) + tests"
     timeout 420 python3 benchmarks/ks.py --build-authors-only >> "$OUT/ks-build.log" 2>&1 &
     BUILD_PID=$!
-    timeout 240 python3 -m pytest -q --maxfail=5 -p no:cacheprovider tests/kernels/test_ks_mm.py \
+    timeout 240 env -u OUT python3 -m pytest -q -rf --maxfail=5 -p no:cacheprovider tests/kernels/test_ks_mm.py \
       tests/kernels/test_ks_tiling.py tests/kernels/test_ks_bench.py tests/formats/test_ks.py \
       > "$OUT/ks-tests.log" 2>&1
     echo "pytest exit code $?"; tail -3 "$OUT/ks-tests.log"
@@ -122,14 +129,20 @@ all|sweep)
   fi
   NAME=ks-$(dev)-$DATE-part1of1
   # the experimental variants (not yet timed) go into the sweep only when their own GPU tests pass here
+  # (each on its own: one failing kernel does not keep the other out)
   step "experimental variants' GPU tests"
-  if timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_ks_mm.py -k "delta_block or tf32x3" \
-      > "$OUT/ks-experimental-tests.log" 2>&1; then
-    echo "experimental variants pass: timed in the sweep"
-  else
-    export KS_SKIP_VARIANTS=dblock,tf32x3
-    echo "experimental variants FAILED their tests (ks-experimental-tests.log): left out of the sweep"; tail -5 "$OUT/ks-experimental-tests.log"
-  fi
+  SKIP=""
+  for pair in dblock:delta_block tf32x3:tf32x3; do
+    VARIANT=${pair%%:*}; KEY=${pair#*:}
+    if timeout 150 env -u OUT python3 -m pytest -q -rf -p no:cacheprovider tests/kernels/test_ks_mm.py -k "$KEY" \
+        > "$OUT/ks-experimental-$VARIANT.log" 2>&1; then
+      echo "$VARIANT passes its GPU tests: timed in the sweep"
+    else
+      SKIP=${SKIP:+$SKIP,}$VARIANT
+      echo "$VARIANT FAILED its GPU tests: left out of the sweep"; grep -E "^FAILED|^E  " "$OUT/ks-experimental-$VARIANT.log" | cut -c1-300 | head -8
+    fi
+  done
+  [ -n "$SKIP" ] && export KS_SKIP_VARIANTS=$SKIP
   # a contender that kills the CUDA context ends the process: the next attempt records and skips it (ks.py)
   for attempt in 1 2 3 4 5 6; do
     RESERVE=0; [ -f ".carry/ks-results/$NAME.json" ] && grep -q '"crashed": \[$' ".carry/ks-results/$NAME.json" && RESERVE=80
@@ -159,6 +172,7 @@ all|sweep)
   python3 benchmarks/ks_report.py ".carry/ks-results/$NAME.json" --merged "$OUT/ks-$(dev)-$DATE.json" \
     --png "$OUT/ks-$(dev)-$DATE.png" --markdown "$OUT/ks-$(dev)-$DATE.md" > "$OUT/ks-report.log" 2>&1
   echo "report exit code $?"; head -14 "$OUT/ks-$(dev)-$DATE.md" 2>/dev/null
+  pack_logs
   ;;
 report)
   step report

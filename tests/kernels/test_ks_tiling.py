@@ -513,3 +513,6 @@ def test_delta_block_fits_names_what_is_missing():
     assert "even d" in delta_block_fits(torch.zeros(2, 3, 3, 4, dtype=torch.float16), x2d.t(), y2d.t())
     assert "batch-first x" in delta_block_fits(blocks, x2d.t().contiguous(), y2d.t())
     assert "float16 or bfloat16" in delta_block_fits(blocks.float(), x2d.t().float(), y2d.t().float())
+    # one column (N = 1): the column strides never matter (a fresh (m, 1) output has strides (1, 1); seen on the H100)
+    x1, y1 = torch.zeros(1, 64, dtype=torch.float16).t(), torch.zeros(48, 1, dtype=torch.float16)
+    assert delta_block_fits(blocks, x1, y1) is None and delta_block_width(blocks, x1, y1) == 8

@@ -245,8 +245,10 @@ def delta_block_width(blocks: torch.Tensor, x: torch.Tensor, y: torch.Tensor) ->
         nbytes = 16 if ptr % 16 == 0 else 8 if ptr % 8 == 0 else 4 if ptr % 4 == 0 else 2 if ptr % 2 == 0 else 1
         return max(1, nbytes // elt)  # 1: no vector width divides it
 
+    # with one column (N == 1) the column stride is never used: any value fits
+    sxn, syn = (x.stride(1), y.stride(1)) if x.shape[1] > 1 else (0, 0)
     for width in (8, 4, 2):
-        if d % width == 0 and x.stride(1) % width == 0 and y.stride(1) % width == 0:
+        if d % width == 0 and sxn % width == 0 and syn % width == 0:
             if align(x) % width == 0 and align(y) % width == 0:
                 return width
     return 0

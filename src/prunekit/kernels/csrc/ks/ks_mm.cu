@@ -174,7 +174,9 @@ void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, co
       const int bytes = a % 16 == 0 ? 16 : a % 8 == 0 ? 8 : a % 4 == 0 ? 4 : a % 2 == 0 ? 2 : 1;
       return bytes >= elt ? bytes / elt : 1;  // 1: no vector width divides it
     };
-    vec_x = dblock_width(args.d, args.sxk, args.sxn, args.sym, args.syn, align_elems(args.x), align_elems(args.y));
+    // one column (n == 1): the column strides are never used, any value fits
+    vec_x = dblock_width(args.d, args.sxk, args.n > 1 ? args.sxn : 0, args.sym, args.n > 1 ? args.syn : 0,
+                         align_elems(args.x), align_elems(args.y));
     TORCH_CHECK(vec_x != 0 && aligned16(args.w),
                 "ks_mm: the delta-block kernel needs batch-first x and y, d, the row strides and the data pointers "
                 "divisible by 2 elements or more, and 16-byte aligned blocks");
