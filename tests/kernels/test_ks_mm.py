@@ -195,6 +195,19 @@ def test_cuda_delta_block_kernel_matches_float64_on_poisoned_outputs(dtype):
 
 
 @pytest.mark.cuda
+def test_cuda_default_path_takes_the_delta_block_kernel_where_the_rule_says_and_stays_exact():
+    # (2, 64, 64, 16): width 8, c % 8 == 0 -> delta-block; (1, 96, 96, 4): width 4, min(b, c) > 64 -> tile kernel
+    for seed, (quad, expect) in enumerate((((2, 64, 64, 16), True), ((1, 96, 96, 4), False), ((3, 40, 24, 4), True))):
+        blocks, x, bias = case(quad, 77, torch.float16, seed, True)
+        blocks, x, bias = blocks.cuda(), x.cuda(), bias.cuda()
+        out = new_spmm_output(x, quad[0] * quad[1] * quad[3]).fill_(float("nan"))
+        assert ks.uses_delta_block(blocks, x, out) is expect, quad
+        ks.ks_mm_cuda(blocks, x, bias, "relu", out=out)
+        torch.cuda.synchronize()
+        assert rel_err(out.cpu(), reference64(blocks.cpu(), x.cpu(), bias.cpu(), True)) < 2e-3, quad
+
+
+@pytest.mark.cuda
 def test_cuda_delta_block_kernel_refuses_what_it_cannot_take():
     blocks, x, bias = case((1, 8, 8, 3), 16, torch.float16, 0, True)
     with pytest.raises(ValueError, match="even d"):

@@ -516,3 +516,20 @@ def test_delta_block_fits_names_what_is_missing():
     # one column (N = 1): the column strides never matter (a fresh (m, 1) output has strides (1, 1); seen on the H100)
     x1, y1 = torch.zeros(1, 64, dtype=torch.float16).t(), torch.zeros(48, 1, dtype=torch.float16)
     assert delta_block_fits(blocks, x1, y1) is None and delta_block_width(blocks, x1, y1) == 8
+
+
+def test_delta_block_rule_is_the_measured_one_and_needs_a_fitting_batch_first_layout():
+    from prunekit.kernels.ks import pick_delta_block, uses_delta_block
+
+    # H100 sweep: width 8 wins unless c > 64 is ragged; width 4 wins where min(b, c) <= 64; width 2 never
+    assert pick_delta_block(1024, 1024, 8) and pick_delta_block(7, 14, 8) and not pick_delta_block(448, 910, 8)
+    assert pick_delta_block(48, 192, 4) and pick_delta_block(192, 48, 4) and not pick_delta_block(96, 96, 4)
+    assert not pick_delta_block(64, 64, 2) and not pick_delta_block(64, 64, 0)
+    blocks = torch.zeros(2, 16, 64, 64, dtype=torch.float16)
+    x2d = torch.zeros(5, 2 * 64 * 16, dtype=torch.float16)
+    y2d = torch.zeros(5, 2 * 64 * 16, dtype=torch.float16)
+    assert uses_delta_block(blocks, x2d.t(), y2d.t())
+    assert not uses_delta_block(blocks, x2d.t().contiguous(), y2d.t().contiguous())  # batch-last
+    assert not uses_delta_block(blocks.float(), x2d.float().t(), y2d.float().t())  # fp32: CUDA-core kernel
+    shifted = torch.zeros(5 * 2048 + 1, dtype=torch.float16)[1:].view(5, 2048).t()  # misaligned: cannot run
+    assert not uses_delta_block(blocks, shifted, y2d.t())

@@ -77,6 +77,14 @@ MEASURED_SOURCE: str | None = (
     "(H100, torch 2.11, fp16 rows); the sweep's later patterns ran with this table"
 )
 
+# The batch-first delta-block kernel (delta_block=True) against the best tile variant, H100, fp16, on the 79
+# batch-first rows of the sweep that timed it (benchmarks/results/ks-h100-2026-11-25-part1of1.json, variant
+# "dblock"): 8 deltas per CTA won every row with c a multiple of 8 or c <= 64 (1.27x-4.38x, median 1.9x) and lost the
+# three with c > 256 ragged (0.44x-0.50x: its scalar W path); 4 deltas won where min(b, c) <= 64 (1.16x-1.50x) and
+# lost elsewhere (0.67x-0.86x); 2 deltas never won (0.40x-0.96x). The rule separates the 79 rows without error; it
+# was read from the same rows (in-sample). bf16 runs the same template and takes the same rule (not timed).
+DELTA_BLOCK_SOURCE = "benchmarks/results/ks-h100-2026-11-25-part1of1.json (79 fp16 batch-first rows, variant dblock)"
+
 __all__ = [
     "ks_mm",
     "ks_chain_mm",
@@ -88,6 +96,8 @@ __all__ = [
     "variant_key",
     "delta_block_fits",
     "delta_block_width",
+    "pick_delta_block",
+    "uses_delta_block",
 ]
 
 
@@ -125,6 +135,30 @@ def pick_variant(b: int, c: int, d: int, dtype: torch.dtype, batch_first: bool =
     if measured is not None:
         return int(measured[0]), bool(measured[1])
     return pick_tile(b, c, dtype), PIPELINED_DEFAULT
+
+
+def pick_delta_block(b: int, c: int, width: int) -> bool:
+    """Whether the batch-first delta-block kernel beats the tile kernels for a pattern, by the rule measured on the
+    H100 (:data:`DELTA_BLOCK_SOURCE`): ``width`` 8 (deltas per CTA, :func:`delta_block_width`) when ``c`` is a
+    multiple of 8 or ``c <= 64``; ``width`` 4 when ``min(b, c) <= 64``; never for ``width`` 2 (or 0: it cannot run).
+    """
+    if width == 8:
+        return c % 8 == 0 or c <= 64
+    if width == 4:
+        return min(b, c) <= 64
+    return False
+
+
+def uses_delta_block(blocks: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> bool:
+    """True when :func:`ks_mm_cuda` with its defaults runs the delta-block kernel for these tensors: fp16/bf16,
+    batch-first x and y that fit it (:func:`delta_block_fits`) and :func:`pick_delta_block` says it pays.
+
+    Args:
+        blocks: ``(a, d, b, c)``; x: ``(a*c*d, N)``; y: ``(a*b*d, N)``.
+    """
+    if x.dtype not in (torch.float16, torch.bfloat16) or not transposed_io(x) or delta_block_fits(blocks, x, y):
+        return False
+    return pick_delta_block(int(blocks.shape[2]), int(blocks.shape[3]), delta_block_width(blocks, x, y))
 
 
 EXTENSION = build.Extension(
@@ -169,7 +203,7 @@ def ks_mm_cuda(
     out: torch.Tensor | None = None,
     tile_rows: int | None = None,
     pipelined: bool | None = None,
-    delta_block: bool = False,
+    delta_block: bool | None = None,
     tf32x3: bool = False,
 ) -> torch.Tensor:
     """CUDA ``Y (a*b*d, N) = act(K @ X + bias[:, None])`` for one KS factor (Gonon et al. 2024, section 4).
@@ -181,9 +215,11 @@ def ks_mm_cuda(
             tile_rows: override :func:`pick_variant`'s tile (64 or 128; fp16/bf16 only); pipelined: two
             shared-memory stages with cp.async (default: :func:`pick_variant`'s; fp16/bf16 only); delta_block: the
             batch-first kernel that gives a CTA 8, 4 or 2 consecutive deltas so that X and Y move in vectors of
-            that many elements (fp16/bf16, conditions in :func:`delta_block_fits`; not timed on a GPU yet, so never
-            picked by default); tf32x3: fp32 on tensor cores with the 3xTF32 split (hi*hi + hi*lo + lo*hi in fp32;
-            float32 only; not timed on a GPU yet, so never picked by default).
+            that many elements (fp16/bf16, conditions in :func:`delta_block_fits`); None (default): taken when
+            ``tile_rows``, ``pipelined`` and ``tf32x3`` are not given and :func:`uses_delta_block` says so (the
+            measured rule :func:`pick_delta_block`); tf32x3: fp32 on tensor cores with the 3xTF32 split (hi*hi +
+            hi*lo + lo*hi in fp32; float32 only; never picked by default: on the H100 its relative error reached
+            1.35e-5 against float64 for c = 903, above the 1e-5 its test asks for fp32 accuracy, so it was not timed).
 
     Returns:
         ``Y`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` unless ``out`` is given.
@@ -214,6 +250,8 @@ def ks_mm_cuda(
         bias = bias.to(dtype=x.dtype).contiguous()
     pipe = int(auto_pipe if pipelined is None else bool(pipelined))
     blocks = blocks.contiguous()
+    if delta_block is None:
+        delta_block = tile_rows is None and pipelined is None and not tf32x3 and uses_delta_block(blocks, x, y)
     if delta_block:
         why = delta_block_fits(blocks, x, y)
         if why:
