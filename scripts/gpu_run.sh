@@ -2,7 +2,9 @@
 # One GPU-machine run for issue 4: build the kernels, run the kernel tests, `kernels check`, a compute-sanitizer
 # memcheck of a small case, then the SpMM benchmark. Logs and JSON go to $OUT (or ./out).
 #
-#   scripts/gpu_run.sh [all|test|bench|variants|sanitize|tc] [extra benchmark args...]
+#   scripts/gpu_run.sh [all|test|bench|variants|sanitize|tc|profile] [extra benchmark args...]
+#
+# `profile`: Nsight Compute reports of the tc kernel at 4096x4096, N = 4096 (90% with and without row reordering, 95%).
 #
 # `tc` (tensor-core SpMM, one 10-minute device call): build, the tc GPU tests, a compute-sanitizer memcheck of small
 # tc cases, and a short benchmark (4096x4096 and 11008x4096 at N = 4096, 90/95/98%, fp16; dense cuBLAS, torch.sparse,
@@ -103,6 +105,42 @@ PY
   step tc benchmark
   python3 benchmarks/spmm.py --dtypes float16 --shapes 4096x4096,11008x4096 --ns 4096 --sparsities 0.9,0.95,0.98 \
     --time-budget-s 240 --out "$OUT/spmm-tc-$DEV-$DATE.json" "$@" 2>&1 | tee "$OUT/tc-bench.log" | tail -40
+fi
+
+if [[ $MODE == profile ]]; then
+  # Nsight Compute on the tensor-core SpMM (issue 4: tc reached 28-32% of its design ceiling, docs/KERNELS.md) at
+  # 4096x4096, N = 4096, 90% and 95%, with the identity and the reordered plan: where its time goes (tensor pipe,
+  # shared-memory wavefronts and bank conflicts, stalls). One report per case in $OUT/ncu-tc-<dev>-<date>.txt.
+  step tc profile
+  cat > /tmp/profile_tc.py <<'PY'
+import sys
+import torch
+from prunekit.kernels import gpu
+from prunekit.kernels.testing import encode_csr, random_sparse_weight
+sparsity, reorder = float(sys.argv[1]), sys.argv[2] == "1"
+import os
+os.environ["PRUNEKIT_TC_REORDER"] = "1" if reorder else "0"
+g = torch.Generator(device="cuda").manual_seed(0)
+w = random_sparse_weight(4096, 4096, sparsity, torch.float16, "cuda", generator=g)
+c = encode_csr(w)
+x = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+for _ in range(3):  # plan build and warm-up outside the profiled launch (ncu: --launch-skip)
+    gpu.spmm_csr(**c, x=x, m=4096, variant="tc")
+torch.cuda.synchronize()
+print("profiled case ran", sparsity, "reorder", reorder)
+PY
+  NCU_OUT="$OUT/ncu-tc-$DEV-$DATE.txt"
+  : > "$NCU_OUT"
+  for case in "0.9 0" "0.9 1" "0.95 0"; do
+    echo "=== 4096x4096 N=4096 fp16 sparsity/reorder $case" | tee -a "$NCU_OUT"
+    timeout 150 ncu -k regex:spmm_tc --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats \
+      --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_op_ldsm.sum \
+      python3 /tmp/profile_tc.py $case >> "$NCU_OUT" 2>&1
+    echo "ncu exit code $?" | tee -a "$NCU_OUT"
+  done
+  grep -E "===|Duration|Throughput|bank_conflicts|wavefronts|hmma|Stall|Achieved Occupancy|Registers" "$NCU_OUT" | head -80
 fi
 
 if [[ $MODE == variants ]]; then
