@@ -492,7 +492,7 @@ def build_authors(src: Path, quads: list[Quad], build_root: Path, verbose: bool 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def ks_call(blocks, x, out=None, tile_rows=None, pipelined=None, delta_block=False, tf32x3=False):
+def ks_call(blocks, x, out=None, tile_rows=None, pipelined=None, delta_block=None, tf32x3=False):
     """The prunekit contender: the CUDA kernel (the reference op under --dry-run)."""
     from prunekit.kernels import ks
 
