@@ -6,7 +6,9 @@ batch-first (x2d: (N, a*c*d) row-major; the op reads X = x2d.t() in place), it t
 
 - prunekit ``kernels.ks.ks_mm_cuda``: fp16 every tensor-core variant (``tile64_simple``, ``tile64_pipe``,
   ``tile128_simple``, ``tile128_pipe``: 64/128 rows of b per CTA, one or two shared-memory stages), fp32 the
-  CUDA-core kernel (``f32``). ``prunekit`` is the variant ``ks.pick_variant`` picks (what a user gets),
+  CUDA-core kernel (``f32``). ``prunekit`` is what ``ks_mm_cuda``'s defaults run (what a user gets:
+  ``ks.pick_variant``'s tile variant, the delta-block kernel ``dblock`` where ``ks.pick_delta_block`` says so, and
+  for d = 1 ``cublas``, i.e. ``ks.block_diagonal_mm``),
   ``prunekit_best`` the fastest variant (what a measured table could reach);
 - ``bmm``: Monarch-style permute X to (a*d, c, N) + bmm + permute back (copies included);
 - ``einsum``: ``torch.einsum`` on the (a, d, b, c) blocks and the viewed X;
@@ -637,6 +639,9 @@ def run_pattern(
     # the benchmark's X and Y are packed (row strides multiples of d) and 256-byte aligned: the width is d's
     if "dblock" in variants and ks.pick_delta_block(b, c, next((w for w in (8, 4, 2) if d % w == 0), 0)):
         default_name = "dblock"  # what ks_mm_cuda's defaults run (ks.uses_delta_block)
+    if d == 1 and ks.BLOCK_DIAGONAL_TO_CUBLAS and "cublas" not in SKIP_VARIANTS:
+        variants["cublas"] = {}  # ks_mm_cuda's defaults: block_diagonal_mm (torch.bmm on views)
+        default_name = "cublas"
     row["default_variant"] = default_name
     errors: dict[str, str] = {}
     rel: dict[str, float | None] = {}

@@ -208,6 +208,20 @@ def test_cuda_default_path_takes_the_delta_block_kernel_where_the_rule_says_and_
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("transposed", [False, True], ids=["batch_last", "batch_first"])
+def test_cuda_default_path_runs_block_diagonal_factors_on_cublas_exactly(dtype, transposed):
+    tol = 1e-5 if dtype == torch.float32 else 2e-3 if dtype == torch.float16 else 1.6e-2
+    for seed, quad in enumerate(((3, 40, 24, 1), (1, 130, 70, 1), (8, 48, 48, 1))):
+        blocks, x, bias = case(quad, 77, dtype, seed, transposed)
+        blocks, x, bias = blocks.cuda(), x.cuda(), bias.cuda()
+        out = new_spmm_output(x, quad[0] * quad[1]).fill_(float("nan"))
+        ks.ks_mm_cuda(blocks, x, bias, "relu", out=out)
+        torch.cuda.synchronize()
+        assert rel_err(out.cpu(), reference64(blocks.cpu(), x.cpu(), bias.cpu(), True)) < tol, quad
+
+
+@pytest.mark.cuda
 def test_cuda_delta_block_kernel_refuses_what_it_cannot_take():
     blocks, x, bias = case((1, 8, 8, 3), 16, torch.float16, 0, True)
     with pytest.raises(ValueError, match="even d"):

@@ -582,3 +582,27 @@ def test_tf32x3_partial_sums_remove_the_truncation_bias_of_long_reductions():
 
     old, new, fp32 = err(_tf32x3_model(w, x, False)), err(_tf32x3_model(w, x, True)), err(w @ x)
     assert old > 3e-6 and new < 1e-6 and new < 2 * fp32 + 1e-7, (old, new, fp32)
+
+
+@pytest.mark.parametrize("layout", ["batch_last", "batch_first"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_block_diagonal_mm_matches_float64_in_both_layouts_on_poisoned_outputs(layout, dtype):
+    # d = 1: ks_mm_cuda's default path (cuBLAS batched GEMM on CUDA); the same torch calls run here on the CPU
+    from prunekit.kernels.ks import block_diagonal_mm
+    from prunekit.kernels.ks_reference import ks_mm as ks_mm_ref
+    from prunekit.kernels.layout import new_spmm_output
+
+    g = torch.Generator().manual_seed(3)
+    for a, b, c, n in ((1, 1, 1, 1), (3, 5, 7, 9), (4, 16, 8, 1), (2, 33, 17, 40)):
+        blocks = torch.randn(a, 1, b, c, generator=g, dtype=dtype)
+        x2d = torch.randn(n, a * c, generator=g, dtype=dtype)
+        x = x2d.t() if layout == "batch_first" else x2d.t().contiguous()
+        bias = torch.randn(a * b, generator=g, dtype=dtype)
+        ref = ks_mm_ref(blocks.double(), x.double(), bias.double(), "relu")
+        for y in (new_spmm_output(x, a * b), torch.empty(n, a * b, dtype=dtype).t(), torch.empty(a * b, n, dtype=dtype)):
+            y.fill_(float("nan"))
+            out = block_diagonal_mm(blocks, x, y, bias, "relu")
+            assert out is y and not torch.isnan(y).any()
+            assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5), (a, b, c, n, tuple(y.stride()))
+    with pytest.raises(ValueError, match="d = 1"):
+        block_diagonal_mm(torch.zeros(1, 2, 3, 4), torch.zeros(8, 5), torch.zeros(6, 5))

@@ -84,6 +84,11 @@ MEASURED_SOURCE: str | None = (
 # lost elsewhere (0.67x-0.86x); 2 deltas never won (0.40x-0.96x). The rule separates the 79 rows without error; it
 # was read from the same rows (in-sample). bf16 runs the same template and takes the same rule (not timed).
 DELTA_BLOCK_SOURCE = "benchmarks/results/ks-h100-2026-11-25-part1of1.json (79 fp16 batch-first rows, variant dblock)"
+# d = 1 (block-diagonal K: a independent b x c blocks) is a plain batched GEMM with no permutation, and cuBLAS's
+# batched GEMM beat every variant of the tile kernel on the H100 sweep there: the fastest variant reached a median
+# 0.19x-0.39x of torch.bmm per dtype and layout, and won 1 of the 94 d = 1 rows (same file). So with its defaults
+# ks_mm_cuda hands d = 1 to block_diagonal_mm (torch.bmm on views of X and Y).
+BLOCK_DIAGONAL_TO_CUBLAS = True
 
 __all__ = [
     "ks_mm",
@@ -98,6 +103,7 @@ __all__ = [
     "delta_block_width",
     "pick_delta_block",
     "uses_delta_block",
+    "block_diagonal_mm",
 ]
 
 
@@ -147,6 +153,44 @@ def pick_delta_block(b: int, c: int, width: int) -> bool:
     if width == 4:
         return min(b, c) <= 64
     return False
+
+
+def block_diagonal_mm(
+    blocks: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = None, activation: str = "none"
+) -> torch.Tensor:
+    """``y (a*b, N) = act(blockdiag(blocks) @ x + bias[:, None])`` for a factor with ``d = 1``, by ``torch.bmm``
+    (cuBLAS batched GEMM on CUDA) on views: batch-last ``x`` (row-major) is read in place, batch-first ``x`` (the
+    ``x2d.t()`` view of ``(N, a*c)``) as a strided operand; the product lands in ``y`` directly when ``y`` is
+    row-major and packed, else through one copy (as the benchmark's ``bmm`` baseline does).
+
+    Args:
+        blocks: ``(a, 1, b, c)``; x: ``(a*c, N)`` any strides; y: ``(a*b, N)`` output, any strides, written in full;
+        bias: ``(a*b,)`` or None; activation: ``"none"`` | ``"relu"``. All of one dtype and device.
+
+    Returns:
+        ``y``.
+
+    Raises:
+        ValueError: ``d != 1`` or shapes that do not match.
+    """
+    a, b, c, d = ks_reference.check_ks_args(blocks, x)
+    n = x.shape[1]
+    if d != 1 or tuple(y.shape) != (a * b, n):
+        raise ValueError(f"block_diagonal_mm: needs d = 1 and y of shape ({a * b}, {n}), got d = {d}, {tuple(y.shape)}")
+    w = blocks.reshape(a, b, c)
+    if transposed_io(x):  # batch-first: x = x2d.t(), x2d (N, a*c) row-major
+        xs = x.t().reshape(n, a, c).permute(1, 2, 0)  # (a, c, N), strided, no copy
+    else:
+        xs = x.reshape(a, c, n)
+    if y.is_contiguous():
+        torch.bmm(w, xs, out=y.view(a, b, n))
+    else:
+        y.copy_(torch.bmm(w, xs).reshape(a * b, n))
+    if bias is not None:
+        y.add_(bias.to(y.dtype)[:, None])
+    if activation == "relu":
+        y.relu_()
+    return y
 
 
 def uses_delta_block(blocks: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -217,7 +261,8 @@ def ks_mm_cuda(
             batch-first kernel that gives a CTA 8, 4 or 2 consecutive deltas so that X and Y move in vectors of
             that many elements (fp16/bf16, conditions in :func:`delta_block_fits`); None (default): taken when
             ``tile_rows``, ``pipelined`` and ``tf32x3`` are not given and :func:`uses_delta_block` says so (the
-            measured rule :func:`pick_delta_block`); tf32x3: fp32 on tensor cores with the 3xTF32 split (hi*hi +
+            measured rule :func:`pick_delta_block`). With all four of these left at their defaults, ``d = 1`` runs
+            :func:`block_diagonal_mm` (cuBLAS batched GEMM, measured faster; ``BLOCK_DIAGONAL_TO_CUBLAS``); tf32x3: fp32 on tensor cores with the 3xTF32 split (hi*hi +
             hi*lo + lo*hi in fp32; float32 only; never picked by default: on the H100 its first version reached a
             relative error of 1.35e-5 against float64 for c = 903, above the 1e-5 its test asks; the round-to-nearest
             partial sums that fix it in a rounding model are not yet run on a GPU, and it is not timed).
@@ -243,6 +288,9 @@ def ks_mm_cuda(
         return y
     if c == 0:
         return y.copy_(ks_reference.ks_mm(blocks, x, bias, activation))
+    defaults = tile_rows is None and pipelined is None and delta_block is None and not tf32x3
+    if d == 1 and defaults and BLOCK_DIAGONAL_TO_CUBLAS:
+        return block_diagonal_mm(blocks, x, y, bias, activation)
     auto_tile, auto_pipe = pick_variant(b, c, d, x.dtype, transposed_io(x))
     tile = tile_rows or auto_tile
     if tile not in TILE_ROWS:
