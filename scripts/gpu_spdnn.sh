@@ -29,7 +29,7 @@ build() {
 champion_build() {
   # Their singlegpu/ sources, built for sm_90 with C++17. main.cpp line ~219 wraps the sprintf of the weight file
   # name in an inverted assert (sprintf returns the length, < 500, so the assert fails): keep the plain sprintf.
-  local src=.carry/spdnn_champion dst=$OUT/champion
+  local src=.carry/spdnn_champion dst=/tmp/spdnn-champion
   [ -f "$src/main.cpp" ] || { echo "missing $src (fetch github:merthidayetoglu/SpDNN_Challenge2020, copy singlegpu/)"; return 1; }
   rm -rf "$dst"; mkdir -p "$dst"; cp "$src"/*.cpp "$src"/*.cu "$src"/*.h "$src"/*.hpp "$dst"/
   sed -i 's|assert(sizeof(chartemp) < sprintf(chartemp,"%s/neuron%d.bin",dataset,neuron));|sprintf(chartemp,"%s/neuron%d.bin",dataset,neuron);|' "$dst/main.cpp"
@@ -61,11 +61,13 @@ case "$what" in
   champion)
     build
     champion_build || exit 1
-    DATA=$OUT/data1024
+    # machine-local, not under $OUT: the device tool empties $OUT before each call and returns at most 8 files
+    # from it (1920 TSV layers would make nothing come back); kept between calls while the machine stays warm
+    DATA=${SPDNN_DATA:-/tmp/spdnn-data1024}
     [ -f "$DATA/neuron1024-l1920-categories.tsv" ] || \
       python3 -m prunekit.spdnn generate -o "$DATA" -n 1024 -l 120,480,1920 --device cuda --overwrite 2>&1 | tail -5
     [ -f "$DATA/neuron1024.bin" ] || python3 -m prunekit.spdnn export-champion --data "$DATA" -n 1024 -l 1920
-    python3 benchmarks/spdnn.py --plan champion --data "$DATA" --champion "$OUT/champion/inference" \
+    python3 benchmarks/spdnn.py --plan champion --data "$DATA" --champion /tmp/spdnn-champion/inference \
       --budget-s "${BUDGET_S:-480}" --out "$OUT" 2>&1 | tee "$OUT/bench-champion.log" | tail -30
     ;;
   multi)
