@@ -34,6 +34,8 @@ OUT=${OUT:-$PWD/out}
 PYTHON=${PYTHON:-python3}
 BUDGET_S=${BUDGET_S:-540}
 mkdir -p "$OUT"
+# shellcheck source=scripts/out_pack.sh
+source "$(dirname "${BASH_SOURCE[0]}")/out_pack.sh"; trap out_pack EXIT  # <= 8 files in $OUT
 exec > >(tee -a "$OUT/gpu_finetune.log") 2>&1
 step() { echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s)"; }
 

@@ -17,6 +17,8 @@ OUT=${OUT:-$PWD/out}
 TOTAL_S=${TOTAL_S:-420}
 STEPS=${STEPS:-1500}
 mkdir -p "$OUT"
+# shellcheck source=scripts/out_pack.sh
+source "$(dirname "${BASH_SOURCE[0]}")/out_pack.sh"; trap out_pack EXIT  # <= 8 files in $OUT
 exec > >(tee -a "$OUT/remeasure.log") 2>&1
 step() { echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s)"; }
 left() { echo $(( TOTAL_S - SECONDS )); }

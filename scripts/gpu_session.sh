@@ -6,13 +6,16 @@
 #
 #   bash scripts/gpu_session.sh [build|tests|all]        (default all)
 #
-# Outputs in $OUT (default ./out): build-<namespace>.log, tests-<file>.log, summary.txt, and prebuilt/*.so (the built
-# libraries, named by their build keys: carry them back in a later call as .carry/prebuilt with
-# PRUNEKIT_KERNEL_PREBUILT=$PWD/.carry/prebuilt to skip the build on a fresh machine).
+# Outputs in $OUT (default ./out), packed at exit by out_pack.sh: logs.tgz (build-<namespace>.log, tests-<file>.log,
+# summary.txt) and prebuilt.tgz[.partNN] (prebuilt/*.so, the built libraries named by their build keys: unpack with
+# `cat prebuilt.tgz* | tar xz -C .carry` and carry .carry/prebuilt with PRUNEKIT_KERNEL_PREBUILT=$PWD/.carry/prebuilt
+# to skip the build on a fresh machine).
 # Run from the repository root on a machine with a CUDA GPU, nvcc and ninja (no install needed: PYTHONPATH=src).
 set -uo pipefail
 MODE=${1:-all}
 OUT=${OUT:-$PWD/out}
+# shellcheck source=scripts/out_pack.sh
+source "$(dirname "${BASH_SOURCE[0]}")/out_pack.sh"; trap out_pack EXIT  # <= 8 files in $OUT
 mkdir -p "$OUT/prebuilt"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1

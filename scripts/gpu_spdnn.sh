@@ -17,6 +17,8 @@ set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1 PRUNEKIT_CUDA_ARCHS=90
 export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}  # shared with the other gpu_*.sh
 OUT=${OUT:-/tmp/spdnn-out}; mkdir -p "$OUT"
+# shellcheck source=scripts/out_pack.sh
+source "$(dirname "${BASH_SOURCE[0]}")/out_pack.sh"; trap out_pack EXIT  # <= 8 files in $OUT
 what=${1:-tests}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 

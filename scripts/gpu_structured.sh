@@ -14,6 +14,8 @@ MODE=${1:-build-test}
 shift || true
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
+# shellcheck source=scripts/out_pack.sh
+source "$(dirname "${BASH_SOURCE[0]}")/out_pack.sh"; trap out_pack EXIT  # <= 8 files in $OUT
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
