@@ -8,6 +8,8 @@
 #   scripts/gpu_ks.sh bench I [K]    # part I of K (default K=4) of benchmarks/ks.py, ~6 min estimated each
 #   scripts/gpu_ks.sh report         # merge the parts in .carry/ks-results -> JSON, PNG, Markdown (+ variant table)
 #   TOTAL_S=570 scripts/gpu_ks.sh all    # one call: build, tests (beside the authors' build), then `sweep` in the rest
+#   TOTAL_S=560 scripts/gpu_ks.sh verify # the changed defaults' GPU tests, then fp32 with 3xTF32 and fp16
+#                                        # batch-first (delta-block) timed afresh (ks-verify-*.json)
 #   TOTAL_S=570 scripts/gpu_ks.sh sweep  # the whole subsample as one part in a fixed shuffled order, resumed until
 #                                        # TOTAL_S; rows of .carry/ks-results-in/*.json (carried copies of earlier
 #                                        # calls' JSON) are kept, so a machine that went cold loses nothing; report at the end
@@ -172,6 +174,42 @@ all|sweep)
   python3 benchmarks/ks_report.py ".carry/ks-results/$NAME.json" --merged "$OUT/ks-$(dev)-$DATE.json" \
     --png "$OUT/ks-$(dev)-$DATE.png" --markdown "$OUT/ks-$(dev)-$DATE.md" > "$OUT/ks-report.log" 2>&1
   echo "report exit code $?"; head -14 "$OUT/ks-$(dev)-$DATE.md" 2>/dev/null
+  pack_logs
+  ;;
+verify)
+  # The defaults and opt-in kernels changed after the sweep, in one call: their GPU tests, then fresh timings of
+  # (1) fp32 with the 3xTF32 variant beside the CUDA-core kernel (when its tests pass), (2) fp16 batch-first from the
+  # start of the sweep's shuffled order (the rows measured before the delta-block kernel existed). Fresh part files
+  # (ks-verify-*.json), not the sweep's; TOTAL_S bounds the whole call.
+  T0=$SECONDS
+  TOTAL_S=${TOTAL_S:-560}
+  step "GPU tests of the changed defaults and kernels"
+  timeout 240 env -u OUT python3 -m pytest -q -rf -p no:cacheprovider tests/kernels/test_ks_mm.py \
+    -k "delta_block or tf32x3 or block_diagonal or default_path" > "$OUT/ks-verify-tests.log" 2>&1
+  echo "pytest exit code $?"; grep -E "passed|failed|^FAILED|^E  " "$OUT/ks-verify-tests.log" | cut -c1-300 | tail -8
+  if timeout 60 env -u OUT python3 -m pytest -q -p no:cacheprovider tests/kernels/test_ks_mm.py -k tf32x3 \
+      > /dev/null 2>&1; then
+    unset KS_SKIP_VARIANTS
+    echo "tf32x3 passes its tests: timed"
+  else
+    export KS_SKIP_VARIANTS=tf32x3
+    echo "tf32x3 still fails its tests: not timed"
+  fi
+  REM=$(( (TOTAL_S - (SECONDS - T0)) / 2 - 30 ))
+  step "fp32, ${REM}s"
+  timeout $((REM + 60)) python3 benchmarks/ks.py --part 1/1 --shuffle 1 --budget-s "$REM" --dtypes float32 \
+    --out ".carry/ks-results/ks-verify-fp32.json" > "$OUT/ks-verify-fp32.log" 2>&1
+  echo "benchmark exit code $?"; tail -2 "$OUT/ks-verify-fp32.log"
+  REM=$(( TOTAL_S - (SECONDS - T0) - 60 ))
+  step "fp16 batch-first, ${REM}s"
+  timeout $((REM + 40)) python3 benchmarks/ks.py --part 1/1 --shuffle 1 --budget-s "$REM" --dtypes float16 \
+    --layouts batch_first --out ".carry/ks-results/ks-verify-fp16bf.json" > "$OUT/ks-verify-fp16bf.log" 2>&1
+  echo "benchmark exit code $?"; tail -2 "$OUT/ks-verify-fp16bf.log"
+  for part in fp32 fp16bf; do
+    cp ".carry/ks-results/ks-verify-$part.json" "$OUT/" 2>/dev/null
+    python3 benchmarks/ks_report.py ".carry/ks-results/ks-verify-$part.json" --merged "$OUT/ks-verify-$part-merged.json" \
+      --markdown "$OUT/ks-verify-$part.md" > /dev/null 2>&1 && sed -n 8,12p "$OUT/ks-verify-$part.md"
+  done
   pack_logs
   ;;
 report)
