@@ -79,10 +79,40 @@ def _spmm_csr_backward(ctx, grad_y):
     if ctx.needs_input_grad[0]:
         grad_values = sddmm_csr(row_offsets, column_indices, row_indices, g.to(x.dtype), x).to(values.dtype)
     if ctx.needs_input_grad[4]:
-        grad_x = reference.spmm_csr_transposed(values, row_offsets, column_indices, g.to(x.dtype), x.shape[0])
+        grad_x = spmm_csr_input_grad(values, row_offsets, column_indices, g.to(x.dtype), x.shape[0])
     if ctx.has_bias and ctx.needs_input_grad[6]:
         grad_bias = g.sum(1)
     return grad_values, None, None, None, grad_x, None, grad_bias, None
+
+
+def spmm_csr_input_grad(
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    dy: torch.Tensor,
+    k: int,
+    use_kernels: bool | None = None,
+) -> torch.Tensor:
+    """``dX = A^T dY (K, N)``, the input gradient of ``spmm_csr``.
+
+    With ``use_kernels`` (default: when ``dy`` is on CUDA in ``values``' dtype), this is ``prunekit::spmm_csr`` on the
+    transposed pattern (``csr_transpose.transpose_pattern``, recomputed per call), so the backward pass runs the same
+    tuned kernels as the forward. Otherwise it is the scatter reference (``reference.spmm_csr_transposed``).
+
+    Args:
+        values: ``(nnz_padded,)``; row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz_padded,)`` int16/int32;
+            dy: ``(M, N)`` any strides; k: K.
+    """
+    if use_kernels is None:
+        use_kernels = dy.is_cuda and dy.dtype == values.dtype
+    if not use_kernels:
+        return reference.spmm_csr_transposed(values, row_offsets, column_indices, dy, k)
+    from .csr_transpose import transpose_pattern, transposed_values
+
+    plan = transpose_pattern(row_offsets, column_indices, k, values.dtype)
+    return spmm_csr(
+        transposed_values(values, plan), plan.row_offsets, plan.column_indices, plan.row_indices, dy.to(values.dtype), k
+    )
 
 
 def _sddmm_csr(
