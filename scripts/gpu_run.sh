@@ -113,6 +113,12 @@ if [[ $MODE == profile ]]; then
   # Nsight Compute on the tensor-core SpMM (issue 4: tc reached 28-32% of its design ceiling, docs/KERNELS.md) at
   # 4096x4096, N = 4096, 90% and 95%, with the identity and the reordered plan: where its time goes (tensor pipe,
   # shared-memory wavefronts and bank conflicts, stalls). One report per case in $OUT/ncu-tc-<dev>-<date>.txt.
+  step "tc GPU tests with both prefetch depths (the k-step loop became a ring after the last GPU run)"
+  for pf in 2 6; do
+    PRUNEKIT_TC_PREFETCH=$pf timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmm_tc.py \
+      tests/kernels/test_spmm_autograd.py > "$OUT/tc-tests-pf$pf.log" 2>&1
+    echo "PRUNEKIT_TC_PREFETCH=$pf pytest exit code $?"; tail -1 "$OUT/tc-tests-pf$pf.log"
+  done
   step tc profile
   cat > /tmp/profile_tc.py <<'PY'
 import sys
@@ -133,16 +139,24 @@ print("profiled case ran", sparsity, "reorder", reorder)
 PY
   NCU_OUT="$OUT/ncu-tc-$DEV-$DATE.txt"
   : > "$NCU_OUT"
-  for case in "0.9 0" "0.9 1" "0.95 0"; do
-    echo "=== 4096x4096 N=4096 fp16 sparsity/reorder $case" | tee -a "$NCU_OUT"
-    timeout 150 ncu -k regex:spmm_tc --launch-skip 2 --launch-count 1 \
+  for case in "0.9 0 2" "0.9 0 6" "0.9 1 2" "0.95 0 2"; do
+    set -- $case
+    echo "=== 4096x4096 N=4096 fp16 sparsity $1 reorder $2 prefetch $3" | tee -a "$NCU_OUT"
+    PRUNEKIT_TC_PREFETCH=$3 timeout 120 ncu -k regex:spmm_tc --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section Occupancy --section LaunchStats \
       --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_op_ldsm.sum \
-      python3 /tmp/profile_tc.py $case >> "$NCU_OUT" 2>&1
+      python3 /tmp/profile_tc.py "$1" "$2" >> "$NCU_OUT" 2>&1
     echo "ncu exit code $?" | tee -a "$NCU_OUT"
   done
   grep -E "===|Duration|Throughput|bank_conflicts|wavefronts|hmma|Stall|Achieved Occupancy|Registers" "$NCU_OUT" | head -80
+  # the prefetch ring's depth timed both ways in the benchmark (same shapes, dense cuBLAS in each run)
+  for pf in 2 6; do
+    step "tc benchmark, PRUNEKIT_TC_PREFETCH=$pf"
+    PRUNEKIT_TC_PREFETCH=$pf timeout 150 python3 benchmarks/spmm.py --dtypes float16 --shapes 4096x4096,11008x4096 \
+      --ns 4096 --sparsities 0.9,0.95 --time-budget-s 90 --out "$OUT/spmm-tc-pf$pf-$DEV-$DATE.json" \
+      2>&1 | tail -8
+  done
 fi
 
 if [[ $MODE == variants ]]; then

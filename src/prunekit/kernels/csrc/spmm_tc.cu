@@ -23,6 +23,8 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "common.cuh"
 #include "kernels.h"
@@ -104,49 +106,55 @@ __device__ __forceinline__ void stage_chunk(uint32_t buf, const T* __restrict__ 
   }
 }
 
-// One segment (window x chunk): k-steps [t0, t1), A fragments prefetched two k-steps ahead.
-template <typename T, int NT>
+// One segment (window x chunk): k-steps [t0, t1), each k-step's A fragment and X slot row loaded PF k-steps ahead
+// into a ring of registers (slot s of the ring holds k-step t0 + s, t0 + s + PF, ...; static indices after
+// unrolling). PF = 2 was the first design; the loads come from L2 (hundreds of cycles), and a k-step of one warp
+// is NT / 8 mma, so a deeper ring (PF = 6, $PRUNEKIT_TC_PREFETCH=6) hides more of that latency for 15 more registers.
+template <typename T, int NT, int PF>
 __device__ __forceinline__ void segment_mma(float (&acc)[NT / 8][4], const uint4* __restrict__ frags,
                                             const uint8_t* __restrict__ slot_rows, int t0, int t1, uint32_t xbuf,
                                             int lane) {
   constexpr int CPR = NT / 8;
   const int slot = lane & (kTcKStep - 1);  // ldmatrix row of this lane: slot (l % 8) + 8 * ((l / 8) % 2)
   const int half = lane >> 4;              // lanes 16..31 address the second n8 tile of each pair
-  uint4 a_cur = make_uint4(0, 0, 0, 0), a_nxt = make_uint4(0, 0, 0, 0);
-  int r_cur = 0, r_nxt = 0;
-  if (t0 < t1) {
-    a_cur = __ldg(frags + static_cast<int64_t>(t0) * 32 + lane);
-    r_cur = __ldg(slot_rows + static_cast<int64_t>(t0) * kTcKStep + slot);
-  }
-  if (t0 + 1 < t1) {
-    a_nxt = __ldg(frags + static_cast<int64_t>(t0 + 1) * 32 + lane);
-    r_nxt = __ldg(slot_rows + static_cast<int64_t>(t0 + 1) * kTcKStep + slot);
-  }
-  for (int t = t0; t < t1; ++t) {
-    uint4 a_pre = make_uint4(0, 0, 0, 0);
-    int r_pre = 0;
-    if (t + 2 < t1) {
-      a_pre = __ldg(frags + static_cast<int64_t>(t + 2) * 32 + lane);
-      r_pre = __ldg(slot_rows + static_cast<int64_t>(t + 2) * kTcKStep + slot);
-    }
-    const uint32_t row_addr = xbuf + static_cast<uint32_t>(r_cur * CPR) * 16u;
-    const int sw = r_cur & 7;
+  uint4 ring_a[PF];
+  int ring_r[PF];
 #pragma unroll
-    for (int j2 = 0; j2 < NT / 16; ++j2) {
-      const int c = 2 * j2 + half;
-      uint32_t b0, b1, b2, b3;
-      ldmatrix_x4_trans(row_addr + static_cast<uint32_t>(c ^ sw) * 16u, b0, b1, b2, b3);
-      Mma<T>::run(acc[2 * j2], a_cur, b0, b1);
-      Mma<T>::run(acc[2 * j2 + 1], a_cur, b2, b3);
+  for (int s = 0; s < PF; ++s) {
+    ring_a[s] = make_uint4(0, 0, 0, 0);
+    ring_r[s] = 0;
+    if (t0 + s < t1) {
+      ring_a[s] = __ldg(frags + static_cast<int64_t>(t0 + s) * 32 + lane);
+      ring_r[s] = __ldg(slot_rows + static_cast<int64_t>(t0 + s) * kTcKStep + slot);
     }
-    a_cur = a_nxt;
-    r_cur = r_nxt;
-    a_nxt = a_pre;
-    r_nxt = r_pre;
+  }
+  for (int tb = t0; tb < t1; tb += PF) {
+#pragma unroll
+    for (int s = 0; s < PF; ++s) {
+      const int t = tb + s;
+      if (t < t1) {
+        const uint4 a_cur = ring_a[s];
+        const int r_cur = ring_r[s];
+        if (t + PF < t1) {
+          ring_a[s] = __ldg(frags + static_cast<int64_t>(t + PF) * 32 + lane);
+          ring_r[s] = __ldg(slot_rows + static_cast<int64_t>(t + PF) * kTcKStep + slot);
+        }
+        const uint32_t row_addr = xbuf + static_cast<uint32_t>(r_cur * CPR) * 16u;
+        const int sw = r_cur & 7;
+#pragma unroll
+        for (int j2 = 0; j2 < NT / 16; ++j2) {
+          const int c = 2 * j2 + half;
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4_trans(row_addr + static_cast<uint32_t>(c ^ sw) * 16u, b0, b1, b2, b3);
+          Mma<T>::run(acc[2 * j2], a_cur, b0, b1);
+          Mma<T>::run(acc[2 * j2 + 1], a_cur, b2, b3);
+        }
+      }
+    }
   }
 }
 
-template <typename T, bool YT, int WPW, int NT>
+template <typename T, bool YT, int WPW, int NT, int PF>
 __global__ void __launch_bounds__(kTcThreads, 1)
 spmm_tc_kernel(const uint4* __restrict__ frags, const uint8_t* __restrict__ slot_rows,
                const int* __restrict__ kstep_offsets, const int* __restrict__ window_rows, const T* __restrict__ x,
@@ -181,7 +189,7 @@ spmm_tc_kernel(const uint4* __restrict__ frags, const uint8_t* __restrict__ slot
       const int w = win0 + wi;
       if (w < num_windows) {
         const int seg = w * num_chunks + ch;
-        segment_mma<T, NT>(acc[wi], frags, slot_rows, __ldg(kstep_offsets + seg), __ldg(kstep_offsets + seg + 1),
+        segment_mma<T, NT, PF>(acc[wi], frags, slot_rows, __ldg(kstep_offsets + seg), __ldg(kstep_offsets + seg + 1),
                            xbuf, lane);
       }
     }
@@ -222,12 +230,12 @@ spmm_tc_kernel(const uint4* __restrict__ frags, const uint8_t* __restrict__ slot
   }
 }
 
-template <typename T, bool YT, int WPW, int NT>
+template <typename T, bool YT, int WPW, int NT, int PF>
 void launch_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, const at::Tensor& kstep_offsets,
                const at::Tensor& window_rows, const at::Tensor& x, int64_t ldx, const at::Tensor& y, bool y_pair_ok,
                const T* bias, bool relu, int k, int n, int num_windows, int num_chunks) {
   constexpr int kSmem = kTcStages * kTcChunk * NT * static_cast<int>(sizeof(T));
-  auto kernel = spmm_tc_kernel<T, YT, WPW, NT>;
+  auto kernel = spmm_tc_kernel<T, YT, WPW, NT, PF>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int64_t grid_y = (static_cast<int64_t>(n) + NT - 1) / NT;  // int64: n + NT - 1 may pass INT_MAX
   TORCH_CHECK(grid_y <= 65535, "spmm_csr_tc: N = ", n, " needs ", grid_y, " column tiles of ", NT, "; at most 65535");
@@ -261,16 +269,27 @@ void dispatch_tile(int64_t wpw, int64_t ntile, const at::Tensor& frag_values, co
   }
   TORCH_CHECK(smem_optin >= stage_bytes(64), "spmm_csr_tc: needs ", stage_bytes(64),
               " bytes of shared memory per block, the device allows ", smem_optin);
+  // $PRUNEKIT_TC_PREFETCH=6: the deep prefetch ring for the 128-column tiles (opt-in until timed on a GPU)
+  const char* pf_env = std::getenv("PRUNEKIT_TC_PREFETCH");
+  const bool deep = pf_env != nullptr && std::string(pf_env) == "6";
   if (wpw == 2 && ntile == 128) {
-    return launch_tc<T, YT, 2, 128>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok, bias,
-                                    relu, k, n, num_windows, num_chunks);
+    if (deep) {
+      return launch_tc<T, YT, 2, 128, 6>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok,
+                                         bias, relu, k, n, num_windows, num_chunks);
+    }
+    return launch_tc<T, YT, 2, 128, 2>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok, bias,
+                                       relu, k, n, num_windows, num_chunks);
   }
   if (wpw == 1 && ntile == 128) {
-    return launch_tc<T, YT, 1, 128>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok, bias,
-                                    relu, k, n, num_windows, num_chunks);
+    if (deep) {
+      return launch_tc<T, YT, 1, 128, 6>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok,
+                                         bias, relu, k, n, num_windows, num_chunks);
+    }
+    return launch_tc<T, YT, 1, 128, 2>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok, bias,
+                                       relu, k, n, num_windows, num_chunks);
   }
-  return launch_tc<T, YT, 1, 64>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok, bias,
-                                 relu, k, n, num_windows, num_chunks);
+  return launch_tc<T, YT, 1, 64, 2>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok, bias,
+                                    relu, k, n, num_windows, num_chunks);
 }
 
 }  // namespace
