@@ -17,6 +17,10 @@ out_pack() {
     fi
     for d in */; do
       d=${d%/}
+      if [ "$(du -sb "$d" | cut -f1)" -gt 47185920 ]; then  # over 45 MiB: packing it would crowd out the rest
+        echo "out_pack: $d is over 45 MiB, left as it is (its large files will not come back)"
+        continue
+      fi
       tar czf "$d.tgz" --remove-files "$d"
       if [ "$(stat -c %s "$d.tgz")" -gt 15728640 ]; then
         split -b 15M -d "$d.tgz" "$d.tgz.part" && rm -f "$d.tgz"
