@@ -17,11 +17,14 @@ density arithmetic (a window of R rows keeps ``1 - (1 - density)^R`` of the colu
 
 Slot order (bank conflicts): the kernel's X chunk is swizzled so that 16-byte column group ``c`` of chunk row ``r``
 sits at group ``c ^ (r % 8)``; one 8 x 8 matrix of an ``ldmatrix`` reads 8 gathered rows at one column group, which is
-conflict-free exactly when the 8 rows have distinct ``r % 8``. The plan therefore orders a segment's union columns
-"rank-major by residue": column ``kl`` with residue ``kl % 8`` that is the ``g``-th union column of its residue goes
-before every column of rank ``g + 1``, residues ascending within a rank. While every residue still has columns the
-groups of 8 slots hold 8 distinct residues; only the tail of a segment can repeat one
-(:attr:`TcPlan.conflict_factor` measures it).
+conflict-free exactly when the 8 rows have distinct ``r % 8``. A segment of ``T`` k-steps has ``G = 2 T`` such groups
+of 8 slots. The ``g``-th union column (rank ``g``) of residue ``r`` takes slot ``8 g + r`` while ``g < G``, so no group
+holds a residue twice. A residue with more than ``G`` columns puts its excess into the other groups' empty positions,
+spread one per group where possible (position-major order), and only those conflict: by pigeonhole, no order without
+more k-steps does better. The empty positions left over are padding (weight 0), and each reads chunk row ``p`` for
+its position ``p``, a residue its group lacks. An earlier order packed the ranks back to back ("rank-major"), which
+also repeated residues at every group boundary once one residue ran out (H100 plans at 90% / 95% / 98%: 1.18 /
+1.32 / 1.57 wavefronts per matrix; :attr:`TcPlan.conflict_factor` measures it).
 
 Optional row reordering (``row_order``): the window slots take the rows in the given order and the kernel writes each
 output row back to its real position (``window_rows``), so a permutation that puts rows with similar column sets in
@@ -208,29 +211,44 @@ def build_tc_plan(
     grid = present.view(num_segments, K_CHUNK // LDMATRIX_ROWS, LDMATRIX_ROWS)
     counts = grid.sum(1)  # (segments, 8): union columns per residue
     rank = torch.cumsum(grid, 1, dtype=torch.int32) - 1  # rank of each union column within its residue
-    # Sequence order: rank-major, residue-minor. (rank g, residue r) exists when counts[s, r] > g.
-    ranks = torch.arange(K_CHUNK // LDMATRIX_ROWS, device=device)
-    exists = (counts[:, None, :] > ranks[None, :, None]).view(num_segments, K_CHUNK)
-    seq_pos = torch.cumsum(exists, 1, dtype=torch.int32) - exists.int()  # exclusive
     union = counts.sum(1)
     ksteps_per_segment = (union + K_STEP - 1) // K_STEP
     kstep_offsets = torch.zeros(num_segments + 1, dtype=torch.int64, device=device)
     kstep_offsets[1:] = torch.cumsum(ksteps_per_segment, 0)
     total_ksteps = int(kstep_offsets[-1])
 
-    # Slot of every union column: segment base + its sequence position.
+    # Slot of every union column within its segment (see the module docstring, "Slot order"): the column of rank g and
+    # residue r sits at slot 8 g + r while g < G (the segment's 8-slot groups), so each group holds each residue at
+    # most once; the excess ranks (g >= G, a residue with more than G columns) fill the groups' empty positions,
+    # position-major so that they spread over groups, and the positions left over are padding.
+    groups = 2 * ksteps_per_segment  # (segments,)
+    g_idx = torch.arange(K_CHUNK // LDMATRIX_ROWS, device=device)
+    excess = grid & (rank.long() >= groups[:, None, None])  # (segments, 32 chunk rows / 8, 8 residues)
+    empty = (g_idx[None, :, None] < groups[:, None, None]) & (counts[:, None, :] <= g_idx[None, :, None])
+    empty_pm = empty.transpose(1, 2).reshape(num_segments, K_CHUNK)  # position-major: (residue position p, group g)
+    empty_rank = torch.cumsum(empty_pm, 1) - 1
+    slot_of_empty = torch.full((num_segments, K_CHUNK), -1, dtype=torch.int64, device=device)
+    pg = torch.nonzero(empty_pm)
+    p_pos, g_pos = pg[:, 1] // (K_CHUNK // LDMATRIX_ROWS), pg[:, 1] % (K_CHUNK // LDMATRIX_ROWS)
+    slot_of_empty[pg[:, 0], empty_rank[pg[:, 0], pg[:, 1]]] = g_pos * LDMATRIX_ROWS + p_pos
+    excess_rank = (torch.cumsum(excess.view(num_segments, K_CHUNK), 1) - 1).view(-1)
+    del empty, empty_pm, empty_rank, pg, p_pos, g_pos
+
     union_key = torch.nonzero(present).squeeze(1)
     seg = union_key // K_CHUNK
     local = union_key % K_CHUNK
     residue = local % LDMATRIX_ROWS
     rank_u = rank.view(-1)[union_key].long()
-    slot_global = kstep_offsets[seg] * K_STEP + seq_pos[seg, rank_u * LDMATRIX_ROWS + residue].long()
-    # Padding slots read chunk row (slot % 8): the residue a full group would have there; the weight there is 0.
+    in_seg = rank_u * LDMATRIX_ROWS + residue
+    is_excess = excess.view(-1)[union_key]
+    in_seg[is_excess] = slot_of_empty[seg[is_excess], excess_rank[union_key[is_excess]]]
+    slot_global = kstep_offsets[seg] * K_STEP + in_seg
+    # Padding slots read chunk row (slot % 8): their group has no other column of that residue; the weight there is 0.
     slot_rows = (torch.arange(total_ksteps * K_STEP, device=device) % LDMATRIX_ROWS).to(torch.uint8)
     slot_rows[slot_global] = local.to(torch.uint8)
     slot_of_key = torch.empty(num_segments * K_CHUNK, dtype=torch.int64, device=device)
     slot_of_key[union_key] = slot_global
-    del union_key, seg, local, residue, rank_u, present, grid, rank, exists, seq_pos
+    del union_key, seg, local, residue, rank_u, in_seg, is_excess, present, grid, rank, excess, slot_of_empty
 
     entry_slot = slot_of_key[key]
     del slot_of_key, key
