@@ -558,7 +558,11 @@ def _tf32x3_model(w: torch.Tensor, x: torch.Tensor, partial_sums: bool) -> torch
     acc = torch.zeros(w.shape[0], x.shape[1])
     for k in range(0, w.shape[1], 8):
         s = slice(k, k + 8)
-        terms = [wl[:, s].double() @ xh[s].double(), wh[:, s].double() @ xl[s].double(), wh[:, s].double() @ xh[s].double()]
+        terms = [
+            wl[:, s].double() @ xh[s].double(),
+            wh[:, s].double() @ xl[s].double(),
+            wh[:, s].double() @ xh[s].double(),
+        ]
         if partial_sums:
             part = torch.zeros_like(acc)
             for t in terms:
@@ -599,7 +603,11 @@ def test_block_diagonal_mm_matches_float64_in_both_layouts_on_poisoned_outputs(l
         x = x2d.t() if layout == "batch_first" else x2d.t().contiguous()
         bias = torch.randn(a * b, generator=g, dtype=dtype)
         ref = ks_mm_ref(blocks.double(), x.double(), bias.double(), "relu")
-        for y in (new_spmm_output(x, a * b), torch.empty(n, a * b, dtype=dtype).t(), torch.empty(a * b, n, dtype=dtype)):
+        for y in (
+            new_spmm_output(x, a * b),
+            torch.empty(n, a * b, dtype=dtype).t(),
+            torch.empty(a * b, n, dtype=dtype),
+        ):
             y.fill_(float("nan"))
             out = block_diagonal_mm(blocks, x, y, bias, "relu")
             assert out is y and not torch.isnan(y).any()

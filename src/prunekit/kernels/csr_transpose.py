@@ -71,7 +71,9 @@ def transpose_pattern(
     sources, t_rows = sources[order], t_rows[order]
     t_cols = rows[sources]
     width = vector_width(dtype)
-    nnz_per_row = torch.bincount(t_rows, minlength=k) if t_rows.numel() else torch.zeros(k, dtype=torch.long, device=device)
+    nnz_per_row = (
+        torch.bincount(t_rows, minlength=k) if t_rows.numel() else torch.zeros(k, dtype=torch.long, device=device)
+    )
     padded = (nnz_per_row + width - 1) // width * width
     t_offsets = torch.zeros(k + 1, dtype=torch.int64, device=device)
     t_offsets[1:] = torch.cumsum(padded, 0)

@@ -262,10 +262,11 @@ def ks_mm_cuda(
             that many elements (fp16/bf16, conditions in :func:`delta_block_fits`); None (default): taken when
             ``tile_rows``, ``pipelined`` and ``tf32x3`` are not given and :func:`uses_delta_block` says so (the
             measured rule :func:`pick_delta_block`). With all four of these left at their defaults, ``d = 1`` runs
-            :func:`block_diagonal_mm` (cuBLAS batched GEMM, measured faster; ``BLOCK_DIAGONAL_TO_CUBLAS``); tf32x3: fp32 on tensor cores with the 3xTF32 split (hi*hi +
-            hi*lo + lo*hi in fp32; float32 only; never picked by default: on the H100 its first version reached a
-            relative error of 1.35e-5 against float64 for c = 903, above the 1e-5 its test asks; the round-to-nearest
-            partial sums that fix it in a rounding model are not yet run on a GPU, and it is not timed).
+            :func:`block_diagonal_mm` (cuBLAS batched GEMM, measured faster; ``BLOCK_DIAGONAL_TO_CUBLAS``);
+            tf32x3: fp32 on tensor cores with the 3xTF32 split (hi*hi + hi*lo + lo*hi in fp32; float32 only; never
+            picked by default: on the H100 its first version reached a relative error of 1.35e-5 against float64 for
+            c = 903, above the 1e-5 its test asks; the round-to-nearest partial sums that fix it in a rounding model
+            are not yet run on a GPU, and it is not timed).
 
     Returns:
         ``Y`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` unless ``out`` is given.
