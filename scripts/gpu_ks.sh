@@ -195,16 +195,26 @@ verify)
     export KS_SKIP_VARIANTS=tf32x3
     echo "tf32x3 still fails its tests: not timed"
   fi
-  REM=$(( (TOTAL_S - (SECONDS - T0)) / 2 - 30 ))
-  step "fp32, ${REM}s"
-  timeout $((REM + 60)) python3 benchmarks/ks.py --part 1/1 --shuffle 1 --budget-s "$REM" --dtypes float32 \
-    --out ".carry/ks-results/ks-verify-fp32.json" > "$OUT/ks-verify-fp32.log" 2>&1
-  echo "benchmark exit code $?"; tail -2 "$OUT/ks-verify-fp32.log"
-  REM=$(( TOTAL_S - (SECONDS - T0) - 60 ))
-  step "fp16 batch-first, ${REM}s"
-  timeout $((REM + 40)) python3 benchmarks/ks.py --part 1/1 --shuffle 1 --budget-s "$REM" --dtypes float16 \
-    --layouts batch_first --out ".carry/ks-results/ks-verify-fp16bf.json" > "$OUT/ks-verify-fp16bf.log" 2>&1
-  echo "benchmark exit code $?"; tail -2 "$OUT/ks-verify-fp16bf.log"
+  # one part until its deadline (seconds since T0); a contender that kills the CUDA context ends the process, and
+  # the next attempt resumes with that row recorded and skipped (ks.py's crash marker), as in `sweep`
+  verify_part() {
+    local part=$1 deadline=$2; shift 2
+    local attempt rem rc
+    for attempt in 1 2 3 4; do
+      rem=$(( deadline - (SECONDS - T0) ))
+      [ "$rem" -gt 30 ] || break
+      step "$part attempt $attempt, ${rem}s"
+      timeout $((rem + 30)) python3 benchmarks/ks.py --part 1/1 --shuffle 1 --resume --budget-s "$((rem - 20))" "$@" ${KS_VERIFY_EXTRA:-} \
+        --out ".carry/ks-results/ks-verify-$part.json" >> "$OUT/ks-verify-$part.log" 2>&1
+      rc=$?
+      [ "$rc" -eq 124 ] && rm -f ".carry/ks-results/ks-verify-$part.json.running"
+      echo "benchmark exit code $rc"; grep -v "^(" "$OUT/ks-verify-$part.log" | grep -E "rows|crashed" | tail -1
+      [ -f ".carry/ks-results/ks-verify-$part.json.running" ] || break
+    done
+  }
+  rm -f .carry/ks-results/ks-verify-*.json .carry/ks-results/ks-verify-*.json.running
+  verify_part fp32 $(( (TOTAL_S - (SECONDS - T0)) / 2 + (SECONDS - T0) - 20 )) --dtypes float32
+  verify_part fp16bf $(( TOTAL_S - 60 )) --dtypes float16 --layouts batch_first
   for part in fp32 fp16bf; do
     cp ".carry/ks-results/ks-verify-$part.json" "$OUT/" 2>/dev/null
     python3 benchmarks/ks_report.py ".carry/ks-results/ks-verify-$part.json" --merged "$OUT/ks-verify-$part-merged.json" \
