@@ -35,7 +35,8 @@ dev() { python3 -c "import torch; n=torch.cuda.get_device_name(0).lower(); print
 export KS_AUTHORS_PREBUILT=${KS_AUTHORS_PREBUILT:-$PWD/.carry/prebuilt-authors}
 export PRUNEKIT_KERNEL_PREBUILT=${PRUNEKIT_KERNEL_PREBUILT:-$PWD/.carry/prebuilt}
 # The machine goes back 30 s after a call, so the next call usually starts cold: return the built libraries in $OUT
-# (prebuilt_ks_*.so and ksmm_authors_*.so, in $OUT itself by pack_logs) so that the next call can carry them (.carry/prebuilt, .carry/prebuilt-authors,
+# (prebuilt/ and prebuilt-authors/, packed by out_pack.sh at exit into prebuilt.tgz and prebuilt-authors.tgz: here,
+# `tar xzf prebuilt.tgz -C .carry`) so that the next call can carry them (.carry/prebuilt, .carry/prebuilt-authors,
 # with PRUNEKIT_KERNEL_PREBUILT=$PWD/.carry/prebuilt) instead of compiling again (~30 s + ~70 s).
 save_prebuilt() {
   mkdir -p "$OUT/prebuilt" "$OUT/prebuilt-authors"
@@ -45,13 +46,8 @@ save_prebuilt() {
   done
   ls -la "$OUT/prebuilt" "$OUT/prebuilt-authors" | grep "\.so" | awk '{print $5, $9}'
 }
-# At most 8 files come back from $OUT (device README): the logs travel as one archive, the libraries sit in $OUT itself.
-pack_logs() {
-  (cd "$OUT" && tar czf ks-logs.tgz --remove-files ./*.log 2>/dev/null)
-  mv "$OUT"/prebuilt/*.so "$OUT"/prebuilt-authors/*.so "$OUT"/ 2>/dev/null
-  rmdir "$OUT/prebuilt" "$OUT/prebuilt-authors" 2>/dev/null
-  ls "$OUT"
-}
+# shellcheck source=scripts/out_pack.sh
+source "$(dirname "${BASH_SOURCE[0]}")/out_pack.sh"; trap out_pack EXIT  # <= 8 files in $OUT
 case "$MODE" in
 build)
   step carried inputs
@@ -174,7 +170,6 @@ all|sweep)
   python3 benchmarks/ks_report.py ".carry/ks-results/$NAME.json" --merged "$OUT/ks-$(dev)-$DATE.json" \
     --png "$OUT/ks-$(dev)-$DATE.png" --markdown "$OUT/ks-$(dev)-$DATE.md" > "$OUT/ks-report.log" 2>&1
   echo "report exit code $?"; head -14 "$OUT/ks-$(dev)-$DATE.md" 2>/dev/null
-  pack_logs
   ;;
 verify)
   # The defaults and opt-in kernels changed after the sweep, in one call: their GPU tests, then fresh timings of
@@ -220,7 +215,6 @@ verify)
     python3 benchmarks/ks_report.py ".carry/ks-results/ks-verify-$part.json" --merged "$OUT/ks-verify-$part-merged.json" \
       --markdown "$OUT/ks-verify-$part.md" > /dev/null 2>&1 && sed -n 8,12p "$OUT/ks-verify-$part.md"
   done
-  pack_logs
   ;;
 report)
   step report
