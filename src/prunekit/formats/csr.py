@@ -33,6 +33,43 @@ def csr_rows(row_offsets: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(counts.numel(), device=row_offsets.device), counts)
 
 
+def csr_layout(
+    rows: torch.Tensor, cols: torch.Tensor, m: int, k: int, dtype: torch.dtype
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The index components of the prunekit CSR holding entries ``(rows[i], cols[i])``, and where each entry's value
+    goes in ``values``.
+
+    Args:
+        rows, cols: ``(nnz,)`` int64, in row-major order (by row, columns ascending within a row, no repeats); m, k:
+            the matrix shape; dtype: the values' dtype (sets the padding width, :func:`vector_width`).
+
+    Returns:
+        ``({"row_offsets": (M + 1,) int32, "column_indices": (nnz_padded,) int16/int32, "row_indices": (M,) int32},
+        slots)`` on ``rows``' device, with ``slots: (nnz,)`` int64 positions in the ``(nnz_padded,)`` values; the
+        padding entries repeat their row's last column and hold value 0 (module docstring).
+    """
+    device = rows.device
+    width = vector_width(dtype)
+    nnz_per_row = torch.bincount(rows, minlength=m) if rows.numel() else torch.zeros(m, dtype=torch.long, device=device)
+    padded_per_row = (nnz_per_row + width - 1) // width * width
+    row_offsets = torch.zeros(m + 1, dtype=torch.int64, device=device)
+    row_offsets[1:] = torch.cumsum(padded_per_row, 0)
+    real_starts = torch.cumsum(nnz_per_row, 0) - nnz_per_row
+    slots = row_offsets[rows] + torch.arange(rows.numel(), device=device) - real_starts[rows]
+    last_col = torch.zeros(m, dtype=torch.int64, device=device)
+    if rows.numel():
+        last_col.scatter_reduce_(0, rows, cols, reduce="amax")
+    column_indices = last_col[csr_rows(row_offsets)]
+    column_indices[slots] = cols
+    index_dtype = torch.int16 if k <= INT16_MAX_COLUMNS else torch.int32
+    components = {
+        "row_offsets": row_offsets.to(torch.int32),
+        "column_indices": column_indices.to(index_dtype),
+        "row_indices": torch.sort(nnz_per_row, descending=True, stable=True).indices.to(torch.int32),
+    }
+    return components, slots
+
+
 @register
 class CSR(SparseFormat):
     """Sputnik-style CSR; see the module docstring for the component layout."""
@@ -42,33 +79,12 @@ class CSR(SparseFormat):
     def encode(self, dense: torch.Tensor, params: dict[str, int | str]) -> EncodedTensor:
         self.check(dense, params)
         m, k = dense.shape
+        rows, cols = torch.nonzero(dense, as_tuple=True)  # row-major
+        index, slots = csr_layout(rows, cols, m, k, dense.dtype)
+        values = torch.zeros(int(index["row_offsets"][-1]), dtype=dense.dtype)
+        values[slots] = dense[rows, cols]
+        components = {"values": values, **index}
         width = vector_width(dense.dtype)
-        rows, cols = torch.nonzero(dense, as_tuple=True)
-        nnz_per_row = torch.bincount(rows, minlength=m)
-        padded_per_row = (nnz_per_row + width - 1) // width * width
-        row_offsets = torch.zeros(m + 1, dtype=torch.int64)
-        row_offsets[1:] = torch.cumsum(padded_per_row, 0)
-        real_starts = torch.cumsum(nnz_per_row, 0) - nnz_per_row
-        rank_in_row = torch.arange(rows.numel()) - real_starts[rows]
-        slot = row_offsets[rows] + rank_in_row
-
-        total = int(row_offsets[-1])
-        values = torch.zeros(total, dtype=dense.dtype)
-        values[slot] = dense[rows, cols]
-        # Padding repeats the last real column of its row (every padded row has at least one).
-        last_col = torch.zeros(m, dtype=torch.int64)
-        last_col[rows] = cols  # nonzero() is row-major, so the last write per row is its largest column
-        column_indices = last_col[csr_rows(row_offsets)]
-        column_indices[slot] = cols
-
-        index_dtype = torch.int16 if k <= INT16_MAX_COLUMNS else torch.int32
-        row_indices = torch.sort(nnz_per_row, descending=True, stable=True).indices
-        components = {
-            "values": values,
-            "row_offsets": row_offsets.to(torch.int32),
-            "column_indices": column_indices.to(index_dtype),
-            "row_indices": row_indices.to(torch.int32),
-        }
         return EncodedTensor(self.name, (m, k), dtype_name(dense.dtype), {"vector_width": width}, components)
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats.csr import INT16_MAX_COLUMNS, csr_rows, vector_width
+from ..formats.csr import csr_layout, csr_rows
 from .reference import csr_padding_mask
 
 __all__ = ["TransposedCSR", "transpose_pattern", "transposed_values"]
@@ -57,7 +57,6 @@ def transpose_pattern(
     Raises:
         ValueError: ``row_offsets`` and ``column_indices`` disagree, or a column index is outside ``[0, k)``.
     """
-    device = row_offsets.device
     m = row_offsets.numel() - 1
     cols = column_indices.long()
     if m < 0 or int(row_offsets[-1]) != cols.numel():
@@ -70,28 +69,14 @@ def transpose_pattern(
     order = torch.sort(t_rows, stable=True).indices
     sources, t_rows = sources[order], t_rows[order]
     t_cols = rows[sources]
-    width = vector_width(dtype)
-    nnz_per_row = (
-        torch.bincount(t_rows, minlength=k) if t_rows.numel() else torch.zeros(k, dtype=torch.long, device=device)
-    )
-    padded = (nnz_per_row + width - 1) // width * width
-    t_offsets = torch.zeros(k + 1, dtype=torch.int64, device=device)
-    t_offsets[1:] = torch.cumsum(padded, 0)
-    starts = torch.cumsum(nnz_per_row, 0) - nnz_per_row
-    slots = t_offsets[t_rows] + torch.arange(t_rows.numel(), device=device) - starts[t_rows]
-    last_col = torch.zeros(k, dtype=torch.int64, device=device)
-    if t_rows.numel():
-        last_col.scatter_reduce_(0, t_rows, t_cols, reduce="amax")
-    t_column_indices = last_col[csr_rows(t_offsets)]
-    t_column_indices[slots] = t_cols
-    index_dtype = torch.int16 if m <= INT16_MAX_COLUMNS else torch.int32
+    index, slots = csr_layout(t_rows, t_cols, k, m, dtype)
     return TransposedCSR(
-        row_offsets=t_offsets.to(torch.int32),
-        column_indices=t_column_indices.to(index_dtype),
-        row_indices=torch.sort(nnz_per_row, descending=True, stable=True).indices.to(torch.int32),
+        row_offsets=index["row_offsets"],
+        column_indices=index["column_indices"],
+        row_indices=index["row_indices"],
         slots=slots,
         sources=sources,
-        nnz_padded=int(t_offsets[-1]),
+        nnz_padded=int(index["row_offsets"][-1]),
     )
 
 

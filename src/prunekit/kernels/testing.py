@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats.csr import csr_rows, vector_width
+from ..formats.csr import csr_layout, csr_rows
 
 # ||out - ref|| / ||ref|| bounds for outputs rounded to each dtype from an fp32 accumulator (fp16 rounds at 2^-11,
 # bf16 at 2^-8; the norm-wise error sits well under one rounding unit).
@@ -49,31 +49,11 @@ def encode_csr(dense: torch.Tensor) -> dict[str, torch.Tensor]:
     the row swizzle (rows by non-zeros, longest first, stable).
     """
     m, k = dense.shape
-    device = dense.device
-    width = vector_width(dense.dtype)
-    mask = dense != 0
-    nnz_per_row = mask.sum(1)
-    padded = (nnz_per_row + width - 1) // width * width
-    row_offsets = torch.zeros(m + 1, dtype=torch.int64, device=device)
-    row_offsets[1:] = torch.cumsum(padded, 0)
-    rows, cols = torch.nonzero(mask, as_tuple=True)
-    real_starts = torch.cumsum(nnz_per_row, 0) - nnz_per_row
-    slot = row_offsets[rows] + torch.arange(rows.numel(), device=device) - real_starts[rows]
-    total = int(row_offsets[-1])
-    values = torch.zeros(total, dtype=dense.dtype, device=device)
-    values[slot] = dense[rows, cols]
-    last_col = torch.zeros(m, dtype=torch.int64, device=device)
-    last_col.scatter_reduce_(0, rows, cols, reduce="amax")
-    column_indices = last_col[csr_rows(row_offsets)]
-    column_indices[slot] = cols
-    index_dtype = torch.int16 if k <= 32767 else torch.int32
-    row_indices = torch.sort(nnz_per_row, descending=True, stable=True).indices
-    return {
-        "values": values,
-        "row_offsets": row_offsets.to(torch.int32),
-        "column_indices": column_indices.to(index_dtype),
-        "row_indices": row_indices.to(torch.int32),
-    }
+    rows, cols = torch.nonzero(dense != 0, as_tuple=True)  # row-major
+    index, slots = csr_layout(rows, cols, m, k, dense.dtype)
+    values = torch.zeros(int(index["row_offsets"][-1]), dtype=dense.dtype, device=dense.device)
+    values[slots] = dense[rows, cols]
+    return {"values": values, **index}
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
