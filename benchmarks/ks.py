@@ -636,8 +636,7 @@ def run_pattern(
          and kw.get("pipelined", default_pipe) == default_pipe),
         next(iter(variants)),
     )  # fmt: skip
-    # the benchmark's X and Y are packed (row strides multiples of d) and 256-byte aligned: the width is d's
-    if "dblock" in variants and ks.pick_delta_block(b, c, next((w for w in (8, 4, 2) if d % w == 0), 0)):
+    if "dblock" in variants and ks.pick_delta_block_packed(b, c, d):  # X and Y here are packed and aligned
         default_name = "dblock"  # what ks_mm_cuda's defaults run (ks.uses_delta_block)
     if d == 1 and ks.BLOCK_DIAGONAL_TO_CUBLAS and "cublas" not in SKIP_VARIANTS:
         variants["cublas"] = {}  # ks_mm_cuda's defaults: block_diagonal_mm (torch.bmm on views)

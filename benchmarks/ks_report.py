@@ -67,7 +67,7 @@ def with_shipped_variant(row: dict) -> dict:
     ``shipped_untimed``: a conservative stand-in, the tile kernel lost wherever both were timed), its ms
     (``ms["prunekit_shipped"]``) and speedups, read from the row's per-variant timings: what a user of this version
     gets, whichever rule picked ``default_variant`` when the row was measured."""
-    from prunekit.kernels.ks import BLOCK_DIAGONAL_TO_CUBLAS, pick_delta_block, pick_variant
+    from prunekit.kernels.ks import BLOCK_DIAGONAL_TO_CUBLAS, pick_delta_block_packed, pick_variant
 
     a, b, c, d = row["pattern"]
     ms = row.get("ms", {})
@@ -81,9 +81,7 @@ def with_shipped_variant(row: dict) -> dict:
     else:
         tile, pipe = pick_variant(b, c, d, "float16", row["layout"] == "batch_first")
         name = f"tile{tile}_{'pipe' if pipe else 'simple'}"
-        # the benchmark's X and Y are packed and aligned: the delta-block width is the largest of 8, 4, 2 dividing d
-        width = next((w for w in (8, 4, 2) if d % w == 0), 0)
-        if row["layout"] == "batch_first" and pick_delta_block(b, c, width):
+        if row["layout"] == "batch_first" and pick_delta_block_packed(b, c, d):  # the benchmark's X, Y are packed
             if ms.get("dblock"):
                 name = "dblock"
             else:  # a row measured before the delta-block kernel existed: its tile variant stands in (it lost there)

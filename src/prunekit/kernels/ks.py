@@ -102,6 +102,7 @@ __all__ = [
     "delta_block_fits",
     "delta_block_width",
     "pick_delta_block",
+    "pick_delta_block_packed",
     "uses_delta_block",
     "block_diagonal_mm",
 ]
@@ -153,6 +154,12 @@ def pick_delta_block(b: int, c: int, width: int) -> bool:
     if width == 4:
         return min(b, c) <= 64
     return False
+
+
+def pick_delta_block_packed(b: int, c: int, d: int) -> bool:
+    """:func:`pick_delta_block` for packed, 16-byte aligned batch-first X and Y (row strides ``a*c*d`` and ``a*b*d``,
+    multiples of ``d``), where the width is the largest of 8, 4, 2 that divides ``d`` (as in the benchmark)."""
+    return pick_delta_block(b, c, next((w for w in (8, 4, 2) if d % w == 0), 0))
 
 
 def block_diagonal_mm(
