@@ -140,3 +140,15 @@ def test_cuda_backward_runs_the_kernels_on_the_transpose_and_matches_float64(dty
     ref = dense.double().t() @ upstream.double().cpu()
     err = float((xs.grad.double().cpu() - ref).norm() / ref.norm())
     assert err < (2e-3 if dtype == torch.float16 else 1e-5), err
+
+
+def test_transposed_pattern_is_cached_on_the_indices_until_they_change():
+    from prunekit.kernels.csr_transpose import cached_transpose_pattern
+
+    _, csr, _, _ = _problem(12, 20, 2, seed=8, transposed=False, dtype=torch.float32)
+    ro, ci = csr["row_offsets"], csr["column_indices"].clone()
+    first = cached_transpose_pattern(ro, ci, 20, torch.float32)
+    assert cached_transpose_pattern(ro, ci, 20, torch.float32) is first
+    assert cached_transpose_pattern(ro, ci, 20, torch.float16) is not first  # other padding width
+    ci[0] = ci[0]  # an in-place write bumps the version counter
+    assert cached_transpose_pattern(ro, ci, 20, torch.float32) is not first

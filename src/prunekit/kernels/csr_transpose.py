@@ -15,8 +15,11 @@ import torch
 
 from ..formats.csr import csr_layout, csr_rows
 from .reference import csr_padding_mask
+from .tensor_cache import cached
 
-__all__ = ["TransposedCSR", "transpose_pattern", "transposed_values"]
+__all__ = ["TransposedCSR", "transpose_pattern", "cached_transpose_pattern", "transposed_values"]
+
+_CACHE_ATTR = "_prunekit_csr_transpose"  # on the column_indices tensor (tensor_cache.cached)
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,21 @@ def transpose_pattern(
         slots=slots,
         sources=sources,
         nnz_padded=int(index["row_offsets"][-1]),
+    )
+
+
+def cached_transpose_pattern(
+    row_offsets: torch.Tensor, column_indices: torch.Tensor, k: int, dtype: torch.dtype
+) -> TransposedCSR:
+    """:func:`transpose_pattern`, kept on ``column_indices`` and reused while neither index tensor has changed (same
+    data pointers and version counters, same ``k`` and ``dtype``): a training loop's backward passes then sort the
+    pattern once, not once per step."""
+    return cached(
+        column_indices,
+        _CACHE_ATTR,
+        (row_offsets, column_indices),
+        (k, dtype),
+        lambda: transpose_pattern(row_offsets, column_indices, k, dtype),
     )
 
 

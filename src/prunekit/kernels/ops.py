@@ -96,8 +96,8 @@ def spmm_csr_input_grad(
     """``dX = A^T dY (K, N)``, the input gradient of ``spmm_csr``.
 
     With ``use_kernels`` (default: when ``dy`` is on CUDA in ``values``' dtype), this is ``prunekit::spmm_csr`` on the
-    transposed pattern (``csr_transpose.transpose_pattern``, recomputed per call), so the backward pass runs the same
-    tuned kernels as the forward. Otherwise it is the scatter reference (``reference.spmm_csr_transposed``).
+    transposed pattern (``csr_transpose.cached_transpose_pattern``: built once per pattern), so the backward pass runs
+    the same tuned kernels as the forward. Otherwise it is the scatter reference (``reference.spmm_csr_transposed``).
 
     Args:
         values: ``(nnz_padded,)``; row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz_padded,)`` int16/int32;
@@ -107,9 +107,9 @@ def spmm_csr_input_grad(
         use_kernels = dy.is_cuda and dy.dtype == values.dtype
     if not use_kernels:
         return reference.spmm_csr_transposed(values, row_offsets, column_indices, dy, k)
-    from .csr_transpose import transpose_pattern, transposed_values
+    from .csr_transpose import cached_transpose_pattern, transposed_values
 
-    plan = transpose_pattern(row_offsets, column_indices, k, values.dtype)
+    plan = cached_transpose_pattern(row_offsets, column_indices, k, values.dtype)
     return spmm_csr(
         transposed_values(values, plan), plan.row_offsets, plan.column_indices, plan.row_indices, dy.to(values.dtype), k
     )

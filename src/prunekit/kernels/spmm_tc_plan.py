@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from ..formats.csr import csr_rows
+from .tensor_cache import cached
 
 WINDOW_ROWS = 16  # mma.sync.m16n8k16: the weight window is the A operand, m = 16 rows
 K_STEP = 16  # mma.sync.m16n8k16: k = 16 per instruction
@@ -268,12 +269,7 @@ def build_tc_plan(
     )
 
 
-_CACHE_ATTR = "_prunekit_tc_plan"  # on the stored values tensor: (key, (storages the key points into), plan)
-
-
-def _version(t: torch.Tensor) -> int:
-    """``t._version``; -1 for inference tensors, which keep no version counter (reading it raises)."""
-    return -1 if t.is_inference() else t._version
+_CACHE_ATTR = "_prunekit_tc_plan"  # on the stored values tensor (tensor_cache.cached)
 
 
 def spectral_row_order(
@@ -361,31 +357,18 @@ def get_tc_plan(
     shape) is checked, so an in-place edit of such a weight is not detected.
     """
     reorder = _reorder_default() if reorder is None else reorder
-    key = (
-        values.data_ptr(),
-        _version(values),
-        column_indices.data_ptr(),
-        _version(column_indices),
-        row_offsets.data_ptr(),
-        _version(row_offsets),
-        m,
-        k,
-        values.dtype,
-        values.device,
-        reorder,
-    )
-    hit = getattr(values, _CACHE_ATTR, None)
-    if hit is not None and hit[0] == key:
-        return hit[2]
-    plan = build_tc_plan(values, row_offsets, column_indices, m, k)
-    if reorder and m > WINDOW_ROWS and 0 < m * k <= REORDER_MAX_ELEMENTS:
-        order = spectral_row_order(row_offsets, column_indices, m, k)
-        reordered = build_tc_plan(values, row_offsets, column_indices, m, k, order)
-        if reordered.ksteps < plan.ksteps:
-            plan = reordered
-    held = tuple(t.untyped_storage() for t in (values, row_offsets, column_indices))
-    setattr(values, _CACHE_ATTR, (key, held, plan))
-    return plan
+
+    def build() -> TcPlan:
+        plan = build_tc_plan(values, row_offsets, column_indices, m, k)
+        if reorder and m > WINDOW_ROWS and 0 < m * k <= REORDER_MAX_ELEMENTS:
+            order = spectral_row_order(row_offsets, column_indices, m, k)
+            reordered = build_tc_plan(values, row_offsets, column_indices, m, k, order)
+            if reordered.ksteps < plan.ksteps:
+                plan = reordered
+        return plan
+
+    extra = (m, k, values.dtype, values.device, reorder)
+    return cached(values, _CACHE_ATTR, (values, column_indices, row_offsets), extra, build)
 
 
 def tc_plan_matmul(

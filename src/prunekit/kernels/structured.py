@@ -45,6 +45,7 @@ import torch
 from ..errors import KernelUnavailable
 from . import build, ops, reference
 from .layout import as_spmm_output, new_spmm_output
+from .tensor_cache import cached, tensor_version
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +354,7 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
 
 # --- 2:4 through cuSPARSELt -------------------------------------------------------------------------------------
 
-_CACHE_ATTR = "_prunekit_cslt_packed"  # attribute holding (version, data_ptr, packed) on the stored values tensor
+_CACHE_ATTR = "_prunekit_cslt_packed"  # on the stored values tensor (tensor_cache.cached)
 compress_calls = 0  # cuSPARSELt compressions done in this process (benchmarks check it stays flat while timing)
 
 
@@ -466,13 +467,6 @@ class _NativeWeight:
             pass
 
 
-def tensor_version(t: torch.Tensor) -> int:
-    """``t._version`` (bumped by in-place writes), or -1 for an inference tensor, which keeps no version counter
-    (reading it raises); such a weight is matched by its data pointer alone (it cannot be modified in place outside
-    inference mode)."""
-    return -1 if t.is_inference() else t._version
-
-
 def native_weight_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> _NativeWeight:
     """The binding's compressed copy of a stored 2:4 weight, built once and kept on ``values`` (rebuilt only when
     ``values`` was modified in place or moved)."""
@@ -492,14 +486,13 @@ def compressed_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: in
     The copy is kept as an attribute of ``values`` itself (so it lives and dies with the stored weight) and rebuilt
     only when ``values`` was modified in place or moved.
     """
-    global compress_calls
-    hit = getattr(values, _CACHE_ATTR, None)
-    if hit is not None and hit[0] == tensor_version(values) and hit[1] == values.data_ptr():
-        return hit[2]
-    packed = torch._cslt_compress(_decode_nm_dense(values, metadata, 2, 4, bits, k))
-    compress_calls += 1
-    setattr(values, _CACHE_ATTR, (tensor_version(values), values.data_ptr(), packed))
-    return packed
+
+    def build() -> torch.Tensor:
+        global compress_calls
+        compress_calls += 1
+        return torch._cslt_compress(_decode_nm_dense(values, metadata, 2, 4, bits, k))
+
+    return cached(values, _CACHE_ATTR, (values,), (), build)
 
 
 def cslt_output(output: str | None = None) -> str:

@@ -1,0 +1,39 @@
+"""Results derived from tensors (kernel plans, compressed weight copies), kept as an attribute of a tensor and reused
+while their inputs are unchanged. torch only: this module ships in exported packages' ``runtime/``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
+
+import torch
+
+__all__ = ["tensor_version", "cached"]
+
+T = TypeVar("T")
+
+
+def tensor_version(t: torch.Tensor) -> int:
+    """``t._version`` (bumped by in-place writes), or -1 for an inference tensor, which keeps no version counter
+    (reading it raises); such a tensor is matched by its data pointer alone (it cannot be modified in place outside
+    inference mode)."""
+    return -1 if t.is_inference() else t._version
+
+
+def cached(
+    owner: torch.Tensor, attr: str, inputs: Sequence[torch.Tensor], extra: Hashable, build: Callable[[], T]
+) -> T:
+    """``build()``, kept on ``owner`` under ``attr`` and returned again while every tensor of ``inputs`` has the same
+    data pointer and version counter (:func:`tensor_version`) and ``extra`` compares equal.
+
+    The entry also holds the storages of ``inputs``, so memory the key points to cannot be freed and handed to other
+    data at the same address while the entry lives (e.g. after ``t.data = ...``): a data-pointer key alone could then
+    return a stale result. The entry lives and dies with ``owner``.
+    """
+    key = (tuple((t.data_ptr(), tensor_version(t)) for t in inputs), extra)
+    hit = getattr(owner, attr, None)
+    if hit is not None and hit[0] == key:
+        return hit[2]
+    value = build()
+    setattr(owner, attr, (key, tuple(t.untyped_storage() for t in inputs), value))
+    return value
