@@ -29,7 +29,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from prunekit.kernels.spmm_tc_plan import build_tc_plan, spectral_row_order
+from prunekit.kernels.spmm_tc_plan import build_tc_plan, greedy_window_order, spectral_row_order
 from prunekit.kernels.testing import encode_csr
 
 
@@ -64,6 +64,10 @@ def stats(w: torch.Tensor) -> dict:
     order = spectral_row_order(c["row_offsets"], c["column_indices"], m, k)
     order_s = time.perf_counter() - t0
     reordered = build_tc_plan(*args, order)
+    t0 = time.perf_counter()
+    refined_order = greedy_window_order(c["row_offsets"], c["column_indices"], m, k, order)
+    refine_s = time.perf_counter() - t0
+    refined = build_tc_plan(*args, refined_order)
     return {
         "m": m,
         "k": k,
@@ -74,6 +78,10 @@ def stats(w: torch.Tensor) -> dict:
         "conflict_factor_identity": identity.conflict_factor,
         "conflict_factor_reordered": reordered.conflict_factor,
         "order_s": order_s,
+        "compute_fraction_refined": refined.compute_fraction,
+        "kstep_ratio_refined": refined.ksteps / max(1, identity.ksteps),
+        "conflict_factor_refined": refined.conflict_factor,
+        "refine_s": refine_s,
     }
 
 
@@ -94,8 +102,17 @@ def main() -> None:
             g = torch.Generator().manual_seed(0)
             w = torch.randn(m, k, generator=g) * (torch.rand(m, k, generator=g) >= sparsity)
             rows.append({"source": "random", "name": shape} | stats(w))
-    table = Table(title="tensor-core plan: k-steps with spectral row reordering / identity order")
-    for col in ("source", "target sparsity", "matrices", "compute fraction (identity)", "(reordered)", "k-step ratio"):
+    table = Table(title="tensor-core plan: k-steps with row reordering / identity order")
+    for col in (
+        "source",
+        "target sparsity",
+        "matrices",
+        "compute fraction (identity)",
+        "(spectral)",
+        "(spectral + greedy)",
+        "k-step ratio spectral",
+        "k-step ratio + greedy",
+    ):
         table.add_column(col)
     summary = []
     for (source, sparsity), group in _groups(rows).items():
@@ -108,6 +125,11 @@ def main() -> None:
             "kstep_ratio_median": statistics.median(r["kstep_ratio"] for r in group),
             "kstep_ratio_min": min(r["kstep_ratio"] for r in group),
             "kstep_ratio_max": max(r["kstep_ratio"] for r in group),
+            "compute_fraction_refined_mean": statistics.fmean(r["compute_fraction_refined"] for r in group),
+            "kstep_ratio_refined_median": statistics.median(r["kstep_ratio_refined"] for r in group),
+            "kstep_ratio_refined_min": min(r["kstep_ratio_refined"] for r in group),
+            "kstep_ratio_refined_max": max(r["kstep_ratio_refined"] for r in group),
+            "refine_s_max": max(r["refine_s"] for r in group),
         }
         summary.append(entry)
         table.add_row(
@@ -116,7 +138,10 @@ def main() -> None:
             str(len(group)),
             f"{entry['compute_fraction_identity_mean']:.3f}",
             f"{entry['compute_fraction_reordered_mean']:.3f}",
+            f"{entry['compute_fraction_refined_mean']:.3f}",
             f"{entry['kstep_ratio_median']:.3f} (min {entry['kstep_ratio_min']:.3f}, max {entry['kstep_ratio_max']:.3f})",
+            f"{entry['kstep_ratio_refined_median']:.3f} (min {entry['kstep_ratio_refined_min']:.3f}, "
+            f"max {entry['kstep_ratio_refined_max']:.3f})",
         )
     Console().print(table)
     meta = {

@@ -123,6 +123,33 @@ def test_spectral_row_order_recovers_planted_windows_and_get_tc_plan_keeps_it():
     torch.testing.assert_close(y, spmm_reference64(dense, x2d.t(), bias, "relu"), rtol=1e-12, atol=1e-9)
 
 
+def test_greedy_window_order_recovers_planted_windows_from_any_start_and_is_a_permutation():
+    from prunekit.kernels.spmm_tc_plan import greedy_window_order
+
+    dense, m, k = _planted_groups(seed=3)
+    c = encode_csr(dense)
+    for start in (torch.arange(m), torch.randperm(m, generator=torch.Generator().manual_seed(4))):
+        order = greedy_window_order(c["row_offsets"], c["column_indices"], m, k, start)
+        assert torch.equal(torch.sort(order).values, torch.arange(m))
+        windows = (dense[order] != 0).view(m // WINDOW_ROWS, WINDOW_ROWS, k)
+        assert (windows == windows[:, :1]).all()  # a window's seed pulls in the 15 rows that add no column
+    # ragged M, few candidates: still a permutation, every window but the last full
+    _, c2, _, _ = _case(45, 300, 1, 0.9, 0, torch.float16, 6)
+    order = greedy_window_order(c2["row_offsets"], c2["column_indices"], 45, 300, torch.arange(45), lookahead=4)
+    assert torch.equal(torch.sort(order).values, torch.arange(45))
+
+
+def test_greedy_refinement_never_loses_k_steps_in_get_tc_plan_on_random_patterns():
+    from prunekit.kernels.spmm_tc_plan import greedy_window_order
+
+    _, c, _, _ = _case(256, 1024, 1, 0.9, 0, torch.float16, 8)
+    spectral = spectral_row_order(c["row_offsets"], c["column_indices"], 256, 1024)
+    refined = greedy_window_order(c["row_offsets"], c["column_indices"], 256, 1024, spectral)
+    best = min(_plan(c, 256, 1024, o).ksteps for o in (None, spectral, refined))
+    chosen = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], 256, 1024, reorder=True)
+    assert chosen.ksteps == best
+
+
 def test_get_tc_plan_reorder_off_keeps_the_identity_order(monkeypatch):
     dense, m, k = _planted_groups(seed=2)
     c = encode_csr(dense)

@@ -70,6 +70,7 @@ __all__ = [
     "fragment_index",
     "get_tc_plan",
     "spectral_row_order",
+    "greedy_window_order",
     "tc_plan_matmul",
 ]
 
@@ -272,6 +273,17 @@ def build_tc_plan(
 _CACHE_ATTR = "_prunekit_tc_plan"  # on the stored values tensor (tensor_cache.cached)
 
 
+def _dense_pattern(row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int, who: str) -> torch.Tensor:
+    """The binary pattern ``(M, K)`` float32 of a prunekit CSR on ``column_indices``' device (padding repeats a column
+    of its row, so it changes nothing). Raises ValueError above :data:`REORDER_MAX_ELEMENTS`."""
+    if m * k > REORDER_MAX_ELEMENTS:
+        raise ValueError(f"{who}: M * K = {m * k} is above {REORDER_MAX_ELEMENTS} elements")
+    device = column_indices.device
+    pattern = torch.zeros(m, k, dtype=torch.float32, device=device)
+    pattern[csr_rows(row_offsets.to(device).long()), column_indices.long()] = 1.0
+    return pattern
+
+
 def spectral_row_order(
     row_offsets: torch.Tensor,
     column_indices: torch.Tensor,
@@ -301,12 +313,8 @@ def spectral_row_order(
     Raises:
         ValueError: ``M * K`` above :data:`REORDER_MAX_ELEMENTS`.
     """
-    if m * k > REORDER_MAX_ELEMENTS:
-        raise ValueError(f"spectral_row_order: M * K = {m * k} is above {REORDER_MAX_ELEMENTS} elements")
-    device = column_indices.device
-    rows = csr_rows(row_offsets.to(device).long())
-    pattern = torch.zeros(m, k, dtype=torch.float32, device=device)
-    pattern[rows, column_indices.long()] = 1.0
+    pattern = _dense_pattern(row_offsets, column_indices, m, k, "spectral_row_order")
+    device = pattern.device
     gen = torch.Generator(device=device).manual_seed(seed)
     leaves: list[torch.Tensor] = []
     stack = [torch.arange(m, device=device)]
@@ -329,6 +337,74 @@ def spectral_row_order(
     return torch.cat(leaves) if leaves else torch.zeros(0, dtype=torch.int64, device=device)
 
 
+def greedy_window_order(
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    m: int,
+    k: int,
+    start_order: torch.Tensor,
+    group: int = WINDOW_ROWS,
+    lookahead: int = 256,
+) -> torch.Tensor:
+    """Refine a row permutation window by window: each window of ``group`` rows starts with the first row of
+    ``start_order`` not yet placed, then takes ``group - 1`` times the row, among the next ``lookahead`` unplaced rows
+    of ``start_order``, that adds the fewest columns to the window's union (ties: the earliest). A greedy row
+    clustering in the spirit of the row-reordering SpMM work cited in the module docstring. Given the order of
+    :func:`spectral_row_order`, it cut the k-steps of the magnitude-pruned all-MiniLM-L6-v2 layers a further 3-4%
+    (median k-step ratio to the identity order 0.935 to 0.901 at 90%, 0.901 to 0.870 at 95%; random 11008 x 4096 at
+    90%: 0.972 to 0.957; ``benchmarks/tc_plan_stats.py``).
+
+    Cost: ``M / group`` windows of ``group - 1`` steps, each an update of ``lookahead`` overlaps with one ``(lookahead,
+    K)`` product; memory: the dense float32 pattern (``4 * M * K`` bytes).
+
+    Args:
+        row_offsets, column_indices: prunekit CSR (as for :func:`spectral_row_order`); m, k: the weight shape;
+        start_order: ``(M,)`` permutation to refine; group: rows per window; lookahead: candidate rows per window.
+
+    Returns:
+        ``(M,)`` int64 permutation on the pattern's device.
+
+    Raises:
+        ValueError: ``M * K`` above :data:`REORDER_MAX_ELEMENTS`.
+    """
+    pattern = _dense_pattern(row_offsets, column_indices, m, k, "greedy_window_order")
+    device = pattern.device
+    start_order = start_order.to(device).long()
+    p = pattern[start_order]
+    del pattern
+    nnz = p.sum(1)
+    placed = torch.zeros(m, dtype=torch.bool, device=device)
+    placed_cpu = [False] * m  # host copy: the scan for the next seed must not synchronise per row
+    out: list[torch.Tensor] = []
+    ptr = 0
+    while ptr < m:
+        while ptr < m and placed_cpu[ptr]:
+            ptr += 1
+        if ptr >= m:
+            break
+        free = torch.nonzero(~placed[ptr : ptr + 4 * lookahead]).squeeze(1)[:lookahead] + ptr
+        pool = free[free != ptr]
+        union = p[ptr].clone()
+        rows = p[pool]
+        overlap = rows @ union
+        alive = torch.ones(pool.numel(), dtype=torch.bool, device=device)
+        chosen = [torch.tensor([ptr], device=device)]
+        for _ in range(min(group - 1, pool.numel())):
+            new = torch.where(alive, nnz[pool] - overlap, torch.full_like(overlap, float("inf")))
+            j = torch.argmin(new)
+            alive[j] = False
+            added = p[pool[j]] * (1 - union)
+            union += added
+            overlap += rows @ added
+            chosen.append(pool[j].reshape(1))
+        window = torch.cat(chosen)
+        placed[window] = True
+        for r in window.tolist():
+            placed_cpu[r] = True
+        out.append(window)
+    return start_order[torch.cat(out)] if out else start_order
+
+
 def _reorder_default() -> bool:
     return os.environ.get(REORDER_ENV, "1") != "0"
 
@@ -344,8 +420,8 @@ def get_tc_plan(
     """:func:`build_tc_plan` cached on ``values`` (rebuilt when values, indices or shape change in place or by identity).
 
     With ``reorder`` (default: on unless ``$PRUNEKIT_TC_REORDER`` is ``0``) and ``M * K <=``
-    :data:`REORDER_MAX_ELEMENTS`, the plan is also built on the rows permuted by :func:`spectral_row_order`, and the
-    plan with fewer k-steps is kept (the identity order on a tie): the kernel's work is proportional to its k-steps,
+    :data:`REORDER_MAX_ELEMENTS`, the plan is also built on the rows permuted by :func:`spectral_row_order` and by its
+    refinement :func:`greedy_window_order`, and the plan with the fewest k-steps is kept (the earlier on a tie): the kernel's work is proportional to its k-steps,
     and the permuted plan writes every row to its own place, so the product is the same.
 
     The key holds the data pointers and version counters of ``values``, ``column_indices`` and ``row_offsets``, the
@@ -361,10 +437,11 @@ def get_tc_plan(
     def build() -> TcPlan:
         plan = build_tc_plan(values, row_offsets, column_indices, m, k)
         if reorder and m > WINDOW_ROWS and 0 < m * k <= REORDER_MAX_ELEMENTS:
-            order = spectral_row_order(row_offsets, column_indices, m, k)
-            reordered = build_tc_plan(values, row_offsets, column_indices, m, k, order)
-            if reordered.ksteps < plan.ksteps:
-                plan = reordered
+            spectral = spectral_row_order(row_offsets, column_indices, m, k)
+            for order in (spectral, greedy_window_order(row_offsets, column_indices, m, k, spectral)):
+                reordered = build_tc_plan(values, row_offsets, column_indices, m, k, order)
+                if reordered.ksteps < plan.ksteps:
+                    plan = reordered
         return plan
 
     extra = (m, k, values.dtype, values.device, reorder)
