@@ -133,10 +133,16 @@ def test_greedy_window_order_recovers_planted_windows_from_any_start_and_is_a_pe
         assert torch.equal(torch.sort(order).values, torch.arange(m))
         windows = (dense[order] != 0).view(m // WINDOW_ROWS, WINDOW_ROWS, k)
         assert (windows == windows[:, :1]).all()  # a window's seed pulls in the 15 rows that add no column
-    # ragged M, few candidates: still a permutation, every window but the last full
+    # ragged M over several blocks (the last one partly padding): still a permutation
     _, c2, _, _ = _case(45, 300, 1, 0.9, 0, torch.float16, 6)
-    order = greedy_window_order(c2["row_offsets"], c2["column_indices"], 45, 300, torch.arange(45), lookahead=4)
-    assert torch.equal(torch.sort(order).values, torch.arange(45))
+    for block in (16, 32, 256):
+        order = greedy_window_order(c2["row_offsets"], c2["column_indices"], 45, 300, torch.arange(45), block=block)
+        assert torch.equal(torch.sort(order).values, torch.arange(45)), block
+    # windows never straddle blocks: block 16 keeps each window's rows inside its own 16 rows of the start order
+    order = greedy_window_order(c2["row_offsets"], c2["column_indices"], 45, 300, torch.arange(45), block=16)
+    assert torch.equal(torch.sort(order[:16]).values, torch.arange(16))
+    with pytest.raises(ValueError, match="multiple"):
+        greedy_window_order(c2["row_offsets"], c2["column_indices"], 45, 300, torch.arange(45), block=24)
 
 
 def test_greedy_refinement_never_loses_k_steps_in_get_tc_plan_on_random_patterns():

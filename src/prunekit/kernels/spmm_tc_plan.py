@@ -344,65 +344,64 @@ def greedy_window_order(
     k: int,
     start_order: torch.Tensor,
     group: int = WINDOW_ROWS,
-    lookahead: int = 256,
+    block: int = 512,
 ) -> torch.Tensor:
-    """Refine a row permutation window by window: each window of ``group`` rows starts with the first row of
-    ``start_order`` not yet placed, then takes ``group - 1`` times the row, among the next ``lookahead`` unplaced rows
-    of ``start_order``, that adds the fewest columns to the window's union (ties: the earliest). A greedy row
-    clustering in the spirit of the row-reordering SpMM work cited in the module docstring. Given the order of
-    :func:`spectral_row_order`, it cut the k-steps of the magnitude-pruned all-MiniLM-L6-v2 layers a further 3-4%
-    (median k-step ratio to the identity order 0.935 to 0.901 at 90%, 0.901 to 0.870 at 95%; random 11008 x 4096 at
-    90%: 0.972 to 0.957; ``benchmarks/tc_plan_stats.py``).
+    """Refine a row permutation window by window, in blocks of ``block`` consecutive rows of ``start_order`` (``block /
+    group`` windows each, all blocks at once): each window starts with the block's first row not yet placed, then
+    takes ``group - 1`` times the row of its block that adds the fewest columns to the window's union (ties: the
+    earliest). A greedy row clustering in the spirit of the row-reordering SpMM work cited in the module docstring.
+    Given the order of :func:`spectral_row_order`, it cut the k-steps of the magnitude-pruned all-MiniLM-L6-v2 layers a
+    further 3-4% (``benchmarks/tc_plan_stats.py``; docs/KERNELS.md).
 
-    Cost: ``M / group`` windows of ``group - 1`` steps, each an update of ``lookahead`` overlaps with one ``(lookahead,
-    K)`` product; memory: the dense float32 pattern (``4 * M * K`` bytes).
+    Cost: ``block - 1`` sequential steps, each a batched product of the ``(M, K)`` pattern with one union per block
+    (``2 * M * K`` FLOP); memory: the dense float32 pattern (``4 * M * K`` bytes).
 
     Args:
         row_offsets, column_indices: prunekit CSR (as for :func:`spectral_row_order`); m, k: the weight shape;
-        start_order: ``(M,)`` permutation to refine; group: rows per window; lookahead: candidate rows per window.
+        start_order: ``(M,)`` permutation to refine; group: rows per window; block: rows per block, a multiple of
+            ``group`` (windows never straddle blocks, so they stay aligned with the plan's windows).
 
     Returns:
         ``(M,)`` int64 permutation on the pattern's device.
 
     Raises:
-        ValueError: ``M * K`` above :data:`REORDER_MAX_ELEMENTS`.
+        ValueError: ``M * K`` above :data:`REORDER_MAX_ELEMENTS`, or ``block`` not a multiple of ``group``.
     """
+    if block % group:
+        raise ValueError(f"greedy_window_order: block = {block} is not a multiple of group = {group}")
     pattern = _dense_pattern(row_offsets, column_indices, m, k, "greedy_window_order")
     device = pattern.device
     start_order = start_order.to(device).long()
-    p = pattern[start_order]
+    blocks = -(-m // block)
+    rows = torch.zeros(blocks * block, k, dtype=torch.float32, device=device)
+    rows[:m] = pattern[start_order]
     del pattern
-    nnz = p.sum(1)
-    placed = torch.zeros(m, dtype=torch.bool, device=device)
-    placed_cpu = [False] * m  # host copy: the scan for the next seed must not synchronise per row
-    out: list[torch.Tensor] = []
-    ptr = 0
-    while ptr < m:
-        while ptr < m and placed_cpu[ptr]:
-            ptr += 1
-        if ptr >= m:
-            break
-        free = torch.nonzero(~placed[ptr : ptr + 4 * lookahead]).squeeze(1)[:lookahead] + ptr
-        pool = free[free != ptr]
-        union = p[ptr].clone()
-        rows = p[pool]
-        overlap = rows @ union
-        alive = torch.ones(pool.numel(), dtype=torch.bool, device=device)
-        chosen = [torch.tensor([ptr], device=device)]
-        for _ in range(min(group - 1, pool.numel())):
-            new = torch.where(alive, nnz[pool] - overlap, torch.full_like(overlap, float("inf")))
-            j = torch.argmin(new)
-            alive[j] = False
-            added = p[pool[j]] * (1 - union)
+    rows = rows.view(blocks, block, k)
+    nnz = rows.sum(2)  # (blocks, block)
+    placed = torch.zeros(blocks, block, dtype=torch.bool, device=device)
+    placed.view(-1)[m:] = True  # the last block's padding rows are never chosen
+    position = torch.arange(block, device=device)
+    slots = torch.empty(blocks, block, dtype=torch.int64, device=device)  # slots[b, i]: block row placed i-th
+    batch = torch.arange(blocks, device=device)
+    inf = torch.tensor(float("inf"), device=device)
+    union = overlap = None
+    for step in range(block):
+        if step % group == 0:  # a new window: its seed is the block's first unplaced row
+            pick = torch.argmin(placed.long() * block + position, dim=1)
+            union = rows[batch, pick].clone()
+        else:
+            pick = torch.argmin(torch.where(placed, inf, nnz - overlap) * block + position, dim=1)
+        fresh = ~placed[batch, pick]  # False once a block has no unplaced row left (the last block's tail)
+        slots[:, step] = torch.where(fresh, pick, blocks * block)  # a sentinel past every real row
+        placed[batch, pick] = True
+        added = rows[batch, pick] * (1 - union) if step % group else union
+        if step % group:
             union += added
-            overlap += rows @ added
-            chosen.append(pool[j].reshape(1))
-        window = torch.cat(chosen)
-        placed[window] = True
-        for r in window.tolist():
-            placed_cpu[r] = True
-        out.append(window)
-    return start_order[torch.cat(out)] if out else start_order
+            overlap += torch.bmm(rows, added.unsqueeze(2)).squeeze(2)
+        else:
+            overlap = torch.bmm(rows, union.unsqueeze(2)).squeeze(2)
+    order = (slots + batch[:, None] * block).view(-1)  # padding rows sit at positions >= m, sentinels beyond
+    return start_order[order[order < m]]
 
 
 def _reorder_default() -> bool:
