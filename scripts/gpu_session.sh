@@ -18,6 +18,15 @@ OUT=${OUT:-$PWD/out}
 source "$(dirname "${BASH_SOURCE[0]}")/out_pack.sh"; trap out_pack EXIT  # <= 8 files in $OUT
 mkdir -p "$OUT/prebuilt"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+# The GPU image has no pydantic (recipes, fine-tuning tests): carry .whl (scripts/gpu_finetune.sh's header) to add it.
+if ! python3 -c "import pydantic" 2>/dev/null; then
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=$PYTHONPATH:/tmp/site
+  else
+    echo "no pydantic and no .whl carried: the test files that import the recipes will fail to collect"
+  fi
+fi
 export PYTHONUNBUFFERED=1
 export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
 export PRUNEKIT_CUDA_ARCHS=${PRUNEKIT_CUDA_ARCHS:-90}  # the H100/H200 only: half the build time (sm_80 is compile-checked by scripts/compile_check.py)

@@ -349,8 +349,13 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
         assert y.shape == (tokens, 256) and y.is_contiguous()
         ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
         assert relative_error(y, ref) < TOLERANCE[torch.float16]
-    # the C++ entry was taken (a None plan would mean the Python fallback)
-    assert list(layer._eager_plans.values()) == [structured.VARIANTS[structured.bsr_variant()]]
+    # the C++ entry was taken (a None plan would mean the Python fallback), with the variant "auto" resolves to
+    # for these blocks: the runtime stores the resolved number (mma or wgmma), never VARIANTS["auto"]
+    blocks = layer._buffers["w_blocks"]
+    auto = structured.VARIANTS["wgmma"] if structured.auto_takes_wgmma(blocks) else structured.VARIANTS["mma"]
+    expected = auto if structured.bsr_variant() == "auto" else structured.VARIANTS[structured.bsr_variant()]
+    assert list(layer._eager_plans.values()) == [expected]
+    assert expected != structured.VARIANTS["auto"]
 
 
 @pytest.mark.cuda

@@ -109,7 +109,8 @@ __device__ __forceinline__ void stage_chunk(uint32_t buf, const T* __restrict__ 
 // One segment (window x chunk): k-steps [t0, t1), each k-step's A fragment and X slot row loaded PF k-steps ahead
 // into a ring of registers (slot s of the ring holds k-step t0 + s, t0 + s + PF, ...; static indices after
 // unrolling). PF = 2 was the first design; the loads come from L2 (hundreds of cycles), and a k-step of one warp
-// is NT / 8 mma, so a deeper ring (PF = 6, $PRUNEKIT_TC_PREFETCH=6) hides more of that latency for 15 more registers.
+// is NT / 8 mma, so a deeper ring (PF = 6, the default since its H100 run) hides more of that latency for 15-31 more
+// registers.
 template <typename T, int NT, int PF>
 __device__ __forceinline__ void segment_mma(float (&acc)[NT / 8][4], const uint4* __restrict__ frags,
                                             const uint8_t* __restrict__ slot_rows, int t0, int t1, uint32_t xbuf,
@@ -269,9 +270,11 @@ void dispatch_tile(int64_t wpw, int64_t ntile, const at::Tensor& frag_values, co
   }
   TORCH_CHECK(smem_optin >= stage_bytes(64), "spmm_csr_tc: needs ", stage_bytes(64),
               " bytes of shared memory per block, the device allows ", smem_optin);
-  // $PRUNEKIT_TC_PREFETCH=6: the deep prefetch ring for the 128-column tiles (opt-in until timed on a GPU)
+  // The deep prefetch ring (6 k-steps) for the 128-column tiles by default: on the H100 (2026-11-25, fifth
+  // session; benchmarks/results/spmm-tc-pf{2,6}-h100-2026-11-25.json) it passed the tc tests and ran 8-15% faster
+  // than depth 2 at 4096x4096 and 11008x4096, N = 4096, 90 / 95%. $PRUNEKIT_TC_PREFETCH=2 keeps the shallow ring.
   const char* pf_env = std::getenv("PRUNEKIT_TC_PREFETCH");
-  const bool deep = pf_env != nullptr && std::string(pf_env) == "6";
+  const bool deep = pf_env == nullptr || std::string(pf_env) != "2";
   if (wpw == 2 && ntile == 128) {
     if (deep) {
       return launch_tc<T, YT, 2, 128, 6>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok,
