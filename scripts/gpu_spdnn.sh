@@ -14,7 +14,7 @@
 #
 # Logs and results JSON under $OUT (default /tmp/spdnn-out). BUDGET_S bounds the benchmark's time per call.
 set -uo pipefail
-export PYTHONPATH=src PYTHONUNBUFFERED=1 PRUNEKIT_CUDA_ARCHS=90
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 PRUNEKIT_CUDA_ARCHS=90
 export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}  # shared with the other gpu_*.sh
 OUT=${OUT:-/tmp/spdnn-out}; mkdir -p "$OUT"
 # shellcheck source=scripts/out_pack.sh

@@ -238,6 +238,35 @@ def test_fused_chain_matches_float64_reference_on_cuda(neurons):
     assert truth.numel() > 0 and torch.equal(fused, truth)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("neurons", [1024, 4096])
+def test_fused_chain_gives_the_same_bits_whatever_inputs_per_block_it_picks(neurons):
+    """A chain launch takes fewer inputs per block when few are alive (down to 1 below the SM count): each input's
+    output must be bit-for-bit the one it gets in a large batch (16 or 4 per block), and match float64."""
+    from prunekit.kernels import spdnn_cuda
+
+    spdnn_cuda.load()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    count = 16 * sms + 37  # the large batch keeps the widest blocks
+    images, pixels = synthetic_images(neurons, count, total_nnz=int(0.25 * neurons * count))
+    features = dense_features(images, pixels, count, neurons).cuda().float()
+    net = list(iter_layers(neurons, 6, "cuda"))
+    ells = [spdnn_cuda.to_ell(*layer.csr_by_output(), torch.full((layer.nnz,), 1 / 16, device="cuda")) for layer in net]
+    idx, val = torch.stack([e[0] for e in ells]), torch.stack([e[1] for e in ells])
+    bias = bias_for(neurons)
+    big, big_alive = torch.ops.prunekit_spdnn.chain(features, idx, val, bias, 32.0)
+    for small in (1, 3, sms - 1, 2 * sms + 5, 8 * sms - 3):  # 1, 2, 4, 8 (and 16 at N=1024) inputs per block
+        rows = torch.randperm(count, device="cuda")[:small]
+        out, alive = torch.ops.prunekit_spdnn.chain(features[rows].contiguous(), idx, val, bias, 32.0)
+        assert torch.equal(out, big[rows]) and torch.equal(alive, big_alive[rows]), small
+    ref = features.double()
+    for layer in net:
+        z = ref @ layer.dense()
+        ref = torch.where(z != 0, z + bias, z).clamp(0, 32)
+    torch.testing.assert_close(big.double(), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_synthetic_rows_equal_coordinates_for_any_chunking():
     source = synthetic_image_set(N, 70, total_nnz=int(0.2 * N * 70))
     images, pixels = source.coordinates()
@@ -330,6 +359,11 @@ def test_two_gloo_processes_give_the_single_process_categories(tmp_path):
     cmd = [sys.executable, "-m", "prunekit.spdnn", "run", "-n", "1024", "-l", "4", "--synthetic", "--inputs", "256"]
     cmd += ["--device", "cpu", "--gpus", "2", "--categories-out", str(out), "--json", str(tmp_path / "r.json")]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
+    # the child runs in tmp_path: a relative PYTHONPATH (the GPU scripts' PYTHONPATH=src) must not lose prunekit
+    import prunekit
+
+    src = str(Path(prunekit.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env | {"OMP_NUM_THREADS": "1"}
     )

@@ -118,9 +118,32 @@ def memory_budget(
     )
 
 
+H100_SMEM_OPTIN = 227 * 1024  # bytes of shared memory one block may opt into on an H100
+FUSED_MIN_BLOCK_INPUTS = 4
+"""``run --kernel auto`` takes the shared-memory chain only when a block holds at least this many inputs (N <= 4096
+on an H100): with fewer, every block streams each layer's weights for 1-2 inputs. Measured on the H100 (2026-11-25,
+``benchmarks/results/spdnn-big-...-2026-11-25.json``): at N = 16384 x 120 (one input per block) the tiled kernel ran
+at 23.2 TE/s and the chain at 18.4."""
+
+
+def chain_block_inputs(neurons: int, smem_optin: int = H100_SMEM_OPTIN) -> int:
+    """Inputs per block of the chain kernel for N features (0: it does not fit), as ``max_block_inputs`` in
+    csrc/spdnn/spdnn_chain.cu computes it: two buffers of N x stride float32, stride BT + 4 for BT % 8 == 0.
+
+    Args:
+        neurons: N. smem_optin: the device's opt-in shared memory per block, bytes (1 KiB kept for static use).
+    """
+    for bt in (16, 8, 4, 2, 1):
+        stride = bt + 4 if bt % 8 == 0 else bt
+        if 2 * neurons * stride * 4 <= smem_optin - 1024:
+            return bt
+    return 0
+
+
 def default_kernel(neurons: int) -> str:
-    """The kernel ``run --kernel auto`` picks on an H100 (228 KiB shared memory per SM): fused up to N=16384."""
-    return "fused" if 2 * neurons * 4 <= 227 * 1024 else "tiled"
+    """The kernel ``run --kernel auto`` picks on an H100: the chain where a block holds at least
+    :data:`FUSED_MIN_BLOCK_INPUTS` inputs (N <= 4096), else tiled."""
+    return "fused" if chain_block_inputs(neurons) >= FUSED_MIN_BLOCK_INPUTS else "tiled"
 
 
 def budget_table(device_nbytes: int = H100_NBYTES, inputs: int = SPDNN_INPUTS) -> str:

@@ -36,7 +36,7 @@ from .generator import (
     relabel,
     synthetic_image_set,
 )
-from .memory import IMAGE_CHUNK_ELEMENTS, memory_budget
+from .memory import FUSED_MIN_BLOCK_INPUTS, IMAGE_CHUNK_ELEMENTS, memory_budget
 from .reference import truth_categories
 
 Step = Callable[[str, int, int], None]
@@ -271,7 +271,8 @@ def run_network(
         inputs: use only the first ``inputs`` inputs (default: all).
         kernel: ``fused`` (CUDA, shared-memory chain), ``tiled`` (CUDA, any N), ``reference``
             (``prunekit::spdnn_layer`` via torch.sparse, any device/dtype), or ``auto`` (fused on CUDA in
-            float32 when N fits in shared memory, else tiled).
+            float32 when a block holds at least :data:`FUSED_MIN_BLOCK_INPUTS` inputs in shared memory, else
+            tiled).
         repeats: timed runs after one warm-up run when > 1; the median is reported.
         relabel_seed: run the network with its hidden neurons renamed (:func:`relabel`), same function.
         truth: 0-based global truth categories to check against (skips the truth run; e.g. reused across
@@ -530,8 +531,11 @@ def _choose_kernel(kernel: str, neurons: int, device: str, dtype: torch.dtype) -
         return kernel
     from ..kernels import spdnn_cuda
 
-    if spdnn_cuda.block_inputs(neurons) == 0:
+    block_inputs = spdnn_cuda.block_inputs(neurons)
+    if block_inputs == 0:
         if kernel == "fused":
             raise PrunekitError(f"--kernel fused: N={neurons} features do not fit in shared memory (use tiled)")
+        return "tiled"
+    if kernel == "auto" and block_inputs < FUSED_MIN_BLOCK_INPUTS:
         return "tiled"
     return "fused"

@@ -15,6 +15,12 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kSlotBatch = 16;  // ELL slots whose (index, weight) loads are issued together (chain kernel)
 
+// Row stride (floats) of one input neuron's BT features in shared memory. A lane reads the row of a random input
+// neuron i as float4s at word i * stride: with stride 16 (BT = 16) those start on only 2 of the 8 four-bank
+// groups, a 4x bank conflict that made the chain kernel shared-memory bound; a stride of BT + 4 for BT % 8 == 0
+// spreads the rows over all 8 groups (BT = 4: stride 4 already does).
+__host__ __device__ constexpr int feature_stride(int bt) { return bt % 8 == 0 ? bt + 4 : bt; }
+
 template <int BT>
 __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __restrict__ y, int batch, int n,
                                                                int slots, int layers,
@@ -24,15 +30,16 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
                                                                int* __restrict__ alive) {
   extern __shared__ float smem[];
   float* cur = smem;
-  float* nxt = smem + static_cast<size_t>(n) * BT;
+  constexpr int S = feature_stride(BT);
+  float* nxt = smem + static_cast<size_t>(n) * S;
   __shared__ int live_bits;
   const int b0 = blockIdx.x * BT;
 
-  // Stage the block's inputs feature-major: cur[j * BT + b] = y[b0 + b, j].
+  // Stage the block's inputs feature-major: cur[j * S + b] = y[b0 + b, j].
   for (int b = 0; b < BT; ++b) {
     const bool valid = b0 + b < batch;
     const float* row = y + static_cast<size_t>(b0 + b) * n;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) cur[j * BT + b] = valid ? row[j] : 0.f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) cur[j * S + b] = valid ? row[j] : 0.f;
   }
   __syncthreads();
 
@@ -61,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
 #pragma unroll
         for (int u = 0; u < kSlotBatch; ++u) {
           const float w = ww[u];
-          const float* src = cur + static_cast<size_t>(ii[u]) * BT;
+          const float* src = cur + static_cast<size_t>(ii[u]) * S;
           if constexpr (BT % 4 == 0) {
 #pragma unroll
             for (int b = 0; b < BT; b += 4) {
@@ -82,8 +89,16 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
         float z = acc[b];
         z = (z != 0.f) ? z + bias : 0.f;  // the challenge adds the bias to non-zero entries only
         z = fminf(fmaxf(z, 0.f), cap);
-        nxt[j * BT + b] = z;
+        acc[b] = z;
         if (z != 0.f) my_bits |= 1 << b;
+      }
+      if constexpr (BT % 4 == 0) {
+#pragma unroll
+        for (int b = 0; b < BT; b += 4)
+          *reinterpret_cast<float4*>(nxt + j * S + b) = make_float4(acc[b], acc[b + 1], acc[b + 2], acc[b + 3]);
+      } else {
+#pragma unroll
+        for (int b = 0; b < BT; ++b) nxt[j * S + b] = acc[b];
       }
     }
     if (my_bits) atomicOr(&live_bits, my_bits);
@@ -101,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
     float* row = out + static_cast<size_t>(b0 + b) * n;
     int any = 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-      const float v = cur[j * BT + b];
+      const float v = cur[j * S + b];
       row[j] = v;
       any |= v != 0.f;
     }
@@ -114,7 +129,7 @@ template <int BT>
 void launch(const torch::Tensor& y, const torch::Tensor& idx, const torch::Tensor& val, double bias, double cap,
             torch::Tensor& out, torch::Tensor& alive) {
   const int batch = y.size(0), n = y.size(1), layers = idx.size(0), slots = idx.size(1);
-  const size_t smem = 2 * static_cast<size_t>(n) * BT * sizeof(float);
+  const size_t smem = 2 * static_cast<size_t>(n) * feature_stride(BT) * sizeof(float);
   auto kernel = spdnn_chain_kernel<BT>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int blocks = (batch + BT - 1) / BT;
@@ -131,7 +146,7 @@ int64_t max_block_inputs(int64_t n) {
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const int64_t usable = smem_optin - 1024;  // static shared memory of the kernel
   for (int bt : {16, 8, 4, 2, 1})
-    if (2 * n * bt * static_cast<int64_t>(sizeof(float)) <= usable) return bt;
+    if (2 * n * feature_stride(bt) * static_cast<int64_t>(sizeof(float)) <= usable) return bt;
   return 0;
 }
 
@@ -154,7 +169,15 @@ std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const tor
   auto out = torch::empty_like(yc);
   auto alive = torch::empty({yc.size(0)}, yc.options().dtype(torch::kInt));
   if (yc.size(0) == 0) return {out, alive};
-  switch (max_block_inputs(yc.size(1))) {
+  // Fewer inputs per block while that leaves an SM idle: once few inputs are alive (the late layers), BT = 16
+  // would run them on a handful of SMs, each streaming every layer's weights alone. Per-input arithmetic (slot
+  // order) does not depend on BT, so the results are the same.
+  int bt = static_cast<int>(max_block_inputs(yc.size(1)));
+  int device = 0, sms = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  while (bt > 1 && (yc.size(0) + bt - 1) / bt < sms) bt /= 2;
+  switch (bt) {
     case 16: launch<16>(yc, idx, val, bias, cap, out, alive); break;
     case 8: launch<8>(yc, idx, val, bias, cap, out, alive); break;
     case 4: launch<4>(yc, idx, val, bias, cap, out, alive); break;
