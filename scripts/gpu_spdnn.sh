@@ -10,6 +10,7 @@
 #                                        (writes the files first: 1920 TSV layers + binary copy; if the call runs out
 #                                        of time, call it again on the still-warm machine: finished steps are kept)
 #   bash scripts/gpu_spdnn.sh multi      (nvidia-h200-x2) two GPUs vs one on N=16384 and 65536 x 1920
+#   bash scripts/gpu_spdnn.sh profile    per-launch times of the chain kernel, official vs relabelled N=1024, + ncu
 #   bash scripts/gpu_spdnn.sh debug      float64 truth on the CPU vs on the GPU vs the fused kernel, N=4096 x 120
 #
 # Logs and results JSON under $OUT (default /tmp/spdnn-out). BUDGET_S bounds the benchmark's time per call.
@@ -76,9 +77,24 @@ case "$what" in
     build
     python3 benchmarks/spdnn.py --plan multi --budget-s "${BUDGET_S:-480}" --out "$OUT" 2>&1 | tee "$OUT/bench-multi.log" | tail -30
     ;;
+  profile)
+    # per-launch CUDA-event times of the chain, official vs relabelled N=1024 (x 120 and 480), then Nsight Compute
+    # on the first 4 launches (all 60000 inputs alive) of each network: shared-memory wavefronts and bank conflicts
+    build
+    python3 scripts/spdnn_profile.py --neurons 1024 --layers 480 --json "$OUT/spdnn-profile-chain.json" 2>&1 \
+      | tee "$OUT/profile.log" | tail -70
+    if command -v ncu > /dev/null; then
+      for net in official relabelled; do
+        timeout 150 ncu -k regex:spdnn_chain --launch-skip 0 --launch-count 4 --metrics \
+          gpu__time_duration.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,lts__t_bytes.sum,smsp__inst_executed.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+          python3 scripts/spdnn_profile.py --neurons 1024 --layers 8 --repeats 1 --only $net > "$OUT/ncu-$net.txt" 2>&1
+        echo "ncu $net exit $?"; grep -E "spdnn_chain|duration|bank|wavefronts|lts__t|inst_executed|throughput" "$OUT/ncu-$net.txt" | head -40
+      done
+    fi
+    ;;
   debug)
     build
     python3 scripts/debug_spdnn.py --neurons 4096 --layers 120 2>&1 | tee "$OUT/debug.log"
     ;;
-  *) echo "usage: bash scripts/gpu_spdnn.sh tests|small|big|huge|champion|multi|debug"; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_spdnn.sh tests|small|big|huge|champion|multi|profile|debug"; exit 2 ;;
 esac

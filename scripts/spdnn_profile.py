@@ -1,0 +1,83 @@
+"""Where the fused SpDNN chain spends its time: every chain launch of one inference, timed with CUDA events, for the
+official network and a relabelled copy (same function, hidden neurons renamed).
+
+Prints one row per launch (layers, live inputs, inputs per block, ms) and the totals, and writes them as JSON.
+Run on the GPU machine (scripts/gpu_spdnn.sh profile); under Nsight Compute the same launches are profiled.
+
+    PYTHONPATH=src python scripts/spdnn_profile.py --neurons 1024 --layers 120 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from prunekit.kernels import spdnn_cuda
+from prunekit.spdnn.generator import SPDNN_RELU_CAP, bias_for, iter_layers, relabel, synthetic_image_set
+from prunekit.spdnn.run import build_ell
+
+
+def chain_launches(features, idx, val, bias, sms: int, max_bt: int) -> list[dict]:
+    """``spdnn_cuda.infer_chained`` with a CUDA-event timing around each launch (and the host compaction apart)."""
+    rows, live = [], features.shape[0]
+    y = features
+    done, chain, layers = 0, 1, idx.shape[0]
+    while done < layers and y.shape[0] > 0:
+        stop = min(layers, done + chain)
+        bt = max_bt
+        while bt > 1 and -(-y.shape[0] // bt) < sms:  # the C++ rule in chain()
+            bt //= 2
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        y, alive = torch.ops.prunekit_spdnn.chain(y, idx[done:stop], val[done:stop], bias, SPDNN_RELU_CAP)
+        end.record()
+        keep = alive.bool()
+        after = int(keep.sum())
+        if after < y.shape[0]:
+            y = y[keep]
+        torch.cuda.synchronize()
+        rows.append({"first": done, "last": stop - 1, "live_in": live, "live_out": after, "block_inputs": bt,
+                     "ms": start.elapsed_time(end)})  # fmt: skip
+        live, done, chain = after, stop, min(spdnn_cuda.MAX_CHAIN, chain * 2 if stop > 1 else 1)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--neurons", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=120)
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes after one warm-up (median per launch)")
+    parser.add_argument("--only", choices=("official", "relabelled"), help="one network (e.g. under ncu)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    spdnn_cuda.load()
+    n, bias = args.neurons, bias_for(args.neurons)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    max_bt = spdnn_cuda.block_inputs(n)
+    source = synthetic_image_set(n)
+    features = source.rows(0, source.count, "cuda", torch.float32, 1 << 24)
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "neurons": n, "layers": args.layers}
+    for name, seed in (("official", None), ("relabelled", 1)):
+        if args.only not in (None, name):
+            continue
+        stream = iter_layers(n, args.layers, "cuda")
+        idx, val, _ = build_ell(relabel(stream, seed) if seed is not None else stream, args.layers, n, "cuda")
+        chain_launches(features, idx, val, bias, sms, max_bt)  # warm-up
+        passes = [chain_launches(features, idx, val, bias, sms, max_bt) for _ in range(max(1, args.repeats))]
+        rows = passes[0]
+        for i, row in enumerate(rows):
+            row["ms"] = sorted(p[i]["ms"] for p in passes)[len(passes) // 2]
+        report[name] = rows
+        print(f"{name}: {sum(r['ms'] for r in rows):.3f} ms in {len(rows)} launches")
+        for r in rows:
+            print(f"  layers {r['first']:4d}-{r['last']:4d}  live {r['live_in']:6d} -> {r['live_out']:6d}  "
+                  f"BT {r['block_inputs']:2d}  {r['ms']:8.3f} ms")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
