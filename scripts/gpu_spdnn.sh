@@ -81,7 +81,7 @@ case "$what" in
     # per-launch CUDA-event times of the chain, official vs relabelled N=1024 (x 120 and 480), then Nsight Compute
     # on the first 4 launches (all 60000 inputs alive) of each network: shared-memory wavefronts and bank conflicts
     build
-    python3 scripts/spdnn_profile.py --neurons 1024 --layers 480 --json "$OUT/spdnn-profile-chain.json" 2>&1 \
+    python3 scripts/spdnn_profile.py --neurons 1024 --layers 480 --min-blocks 132,66,16,8 --json "$OUT/spdnn-profile-chain.json" 2>&1 \
       | tee "$OUT/profile.log" | tail -70
     if command -v ncu > /dev/null; then
       for net in official relabelled; do

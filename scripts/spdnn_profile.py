@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -18,6 +19,12 @@ import torch
 from prunekit.kernels import spdnn_cuda
 from prunekit.spdnn.generator import SPDNN_RELU_CAP, bias_for, iter_layers, relabel, synthetic_image_set
 from prunekit.spdnn.run import build_ell
+
+
+def min_blocks(sms: int) -> int:
+    """The chain op's rule: ``$PRUNEKIT_SPDNN_MIN_BLOCKS``, else a quarter of the SMs (csrc/spdnn/spdnn_chain.cu)."""
+    env = os.environ.get("PRUNEKIT_SPDNN_MIN_BLOCKS")
+    return max(1, int(env)) if env else max(1, sms // 4)
 
 
 def chain_launches(features, idx, val, bias, sms: int, max_bt: int) -> list[dict]:
@@ -28,7 +35,7 @@ def chain_launches(features, idx, val, bias, sms: int, max_bt: int) -> list[dict
     while done < layers and y.shape[0] > 0:
         stop = min(layers, done + chain)
         bt = max_bt
-        while bt > 1 and -(-y.shape[0] // bt) < sms:  # the C++ rule in chain()
+        while bt > 1 and -(-y.shape[0] // bt) < min_blocks(sms):  # the C++ rule in chain()
             bt //= 2
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -51,6 +58,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=120)
     parser.add_argument("--repeats", type=int, default=3, help="timed passes after one warm-up (median per launch)")
     parser.add_argument("--only", choices=("official", "relabelled"), help="one network (e.g. under ncu)")
+    parser.add_argument("--min-blocks", default="", help="comma list: also time the official network at each value")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     spdnn_cuda.load()
@@ -60,9 +68,15 @@ def main() -> None:
     source = synthetic_image_set(n)
     features = source.rows(0, source.count, "cuda", torch.float32, 1 << 24)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "neurons": n, "layers": args.layers}
-    for name, seed in (("official", None), ("relabelled", 1)):
+    cases = [("official", None, None), ("relabelled", 1, None)]
+    cases += [(f"official, min_blocks={v}", None, int(v)) for v in filter(None, args.min_blocks.split(","))]
+    for name, seed, blocks in cases:
         if args.only not in (None, name):
             continue
+        if blocks is None:
+            os.environ.pop("PRUNEKIT_SPDNN_MIN_BLOCKS", None)
+        else:
+            os.environ["PRUNEKIT_SPDNN_MIN_BLOCKS"] = str(blocks)
         stream = iter_layers(n, args.layers, "cuda")
         idx, val, _ = build_ell(relabel(stream, seed) if seed is not None else stream, args.layers, n, "cuda")
         chain_launches(features, idx, val, bias, sms, max_bt)  # warm-up
@@ -75,6 +89,8 @@ def main() -> None:
         for r in rows:
             print(f"  layers {r['first']:4d}-{r['last']:4d}  live {r['live_in']:6d} -> {r['live_out']:6d}  "
                   f"BT {r['block_inputs']:2d}  {r['ms']:8.3f} ms")  # fmt: skip
+        idx = val = None
+    os.environ.pop("PRUNEKIT_SPDNN_MIN_BLOCKS", None)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

@@ -10,10 +10,13 @@
 #include <torch/library.h>
 #include <torch/types.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kSlotBatch = 16;  // ELL slots whose (index, weight) loads are issued together (chain kernel)
+constexpr int kSlotBatch = 8;  // ELL slots per batch of (index, weight) loads, double-buffered (chain kernel)
 
 // Row stride (floats) of one input neuron's BT features in shared memory. A lane reads the row of a random input
 // neuron i as float4s at word i * stride: with stride 16 (BT = 16) those start on only 2 of the 8 four-bank
@@ -49,41 +52,67 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
     const int* idx = ell_idx + static_cast<size_t>(l) * slots * n;
     const float* val = ell_val + static_cast<size_t>(l) * slots * n;
     int my_bits = 0;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-      float acc[BT];
+    // The thread's (output, slot batch) steps in one flat loop: step t is output j = threadIdx.x + (t / nb) *
+    // blockDim.x, slots [(t % nb) * kSlotBatch, +kSlotBatch). A batch's (index, weight) pairs are loaded one step
+    // ahead (register double buffer), so their L2/HBM latency overlaps the previous batch's shared-memory reads and
+    // FMAs; before, each batch waited for its loads (16 warps per SM could not hide it). Slots past the row's end
+    // read as weight 0 at index 0 and add exact zeros (features are finite). Per output, slots are summed in order.
+    const int nb = (slots + kSlotBatch - 1) / kSlotBatch;
+    const int outputs = threadIdx.x < n ? (n - 1 - threadIdx.x) / blockDim.x + 1 : 0;
+    const int steps = outputs * nb;
+    int ii[kSlotBatch];
+    float ww[kSlotBatch];
+    const auto load = [&](int t, int (&ri)[kSlotBatch], float (&rw)[kSlotBatch]) {
+      const int jt = threadIdx.x + (t / nb) * blockDim.x;
+      const int k0 = (t % nb) * kSlotBatch;
 #pragma unroll
-      for (int b = 0; b < BT; ++b) acc[b] = 0.f;
-      // kSlotBatch slots' (index, weight) pairs are loaded before any is used: one L2/HBM round trip per batch
-      // instead of one per slot (the loop was latency-bound: 16 warps per SM, two dependent loads per slot).
-      // Slots past the row's end read as weight 0 at index 0 and add exact zeros (features are finite).
-      for (int k0 = 0; k0 < slots; k0 += kSlotBatch) {
-        int ii[kSlotBatch];
-        float ww[kSlotBatch];
+      for (int u = 0; u < kSlotBatch; ++u) {
+        const bool in = k0 + u < slots;
+        ri[u] = in ? __ldg(idx + static_cast<size_t>(k0 + u) * n + jt) : 0;
+        rw[u] = in ? __ldg(val + static_cast<size_t>(k0 + u) * n + jt) : 0.f;
+      }
+    };
+    if (steps > 0) load(0, ii, ww);
+    float acc[BT];
+#pragma unroll
+    for (int b = 0; b < BT; ++b) acc[b] = 0.f;
+    for (int t = 0; t < steps; ++t) {
+      int ni[kSlotBatch];
+      float nw[kSlotBatch];
+      if (t + 1 < steps) {
+        load(t + 1, ni, nw);
+      } else {
 #pragma unroll
         for (int u = 0; u < kSlotBatch; ++u) {
-          const bool in = k0 + u < slots;
-          ii[u] = in ? __ldg(idx + static_cast<size_t>(k0 + u) * n + j) : 0;
-          ww[u] = in ? __ldg(val + static_cast<size_t>(k0 + u) * n + j) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < kSlotBatch; ++u) {
-          const float w = ww[u];
-          const float* src = cur + static_cast<size_t>(ii[u]) * S;
-          if constexpr (BT % 4 == 0) {
-#pragma unroll
-            for (int b = 0; b < BT; b += 4) {
-              const float4 v = *reinterpret_cast<const float4*>(src + b);
-              acc[b] = fmaf(w, v.x, acc[b]);
-              acc[b + 1] = fmaf(w, v.y, acc[b + 1]);
-              acc[b + 2] = fmaf(w, v.z, acc[b + 2]);
-              acc[b + 3] = fmaf(w, v.w, acc[b + 3]);
-            }
-          } else {
-#pragma unroll
-            for (int b = 0; b < BT; ++b) acc[b] = fmaf(w, src[b], acc[b]);
-          }
+          ni[u] = 0;
+          nw[u] = 0.f;
         }
       }
+#pragma unroll
+      for (int u = 0; u < kSlotBatch; ++u) {
+        const float w = ww[u];
+        const float* src = cur + static_cast<size_t>(ii[u]) * S;
+        if constexpr (BT % 4 == 0) {
+#pragma unroll
+          for (int b = 0; b < BT; b += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(src + b);
+            acc[b] = fmaf(w, v.x, acc[b]);
+            acc[b + 1] = fmaf(w, v.y, acc[b + 1]);
+            acc[b + 2] = fmaf(w, v.z, acc[b + 2]);
+            acc[b + 3] = fmaf(w, v.w, acc[b + 3]);
+          }
+        } else {
+#pragma unroll
+          for (int b = 0; b < BT; ++b) acc[b] = fmaf(w, src[b], acc[b]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kSlotBatch; ++u) {
+        ii[u] = ni[u];
+        ww[u] = nw[u];
+      }
+      if (t % nb != nb - 1) continue;
+      const int j = threadIdx.x + (t / nb) * blockDim.x;
 #pragma unroll
       for (int b = 0; b < BT; ++b) {
         float z = acc[b];
@@ -100,6 +129,8 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
 #pragma unroll
         for (int b = 0; b < BT; ++b) nxt[j * S + b] = acc[b];
       }
+#pragma unroll
+      for (int b = 0; b < BT; ++b) acc[b] = 0.f;
     }
     if (my_bits) atomicOr(&live_bits, my_bits);
     __syncthreads();
@@ -169,14 +200,18 @@ std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const tor
   auto out = torch::empty_like(yc);
   auto alive = torch::empty({yc.size(0)}, yc.options().dtype(torch::kInt));
   if (yc.size(0) == 0) return {out, alive};
-  // Fewer inputs per block while that leaves an SM idle: once few inputs are alive (the late layers), BT = 16
-  // would run them on a handful of SMs, each streaming every layer's weights alone. Per-input arithmetic (slot
-  // order) does not depend on BT, so the results are the same.
+  // Fewer inputs per block while there would be fewer than min_blocks blocks: once few inputs are alive (the late
+  // layers), BT = 16 would run them on a handful of SMs. Each block streams every layer's weights from L2, so one
+  // input per block (one block per SM) pays that traffic per input: the default, a quarter of the SMs, sits between
+  // (scripts/spdnn_profile.py --min-blocks times the choices; $PRUNEKIT_SPDNN_MIN_BLOCKS overrides). Per-input
+  // arithmetic (slot order) does not depend on BT, so the results are the same.
   int bt = static_cast<int>(max_block_inputs(yc.size(1)));
   int device = 0, sms = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  while (bt > 1 && (yc.size(0) + bt - 1) / bt < sms) bt /= 2;
+  int64_t min_blocks = std::max(1, sms / 4);
+  if (const char* env = std::getenv("PRUNEKIT_SPDNN_MIN_BLOCKS")) min_blocks = std::max<int64_t>(1, std::atoll(env));
+  while (bt > 1 && (yc.size(0) + bt - 1) / bt < min_blocks) bt /= 2;
   switch (bt) {
     case 16: launch<16>(yc, idx, val, bias, cap, out, alive); break;
     case 8: launch<8>(yc, idx, val, bias, cap, out, alive); break;
