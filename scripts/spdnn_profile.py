@@ -22,9 +22,9 @@ from prunekit.spdnn.run import build_ell
 
 
 def min_blocks(sms: int) -> int:
-    """The chain op's rule: ``$PRUNEKIT_SPDNN_MIN_BLOCKS``, else a quarter of the SMs (csrc/spdnn/spdnn_chain.cu)."""
+    """The chain op's rule: ``$PRUNEKIT_SPDNN_MIN_BLOCKS``, else half the SMs (csrc/spdnn/spdnn_chain.cu)."""
     env = os.environ.get("PRUNEKIT_SPDNN_MIN_BLOCKS")
-    return max(1, int(env)) if env else max(1, sms // 4)
+    return max(1, int(env)) if env else max(1, sms // 2)
 
 
 def chain_launches(features, idx, val, bias, sms: int, max_bt: int) -> list[dict]:

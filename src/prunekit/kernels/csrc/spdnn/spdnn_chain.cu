@@ -202,14 +202,15 @@ std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const tor
   if (yc.size(0) == 0) return {out, alive};
   // Fewer inputs per block while there would be fewer than min_blocks blocks: once few inputs are alive (the late
   // layers), BT = 16 would run them on a handful of SMs. Each block streams every layer's weights from L2, so one
-  // input per block (one block per SM) pays that traffic per input: the default, a quarter of the SMs, sits between
-  // (scripts/spdnn_profile.py --min-blocks times the choices; $PRUNEKIT_SPDNN_MIN_BLOCKS overrides). Per-input
-  // arithmetic (slot order) does not depend on BT, so the results are the same.
+  // input per block pays that traffic per input. Default: half the SMs. Measured on the H100 (N = 1024 x 480, 141
+  // inputs alive after layer 8; benchmarks/results/spdnn-profile-chain-h100-2026-11-25.json): per late layer
+  // 10.7 us at 1 input per block (132 blocks), 8.2 us at 2 (66), 9.8 us at 4 (33), 13.6 us at 8, 24 us at 16.
+  // $PRUNEKIT_SPDNN_MIN_BLOCKS overrides. Per-input arithmetic (slot order) does not depend on BT: same results.
   int bt = static_cast<int>(max_block_inputs(yc.size(1)));
   int device = 0, sms = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  int64_t min_blocks = std::max(1, sms / 4);
+  int64_t min_blocks = std::max(1, sms / 2);
   if (const char* env = std::getenv("PRUNEKIT_SPDNN_MIN_BLOCKS")) min_blocks = std::max<int64_t>(1, std::atoll(env));
   while (bt > 1 && (yc.size(0) + bt - 1) / bt < min_blocks) bt /= 2;
   switch (bt) {
