@@ -2,10 +2,13 @@
 # One GPU-machine run for issue 4: build the kernels, run the kernel tests, `kernels check`, a compute-sanitizer
 # memcheck of a small case, then the SpMM benchmark. Logs and JSON go to $OUT (or ./out).
 #
-#   scripts/gpu_run.sh [all|test|bench|variants|sanitize|tc|profile] [extra benchmark args...]
+#   scripts/gpu_run.sh [all|test|bench|variants|sanitize|tc|profile|tcloop] [extra benchmark args...]
 #
 # `profile`: tc GPU tests at both prefetch depths, Nsight Compute reports of the tc kernel at 4096x4096, N = 4096
 # (90% at depths 2 and 6, 95%), and the tc benchmark at both depths.
+#
+# `tcloop`: the tc tests with the first design's loop (PRUNEKIT_TC_PREFETCH=0), then the tc benchmark for the loop
+# (first design / ring depth 6 / ring depth 2) x the plan's row reordering (on / off): which change cost the 9-10%.
 #
 # `tc` (tensor-core SpMM, one 10-minute device call): build, the tc GPU tests, a compute-sanitizer memcheck of small
 # tc cases, and a short benchmark (4096x4096 and 11008x4096 at N = 4096, 90/95/98%, fp16; dense cuBLAS, torch.sparse,
@@ -157,6 +160,25 @@ PY
     PRUNEKIT_TC_PREFETCH=$pf timeout 150 python3 benchmarks/spmm.py --dtypes float16 --shapes 4096x4096,11008x4096 \
       --ns 4096 --sparsities 0.9,0.95 --time-budget-s 60 --out "$OUT/spmm-tc-pf$pf-$DEV-$DATE.json" \
       2>&1 | tail -8
+  done
+fi
+
+if [[ $MODE == tcloop ]]; then
+  # Which change made tc slower than its first timing (07:57, 2026-11-25): the register ring (depth 2 / 6) or the
+  # plan's row reordering. Tests of the first design's loop ($PRUNEKIT_TC_PREFETCH=0), then the same tc benchmark
+  # for loop x reordering; one JSON per case (benchmarks/spmm.py, dense cuBLAS in each run).
+  step "tc GPU tests with the first design's loop (PRUNEKIT_TC_PREFETCH=0)"
+  PRUNEKIT_TC_PREFETCH=0 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmm_tc.py \
+    > "$OUT/tc-tests-pf0.log" 2>&1
+  rc=$?; echo "PRUNEKIT_TC_PREFETCH=0 pytest exit code $rc"; tail -1 "$OUT/tc-tests-pf0.log"
+  cases="6:1 2:1 6:0 2:0"
+  [ $rc -eq 0 ] && cases="0:1 0:0 $cases"  # the first design is timed only when its tests pass
+  for case in $cases; do
+    pf=${case%%:*}; ro=${case##*:}
+    step "tc benchmark, PRUNEKIT_TC_PREFETCH=$pf PRUNEKIT_TC_REORDER=$ro"
+    PRUNEKIT_TC_PREFETCH=$pf PRUNEKIT_TC_REORDER=$ro timeout 100 python3 benchmarks/spmm.py --dtypes float16 \
+      --shapes 4096x4096,11008x4096 --ns 4096 --sparsities 0.9,0.95 --time-budget-s 45 \
+      --out "$OUT/spmm-tc-pf$pf-ro$ro-$DEV-$DATE.json" 2>&1 | tail -7
   done
 fi
 

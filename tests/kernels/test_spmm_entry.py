@@ -59,10 +59,15 @@ def test_eager_spmm_code_never_takes_the_tensor_core_plan():
     assert gpu.eager_spmm_code("auto", half, half, gpu.TC_MIN_N - 1, tc_auto=True) == 0
     assert gpu.eager_spmm_code("auto", half, half, 4096, tc_auto=False) == 0
     assert gpu.eager_spmm_code("auto", torch.float32, torch.float32, 4096, tc_auto=True) == 0
-    for plan_n in (1, 64, 65, 4096):  # the rule is plan_spmm's: tc exactly where the Python plan says tc
+    # the entry never runs a tc plan: wherever plan_spmm may say tc (its density rule is unknown to the entry, which
+    # sees no weight), the call goes to Python, which plans it; below TC_MIN_N or with tc off the entry takes it
+    for plan_n in (1, 64, 65, 128, 4096):
         for tc_auto in (False, True):
-            plan = gpu._plan_spmm(1024, 1024, plan_n, 100000, 132, "auto", half, tc_auto)  # 9.5% dense
-            assert (gpu.eager_spmm_code("auto", half, half, plan_n, tc_auto) is None) == (plan.variant == "tc")
+            for nnz in (30000, 100000, 300000, 600000):  # 2.9% to 57% dense
+                plan = gpu._plan_spmm(1024, 1024, plan_n, nnz, 132, "auto", half, tc_auto)
+                code = gpu.eager_spmm_code("auto", half, half, plan_n, tc_auto)
+                assert not (plan.variant == "tc" and code is not None), (plan_n, tc_auto, nnz)
+                assert (code is None) == (tc_auto and plan_n >= gpu.TC_MIN_N), (plan_n, tc_auto, nnz)
 
 
 def test_eager_spmm_code_rejects_mixed_and_unsupported_dtypes():
@@ -109,6 +114,10 @@ def test_cpp_entry_constants_match_gpu_py():
         "ROWWARP_MAX_N",
         "TC_MIN_N",
         "TC_MIN_DENSITY_DENOMINATOR",
+        "TC_SMALL_N",
+        "TC_MIN_DENSITY_DENOMINATOR_SMALL_N",
+        "TC_SMALL_K",
+        "TC_MIN_DENSITY_DENOMINATOR_SMALL_K",
         "SUBWARP_MIN_NNZ",
         "STAGE_X_MIN_N",
         "STAGE_X_MIN_ROWS_PER_SM",

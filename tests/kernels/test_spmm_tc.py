@@ -400,16 +400,40 @@ def test_tc_kernel_replay_rejects_tiles_the_kernel_cannot_have():
 
 def test_plan_spmm_takes_tensor_cores_only_for_16_bit_large_n(monkeypatch):
     monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
-    assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float16) == gpu.SpmmPlan(
+    assert gpu.plan_spmm(4096, 4096, 4096, 2 * 10**6, 132, "auto", torch.float16) == gpu.SpmmPlan(
         "tc", ntile=128, windows_per_warp=2
     )
-    assert gpu.plan_spmm(768, 3072, 128, 10**5, 132, "auto", torch.bfloat16) == gpu.SpmmPlan(
+    assert gpu.plan_spmm(768, 3072, 128, 10**6, 132, "auto", torch.bfloat16) == gpu.SpmmPlan(
         "tc", ntile=64, windows_per_warp=1
     )
     assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float32).variant == "direct"
     assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto").variant == "direct"  # dtype unknown
     assert gpu.plan_spmm(4096, 4096, 16, 10**6, 132, "auto", torch.float16).variant == "rowwarp"
     assert gpu.plan_spmm(4096, 4096, 16, 10**6, 132, "tc").variant == "tc"
+
+
+def test_auto_takes_tc_by_the_density_rule_read_from_the_h100_grid(monkeypatch):
+    """tc from 25% density at N <= 128, 12.5% for K <= 1024, 6.25% otherwise (gpu.tc_min_density_denominator);
+    below, `direct`. Points from benchmarks/results/spmm-h100-2026-11-25.json (nnz_padded as the benchmark stored it)."""
+    monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
+
+    def variant(m, k, n, density):
+        return gpu.plan_spmm(m, k, n, int(density * m * k), 132, "auto", torch.float16).variant
+
+    # N = 128: direct won at 20% on 4 of 5 shapes (e.g. 4096 x 4096: 0.103 vs 0.149 ms), tc at 50%
+    assert variant(4096, 4096, 128, 0.201) == "direct" and variant(4096, 4096, 128, 0.301) == "tc"
+    assert variant(768, 3072, 128, 0.101) == "direct" and variant(768, 3072, 128, 0.501) == "tc"
+    # N >= 2048, K > 1024: direct at 5% (4096 x 4096: 0.417 vs 0.443 ms), tc at 10% (0.724 vs 0.545 ms for tc)
+    assert variant(4096, 4096, 2048, 0.051) == "direct" and variant(4096, 4096, 2048, 0.101) == "tc"
+    assert variant(11008, 4096, 4096, 0.051) == "direct" and variant(11008, 4096, 4096, 0.101) == "tc"
+    # K = 768: direct also at 10% (3072 x 768, N = 2048: 0.103 vs 0.167 ms), tc at 20%
+    assert variant(3072, 768, 2048, 0.104) == "direct" and variant(3072, 768, 2048, 0.204) == "tc"
+    assert [gpu.tc_min_density_denominator(n, k) for n, k in ((65, 4096), (128, 768), (129, 1024), (129, 1025))] == [
+        4,
+        4,
+        8,
+        16,
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------- CUDA
@@ -500,7 +524,8 @@ def test_tc_rejects_fp32_and_auto_uses_it_for_fp16(monkeypatch):
     dense, c, x2d, bias = _case(64, 128, 200, 0.9, 0, torch.float32, 15, "cuda")
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         gpu.spmm_csr(**c, x=x2d.t(), m=64, variant="tc")
-    dense, c, x2d, bias = _case(64, 128, 200, 0.9, 0, torch.float16, 15, "cuda")
+    # 80% sparse: K = 128 <= TC_SMALL_K, so auto takes tc from 12.5% padded density (90% pads to 12.1% here)
+    dense, c, x2d, bias = _case(64, 128, 200, 0.8, 0, torch.float16, 15, "cuda")
     assert gpu.plan_spmm(64, 128, 200, c["values"].numel(), 132, "auto", torch.float16).variant == "tc"
     from prunekit.kernels import ops
 
@@ -542,8 +567,9 @@ def test_auto_takes_tc_only_when_enabled_for_fp16_bf16_at_large_n_and_density(mo
     assert gpu.plan_spmm(4096, 4096, 4096, dense10, 132, "auto", torch.bfloat16).variant == "tc"
     assert gpu.plan_spmm(4096, 4096, 4096, dense10, 132, "auto", torch.float32).variant == "direct"
     assert gpu.plan_spmm(4096, 4096, 16, dense10, 132, "auto", torch.float16).variant == "rowwarp"
-    # 98% sparsity: below the density threshold, direct (tc measured 1.2-1.4x slower there)
+    # 98% and 95% sparsity: below the density threshold (1/16 here), direct (faster at 4 of 5 shapes at 95%)
     assert gpu.plan_spmm(4096, 4096, 4096, 4096 * 4096 // 50, 132, "auto", torch.float16).variant == "direct"
-    assert gpu.plan_spmm(4096, 4096, 4096, -(-4096 * 4096 // 25), 132, "auto", torch.float16).variant == "tc"
+    assert gpu.plan_spmm(4096, 4096, 4096, 4096 * 4096 // 20, 132, "auto", torch.float16).variant == "direct"
+    assert gpu.plan_spmm(4096, 4096, 4096, -(-4096 * 4096 // 16), 132, "auto", torch.float16).variant == "tc"
     monkeypatch.setenv(gpu.TC_AUTO_ENV, "0")
     assert gpu.plan_spmm(4096, 4096, 4096, dense10, 132, "auto", torch.float16).variant == "direct"

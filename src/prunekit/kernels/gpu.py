@@ -41,10 +41,19 @@ SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled", "tc")
 TC_DTYPES = (torch.float16, torch.bfloat16)
 # Smallest N sent to the tensor-core kernel by "auto" (fp16/bf16).
 TC_MIN_N = 65  # = ROWWARP_MAX_N + 1
-# Lowest density (nnz_padded / (M K)) sent to the tensor-core kernel by "auto": measured on the H100
-# (benchmarks/results/spmm-tc-h100-2026-11-25.json, N = 4096, 4096 x 4096 and 11008 x 4096), tc beats `direct` by
-# 1.5x at 90% sparsity and 1.02-1.07x at 95%, and loses by 1.2-1.4x at 98%: tc from 4% density (96% sparsity) up.
-TC_MIN_DENSITY_DENOMINATOR = 25  # tc when nnz_padded * 25 >= M * K (integer rule, the same in csrc/spmm_entry.cu)
+# Lowest density (nnz_padded / (M K)) sent to the tensor-core kernel by "auto": tc when nnz_padded * D >= M * K, with
+# D from :func:`tc_min_density_denominator` (integer rule, the same in csrc/spmm_entry.cu). Read from the H100 grid of
+# 2026-11-25 (benchmarks/results/spmm-h100-2026-11-25.json: 75 configurations where the former rule, D = 25, took tc
+# and `direct` was timed beside it; 5 shapes, N = 128 / 2048 / 4096, 50-95%): `direct` won 27 of them. At N = 128 it
+# won at 20% density on 4 of 5 shapes and at 10% and 5% on all; at N >= 2048 it won at 5% density on 4 of 5 shapes,
+# and on K = 768 (3072 x 768) also at 10% (1.5-1.6x). With the rule below the chosen kernel's time is 1.014x the
+# faster of the two (geometric mean over the 75) instead of 1.192x; 24 configurations get faster (up to 3.2x), 3
+# slower (1.22-1.45x). In-sample: the rule was read from these same rows.
+TC_MIN_DENSITY_DENOMINATOR = 16  # N > TC_SMALL_N and K > TC_SMALL_K: tc from 6.25% density
+TC_SMALL_N = 128  # N <= this: tc only from 25% density (TC_MIN_DENSITY_DENOMINATOR_SMALL_N)
+TC_MIN_DENSITY_DENOMINATOR_SMALL_N = 4
+TC_SMALL_K = 1024  # K <= this (and N > TC_SMALL_N): tc from 12.5% density
+TC_MIN_DENSITY_DENOMINATOR_SMALL_K = 8
 # Whether "auto" may pick `tc` at all: on since the H100 run of 2026-11-25 (tests, memcheck and racecheck clean);
 # $PRUNEKIT_SPMM_TC=0 turns it off.
 TC_AUTO_ENV = "PRUNEKIT_SPMM_TC"
@@ -89,6 +98,20 @@ def tc_auto_enabled() -> bool:
     return TC_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
 
 
+def tc_min_density_denominator(n: int, k: int) -> int:
+    """D such that ``"auto"`` takes the tensor-core kernel when ``nnz_padded * D >= M * K`` (and N >= TC_MIN_N):
+    4 for N <= :data:`TC_SMALL_N`, else 8 for K <= :data:`TC_SMALL_K`, else :data:`TC_MIN_DENSITY_DENOMINATOR` (16).
+
+    Args:
+        n: N, columns of X (tokens). k: K, the weight's in_features.
+    """
+    if n <= TC_SMALL_N:
+        return TC_MIN_DENSITY_DENOMINATOR_SMALL_N
+    if k <= TC_SMALL_K:
+        return TC_MIN_DENSITY_DENOMINATOR_SMALL_K
+    return TC_MIN_DENSITY_DENOMINATOR
+
+
 def plan_spmm(
     m: int,
     k: int,
@@ -122,8 +145,8 @@ def _plan_spmm(
     ``STAGE_X_MIN_ROWS_PER_SM`` rows per SM and ``nnz_padded >= 2 * k * num_sms``.
 
     With ``dtype`` fp16 or bf16 and ``tc_auto`` (:func:`tc_auto_enabled`), ``auto`` takes the tensor-core ``tc`` kernel for
-    ``n >= TC_MIN_N`` and density ``>= 1 / TC_MIN_DENSITY_DENOMINATOR`` instead of ``direct`` (measured on the H100,
-    see the constants); with ``dtype=None`` (unknown) or fp32 it never does. ``tc`` uses the largest tile of :data:`TC_TILES` that still gives
+    ``n >= TC_MIN_N`` and density ``>= 1 / tc_min_density_denominator(n, k)`` instead of ``direct`` (measured on the
+    H100, see the constants); with ``dtype=None`` (unknown) or fp32 it never does. ``tc`` uses the largest tile of :data:`TC_TILES` that still gives
     at least one block per SM.
 
     Raises:
@@ -133,7 +156,7 @@ def _plan_spmm(
         raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
     if variant == "auto":
         variant = "rowwarp" if n <= ROWWARP_MAX_N else "direct"
-        if dtype in TC_DTYPES and n >= TC_MIN_N and tc_auto and nnz_padded * TC_MIN_DENSITY_DENOMINATOR >= m * k:
+        if dtype in TC_DTYPES and n >= TC_MIN_N and tc_auto and nnz_padded * tc_min_density_denominator(n, k) >= m * k:
             variant = "tc"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.

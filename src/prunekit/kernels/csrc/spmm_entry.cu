@@ -33,7 +33,11 @@ constexpr int64_t kTc = 5;
 // gpu.py's tiling constants (same names there).
 constexpr int64_t ROWWARP_MAX_N = 64;
 constexpr int64_t TC_MIN_N = 65;
-constexpr int64_t TC_MIN_DENSITY_DENOMINATOR = 25;
+constexpr int64_t TC_MIN_DENSITY_DENOMINATOR = 16;  // gpu.tc_min_density_denominator: N > 128, K > 1024
+constexpr int64_t TC_SMALL_N = 128;
+constexpr int64_t TC_MIN_DENSITY_DENOMINATOR_SMALL_N = 4;
+constexpr int64_t TC_SMALL_K = 1024;
+constexpr int64_t TC_MIN_DENSITY_DENOMINATOR_SMALL_K = 8;
 constexpr int64_t SUBWARP_MIN_NNZ = 128;
 constexpr int64_t STAGE_X_MIN_N = 32;
 constexpr int64_t STAGE_X_MIN_ROWS_PER_SM = 16;
@@ -72,8 +76,10 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
   bool stage_x;
   if (variant == kAuto) {
     variant = n <= ROWWARP_MAX_N ? kRowwarp : kDirect;
-    if (tensor_core_dtype && n >= TC_MIN_N && tc_auto && nnz_padded * TC_MIN_DENSITY_DENOMINATOR >= m * k)
-      variant = kTc;
+    const int64_t tc_den = n <= TC_SMALL_N   ? TC_MIN_DENSITY_DENOMINATOR_SMALL_N
+                           : k <= TC_SMALL_K ? TC_MIN_DENSITY_DENOMINATOR_SMALL_K
+                                             : TC_MIN_DENSITY_DENOMINATOR;
+    if (tensor_core_dtype && n >= TC_MIN_N && tc_auto && nnz_padded * tc_den >= m * k) variant = kTc;
     stage_x = n >= STAGE_X_MIN_N && m >= STAGE_X_MIN_ROWS_PER_SM * num_sms && nnz_padded >= 2 * k * num_sms;
   } else {
     stage_x = variant != kRowwarpGlobal;

@@ -118,41 +118,81 @@ __device__ __forceinline__ void segment_mma(float (&acc)[NT / 8][4], const uint4
   constexpr int CPR = NT / 8;
   const int slot = lane & (kTcKStep - 1);  // ldmatrix row of this lane: slot (l % 8) + 8 * ((l / 8) % 2)
   const int half = lane >> 4;              // lanes 16..31 address the second n8 tile of each pair
-  uint4 ring_a[PF];
-  int ring_r[PF];
-#pragma unroll
-  for (int s = 0; s < PF; ++s) {
-    ring_a[s] = make_uint4(0, 0, 0, 0);
-    ring_r[s] = 0;
-    if (t0 + s < t1) {
-      ring_a[s] = __ldg(frags + static_cast<int64_t>(t0 + s) * 32 + lane);
-      ring_r[s] = __ldg(slot_rows + static_cast<int64_t>(t0 + s) * kTcKStep + slot);
+  if constexpr (PF == 0) {
+    // The first design (timed on the H100 at 07:57 on 2026-11-25, before the ring): a rolling pair of registers,
+    // fragments and slot rows loaded two k-steps ahead. $PRUNEKIT_TC_PREFETCH=0 selects it; the ring build measured
+    // 9-10% slower at depth 6 than that first timing, with the plan's slot order and row reordering also changed
+    // in between (docs/PERFORMANCE.md), so this loop is kept to tell the causes apart.
+    uint4 a_cur = make_uint4(0, 0, 0, 0), a_nxt = make_uint4(0, 0, 0, 0);
+    int r_cur = 0, r_nxt = 0;
+    if (t0 < t1) {
+      a_cur = __ldg(frags + static_cast<int64_t>(t0) * 32 + lane);
+      r_cur = __ldg(slot_rows + static_cast<int64_t>(t0) * kTcKStep + slot);
     }
-  }
-  for (int tb = t0; tb < t1; tb += PF) {
+    if (t0 + 1 < t1) {
+      a_nxt = __ldg(frags + static_cast<int64_t>(t0 + 1) * 32 + lane);
+      r_nxt = __ldg(slot_rows + static_cast<int64_t>(t0 + 1) * kTcKStep + slot);
+    }
+    for (int t = t0; t < t1; ++t) {
+      uint4 a_pre = make_uint4(0, 0, 0, 0);
+      int r_pre = 0;
+      if (t + 2 < t1) {
+        a_pre = __ldg(frags + static_cast<int64_t>(t + 2) * 32 + lane);
+        r_pre = __ldg(slot_rows + static_cast<int64_t>(t + 2) * kTcKStep + slot);
+      }
+      const uint32_t row_addr = xbuf + static_cast<uint32_t>(r_cur * CPR) * 16u;
+      const int sw = r_cur & 7;
+#pragma unroll
+      for (int j2 = 0; j2 < NT / 16; ++j2) {
+        const int c = 2 * j2 + half;
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4_trans(row_addr + static_cast<uint32_t>(c ^ sw) * 16u, b0, b1, b2, b3);
+        Mma<T>::run(acc[2 * j2], a_cur, b0, b1);
+        Mma<T>::run(acc[2 * j2 + 1], a_cur, b2, b3);
+      }
+      a_cur = a_nxt;
+      r_cur = r_nxt;
+      a_nxt = a_pre;
+      r_nxt = r_pre;
+    }
+    return;
+  } else {
+    uint4 ring_a[PF];
+    int ring_r[PF];
 #pragma unroll
     for (int s = 0; s < PF; ++s) {
-      const int t = tb + s;
-      if (t < t1) {
-        const uint4 a_cur = ring_a[s];
-        const int r_cur = ring_r[s];
-        if (t + PF < t1) {
-          ring_a[s] = __ldg(frags + static_cast<int64_t>(t + PF) * 32 + lane);
-          ring_r[s] = __ldg(slot_rows + static_cast<int64_t>(t + PF) * kTcKStep + slot);
-        }
-        const uint32_t row_addr = xbuf + static_cast<uint32_t>(r_cur * CPR) * 16u;
-        const int sw = r_cur & 7;
+      ring_a[s] = make_uint4(0, 0, 0, 0);
+      ring_r[s] = 0;
+      if (t0 + s < t1) {
+        ring_a[s] = __ldg(frags + static_cast<int64_t>(t0 + s) * 32 + lane);
+        ring_r[s] = __ldg(slot_rows + static_cast<int64_t>(t0 + s) * kTcKStep + slot);
+      }
+    }
+    for (int tb = t0; tb < t1; tb += PF) {
 #pragma unroll
-        for (int j2 = 0; j2 < NT / 16; ++j2) {
-          const int c = 2 * j2 + half;
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(row_addr + static_cast<uint32_t>(c ^ sw) * 16u, b0, b1, b2, b3);
-          Mma<T>::run(acc[2 * j2], a_cur, b0, b1);
-          Mma<T>::run(acc[2 * j2 + 1], a_cur, b2, b3);
+      for (int s = 0; s < PF; ++s) {
+        const int t = tb + s;
+        if (t < t1) {
+          const uint4 a_cur = ring_a[s];
+          const int r_cur = ring_r[s];
+          if (t + PF < t1) {
+            ring_a[s] = __ldg(frags + static_cast<int64_t>(t + PF) * 32 + lane);
+            ring_r[s] = __ldg(slot_rows + static_cast<int64_t>(t + PF) * kTcKStep + slot);
+          }
+          const uint32_t row_addr = xbuf + static_cast<uint32_t>(r_cur * CPR) * 16u;
+          const int sw = r_cur & 7;
+#pragma unroll
+          for (int j2 = 0; j2 < NT / 16; ++j2) {
+            const int c = 2 * j2 + half;
+            uint32_t b0, b1, b2, b3;
+            ldmatrix_x4_trans(row_addr + static_cast<uint32_t>(c ^ sw) * 16u, b0, b1, b2, b3);
+            Mma<T>::run(acc[2 * j2], a_cur, b0, b1);
+            Mma<T>::run(acc[2 * j2 + 1], a_cur, b2, b3);
+          }
         }
       }
     }
-  }
+  }  // PF > 0
 }
 
 template <typename T, bool YT, int WPW, int NT, int PF>
@@ -273,8 +313,22 @@ void dispatch_tile(int64_t wpw, int64_t ntile, const at::Tensor& frag_values, co
   // The deep prefetch ring (6 k-steps) for the 128-column tiles by default: on the H100 (2026-11-25, fifth
   // session; benchmarks/results/spmm-tc-pf{2,6}-h100-2026-11-25.json) it passed the tc tests and ran 8-15% faster
   // than depth 2 at 4096x4096 and 11008x4096, N = 4096, 90 / 95%. $PRUNEKIT_TC_PREFETCH=2 keeps the shallow ring.
+  // $PRUNEKIT_TC_PREFETCH=0: the first design's rolling pair (see segment_mma), for every tile.
   const char* pf_env = std::getenv("PRUNEKIT_TC_PREFETCH");
-  const bool deep = pf_env == nullptr || std::string(pf_env) != "2";
+  const bool classic = pf_env != nullptr && std::string(pf_env) == "0";
+  const bool deep = !classic && (pf_env == nullptr || std::string(pf_env) != "2");
+  if (classic) {
+    if (wpw == 2 && ntile == 128) {
+      return launch_tc<T, YT, 2, 128, 0>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok,
+                                         bias, relu, k, n, num_windows, num_chunks);
+    }
+    if (wpw == 1 && ntile == 128) {
+      return launch_tc<T, YT, 1, 128, 0>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok,
+                                         bias, relu, k, n, num_windows, num_chunks);
+    }
+    return launch_tc<T, YT, 1, 64, 0>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok, bias,
+                                      relu, k, n, num_windows, num_chunks);
+  }
   if (wpw == 2 && ntile == 128) {
     if (deep) {
       return launch_tc<T, YT, 2, 128, 6>(frag_values, slot_rows, kstep_offsets, window_rows, x, ldx, y, y_pair_ok,
