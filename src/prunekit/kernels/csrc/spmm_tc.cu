@@ -106,6 +106,23 @@ __device__ __forceinline__ void stage_chunk(uint32_t buf, const T* __restrict__ 
   }
 }
 
+// One k-step of a warp: the A fragment `a` times the X slot row `r` of the staged chunk (swizzled 16-byte columns),
+// NT / 8 mma.m16n8k16 into acc; lanes 16..31 (half = 1) address the second n8 tile of each pair.
+template <typename T, int NT>
+__device__ __forceinline__ void kstep_mma(float (&acc)[NT / 8][4], const uint4& a, int r, uint32_t xbuf, int half) {
+  constexpr int CPR = NT / 8;
+  const uint32_t row_addr = xbuf + static_cast<uint32_t>(r * CPR) * 16u;
+  const int sw = r & 7;
+#pragma unroll
+  for (int j2 = 0; j2 < NT / 16; ++j2) {
+    const int c = 2 * j2 + half;
+    uint32_t b0, b1, b2, b3;
+    ldmatrix_x4_trans(row_addr + static_cast<uint32_t>(c ^ sw) * 16u, b0, b1, b2, b3);
+    Mma<T>::run(acc[2 * j2], a, b0, b1);
+    Mma<T>::run(acc[2 * j2 + 1], a, b2, b3);
+  }
+}
+
 // One segment (window x chunk): k-steps [t0, t1), each k-step's A fragment and X slot row loaded PF k-steps ahead
 // into a ring of registers (slot s of the ring holds k-step t0 + s, t0 + s + PF, ...; static indices after
 // unrolling). PF = 2 was the first design; the loads come from L2 (hundreds of cycles), and a k-step of one warp
@@ -115,7 +132,6 @@ template <typename T, int NT, int PF>
 __device__ __forceinline__ void segment_mma(float (&acc)[NT / 8][4], const uint4* __restrict__ frags,
                                             const uint8_t* __restrict__ slot_rows, int t0, int t1, uint32_t xbuf,
                                             int lane) {
-  constexpr int CPR = NT / 8;
   const int slot = lane & (kTcKStep - 1);  // ldmatrix row of this lane: slot (l % 8) + 8 * ((l / 8) % 2)
   const int half = lane >> 4;              // lanes 16..31 address the second n8 tile of each pair
   if constexpr (PF == 0) {
@@ -140,16 +156,7 @@ __device__ __forceinline__ void segment_mma(float (&acc)[NT / 8][4], const uint4
         a_pre = __ldg(frags + static_cast<int64_t>(t + 2) * 32 + lane);
         r_pre = __ldg(slot_rows + static_cast<int64_t>(t + 2) * kTcKStep + slot);
       }
-      const uint32_t row_addr = xbuf + static_cast<uint32_t>(r_cur * CPR) * 16u;
-      const int sw = r_cur & 7;
-#pragma unroll
-      for (int j2 = 0; j2 < NT / 16; ++j2) {
-        const int c = 2 * j2 + half;
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(row_addr + static_cast<uint32_t>(c ^ sw) * 16u, b0, b1, b2, b3);
-        Mma<T>::run(acc[2 * j2], a_cur, b0, b1);
-        Mma<T>::run(acc[2 * j2 + 1], a_cur, b2, b3);
-      }
+      kstep_mma<T, NT>(acc, a_cur, r_cur, xbuf, half);
       a_cur = a_nxt;
       r_cur = r_nxt;
       a_nxt = a_pre;
@@ -179,16 +186,7 @@ __device__ __forceinline__ void segment_mma(float (&acc)[NT / 8][4], const uint4
             ring_a[s] = __ldg(frags + static_cast<int64_t>(t + PF) * 32 + lane);
             ring_r[s] = __ldg(slot_rows + static_cast<int64_t>(t + PF) * kTcKStep + slot);
           }
-          const uint32_t row_addr = xbuf + static_cast<uint32_t>(r_cur * CPR) * 16u;
-          const int sw = r_cur & 7;
-#pragma unroll
-          for (int j2 = 0; j2 < NT / 16; ++j2) {
-            const int c = 2 * j2 + half;
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4_trans(row_addr + static_cast<uint32_t>(c ^ sw) * 16u, b0, b1, b2, b3);
-            Mma<T>::run(acc[2 * j2], a_cur, b0, b1);
-            Mma<T>::run(acc[2 * j2 + 1], a_cur, b2, b3);
-          }
+          kstep_mma<T, NT>(acc, a_cur, r_cur, xbuf, half);
         }
       }
     }
