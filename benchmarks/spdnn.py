@@ -134,6 +134,7 @@ def main() -> None:
             "inputs": r.inputs,
             "ranks": r.ranks,
             "kernel": r.kernel,
+            "dtype": r.dtype,
             "build_s": r.build_s,
             "truth_s": r.truth_s,
             "batch_inputs": r.batch_inputs,
@@ -179,6 +180,9 @@ def main() -> None:
             record("reference torch.sparse fp32", 1024, 120, synthetic=True, kernel="reference", truth=truths[120])
             # relabelling hidden neurons leaves the function unchanged: the original network's truth must hold
             record("ours, relabelled network", 1024, 120, synthetic=True, relabel_seed=1, truth=truths[120])
+            # the 16-bit option of the chain kernel (features stored in float16 between layers): speed and check
+            record("ours, float16 features", 1024, 120, synthetic=True, kernel="fused", dtype=torch.float16,
+                   truth=truths[120])  # fmt: skip
         by_n: dict[int, list[int]] = {}
         for neurons, layers in plan:
             by_n.setdefault(neurons, []).append(layers)

@@ -73,7 +73,11 @@ def run(
     dtype: Annotated[str, typer.Option(help="float32 | float64 | float16 | bfloat16.")] = "float32",
     inputs: Annotated[int | None, typer.Option(help="Use only the first INPUTS inputs.")] = None,
     kernel: Annotated[
-        str, typer.Option(help="auto | fused (shared-memory chain) | tiled (any N) | reference (torch.sparse).")
+        str,
+        typer.Option(
+            help="auto | fused (shared-memory chain; float32, or --dtype float16 / bfloat16 features) | tiled (any N, "
+            "float32) | reference (torch.sparse)."
+        ),
     ] = "auto",
     gpus: Annotated[
         int,

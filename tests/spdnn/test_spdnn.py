@@ -202,6 +202,42 @@ def test_ell_layout_holds_the_same_layer():
 def test_fused_kernel_needs_cuda_float32():
     with pytest.raises(PrunekitError, match="fused"):
         run_network(N, 4, synthetic=True, inputs=20, kernel="fused")
+    with pytest.raises(PrunekitError, match="float32, float16 or bfloat16"):
+        run_network(N, 4, synthetic=True, inputs=20, kernel="fused", dtype=torch.float64)
+    with pytest.raises(PrunekitError, match="tiled runs on CUDA in float32"):
+        run_network(N, 4, synthetic=True, inputs=20, kernel="tiled", dtype=torch.float16)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("neurons", [1024, 4096])
+def test_fused_chain_with_16_bit_features_matches_a_float64_model_of_its_rounding(dtype, neurons):
+    """The 16-bit option: features stored in float16 / bfloat16 between layers, each layer computed in float32. The
+    float64 model rounds to the 16-bit type after every layer, as the kernel does; the kernel's float32 sums differ
+    from it by float32 rounding (and the float32 bias), which may move a value across a 16-bit rounding boundary."""
+    from prunekit.kernels import spdnn_cuda
+
+    spdnn_cuda.load()
+    count = 700
+    images, pixels = synthetic_images(neurons, count, total_nnz=int(0.25 * neurons * count))
+    features = dense_features(images, pixels, count, neurons).cuda()
+    net = list(iter_layers(neurons, 3, "cuda"))
+    ells = [spdnn_cuda.to_ell(*layer.csr_by_output(), torch.full((layer.nnz,), 1 / 16, device="cuda")) for layer in net]
+    idx, val = torch.stack([e[0] for e in ells]), torch.stack([e[1] for e in ells])
+    bias = bias_for(neurons)
+    out, alive = torch.ops.prunekit_spdnn.chain(features.to(dtype), idx, val, bias, 32.0)
+    assert out.dtype == dtype and out.shape == features.shape
+    ref = features.double()
+    for layer in net:
+        z = ref @ layer.dense()
+        ref = torch.where(z != 0, z + bias, z).clamp(0, 32).to(dtype).double()
+    ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7  # relative spacing of the 16-bit type
+    close = (out.double() - ref).abs() <= 2 * ulp * ref.abs().clamp_min(1.0)  # a flip may carry to the next layer
+    assert bool(close.all()), int((~close).sum())
+    assert torch.equal(alive.bool(), out.double().ne(0).any(dim=1))
+    with pytest.raises(RuntimeError, match="float32 CUDA tensor"):
+        torch.ops.prunekit_spdnn.tiled(features.to(dtype), idx, val, bias, 32.0)
 
 
 def test_relabelled_network_gives_the_same_categories():

@@ -25,6 +25,7 @@ from .build import Extension, load_extension
 CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "spdnn"
 SOURCES = ("spdnn_chain.cu",)
 MAX_CHAIN = 64  # layers per launch once few inputs are left
+CHAIN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # feature storage types of the chain kernel
 TILE_INPUTS = 16  # inputs per tile of the tiled kernel (kTileInputs in spdnn_chain.cu; both ops live in that file)
 MAX_TILED_BATCH = 65535 * TILE_INPUTS  # grid.y limit of the tiled kernel
 
@@ -48,10 +49,11 @@ def load(verbose: bool = False) -> None:
     load_extension(EXTENSION, verbose)
 
 
-def block_inputs(neurons: int) -> int:
-    """Inputs per thread block for N features (0: N does not fit in shared memory; use the reference path)."""
+def block_inputs(neurons: int, element_size: int = 4) -> int:
+    """Inputs per thread block of the chain kernel for N features of ``element_size`` bytes (4: float32, 2: float16 /
+    bfloat16); 0 when N does not fit in shared memory (use the tiled kernel or the reference path)."""
     load()
-    return int(torch.ops.prunekit_spdnn.max_block_inputs(neurons))
+    return int(torch.ops.prunekit_spdnn.max_block_inputs(neurons, element_size))
 
 
 def to_ell(
@@ -77,13 +79,15 @@ def infer_fused(
     row is non-zero (CPU int64, sorted).
 
     Args:
-        features: ``(inputs, N)`` float32 CUDA (not modified).
+        features: ``(inputs, N)`` CUDA (not modified), float32, or float16 / bfloat16 (issue 7's option: features
+            stored in 16 bits between layers, every layer computed in float32); other dtypes run as float32.
         ell_idx / ell_val: ``(layers, slots, N)`` (see :func:`to_ell`), on the same device.
 
     Launches chains of 1, 1, 2, 4, ... (up to :data:`MAX_CHAIN`) layers, dropping dead inputs between them.
     """
     load()
-    return infer_chained(torch.ops.prunekit_spdnn.chain, features, ell_idx, ell_val, bias, cap)
+    keep = features.dtype in CHAIN_DTYPES
+    return infer_chained(torch.ops.prunekit_spdnn.chain, features, ell_idx, ell_val, bias, cap, keep_dtype=keep)
 
 
 def infer_tiled(
@@ -99,13 +103,22 @@ def infer_tiled(
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
-def infer_chained(op, features: torch.Tensor, ell_idx: torch.Tensor, ell_val: torch.Tensor, bias: float, cap: float):
+def infer_chained(
+    op,
+    features: torch.Tensor,
+    ell_idx: torch.Tensor,
+    ell_val: torch.Tensor,
+    bias: float,
+    cap: float,
+    keep_dtype: bool = False,
+):
     """Drive ``op(y, idx, val, bias, cap) -> (out, alive)`` over chains of 1, 1, 2, 4, ... 64 layers with
     compaction of the live inputs between chains; return the live inputs' 0-based indices (CPU int64, sorted).
-    ``op`` may be a CUDA op or :func:`emulate_tiled` (CPU tests)."""
+    ``op`` may be a CUDA op or :func:`emulate_tiled` (CPU tests). ``keep_dtype``: pass ``features`` in their own
+    dtype (the chain kernel's 16-bit option) instead of float32."""
     layers = ell_idx.shape[0]
     live = torch.arange(features.shape[0], device=features.device)
-    y = features.float().contiguous()
+    y = (features if keep_dtype else features.float()).contiguous()
     done, chain = 0, 1
     while done < layers and y.shape[0] > 0:
         stop = min(layers, done + chain)

@@ -517,21 +517,28 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""Feature dtypes of ``--kernel fused``: float32, or 16-bit features between layers (computed in float32; the option
+of issue 7). ``auto`` takes the kernels in float32 only; other dtypes run the reference."""
+
+
 def _choose_kernel(kernel: str, neurons: int, device: str, dtype: torch.dtype) -> str:
     if kernel not in ("auto", "fused", "tiled", "reference"):
         raise PrunekitError(f"--kernel {kernel!r}: choose auto, fused, tiled or reference")
     if kernel == "reference":
         return kernel
     on_cuda = device.startswith("cuda")
-    if kernel in ("fused", "tiled") and (not on_cuda or dtype != torch.float32):
-        raise PrunekitError(f"--kernel {kernel} runs on CUDA in float32")
-    if not on_cuda or dtype != torch.float32:
+    if kernel == "tiled" and (not on_cuda or dtype != torch.float32):
+        raise PrunekitError("--kernel tiled runs on CUDA in float32")
+    if kernel == "fused" and (not on_cuda or dtype not in FUSED_DTYPES):
+        raise PrunekitError("--kernel fused runs on CUDA in float32, float16 or bfloat16")
+    if not on_cuda or (kernel == "auto" and dtype != torch.float32):
         return "reference"
     if kernel == "tiled":
         return kernel
     from ..kernels import spdnn_cuda
 
-    block_inputs = spdnn_cuda.block_inputs(neurons)
+    block_inputs = spdnn_cuda.block_inputs(neurons, 4 if dtype == torch.float32 else 2)
     if block_inputs == 0:
         if kernel == "fused":
             raise PrunekitError(f"--kernel fused: N={neurons} features do not fit in shared memory (use tiled)")

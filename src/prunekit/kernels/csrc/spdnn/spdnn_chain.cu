@@ -7,6 +7,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <torch/library.h>
 #include <torch/types.h>
 
@@ -22,27 +24,67 @@ constexpr int kSlotBatch = 8;  // ELL slots per batch of (index, weight) loads, 
 // neuron i as float4s at word i * stride: with stride 16 (BT = 16) those start on only 2 of the 8 four-bank
 // groups, a 4x bank conflict that made the chain kernel shared-memory bound; a stride of BT + 4 for BT % 8 == 0
 // spreads the rows over all 8 groups (BT = 4: stride 4 already does).
+// For 16-bit features (the fp16 / bf16 option) the same stride in elements gives rows of 5 eight-byte units for BT =
+// 16, read as 8-byte vectors in half-warp phases: 16 distinct starting units, as for float4.
 __host__ __device__ constexpr int feature_stride(int bt) { return bt % 8 == 0 ? bt + 4 : bt; }
 
-template <int BT>
-__global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __restrict__ y, int batch, int n,
+// Feature storage types: float32, or float16 / bfloat16 (the option of issue 7), always computed in float32.
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename FT>
+__device__ __forceinline__ FT from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Four consecutive features (16-byte aligned for float, 8-byte for 16-bit types) as float32.
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const __half* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void store4(float* p, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+template <typename FT>
+__device__ __forceinline__ void store4(FT* p, float a, float b, float c, float d) {
+  p[0] = from_f32<FT>(a);
+  p[1] = from_f32<FT>(b);
+  p[2] = from_f32<FT>(c);
+  p[3] = from_f32<FT>(d);
+}
+
+template <typename FT, int BT>
+__global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restrict__ y, int batch, int n,
                                                                int slots, int layers,
                                                                const int* __restrict__ ell_idx,
                                                                const float* __restrict__ ell_val, float bias,
-                                                               float cap, float* __restrict__ out,
+                                                               float cap, FT* __restrict__ out,
                                                                int* __restrict__ alive) {
-  extern __shared__ float smem[];
-  float* cur = smem;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  FT* cur = reinterpret_cast<FT*>(smem_raw);
   constexpr int S = feature_stride(BT);
-  float* nxt = smem + static_cast<size_t>(n) * S;
+  FT* nxt = cur + static_cast<size_t>(n) * S;
   __shared__ int live_bits;
   const int b0 = blockIdx.x * BT;
 
   // Stage the block's inputs feature-major: cur[j * S + b] = y[b0 + b, j].
   for (int b = 0; b < BT; ++b) {
     const bool valid = b0 + b < batch;
-    const float* row = y + static_cast<size_t>(b0 + b) * n;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) cur[j * S + b] = valid ? row[j] : 0.f;
+    const FT* row = y + static_cast<size_t>(b0 + b) * n;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) cur[j * S + b] = valid ? row[j] : from_f32<FT>(0.f);
   }
   __syncthreads();
 
@@ -91,11 +133,11 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
 #pragma unroll
       for (int u = 0; u < kSlotBatch; ++u) {
         const float w = ww[u];
-        const float* src = cur + static_cast<size_t>(ii[u]) * S;
+        const FT* src = cur + static_cast<size_t>(ii[u]) * S;
         if constexpr (BT % 4 == 0) {
 #pragma unroll
           for (int b = 0; b < BT; b += 4) {
-            const float4 v = *reinterpret_cast<const float4*>(src + b);
+            const float4 v = load4(src + b);
             acc[b] = fmaf(w, v.x, acc[b]);
             acc[b + 1] = fmaf(w, v.y, acc[b + 1]);
             acc[b + 2] = fmaf(w, v.z, acc[b + 2]);
@@ -103,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
           }
         } else {
 #pragma unroll
-          for (int b = 0; b < BT; ++b) acc[b] = fmaf(w, src[b], acc[b]);
+          for (int b = 0; b < BT; ++b) acc[b] = fmaf(w, to_f32(src[b]), acc[b]);
         }
       }
 #pragma unroll
@@ -118,16 +160,16 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
         float z = acc[b];
         z = (z != 0.f) ? z + bias : 0.f;  // the challenge adds the bias to non-zero entries only
         z = fminf(fmaxf(z, 0.f), cap);
+        z = to_f32(from_f32<FT>(z));  // the stored value decides liveness (a 16-bit type may round it to 0)
         acc[b] = z;
         if (z != 0.f) my_bits |= 1 << b;
       }
       if constexpr (BT % 4 == 0) {
 #pragma unroll
-        for (int b = 0; b < BT; b += 4)
-          *reinterpret_cast<float4*>(nxt + j * S + b) = make_float4(acc[b], acc[b + 1], acc[b + 2], acc[b + 3]);
+        for (int b = 0; b < BT; b += 4) store4(nxt + j * S + b, acc[b], acc[b + 1], acc[b + 2], acc[b + 3]);
       } else {
 #pragma unroll
-        for (int b = 0; b < BT; ++b) nxt[j * S + b] = acc[b];
+        for (int b = 0; b < BT; ++b) nxt[j * S + b] = from_f32<FT>(acc[b]);
       }
 #pragma unroll
       for (int b = 0; b < BT; ++b) acc[b] = 0.f;
@@ -135,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
     if (my_bits) atomicOr(&live_bits, my_bits);
     __syncthreads();
     const int bits = live_bits;
-    float* t = cur;
+    FT* t = cur;
     cur = nxt;
     nxt = t;
     __syncthreads();  // every thread has read live_bits before thread 0 resets it
@@ -144,46 +186,66 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const float* __re
 
   for (int b = 0; b < BT; ++b) {
     if (b0 + b >= batch) break;
-    float* row = out + static_cast<size_t>(b0 + b) * n;
+    FT* row = out + static_cast<size_t>(b0 + b) * n;
     int any = 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-      const float v = cur[j * S + b];
+      const FT v = cur[j * S + b];
       row[j] = v;
-      any |= v != 0.f;
+      any |= to_f32(v) != 0.f;
     }
     any = __syncthreads_or(any);
     if (threadIdx.x == 0) alive[b0 + b] = any;
   }
 }
 
-template <int BT>
+template <typename FT, int BT>
 void launch(const torch::Tensor& y, const torch::Tensor& idx, const torch::Tensor& val, double bias, double cap,
             torch::Tensor& out, torch::Tensor& alive) {
   const int batch = y.size(0), n = y.size(1), layers = idx.size(0), slots = idx.size(1);
-  const size_t smem = 2 * static_cast<size_t>(n) * feature_stride(BT) * sizeof(float);
-  auto kernel = spdnn_chain_kernel<BT>;
+  const size_t smem = 2 * static_cast<size_t>(n) * feature_stride(BT) * sizeof(FT);
+  auto kernel = spdnn_chain_kernel<FT, BT>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const int blocks = (batch + BT - 1) / BT;
   kernel<<<blocks, kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
-      y.data_ptr<float>(), batch, n, slots, layers, idx.data_ptr<int>(), val.data_ptr<float>(),
-      static_cast<float>(bias), static_cast<float>(cap), out.data_ptr<float>(), alive.data_ptr<int>());
+      reinterpret_cast<const FT*>(y.data_ptr()), batch, n, slots, layers, idx.data_ptr<int>(), val.data_ptr<float>(),
+      static_cast<float>(bias), static_cast<float>(cap), reinterpret_cast<FT*>(out.data_ptr()), alive.data_ptr<int>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-int64_t max_block_inputs(int64_t n) {
+template <typename FT>
+void launch_bt(int bt, const torch::Tensor& y, const torch::Tensor& idx, const torch::Tensor& val, double bias,
+               double cap, torch::Tensor& out, torch::Tensor& alive) {
+  switch (bt) {
+    case 16: launch<FT, 16>(y, idx, val, bias, cap, out, alive); break;
+    case 8: launch<FT, 8>(y, idx, val, bias, cap, out, alive); break;
+    case 4: launch<FT, 4>(y, idx, val, bias, cap, out, alive); break;
+    case 2: launch<FT, 2>(y, idx, val, bias, cap, out, alive); break;
+    default: launch<FT, 1>(y, idx, val, bias, cap, out, alive); break;
+  }
+}
+
+// Inputs per block for N features of element_size bytes (4: float32, 2: the 16-bit option); 0 when none fit.
+int64_t max_block_inputs(int64_t n, int64_t element_size) {
+  TORCH_CHECK(element_size == 4 || element_size == 2, "max_block_inputs: element_size must be 4 or 2");
   int device;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int smem_optin = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const int64_t usable = smem_optin - 1024;  // static shared memory of the kernel
   for (int bt : {16, 8, 4, 2, 1})
-    if (2 * n * feature_stride(bt) * static_cast<int64_t>(sizeof(float)) <= usable) return bt;
+    if (2 * n * feature_stride(bt) * element_size <= usable) return bt;
   return 0;
 }
 
-// Features y (inputs, N) float32 on the GPU; ELL layers (layers, slots, N): int32 indices, float32 values.
-static void check_chain_inputs(const torch::Tensor& y, const torch::Tensor& ell_idx, const torch::Tensor& ell_val) {
-  TORCH_CHECK(y.is_cuda() && y.dim() == 2 && y.scalar_type() == torch::kFloat, "y must be a 2-D float32 CUDA tensor");
+// Features y (inputs, N) float32 on the GPU (chain: also float16 / bfloat16, with_16bit); ELL layers (layers, slots,
+// N): int32 indices, float32 values.
+static void check_chain_inputs(const torch::Tensor& y, const torch::Tensor& ell_idx, const torch::Tensor& ell_val,
+                               bool with_16bit = false) {
+  const auto t = y.scalar_type();
+  const bool dtype_ok = t == torch::kFloat || (with_16bit && (t == torch::kHalf || t == torch::kBFloat16));
+  TORCH_CHECK(y.is_cuda() && y.dim() == 2 && dtype_ok,
+              with_16bit ? "y must be a 2-D float32, float16 or bfloat16 CUDA tensor"
+                         : "y must be a 2-D float32 CUDA tensor");
   TORCH_CHECK(ell_idx.dim() == 3 && ell_idx.scalar_type() == torch::kInt, "ell_idx must be (layers, slots, N) int32");
   TORCH_CHECK(ell_val.sizes() == ell_idx.sizes() && ell_val.scalar_type() == torch::kFloat,
               "ell_val must be float32 and shaped like ell_idx");
@@ -192,7 +254,7 @@ static void check_chain_inputs(const torch::Tensor& y, const torch::Tensor& ell_
 
 std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const torch::Tensor& ell_idx,
                                                const torch::Tensor& ell_val, double bias, double cap) {
-  check_chain_inputs(y, ell_idx, ell_val);
+  check_chain_inputs(y, ell_idx, ell_val, /*with_16bit=*/true);
   const c10::cuda::CUDAGuard guard(y.device());
   auto yc = y.contiguous();
   auto idx = ell_idx.contiguous();
@@ -200,26 +262,27 @@ std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const tor
   auto out = torch::empty_like(yc);
   auto alive = torch::empty({yc.size(0)}, yc.options().dtype(torch::kInt));
   if (yc.size(0) == 0) return {out, alive};
+  const auto dtype = yc.scalar_type();
   // Fewer inputs per block while there would be fewer than min_blocks blocks: once few inputs are alive (the late
   // layers), BT = 16 would run them on a handful of SMs. Each block streams every layer's weights from L2, so one
   // input per block pays that traffic per input. Default: half the SMs. Measured on the H100 (N = 1024 x 480, 141
   // inputs alive after layer 8; benchmarks/results/spdnn-profile-chain-h100-2026-11-25.json): per late layer
   // 10.7 us at 1 input per block (132 blocks), 8.2 us at 2 (66), 9.8 us at 4 (33), 13.6 us at 8, 24 us at 16.
   // $PRUNEKIT_SPDNN_MIN_BLOCKS overrides. Per-input arithmetic (slot order) does not depend on BT: same results.
-  int bt = static_cast<int>(max_block_inputs(yc.size(1)));
+  int bt = static_cast<int>(max_block_inputs(yc.size(1), dtype == torch::kFloat ? 4 : 2));
   int device = 0, sms = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   int64_t min_blocks = std::max(1, sms / 2);
   if (const char* env = std::getenv("PRUNEKIT_SPDNN_MIN_BLOCKS")) min_blocks = std::max<int64_t>(1, std::atoll(env));
   while (bt > 1 && (yc.size(0) + bt - 1) / bt < min_blocks) bt /= 2;
-  switch (bt) {
-    case 16: launch<16>(yc, idx, val, bias, cap, out, alive); break;
-    case 8: launch<8>(yc, idx, val, bias, cap, out, alive); break;
-    case 4: launch<4>(yc, idx, val, bias, cap, out, alive); break;
-    case 2: launch<2>(yc, idx, val, bias, cap, out, alive); break;
-    case 1: launch<1>(yc, idx, val, bias, cap, out, alive); break;
-    default: TORCH_CHECK(false, "N = ", yc.size(1), " features do not fit in shared memory for the fused chain");
+  TORCH_CHECK(bt > 0, "N = ", yc.size(1), " features do not fit in shared memory for the fused chain");
+  if (dtype == torch::kHalf) {
+    launch_bt<__half>(bt, yc, idx, val, bias, cap, out, alive);
+  } else if (dtype == torch::kBFloat16) {
+    launch_bt<__nv_bfloat16>(bt, yc, idx, val, bias, cap, out, alive);
+  } else {
+    launch_bt<float>(bt, yc, idx, val, bias, cap, out, alive);
   }
   return {out, alive};
 }
@@ -367,7 +430,7 @@ int64_t tile_inputs() { return kTileInputs; }
 TORCH_LIBRARY(prunekit_spdnn, m) {
   m.def("chain(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap) -> (Tensor, Tensor)");
   m.def("tiled(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap) -> (Tensor, Tensor)");
-  m.def("max_block_inputs(int n) -> int");
+  m.def("max_block_inputs(int n, int element_size=4) -> int");
   m.def("tile_inputs() -> int");
 }
 
