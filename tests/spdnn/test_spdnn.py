@@ -362,6 +362,36 @@ def test_tiled_kernel_emulation_matches_float64_reference(count):
     assert torch.equal(infer_chained(emulate_tiled, features, idx, val, bias_for(N), 32.0), truth)
 
 
+@pytest.mark.parametrize("settle", ["1", "0"])
+def test_chain_driver_runs_the_settled_tail_in_one_launch(settle, monkeypatch):
+    """After a chain of >= SETTLE_MIN_CHAIN layers that loses no input, the rest runs in one launch; the categories
+    do not depend on it (emulated tiled op on the CPU, float64 truth)."""
+    from prunekit.kernels import spdnn_cuda
+
+    monkeypatch.setenv(spdnn_cuda.SETTLE_ENV, settle)
+    features = small_inputs(60)
+    net = list(iter_layers(N, 100))
+    idx, val = _ell(net)
+    launches = []
+
+    def op(y, i, v, bias, cap):
+        launches.append((y.shape[0], i.shape[0]))
+        return spdnn_cuda.emulate_tiled(y, i, v, bias, cap)
+
+    found = spdnn_cuda.infer_chained(op, features, idx, val, bias_for(N), 32.0)
+    assert torch.equal(found, infer(features, net, bias_for(N)))
+    assert sum(n for _, n in launches) == 100
+    lengths = [n for _, n in launches]
+    assert lengths[:4] == [1, 1, 2, 4]
+    if settle == "1":
+        # the first chain of >= 8 layers that keeps every input ends the chaining: one launch for the rest
+        first = next(k for k in range(1, len(launches)) if launches[k - 1][1] >= spdnn_cuda.SETTLE_MIN_CHAIN
+                     and launches[k][0] == launches[k - 1][0])  # fmt: skip
+        assert first == len(launches) - 1 and lengths[-1] > spdnn_cuda.MAX_CHAIN
+    else:
+        assert max(lengths) <= spdnn_cuda.MAX_CHAIN
+
+
 def test_memory_budget_fits_every_network_on_an_80gb_h100_and_docs_quote_it():
     from prunekit.spdnn.generator import SPDNN_LAYERS, SPDNN_NEURONS
     from prunekit.spdnn.memory import H100_NBYTES, budget_table, default_kernel, memory_budget
