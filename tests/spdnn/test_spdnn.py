@@ -216,15 +216,9 @@ def test_fused_chain_with_16_bit_features_matches_a_float64_model_of_its_roundin
     """The 16-bit option: features stored in float16 / bfloat16 between layers, each layer computed in float32. The
     float64 model rounds to the 16-bit type after every layer, as the kernel does; the kernel's float32 sums differ
     from it by float32 rounding (and the float32 bias), which may move a value across a 16-bit rounding boundary."""
-    from prunekit.kernels import spdnn_cuda
 
-    spdnn_cuda.load()
     count = 700
-    images, pixels = synthetic_images(neurons, count, total_nnz=int(0.25 * neurons * count))
-    features = dense_features(images, pixels, count, neurons).cuda()
-    net = list(iter_layers(neurons, 3, "cuda"))
-    ells = [spdnn_cuda.to_ell(*layer.csr_by_output(), torch.full((layer.nnz,), 1 / 16, device="cuda")) for layer in net]
-    idx, val = torch.stack([e[0] for e in ells]), torch.stack([e[1] for e in ells])
+    features, net, idx, val = _cuda_case(neurons, count, 3)
     bias = bias_for(neurons)
     out, alive = torch.ops.prunekit_spdnn.chain(features.to(dtype), idx, val, bias, 32.0)
     assert out.dtype == dtype and out.shape == features.shape
@@ -254,13 +248,8 @@ def test_relabelled_network_gives_the_same_categories():
 def test_fused_chain_matches_float64_reference_on_cuda(neurons):
     from prunekit.kernels import spdnn_cuda
 
-    spdnn_cuda.load()
     count = 1500
-    images, pixels = synthetic_images(neurons, count, total_nnz=int(0.25 * neurons * count))
-    features = dense_features(images, pixels, count, neurons).cuda()
-    net = list(iter_layers(neurons, 24, "cuda"))
-    ells = [spdnn_cuda.to_ell(*layer.csr_by_output(), torch.full((layer.nnz,), 1 / 16, device="cuda")) for layer in net]
-    idx, val = torch.stack([e[0] for e in ells]), torch.stack([e[1] for e in ells])
+    features, net, idx, val = _cuda_case(neurons, count, 24)
     # one chain of 3 layers, every output checked (poisoned input buffers are not reused: outputs are fresh)
     out, alive = torch.ops.prunekit_spdnn.chain(features.float(), idx[:3], val[:3], bias_for(neurons), 32.0)
     ref = features.clone()
@@ -280,16 +269,11 @@ def test_fused_chain_matches_float64_reference_on_cuda(neurons):
 def test_fused_chain_gives_the_same_bits_whatever_inputs_per_block_it_picks(neurons):
     """A chain launch takes fewer inputs per block when few are alive (down to 1): each input's output must be
     bit-for-bit the one it gets in a large batch (16 or 4 per block), and match float64."""
-    from prunekit.kernels import spdnn_cuda
 
-    spdnn_cuda.load()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     count = 16 * sms + 37  # the large batch keeps the widest blocks
-    images, pixels = synthetic_images(neurons, count, total_nnz=int(0.25 * neurons * count))
-    features = dense_features(images, pixels, count, neurons).cuda().float()
-    net = list(iter_layers(neurons, 6, "cuda"))
-    ells = [spdnn_cuda.to_ell(*layer.csr_by_output(), torch.full((layer.nnz,), 1 / 16, device="cuda")) for layer in net]
-    idx, val = torch.stack([e[0] for e in ells]), torch.stack([e[1] for e in ells])
+    features, net, idx, val = _cuda_case(neurons, count, 6)
+    features = features.float()
     bias = bias_for(neurons)
     big, big_alive = torch.ops.prunekit_spdnn.chain(features, idx, val, bias, 32.0)
     for small in (1, 3, 100, sms - 1, 2 * sms + 5, 8 * sms - 3):  # 1 to 16 inputs per block (at N = 1024)
@@ -329,6 +313,18 @@ def test_compact_rows_moves_kept_rows_to_the_front_in_place():
     expected = y[keep].clone()
     out = compact_rows_(y, keep, chunk_rows=2)
     assert out.data_ptr() == y.data_ptr() and torch.equal(out, expected)
+
+
+def _cuda_case(neurons: int, count: int, layers: int):
+    """Synthetic binary features (count, N) float64 on the GPU (25% density), the first ``layers`` challenge layers
+    and their ELL form; loads the kernels."""
+    from prunekit.kernels import spdnn_cuda
+
+    spdnn_cuda.load()
+    images, pixels = synthetic_images(neurons, count, total_nnz=int(0.25 * neurons * count))
+    features = dense_features(images, pixels, count, neurons).cuda()
+    net = list(iter_layers(neurons, layers, "cuda"))
+    return (features, net, *_ell(net))
 
 
 def _ell(net):
