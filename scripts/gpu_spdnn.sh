@@ -81,13 +81,13 @@ case "$what" in
     # per-launch CUDA-event times of the chain, official vs relabelled N=1024 (x 120 and 480), then Nsight Compute
     # on the first 4 launches (all 60000 inputs alive) of each network: shared-memory wavefronts and bank conflicts
     build
-    python3 scripts/spdnn_profile.py --neurons 1024 --layers 480 --min-blocks 132,66,16,8 --json "$OUT/spdnn-profile-chain.json" 2>&1 \
+    python3 benchmarks/spdnn_profile.py --neurons 1024 --layers 480 --min-blocks 132,66,16,8 --json "$OUT/spdnn-profile-chain.json" 2>&1 \
       | tee "$OUT/profile.log" | tail -70
     if command -v ncu > /dev/null; then
       for net in official relabelled; do
         timeout 150 ncu -k regex:spdnn_chain --launch-skip 0 --launch-count 4 --metrics \
           gpu__time_duration.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,lts__t_bytes.sum,smsp__inst_executed.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed \
-          python3 scripts/spdnn_profile.py --neurons 1024 --layers 8 --repeats 1 --only $net > "$OUT/ncu-$net.txt" 2>&1
+          python3 benchmarks/spdnn_profile.py --neurons 1024 --layers 8 --repeats 1 --only $net > "$OUT/ncu-$net.txt" 2>&1
         echo "ncu $net exit $?"; grep -E "spdnn_chain|duration|bank|wavefronts|lts__t|inst_executed|throughput" "$OUT/ncu-$net.txt" | head -40
       done
     fi

@@ -1,10 +1,12 @@
 """Where the fused SpDNN chain spends its time: every chain launch of one inference, timed with CUDA events, for the
 official network and a relabelled copy (same function, hidden neurons renamed).
 
-Prints one row per launch (layers, live inputs, inputs per block, ms) and the totals, and writes them as JSON.
-Run on the GPU machine (scripts/gpu_spdnn.sh profile); under Nsight Compute the same launches are profiled.
+Prints one row per launch (layers, live inputs, inputs per block, ms) and the totals, and writes them as JSON with
+the device, torch and CUDA versions and the date. A diagnostic of our own kernel (where its time goes, which
+block-size rule is fastest); the comparisons with the champion and torch.sparse are benchmarks/spdnn.py's. Run on the
+GPU machine (scripts/gpu_spdnn.sh profile); under Nsight Compute the same launches are profiled.
 
-    PYTHONPATH=src python scripts/spdnn_profile.py --neurons 1024 --layers 120 --json out.json
+    PYTHONPATH=src python benchmarks/spdnn_profile.py --neurons 1024 --layers 120 --json out.json
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -67,7 +70,15 @@ def main() -> None:
     max_bt = spdnn_cuda.block_inputs(n)
     source = synthetic_image_set(n)
     features = source.rows(0, source.count, "cuda", torch.float32, 1 << 24)
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "neurons": n, "layers": args.layers}
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "neurons": n,
+        "layers": args.layers,
+        "timing": "CUDA events around each chain launch; median per launch over --repeats passes after a warm-up",
+    }
     cases = [("official", None, None), ("relabelled", 1, None)]
     cases += [(f"official, min_blocks={v}", None, int(v)) for v in filter(None, args.min_blocks.split(","))]
     for name, seed, blocks in cases:
