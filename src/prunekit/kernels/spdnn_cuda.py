@@ -86,7 +86,8 @@ def infer_fused(
             stored in 16 bits between layers, every layer computed in float32); other dtypes run as float32.
         ell_idx / ell_val: ``(layers, slots, N)`` (see :func:`to_ell`), on the same device.
 
-    Launches chains of 1, 1, 2, 4, ... (up to :data:`MAX_CHAIN`) layers, dropping dead inputs between them.
+    Launches chains of 1, 1, 2, 4, ... (up to :data:`MAX_CHAIN`) layers, dropping dead inputs between them, and the
+    rest in one launch once the survivors have settled (:func:`infer_chained`).
     """
     load()
     keep = features.dtype in CHAIN_DTYPES
