@@ -67,6 +67,14 @@ def command(ext: build.Extension, source: str, archs: tuple[str, ...], incs: lis
     return [cxx, "-c", "-std=c++17", "-fPIC", "-O2", *incs, *defines, str(path), "-o", str(out)]
 
 
+def demangle(symbol: str) -> str:
+    """A kernel's readable name (``c++filt`` when present), for the ``--ptxas`` report."""
+    tool = shutil.which("c++filt")
+    if tool is None:
+        return symbol
+    return subprocess.run([tool, symbol], capture_output=True, text=True).stdout.strip() or symbol
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="extension namespace (repeatable), e.g. prunekit_structured")
@@ -116,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(output)
                 elif args.ptxas:
                     for line in output.splitlines():
-                        if "registers" in line or "spill" in line and "0 bytes spill" not in line:
+                        if "Compiling entry function" in line:
+                            print("  " + demangle(line.split("'")[1]))
+                        elif "registers" in line or "spill" in line and "0 bytes spill" not in line:
                             print("    " + line.strip())
     print(f"{len(jobs) - failed} of {len(jobs)} sources compiled for sm_{',sm_'.join(archs)}")
     return 1 if failed else 0

@@ -10,6 +10,7 @@
 #                                        (writes the files first: 1920 TSV layers + binary copy; if the call runs out
 #                                        of time, call it again on the still-warm machine: finished steps are kept)
 #   bash scripts/gpu_spdnn.sh multi      (nvidia-h200-x2) two GPUs vs one on N=16384 and 65536 x 1920
+#   bash scripts/gpu_spdnn.sh quick      tests, then per-launch + driver wall times at N=1024 x 120 (official, relabelled)
 #   bash scripts/gpu_spdnn.sh profile    per-launch times of the chain kernel, official vs relabelled N=1024, + ncu
 #   bash scripts/gpu_spdnn.sh debug      float64 truth on the CPU vs on the GPU vs the fused kernel, N=4096 x 120
 #
@@ -77,6 +78,13 @@ case "$what" in
     build
     python3 benchmarks/spdnn.py --plan multi --budget-s "${BUDGET_S:-480}" --out "$OUT" 2>&1 | tee "$OUT/bench-multi.log" | tail -30
     ;;
+  quick)
+    # one call per kernel change: the CUDA tests, then where the 120-layer N=1024 time goes (launches vs driver wall)
+    build
+    python3 -m pytest -q tests/spdnn -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -8
+    python3 benchmarks/spdnn_profile.py --neurons 1024 --layers 120 --repeats 5 --json "$OUT/spdnn-profile-chain-120.json" \
+      2>&1 | tee "$OUT/profile.log" | tail -40
+    ;;
   profile)
     # per-launch CUDA-event times of the chain, official vs relabelled N=1024 (x 120 and 480), then Nsight Compute
     # on the first 4 launches (all 60000 inputs alive) of each network: shared-memory wavefronts and bank conflicts
@@ -96,5 +104,5 @@ case "$what" in
     build
     python3 scripts/debug_spdnn.py --neurons 4096 --layers 120 2>&1 | tee "$OUT/debug.log"
     ;;
-  *) echo "usage: bash scripts/gpu_spdnn.sh tests|small|big|huge|champion|multi|profile|debug"; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_spdnn.sh tests|quick|small|big|huge|champion|multi|profile|debug"; exit 2 ;;
 esac

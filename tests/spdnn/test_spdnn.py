@@ -287,6 +287,31 @@ def test_fused_chain_gives_the_same_bits_whatever_inputs_per_block_it_picks(neur
     torch.testing.assert_close(big.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("neurons", [256, 1024])
+@pytest.mark.parametrize("layers", [1, 2, 4])
+def test_chain_writes_every_output_whatever_its_length_and_when_blocks_die_early(neurons, layers):
+    """The last layer of a chain stores straight to the output (a one-layer chain keeps one shared buffer and runs
+    two blocks per SM); a block whose inputs all die stops early and must still write zeros. The output buffer is
+    poisoned through the caching allocator (a NaN tensor of the same size freed just before), so an unwritten element
+    shows; odd batch (a partial last block), and zero inputs that kill whole blocks at the first layer."""
+    count = 16 * 80 + 5  # >= 66 blocks of 16 on the H100: the widest blocks
+    features, net, idx, val = _cuda_case(neurons, count, layers)
+    features[32:80] = 0  # three whole blocks of 16 inputs dead from the start
+    features[5] = 0  # and a dead input inside a live block
+    bias = bias_for(neurons)
+    ref = _dense_layers(features, net, bias)
+    for _ in range(2):  # the second pass reuses the first one's freed output
+        poison = torch.full((count, neurons), float("nan"), device="cuda")
+        del poison
+        out, alive = torch.ops.prunekit_spdnn.chain(features.float(), idx, val, bias, 32.0)
+        assert not bool(out.isnan().any())
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(alive.bool(), ref.ne(0).any(dim=1))
+        assert not bool(alive[32:80].any()) and not bool(alive[5])
+
+
 def test_synthetic_rows_equal_coordinates_for_any_chunking():
     source = synthetic_image_set(N, 70, total_nnz=int(0.2 * N * 70))
     images, pixels = source.coordinates()

@@ -133,10 +133,10 @@ def infer_chained(
     while done < layers and y.shape[0] > 0:
         stop = min(layers, done + chain)
         y, alive = op(y, ell_idx[done:stop], ell_val[done:stop], bias, cap)
-        keep = alive.bool()
-        lost = not bool(keep.all())
+        rows = alive.nonzero().squeeze(1)  # the chain's one host round trip (boolean indexing would add two more)
+        lost = rows.numel() < y.shape[0]
         if lost:
-            y, live = y[keep], live[keep]
+            y, live = y.index_select(0, rows), live.index_select(0, rows)
         settled = settle and not lost and stop - done >= SETTLE_MIN_CHAIN
         done, chain = stop, layers if settled else min(MAX_CHAIN, chain * 2 if stop > 1 else 1)
     return live.cpu()

@@ -38,8 +38,10 @@ from .generator import (
 )
 from .memory import FUSED_MIN_BLOCK_INPUTS, IMAGE_CHUNK_ELEMENTS, memory_budget
 from .reference import truth_categories
+from .slot_order import order_slots_for_banks
 
 Step = Callable[[str, int, int], None]
+SLOT_ORDER_ENV = "PRUNEKIT_SPDNN_SLOT_ORDER"  # "0": build_ell keeps to_ell's slot order
 
 
 @dataclass
@@ -199,8 +201,14 @@ def build_ell(layers: Iterator[Layer], count: int, neurons: int, device: str) ->
     Returns:
         ``ell_idx (count, slots, N)`` int32, ``ell_val`` float32 (0 in padding slots), and the total nnz.
         ``slots`` starts at 32 and grows (one copy) if a layer has a longer row.
+
+    Each layer's slots are reordered per output (:func:`prunekit.spdnn.slot_order.order_slots_for_banks`) so
+    that the chain kernel's shared-memory feature reads avoid bank conflicts; the environment variable
+    ``PRUNEKIT_SPDNN_SLOT_ORDER=0`` (read once per call) keeps the order of :func:`to_ell` instead.
     """
     from ..kernels.spdnn_cuda import to_ell
+
+    slot_order = os.environ.get(SLOT_ORDER_ENV, "1") != "0"
 
     idx = torch.zeros(count, SPDNN_NNZ_PER_ROW, neurons, dtype=torch.int32, device=device)
     val = torch.zeros(count, SPDNN_NNZ_PER_ROW, neurons, dtype=torch.float32, device=device)
@@ -208,6 +216,8 @@ def build_ell(layers: Iterator[Layer], count: int, neurons: int, device: str) ->
     for k, layer in enumerate(layers):
         offsets, inputs = layer.csr_by_output()
         e_idx, e_val = to_ell(offsets, inputs, torch.full((inputs.numel(),), SPDNN_WEIGHT, device=inputs.device))
+        if slot_order:
+            e_idx, e_val = order_slots_for_banks(e_idx, e_val)
         if e_idx.shape[0] > idx.shape[1]:  # a layer with a longer row than any so far: widen every layer
             grow = e_idx.shape[0] - idx.shape[1]
             idx = torch.cat([idx, idx.new_zeros(count, grow, neurons)], dim=1)

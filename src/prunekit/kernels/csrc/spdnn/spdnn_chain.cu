@@ -76,19 +76,33 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
   extern __shared__ __align__(16) unsigned char smem_raw[];
   FT* cur = reinterpret_cast<FT*>(smem_raw);
   constexpr int S = feature_stride(BT);
-  FT* nxt = cur + static_cast<size_t>(n) * S;
+  // The last layer writes its outputs straight to `out` from registers, so a one-layer chain needs one buffer
+  // (half the shared memory: two blocks per SM, one staging while the other computes).
+  FT* nxt = layers > 1 ? cur + static_cast<size_t>(n) * S : nullptr;
   __shared__ int live_bits;
   const int b0 = blockIdx.x * BT;
 
-  // Stage the block's inputs feature-major: cur[j * S + b] = y[b0 + b, j].
-  for (int b = 0; b < BT; ++b) {
-    const bool valid = b0 + b < batch;
-    const FT* row = y + static_cast<size_t>(b0 + b) * n;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) cur[j * S + b] = valid ? row[j] : from_f32<FT>(0.f);
+  // Stage the block's inputs feature-major: cur[j * S + b] = y[b0 + b, j]. A thread owns whole feature rows j: its
+  // BT global loads (coalesced across the warp for each b) are all issued before the row is stored as vectors, so a
+  // block waits for about one memory latency per row it owns, not one per element.
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    FT v[BT];
+#pragma unroll
+    for (int b = 0; b < BT; ++b) v[b] = b0 + b < batch ? y[static_cast<size_t>(b0 + b) * n + j] : from_f32<FT>(0.f);
+    if constexpr (BT % 4 == 0) {
+#pragma unroll
+      for (int b = 0; b < BT; b += 4)
+        store4(cur + j * S + b, to_f32(v[b]), to_f32(v[b + 1]), to_f32(v[b + 2]), to_f32(v[b + 3]));
+    } else {
+#pragma unroll
+      for (int b = 0; b < BT; ++b) cur[j * S + b] = v[b];
+    }
   }
   __syncthreads();
 
+  int bits = 0, computed = 0;
   for (int l = 0; l < layers; ++l) {
+    const bool last = l == layers - 1;
     if (threadIdx.x == 0) live_bits = 0;
     __syncthreads();
     const int* idx = ell_idx + static_cast<size_t>(l) * slots * n;
@@ -164,7 +178,12 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
         acc[b] = z;
         if (z != 0.f) my_bits |= 1 << b;
       }
-      if constexpr (BT % 4 == 0) {
+      if (last) {
+        // row-major output: for each b the warp's 32 consecutive j are one coalesced 128-byte (fp32) store
+#pragma unroll
+        for (int b = 0; b < BT; ++b)
+          if (b0 + b < batch) out[static_cast<size_t>(b0 + b) * n + j] = from_f32<FT>(acc[b]);
+      } else if constexpr (BT % 4 == 0) {
 #pragma unroll
         for (int b = 0; b < BT; b += 4) store4(nxt + j * S + b, acc[b], acc[b + 1], acc[b + 2], acc[b + 3]);
       } else {
@@ -176,7 +195,8 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
     }
     if (my_bits) atomicOr(&live_bits, my_bits);
     __syncthreads();
-    const int bits = live_bits;
+    bits = live_bits;
+    computed = l + 1;
     FT* t = cur;
     cur = nxt;
     nxt = t;
@@ -184,29 +204,31 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
     if (bits == 0) break;  // all BT inputs are zero: they stay zero in every later layer
   }
 
-  for (int b = 0; b < BT; ++b) {
-    if (b0 + b >= batch) break;
-    FT* row = out + static_cast<size_t>(b0 + b) * n;
-    int any = 0;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-      const FT v = cur[j * S + b];
-      row[j] = v;
-      any |= to_f32(v) != 0.f;
-    }
-    any = __syncthreads_or(any);
-    if (threadIdx.x == 0) alive[b0 + b] = any;
+  if (computed < layers) {  // stopped early: the inputs are zero from here on, and the last layer wrote nothing
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+      for (int b = 0; b < BT && b0 + b < batch; ++b) out[static_cast<size_t>(b0 + b) * n + j] = from_f32<FT>(0.f);
   }
+  const int b = threadIdx.x;
+  if (b < BT && b0 + b < batch) alive[b0 + b] = (bits >> b) & 1;
 }
+
+// Threads per block: a one-layer chain keeps one feature buffer, so two blocks of half the threads share an SM
+// (the same 16 warps per SM) and one block's staging and output stores overlap the other's compute.
+constexpr int kSingleLayerThreads = kThreads / 2;
 
 template <typename FT, int BT>
 void launch(const torch::Tensor& y, const torch::Tensor& idx, const torch::Tensor& val, double bias, double cap,
             torch::Tensor& out, torch::Tensor& alive) {
   const int batch = y.size(0), n = y.size(1), layers = idx.size(0), slots = idx.size(1);
-  const size_t smem = 2 * static_cast<size_t>(n) * feature_stride(BT) * sizeof(FT);
+  const int buffers = layers > 1 ? 2 : 1;
+  const size_t smem = buffers * static_cast<size_t>(n) * feature_stride(BT) * sizeof(FT);
   auto kernel = spdnn_chain_kernel<FT, BT>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   const int blocks = (batch + BT - 1) / BT;
-  kernel<<<blocks, kThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
+  const int threads = layers > 1 ? kThreads : kSingleLayerThreads;
+  kernel<<<blocks, threads, smem, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const FT*>(y.data_ptr()), batch, n, slots, layers, idx.data_ptr<int>(), val.data_ptr<float>(),
       static_cast<float>(bias), static_cast<float>(cap), reinterpret_cast<FT*>(out.data_ptr()), alive.data_ptr<int>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
