@@ -22,7 +22,8 @@ import torch
 
 from prunekit.kernels import spdnn_cuda
 from prunekit.spdnn.generator import SPDNN_RELU_CAP, bias_for, iter_layers, relabel, synthetic_image_set
-from prunekit.spdnn.run import build_ell
+from prunekit.spdnn.run import build_chain_layers
+from prunekit.spdnn.slot_order import bank_conflict_factor
 
 
 def min_blocks(sms: int) -> int:
@@ -31,40 +32,32 @@ def min_blocks(sms: int) -> int:
     return max(1, int(env)) if env else max(1, sms // 2)
 
 
-def chain_launches(features, idx, val, bias, sms: int, max_bt: int) -> list[dict]:
-    """``spdnn_cuda.infer_chained`` with a CUDA-event timing around each launch (and the host compaction apart)."""
-    rows, live = [], features.shape[0]
-    y = features
-    done, chain, layers = 0, 1, idx.shape[0]
-    while done < layers and y.shape[0] > 0:
-        stop = min(layers, done + chain)
+def chain_launches(features, idx, val, bias, row_pos, sms: int, max_bt: int) -> list[dict]:
+    """One inference through the shipped driver (``spdnn_cuda.infer_chained``, same schedule and gathers), with a
+    CUDA-event timing around each launch (the host round trip between launches apart)."""
+    trace: list[dict] = []
+    spdnn_cuda.infer_chained(torch.ops.prunekit_spdnn.chain, features, idx, val, bias, SPDNN_RELU_CAP,
+                             row_pos=row_pos, gathers=True, trace=trace)  # fmt: skip
+    torch.cuda.synchronize()
+    rows = []
+    for t in trace:
         bt = max_bt
-        while bt > 1 and -(-y.shape[0] // bt) < min_blocks(sms):  # the C++ rule in chain()
+        while bt > 1 and -(-t["live_in"] // bt) < min_blocks(sms):  # the C++ rule in chain()
             bt //= 2
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        y, alive = torch.ops.prunekit_spdnn.chain(y, idx[done:stop], val[done:stop], bias, SPDNN_RELU_CAP)
-        end.record()
-        keep = alive.bool()
-        after = int(keep.sum())
-        if after < y.shape[0]:
-            y = y[keep]
-        torch.cuda.synchronize()
-        rows.append({"first": done, "last": stop - 1, "live_in": live, "live_out": after, "block_inputs": bt,
-                     "ms": start.elapsed_time(end)})  # fmt: skip
-        live, done, chain = after, stop, min(spdnn_cuda.MAX_CHAIN, chain * 2 if stop > 1 else 1)
+        start, end = t.pop("events")
+        rows.append(t | {"block_inputs": bt, "ms": start.elapsed_time(end)})
     return rows
 
 
-def driver_wall_ms(features, idx, val, bias, repeats: int) -> float:
+def driver_wall_ms(features, idx, val, bias, row_pos, repeats: int) -> float:
     """Median host wall time (ms, synchronized) of ``spdnn_cuda.infer_fused``: the launches of the shipped driver
     (settled tail included) plus its host round trips and compactions, which the per-launch events leave out."""
-    spdnn_cuda.infer_fused(features, idx, val, bias, SPDNN_RELU_CAP)  # warm-up
+    spdnn_cuda.infer_fused(features, idx, val, bias, SPDNN_RELU_CAP, row_pos)  # warm-up
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        spdnn_cuda.infer_fused(features, idx, val, bias, SPDNN_RELU_CAP)
+        spdnn_cuda.infer_fused(features, idx, val, bias, SPDNN_RELU_CAP, row_pos)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)[len(times) // 2]
@@ -104,21 +97,24 @@ def main() -> None:
         else:
             os.environ["PRUNEKIT_SPDNN_MIN_BLOCKS"] = str(blocks)
         stream = iter_layers(n, args.layers, "cuda")
-        idx, val, _ = build_ell(relabel(stream, seed) if seed is not None else stream, args.layers, n, "cuda")
-        chain_launches(features, idx, val, bias, sms, max_bt)  # warm-up
-        passes = [chain_launches(features, idx, val, bias, sms, max_bt) for _ in range(max(1, args.repeats))]
+        net = relabel(stream, seed) if seed is not None else stream
+        idx, val, _, row_pos = build_chain_layers(net, args.layers, n, "cuda")
+        report[f"{name}, bank conflict factor"] = bank_conflict_factor(idx)
+        chain_launches(features, idx, val, bias, row_pos, sms, max_bt)  # warm-up
+        passes = [chain_launches(features, idx, val, bias, row_pos, sms, max_bt) for _ in range(max(1, args.repeats))]
         rows = passes[0]
         for i, row in enumerate(rows):
             row["ms"] = sorted(p[i]["ms"] for p in passes)[len(passes) // 2]
         report[name] = rows
-        wall_ms = driver_wall_ms(features, idx, val, bias, max(1, args.repeats))
+        wall_ms = driver_wall_ms(features, idx, val, bias, row_pos, max(1, args.repeats))
         report[f"{name}, driver wall ms"] = wall_ms
         print(f"{name}: {sum(r['ms'] for r in rows):.3f} ms in {len(rows)} launches; "
-              f"spdnn_cuda.infer_fused wall time {wall_ms:.3f} ms")  # fmt: skip
+              f"spdnn_cuda.infer_fused wall time {wall_ms:.3f} ms; bank conflict factor "
+              f"{report[f'{name}, bank conflict factor']:.3f}")  # fmt: skip
         for r in rows:
             print(f"  layers {r['first']:4d}-{r['last']:4d}  live {r['live_in']:6d} -> {r['live_out']:6d}  "
                   f"BT {r['block_inputs']:2d}  {r['ms']:8.3f} ms")  # fmt: skip
-        idx = val = None
+        idx = val = row_pos = None
     os.environ.pop("PRUNEKIT_SPDNN_MIN_BLOCKS", None)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

@@ -312,6 +312,32 @@ def test_chain_writes_every_output_whatever_its_length_and_when_blocks_die_early
         assert not bool(alive[32:80].any()) and not bool(alive[5])
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("neurons", [256, 1024])
+def test_chain_with_permuted_shared_rows_gives_the_same_bits(neurons):
+    """row_pos moves each layer's input neurons to other shared-memory rows (the ELL then names those rows): the
+    same products are summed in the same slot order, so every chain length gives the same bits, and the driver the
+    same categories."""
+    from prunekit.kernels import spdnn_cuda
+
+    count = 16 * 80 + 3
+    features, net, idx, val = _cuda_case(neurons, count, 6)
+    features = features.float()
+    bias = bias_for(neurons)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    pos = torch.stack([torch.randperm(neurons, device="cuda", generator=gen) for _ in net]).int()
+    moved = torch.gather(pos[:, None, :].expand(-1, idx.shape[1], -1), 2, idx.long()).int()  # pos[l][idx[l]]
+    for layers in (1, 2, 6):
+        plain, plain_alive = torch.ops.prunekit_spdnn.chain(features, idx[:layers], val[:layers], bias, 32.0)
+        out, alive = torch.ops.prunekit_spdnn.chain(features, moved[:layers], val[:layers], bias, 32.0, pos[:layers])
+        assert torch.equal(out, plain) and torch.equal(alive, plain_alive), layers
+    truth = spdnn_cuda.infer_fused(features, idx, val, bias, 32.0)
+    assert torch.equal(spdnn_cuda.infer_fused(features, moved, val, bias, 32.0, pos), truth)
+    with pytest.raises(RuntimeError, match="row_pos must be"):
+        torch.ops.prunekit_spdnn.chain(features, moved, val, bias, 32.0, pos[:2])
+
+
 def test_synthetic_rows_equal_coordinates_for_any_chunking():
     source = synthetic_image_set(N, 70, total_nnz=int(0.2 * N * 70))
     images, pixels = source.coordinates()
@@ -403,7 +429,7 @@ def test_chain_driver_runs_the_settled_tail_in_one_launch(settle, monkeypatch):
     assert torch.equal(found, infer(features, net, bias_for(N)))
     assert sum(n for _, n in launches) == 100
     lengths = [n for _, n in launches]
-    assert lengths[:4] == [1, 1, 2, 4]
+    assert lengths[:4] == [2, 2, 4, 8]
     if settle == "1":
         # the first chain of >= 8 layers that keeps every input ends the chaining: one launch for the rest
         first = next(k for k in range(1, len(launches)) if launches[k - 1][1] >= spdnn_cuda.SETTLE_MIN_CHAIN
@@ -411,6 +437,42 @@ def test_chain_driver_runs_the_settled_tail_in_one_launch(settle, monkeypatch):
         assert first == len(launches) - 1 and lengths[-1] > spdnn_cuda.MAX_CHAIN
     else:
         assert max(lengths) <= spdnn_cuda.MAX_CHAIN
+
+
+@pytest.mark.parametrize("first", ["1", "2"])
+def test_chain_driver_gathering_live_rows_equals_copying_them(first, monkeypatch):
+    """With ``gathers`` the driver hands the op the live rows of its last output instead of a compacted copy: the op
+    (here the emulated tiled op behind a gather) sees the same inputs, and the categories and the trace agree."""
+    from prunekit.kernels import spdnn_cuda
+
+    monkeypatch.setenv(spdnn_cuda.FIRST_CHAIN_ENV, first)
+    features = small_inputs(70)
+    net = list(iter_layers(N, 40))
+    idx, val = _ell(net)
+    seen = {}
+
+    def gathering(y, i, v, bias, cap, row_pos, rows):
+        assert row_pos is None
+        picked = y if rows is None else y[rows]
+        seen.setdefault("gather", []).append(picked.clone())
+        return spdnn_cuda.emulate_tiled(picked, i, v, bias, cap)
+
+    def copying(y, i, v, bias, cap):
+        seen.setdefault("copy", []).append(y.clone())
+        return spdnn_cuda.emulate_tiled(y, i, v, bias, cap)
+
+    traces = {"gather": [], "copy": []}
+    got = spdnn_cuda.infer_chained(
+        gathering, features, idx, val, bias_for(N), 32.0, gathers=True, trace=traces["gather"]
+    )
+    want = spdnn_cuda.infer_chained(copying, features, idx, val, bias_for(N), 32.0, trace=traces["copy"])
+    assert torch.equal(got, want) and torch.equal(want, infer(features, net, bias_for(N)))
+    assert len(seen["gather"]) == len(seen["copy"]) > 2
+    for a, b in zip(seen["gather"], seen["copy"], strict=True):
+        assert torch.equal(a, b)
+    assert traces["gather"] == traces["copy"]
+    assert [t["last"] - t["first"] + 1 for t in traces["copy"]][:2] == [int(first)] * 2
+    assert any(t["live_out"] < t["live_in"] for t in traces["copy"])  # some launch dropped inputs
 
 
 def test_memory_budget_fits_every_network_on_an_80gb_h100_and_docs_quote_it():

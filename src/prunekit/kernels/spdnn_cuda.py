@@ -29,6 +29,8 @@ MAX_CHAIN = 64  # layers per launch once few inputs are left
 CHAIN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # feature storage types of the chain kernel
 SETTLE_MIN_CHAIN = 8  # a chain this long that loses no input ends the compaction (infer_chained)
 SETTLE_ENV = "PRUNEKIT_SPDNN_SETTLE"
+FIRST_CHAIN = 2  # layers in the first chain launch (and the second); then doubling (infer_chained)
+FIRST_CHAIN_ENV = "PRUNEKIT_SPDNN_FIRST_CHAIN"
 TILE_INPUTS = 16  # inputs per tile of the tiled kernel (kTileInputs in spdnn_chain.cu; both ops live in that file)
 MAX_TILED_BATCH = 65535 * TILE_INPUTS  # grid.y limit of the tiled kernel
 
@@ -76,7 +78,12 @@ def to_ell(
 
 
 def infer_fused(
-    features: torch.Tensor, ell_idx: torch.Tensor, ell_val: torch.Tensor, bias: float, cap: float
+    features: torch.Tensor,
+    ell_idx: torch.Tensor,
+    ell_val: torch.Tensor,
+    bias: float,
+    cap: float,
+    row_pos: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run every layer with the shared-memory chain kernel; return the 0-based indices of inputs whose final
     row is non-zero (CPU int64, sorted).
@@ -85,13 +92,17 @@ def infer_fused(
         features: ``(inputs, N)`` CUDA (not modified), float32, or float16 / bfloat16 (issue 7's option: features
             stored in 16 bits between layers, every layer computed in float32); other dtypes run as float32.
         ell_idx / ell_val: ``(layers, slots, N)`` (see :func:`to_ell`), on the same device.
+        row_pos: ``(layers, N)`` int32 or None: the shared-memory row of each layer's input neurons, a permutation
+            per layer; ``ell_idx`` must then name those rows (:func:`prunekit.spdnn.slot_order.chain_layout`).
 
-    Launches chains of 1, 1, 2, 4, ... (up to :data:`MAX_CHAIN`) layers, dropping dead inputs between them, and the
-    rest in one launch once the survivors have settled (:func:`infer_chained`).
+    Launches chains of 2, 2, 4, 8, ... (up to :data:`MAX_CHAIN`) layers, dropping dead inputs between them (the next
+    launch reads only the live rows of the last one's output), and the rest in one launch once the survivors have
+    settled (:func:`infer_chained`).
     """
     load()
     keep = features.dtype in CHAIN_DTYPES
-    return infer_chained(torch.ops.prunekit_spdnn.chain, features, ell_idx, ell_val, bias, cap, keep_dtype=keep)
+    op = torch.ops.prunekit_spdnn.chain
+    return infer_chained(op, features, ell_idx, ell_val, bias, cap, keep_dtype=keep, row_pos=row_pos, gathers=True)
 
 
 def infer_tiled(
@@ -115,30 +126,62 @@ def infer_chained(
     bias: float,
     cap: float,
     keep_dtype: bool = False,
+    row_pos: torch.Tensor | None = None,
+    gathers: bool = False,
+    trace: list[dict] | None = None,
 ):
-    """Drive ``op(y, idx, val, bias, cap) -> (out, alive)`` over chains of 1, 1, 2, 4, ... 64 layers with
+    """Drive ``op(y, idx, val, bias, cap) -> (out, alive)`` over chains of 2, 2, 4, 8, ... 64 layers with
     compaction of the live inputs between chains; return the live inputs' 0-based indices (CPU int64, sorted).
-    ``op`` may be a CUDA op or :func:`emulate_tiled` (CPU tests). ``keep_dtype``: pass ``features`` in their own
-    dtype (the chain kernel's 16-bit option) instead of float32.
 
-    Once a chain of at least :data:`SETTLE_MIN_CHAIN` layers ends with no input lost (the survivors have settled),
-    the remaining layers run in one launch: each chain costs a host round trip (the compaction reads the alive flags),
-    about 1-2 ms of a 480-layer N = 1024 inference on the H100 (docs/PERFORMANCE_SPDNN.md), and a block whose inputs
+    Args:
+        op: a CUDA op or :func:`emulate_tiled` (CPU tests).
+        features: ``(inputs, N)``. keep_dtype: pass ``features`` in their own dtype (the chain kernel's 16-bit option)
+            instead of float32.
+        ell_idx / ell_val: ``(layers, slots, N)``.
+        row_pos: the chain op's ``(layers, N)`` shared-memory rows, passed on sliced like the layers.
+        gathers: ``op`` takes ``row_pos`` and ``rows`` (the chain op): the live rows of the last output are passed as
+            ``rows`` instead of copied out of it (a copy of the live features per chain, 0.1-0.2 ms at 60000 x 1024).
+        trace: when a list, one dict per launch is appended (``first``, ``last``, ``live_in``, ``live_out`` and, on
+            CUDA, ``events``: start and end CUDA events around the launch; read them after a synchronize).
+
+    The first chain is 2 layers ($PRUNEKIT_SPDNN_FIRST_CHAIN, :data:`FIRST_CHAIN`): in the challenge networks the first
+    layer drops almost no input, so its compaction would cost a host round trip for nothing. Once a chain of at least
+    :data:`SETTLE_MIN_CHAIN` layers ends with no input lost (the survivors have settled), the remaining layers run in
+    one launch: each chain costs a host round trip (the compaction reads the alive flags), and a block whose inputs
     all die later still stops at once. ``$PRUNEKIT_SPDNN_SETTLE=0`` keeps chains of at most :data:`MAX_CHAIN`."""
     layers = ell_idx.shape[0]
     live = torch.arange(features.shape[0], device=features.device)
     y = (features if keep_dtype else features.float()).contiguous()
     settle = os.environ.get(SETTLE_ENV, "1").strip() not in ("0", "false", "False")
-    done, chain = 0, 1
-    while done < layers and y.shape[0] > 0:
+    first = max(1, int(os.environ.get(FIRST_CHAIN_ENV, FIRST_CHAIN)))
+    rows = None  # gathers: the rows of y still alive (None: all)
+    done, chain = 0, first
+    while done < layers and (y.shape[0] if rows is None else rows.numel()) > 0:
         stop = min(layers, done + chain)
-        y, alive = op(y, ell_idx[done:stop], ell_val[done:stop], bias, cap)
-        rows = alive.nonzero().squeeze(1)  # the chain's one host round trip (boolean indexing would add two more)
-        lost = rows.numel() < y.shape[0]
+        extra = (None if row_pos is None else row_pos[done:stop], rows) if gathers else ()
+        if trace is not None and y.is_cuda:
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        y, alive = op(y, ell_idx[done:stop], ell_val[done:stop], bias, cap, *extra)
+        if trace is not None:
+            trace.append({"first": done, "last": stop - 1, "live_in": int(alive.numel())})
+            if y.is_cuda:
+                events[1].record()
+                trace[-1]["events"] = events
+        keep = alive.nonzero().squeeze(1)  # the chain's one host round trip (boolean indexing would add two more)
+        lost = keep.numel() < alive.numel()
+        if trace is not None:
+            trace[-1]["live_out"] = int(keep.numel())
         if lost:
-            y, live = y.index_select(0, rows), live.index_select(0, rows)
+            live = live.index_select(0, keep)
+            if gathers:
+                rows = keep
+            else:
+                y = y.index_select(0, keep)
+        elif gathers:
+            rows = None
         settled = settle and not lost and stop - done >= SETTLE_MIN_CHAIN
-        done, chain = stop, layers if settled else min(MAX_CHAIN, chain * 2 if stop > 1 else 1)
+        done, chain = stop, layers if settled else min(MAX_CHAIN, chain * 2 if stop > first else first)
     return live.cpu()
 
 

@@ -195,20 +195,28 @@ def _to_device(layer: Layer, device: str) -> Layer:
     return Layer(layer.index, layer.neurons, layer.rows.to(device), layer.cols.to(device))
 
 
-def build_ell(layers: Iterator[Layer], count: int, neurons: int, device: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+ROW_LAYOUT_MAX_NEURONS = 4096  # build_chain_layers balances shared-memory rows up to this N (the fused kernel's range)
+ORDER_CHUNK_ENTRIES = 1 << 22  # ELL entries per order_slots_for_banks call in build_ell (bounds its temporaries)
+
+
+def build_ell(
+    layers: Iterator[Layer], count: int, neurons: int, device: str, slot_order: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Every layer as slot-major ELL, built one layer at a time into preallocated tensors.
+
+    Args:
+        slot_order: reorder each output's slots for the chain kernel's shared-memory banks
+            (:func:`prunekit.spdnn.slot_order.order_slots_for_banks`, on chunks of layers after the build: its
+            ``slots x 8`` steps are paid once per chunk, not per layer). The tiled kernel reads features from global
+            memory and has no use for it. ``PRUNEKIT_SPDNN_SLOT_ORDER=0`` (read once per call) turns it off.
 
     Returns:
         ``ell_idx (count, slots, N)`` int32, ``ell_val`` float32 (0 in padding slots), and the total nnz.
         ``slots`` starts at 32 and grows (one copy) if a layer has a longer row.
-
-    Each layer's slots are reordered per output (:func:`prunekit.spdnn.slot_order.order_slots_for_banks`) so
-    that the chain kernel's shared-memory feature reads avoid bank conflicts; the environment variable
-    ``PRUNEKIT_SPDNN_SLOT_ORDER=0`` (read once per call) keeps the order of :func:`to_ell` instead.
     """
     from ..kernels.spdnn_cuda import to_ell
 
-    slot_order = os.environ.get(SLOT_ORDER_ENV, "1") != "0"
+    slot_order = slot_order and os.environ.get(SLOT_ORDER_ENV, "1") != "0"
 
     idx = torch.zeros(count, SPDNN_NNZ_PER_ROW, neurons, dtype=torch.int32, device=device)
     val = torch.zeros(count, SPDNN_NNZ_PER_ROW, neurons, dtype=torch.float32, device=device)
@@ -216,8 +224,6 @@ def build_ell(layers: Iterator[Layer], count: int, neurons: int, device: str) ->
     for k, layer in enumerate(layers):
         offsets, inputs = layer.csr_by_output()
         e_idx, e_val = to_ell(offsets, inputs, torch.full((inputs.numel(),), SPDNN_WEIGHT, device=inputs.device))
-        if slot_order:
-            e_idx, e_val = order_slots_for_banks(e_idx, e_val)
         if e_idx.shape[0] > idx.shape[1]:  # a layer with a longer row than any so far: widen every layer
             grow = e_idx.shape[0] - idx.shape[1]
             idx = torch.cat([idx, idx.new_zeros(count, grow, neurons)], dim=1)
@@ -225,7 +231,41 @@ def build_ell(layers: Iterator[Layer], count: int, neurons: int, device: str) ->
         idx[k, : e_idx.shape[0]] = e_idx
         val[k, : e_val.shape[0]] = e_val
         total += layer.nnz
+    if slot_order:
+        step = max(1, ORDER_CHUNK_ENTRIES // max(1, idx.shape[1] * neurons))
+        for lo in range(0, count, step):
+            idx[lo : lo + step], val[lo : lo + step] = order_slots_for_banks(idx[lo : lo + step], val[lo : lo + step])
     return idx, val, total
+
+
+def build_chain_layers(
+    layers: Iterator[Layer], count: int, neurons: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+    """The layers laid out for the chain kernel: :func:`build_ell`, then per layer a shared-memory row for every input
+    neuron and an order of each output's slots (:func:`prunekit.spdnn.slot_order.chain_layout`), in chunks of layers.
+
+    ``$PRUNEKIT_SPDNN_SLOT_ORDER``: ``0`` keeps :func:`to_ell`'s slot order and row i for neuron i (no ``row_pos``);
+    ``slots`` orders the slots only (row i for neuron i); anything else (the default): both, up to
+    :data:`ROW_LAYOUT_MAX_NEURONS` neurons (the row balancing holds a layers x N x N/8 matrix; larger N run the tiled
+    kernel by default), slots only above.
+
+    Returns:
+        ``ell_idx (count, slots, N)`` int32 naming shared-memory rows, ``ell_val`` float32, the total nnz, and
+        ``row_pos (count, N)`` int32 (None when the rows are the neurons' own).
+    """
+    from .slot_order import chain_layout
+
+    mode = os.environ.get(SLOT_ORDER_ENV, "1").strip()
+    rows = mode not in ("0", "slots") and neurons <= ROW_LAYOUT_MAX_NEURONS
+    idx, val, total = build_ell(layers, count, neurons, device, slot_order=not rows and mode != "0")
+    if not rows:
+        return idx, val, total, None
+    row_pos = torch.empty(idx.shape[0], neurons, dtype=torch.int32, device=idx.device)
+    step = max(1, ORDER_CHUNK_ENTRIES // max(1, idx.shape[1] * neurons))
+    for lo in range(0, idx.shape[0], step):
+        part = slice(lo, lo + step)
+        idx[part], val[part], row_pos[part] = chain_layout(idx[part], val[part])
+    return idx, val, total, row_pos
 
 
 def _prepared(layer: Layer, device: str, dtype: torch.dtype):
@@ -353,10 +393,13 @@ def run_network(
 
     t0 = time.perf_counter()
     features = source.rows(lo, hi, device, dtype)
-    ell_idx = ell_val = prepared = None
+    ell_idx = ell_val = prepared = row_pos = None
     stream = _layer_stream(neurons, layers, root, device, relabel_seed)
     if kernel in ("fused", "tiled"):
-        ell_idx, ell_val, total_nnz = build_ell(stream, layers, neurons, device)
+        if kernel == "fused":
+            ell_idx, ell_val, total_nnz, row_pos = build_chain_layers(stream, layers, neurons, device)
+        else:
+            ell_idx, ell_val, total_nnz = build_ell(stream, layers, neurons, device, slot_order=False)
     else:
         prepared, total_nnz = [], 0
         for layer in stream:
@@ -370,7 +413,7 @@ def run_network(
         for b_lo in range(0, features.shape[0], batch_inputs):
             y = features[b_lo : b_lo + batch_inputs]
             if kernel == "fused":
-                live = spdnn_cuda.infer_fused(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP)
+                live = spdnn_cuda.infer_fused(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP, row_pos)
             elif kernel == "tiled":
                 live = spdnn_cuda.infer_tiled(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP)
             else:
@@ -391,7 +434,7 @@ def run_network(
         _sync(device)
         times.append(_max_over_ranks(time.perf_counter() - t1, device))
     inference_s = sorted(times)[len(times) // 2]
-    features = ell_idx = ell_val = prepared = None
+    features = ell_idx = ell_val = prepared = row_pos = None
     peak = torch.cuda.max_memory_allocated(device) if on_cuda else 0
     _release(device)
 

@@ -18,7 +18,9 @@
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kSlotBatch = 8;  // ELL slots per batch of (index, weight) loads, double-buffered (chain kernel)
+// ELL slots per batch of (index, weight) loads, double-buffered (chain kernel). Few inputs per block (the late layers,
+// where a block's time is the latency of its weight loads) take twice the batch: half the dependent steps per layer.
+__host__ __device__ constexpr int slot_batch(int bt) { return bt <= 4 ? 16 : 8; }
 
 // Row stride (floats) of one input neuron's BT features in shared memory. A lane reads the row of a random input
 // neuron i as float4s at word i * stride: with stride 16 (BT = 16) those start on only 2 of the 8 four-bank
@@ -72,30 +74,41 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
                                                                const int* __restrict__ ell_idx,
                                                                const float* __restrict__ ell_val, float bias,
                                                                float cap, FT* __restrict__ out,
-                                                               int* __restrict__ alive) {
+                                                               int* __restrict__ alive,
+                                                               const int* __restrict__ row_pos,
+                                                               const int64_t* __restrict__ rows) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   FT* cur = reinterpret_cast<FT*>(smem_raw);
   constexpr int S = feature_stride(BT);
+  constexpr int kSlotBatch = slot_batch(BT);
+  // Input neuron i of layer l sits in shared-memory row row_pos[l * n + i] (nullptr: row i). The ELL indices are
+  // those rows already (spdnn/slot_order.py chooses them at build time to spread reads over the bank groups), so
+  // only the staging and the stores of a layer's outputs into the next layer's buffer look the table up.
   // The last layer writes its outputs straight to `out` from registers, so a one-layer chain needs one buffer
   // (half the shared memory: two blocks per SM, one staging while the other computes).
   FT* nxt = layers > 1 ? cur + static_cast<size_t>(n) * S : nullptr;
   __shared__ int live_bits;
   const int b0 = blockIdx.x * BT;
 
-  // Stage the block's inputs feature-major: cur[j * S + b] = y[b0 + b, j]. A thread owns whole feature rows j: its
-  // BT global loads (coalesced across the warp for each b) are all issued before the row is stored as vectors, so a
-  // block waits for about one memory latency per row it owns, not one per element.
+  // Stage the block's inputs feature-major: cur[j * S + b] = y[src[b], j], src[b] = rows[b0 + b] (the live inputs of
+  // an earlier launch's output, gathered here instead of compacted by a copy) or b0 + b; -1 past the batch. A thread
+  // owns whole feature rows j: its BT global loads (coalesced across the warp for each b) are all issued before the
+  // row is stored as vectors, so a block waits for about one memory latency per row it owns, not one per element.
+  int64_t src[BT];
+#pragma unroll
+  for (int b = 0; b < BT; ++b) src[b] = b0 + b >= batch ? -1 : rows != nullptr ? __ldg(rows + b0 + b) : b0 + b;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const int r = row_pos != nullptr ? __ldg(row_pos + j) : j;
     FT v[BT];
 #pragma unroll
-    for (int b = 0; b < BT; ++b) v[b] = b0 + b < batch ? y[static_cast<size_t>(b0 + b) * n + j] : from_f32<FT>(0.f);
+    for (int b = 0; b < BT; ++b) v[b] = src[b] >= 0 ? y[src[b] * n + j] : from_f32<FT>(0.f);
     if constexpr (BT % 4 == 0) {
 #pragma unroll
       for (int b = 0; b < BT; b += 4)
-        store4(cur + j * S + b, to_f32(v[b]), to_f32(v[b + 1]), to_f32(v[b + 2]), to_f32(v[b + 3]));
+        store4(cur + r * S + b, to_f32(v[b]), to_f32(v[b + 1]), to_f32(v[b + 2]), to_f32(v[b + 3]));
     } else {
 #pragma unroll
-      for (int b = 0; b < BT; ++b) cur[j * S + b] = v[b];
+      for (int b = 0; b < BT; ++b) cur[r * S + b] = v[b];
     }
   }
   __syncthreads();
@@ -183,12 +196,15 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
 #pragma unroll
         for (int b = 0; b < BT; ++b)
           if (b0 + b < batch) out[static_cast<size_t>(b0 + b) * n + j] = from_f32<FT>(acc[b]);
-      } else if constexpr (BT % 4 == 0) {
-#pragma unroll
-        for (int b = 0; b < BT; b += 4) store4(nxt + j * S + b, acc[b], acc[b + 1], acc[b + 2], acc[b + 3]);
       } else {
+        const int r = row_pos != nullptr ? __ldg(row_pos + static_cast<size_t>(l + 1) * n + j) : j;
+        if constexpr (BT % 4 == 0) {
 #pragma unroll
-        for (int b = 0; b < BT; ++b) nxt[j * S + b] = from_f32<FT>(acc[b]);
+          for (int b = 0; b < BT; b += 4) store4(nxt + r * S + b, acc[b], acc[b + 1], acc[b + 2], acc[b + 3]);
+        } else {
+#pragma unroll
+          for (int b = 0; b < BT; ++b) nxt[r * S + b] = from_f32<FT>(acc[b]);
+        }
       }
 #pragma unroll
       for (int b = 0; b < BT; ++b) acc[b] = 0.f;
@@ -216,10 +232,22 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
 // (the same 16 warps per SM) and one block's staging and output stores overlap the other's compute.
 constexpr int kSingleLayerThreads = kThreads / 2;
 
+// One chain launch's operands (the host side of the kernel's arguments).
+struct ChainArgs {
+  const torch::Tensor& y;
+  const torch::Tensor& idx;
+  const torch::Tensor& val;
+  double bias, cap;
+  torch::Tensor& out;
+  torch::Tensor& alive;
+  const int* row_pos;   // (layers, N) or nullptr
+  const int64_t* rows;  // (batch,) or nullptr
+};
+
 template <typename FT, int BT>
-void launch(const torch::Tensor& y, const torch::Tensor& idx, const torch::Tensor& val, double bias, double cap,
-            torch::Tensor& out, torch::Tensor& alive) {
-  const int batch = y.size(0), n = y.size(1), layers = idx.size(0), slots = idx.size(1);
+void launch(const ChainArgs& a) {
+  const torch::Tensor &y = a.y, &idx = a.idx, &val = a.val;
+  const int batch = a.out.size(0), n = y.size(1), layers = idx.size(0), slots = idx.size(1);
   const int buffers = layers > 1 ? 2 : 1;
   const size_t smem = buffers * static_cast<size_t>(n) * feature_stride(BT) * sizeof(FT);
   auto kernel = spdnn_chain_kernel<FT, BT>;
@@ -230,19 +258,19 @@ void launch(const torch::Tensor& y, const torch::Tensor& idx, const torch::Tenso
   const int threads = layers > 1 ? kThreads : kSingleLayerThreads;
   kernel<<<blocks, threads, smem, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const FT*>(y.data_ptr()), batch, n, slots, layers, idx.data_ptr<int>(), val.data_ptr<float>(),
-      static_cast<float>(bias), static_cast<float>(cap), reinterpret_cast<FT*>(out.data_ptr()), alive.data_ptr<int>());
+      static_cast<float>(a.bias), static_cast<float>(a.cap), reinterpret_cast<FT*>(a.out.data_ptr()),
+      a.alive.data_ptr<int>(), a.row_pos, a.rows);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename FT>
-void launch_bt(int bt, const torch::Tensor& y, const torch::Tensor& idx, const torch::Tensor& val, double bias,
-               double cap, torch::Tensor& out, torch::Tensor& alive) {
+void launch_bt(int bt, const ChainArgs& a) {
   switch (bt) {
-    case 16: launch<FT, 16>(y, idx, val, bias, cap, out, alive); break;
-    case 8: launch<FT, 8>(y, idx, val, bias, cap, out, alive); break;
-    case 4: launch<FT, 4>(y, idx, val, bias, cap, out, alive); break;
-    case 2: launch<FT, 2>(y, idx, val, bias, cap, out, alive); break;
-    default: launch<FT, 1>(y, idx, val, bias, cap, out, alive); break;
+    case 16: launch<FT, 16>(a); break;
+    case 8: launch<FT, 8>(a); break;
+    case 4: launch<FT, 4>(a); break;
+    case 2: launch<FT, 2>(a); break;
+    default: launch<FT, 1>(a); break;
   }
 }
 
@@ -274,16 +302,39 @@ static void check_chain_inputs(const torch::Tensor& y, const torch::Tensor& ell_
   TORCH_CHECK(ell_idx.size(2) == y.size(1), "ELL layers must have N = y.size(1) outputs");
 }
 
+// row_pos (layers, N) int32, optional: each layer's permutation of the shared-memory rows (see the kernel); the ELL
+// indices must already name those rows. rows (batch,) int64, optional: the rows of y to run (output row b is input
+// rows[b]), so that the caller drops dead inputs without copying the live ones. Neither is checked on the device: a
+// row_pos that is not a permutation, or a row out of range, reads garbage.
 std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const torch::Tensor& ell_idx,
-                                               const torch::Tensor& ell_val, double bias, double cap) {
+                                               const torch::Tensor& ell_val, double bias, double cap,
+                                               const std::optional<torch::Tensor>& row_pos,
+                                               const std::optional<torch::Tensor>& rows) {
   check_chain_inputs(y, ell_idx, ell_val, /*with_16bit=*/true);
   const c10::cuda::CUDAGuard guard(y.device());
   auto yc = y.contiguous();
   auto idx = ell_idx.contiguous();
   auto val = ell_val.contiguous();
-  auto out = torch::empty_like(yc);
-  auto alive = torch::empty({yc.size(0)}, yc.options().dtype(torch::kInt));
-  if (yc.size(0) == 0) return {out, alive};
+  torch::Tensor pos;
+  if (row_pos.has_value()) {
+    pos = row_pos->contiguous();
+    TORCH_CHECK(pos.device() == y.device() && pos.scalar_type() == torch::kInt && pos.dim() == 2 &&
+                    pos.size(0) == idx.size(0) && pos.size(1) == y.size(1),
+                "row_pos must be (layers, N) int32 on the features' device");
+  }
+  torch::Tensor picked;
+  if (rows.has_value()) {
+    picked = rows->contiguous();
+    TORCH_CHECK(picked.device() == y.device() && picked.scalar_type() == torch::kLong && picked.dim() == 1,
+                "rows must be a 1-D int64 tensor on the features' device");
+  }
+  const int* pos_ptr = pos.defined() ? pos.data_ptr<int>() : nullptr;
+  const int64_t batch = picked.defined() ? picked.size(0) : yc.size(0);
+  auto out = torch::empty({batch, yc.size(1)}, yc.options());
+  auto alive = torch::empty({batch}, yc.options().dtype(torch::kInt));
+  if (batch == 0) return {out, alive};
+  const int64_t* rows_ptr = picked.defined() ? picked.data_ptr<int64_t>() : nullptr;
+  const ChainArgs args{yc, idx, val, bias, cap, out, alive, pos_ptr, rows_ptr};
   const auto dtype = yc.scalar_type();
   // Fewer inputs per block while there would be fewer than min_blocks blocks: once few inputs are alive (the late
   // layers), BT = 16 would run them on a handful of SMs. Each block streams every layer's weights from L2, so one
@@ -297,14 +348,14 @@ std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const tor
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   int64_t min_blocks = std::max(1, sms / 2);
   if (const char* env = std::getenv("PRUNEKIT_SPDNN_MIN_BLOCKS")) min_blocks = std::max<int64_t>(1, std::atoll(env));
-  while (bt > 1 && (yc.size(0) + bt - 1) / bt < min_blocks) bt /= 2;
+  while (bt > 1 && (batch + bt - 1) / bt < min_blocks) bt /= 2;
   TORCH_CHECK(bt > 0, "N = ", yc.size(1), " features do not fit in shared memory for the fused chain");
   if (dtype == torch::kHalf) {
-    launch_bt<__half>(bt, yc, idx, val, bias, cap, out, alive);
+    launch_bt<__half>(bt, args);
   } else if (dtype == torch::kBFloat16) {
-    launch_bt<__nv_bfloat16>(bt, yc, idx, val, bias, cap, out, alive);
+    launch_bt<__nv_bfloat16>(bt, args);
   } else {
-    launch_bt<float>(bt, yc, idx, val, bias, cap, out, alive);
+    launch_bt<float>(bt, args);
   }
   return {out, alive};
 }
@@ -450,7 +501,9 @@ int64_t tile_inputs() { return kTileInputs; }
 }  // namespace
 
 TORCH_LIBRARY(prunekit_spdnn, m) {
-  m.def("chain(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap) -> (Tensor, Tensor)");
+  m.def(
+      "chain(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap, Tensor? row_pos=None, Tensor? "
+      "rows=None) -> (Tensor, Tensor)");
   m.def("tiled(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap) -> (Tensor, Tensor)");
   m.def("max_block_inputs(int n, int element_size=4) -> int");
   m.def("tile_inputs() -> int");
