@@ -308,7 +308,11 @@ def test_chain_writes_every_output_whatever_its_length_and_when_blocks_die_early
         out, alive = torch.ops.prunekit_spdnn.chain(features.float(), idx, val, bias, 32.0)
         assert not bool(out.isnan().any())
         torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
-        assert torch.equal(alive.bool(), ref.ne(0).any(dim=1))
+        # alive is the kernel's own verdict on its float32 rows (float64 may leave a rounding residue where float32
+        # reaches an exact 0 after the bias, and the reverse): it must match them, and float64 wherever that is clear
+        assert torch.equal(alive.bool(), out.ne(0).any(dim=1))
+        clear = ref.amax(dim=1).gt(1e-4) | ref.eq(0).all(dim=1)
+        assert torch.equal(alive.bool()[clear], ref.ne(0).any(dim=1)[clear])
         assert not bool(alive[32:80].any()) and not bool(alive[5])
 
 
