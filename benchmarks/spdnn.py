@@ -92,7 +92,8 @@ def main() -> None:
         "--budget-s", type=float, default=480.0, help="stop starting new networks after this many seconds"
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--data", type=Path, help="champion plan: data directory (official layout, N=1024)")
+    parser.add_argument("--data", type=Path, help="champion plan: data directory (official layout)")
+    parser.add_argument("--neurons", type=int, default=1024, help="champion plan: N (1024 or 4096; files in --data)")
     parser.add_argument("--champion", type=Path, help="champion plan: their built ``inference`` binary")
     args = parser.parse_args()
     if args.render:
@@ -101,11 +102,14 @@ def main() -> None:
     start = time.perf_counter()
     rows, skipped = [], []
     plan, repeats = PLANS[args.plan], REPEATS[args.plan]
+    if args.plan == "champion":
+        plan = [(args.neurons, layers) for _, layers in plan]
 
     device = torch.cuda.get_device_name().replace(" ", "-")
     date = dt.date.today().isoformat()
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"spdnn-{args.plan}-{device}-{date}.json"
+    suffix = f"-n{args.neurons}" if args.plan == "champion" and args.neurons != 1024 else ""
+    path = args.out / f"spdnn-{args.plan}{suffix}-{device}-{date}.json"
 
     def save() -> None:
         payload = {
@@ -226,14 +230,14 @@ def main() -> None:
 
 
 def run_champion_plan(args, plan, rows, skipped, record, save, over_budget) -> None:
-    """Ours and the 2020 champion's singlegpu code on the same official-format files (N=1024)."""
+    """Ours and the 2020 champion's singlegpu code on the same official-format files (N of ``--neurons``)."""
     from prunekit.spdnn import tsv
     from prunekit.spdnn.champion import champion_env, parse_champion_output
     from prunekit.spdnn.generator import SPDNN_NNZ_PER_ROW
 
     if args.data is None or args.champion is None:
         raise SystemExit("--plan champion needs --data DIR and --champion PATH/inference")
-    images, _ = tsv.read_images(args.data, 1024)
+    images, _ = tsv.read_images(args.data, args.neurons)
     for neurons, layers in plan:
         if over_budget(neurons, layers):
             continue

@@ -67,11 +67,13 @@ case "$what" in
     champion_build || exit 1
     # machine-local, not under $OUT: the device tool empties $OUT before each call and returns at most 8 files
     # from it (1920 TSV layers would make nothing come back); kept between calls while the machine stays warm
-    DATA=${SPDNN_DATA:-/tmp/spdnn-data1024}
-    [ -f "$DATA/neuron1024-l1920-categories.tsv" ] || \
-      python3 -m prunekit.spdnn generate -o "$DATA" -n 1024 -l 120,480,1920 --device cuda --overwrite 2>&1 | tail -5
-    [ -f "$DATA/neuron1024.bin" ] || python3 -m prunekit.spdnn export-champion --data "$DATA" -n 1024 -l 1920
-    python3 benchmarks/spdnn.py --plan champion --data "$DATA" --champion /tmp/spdnn-champion/inference \
+    # CHAMPION_N=4096 runs the N = 4096 networks instead (about 4x the files)
+    CN=${CHAMPION_N:-1024}
+    DATA=${SPDNN_DATA:-/tmp/spdnn-data$CN}
+    [ -f "$DATA/neuron$CN-l1920-categories.tsv" ] || \
+      python3 -m prunekit.spdnn generate -o "$DATA" -n "$CN" -l 120,480,1920 --device cuda --overwrite 2>&1 | tail -5
+    [ -f "$DATA/neuron$CN.bin" ] || python3 -m prunekit.spdnn export-champion --data "$DATA" -n "$CN" -l 1920
+    python3 benchmarks/spdnn.py --plan champion --neurons "$CN" --data "$DATA" --champion /tmp/spdnn-champion/inference \
       --budget-s "${BUDGET_S:-480}" --out "$OUT" 2>&1 | tee "$OUT/bench-champion.log" | tail -30
     ;;
   multi)
