@@ -32,16 +32,17 @@ def min_blocks(sms: int) -> int:
     return max(1, int(env)) if env else max(1, sms // 2)
 
 
-def chain_launches(features, idx, val, bias, row_pos, sms: int, max_bt: int) -> list[dict]:
-    """One inference through the shipped driver (``spdnn_cuda.infer_chained``, same schedule and gathers), with a
-    CUDA-event timing around each launch (the host round trip between launches apart)."""
+def chain_launches(features, net, bias, sms: int) -> list[dict]:
+    """One inference through the shipped driver (``spdnn_cuda.infer_fused``: same schedule, gathers, packing), with
+    a CUDA-event timing around each launch (the host round trip between launches apart)."""
     trace: list[dict] = []
-    spdnn_cuda.infer_chained(torch.ops.prunekit_spdnn.chain, features, idx, val, bias, SPDNN_RELU_CAP,
-                             row_pos=row_pos, gathers=True, trace=trace)  # fmt: skip
+    spdnn_cuda.infer_fused(features, net.ell_idx, net.ell_val, bias, SPDNN_RELU_CAP, net.row_pos, net.packed,
+                           trace=trace)  # fmt: skip
     torch.cuda.synchronize()
     rows = []
+    n = features.shape[1]
     for t in trace:
-        bt = max_bt
+        bt = spdnn_cuda.block_inputs(n, 4, 1 if t["first"] == t["last"] else 2)
         while bt > 1 and -(-t["live_in"] // bt) < min_blocks(sms):  # the C++ rule in chain()
             bt //= 2
         start, end = t.pop("events")
@@ -49,15 +50,16 @@ def chain_launches(features, idx, val, bias, row_pos, sms: int, max_bt: int) -> 
     return rows
 
 
-def driver_wall_ms(features, idx, val, bias, row_pos, repeats: int) -> float:
+def driver_wall_ms(features, net, bias, repeats: int) -> float:
     """Median host wall time (ms, synchronized) of ``spdnn_cuda.infer_fused``: the launches of the shipped driver
     (settled tail included) plus its host round trips and compactions, which the per-launch events leave out."""
-    spdnn_cuda.infer_fused(features, idx, val, bias, SPDNN_RELU_CAP, row_pos)  # warm-up
+    args = (features, net.ell_idx, net.ell_val, bias, SPDNN_RELU_CAP, net.row_pos, net.packed)
+    spdnn_cuda.infer_fused(*args)  # warm-up
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        spdnn_cuda.infer_fused(features, idx, val, bias, SPDNN_RELU_CAP, row_pos)
+        spdnn_cuda.infer_fused(*args)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)[len(times) // 2]
@@ -75,7 +77,6 @@ def main() -> None:
     spdnn_cuda.load()
     n, bias = args.neurons, bias_for(args.neurons)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    max_bt = spdnn_cuda.block_inputs(n)
     source = synthetic_image_set(n)
     features = source.rows(0, source.count, "cuda", torch.float32, 1 << 24)
     report = {
@@ -98,15 +99,16 @@ def main() -> None:
             os.environ["PRUNEKIT_SPDNN_MIN_BLOCKS"] = str(blocks)
         stream = iter_layers(n, args.layers, "cuda")
         net = relabel(stream, seed) if seed is not None else stream
-        idx, val, _, row_pos = build_chain_layers(net, args.layers, n, "cuda")
-        report[f"{name}, bank conflict factor"] = bank_conflict_factor(idx)
-        chain_launches(features, idx, val, bias, row_pos, sms, max_bt)  # warm-up
-        passes = [chain_launches(features, idx, val, bias, row_pos, sms, max_bt) for _ in range(max(1, args.repeats))]
+        layers = build_chain_layers(net, args.layers, n, "cuda")
+        report[f"{name}, bank conflict factor"] = bank_conflict_factor(layers.ell_idx)
+        report[f"{name}, packed"] = layers.packed is not None
+        chain_launches(features, layers, bias, sms)  # warm-up
+        passes = [chain_launches(features, layers, bias, sms) for _ in range(max(1, args.repeats))]
         rows = passes[0]
         for i, row in enumerate(rows):
             row["ms"] = sorted(p[i]["ms"] for p in passes)[len(passes) // 2]
         report[name] = rows
-        wall_ms = driver_wall_ms(features, idx, val, bias, row_pos, max(1, args.repeats))
+        wall_ms = driver_wall_ms(features, layers, bias, max(1, args.repeats))
         report[f"{name}, driver wall ms"] = wall_ms
         print(f"{name}: {sum(r['ms'] for r in rows):.3f} ms in {len(rows)} launches; "
               f"spdnn_cuda.infer_fused wall time {wall_ms:.3f} ms; bank conflict factor "
@@ -114,7 +116,7 @@ def main() -> None:
         for r in rows:
             print(f"  layers {r['first']:4d}-{r['last']:4d}  live {r['live_in']:6d} -> {r['live_out']:6d}  "
                   f"BT {r['block_inputs']:2d}  {r['ms']:8.3f} ms")  # fmt: skip
-        idx = val = row_pos = None
+        layers = None
     os.environ.pop("PRUNEKIT_SPDNN_MIN_BLOCKS", None)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

@@ -346,7 +346,8 @@ def test_build_chain_layers_modes(mode, monkeypatch):
     from prunekit.spdnn.run import SLOT_ORDER_ENV, build_chain_layers
 
     monkeypatch.setenv(SLOT_ORDER_ENV, mode)
-    idx, val, total, row_pos = build_chain_layers(iter_layers(256, 6), 6, 256, "cpu")
+    idx, val, total, row_pos, packed = build_chain_layers(iter_layers(256, 6), 6, 256, "cpu")
+    assert packed is not None and torch.equal(packed & 0xFFFF, idx)  # the challenge's 1/16 is a float16
     plain_idx, plain_val = _generator_ell(256, 6)
     assert total == 6 * 256 * 32 and idx.shape == plain_idx.shape
     if mode == "0":

@@ -289,7 +289,7 @@ def test_fused_chain_gives_the_same_bits_whatever_inputs_per_block_it_picks(neur
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("neurons", [256, 1024])
+@pytest.mark.parametrize("neurons", [256, 1024, 4096])  # N = 4096: 8 inputs per block in one-layer launches, else 4
 @pytest.mark.parametrize("layers", [1, 2, 4])
 def test_chain_writes_every_output_whatever_its_length_and_when_blocks_die_early(neurons, layers):
     """The last layer of a chain stores straight to the output (a one-layer chain keeps one shared buffer and runs
@@ -316,6 +316,27 @@ def test_chain_writes_every_output_whatever_its_length_and_when_blocks_die_early
         assert not bool(alive[32:80].any()) and not bool(alive[5])
 
 
+def test_pack_ell_stores_row_and_float16_weight_in_one_word_only_when_lossless():
+    from prunekit.kernels.spdnn_cuda import pack_ell
+
+    gen = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, 4096, (3, 32, 4096), generator=gen, dtype=torch.int32)
+    val = torch.randn(3, 32, 4096, generator=gen).to(torch.float16).float()
+    val[0, 0, :7] = torch.tensor([0.0, -0.0, 65504.0, -(2.0**-24), 1 / 16, -3.5, 2.0**-14])
+    idx[0, 0, :3] = torch.tensor([0, 4095, 65535 % 4096])
+    words = pack_ell(idx, val)
+    assert words is not None and words.dtype == torch.int32 and words.shape == idx.shape
+    assert torch.equal(words & 0xFFFF, idx)
+    weights = ((words.to(torch.int64) >> 16) & 0xFFFF).to(torch.int16).view(torch.float16).float()
+    assert torch.equal(weights, val) and torch.equal(weights.signbit(), val.signbit())
+    assert int(pack_ell(torch.zeros(1, 1, 8, dtype=torch.int32), torch.zeros(1, 1, 8)).abs().sum()) == 0
+    assert pack_ell(idx, val + 1e-4) is None  # a weight that is not a float16
+    nan = val.clone()
+    nan[1, 2, 3] = float("nan")
+    assert pack_ell(idx, nan) is None
+    assert pack_ell(torch.zeros(1, 1, 65537, dtype=torch.int32), torch.zeros(1, 1, 65537)) is None
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("neurons", [256, 1024])
@@ -336,8 +357,17 @@ def test_chain_with_permuted_shared_rows_gives_the_same_bits(neurons):
         plain, plain_alive = torch.ops.prunekit_spdnn.chain(features, idx[:layers], val[:layers], bias, 32.0)
         out, alive = torch.ops.prunekit_spdnn.chain(features, moved[:layers], val[:layers], bias, 32.0, pos[:layers])
         assert torch.equal(out, plain) and torch.equal(alive, plain_alive), layers
+    for layers in (1, 2, 6):  # the packed words (row | float16 weight) give the same bits as the pairs
+        plain, plain_alive = torch.ops.prunekit_spdnn.chain(
+            features, moved[:layers], val[:layers], bias, 32.0, pos[:layers]
+        )
+        words = spdnn_cuda.pack_ell(moved[:layers], val[:layers])
+        out, alive = torch.ops.prunekit_spdnn.chain_packed(features, words, bias, 32.0, pos[:layers])
+        assert torch.equal(out, plain) and torch.equal(alive, plain_alive), layers
     truth = spdnn_cuda.infer_fused(features, idx, val, bias, 32.0)
     assert torch.equal(spdnn_cuda.infer_fused(features, moved, val, bias, 32.0, pos), truth)
+    packed = spdnn_cuda.pack_ell(moved, val)
+    assert torch.equal(spdnn_cuda.infer_fused(features, moved, val, bias, 32.0, pos, packed), truth)
     with pytest.raises(RuntimeError, match="row_pos must be"):
         torch.ops.prunekit_spdnn.chain(features, moved, val, bias, 32.0, pos[:2])
 

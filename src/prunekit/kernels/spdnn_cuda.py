@@ -54,11 +54,12 @@ def load(verbose: bool = False) -> None:
     load_extension(EXTENSION, verbose)
 
 
-def block_inputs(neurons: int, element_size: int = 4) -> int:
+def block_inputs(neurons: int, element_size: int = 4, buffers: int = 2) -> int:
     """Inputs per thread block of the chain kernel for N features of ``element_size`` bytes (4: float32, 2: float16 /
-    bfloat16); 0 when N does not fit in shared memory (use the tiled kernel or the reference path)."""
+    bfloat16) in ``buffers`` shared-memory buffers (a one-layer launch needs 1, a chain 2); 0 when N does not fit in
+    shared memory (use the tiled kernel or the reference path)."""
     load()
-    return int(torch.ops.prunekit_spdnn.max_block_inputs(neurons, element_size))
+    return int(torch.ops.prunekit_spdnn.max_block_inputs(neurons, element_size, buffers))
 
 
 def to_ell(
@@ -77,6 +78,31 @@ def to_ell(
     return idx, val
 
 
+PACKED_MAX_NEURONS = 1 << 16  # a packed slot holds its input row in 16 bits
+
+
+def pack_ell(ell_idx: torch.Tensor, ell_val: torch.Tensor) -> torch.Tensor | None:
+    """The ELL layers as one 32-bit word per slot, for ``prunekit_spdnn::chain_packed``: the input row in the low 16
+    bits, the weight's float16 bits in the high 16. Half the bytes the chain kernel streams per layer (every block
+    reads the whole layer), and lossless: returns None unless every weight is exactly a float16 (as a float16 or
+    bfloat16-trained network's weights, or the challenge's 1/16 are) and N <= 65536.
+
+    Args:
+        ell_idx: ``(layers, slots, N)`` int32 rows in 0..N-1. ell_val: the same shape, float32.
+
+    Returns:
+        ``(layers, slots, N)`` int32 words (bit patterns; the padding slots' (0, +0.0) pair is the word 0), or None.
+    """
+    if ell_idx.shape[-1] > PACKED_MAX_NEURONS or ell_val.dtype != torch.float32:
+        return None
+    half = ell_val.to(torch.float16)
+    if not torch.equal(half.to(torch.float32), ell_val):  # NaN and values that round: not lossless
+        return None
+    bits = half.view(torch.int16).to(torch.int64) & 0xFFFF
+    word = (ell_idx.to(torch.int64) & 0xFFFF) | (bits << 16)
+    return torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
+
+
 def infer_fused(
     features: torch.Tensor,
     ell_idx: torch.Tensor,
@@ -84,6 +110,8 @@ def infer_fused(
     bias: float,
     cap: float,
     row_pos: torch.Tensor | None = None,
+    packed: torch.Tensor | None = None,
+    trace: list[dict] | None = None,
 ) -> torch.Tensor:
     """Run every layer with the shared-memory chain kernel; return the 0-based indices of inputs whose final
     row is non-zero (CPU int64, sorted).
@@ -94,6 +122,9 @@ def infer_fused(
         ell_idx / ell_val: ``(layers, slots, N)`` (see :func:`to_ell`), on the same device.
         row_pos: ``(layers, N)`` int32 or None: the shared-memory row of each layer's input neurons, a permutation
             per layer; ``ell_idx`` must then name those rows (:func:`prunekit.spdnn.slot_order.chain_layout`).
+        packed: :func:`pack_ell` of the same layers, or None: when given, the kernel streams it instead of the
+            (int32, float32) pairs (the same sums, bit for bit).
+        trace: passed to :func:`infer_chained` (per-launch records, for benchmarks/spdnn_profile.py).
 
     Launches chains of 2, 2, 4, 8, ... (up to :data:`MAX_CHAIN`) layers, dropping dead inputs between them (the next
     launch reads only the live rows of the last one's output), and the rest in one launch once the survivors have
@@ -102,7 +133,15 @@ def infer_fused(
     load()
     keep = features.dtype in CHAIN_DTYPES
     op = torch.ops.prunekit_spdnn.chain
-    return infer_chained(op, features, ell_idx, ell_val, bias, cap, keep_dtype=keep, row_pos=row_pos, gathers=True)
+    if packed is not None:
+        ell_idx = ell_val = packed
+
+        def op(y, words, _same, bias, cap, row_pos, rows):
+            return torch.ops.prunekit_spdnn.chain_packed(y, words, bias, cap, row_pos, rows)
+
+    return infer_chained(
+        op, features, ell_idx, ell_val, bias, cap, keep_dtype=keep, row_pos=row_pos, gathers=True, trace=trace
+    )
 
 
 def infer_tiled(

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -195,6 +196,7 @@ def _to_device(layer: Layer, device: str) -> Layer:
     return Layer(layer.index, layer.neurons, layer.rows.to(device), layer.cols.to(device))
 
 
+PACK_ENV = "PRUNEKIT_SPDNN_PACK"  # "0": build_chain_layers does not pack the layers
 ROW_LAYOUT_MAX_NEURONS = 4096  # build_chain_layers balances shared-memory rows up to this N (the fused kernel's range)
 ORDER_CHUNK_ENTRIES = 1 << 22  # ELL entries per order_slots_for_banks call in build_ell (bounds its temporaries)
 
@@ -238,9 +240,17 @@ def build_ell(
     return idx, val, total
 
 
-def build_chain_layers(
-    layers: Iterator[Layer], count: int, neurons: int, device: str
-) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+class ChainLayers(NamedTuple):
+    """The layers as the chain kernel reads them (:func:`build_chain_layers`)."""
+
+    ell_idx: torch.Tensor  # (layers, slots, N) int32: shared-memory rows (or neurons, without row_pos)
+    ell_val: torch.Tensor  # (layers, slots, N) float32
+    total_nnz: int
+    row_pos: torch.Tensor | None  # (layers, N) int32, or None: neuron i in row i
+    packed: torch.Tensor | None  # spdnn_cuda.pack_ell(ell_idx, ell_val), or None where not lossless
+
+
+def build_chain_layers(layers: Iterator[Layer], count: int, neurons: int, device: str) -> ChainLayers:
     """The layers laid out for the chain kernel: :func:`build_ell`, then per layer a shared-memory row for every input
     neuron and an order of each output's slots (:func:`prunekit.spdnn.slot_order.chain_layout`), in chunks of layers.
 
@@ -249,23 +259,28 @@ def build_chain_layers(
     :data:`ROW_LAYOUT_MAX_NEURONS` neurons (the row balancing holds a layers x N x N/8 matrix; larger N run the tiled
     kernel by default), slots only above.
 
+    The layers are also packed (:func:`prunekit.kernels.spdnn_cuda.pack_ell`: 16-bit row + float16 weight per slot)
+    where that is lossless, unless ``$PRUNEKIT_SPDNN_PACK=0``.
+
     Returns:
-        ``ell_idx (count, slots, N)`` int32 naming shared-memory rows, ``ell_val`` float32, the total nnz, and
-        ``row_pos (count, N)`` int32 (None when the rows are the neurons' own).
+        :class:`ChainLayers`: ``ell_idx (count, slots, N)`` int32 naming shared-memory rows, ``ell_val`` float32, the
+        total nnz, ``row_pos (count, N)`` int32 (None when the rows are the neurons' own), ``packed`` or None.
     """
+    from ..kernels.spdnn_cuda import pack_ell
     from .slot_order import chain_layout
 
     mode = os.environ.get(SLOT_ORDER_ENV, "1").strip()
     rows = mode not in ("0", "slots") and neurons <= ROW_LAYOUT_MAX_NEURONS
     idx, val, total = build_ell(layers, count, neurons, device, slot_order=not rows and mode != "0")
-    if not rows:
-        return idx, val, total, None
-    row_pos = torch.empty(idx.shape[0], neurons, dtype=torch.int32, device=idx.device)
-    step = max(1, ORDER_CHUNK_ENTRIES // max(1, idx.shape[1] * neurons))
-    for lo in range(0, idx.shape[0], step):
-        part = slice(lo, lo + step)
-        idx[part], val[part], row_pos[part] = chain_layout(idx[part], val[part])
-    return idx, val, total, row_pos
+    row_pos = None
+    if rows:
+        row_pos = torch.empty(idx.shape[0], neurons, dtype=torch.int32, device=idx.device)
+        step = max(1, ORDER_CHUNK_ENTRIES // max(1, idx.shape[1] * neurons))
+        for lo in range(0, idx.shape[0], step):
+            part = slice(lo, lo + step)
+            idx[part], val[part], row_pos[part] = chain_layout(idx[part], val[part])
+    packed = pack_ell(idx, val) if os.environ.get(PACK_ENV, "1").strip() != "0" else None
+    return ChainLayers(idx, val, total, row_pos, packed)
 
 
 def _prepared(layer: Layer, device: str, dtype: torch.dtype):
@@ -393,11 +408,11 @@ def run_network(
 
     t0 = time.perf_counter()
     features = source.rows(lo, hi, device, dtype)
-    ell_idx = ell_val = prepared = row_pos = None
+    ell_idx = ell_val = prepared = row_pos = packed = None
     stream = _layer_stream(neurons, layers, root, device, relabel_seed)
     if kernel in ("fused", "tiled"):
         if kernel == "fused":
-            ell_idx, ell_val, total_nnz, row_pos = build_chain_layers(stream, layers, neurons, device)
+            ell_idx, ell_val, total_nnz, row_pos, packed = build_chain_layers(stream, layers, neurons, device)
         else:
             ell_idx, ell_val, total_nnz = build_ell(stream, layers, neurons, device, slot_order=False)
     else:
@@ -413,7 +428,7 @@ def run_network(
         for b_lo in range(0, features.shape[0], batch_inputs):
             y = features[b_lo : b_lo + batch_inputs]
             if kernel == "fused":
-                live = spdnn_cuda.infer_fused(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP, row_pos)
+                live = spdnn_cuda.infer_fused(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP, row_pos, packed)
             elif kernel == "tiled":
                 live = spdnn_cuda.infer_tiled(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP)
             else:
@@ -434,7 +449,7 @@ def run_network(
         _sync(device)
         times.append(_max_over_ranks(time.perf_counter() - t1, device))
     inference_s = sorted(times)[len(times) // 2]
-    features = ell_idx = ell_val = prepared = row_pos = None
+    features = ell_idx = ell_val = prepared = row_pos = packed = None
     peak = torch.cuda.max_memory_allocated(device) if on_cuda else 0
     _release(device)
 

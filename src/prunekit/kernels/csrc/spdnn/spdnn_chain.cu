@@ -68,11 +68,23 @@ __device__ __forceinline__ void store4(FT* p, float a, float b, float c, float d
   p[3] = from_f32<FT>(d);
 }
 
-template <typename FT, int BT>
+// An ELL slot as stored: PACKED, one 32-bit word (input row in the low 16 bits, the float16 weight in the high 16;
+// spdnn_cuda.pack_ell stores a layer so only when that is lossless), else the int32 row in `a` and the float32 weight
+// in `b` (two arrays). Loads keep the raw words, so the prefetch is not held up by the decoding.
+template <bool PACKED>
+__device__ __forceinline__ int slot_row(uint32_t a) {
+  return PACKED ? static_cast<int>(a & 0xffffu) : static_cast<int>(a);
+}
+template <bool PACKED>
+__device__ __forceinline__ float slot_weight(uint32_t a, uint32_t b) {
+  return PACKED ? __half2float(__ushort_as_half(static_cast<unsigned short>(a >> 16))) : __uint_as_float(b);
+}
+
+template <typename FT, int BT, bool PACKED>
 __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restrict__ y, int batch, int n,
                                                                int slots, int layers,
-                                                               const int* __restrict__ ell_idx,
-                                                               const float* __restrict__ ell_val, float bias,
+                                                               const uint32_t* __restrict__ ell_a,
+                                                               const uint32_t* __restrict__ ell_b, float bias,
                                                                float cap, FT* __restrict__ out,
                                                                int* __restrict__ alive,
                                                                const int* __restrict__ row_pos,
@@ -118,8 +130,8 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
     const bool last = l == layers - 1;
     if (threadIdx.x == 0) live_bits = 0;
     __syncthreads();
-    const int* idx = ell_idx + static_cast<size_t>(l) * slots * n;
-    const float* val = ell_val + static_cast<size_t>(l) * slots * n;
+    const uint32_t* la = ell_a + static_cast<size_t>(l) * slots * n;
+    const uint32_t* lb = PACKED ? nullptr : ell_b + static_cast<size_t>(l) * slots * n;
     int my_bits = 0;
     // The thread's (output, slot batch) steps in one flat loop: step t is output j = threadIdx.x + (t / nb) *
     // blockDim.x, slots [(t % nb) * kSlotBatch, +kSlotBatch). A batch's (index, weight) pairs are loaded one step
@@ -129,16 +141,16 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
     const int nb = (slots + kSlotBatch - 1) / kSlotBatch;
     const int outputs = threadIdx.x < n ? (n - 1 - threadIdx.x) / blockDim.x + 1 : 0;
     const int steps = outputs * nb;
-    int ii[kSlotBatch];
-    float ww[kSlotBatch];
-    const auto load = [&](int t, int (&ri)[kSlotBatch], float (&rw)[kSlotBatch]) {
+    uint32_t ii[kSlotBatch];
+    uint32_t ww[kSlotBatch];  // unused when PACKED
+    const auto load = [&](int t, uint32_t (&ri)[kSlotBatch], uint32_t (&rw)[kSlotBatch]) {
       const int jt = threadIdx.x + (t / nb) * blockDim.x;
       const int k0 = (t % nb) * kSlotBatch;
 #pragma unroll
       for (int u = 0; u < kSlotBatch; ++u) {
-        const bool in = k0 + u < slots;
-        ri[u] = in ? __ldg(idx + static_cast<size_t>(k0 + u) * n + jt) : 0;
-        rw[u] = in ? __ldg(val + static_cast<size_t>(k0 + u) * n + jt) : 0.f;
+        const bool in = k0 + u < slots;  // a missing slot: row 0, weight +0 (both encodings are all-zero bits)
+        ri[u] = in ? __ldg(la + static_cast<size_t>(k0 + u) * n + jt) : 0u;
+        if constexpr (!PACKED) rw[u] = in ? __ldg(lb + static_cast<size_t>(k0 + u) * n + jt) : 0u;
       }
     };
     if (steps > 0) load(0, ii, ww);
@@ -146,21 +158,21 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
 #pragma unroll
     for (int b = 0; b < BT; ++b) acc[b] = 0.f;
     for (int t = 0; t < steps; ++t) {
-      int ni[kSlotBatch];
-      float nw[kSlotBatch];
+      uint32_t ni[kSlotBatch];
+      uint32_t nw[kSlotBatch];
       if (t + 1 < steps) {
         load(t + 1, ni, nw);
       } else {
 #pragma unroll
         for (int u = 0; u < kSlotBatch; ++u) {
-          ni[u] = 0;
-          nw[u] = 0.f;
+          ni[u] = 0u;
+          nw[u] = 0u;
         }
       }
 #pragma unroll
       for (int u = 0; u < kSlotBatch; ++u) {
-        const float w = ww[u];
-        const FT* src = cur + static_cast<size_t>(ii[u]) * S;
+        const float w = slot_weight<PACKED>(ii[u], ww[u]);
+        const FT* src = cur + static_cast<size_t>(slot_row<PACKED>(ii[u])) * S;
         if constexpr (BT % 4 == 0) {
 #pragma unroll
           for (int b = 0; b < BT; b += 4) {
@@ -228,14 +240,15 @@ __global__ void __launch_bounds__(kThreads) spdnn_chain_kernel(const FT* __restr
   if (b < BT && b0 + b < batch) alive[b0 + b] = (bits >> b) & 1;
 }
 
-// Threads per block: a one-layer chain keeps one feature buffer, so two blocks of half the threads share an SM
-// (the same 16 warps per SM) and one block's staging and output stores overlap the other's compute.
+// Threads per block: a one-layer chain keeps one feature buffer; where two such blocks fit in an SM's shared memory
+// (N = 1024: 80 KiB each) they take half the threads each (the same 16 warps per SM), and one block's staging and
+// output stores overlap the other's compute.
 constexpr int kSingleLayerThreads = kThreads / 2;
 
 // One chain launch's operands (the host side of the kernel's arguments).
 struct ChainArgs {
   const torch::Tensor& y;
-  const torch::Tensor& idx;
+  const torch::Tensor& idx;  // int32 rows, or the packed words (then val is undefined)
   const torch::Tensor& val;
   double bias, cap;
   torch::Tensor& out;
@@ -244,46 +257,53 @@ struct ChainArgs {
   const int64_t* rows;  // (batch,) or nullptr
 };
 
-template <typename FT, int BT>
+template <typename FT, int BT, bool PACKED>
 void launch(const ChainArgs& a) {
   const torch::Tensor &y = a.y, &idx = a.idx, &val = a.val;
   const int batch = a.out.size(0), n = y.size(1), layers = idx.size(0), slots = idx.size(1);
   const int buffers = layers > 1 ? 2 : 1;
   const size_t smem = buffers * static_cast<size_t>(n) * feature_stride(BT) * sizeof(FT);
-  auto kernel = spdnn_chain_kernel<FT, BT>;
+  auto kernel = spdnn_chain_kernel<FT, BT, PACKED>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   const int blocks = (batch + BT - 1) / BT;
-  const int threads = layers > 1 ? kThreads : kSingleLayerThreads;
+  int device = 0, smem_sm = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  const bool two_per_sm = layers == 1 && 2 * (smem + 2048) <= static_cast<size_t>(smem_sm);  // + reserved + static
+  const int threads = two_per_sm ? kSingleLayerThreads : kThreads;
   kernel<<<blocks, threads, smem, c10::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<const FT*>(y.data_ptr()), batch, n, slots, layers, idx.data_ptr<int>(), val.data_ptr<float>(),
+      reinterpret_cast<const FT*>(y.data_ptr()), batch, n, slots, layers,
+      reinterpret_cast<const uint32_t*>(idx.data_ptr<int>()),
+      PACKED ? nullptr : reinterpret_cast<const uint32_t*>(val.data_ptr<float>()),
       static_cast<float>(a.bias), static_cast<float>(a.cap), reinterpret_cast<FT*>(a.out.data_ptr()),
       a.alive.data_ptr<int>(), a.row_pos, a.rows);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename FT>
+template <typename FT, bool PACKED>
 void launch_bt(int bt, const ChainArgs& a) {
   switch (bt) {
-    case 16: launch<FT, 16>(a); break;
-    case 8: launch<FT, 8>(a); break;
-    case 4: launch<FT, 4>(a); break;
-    case 2: launch<FT, 2>(a); break;
-    default: launch<FT, 1>(a); break;
+    case 16: launch<FT, 16, PACKED>(a); break;
+    case 8: launch<FT, 8, PACKED>(a); break;
+    case 4: launch<FT, 4, PACKED>(a); break;
+    case 2: launch<FT, 2, PACKED>(a); break;
+    default: launch<FT, 1, PACKED>(a); break;
   }
 }
 
 // Inputs per block for N features of element_size bytes (4: float32, 2: the 16-bit option); 0 when none fit.
-int64_t max_block_inputs(int64_t n, int64_t element_size) {
+int64_t max_block_inputs(int64_t n, int64_t element_size, int64_t buffers) {
   TORCH_CHECK(element_size == 4 || element_size == 2, "max_block_inputs: element_size must be 4 or 2");
+  TORCH_CHECK(buffers == 1 || buffers == 2, "max_block_inputs: buffers must be 1 or 2");
   int device;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int smem_optin = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const int64_t usable = smem_optin - 1024;  // static shared memory of the kernel
   for (int bt : {16, 8, 4, 2, 1})
-    if (2 * n * feature_stride(bt) * element_size <= usable) return bt;
+    if (buffers * n * feature_stride(bt) * element_size <= usable) return bt;
   return 0;
 }
 
@@ -306,15 +326,18 @@ static void check_chain_inputs(const torch::Tensor& y, const torch::Tensor& ell_
 // indices must already name those rows. rows (batch,) int64, optional: the rows of y to run (output row b is input
 // rows[b]), so that the caller drops dead inputs without copying the live ones. Neither is checked on the device: a
 // row_pos that is not a permutation, or a row out of range, reads garbage.
-std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const torch::Tensor& ell_idx,
-                                               const torch::Tensor& ell_val, double bias, double cap,
-                                               const std::optional<torch::Tensor>& row_pos,
-                                               const std::optional<torch::Tensor>& rows) {
-  check_chain_inputs(y, ell_idx, ell_val, /*with_16bit=*/true);
+// ell_val undefined: ell_idx holds packed words (chain_packed).
+std::tuple<torch::Tensor, torch::Tensor> chain_impl(const torch::Tensor& y, const torch::Tensor& ell_idx,
+                                                    const torch::Tensor& ell_val, double bias, double cap,
+                                                    const std::optional<torch::Tensor>& row_pos,
+                                                    const std::optional<torch::Tensor>& rows) {
+  const bool packed = !ell_val.defined();
+  check_chain_inputs(y, ell_idx, packed ? ell_idx.view(torch::kFloat) : ell_val, /*with_16bit=*/true);
+  TORCH_CHECK(!packed || y.size(1) <= 65536, "packed ELL layers address at most 65536 input rows");
   const c10::cuda::CUDAGuard guard(y.device());
   auto yc = y.contiguous();
   auto idx = ell_idx.contiguous();
-  auto val = ell_val.contiguous();
+  auto val = packed ? torch::Tensor() : ell_val.contiguous();
   torch::Tensor pos;
   if (row_pos.has_value()) {
     pos = row_pos->contiguous();
@@ -342,7 +365,8 @@ std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const tor
   // inputs alive after layer 8; benchmarks/results/spdnn-profile-chain-h100-2026-11-25.json): per late layer
   // 10.7 us at 1 input per block (132 blocks), 8.2 us at 2 (66), 9.8 us at 4 (33), 13.6 us at 8, 24 us at 16.
   // $PRUNEKIT_SPDNN_MIN_BLOCKS overrides. Per-input arithmetic (slot order) does not depend on BT: same results.
-  int bt = static_cast<int>(max_block_inputs(yc.size(1), dtype == torch::kFloat ? 4 : 2));
+  // A one-layer chain keeps one feature buffer, so it may hold more inputs per block (N = 4096: 8 instead of 4).
+  int bt = static_cast<int>(max_block_inputs(yc.size(1), dtype == torch::kFloat ? 4 : 2, idx.size(0) > 1 ? 2 : 1));
   int device = 0, sms = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -351,13 +375,29 @@ std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const tor
   while (bt > 1 && (batch + bt - 1) / bt < min_blocks) bt /= 2;
   TORCH_CHECK(bt > 0, "N = ", yc.size(1), " features do not fit in shared memory for the fused chain");
   if (dtype == torch::kHalf) {
-    launch_bt<__half>(bt, args);
+    packed ? launch_bt<__half, true>(bt, args) : launch_bt<__half, false>(bt, args);
   } else if (dtype == torch::kBFloat16) {
-    launch_bt<__nv_bfloat16>(bt, args);
+    packed ? launch_bt<__nv_bfloat16, true>(bt, args) : launch_bt<__nv_bfloat16, false>(bt, args);
   } else {
-    launch_bt<float>(bt, args);
+    packed ? launch_bt<float, true>(bt, args) : launch_bt<float, false>(bt, args);
   }
   return {out, alive};
+}
+
+std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const torch::Tensor& ell_idx,
+                                               const torch::Tensor& ell_val, double bias, double cap,
+                                               const std::optional<torch::Tensor>& row_pos,
+                                               const std::optional<torch::Tensor>& rows) {
+  TORCH_CHECK(ell_val.defined(), "ell_val must be a tensor");
+  return chain_impl(y, ell_idx, ell_val, bias, cap, row_pos, rows);
+}
+
+// ell (layers, slots, N) int32 words: input row in the low 16 bits, float16 weight bits in the high 16
+// (spdnn_cuda.pack_ell). Half the weight bytes of the (int32, float32) pair.
+std::tuple<torch::Tensor, torch::Tensor> chain_packed(const torch::Tensor& y, const torch::Tensor& ell, double bias,
+                                                      double cap, const std::optional<torch::Tensor>& row_pos,
+                                                      const std::optional<torch::Tensor>& rows) {
+  return chain_impl(y, ell, torch::Tensor(), bias, cap, row_pos, rows);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -504,13 +544,17 @@ TORCH_LIBRARY(prunekit_spdnn, m) {
   m.def(
       "chain(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap, Tensor? row_pos=None, Tensor? "
       "rows=None) -> (Tensor, Tensor)");
+  m.def(
+      "chain_packed(Tensor y, Tensor ell, float bias, float cap, Tensor? row_pos=None, Tensor? rows=None) -> "
+      "(Tensor, Tensor)");
   m.def("tiled(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap) -> (Tensor, Tensor)");
-  m.def("max_block_inputs(int n, int element_size=4) -> int");
+  m.def("max_block_inputs(int n, int element_size=4, int buffers=2) -> int");
   m.def("tile_inputs() -> int");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_spdnn, CUDA, m) {
   m.impl("chain", &chain);
+  m.impl("chain_packed", &chain_packed);
   m.impl("tiled", &tiled);
 }
 
