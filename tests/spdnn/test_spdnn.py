@@ -509,6 +509,27 @@ def test_chain_driver_gathering_live_rows_equals_copying_them(first, monkeypatch
     assert any(t["live_out"] < t["live_in"] for t in traces["copy"])  # some launch dropped inputs
 
 
+def test_chain_driver_launches_single_layers_while_the_rule_asks_then_doubles():
+    """``one_layer`` (N = 4096's rule: more inputs per block in a one-layer launch) makes the driver launch layers
+    alone while enough inputs live; then the usual 2, 2, 4, ... schedule starts; the categories do not change."""
+    from prunekit.kernels import spdnn_cuda
+
+    features = small_inputs(90)
+    net = list(iter_layers(N, 40))
+    idx, val = _ell(net)
+    trace = []
+    found = spdnn_cuda.infer_chained(
+        spdnn_cuda.emulate_tiled, features, idx, val, bias_for(N), 32.0, trace=trace, one_layer=lambda live: live >= 60
+    )
+    assert torch.equal(found, infer(features, net, bias_for(N)))
+    lengths = [t["last"] - t["first"] + 1 for t in trace]
+    singles = [t["live_in"] >= 60 for t in trace]
+    assert singles[0] and not singles[-1]
+    assert all(n == 1 for n, one in zip(lengths, singles, strict=True) if one)
+    rest = [n for n, one in zip(lengths, singles, strict=True) if not one]
+    assert rest[:2] == [2, 2] and (len(rest) < 3 or rest[2] == 4)
+
+
 def test_memory_budget_fits_every_network_on_an_80gb_h100_and_docs_quote_it():
     from prunekit.spdnn.generator import SPDNN_LAYERS, SPDNN_NEURONS
     from prunekit.spdnn.memory import H100_NBYTES, budget_table, default_kernel, memory_budget
@@ -701,3 +722,19 @@ def test_a_truth_from_files_is_never_arbitrated(tmp_path):
     tsv.write_categories(tsv.categories_path(tmp_path, 1024, 4), truth[1:], overwrite=True)
     r = run_network(1024, 4, data=tmp_path)
     assert r.passed is False and r.disputed == 1 and not r.arbitrated
+
+
+def test_generate_recheck_drops_a_false_category_and_keeps_the_true_ones():
+    """A GPU float64 truth is re-checked on the CPU (run._recheck_positives_on_cpu): a category the CPU reference
+    does not confirm is dropped at every L, the confirmed ones stay."""
+    from prunekit.spdnn.run import _recheck_positives_on_cpu
+
+    source = synthetic_image_set(N, 400)
+    features = source.rows(0, 400, "cpu", torch.float64)
+    truth = truth_categories(features, iter_layers(N, 3), bias_for(N), [2, 3], 400)
+    dead = next(i for i in range(400) if i not in set(truth[2].tolist()) | set(truth[3].tolist()))
+    forged = {count: torch.sort(torch.cat([t, torch.tensor([dead])])).values for count, t in truth.items()}
+    fixed = _recheck_positives_on_cpu(source, N, forged)
+    assert truth[3].numel() > 0
+    for count in (2, 3):
+        assert torch.equal(fixed[count], truth[count])

@@ -140,8 +140,34 @@ def infer_fused(
             return torch.ops.prunekit_spdnn.chain_packed(y, words, bias, cap, row_pos, rows)
 
     return infer_chained(
-        op, features, ell_idx, ell_val, bias, cap, keep_dtype=keep, row_pos=row_pos, gathers=True, trace=trace
+        op,
+        features,
+        ell_idx,
+        ell_val,
+        bias,
+        cap,
+        keep_dtype=keep,
+        row_pos=row_pos,
+        gathers=True,
+        trace=trace,
+        one_layer=one_layer_rule(features.shape[1], 2 if keep and features.dtype != torch.float32 else 4),
     )
+
+
+ONE_LAYER_MIN_WAVES = 4  # one-layer launches while the live inputs fill this many waves of blocks (one_layer_rule)
+
+
+def one_layer_rule(neurons: int, element_size: int = 4):
+    """The chain driver's rule for launching one layer alone: where a one-layer launch (one shared-memory buffer)
+    holds more inputs per block than a chain (two buffers), as at N = 4096 (8 against 4 in float32), each block
+    streams the layer's weights for twice the inputs; that pays while the live inputs fill
+    :data:`ONE_LAYER_MIN_WAVES` waves of blocks over the SMs (the first layers of a network). None where both
+    hold as many (N = 1024: 16)."""
+    one, two = block_inputs(neurons, element_size, 1), block_inputs(neurons, element_size, 2)
+    if one <= two:
+        return None
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return lambda live: live >= ONE_LAYER_MIN_WAVES * sms * one
 
 
 def infer_tiled(
@@ -168,6 +194,7 @@ def infer_chained(
     row_pos: torch.Tensor | None = None,
     gathers: bool = False,
     trace: list[dict] | None = None,
+    one_layer=None,
 ):
     """Drive ``op(y, idx, val, bias, cap) -> (out, alive)`` over chains of 2, 2, 4, 8, ... 64 layers with
     compaction of the live inputs between chains; return the live inputs' 0-based indices (CPU int64, sorted).
@@ -180,6 +207,8 @@ def infer_chained(
         row_pos: the chain op's ``(layers, N)`` shared-memory rows, passed on sliced like the layers.
         gathers: ``op`` takes ``row_pos`` and ``rows`` (the chain op): the live rows of the last output are passed as
             ``rows`` instead of copied out of it (a copy of the live features per chain, 0.1-0.2 ms at 60000 x 1024).
+        one_layer: ``callable(live inputs) -> bool``, or None: launch one layer alone while it says so (the chain op
+            holds more inputs per block with the one buffer of a one-layer launch at some N; :func:`infer_fused`).
         trace: when a list, one dict per launch is appended (``first``, ``last``, ``live_in``, ``live_out`` and, on
             CUDA, ``events``: start and end CUDA events around the launch; read them after a synchronize).
 
@@ -194,9 +223,10 @@ def infer_chained(
     settle = os.environ.get(SETTLE_ENV, "1").strip() not in ("0", "false", "False")
     first = max(1, int(os.environ.get(FIRST_CHAIN_ENV, FIRST_CHAIN)))
     rows = None  # gathers: the rows of y still alive (None: all)
-    done, chain = 0, first
+    done, chain, chains = 0, first, 0  # chains: launches of the doubling schedule so far
     while done < layers and (y.shape[0] if rows is None else rows.numel()) > 0:
-        stop = min(layers, done + chain)
+        single = one_layer is not None and one_layer(y.shape[0] if rows is None else rows.numel())
+        stop = min(layers, done + (1 if single else chain))
         extra = (None if row_pos is None else row_pos[done:stop], rows) if gathers else ()
         if trace is not None and y.is_cuda:
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -220,7 +250,12 @@ def infer_chained(
         elif gathers:
             rows = None
         settled = settle and not lost and stop - done >= SETTLE_MIN_CHAIN
-        done, chain = stop, layers if settled else min(MAX_CHAIN, chain * 2 if stop > first else first)
+        if settled:
+            chain = layers
+        elif not single:
+            chains += 1
+            chain = min(MAX_CHAIN, first if chains < 2 else chain * 2)
+        done = stop
     return live.cpu()
 
 
