@@ -316,7 +316,8 @@ def test_chain_writes_every_output_whatever_its_length_and_when_blocks_die_early
         assert not bool(alive[32:80].any()) and not bool(alive[5])
 
 
-def test_pack_ell_stores_row_and_float16_weight_in_one_word_only_when_lossless():
+def test_pack_ell_stores_row_and_float16_weight_in_one_word_only_when_lossless(monkeypatch):
+    from prunekit.kernels import spdnn_cuda
     from prunekit.kernels.spdnn_cuda import pack_ell
 
     gen = torch.Generator().manual_seed(3)
@@ -335,6 +336,9 @@ def test_pack_ell_stores_row_and_float16_weight_in_one_word_only_when_lossless()
     nan[1, 2, 3] = float("nan")
     assert pack_ell(idx, nan) is None
     assert pack_ell(torch.zeros(1, 1, 65537, dtype=torch.int32), torch.zeros(1, 1, 65537)) is None
+    monkeypatch.setattr(spdnn_cuda, "PACK_CHUNK_ENTRIES", 1)  # one layer per step: the same words
+    assert torch.equal(pack_ell(idx, val), words)
+    assert pack_ell(idx, nan) is None  # a bad weight in a later chunk
 
 
 @pytest.mark.cuda

@@ -79,6 +79,7 @@ def to_ell(
 
 
 PACKED_MAX_NEURONS = 1 << 16  # a packed slot holds its input row in 16 bits
+PACK_CHUNK_ENTRIES = 1 << 24  # ELL slots per step of pack_ell
 
 
 def pack_ell(ell_idx: torch.Tensor, ell_val: torch.Tensor) -> torch.Tensor | None:
@@ -95,12 +96,16 @@ def pack_ell(ell_idx: torch.Tensor, ell_val: torch.Tensor) -> torch.Tensor | Non
     """
     if ell_idx.shape[-1] > PACKED_MAX_NEURONS or ell_val.dtype != torch.float32:
         return None
-    half = ell_val.to(torch.float16)
-    if not torch.equal(half.to(torch.float32), ell_val):  # NaN and values that round: not lossless
-        return None
-    bits = half.view(torch.int16).to(torch.int64) & 0xFFFF
-    word = (ell_idx.to(torch.int64) & 0xFFFF) | (bits << 16)
-    return torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
+    packed = torch.empty_like(ell_idx, dtype=torch.int32)
+    step = max(1, PACK_CHUNK_ENTRIES // max(1, ell_idx[0].numel()))  # bounds the int64 temporaries
+    for lo in range(0, ell_idx.shape[0], step):
+        half = ell_val[lo : lo + step].to(torch.float16)
+        if not torch.equal(half.to(torch.float32), ell_val[lo : lo + step]):  # NaN, values that round: not lossless
+            return None
+        bits = half.view(torch.int16).to(torch.int64) & 0xFFFF
+        word = (ell_idx[lo : lo + step].to(torch.int64) & 0xFFFF) | (bits << 16)
+        packed[lo : lo + step] = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
+    return packed
 
 
 def infer_fused(

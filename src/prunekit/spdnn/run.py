@@ -448,6 +448,8 @@ def run_network(
     if kernel in ("fused", "tiled"):
         if kernel == "fused":
             ell_idx, ell_val, total_nnz, row_pos, packed = build_chain_layers(stream, layers, neurons, device)
+            if packed is not None:  # the kernel reads only the packed words: free the pairs (memory.py's ELL budget)
+                ell_idx = ell_val = packed
         else:
             ell_idx, ell_val, total_nnz = build_ell(stream, layers, neurons, device, slot_order=False)
     else:
