@@ -27,6 +27,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -244,6 +245,7 @@ def main() -> None:
         "command": f"PYTHONPATH=src python benchmarks/nm.py --dtypes {args.dtypes}",
         "argv": sys.argv[1:],
         "output_default": structured.cslt_output(),
+        "cslt_plan_search": os.environ.get("PRUNEKIT_CSLT_SEARCH", "0") == "1",  # cusparseLtMatmulSearch per plan
         "autograd_mode": "grad",  # torch's 2:4 subclass and Triton BSR are not run under inference mode here
     }
     results = []

@@ -15,6 +15,7 @@ Exit status 1 when any source fails; the failing compiler output is printed.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -38,10 +39,24 @@ def include_flags(stub_dir: Path, extra: tuple[str, ...]) -> list[str]:
         header.parent.mkdir(parents=True, exist_ok=True)
         header.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
         paths.append(str(stub_dir))
-    cuda_home = cpp_extension.CUDA_HOME
+    cuda_home = cuda_root()
     if cuda_home:
         paths.append(str(Path(cuda_home) / "include"))
     return [f"-I{p}" for p in paths]
+
+
+def cuda_root() -> str | None:
+    """The CUDA toolkit folder: torch's ``CUDA_HOME`` (None with a CPU-only torch), else ``$CUDA_HOME``, else the
+    first of: the folder above the ``bin/`` of the ``nvcc`` on PATH, /usr/local/cuda, /usr/local/cuda-* (newest first)
+    whose ``include/`` has cuda_runtime.h (the host compiler needs it for the .cpp sources)."""
+    if cpp_extension.CUDA_HOME:
+        return cpp_extension.CUDA_HOME
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    nvcc = shutil.which("nvcc")
+    candidates = [Path(nvcc).resolve().parent.parent] if nvcc else []
+    candidates += [Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
+    return next((str(c) for c in candidates if (c / "include" / "cuda_runtime.h").is_file()), None)
 
 
 def command(ext: build.Extension, source: str, archs: tuple[str, ...], incs: list[str], ptxas: bool, out: Path):

@@ -87,6 +87,25 @@ def test_nm24_cuda_matches_float64(dtype, backend, output):
 
 
 @pytest.mark.cuda
+def test_nm24_cuda_with_the_plan_search_matches_float64(monkeypatch):
+    """$PRUNEKIT_CSLT_SEARCH=1: each new cuSPARSELt plan is tuned once by cusparseLtMatmulSearch on its first call's
+    operands (which it overwrites); the call's result, and the next call's, must still be right."""
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    monkeypatch.setenv("PRUNEKIT_CSLT_SEARCH", "1")
+    for i, (m, k, n_tokens) in enumerate(NM_CUDA_SHAPES):
+        dense = nm_weight(m, k, 2, 4, torch.float16, seed=100 + i)  # a new weight: new plans, searched
+        values, metadata, bits = (t.cuda() if isinstance(t, torch.Tensor) else t for t in _encode(dense, 2, 4))
+        bias = torch.randn(m, device="cuda").half()
+        for _ in range(2):
+            x = torch.randn(n_tokens, k, device="cuda").half().t()
+            y = structured.nm_mm_cuda(values, metadata, x, 2, 4, bits, bias, "relu", backend="auto", output="row")
+            err = relative_error(y, spmm_reference64(dense.cuda(), x, bias, "relu"))
+            assert err < TOLERANCE[torch.float16], (m, k, n_tokens, err)
+    assert structured.native_cslt_available()
+
+
+@pytest.mark.cuda
 def test_nm_cuda_other_patterns_fall_back_correctly():
     dense = nm_weight(64, 128, 1, 4, torch.float16, seed=9)
     values, metadata, bits = _encode(dense, 1, 4)

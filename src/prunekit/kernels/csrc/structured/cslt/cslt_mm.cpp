@@ -12,6 +12,8 @@
 #include <cusparseLt.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,6 +27,14 @@ namespace prunekit_cslt {
     TORCH_CHECK(status_ == CUSPARSE_STATUS_SUCCESS, "cuSPARSELt call ", #expr, " failed: ",                      \
                 cusparseLtGetErrorString(status_));                                                              \
   } while (0)
+
+// $PRUNEKIT_CSLT_SEARCH=1: each new plan runs cusparseLtMatmulSearch once (on the first call's own operands) and keeps
+// the fastest algorithm configuration, instead of CUSPARSELT_MATMUL_ALG_DEFAULT's. Off by default until timed on the
+// H100 (docs/PERFORMANCE_STRUCTURED.md: torch's 2:4 path was 0.17x faster than this binding at the largest GEMM).
+bool search_plans() {
+  const char* env = std::getenv("PRUNEKIT_CSLT_SEARCH");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
 
 cusparseLtHandle_t* handle() {
   static cusparseLtHandle_t h;
@@ -151,6 +161,17 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
       PK_CSLT_CHECK(cusparseLtMatmulPlanInit(handle(), &plan->plan, &plan->matmul, &plan->alg));
       plan->ready = true;
       PK_CSLT_CHECK(cusparseLtMatmulGetWorkspace(handle(), &plan->plan, &plan->workspace));
+      if (search_plans()) {
+        // Times every configuration on these operands (y is overwritten; the real call below writes it again) and
+        // updates the plan; the chosen configuration may need another workspace size.
+        at::Tensor ws = at::empty({static_cast<int64_t>(std::max<size_t>(plan->workspace, 1))},
+                                  x.options().dtype(at::kByte));
+        const float alpha = 1.f, beta = 0.f;
+        cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+        PK_CSLT_CHECK(cusparseLtMatmulSearch(handle(), &plan->plan, &alpha, w->compressed.data_ptr(), x.data_ptr(),
+                                             &beta, y.data_ptr(), y.data_ptr(), ws.data_ptr(), &stream, 1));
+        PK_CSLT_CHECK(cusparseLtMatmulGetWorkspace(handle(), &plan->plan, &plan->workspace));
+      }
       slot = std::move(plan);
     }
     p = slot.get();
