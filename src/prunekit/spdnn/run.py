@@ -233,7 +233,13 @@ def _to_device(layer: Layer, device: str) -> Layer:
 
 PACK_ENV = "PRUNEKIT_SPDNN_PACK"  # "0": build_chain_layers does not pack the layers
 ROW_LAYOUT_MAX_NEURONS = 4096  # build_chain_layers balances shared-memory rows up to this N (the fused kernel's range)
-ORDER_CHUNK_ENTRIES = 1 << 22  # ELL entries per order_slots_for_banks call in build_ell (bounds its temporaries)
+ORDER_CHUNK_ENTRIES = 1 << 22  # ELL entries per layout call in build_ell / build_chain_layers (bounds temporaries)
+
+
+def _layer_chunks(idx: torch.Tensor) -> Iterator[slice]:
+    """Slices of ``idx (layers, slots, N)``'s layers holding about :data:`ORDER_CHUNK_ENTRIES` entries each."""
+    step = max(1, ORDER_CHUNK_ENTRIES // max(1, idx.shape[1] * idx.shape[2]))
+    return (slice(lo, lo + step) for lo in range(0, idx.shape[0], step))
 
 
 def build_ell(
@@ -269,9 +275,8 @@ def build_ell(
         val[k, : e_val.shape[0]] = e_val
         total += layer.nnz
     if slot_order:
-        step = max(1, ORDER_CHUNK_ENTRIES // max(1, idx.shape[1] * neurons))
-        for lo in range(0, count, step):
-            idx[lo : lo + step], val[lo : lo + step] = order_slots_for_banks(idx[lo : lo + step], val[lo : lo + step])
+        for part in _layer_chunks(idx):
+            idx[part], val[part] = order_slots_for_banks(idx[part], val[part])
     return idx, val, total
 
 
@@ -310,9 +315,7 @@ def build_chain_layers(layers: Iterator[Layer], count: int, neurons: int, device
     row_pos = None
     if rows:
         row_pos = torch.empty(idx.shape[0], neurons, dtype=torch.int32, device=idx.device)
-        step = max(1, ORDER_CHUNK_ENTRIES // max(1, idx.shape[1] * neurons))
-        for lo in range(0, idx.shape[0], step):
-            part = slice(lo, lo + step)
+        for part in _layer_chunks(idx):
             idx[part], val[part], row_pos[part] = chain_layout(idx[part], val[part])
     packed = pack_ell(idx, val) if os.environ.get(PACK_ENV, "1").strip() != "0" else None
     return ChainLayers(idx, val, total, row_pos, packed)
