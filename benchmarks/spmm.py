@@ -8,6 +8,8 @@ layer output the way a user would call them:
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch.sparse: ``torch.sparse.mm(W_csr, x2d.t())`` (cuSPARSE through torch, int64 CSR).
 
+For fp16/bf16 and N <= 16 the run also times the tensor-core decode variant ``scatter`` and the CUDA-core ``rowwarp``
+forced (``scatter_gpu_ms``, ``rowwarp_gpu_ms``; ``scatter_gbps`` counts the scatter plan's bytes, X and Y once).
 For fp16/bf16 and N >= TC_BENCH_MIN_N the same run also times the tensor-core variant (``variant="tc"``, transposed
 activations copied to row-major inside the call, so the copy is timed) and the CUDA-core ``direct`` variant forced
 (``tc_gpu_ms``, ``direct_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
@@ -43,6 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prunekit.kernels import build, gpu, ops
+from prunekit.kernels.spmm_scatter_plan import get_scatter_plan
 from prunekit.kernels.spmm_tc_plan import build_tc_plan
 from prunekit.kernels.testing import encode_csr, random_sparse_weight, relative_error
 
@@ -182,6 +185,24 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
                 forced[f"{variant}_gpu_ms"] = graph_time(calls)
                 forced[f"speedup_{variant}_vs_dense"] = dense_gpu / forced[f"{variant}_gpu_ms"]
             forced.update(tc_stats)
+        if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
+            # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel, both forced.
+            for variant in ("scatter", "rowwarp"):
+                calls = [
+                    lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
+                    for c, x in zip(csrs, xs, strict=True)
+                ]
+                y_v = calls[0]()
+                forced[f"{variant}_rel_error"] = relative_error(y_v.t(), ref)
+                forced[f"{variant}_gpu_ms"] = graph_time(calls)
+                forced[f"speedup_{variant}_vs_dense"] = dense_gpu / forced[f"{variant}_gpu_ms"]
+            sc = get_scatter_plan(csrs[0]["values"], csrs[0]["row_offsets"], csrs[0]["column_indices"], m, k)
+            sc_bytes = sc.nbytes + x_bytes + n * m * esize
+            forced["scatter_kr_groups"] = gpu.scatter_kr_groups(
+                m, k, torch.cuda.get_device_properties(0).multi_processor_count
+            )
+            forced["scatter_plan_mbytes"] = sc.nbytes / 1e6
+            forced["scatter_gbps"] = sc_bytes / (forced["scatter_gpu_ms"] * 1e-3) / 1e9
         try:
             tsp = [lambda s=s, x=x: torch.sparse.mm(s, x.t()) for s, x in zip(torch_csrs, xs, strict=True)]
             sparse_eager = eager_time(tsp, min_reps=1, trials=3)

@@ -14,6 +14,10 @@
 # tc cases, and a short benchmark (4096x4096 and 11008x4096 at N = 4096, 90/95/98%, fp16; dense cuBLAS, torch.sparse,
 # auto, tc and direct in the same run) into $OUT/spmm-tc-<dev>-<date>.json.
 #
+# `scatter` (decode tensor-core SpMM, spmm_scatter.cu): build, its GPU tests, compute-sanitizer memcheck and racecheck
+# of small scatter cases, then the decode benchmark (5 shapes, N = 1 / 16, fp16; dense, torch.sparse, auto, scatter
+# and rowwarp forced in one run) into $OUT/spmm-scatter-<dev>-<date>.json. Extra args go to the benchmark.
+#
 # Run from the repository root on a machine with a CUDA GPU, nvcc and ninja (no install needed: PYTHONPATH=src).
 set -uo pipefail
 MODE=${1:-all}
@@ -72,6 +76,35 @@ PY
     > "$OUT/memcheck.log" 2>&1
   echo "compute-sanitizer exit code $?" | tee -a "$OUT/memcheck.log"
   tail -4 "$OUT/memcheck.log"
+fi
+
+if [[ $MODE == scatter ]]; then
+  step scatter tests
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmm_scatter.py 2>&1 | tee "$OUT/scatter-tests.log" | tail -25
+  step scatter compute-sanitizer
+  cat > /tmp/sanitize_scatter.py <<'PY'
+import torch
+from prunekit.kernels import gpu
+from prunekit.kernels.testing import encode_csr, random_sparse_weight
+for dtype in (torch.float16, torch.bfloat16):
+    w = random_sparse_weight(45, 301, 0.8, dtype, "cuda", empty_rows=9, single_rows=2)
+    c = encode_csr(w)
+    for n in (1, 16):
+        x2d = torch.randn(n, 301, device="cuda").to(dtype)
+        for x in (x2d.t(), x2d.t().contiguous()):
+            gpu.spmm_csr(**c, x=x, m=45, bias=torch.randn(45, device="cuda").to(dtype), activation="relu", variant="scatter")
+torch.cuda.synchronize()
+print("sanitize case ran")
+PY
+  for tool in memcheck racecheck; do
+    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/sanitize_scatter.py \
+      > "$OUT/scatter-$tool.log" 2>&1
+    echo "compute-sanitizer $tool exit code $?" | tee -a "$OUT/scatter-$tool.log"
+    tail -3 "$OUT/scatter-$tool.log"
+  done
+  step scatter benchmark
+  python3 benchmarks/spmm.py --out "$OUT/spmm-scatter-$DEV-$DATE.json" --dtypes float16 --ns 1,16 \
+    --sparsities 0.5,0.7,0.8,0.9,0.95,0.98 "$@" 2>&1 | tee "$OUT/scatter-bench.log" | tail -60
 fi
 
 if [[ $MODE == tc ]]; then

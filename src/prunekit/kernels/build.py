@@ -44,9 +44,10 @@ SOURCES = (
     "spmm_direct.cu",
     "spmm_tiled.cu",
     "spmm_tc.cu",
+    "spmm_scatter.cu",
     "sddmm_csr.cu",
 )
-HEADERS = ("common.cuh", "kernels.h")
+HEADERS = ("common.cuh", "kernels.h", "mma.cuh")
 DEFAULT_ARCHS = ("80", "90")
 MIN_CAPABILITY = (8, 0)  # bf16 conversion intrinsics need sm_80
 NAMESPACE = "prunekit_ext"

@@ -13,6 +13,9 @@ SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
   L2. Path for N > ROWWARP_MAX_N.
 - ``tiled``: X tiles staged in shared memory and shared by 16 or 64 rows; measured slower than ``direct`` on the
   H100 at every shape, so ``auto`` never picks it (kept for experiments, forced with ``variant="tiled"``).
+- ``scatter``: tensor cores for N <= 16 (decode): each warp scatters a strip's non-zeros (4-byte records of value and
+  tile position, ``spmm_scatter_plan.py``) into a dense 8 x 128 shared-memory tile and multiplies it with X on
+  ``mma.sync``; fp16/bf16 only. Memory-bound path for decode shapes.
 - ``tc``: tensor cores on condensed 16-row windows ("load sparse, compute dense", ``spmm_tc.cu`` with the plan of
   ``spmm_tc_plan.py``, built once per weight and cached on its values tensor); fp16/bf16 only. Large-N path.
 
@@ -33,11 +36,13 @@ import torch
 from . import build
 from .layout import new_spmm_output, transposed_io
 from .reference import ACTIVATIONS
+from .spmm_scatter_plan import MAX_TOKENS as SCATTER_MAX_N
+from .spmm_scatter_plan import get_scatter_plan
 from .spmm_tc_plan import get_tc_plan
 
 log = logging.getLogger(__name__)
 
-SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled", "tc")
+SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled", "tc", "scatter")
 TC_DTYPES = (torch.float16, torch.bfloat16)
 # Smallest N sent to the tensor-core kernel by "auto" (fp16/bf16).
 TC_MIN_N = 65  # = ROWWARP_MAX_N + 1
@@ -61,6 +66,12 @@ TC_AUTO_DEFAULT = True
 # (windows_per_warp, ntile) tiles of spmm_tc.cu, largest first; the first giving >= one block per SM is used.
 TC_TILES = ((2, 128), (1, 128), (1, 64))
 TC_WARPS = 8  # warps per tensor-core block
+# Scatter kernel (spmm_scatter.cu): N <= SCATTER_MAX_N (16), fp16/bf16. Whether "auto" takes it for such N instead of
+# rowwarp: $PRUNEKIT_SPMM_SCATTER (1/0), else SCATTER_AUTO_DEFAULT.
+SCATTER_AUTO_ENV = "PRUNEKIT_SPMM_SCATTER"
+SCATTER_AUTO_DEFAULT = False
+SCATTER_WARPS_PER_SM = 32  # resident warps per SM the k-split aims for (one warp per (strip, k-split))
+SCATTER_MAX_KR_GROUPS = 12  # = kScMaxKrGroups in spmm_scatter.cu (shared memory: 4 KB of X per group)
 # Largest N sent to the rowwarp kernel by "auto". Measured on the H100 (benchmarks/results/spmm-variants-h100-*.json):
 # rowwarp is fastest up to N = 32 everywhere and at N = 64 for most shapes; direct from N = 128 up (or equal).
 ROWWARP_MAX_N = 64
@@ -71,7 +82,7 @@ STAGE_X_MIN_N = 32  # auto: rowwarp stages X in shared memory only from this N .
 STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
 # Variant codes of the C++ entry prunekit_ext::spmm_csr_auto and of prunekit_ext::plan_spmm_code (csrc/spmm_entry.cu
 # kAuto ... kTc hold the same numbers; the entry takes 0-4, tc stays on this module's launcher).
-SPMM_VARIANT_CODES = {"auto": 0, "rowwarp": 1, "rowwarp_global": 2, "direct": 3, "tiled": 4, "tc": 5}
+SPMM_VARIANT_CODES = {"auto": 0, "rowwarp": 1, "rowwarp_global": 2, "direct": 3, "tiled": 4, "tc": 5, "scatter": 6}
 EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ entry takes (values and x alike)
 # The C++ eager entry has not run on a GPU yet: until its GPU tests (tests/kernels/test_spmm_entry.py) have passed,
 # the runtime keeps the measured Python launch path unless $PRUNEKIT_SPMM_CPP=1.
@@ -89,6 +100,7 @@ class SpmmPlan:
     rows_per_warp: int = 8
     stage_x: bool = True  # rowwarp: copy X[:, tile] to shared memory per block when it fits
     windows_per_warp: int = 1  # tc: 16-row windows per warp (a block holds 8 warps); ntile: columns per block
+    kr_groups: int = 0  # scatter: 128-column groups per block (K / (128 kr_groups) k-splits)
 
 
 def tc_auto_enabled() -> bool:
@@ -96,6 +108,23 @@ def tc_auto_enabled() -> bool:
     :data:`TC_AUTO_DEFAULT`."""
     env = os.environ.get(TC_AUTO_ENV)
     return TC_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+
+
+def scatter_auto_enabled() -> bool:
+    """Whether ``auto`` may choose the scatter kernel for N <= 16: ``$PRUNEKIT_SPMM_SCATTER`` (``1``/``0``) or
+    :data:`SCATTER_AUTO_DEFAULT`."""
+    env = os.environ.get(SCATTER_AUTO_ENV)
+    return SCATTER_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+
+
+def scatter_kr_groups(m: int, k: int, num_sms: int = 132) -> int:
+    """128-column groups per block of the scatter kernel for ``A (m, k)``: the k-split count (``ceil(groups /
+    kr_groups)``) is chosen so that ``ceil(m / 8)`` strips times the splits give about :data:`SCATTER_WARPS_PER_SM`
+    warps per SM, with at most :data:`SCATTER_MAX_KR_GROUPS` groups per block (its shared memory)."""
+    strips = max(1, -(-m // 8))
+    groups = max(1, -(-k // 128))
+    ksplit = min(groups, max(1, round(num_sms * SCATTER_WARPS_PER_SM / strips)))
+    return min(SCATTER_MAX_KR_GROUPS, -(-groups // ksplit))
 
 
 def tc_min_density_denominator(n: int, k: int) -> int:
@@ -122,7 +151,7 @@ def plan_spmm(
     dtype: torch.dtype | None = None,
 ) -> SpmmPlan:
     """Choose the SpMM kernel and tiling (see :func:`_plan_spmm`, which caches the choice per shape)."""
-    return _plan_spmm(m, k, n, nnz_padded, num_sms, variant, dtype, tc_auto_enabled())
+    return _plan_spmm(m, k, n, nnz_padded, num_sms, variant, dtype, tc_auto_enabled(), scatter_auto_enabled())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -135,6 +164,7 @@ def _plan_spmm(
     variant: str = "auto",
     dtype: torch.dtype | None = None,
     tc_auto: bool = False,
+    scatter_auto: bool = False,
 ) -> SpmmPlan:
     """Choose the SpMM kernel and tiling for ``A (m, k)`` with ``nnz_padded`` stored entries times ``X (k, n)``.
 
@@ -147,7 +177,8 @@ def _plan_spmm(
     With ``dtype`` fp16 or bf16 and ``tc_auto`` (:func:`tc_auto_enabled`), ``auto`` takes the tensor-core ``tc`` kernel for
     ``n >= TC_MIN_N`` and density ``>= 1 / tc_min_density_denominator(n, k)`` instead of ``direct`` (measured on the
     H100, see the constants); with ``dtype=None`` (unknown) or fp32 it never does. ``tc`` uses the largest tile of :data:`TC_TILES` that still gives
-    at least one block per SM.
+    at least one block per SM. With ``scatter_auto`` (:func:`scatter_auto_enabled`) and fp16/bf16, ``auto`` takes
+    ``scatter`` for ``n <= SCATTER_MAX_N`` instead of ``rowwarp``; its k-split is :func:`scatter_kr_groups`.
 
     Raises:
         ValueError: unknown ``variant``.
@@ -158,6 +189,8 @@ def _plan_spmm(
         variant = "rowwarp" if n <= ROWWARP_MAX_N else "direct"
         if dtype in TC_DTYPES and n >= TC_MIN_N and tc_auto and nnz_padded * tc_min_density_denominator(n, k) >= m * k:
             variant = "tc"
+        if dtype in TC_DTYPES and n <= SCATTER_MAX_N and scatter_auto:
+            variant = "scatter"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.
         stage_x = n >= STAGE_X_MIN_N and m >= STAGE_X_MIN_ROWS_PER_SM * num_sms and nnz_padded >= 2 * k * num_sms
@@ -165,6 +198,8 @@ def _plan_spmm(
         stage_x = variant != "rowwarp_global"
     if variant == "direct":
         return SpmmPlan("direct")
+    if variant == "scatter":
+        return SpmmPlan("scatter", kr_groups=scatter_kr_groups(m, k, num_sms))
     if variant == "tc":
         windows = -(-m // 16)
         for wpw, ntile in TC_TILES:
@@ -196,6 +231,7 @@ def _ensure_loaded() -> None:
         direct=ext.spmm_csr_direct.default,
         tiled=ext.spmm_csr_tiled.default,
         tc=ext.spmm_csr_tc.default,
+        scatter=ext.spmm_csr_scatter.default,
         sddmm=ext.sddmm_csr.default,
     )
 
@@ -209,6 +245,32 @@ def _sm_count(device: torch.device) -> int:
 
 def _aligned16(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
+
+
+_SCATTER_WORKSPACE: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _scatter_workspace(device: torch.device, strips: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed ``(float32 (strips * 128,), int32 (strips,))`` workspace and counters of the scatter kernel's k-split
+    reduction, one pair per GPU, grown on demand. Every launch leaves them zero again, so one pair serves every call
+    made in stream order; calls running concurrently on two streams of one GPU must not share it (not supported).
+
+    Raises:
+        RuntimeError: the pair must grow while a CUDA graph is being captured (warm the layer up before capturing).
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pair = _SCATTER_WORKSPACE.get(index)
+    if pair is None or pair[1].numel() < strips:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "the scatter SpMM's workspace cannot be allocated during CUDA graph capture; call the layer once before capturing"
+            )
+        pair = (
+            torch.zeros(strips * 128, dtype=torch.float32, device=device),
+            torch.zeros(strips, dtype=torch.int32, device=device),
+        )
+        _SCATTER_WORKSPACE[index] = pair
+    return pair
 
 
 def _tc_operand(x: torch.Tensor) -> torch.Tensor:
@@ -246,7 +308,8 @@ def spmm_csr(
             column_indices: ``(nnz_padded,)`` int16/int32; row_indices: ``(M,)`` int32 row swizzle;
             x: ``(K, N)``, any strides (column-major X gives a column-major Y, see ``layout.py``);
             m: M; bias: ``(M,)`` or None; activation: ``"none"`` or ``"relu"``;
-            variant: one of :data:`SPMM_VARIANTS` (``"tc"``: tensor cores, fp16/bf16 only); out: optional
+            variant: one of :data:`SPMM_VARIANTS` (``"tc"``, ``"scatter"``: tensor cores, fp16/bf16 only;
+            ``"scatter"``: N <= 16); out: optional
             ``(M, N)`` output to write into (unit stride along M or N).
 
     Returns:
@@ -254,7 +317,7 @@ def spmm_csr(
 
     Raises:
         KernelUnavailable: no GPU/compiler (see ``build.load``). ValueError: bad dtypes, shapes or activation, or
-        ``variant="tc"`` with fp32.
+        ``variant="tc"`` or ``"scatter"`` with fp32, ``variant="scatter"`` with N > 16.
     """
     _ensure_loaded()
     if activation not in ACTIVATIONS:
@@ -312,6 +375,14 @@ def spmm_csr(
             plan.windows_per_warp,
             plan.ntile,
         )
+    elif plan.variant == "scatter":
+        if x.dtype not in TC_DTYPES:
+            raise ValueError(f"the tensor-core SpMM (variant='scatter') takes float16 or bfloat16, got {x.dtype}")
+        if n > SCATTER_MAX_N:
+            raise ValueError(f"variant='scatter' takes N <= {SCATTER_MAX_N} columns of x, got {n}")
+        sp = get_scatter_plan(*csr_as_stored, m, x.shape[0])
+        workspace, counters = _scatter_workspace(x.device, sp.strips)
+        _OPS["scatter"](sp.records, sp.group_offsets, x, y, bias, relu, plan.kr_groups, workspace, counters)
     elif plan.variant == "rowwarp":
         if n > 1 and x.stride(1) != 1:
             # Row-major (K, N) copy of transposed activations: N*K elements, small next to the weights at these N,
@@ -371,7 +442,9 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
     """
     if variant not in SPMM_VARIANTS:
         raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
-    if variant == "tc" or (variant == "auto" and tc_auto and x_dtype in TC_DTYPES and n >= TC_MIN_N):
+    if variant in ("tc", "scatter") or (variant == "auto" and tc_auto and x_dtype in TC_DTYPES and n >= TC_MIN_N):
+        return None
+    if variant == "auto" and scatter_auto_enabled() and x_dtype in TC_DTYPES and n <= SCATTER_MAX_N:
         return None
     if x_dtype != values_dtype or x_dtype not in EAGER_DTYPES:
         return None

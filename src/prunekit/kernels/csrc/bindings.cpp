@@ -34,6 +34,9 @@ TORCH_LIBRARY(prunekit_ext, m) {
   m.def(
       "spmm_csr_tc(Tensor frag_values, Tensor slot_rows, Tensor kstep_offsets, Tensor window_rows, Tensor x, "
       "Tensor(a!) y, Tensor? bias, bool relu, int windows_per_warp, int ntile) -> ()");
+  m.def(
+      "spmm_csr_scatter(Tensor records, Tensor group_offsets, Tensor x, Tensor(a!) y, Tensor? bias, bool relu, "
+      "int kr_groups, Tensor(b!) workspace, Tensor(c!) counters) -> ()");
   m.def("sddmm_csr(Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor a, Tensor b, Tensor(a!) out) -> ()");
   // The runtime's eager CSR call (spmm_entry.cu): allocates Y, chooses the CUDA-core variant, launches.
   m.def(
@@ -49,6 +52,7 @@ TORCH_LIBRARY_IMPL(prunekit_ext, CUDA, m) {
   m.impl("spmm_csr_tiled", &prunekit::spmm_csr_tiled);
   m.impl("spmm_csr_direct", &prunekit::spmm_csr_direct);
   m.impl("spmm_csr_tc", &prunekit::spmm_csr_tc);
+  m.impl("spmm_csr_scatter", &prunekit::spmm_csr_scatter);
   m.impl("sddmm_csr", &prunekit::sddmm_csr);
   m.impl("spmm_csr_auto", &prunekit::spmm_csr_auto);
 }

@@ -28,6 +28,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "mma.cuh"
 
 namespace prunekit {
 namespace {
@@ -38,10 +39,6 @@ constexpr int kTcChunk = 256;   // K rows per stage; = spmm_tc_plan.K_CHUNK
 constexpr int kTcWindow = 16;   // rows per window; = spmm_tc_plan.WINDOW_ROWS
 constexpr int kTcKStep = 16;    // k per mma; = spmm_tc_plan.K_STEP
 constexpr int kTcStages = 2;
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // 16-byte asynchronous global -> shared copy of `bytes` in [1, 16] bytes; the rest of the 16 is zero-filled (PTX
 // cp.async src-size). Both addresses must be 16-byte aligned.
@@ -65,27 +62,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, u
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
 }
-
-// D = A (16x16, row) * B (16x8, col) + D, fp32 accumulators.
-template <typename T> struct Mma;
-template <> struct Mma<__half> {
-  static __device__ __forceinline__ void run(float* c, const uint4& a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-  }
-};
-template <> struct Mma<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float* c, const uint4& a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-  }
-};
 
 // Stage X[ch * 256 : +256, n0 : n0 + NT] into one buffer (swizzled rows of NT elements), zero outside X.
 template <typename T, int NT>

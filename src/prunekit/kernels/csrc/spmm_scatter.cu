@@ -1,0 +1,302 @@
+// SpMM for decode shapes (N <= 16) on tensor cores: Y (M, N) = act(A @ X + bias), A given as scatter records.
+//
+// "Load sparse, compute dense" for small N, where the weights' bytes set the time: the plan
+// (kernels/spmm_scatter_plan.py) cuts A into strips of 8 rows and groups of 128 columns and stores, per (strip,
+// group), one 32-bit record per non-zero: its 16-bit value and its position in the group's dense 8 x 128 tile as
+// laid out in shared memory (4 bytes per non-zero, like CSR with int16 indices, and no padding). Each warp owns one
+// strip and a range of groups; per group it scatters the records into a zeroed 2 KB shared-memory tile (one 2-byte
+// store per non-zero, 32 per instruction), reads the tile back as mma B fragments with ldmatrix.x4 (the tile's
+// 16-byte column groups are XOR-swizzled by row so the eight rows of an 8x8 matrix hit distinct banks; the plan
+// stores positions already swizzled) and multiplies it on tensor cores with X: mma.sync.m16n8k16 with the N <= 16
+// tokens as the m = 16 A operand and the strip's 8 rows as n = 8, fp32 accumulators. Within each 16-column k-step the
+// plan permutes the slots (slot 2q + j holds column 4q + j, slot 8 + 2q + j column 4q + 2 + j, q < 4, j < 2) so that
+// a lane's four A elements of one token are four adjacent columns of X.
+//
+// A block of 8 warps owns 8 strips and a range of kr_groups groups (grid: k-splits x strip blocks). It first copies
+// that X range (kr_groups * 128 columns x 16 tokens, zero outside X) into shared memory in A-fragment order (one
+// 16-byte load per lane per k-step, conflict-free), while the first group's records are already in flight; each warp
+// then loads the next group's records before it multiplies the current one. With several k-splits the warps add
+// their fp32 partial sums into a workspace with atomics; the last warp of a strip (a per-strip counter, after a
+// fence) reads the sums, adds bias, applies ReLU, writes Y and sets the workspace and counter back to zero, so the
+// next call finds them clean (the threadFenceReduction pattern of the CUDA samples). One split writes Y directly.
+//
+// Sources: the tile format follows the "load as sparse, compute as dense" idea of Flash-LLM (Xia et al., VLDB 2024)
+// and the bitmap-per-tile SpInfer (Fan et al., EuroSys 2025); this kernel's records and scatter are prunekit's own.
+// sm_80+ (ldmatrix, mma.sync with bf16).
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+
+#include "common.cuh"
+#include "kernels.h"
+#include "mma.cuh"
+
+namespace prunekit {
+namespace {
+
+constexpr int kScWarps = 8;
+constexpr int kScThreads = 32 * kScWarps;
+constexpr int kScStripRows = 8;     // = spmm_scatter_plan.STRIP_ROWS (mma n)
+constexpr int kScGroupCols = 128;   // = spmm_scatter_plan.GROUP_COLS
+constexpr int kScTokens = 16;       // mma m: N <= 16
+constexpr int kScPrefetch = 8;      // records per lane loaded one group ahead (256 per warp)
+constexpr int kScMaxKrGroups = 12;  // shared memory: 4 KB of X per group + 16 KB of tiles
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
+__device__ __forceinline__ uint16_t elem_bits(const uint16_t* x, int64_t i) { return __ldg(x + i); }
+
+// Records of one group, beg..end, for this lane: kScPrefetch loads (32 apart), 0 past the end.
+__device__ __forceinline__ void load_records(uint32_t (&r)[kScPrefetch], const uint32_t* __restrict__ records, int beg,
+                                             int end, int lane) {
+#pragma unroll
+  for (int p = 0; p < kScPrefetch; ++p) {
+    const int i = beg + p * 32 + lane;
+    r[p] = i < end ? __ldg(records + i) : 0u;
+  }
+}
+
+__device__ __forceinline__ void scatter_one(uint16_t* tile, uint32_t rec) { tile[rec >> 16] = static_cast<uint16_t>(rec); }
+
+template <typename T, bool SPLIT, bool XVEC>
+__global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
+    const uint32_t* __restrict__ records, const int* __restrict__ group_offsets, const T* __restrict__ x,
+    int64_t sxk, int64_t sxn, T* __restrict__ y, int64_t sym, int64_t syn, const T* __restrict__ bias, bool relu,
+    int m, int k, int n, int strips, int groups, int kr_groups, float* __restrict__ workspace,
+    int* __restrict__ counters, int ksplit) {
+  extern __shared__ uint4 smem[];
+  const int g0 = blockIdx.x * kr_groups;
+  const int g1 = min(groups, g0 + kr_groups);
+  const int ksteps = (g1 - g0) * (kScGroupCols / 16);
+  uint4* xs = smem;                             // (kr_groups * 8 k-steps, 32 lanes) A fragments
+  uint4* tiles = smem + kr_groups * 8 * 32;     // 8 warps x (8 rows x 128 columns) fp16/bf16
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint4* tile4 = tiles + warp * (kScStripRows * kScGroupCols / 8);
+  uint16_t* tile = reinterpret_cast<uint16_t*>(tile4);
+  const int strip = blockIdx.y * kScWarps + warp;
+  const bool active = strip < strips;
+
+  // First group's records in flight before the X copy.
+  const int* goff = group_offsets + static_cast<int64_t>(active ? strip : 0) * groups;
+  int beg = 0, end = 0;
+  uint32_t cur[kScPrefetch];
+  if (active) {
+    beg = __ldg(goff + g0);
+    end = __ldg(goff + g0 + 1);
+    load_records(cur, records, beg, end, lane);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
+
+  // X[g0 * 128 : g1 * 128, :16] in A-fragment order. Item (token j, k-step t, quad q) holds X[k0 + 16 t + 4 q + 0..3, j]
+  // = A elements (j, slots 2q, 2q+1) -> register j / 8 and (j, slots 8 + 2q, +1) -> register 2 + j / 8 of lane
+  // (j % 8) * 4 + q.
+  {
+    uint32_t* xs32 = reinterpret_cast<uint32_t*>(xs);
+    const int k0 = g0 * kScGroupCols;
+    const uint16_t* xb = reinterpret_cast<const uint16_t*>(x);
+    for (int it = threadIdx.x; it < ksteps * 4 * kScTokens; it += kScThreads) {
+      const int q = it & 3;
+      const int t = (it >> 2) % ksteps;
+      const int j = (it >> 2) / ksteps;
+      const int col = k0 + t * 16 + 4 * q;
+      uint32_t w0 = 0u, w1 = 0u;
+      if (j < n) {
+        if (XVEC && col + 3 < k) {
+          const uint2 v = __ldg(reinterpret_cast<const uint2*>(xb + col + j * sxn));
+          w0 = v.x;
+          w1 = v.y;
+        } else {
+          uint16_t e[4];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) e[c] = col + c < k ? elem_bits(xb, (col + c) * sxk + j * sxn) : uint16_t(0);
+          w0 = pack2(e[0], e[1]);
+          w1 = pack2(e[2], e[3]);
+        }
+      }
+      const int base = (t * 32 + (j & 7) * 4 + q) * 4;
+      xs32[base + (j >> 3)] = w0;
+      xs32[base + 2 + (j >> 3)] = w1;
+    }
+  }
+  __syncthreads();
+  if (!active) return;
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  // ldmatrix.x4 row address of this lane for k-steps (2 jj, 2 jj + 1): matrix lane / 8 = 16-byte column group
+  // 4 jj + lane / 8 of row lane % 8, swizzled.
+  const int lrow = lane & 7, lmat = lane >> 3;
+  const uint32_t tile_row = smem_u32(tile) + static_cast<uint32_t>(lrow * kScGroupCols * 2);
+  for (int g = g0; g < g1; ++g) {
+    const int nbeg = end;
+    const int nend = g + 1 < g1 ? __ldg(goff + g + 2) : end;
+    uint32_t nxt[kScPrefetch];
+    load_records(nxt, records, nbeg, nend, lane);
+#pragma unroll
+    for (int p = 0; p < kScPrefetch; ++p) {
+      if (beg + p * 32 + lane < end) scatter_one(tile, cur[p]);
+    }
+    for (int i = beg + kScPrefetch * 32 + lane; i < end; i += 32) scatter_one(tile, __ldg(records + i));
+    __syncwarp();
+    const uint4* xg = xs + (g - g0) * 8 * 32 + lane;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4(tile_row + static_cast<uint32_t>(((4 * jj + lmat) ^ lrow) * 16), b0, b1, b2, b3);
+      Mma<T>::run(acc, xg[(2 * jj) * 32], b0, b1);
+      Mma<T>::run(acc, xg[(2 * jj + 1) * 32], b2, b3);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
+    __syncwarp();
+#pragma unroll
+    for (int p = 0; p < kScPrefetch; ++p) cur[p] = nxt[p];
+    beg = nbeg;
+    end = nend;
+  }
+
+  // acc[e]: token gid + 8 (e / 2), row 2 tig + (e % 2) of the strip.
+  const int gid = lane >> 2, tig = lane & 3;
+  if constexpr (SPLIT) {
+    float* ws = workspace + static_cast<int64_t>(strip) * (kScTokens * kScStripRows);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int tok = gid + 8 * (e >> 1);
+      if (tok < n) atomicAdd(ws + tok * kScStripRows + 2 * tig + (e & 1), acc[e]);
+    }
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counters + strip, 1) == ksplit - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    __threadfence();
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int tok = gid + 8 * (e >> 1);
+      float* p = ws + tok * kScStripRows + 2 * tig + (e & 1);
+      acc[e] = tok < n ? __ldcg(p) : 0.f;
+      if (tok < n) __stcg(p, 0.f);
+    }
+    if (lane == 0) counters[strip] = 0;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int tok = gid + 8 * (e >> 1);
+    const int row = strip * kScStripRows + 2 * tig + (e & 1);
+    if (tok < n && row < m) {
+      float v = acc[e] + (bias != nullptr ? to_f(bias[row]) : 0.f);
+      if (relu) v = fmaxf(v, 0.f);
+      y[static_cast<int64_t>(row) * sym + static_cast<int64_t>(tok) * syn] = from_f<T>(v);
+    }
+  }
+}
+
+template <typename T, bool SPLIT, bool XVEC>
+void launch_scatter(const at::Tensor& records, const at::Tensor& group_offsets, const at::Tensor& x, const at::Tensor& y,
+                    const T* bias, bool relu, int m, int k, int n, int strips, int groups, int kr_groups, int ksplit,
+                    float* workspace, int* counters) {
+  const size_t smem = static_cast<size_t>(kr_groups) * 8 * 32 * 16 + kScWarps * kScStripRows * kScGroupCols * 2;
+  auto kernel = spmm_scatter_kernel<T, SPLIT, XVEC>;
+  if (smem > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  const dim3 grid(ksplit, (strips + kScWarps - 1) / kScWarps);
+  kernel<<<grid, kScThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
+      reinterpret_cast<const uint32_t*>(records.data_ptr()), group_offsets.data_ptr<int>(),
+      reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), x.stride(1), reinterpret_cast<T*>(y.data_ptr()),
+      y.stride(0), y.stride(1), bias, relu, m, k, n, strips, groups, kr_groups, workspace, counters, ksplit);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets, const at::Tensor& x,
+                      const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu, int64_t kr_groups,
+                      const at::Tensor& workspace, const at::Tensor& counters) {
+  const char* op = "spmm_csr_scatter";
+  TORCH_CHECK(records.is_cuda() && group_offsets.is_cuda() && x.is_cuda() && y.is_cuda() && workspace.is_cuda() &&
+                  counters.is_cuda(),
+              op, ": tensors must be on the GPU");
+  const auto device = x.device();
+  TORCH_CHECK(records.device() == device && group_offsets.device() == device && y.device() == device &&
+                  workspace.device() == device && counters.device() == device &&
+                  (!bias || bias->device() == device),
+              op, ": the plan, x, y, bias and workspace must be on one GPU (x is on ", device, ")");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, op, ": tensor cores take float16 or bfloat16, got ",
+              dtype);
+  TORCH_CHECK(y.scalar_type() == dtype, op, ": x and y must share one dtype");
+  TORCH_CHECK(records.scalar_type() == at::kInt && records.dim() == 1 && records.is_contiguous(), op,
+              ": records must be a contiguous 1-D int32 tensor");
+  TORCH_CHECK(x.dim() == 2 && y.dim() == 2 && x.size(1) == y.size(1), op, ": x (K, N) and y (M, N) expected");
+  const int64_t m = y.size(0), n = y.size(1), k = x.size(0);
+  TORCH_CHECK(n <= kScTokens, op, ": takes N <= ", kScTokens, " columns of X, got ", n);
+  const int64_t strips = (m + kScStripRows - 1) / kScStripRows;
+  const int64_t groups = std::max<int64_t>(1, (k + kScGroupCols - 1) / kScGroupCols);
+  TORCH_CHECK(group_offsets.scalar_type() == at::kInt && group_offsets.dim() == 1 && group_offsets.is_contiguous() &&
+                  group_offsets.numel() == strips * groups + 1,
+              op, ": group_offsets must be a contiguous int32 tensor of ceil(M / 8) * ceil(K / 128) + 1 entries "
+              "(was the plan built for this M and K?)");
+  TORCH_CHECK(kr_groups >= 1 && kr_groups <= kScMaxKrGroups, op, ": kr_groups must be in [1, ", kScMaxKrGroups,
+              "], got ", kr_groups);
+  const int64_t ksplit = (groups + kr_groups - 1) / kr_groups;
+  constexpr int64_t kInt32Max = (int64_t(1) << 31) - 1;
+  TORCH_CHECK(records.numel() <= kInt32Max && strips * groups < kInt32Max && k <= kInt32Max && m <= kInt32Max &&
+                  (strips + kScWarps - 1) / kScWarps <= 65535,
+              op, ": problem too large for this kernel's indexing");
+  if (ksplit > 1) {
+    TORCH_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() &&
+                    workspace.numel() >= strips * kScTokens * kScStripRows,
+                op, ": workspace must be a contiguous float32 tensor of at least ceil(M / 8) * 128 zeros");
+    TORCH_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() && counters.numel() >= strips, op,
+                ": counters must be a contiguous int32 tensor of at least ceil(M / 8) zeros");
+  }
+  if (bias) {
+    TORCH_CHECK(bias->scalar_type() == dtype && bias->is_contiguous() && bias->numel() == m, op,
+                ": bias must be a contiguous (M,) tensor of x's dtype");
+  }
+  if (m == 0 || n == 0) return;
+  // 8-byte loads of four adjacent columns: X unit-stride along K (the runtime's transposed activations), every
+  // token's column 8-byte aligned.
+  const bool xvec = (x.stride(0) == 1 || k == 1) && (n == 1 || x.stride(1) % 4 == 0) &&
+                    reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
+  const c10::cuda::CUDAGuard guard(device);
+  const auto run = [&](auto tag) {
+    using scalar_t = decltype(tag);
+    const scalar_t* b = bias ? reinterpret_cast<const scalar_t*>(bias->data_ptr()) : nullptr;
+    float* ws = ksplit > 1 ? workspace.data_ptr<float>() : nullptr;
+    int* cnt = ksplit > 1 ? counters.data_ptr<int>() : nullptr;
+    const auto go = [&](auto split, auto vec) {
+      launch_scatter<scalar_t, decltype(split)::value, decltype(vec)::value>(
+          records, group_offsets, x, y, b, relu, static_cast<int>(m), static_cast<int>(k), static_cast<int>(n),
+          static_cast<int>(strips), static_cast<int>(groups), static_cast<int>(kr_groups),
+          static_cast<int>(ksplit), ws, cnt);
+    };
+    using T_ = std::true_type;
+    using F_ = std::false_type;
+    if (ksplit > 1) {
+      xvec ? go(T_{}, T_{}) : go(T_{}, F_{});
+    } else {
+      xvec ? go(F_{}, T_{}) : go(F_{}, F_{});
+    }
+  };
+  if (dtype == at::kHalf) {
+    run(__half{});
+  } else {
+    run(__nv_bfloat16{});
+  }
+}
+
+}  // namespace prunekit

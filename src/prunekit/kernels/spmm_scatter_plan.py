@@ -1,0 +1,228 @@
+"""Scatter-record plan for the decode tensor-core SpMM (``spmm_scatter.cu``, variant ``"scatter"``, N <= 16).
+
+The sparse weight ``A (M, K)`` is cut into *strips* of :data:`STRIP_ROWS` = 8 rows (the ``n = 8`` operand of
+``mma.sync.m16n8k16``; the N <= 16 tokens are the ``m = 16`` operand) and *groups* of :data:`GROUP_COLS` = 128
+columns. Every stored non-zero becomes one 32-bit *record*: its value's 16 bits (fp16 or bf16) in the low half and,
+in the high half, its position in the group's dense 8 x 128 tile as the kernel lays that tile out in shared memory
+(:func:`tile_position`). Records are sorted by (strip, group), and ``group_offsets`` gives each (strip, group)'s
+range, so a warp scatters a group's records into a zeroed tile with one 2-byte store each and multiplies the tile
+densely on tensor cores. 4 bytes per non-zero, like CSR with int16 column indices, with no row padding.
+
+Tile layout (:func:`tile_position`): row ``r`` of the tile is 256 bytes, sixteen 16-byte column groups of 8 slots;
+k-step ``t`` (columns ``16 t .. 16 t + 15`` of the group) owns column groups ``2 t`` (slots 0-7) and ``2 t + 1``
+(slots 8-15). Column group ``c`` of row ``r`` is stored at ``c ^ r`` (XOR swizzle), so the eight rows of one 8 x 8
+``ldmatrix`` matrix fall in distinct shared-memory banks. Within a k-step, slot ``2 q + j`` holds column ``4 q + j``
+and slot ``8 + 2 q + j`` holds column ``4 q + 2 + j`` (``q < 4``, ``j < 2``): the A fragment of ``m16n8k16`` gives
+lane ``4 g + q`` the k slots ``2 q, 2 q + 1, 2 q + 8, 2 q + 9``, so with this order they are the four adjacent
+columns ``4 q .. 4 q + 3`` of X, one 8-byte load (PTX ISA, "Matrix Fragments for mma.m16n8k16").
+
+CSR padding entries (they repeat their row's last column with value 0, ``formats/csr.py``) are dropped: two records
+at one position would race in the scatter. :func:`scatter_plan_matmul` multiplies with exactly the plan's data
+(positions decoded back through the swizzle and slot order), so the CPU tests verify the index math without a GPU.
+Everything is vectorised torch on the weight's device. torch only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..formats.csr import csr_rows
+from .tensor_cache import cached
+
+STRIP_ROWS = 8  # mma n: rows of A per strip (one warp's output rows)
+GROUP_COLS = 128  # columns of A per scattered tile: 8 k-steps of 16
+K_STEP = 16
+MAX_TOKENS = 16  # mma m: columns of X (tokens) the kernel takes
+_CACHE_ATTR = "_prunekit_scatter_plan"
+
+__all__ = [
+    "GROUP_COLS",
+    "MAX_TOKENS",
+    "STRIP_ROWS",
+    "ScatterPlan",
+    "build_scatter_plan",
+    "get_scatter_plan",
+    "scatter_plan_matmul",
+    "slot_of_column",
+    "tile_position",
+]
+
+
+@dataclass(frozen=True)
+class ScatterPlan:
+    """Scatter records of one sparse weight for ``spmm_scatter.cu`` (module docstring).
+
+    Attributes:
+        records: ``(nnz,)`` int32; bits 0-15 the value's fp16/bf16 bits, bits 16-25 the tile position.
+        group_offsets: ``(strips * groups + 1,)`` int32; records of (strip s, group g) are
+            ``records[group_offsets[s * groups + g] : group_offsets[s * groups + g + 1]]``.
+        m, k: the weight's shape. strips: ``ceil(M / 8)``. groups: ``ceil(K / 128)`` (at least 1).
+        dtype: the values' dtype (float16 or bfloat16).
+    """
+
+    records: torch.Tensor
+    group_offsets: torch.Tensor
+    m: int
+    k: int
+    strips: int
+    groups: int
+    dtype: torch.dtype
+
+    @property
+    def nnz(self) -> int:
+        """Number of records (stored non-zeros without the CSR padding)."""
+        return self.records.numel()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the plan's tensors on the device (records and group offsets)."""
+        return self.records.numel() * 4 + self.group_offsets.numel() * 4
+
+
+def slot_of_column(col16: torch.Tensor) -> torch.Tensor:
+    """Slot (0-15) of each column ``col16`` (0-15) within a k-step: ``4 q + j`` -> ``2 q + j`` for ``j < 2``, else
+    ``8 + 2 q + j - 2`` (module docstring). Any integer dtype; returns the same dtype."""
+    q, j = col16 // 4, col16 % 4
+    return torch.where(j < 2, 2 * q + j, 8 + 2 * q + (j - 2))
+
+
+def column_of_slot(slot: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`slot_of_column`."""
+    half, s = slot // 8, slot % 8
+    return 4 * (s // 2) + 2 * half + s % 2
+
+
+def tile_position(row8: torch.Tensor, col128: torch.Tensor) -> torch.Tensor:
+    """Halfword index (0-1023) in the kernel's swizzled 8 x 128 shared-memory tile of row ``row8`` (0-7) and
+    column ``col128`` (0-127) of a group (module docstring)."""
+    t, c = col128 // K_STEP, col128 % K_STEP
+    slot = slot_of_column(c)
+    group16 = 2 * t + slot // 8
+    return row8 * GROUP_COLS + torch.bitwise_xor(group16, row8) * 8 + slot % 8
+
+
+def _decode_position(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row8, col128) of tile positions: the inverse of :func:`tile_position`."""
+    row8 = pos // GROUP_COLS
+    phys = pos % GROUP_COLS
+    group16 = torch.bitwise_xor(phys // 8, row8)
+    slot = (group16 % 2) * 8 + phys % 8
+    return row8, (group16 // 2) * K_STEP + column_of_slot(slot)
+
+
+def build_scatter_plan(
+    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+) -> ScatterPlan:
+    """Build the scatter records of a prunekit CSR weight (module docstring), on the weight's device.
+
+    Args:
+        values: ``(nnz_padded,)`` float16 or bfloat16; row_offsets: ``(M + 1,)`` int32; column_indices:
+            ``(nnz_padded,)`` int16/int32 (padding entries repeat the row's last column, ``formats/csr.py``);
+        m, k: the weight's shape ``(M, K)``.
+
+    Returns:
+        :class:`ScatterPlan`.
+
+    Raises:
+        ValueError: values not float16/bfloat16, shapes that disagree, or a column index outside ``[0, K)``.
+    """
+    if values.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"the scatter SpMM takes float16 or bfloat16 weights, got {values.dtype}")
+    if row_offsets.numel() != m + 1 or values.numel() != column_indices.numel():
+        raise ValueError(
+            f"CSR shapes disagree: row_offsets {row_offsets.numel()} (expected M + 1 = {m + 1}), "
+            f"values {values.numel()}, column_indices {column_indices.numel()}"
+        )
+    device = values.device
+    strips = -(-m // STRIP_ROWS)
+    groups = max(1, -(-k // GROUP_COLS))
+    rows = csr_rows(row_offsets.to(device))
+    cols = column_indices.to(device).long()
+    if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) >= k):
+        raise ValueError(f"column index outside [0, {k})")
+    keep = torch.ones_like(cols, dtype=torch.bool)
+    if cols.numel() > 1:
+        keep[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])
+    rows, cols = rows[keep], cols[keep]
+    bits = values.contiguous().view(torch.int16)[keep].to(torch.int32) & 0xFFFF
+    segment = (rows // STRIP_ROWS) * groups + cols // GROUP_COLS
+    position = tile_position(rows % STRIP_ROWS, cols % GROUP_COLS)
+    records = bits | (position.to(torch.int32) << 16)
+    order = torch.argsort(segment, stable=True)
+    counts = torch.bincount(segment, minlength=strips * groups)
+    offsets = torch.zeros(strips * groups + 1, dtype=torch.int64, device=device)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise ValueError("too many non-zeros for int32 record offsets")
+    return ScatterPlan(
+        records=records[order].contiguous(),
+        group_offsets=offsets.to(torch.int32),
+        m=m,
+        k=k,
+        strips=strips,
+        groups=groups,
+        dtype=values.dtype,
+    )
+
+
+def get_scatter_plan(
+    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+) -> ScatterPlan:
+    """:func:`build_scatter_plan` cached on ``values`` (``tensor_cache.cached``: rebuilt when values, indices or
+    offsets change in place or by identity, or M, K, dtype or device change), like the ``tc`` plan."""
+    extra = (m, k, values.dtype, values.device)
+    return cached(
+        values,
+        _CACHE_ATTR,
+        (values, column_indices, row_offsets),
+        extra,
+        lambda: build_scatter_plan(values, row_offsets, column_indices, m, k),
+    )
+
+
+def scatter_plan_dense(plan: ScatterPlan, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The dense ``(M, K)`` weight the plan's records describe (decoded through the tile layout), in ``dtype``."""
+    device = plan.records.device
+    rec = plan.records.long()
+    bits = (rec & 0xFFFF).to(torch.int32)
+    bits = torch.where(bits >= 2**15, bits - 2**16, bits).to(torch.int16)
+    vals = bits.view(plan.dtype).to(dtype)
+    counts = plan.group_offsets[1:].long() - plan.group_offsets[:-1].long()
+    segment = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
+    row8, col128 = _decode_position(rec >> 16)
+    rows = (segment // plan.groups) * STRIP_ROWS + row8
+    cols = (segment % plan.groups) * GROUP_COLS + col128
+    dense = torch.zeros(plan.strips * STRIP_ROWS, plan.groups * GROUP_COLS, dtype=dtype, device=device)
+    dense.index_put_((rows, cols), vals, accumulate=True)
+    return dense[: plan.m, : plan.k]
+
+
+def scatter_plan_matmul(
+    plan: ScatterPlan,
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """CPU emulation of ``spmm_scatter.cu``: ``Y (M, N) = act(A @ X + bias)`` from the plan's records only.
+
+    Args:
+        plan: from :func:`build_scatter_plan`; x: ``(K, N)``; bias: ``(M,)`` or None; activation: none|relu;
+        dtype: compute dtype (float64 by default).
+
+    Returns:
+        ``(M, N)`` in ``dtype``.
+
+    Raises:
+        ValueError: unknown activation or an X whose K differs from the plan's.
+    """
+    if activation not in ("none", "relu"):
+        raise ValueError(f"unknown activation {activation!r}; known: none, relu")
+    if x.dim() != 2 or x.shape[0] != plan.k:
+        raise ValueError(f"x must be (K, N) with K = {plan.k}, got {tuple(x.shape)}")
+    y = scatter_plan_dense(plan, dtype) @ x.to(device=plan.records.device, dtype=dtype)
+    if bias is not None:
+        y = y + bias.to(device=y.device, dtype=dtype)[:, None]
+    return torch.relu(y) if activation == "relu" else y

@@ -1,0 +1,328 @@
+"""Decode tensor-core SpMM (``spmm_scatter_plan.py`` + ``csrc/spmm_scatter.cu``, variant ``"scatter"``).
+
+CPU (CI): the plan's records decoded through the tile layout against float64, the layout's invariants, and a
+lane-by-lane replay of the kernel (X staging in A-fragment order, scatter into the swizzled tile, ldmatrix.x4 row
+addresses, the PTX m16n8k16 fragment tables, k-splits, epilogue) against float64. CUDA (``@pytest.mark.cuda``): the
+kernel against float64 with NaN-poisoned outputs, N = 1..16, both X layouts, fp16/bf16, bias + ReLU, one and several
+k-splits, repeated calls (the workspace must come back zero) and CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prunekit.kernels import gpu
+from prunekit.kernels.spmm_scatter_plan import (
+    GROUP_COLS,
+    STRIP_ROWS,
+    build_scatter_plan,
+    column_of_slot,
+    get_scatter_plan,
+    scatter_plan_dense,
+    scatter_plan_matmul,
+    slot_of_column,
+    tile_position,
+)
+from prunekit.kernels.spmm_tc_plan import _mma_a_coords, _mma_b_coords, _mma_c_coords
+from prunekit.kernels.testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, spmm_reference64
+
+DTYPES = [torch.float16, torch.bfloat16]
+# (M, K, N, sparsity, empty_rows): M = 1, M not a multiple of 8, K not a multiple of 4 / 16 / 128, several groups,
+# empty rows (a whole empty strip), 1-nnz rows, dense, very sparse (empty groups), N = 1 .. 16.
+SHAPES = [
+    (1, 7, 1, 0.5, 0),
+    (1, 300, 5, 0.9, 0),
+    (33, 45, 3, 0.7, 2),
+    (77, 203, 16, 0.8, 2),
+    (130, 301, 9, 0.9, 20),
+    (64, 1031, 16, 0.95, 2),
+    (40, 520, 1, 0.98, 3),
+    (257, 64, 8, 0.0, 2),
+    (19, 777, 13, 0.7, 2),
+]
+
+
+def _case(m, k, n, sparsity, empty_rows, dtype, seed, device="cpu"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    dense = random_sparse_weight(
+        m, k, sparsity, dtype, device, g, empty_rows=min(empty_rows, m - 1), single_rows=min(2, m - 1)
+    )
+    x2d = torch.randn(n, k, generator=g, device=device).to(dtype)
+    bias = torch.randn(m, generator=g, device=device).to(dtype)
+    return dense, encode_csr(dense), x2d, bias
+
+
+def _plan(c, m, k):
+    return build_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+
+
+# ----------------------------------------------------------------------------------------------------------- CPU
+
+
+def test_tile_position_is_a_bijection_onto_the_tile():
+    rows = torch.arange(STRIP_ROWS).repeat_interleave(GROUP_COLS)
+    cols = torch.arange(GROUP_COLS).repeat(STRIP_ROWS)
+    pos = tile_position(rows, cols)
+    assert sorted(pos.tolist()) == list(range(STRIP_ROWS * GROUP_COLS))
+    # Row r occupies halfwords r * 128 .. r * 128 + 127 (one 256-byte shared-memory row).
+    assert torch.equal(pos // GROUP_COLS, rows)
+
+
+def test_slot_order_gives_each_lane_four_adjacent_columns():
+    # mma.m16n8k16 A fragment: lane 4 g + q holds k slots 2q, 2q+1, 2q+8, 2q+9 (PTX ISA fragment table).
+    for q in range(4):
+        slots = torch.tensor([2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9])
+        assert column_of_slot(slots).tolist() == [4 * q, 4 * q + 1, 4 * q + 2, 4 * q + 3]
+    cols = torch.arange(16)
+    assert torch.equal(column_of_slot(slot_of_column(cols)), cols)
+
+
+def test_ldmatrix_matrices_hit_distinct_banks():
+    # One 8x8 matrix of ldmatrix.x4: the 8 rows of the tile at one logical 16-byte column group. Their physical
+    # 16-byte groups (position // 8 within the 256-byte row) must differ mod 8: four banks each, 32 banks in all.
+    for group16 in range(16):
+        t, half = group16 // 2, group16 % 2
+        col = t * 16 + column_of_slot(torch.tensor(half * 8))
+        pos = tile_position(torch.arange(8), col.repeat(8))
+        banks = ((pos % GROUP_COLS) // 8) % 8
+        assert sorted(banks.tolist()) == list(range(8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
+def test_scatter_plan_matches_float64_reference(dtype, m, k, n, sparsity, empty_rows):
+    dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
+    plan = _plan(c, m, k)
+    assert plan.nnz == int((dense != 0).sum())  # CSR padding dropped, every non-zero once
+    torch.testing.assert_close(scatter_plan_dense(plan), dense.double(), rtol=0, atol=0)
+    for b, activation in ((bias, "relu"), (None, "none")):
+        y = scatter_plan_matmul(plan, x2d.t(), b, activation)
+        ref = spmm_reference64(dense, x2d.t(), b, activation)
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-9)
+
+
+def test_scatter_plan_rejects_bad_input():
+    dense = random_sparse_weight(16, 40, 0.5, torch.float32)
+    c = encode_csr(dense)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        build_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], 16, 40)
+    c = encode_csr(dense.half())
+    with pytest.raises(ValueError, match=r"column index outside \[0, 30\)"):
+        build_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], 16, 30)
+    with pytest.raises(ValueError, match="CSR shapes disagree"):
+        build_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], 15, 40)
+
+
+def test_get_scatter_plan_is_cached_and_rebuilt_after_an_in_place_edit():
+    dense = random_sparse_weight(24, 300, 0.8, torch.float16)
+    c = encode_csr(dense)
+    p1 = get_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], 24, 300)
+    assert get_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], 24, 300) is p1
+    c["values"].mul_(2)
+    p2 = get_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], 24, 300)
+    assert p2 is not p1
+    torch.testing.assert_close(scatter_plan_dense(p2), 2 * dense.double())
+
+
+def replay_scatter_kernel(plan, x: torch.Tensor, bias, relu: bool, kr_groups: int) -> torch.Tensor:
+    """Replay ``spmm_scatter_kernel`` lane by lane in float64: returns ``(M, N)`` (NaN where nothing was stored)."""
+    k, n = x.shape
+    m, groups = plan.m, plan.groups
+    xb = x.double()
+    rec = plan.records.long()
+    bits = (rec & 0xFFFF).to(torch.int32)
+    bits = torch.where(bits >= 2**15, bits - 2**16, bits).to(torch.int16)
+    values = bits.view(plan.dtype).double()
+    positions = (rec >> 16).tolist()
+    goff = plan.group_offsets.tolist()
+    ksplit = -(-groups // kr_groups)
+    y = torch.full((m, n), float("nan"), dtype=torch.float64)
+    for strip in range(plan.strips):
+        acc_total = torch.zeros(16, 8, dtype=torch.float64)  # (token, strip row)
+        for kc in range(ksplit):
+            g0, g1 = kc * kr_groups, min(groups, (kc + 1) * kr_groups)
+            ksteps = (g1 - g0) * 8
+            # Staging: xs[t][lane][reg][half] from items (token j, k-step t, quad q).
+            xs = torch.zeros(ksteps, 32, 4, 2, dtype=torch.float64)
+            for j in range(16):
+                for t in range(ksteps):
+                    for q in range(4):
+                        col = g0 * GROUP_COLS + t * 16 + 4 * q
+                        e = [float(xb[col + c, j]) if (j < n and col + c < k) else 0.0 for c in range(4)]
+                        lane = (j % 8) * 4 + q
+                        xs[t, lane, j // 8] = torch.tensor(e[:2])
+                        xs[t, lane, 2 + j // 8] = torch.tensor(e[2:])
+            acc = torch.zeros(16, 8, dtype=torch.float64)
+            for g in range(g0, g1):
+                tile = torch.zeros(STRIP_ROWS * GROUP_COLS, dtype=torch.float64)
+                written = torch.zeros(STRIP_ROWS * GROUP_COLS, dtype=torch.bool)
+                seg = strip * groups + g
+                for i in range(goff[seg], goff[seg + 1]):
+                    assert not written[positions[i]], "two records at one tile position"
+                    written[positions[i]] = True
+                    tile[positions[i]] = values[i]
+                for jj in range(4):
+                    # ldmatrix.x4: lane l gives the row address of matrix l // 8, row l % 8.
+                    addr = [(ln % 8) * GROUP_COLS + (((4 * jj + ln // 8) ^ (ln % 8)) * 8) for ln in range(32)]
+                    breg = torch.zeros(32, 4, 2, dtype=torch.float64)
+                    for lane in range(32):
+                        for mat in range(4):
+                            base = addr[8 * mat + lane // 4]
+                            breg[lane, mat] = tile[base + 2 * (lane % 4) : base + 2 * (lane % 4) + 2]
+                    for h in range(2):
+                        a_mat = torch.zeros(16, 16, dtype=torch.float64)
+                        b_mat = torch.zeros(16, 8, dtype=torch.float64)
+                        t = (g - g0) * 8 + 2 * jj + h
+                        for lane in range(32):
+                            for i in range(8):
+                                a_mat[_mma_a_coords(lane, i)] = xs[t, lane, i // 2, i % 2]
+                            for i in range(4):
+                                b_mat[_mma_b_coords(lane, i)] = breg[lane, 2 * h + i // 2, i % 2]
+                        acc += a_mat @ b_mat
+            # Per-lane accumulators -> workspace sums (or the direct store for one split).
+            for lane in range(32):
+                for i in range(4):
+                    tok, row = _mma_c_coords(lane, i)
+                    acc_total[tok, row] += acc[tok, row]
+        for lane in range(32):
+            for i in range(4):
+                tok, r8 = _mma_c_coords(lane, i)
+                row = strip * STRIP_ROWS + r8
+                if tok < n and row < m:
+                    v = float(acc_total[tok, r8]) + (float(bias[row]) if bias is not None else 0.0)
+                    y[row, tok] = max(v, 0.0) if relu else v
+    return y
+
+
+@pytest.mark.parametrize(
+    "m,k,n,sparsity,kr_groups,dtype",
+    [
+        (13, 300, 16, 0.8, 1, torch.float16),  # 3 k-splits, K residue inside a quad
+        (9, 130, 1, 0.5, 2, torch.bfloat16),  # one split over 2 groups, N = 1
+        (8, 45, 11, 0.0, 1, torch.float16),  # dense, one group
+    ],
+)
+def test_kernel_replay_matches_float64(m, k, n, sparsity, kr_groups, dtype):
+    dense, c, x2d, bias = _case(m, k, n, sparsity, 1, dtype, 7 * m + k)
+    plan = _plan(c, m, k)
+    y = replay_scatter_kernel(plan, x2d.t(), bias, True, kr_groups)
+    ref = spmm_reference64(dense, x2d.t(), bias, "relu")
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-9)
+
+
+def test_kr_groups_split_k_within_bounds():
+    for m, k in [(4096, 4096), (11008, 4096), (4096, 11008), (768, 3072), (3072, 768), (1, 7), (100000, 64)]:
+        kr = gpu.scatter_kr_groups(m, k, 132)
+        groups = max(1, -(-k // 128))
+        assert 1 <= kr <= min(groups, gpu.SCATTER_MAX_KR_GROUPS)
+    # Few strips: split K more (768 x 3072: 96 strips, 24 groups -> one group per block).
+    assert gpu.scatter_kr_groups(768, 3072, 132) == 1
+    # Many strips: no split needed beyond the shared-memory limit.
+    assert gpu.scatter_kr_groups(100000, 4096, 132) == gpu.SCATTER_MAX_KR_GROUPS
+
+
+def test_plan_spmm_scatter_rule(monkeypatch):
+    forced = gpu.plan_spmm(4096, 4096, 16, 1 << 20, 132, "scatter", torch.float16)
+    assert forced.variant == "scatter" and forced.kr_groups == gpu.scatter_kr_groups(4096, 4096, 132)
+    monkeypatch.setenv(gpu.SCATTER_AUTO_ENV, "1")
+    assert gpu.plan_spmm(4096, 4096, 16, 1 << 20, 132, "auto", torch.float16).variant == "scatter"
+    assert gpu.plan_spmm(4096, 4096, 17, 1 << 20, 132, "auto", torch.float16).variant != "scatter"
+    assert gpu.plan_spmm(4096, 4096, 16, 1 << 20, 132, "auto", torch.float32).variant == "rowwarp"
+    assert gpu.eager_spmm_code("auto", torch.float16, torch.float16, 16, True) is None
+    monkeypatch.setenv(gpu.SCATTER_AUTO_ENV, "0")
+    assert gpu.plan_spmm(4096, 4096, 16, 1 << 20, 132, "auto", torch.float16).variant == "rowwarp"
+
+
+# ---------------------------------------------------------------------------------------------------------- CUDA
+
+
+def _run(c, x, m, bias, activation, kr_groups=None, out=None):
+    if kr_groups is None:
+        return gpu.spmm_csr(
+            c["values"],
+            c["row_offsets"],
+            c["column_indices"],
+            c["row_indices"],
+            x,
+            m,
+            bias,
+            activation,
+            variant="scatter",
+            out=out,
+        )
+    plan = get_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], m, x.shape[0])
+    y = out
+    ws, cnt = gpu._scatter_workspace(x.device, plan.strips)
+    gpu._ensure_loaded()
+    b = None if bias is None else bias.contiguous()
+    torch.ops.prunekit_ext.spmm_csr_scatter(
+        plan.records, plan.group_offsets, x, y, b, activation == "relu", kr_groups, ws, cnt
+    )
+    return y
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
+@pytest.mark.parametrize("layout", ["transposed", "row_major"])
+def test_scatter_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout):
+    dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
+    x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
+    for b, activation in ((bias, "relu"), (None, "none")):
+        ref = spmm_reference64(dense, x, b, activation)
+        groups = max(1, -(-k // 128))
+        for kr in sorted({1, max(1, groups // 2), min(groups, gpu.SCATTER_MAX_KR_GROUPS)}):
+            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            for _ in range(2):  # the second call finds the workspace the first one left (must be zero again)
+                out.fill_(float("nan"))
+                y = _run(c, x, m, b, activation, kr, out)
+                torch.cuda.synchronize()
+                err = relative_error(y, ref)
+                assert err <= TOLERANCE[dtype], (kr, err)
+        y = _run(c, x, m, b, activation)  # the launcher's own k-split and output layout
+        assert relative_error(y, ref) <= TOLERANCE[dtype]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_scatter_kernel_large_random_weight_every_n(dtype):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    m, k = 1000, 2100
+    dense = random_sparse_weight(m, k, 0.9, dtype, "cuda", g, empty_rows=9, single_rows=3)
+    c = encode_csr(dense)
+    bias = torch.randn(m, generator=g, device="cuda").to(dtype)
+    for n in range(1, 17):
+        x2d = torch.randn(n, k, generator=g, device="cuda").to(dtype)
+        y = _run(c, x2d.t(), m, bias, "relu")
+        assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, "relu")) <= TOLERANCE[dtype], n
+
+
+@pytest.mark.cuda
+def test_scatter_kernel_replays_in_a_cuda_graph():
+    g = torch.Generator(device="cuda").manual_seed(5)
+    m, k, n = 512, 1024, 16
+    dense = random_sparse_weight(m, k, 0.9, torch.float16, "cuda", g)
+    c = encode_csr(dense)
+    x2d = torch.randn(n, k, generator=g, device="cuda").half()
+    y = _run(c, x2d.t(), m, None, "none")  # warm-up: plan and workspace exist before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = _run(c, x2d.t(), m, None, "none")
+    for _ in range(3):
+        x2d.copy_(torch.randn(n, k, generator=g, device="cuda").half())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(yg, spmm_reference64(dense, x2d.t(), None, "none")) <= TOLERANCE[torch.float16]
+    assert y.shape == yg.shape
+
+
+@pytest.mark.cuda
+def test_scatter_variant_refuses_fp32_and_wide_x():
+    dense = random_sparse_weight(16, 64, 0.5, torch.float16, "cuda")
+    c = encode_csr(dense)
+    with pytest.raises(ValueError, match="N <= 16"):
+        _run(c, torch.randn(64, 17, device="cuda").half(), 16, None, "none")
+    c32 = encode_csr(dense.float())
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        _run(c32, torch.randn(64, 4, device="cuda"), 16, None, "none")
