@@ -13,9 +13,12 @@
 // a lane's four A elements of one token are four adjacent columns of X.
 //
 // A block of 8 warps owns 8 strips and a range of kr_groups groups (grid: k-splits x strip blocks). It first copies
-// that X range (kr_groups * 128 columns x 16 tokens, zero outside X) into shared memory in A-fragment order (one
-// 16-byte load per lane per k-step, conflict-free), while the first group's records are already in flight; each warp
-// then loads the next group's records before it multiplies the current one. With several k-splits the warps add
+// that X range (kr_groups * 128 columns x 16 tokens, zero outside X) into shared memory in A-fragment order with
+// 4-byte cp.async (one 16-byte shared load per lane per k-step later, conflict-free). Each warp reads its groups'
+// records as one stream, 32 per step, through a ring of 8 loads in flight per lane (1 KB per warp), independent of
+// where the groups end: a group's tile is multiplied and cleared as soon as the stream passes its end. (A first
+// version loaded one group ahead and read each group's end just before: two dependent memory latencies per group,
+// which made the time nearly independent of the sparsity.) With several k-splits the warps add
 // their fp32 partial sums into a workspace with atomics; the last warp of a strip (a per-strip counter, after a
 // fence) reads the sums, adds bias, applies ReLU, writes Y and sets the workspace and counter back to zero, so the
 // next call finds them clean (the threadFenceReduction pattern of the CUDA samples). One split writes Y directly.
@@ -41,7 +44,7 @@ constexpr int kScThreads = 32 * kScWarps;
 constexpr int kScStripRows = 8;     // = spmm_scatter_plan.STRIP_ROWS (mma n)
 constexpr int kScGroupCols = 128;   // = spmm_scatter_plan.GROUP_COLS
 constexpr int kScTokens = 16;       // mma m: N <= 16
-constexpr int kScPrefetch = 8;      // records per lane loaded one group ahead (256 per warp)
+constexpr int kScPrefetch = 8;      // record loads in flight per lane (256 records = 1 KB per warp)
 constexpr int kScMaxKrGroups = 12;  // shared memory: 4 KB of X per group + 16 KB of tiles
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
@@ -56,15 +59,11 @@ __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
 
 __device__ __forceinline__ uint16_t elem_bits(const uint16_t* x, int64_t i) { return __ldg(x + i); }
 
-// Records of one group, beg..end, for this lane: kScPrefetch loads (32 apart), 0 past the end.
-__device__ __forceinline__ void load_records(uint32_t (&r)[kScPrefetch], const uint32_t* __restrict__ records, int beg,
-                                             int end, int lane) {
-#pragma unroll
-  for (int p = 0; p < kScPrefetch; ++p) {
-    const int i = beg + p * 32 + lane;
-    r[p] = i < end ? __ldg(records + i) : 0u;
-  }
+// 4-byte asynchronous global -> shared copy (PTX cp.async.ca, sm_80+); both addresses 4-byte aligned.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 __device__ __forceinline__ void scatter_one(uint16_t* tile, uint32_t rec) { tile[rec >> 16] = static_cast<uint16_t>(rec); }
 
@@ -77,32 +76,26 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
   extern __shared__ uint4 smem[];
   const int g0 = blockIdx.x * kr_groups;
   const int g1 = min(groups, g0 + kr_groups);
-  const int ksteps = (g1 - g0) * (kScGroupCols / 16);
-  uint4* xs = smem;                             // (kr_groups * 8 k-steps, 32 lanes) A fragments
-  uint4* tiles = smem + kr_groups * 8 * 32;     // 8 warps x (8 rows x 128 columns) fp16/bf16
+  const int ng = g1 - g0;
+  const int ksteps = ng * (kScGroupCols / 16);
+  uint4* xs = smem;                          // (kr_groups * 8 k-steps, 32 lanes) A fragments
+  uint4* tiles = smem + kr_groups * 8 * 32;  // 8 warps x (8 rows x 128 columns) fp16/bf16
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   uint4* tile4 = tiles + warp * (kScStripRows * kScGroupCols / 8);
   uint16_t* tile = reinterpret_cast<uint16_t*>(tile4);
   const int strip = blockIdx.y * kScWarps + warp;
   const bool active = strip < strips;
 
-  // First group's records in flight before the X copy.
-  const int* goff = group_offsets + static_cast<int64_t>(active ? strip : 0) * groups;
-  int beg = 0, end = 0;
-  uint32_t cur[kScPrefetch];
-  if (active) {
-    beg = __ldg(goff + g0);
-    end = __ldg(goff + g0 + 1);
-    load_records(cur, records, beg, end, lane);
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
+  // Record offsets of this warp's groups: lane i <= ng holds the start of group g0 + i (lane ng: the range's end).
+  int bnd = 0;
+  if (active && lane <= ng) bnd = __ldg(group_offsets + static_cast<int64_t>(strip) * groups + g0 + lane);
 
-  // X[g0 * 128 : g1 * 128, :16] in A-fragment order. Item (token j, k-step t, quad q) holds X[k0 + 16 t + 4 q + 0..3, j]
-  // = A elements (j, slots 2q, 2q+1) -> register j / 8 and (j, slots 8 + 2q, +1) -> register 2 + j / 8 of lane
-  // (j % 8) * 4 + q.
+  // X[g0 * 128 : g1 * 128, :16] in A-fragment order, copied asynchronously. Item (token j, k-step t, quad q) holds
+  // X[k0 + 16 t + 4 q + 0..3, j] = A elements (j, slots 2q, 2q+1) -> register j / 8 and (j, slots 8 + 2q, 2q + 9) ->
+  // register 2 + j / 8 of lane (j % 8) * 4 + q.
   {
     uint32_t* xs32 = reinterpret_cast<uint32_t*>(xs);
+    const uint32_t xs_base = smem_u32(xs32);
     const int k0 = g0 * kScGroupCols;
     const uint16_t* xb = reinterpret_cast<const uint16_t*>(x);
     for (int it = threadIdx.x; it < ksteps * 4 * kScTokens; it += kScThreads) {
@@ -110,25 +103,36 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
       const int t = (it >> 2) % ksteps;
       const int j = (it >> 2) / ksteps;
       const int col = k0 + t * 16 + 4 * q;
-      uint32_t w0 = 0u, w1 = 0u;
-      if (j < n) {
-        if (XVEC && col + 3 < k) {
-          const uint2 v = __ldg(reinterpret_cast<const uint2*>(xb + col + j * sxn));
-          w0 = v.x;
-          w1 = v.y;
-        } else {
-          uint16_t e[4];
+      const int base = (t * 32 + (j & 7) * 4 + q) * 4;
+      if (XVEC && j < n && col + 3 < k) {
+        const uint16_t* src = xb + col + j * sxn;
+        cp_async4(xs_base + static_cast<uint32_t>(base + (j >> 3)) * 4u, src);
+        cp_async4(xs_base + static_cast<uint32_t>(base + 2 + (j >> 3)) * 4u, src + 2);
+      } else {
+        uint16_t e[4] = {0, 0, 0, 0};
+        if (j < n) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) e[c] = col + c < k ? elem_bits(xb, (col + c) * sxk + j * sxn) : uint16_t(0);
-          w0 = pack2(e[0], e[1]);
-          w1 = pack2(e[2], e[3]);
         }
+        xs32[base + (j >> 3)] = pack2(e[0], e[1]);
+        xs32[base + 2 + (j >> 3)] = pack2(e[2], e[3]);
       }
-      const int base = (t * 32 + (j & 7) * 4 + q) * 4;
-      xs32[base + (j >> 3)] = w0;
-      xs32[base + 2 + (j >> 3)] = w1;
     }
   }
+
+  // The warp's records form one stream r0 .. r1 (its groups in order), read 32 at a time through a ring of
+  // kScPrefetch loads in flight per lane, independent of where the groups end.
+  const int r0 = __shfl_sync(0xffffffffu, bnd, 0);
+  const int r1 = __shfl_sync(0xffffffffu, bnd, ng);
+  uint32_t ring[kScPrefetch];
+#pragma unroll
+  for (int d = 0; d < kScPrefetch; ++d) {
+    const int i = r0 + 32 * d + lane;
+    ring[d] = i < r1 ? __ldg(records + i) : 0u;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
+  cp_async_wait_all();
   __syncthreads();
   if (!active) return;
 
@@ -137,33 +141,45 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
   // 4 jj + lane / 8 of row lane % 8, swizzled.
   const int lrow = lane & 7, lmat = lane >> 3;
   const uint32_t tile_row = smem_u32(tile) + static_cast<uint32_t>(lrow * kScGroupCols * 2);
-  for (int g = g0; g < g1; ++g) {
-    const int nbeg = end;
-    const int nend = g + 1 < g1 ? __ldg(goff + g + 2) : end;
-    uint32_t nxt[kScPrefetch];
-    load_records(nxt, records, nbeg, nend, lane);
+  int gi = 0;  // current group (relative to g0), its records gbeg .. gend
+  int gbeg = r0;
+  int gend = __shfl_sync(0xffffffffu, bnd, 1);
+  const int nchunks = (r1 - r0 + 31) / 32;
+  for (int c0 = 0; c0 < nchunks; c0 += kScPrefetch) {
 #pragma unroll
-    for (int p = 0; p < kScPrefetch; ++p) {
-      if (beg + p * 32 + lane < end) scatter_one(tile, cur[p]);
+    for (int d = 0; d < kScPrefetch; ++d) {
+      const int c = c0 + d;
+      if (c >= nchunks) break;
+      const uint32_t rec = ring[d];
+      {
+        const int i = r0 + 32 * (c + kScPrefetch) + lane;
+        ring[d] = i < r1 ? __ldg(records + i) : 0u;
+      }
+      const int idx = r0 + 32 * c + lane;
+      const int cend = min(r0 + 32 * c + 32, r1);
+      while (true) {
+        if (idx >= gbeg && idx < gend) scatter_one(tile, rec);
+        if (gend > cend) break;  // the group goes on in the next chunk
+        if (gend > gbeg) {       // group gi complete: multiply its tile, then clear it
+          __syncwarp();
+          const uint4* xg = xs + gi * 8 * 32 + lane;
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            uint32_t b0, b1, b2, b3;
+            ldmatrix_x4(tile_row + static_cast<uint32_t>(((4 * jj + lmat) ^ lrow) * 16), b0, b1, b2, b3);
+            Mma<T>::run(acc, xg[(2 * jj) * 32], b0, b1);
+            Mma<T>::run(acc, xg[(2 * jj + 1) * 32], b2, b3);
+          }
+          __syncwarp();
+#pragma unroll
+          for (int i = 0; i < 4; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
+          __syncwarp();
+        }
+        if (++gi >= ng) break;
+        gbeg = gend;
+        gend = __shfl_sync(0xffffffffu, bnd, gi + 1);
+      }
     }
-    for (int i = beg + kScPrefetch * 32 + lane; i < end; i += 32) scatter_one(tile, __ldg(records + i));
-    __syncwarp();
-    const uint4* xg = xs + (g - g0) * 8 * 32 + lane;
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      uint32_t b0, b1, b2, b3;
-      ldmatrix_x4(tile_row + static_cast<uint32_t>(((4 * jj + lmat) ^ lrow) * 16), b0, b1, b2, b3);
-      Mma<T>::run(acc, xg[(2 * jj) * 32], b0, b1);
-      Mma<T>::run(acc, xg[(2 * jj + 1) * 32], b2, b3);
-    }
-    __syncwarp();
-#pragma unroll
-    for (int i = 0; i < 4; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
-    __syncwarp();
-#pragma unroll
-    for (int p = 0; p < kScPrefetch; ++p) cur[p] = nxt[p];
-    beg = nbeg;
-    end = nend;
   }
 
   // acc[e]: token gid + 8 (e / 2), row 2 tig + (e % 2) of the strip.
