@@ -107,6 +107,37 @@ PY
     --sparsities 0.5,0.7,0.8,0.9,0.95,0.98 "$@" 2>&1 | tee "$OUT/scatter-bench.log" | tail -60
 fi
 
+if [[ $MODE == scatterprof ]]; then
+  # Nsight Compute on the scatter kernel: where its sparsity-independent time goes (shared-memory wavefronts, stalls,
+  # occupancy). One report per case in $OUT/ncu-scatter-<dev>-<date>.txt.
+  cat > /tmp/profile_scatter.py <<'PY'
+import sys
+import torch
+from prunekit.kernels import gpu
+from prunekit.kernels.testing import encode_csr, random_sparse_weight
+m, k, n, sparsity = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+g = torch.Generator(device="cuda").manual_seed(0)
+c = encode_csr(random_sparse_weight(m, k, sparsity, torch.float16, "cuda", generator=g))
+x2d = torch.randn(n, k, device="cuda", dtype=torch.float16)
+for _ in range(3):  # plan build and warm-up outside the profiled launch (ncu: --launch-skip)
+    gpu.spmm_csr(**c, x=x2d.t(), m=m, variant="scatter")
+torch.cuda.synchronize()
+print("profiled case ran", m, k, n, sparsity)
+PY
+  NCU_OUT="$OUT/ncu-scatter-$DEV-$DATE.txt"
+  : > "$NCU_OUT"
+  for case in "4096 4096 16 0.9" "4096 4096 1 0.9" "11008 4096 1 0.98"; do
+    echo "=== $case" | tee -a "$NCU_OUT"
+    timeout 120 ncu -k regex:spmm_scatter --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats \
+      --section WarpStateStats --section Occupancy --section LaunchStats \
+      --metrics l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      python3 /tmp/profile_scatter.py $case >> "$NCU_OUT" 2>&1
+    echo "ncu exit code $?" | tee -a "$NCU_OUT"
+  done
+  grep -E "===|Duration|Throughput|wavefronts|bank_conflicts|inst_executed|hmma|Stall|Achieved Occupancy|Theoretical Occupancy|Registers|Issue Slots|Eligible|Active Warps" "$NCU_OUT" | head -120
+fi
+
 if [[ $MODE == tc ]]; then
   step tc tests
   python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmm_tc.py 2>&1 | tee "$OUT/tc-tests.log" | tail -25
