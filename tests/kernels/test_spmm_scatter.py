@@ -326,3 +326,14 @@ def test_scatter_variant_refuses_fp32_and_wide_x():
     c32 = encode_csr(dense.float())
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         _run(c32, torch.randn(64, 4, device="cuda"), 16, None, "none")
+
+
+def test_record_order_cycles_through_the_banks_within_each_group():
+    dense = random_sparse_weight(40, 700, 0.7, torch.float16, generator=torch.Generator().manual_seed(1))
+    plan = _plan(encode_csr(dense), 40, 700)
+    bank = ((plan.records.long() >> 16) // 2) % 32
+    offsets = plan.group_offsets.tolist()
+    for s in range(len(offsets) - 1):
+        b = bank[offsets[s] : offsets[s + 1]].tolist()
+        # The first 32 records of a group use as many distinct banks as the group has banks at all.
+        assert len(set(b[:32])) == min(32, len(set(b)))

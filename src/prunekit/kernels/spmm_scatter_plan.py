@@ -5,7 +5,7 @@ The sparse weight ``A (M, K)`` is cut into *strips* of :data:`STRIP_ROWS` = 8 ro
 columns. Every stored non-zero becomes one 32-bit *record*: its value's 16 bits (fp16 or bf16) in the low half and,
 in the high half, its position in the group's dense 8 x 128 tile as the kernel lays that tile out in shared memory
 (:func:`tile_position`). Records are sorted by (strip, group), and ``group_offsets`` gives each (strip, group)'s
-range, so a warp scatters a group's records into a zeroed tile with one 2-byte store each and multiplies the tile
+range (within it, round-robin over the shared-memory banks, :func:`record_order`), so a warp scatters a group's records into a zeroed tile with one 2-byte store each and multiplies the tile
 densely on tensor cores. 4 bytes per non-zero, like CSR with int16 column indices, with no row padding.
 
 Tile layout (:func:`tile_position`): row ``r`` of the tile is 256 bytes, sixteen 16-byte column groups of 8 slots;
@@ -112,6 +112,35 @@ def _decode_position(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return row8, (group16 // 2) * K_STEP + column_of_slot(slot)
 
 
+def record_order(segment: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """Order of the records: by segment, and within a segment round-robin over the 32 shared-memory banks.
+
+    The kernel stores 32 consecutive records per instruction; records in one bank (``(position // 2) % 32``) but in
+    different 4-byte words serialise. Within a segment the r-th record of each bank (by position) comes before any
+    (r + 1)-th, banks ascending, so any 32 consecutive records of a segment hit distinct banks as long as the banks
+    they come from still have records (at most 32 positions per bank in a 2 KB tile, so ``segment * 1024 + rank * 32 +
+    bank`` is a unique key).
+
+    Args:
+        segment: ``(nnz,)`` int64 ``strip * groups + group``; position: ``(nnz,)`` tile positions (0-1023), distinct
+            within a segment.
+
+    Returns:
+        ``(nnz,)`` int64 permutation.
+    """
+    if segment.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64, device=segment.device)
+    position = position.long()
+    bank = (position // 2) % 32
+    by_bank = torch.argsort((segment * 32 + bank) * (STRIP_ROWS * GROUP_COLS) + position)
+    run = (segment * 32 + bank)[by_bank]
+    _, counts = torch.unique_consecutive(run, return_counts=True)
+    starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    rank = torch.arange(run.numel(), device=run.device) - starts
+    key = segment[by_bank] * (STRIP_ROWS * GROUP_COLS) + rank * 32 + bank[by_bank]
+    return by_bank[torch.argsort(key)]
+
+
 def build_scatter_plan(
     values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
 ) -> ScatterPlan:
@@ -150,7 +179,7 @@ def build_scatter_plan(
     segment = (rows // STRIP_ROWS) * groups + cols // GROUP_COLS
     position = tile_position(rows % STRIP_ROWS, cols % GROUP_COLS)
     records = bits | (position.to(torch.int32) << 16)
-    order = torch.argsort(segment, stable=True)
+    order = record_order(segment, position)
     counts = torch.bincount(segment, minlength=strips * groups)
     offsets = torch.zeros(strips * groups + 1, dtype=torch.int64, device=device)
     torch.cumsum(counts, 0, out=offsets[1:])

@@ -13,12 +13,14 @@
 // a lane's four A elements of one token are four adjacent columns of X.
 //
 // A block of 8 warps owns 8 strips and a range of kr_groups groups (grid: k-splits x strip blocks). It first copies
-// that X range (kr_groups * 128 columns x 16 tokens, zero outside X) into shared memory in A-fragment order with
-// 4-byte cp.async (one 16-byte shared load per lane per k-step later, conflict-free). Each warp reads its groups'
+// that X range (kr_groups * 128 columns x 16 tokens, zero outside X) into shared memory in A-fragment order, one
+// conflict-free 16-byte store per lane and k-step (read back with one 16-byte load, or 8 bytes when N <= 8). Each warp reads its groups'
 // records as one stream, 32 per step, through a ring of 8 loads in flight per lane (1 KB per warp), independent of
 // where the groups end: a group's tile is multiplied and cleared as soon as the stream passes its end. (A first
-// version loaded one group ahead and read each group's end just before: two dependent memory latencies per group,
-// which made the time nearly independent of the sparsity.) With several k-splits the warps add
+// version loaded one group ahead and read each group's end just before: two dependent memory latencies per group.
+// Nsight Compute then showed the kernel bound by shared-memory wavefronts, 123 per group, a quarter of them bank
+// conflicts of the X copy and of the scatter; hence the conflict-free copy, the 8-byte X loads for N <= 8 and the
+// bank-round-robin record order of the plan.) With several k-splits the warps add
 // their fp32 partial sums into a workspace with atomics; the last warp of a strip (a per-strip counter, after a
 // fence) reads the sums, adds bias, applies ReLU, writes Y and sets the workspace and counter back to zero, so the
 // next call finds them clean (the threadFenceReduction pattern of the CUDA samples). One split writes Y directly.
@@ -59,15 +61,21 @@ __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
 
 __device__ __forceinline__ uint16_t elem_bits(const uint16_t* x, int64_t i) { return __ldg(x + i); }
 
-// 4-byte asynchronous global -> shared copy (PTX cp.async.ca, sm_80+); both addresses 4-byte aligned.
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+// A fragment of one k-step from the staged X (registers stored as 0, 2, 1, 3): for N <= 8 (NARROW) tokens 8-15 are
+// zero and one 8-byte shared load gets registers 0 and 2.
+template <bool NARROW> __device__ __forceinline__ uint4 x_frag(const uint4* p) {
+  if constexpr (NARROW) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    return make_uint4(v.x, 0u, v.y, 0u);
+  } else {
+    const uint4 v = *p;
+    return make_uint4(v.x, v.z, v.y, v.w);
+  }
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 __device__ __forceinline__ void scatter_one(uint16_t* tile, uint32_t rec) { tile[rec >> 16] = static_cast<uint16_t>(rec); }
 
-template <typename T, bool SPLIT, bool XVEC>
+template <typename T, bool SPLIT, bool XVEC, bool NARROW>
 __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
     const uint32_t* __restrict__ records, const int* __restrict__ group_offsets, const T* __restrict__ x,
     int64_t sxk, int64_t sxn, T* __restrict__ y, int64_t sym, int64_t syn, const T* __restrict__ bias, bool relu,
@@ -90,38 +98,9 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
   int bnd = 0;
   if (active && lane <= ng) bnd = __ldg(group_offsets + static_cast<int64_t>(strip) * groups + g0 + lane);
 
-  // X[g0 * 128 : g1 * 128, :16] in A-fragment order, copied asynchronously. Item (token j, k-step t, quad q) holds
-  // X[k0 + 16 t + 4 q + 0..3, j] = A elements (j, slots 2q, 2q+1) -> register j / 8 and (j, slots 8 + 2q, 2q + 9) ->
-  // register 2 + j / 8 of lane (j % 8) * 4 + q.
-  {
-    uint32_t* xs32 = reinterpret_cast<uint32_t*>(xs);
-    const uint32_t xs_base = smem_u32(xs32);
-    const int k0 = g0 * kScGroupCols;
-    const uint16_t* xb = reinterpret_cast<const uint16_t*>(x);
-    for (int it = threadIdx.x; it < ksteps * 4 * kScTokens; it += kScThreads) {
-      const int q = it & 3;
-      const int t = (it >> 2) % ksteps;
-      const int j = (it >> 2) / ksteps;
-      const int col = k0 + t * 16 + 4 * q;
-      const int base = (t * 32 + (j & 7) * 4 + q) * 4;
-      if (XVEC && j < n && col + 3 < k) {
-        const uint16_t* src = xb + col + j * sxn;
-        cp_async4(xs_base + static_cast<uint32_t>(base + (j >> 3)) * 4u, src);
-        cp_async4(xs_base + static_cast<uint32_t>(base + 2 + (j >> 3)) * 4u, src + 2);
-      } else {
-        uint16_t e[4] = {0, 0, 0, 0};
-        if (j < n) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) e[c] = col + c < k ? elem_bits(xb, (col + c) * sxk + j * sxn) : uint16_t(0);
-        }
-        xs32[base + (j >> 3)] = pack2(e[0], e[1]);
-        xs32[base + 2 + (j >> 3)] = pack2(e[2], e[3]);
-      }
-    }
-  }
-
   // The warp's records form one stream r0 .. r1 (its groups in order), read 32 at a time through a ring of
-  // kScPrefetch loads in flight per lane, independent of where the groups end.
+  // kScPrefetch loads in flight per lane, independent of where the groups end. Issued before the X copy, whose L2
+  // reads then overlap their latency.
   const int r0 = __shfl_sync(0xffffffffu, bnd, 0);
   const int r1 = __shfl_sync(0xffffffffu, bnd, ng);
   uint32_t ring[kScPrefetch];
@@ -130,9 +109,34 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
     const int i = r0 + 32 * d + lane;
     ring[d] = i < r1 ? __ldg(records + i) : 0u;
   }
+
+  // X[g0 * 128 : g1 * 128, :16] in A-fragment order: item (k-step t, lane L) is lane L's 16 bytes, tokens j = L / 4
+  // and j + 8 at columns k0 + 16 t + 4 (L % 4) + 0..3 (the slot order makes them A elements (j, 2q, 2q + 1) ->
+  // register 0, (j + 8, ...) -> 1, (j, 2q + 8, 2q + 9) -> 2, (j + 8, ...) -> 3). Stored as registers 0, 2, 1, 3, so
+  // that for N <= 8 an 8-byte load gets the two non-zero ones; one 16-byte store per item, conflict-free.
+  {
+    const int k0 = g0 * kScGroupCols;
+    const uint16_t* xb = reinterpret_cast<const uint16_t*>(x);
+    const auto load4 = [&](int col, int j) -> uint2 {
+      if (j >= n) return make_uint2(0u, 0u);
+      if (XVEC && col + 3 < k) return __ldg(reinterpret_cast<const uint2*>(xb + col + j * sxn));
+      uint16_t e[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) e[c] = col + c < k ? elem_bits(xb, (col + c) * sxk + j * sxn) : uint16_t(0);
+      return make_uint2(pack2(e[0], e[1]), pack2(e[2], e[3]));
+    };
+#pragma unroll 4
+    for (int it = threadIdx.x; it < ksteps * 32; it += kScThreads) {
+      const int L = it & 31, t = it >> 5;
+      const int col = k0 + t * 16 + 4 * (L & 3);
+      const uint2 lo = load4(col, L >> 2);
+      const uint2 hi = NARROW ? make_uint2(0u, 0u) : load4(col, (L >> 2) + 8);
+      xs[it] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    }
+  }
+
 #pragma unroll
   for (int i = 0; i < 4; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
-  cp_async_wait_all();
   __syncthreads();
   if (!active) return;
 
@@ -167,8 +171,8 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
           for (int jj = 0; jj < 4; ++jj) {
             uint32_t b0, b1, b2, b3;
             ldmatrix_x4(tile_row + static_cast<uint32_t>(((4 * jj + lmat) ^ lrow) * 16), b0, b1, b2, b3);
-            Mma<T>::run(acc, xg[(2 * jj) * 32], b0, b1);
-            Mma<T>::run(acc, xg[(2 * jj + 1) * 32], b2, b3);
+            Mma<T>::run(acc, x_frag<NARROW>(xg + (2 * jj) * 32), b0, b1);
+            Mma<T>::run(acc, x_frag<NARROW>(xg + (2 * jj + 1) * 32), b2, b3);
           }
           __syncwarp();
 #pragma unroll
@@ -219,12 +223,12 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
   }
 }
 
-template <typename T, bool SPLIT, bool XVEC>
+template <typename T, bool SPLIT, bool XVEC, bool NARROW>
 void launch_scatter(const at::Tensor& records, const at::Tensor& group_offsets, const at::Tensor& x, const at::Tensor& y,
                     const T* bias, bool relu, int m, int k, int n, int strips, int groups, int kr_groups, int ksplit,
                     float* workspace, int* counters) {
   const size_t smem = static_cast<size_t>(kr_groups) * 8 * 32 * 16 + kScWarps * kScStripRows * kScGroupCols * 2;
-  auto kernel = spmm_scatter_kernel<T, SPLIT, XVEC>;
+  auto kernel = spmm_scatter_kernel<T, SPLIT, XVEC, NARROW>;
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
@@ -294,18 +298,19 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
     const scalar_t* b = bias ? reinterpret_cast<const scalar_t*>(bias->data_ptr()) : nullptr;
     float* ws = ksplit > 1 ? workspace.data_ptr<float>() : nullptr;
     int* cnt = ksplit > 1 ? counters.data_ptr<int>() : nullptr;
-    const auto go = [&](auto split, auto vec) {
-      launch_scatter<scalar_t, decltype(split)::value, decltype(vec)::value>(
+    const auto go = [&](auto split, auto vec, auto narrow) {
+      launch_scatter<scalar_t, decltype(split)::value, decltype(vec)::value, decltype(narrow)::value>(
           records, group_offsets, x, y, b, relu, static_cast<int>(m), static_cast<int>(k), static_cast<int>(n),
           static_cast<int>(strips), static_cast<int>(groups), static_cast<int>(kr_groups),
           static_cast<int>(ksplit), ws, cnt);
     };
     using T_ = std::true_type;
     using F_ = std::false_type;
+    const auto go2 = [&](auto split, auto vec) { n <= 8 ? go(split, vec, T_{}) : go(split, vec, F_{}); };
     if (ksplit > 1) {
-      xvec ? go(T_{}, T_{}) : go(T_{}, F_{});
+      xvec ? go2(T_{}, T_{}) : go2(T_{}, F_{});
     } else {
-      xvec ? go(F_{}, T_{}) : go(F_{}, F_{});
+      xvec ? go2(F_{}, T_{}) : go2(F_{}, F_{});
     }
   };
   if (dtype == at::kHalf) {
