@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
   __syncthreads();
   if (!active) return;
 
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  // Two accumulators (even and odd k-steps) halve the chain of dependent mma per group.
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc2[4] = {0.f, 0.f, 0.f, 0.f};
   // ldmatrix.x4 row address of this lane for k-steps (2 jj, 2 jj + 1): matrix lane / 8 = 16-byte column group
   // 4 jj + lane / 8 of row lane % 8, swizzled.
   const int lrow = lane & 7, lmat = lane >> 3;
@@ -161,6 +162,10 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
       }
       const int idx = r0 + 32 * c + lane;
       const int cend = min(r0 + 32 * c + 32, r1);
+      if (cend < gend) {  // the whole chunk lies in group gi (it starts at or after gbeg): the common case
+        if (idx < cend) scatter_one(tile, rec);
+        continue;
+      }
       while (true) {
         if (idx >= gbeg && idx < gend) scatter_one(tile, rec);
         if (gend > cend) break;  // the group goes on in the next chunk
@@ -172,7 +177,7 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
             uint32_t b0, b1, b2, b3;
             ldmatrix_x4(tile_row + static_cast<uint32_t>(((4 * jj + lmat) ^ lrow) * 16), b0, b1, b2, b3);
             Mma<T>::run(acc, x_frag<NARROW>(xg + (2 * jj) * 32), b0, b1);
-            Mma<T>::run(acc, x_frag<NARROW>(xg + (2 * jj + 1) * 32), b2, b3);
+            Mma<T>::run(acc2, x_frag<NARROW>(xg + (2 * jj + 1) * 32), b2, b3);
           }
           __syncwarp();
 #pragma unroll
@@ -186,6 +191,8 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
     }
   }
 
+#pragma unroll
+  for (int e = 0; e < 4; ++e) acc[e] += acc2[e];
   // acc[e]: token gid + 8 (e / 2), row 2 tig + (e % 2) of the strip.
   const int gid = lane >> 2, tig = lane & 3;
   if constexpr (SPLIT) {
