@@ -126,11 +126,12 @@ print("profiled case ran", m, k, n, sparsity)
 PY
   NCU_OUT="$OUT/ncu-scatter-$DEV-$DATE.txt"
   : > "$NCU_OUT"
-  for case in "4096 4096 16 0.9" "4096 4096 1 0.9" "11008 4096 1 0.98"; do
+  IFS=';' read -ra CASES <<< "${SCATTER_PROFILE_CASES:-4096 4096 16 0.9;4096 4096 1 0.9;11008 4096 1 0.98}"
+  for case in "${CASES[@]}"; do
     echo "=== $case" | tee -a "$NCU_OUT"
     timeout 120 ncu -k regex:spmm_scatter --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats \
-      --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section Occupancy --section LaunchStats --section SourceCounters --section InstructionStats \
       --metrics l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
       python3 /tmp/profile_scatter.py $case >> "$NCU_OUT" 2>&1
     echo "ncu exit code $?" | tee -a "$NCU_OUT"
