@@ -70,6 +70,17 @@ def test_eager_spmm_code_never_takes_the_tensor_core_plan():
                 assert (code is None) == (tc_auto and plan_n >= gpu.TC_MIN_N), (plan_n, tc_auto, nnz)
 
 
+def test_eager_spmm_code_leaves_the_scatter_range_to_python(monkeypatch):
+    half = torch.float16
+    for n in range(gpu.SCATTER_MIN_N, gpu.SCATTER_MAX_N + 1):
+        assert gpu.eager_spmm_code("auto", half, half, n, tc_auto=False) is None  # density decides: gpu.spmm_csr
+        assert gpu.eager_spmm_code("auto", torch.float32, torch.float32, n, tc_auto=False) == 0
+    assert gpu.eager_spmm_code("auto", half, half, gpu.SCATTER_MIN_N - 1, tc_auto=False) == 0
+    monkeypatch.setenv(gpu.SCATTER_AUTO_ENV, "0")
+    assert gpu.eager_spmm_code("auto", half, half, 16, tc_auto=False) == 0
+    assert [gpu.eager_size_class(n) for n in (1, 8, 9, 16, 17, 64, 65, 4096)] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
 def test_eager_spmm_code_rejects_mixed_and_unsupported_dtypes():
     assert gpu.eager_spmm_code("auto", torch.float32, torch.float16, 1, tc_auto=False) is None
     assert gpu.eager_spmm_code("auto", torch.float64, torch.float64, 1, tc_auto=False) is None
@@ -78,8 +89,8 @@ def test_eager_spmm_code_rejects_mixed_and_unsupported_dtypes():
 
 
 def test_eager_spmm_code_maps_forced_variants_and_rejects_unknown():
-    codes = {v: gpu.eager_spmm_code(v, torch.float16, torch.float16, 16, tc_auto=False) for v in gpu.SPMM_VARIANTS}
-    assert codes == {"auto": 0, "rowwarp": 1, "rowwarp_global": 2, "direct": 3, "tiled": 4, "tc": None}
+    codes = {v: gpu.eager_spmm_code(v, torch.float16, torch.float16, 4, tc_auto=False) for v in gpu.SPMM_VARIANTS}
+    assert codes == {"auto": 0, "rowwarp": 1, "rowwarp_global": 2, "direct": 3, "tiled": 4, "tc": None, "scatter": None}
     with pytest.raises(ValueError, match="unknown spmm variant"):
         gpu.eager_spmm_code("fast", torch.float16, torch.float16, 16, tc_auto=False)
 
@@ -159,8 +170,8 @@ def test_sparse_linear_csr_on_cpu_stays_differentiable(cpp_on):
 
 def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatch):
     """The eager branch's cache, exercised on the CPU: with the decision forced to None (the Python path), the layer
-    asks once per (x dtype, weight dtype, N >= TC_MIN_N), never for an input that needs a gradient, and computes
-    through the custom op."""
+    asks once per (x dtype, weight dtype, gpu.eager_size_class(N)), never for an input that needs a gradient, and
+    computes through the custom op."""
     from prunekit.deploy.runtime import sparse_linear
 
     asked = []
@@ -172,12 +183,13 @@ def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatc
     monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda xt: True)
     monkeypatch.setattr(gpu, "eager_spmm_variant", decide)
     dense, bias, layer = _csr_layer(dtype=torch.float32)
-    for tokens in (1, 3, gpu.TC_MIN_N, gpu.TC_MIN_N + 7, 2):
+    for tokens in (1, 3, gpu.TC_MIN_N, gpu.TC_MIN_N + 7, 2, 12, 16):
         y = layer(torch.randn(tokens, 40))
         assert y.shape == (tokens, 48)
     layer(torch.randn(4, 40, requires_grad=True)).sum().backward()
-    assert asked == [(torch.float32, 1), (torch.float32, gpu.TC_MIN_N)]
-    assert list(layer._eager_plans) == [(torch.float32, torch.float32, False), (torch.float32, torch.float32, True)]
+    assert asked == [(torch.float32, 1), (torch.float32, gpu.TC_MIN_N), (torch.float32, 12)]
+    f32 = torch.float32
+    assert list(layer._eager_plans) == [(f32, f32, 0), (f32, f32, 3), (f32, f32, 1)]
 
 
 # --- GPU: the entry against float64 ------------------------------------------------------------------------------

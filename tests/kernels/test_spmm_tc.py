@@ -408,7 +408,8 @@ def test_plan_spmm_takes_tensor_cores_only_for_16_bit_large_n(monkeypatch):
     )
     assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto", torch.float32).variant == "direct"
     assert gpu.plan_spmm(4096, 4096, 4096, 10**6, 132, "auto").variant == "direct"  # dtype unknown
-    assert gpu.plan_spmm(4096, 4096, 16, 10**6, 132, "auto", torch.float16).variant == "rowwarp"
+    assert gpu.plan_spmm(4096, 4096, 16, 10**6, 132, "auto", torch.float16).variant == "scatter"  # N 9-16: scatter
+    assert gpu.plan_spmm(4096, 4096, 8, 10**6, 132, "auto", torch.float16).variant == "rowwarp"
     assert gpu.plan_spmm(4096, 4096, 16, 10**6, 132, "tc").variant == "tc"
 
 
@@ -566,7 +567,7 @@ def test_auto_takes_tc_only_when_enabled_for_fp16_bf16_at_large_n_and_density(mo
     assert gpu.plan_spmm(4096, 4096, 4096, dense10, 132, "auto", torch.float16).variant == "tc"
     assert gpu.plan_spmm(4096, 4096, 4096, dense10, 132, "auto", torch.bfloat16).variant == "tc"
     assert gpu.plan_spmm(4096, 4096, 4096, dense10, 132, "auto", torch.float32).variant == "direct"
-    assert gpu.plan_spmm(4096, 4096, 16, dense10, 132, "auto", torch.float16).variant == "rowwarp"
+    assert gpu.plan_spmm(4096, 4096, 8, dense10, 132, "auto", torch.float16).variant == "rowwarp"
     # 98% and 95% sparsity: below the density threshold (1/16 here), direct (faster at 4 of 5 shapes at 95%)
     assert gpu.plan_spmm(4096, 4096, 4096, 4096 * 4096 // 50, 132, "auto", torch.float16).variant == "direct"
     assert gpu.plan_spmm(4096, 4096, 4096, 4096 * 4096 // 20, 132, "auto", torch.float16).variant == "direct"

@@ -69,7 +69,16 @@ TC_WARPS = 8  # warps per tensor-core block
 # Scatter kernel (spmm_scatter.cu): N <= SCATTER_MAX_N (16), fp16/bf16. Whether "auto" takes it for such N instead of
 # rowwarp: $PRUNEKIT_SPMM_SCATTER (1/0), else SCATTER_AUTO_DEFAULT.
 SCATTER_AUTO_ENV = "PRUNEKIT_SPMM_SCATTER"
-SCATTER_AUTO_DEFAULT = False
+SCATTER_AUTO_DEFAULT = True
+# "auto" takes scatter for fp16/bf16 with SCATTER_MIN_N <= N <= 16 when nnz_padded * SCATTER_MIN_DENSITY_DENOMINATOR
+# >= M * K (density >= 20%) or M * K <= SCATTER_ANY_DENSITY_MAX_ELEMENTS. Read in-sample from the H100 decode grid of
+# 2026-11-25 (benchmarks/results/spmm-scatter-h100-2026-11-25-v4.json: 5 shapes x 50-98% at N = 16, scatter and
+# rowwarp forced): scatter was faster in 24 of 30 configurations, and this rule picks the faster kernel in 29 (the
+# miss: 4096 x 11008 at 80%, 1.01x). At N = 1 rowwarp was faster everywhere (1.1-6.5x), and N = 2..8 and 9..15 were
+# not measured, so N <= 8 keeps rowwarp.
+SCATTER_MIN_N = 9
+SCATTER_MIN_DENSITY_DENOMINATOR = 5
+SCATTER_ANY_DENSITY_MAX_ELEMENTS = 1 << 24
 SCATTER_WARPS_PER_SM = 32  # resident warps per SM the k-split aims for (one warp per (strip, k-split))
 SCATTER_MAX_KR_GROUPS = 12  # = kScMaxKrGroups in spmm_scatter.cu (shared memory: 4 KB of X per group)
 # Largest N sent to the rowwarp kernel by "auto". Measured on the H100 (benchmarks/results/spmm-variants-h100-*.json):
@@ -178,7 +187,8 @@ def _plan_spmm(
     ``n >= TC_MIN_N`` and density ``>= 1 / tc_min_density_denominator(n, k)`` instead of ``direct`` (measured on the
     H100, see the constants); with ``dtype=None`` (unknown) or fp32 it never does. ``tc`` uses the largest tile of :data:`TC_TILES` that still gives
     at least one block per SM. With ``scatter_auto`` (:func:`scatter_auto_enabled`) and fp16/bf16, ``auto`` takes
-    ``scatter`` for ``n <= SCATTER_MAX_N`` instead of ``rowwarp``; its k-split is :func:`scatter_kr_groups`.
+    ``scatter`` instead of ``rowwarp`` for ``SCATTER_MIN_N <= n <= SCATTER_MAX_N`` (9-16) at density >= 20% or
+    ``m * k <= 2^24`` (measured on the H100, see the constants); its k-split is :func:`scatter_kr_groups`.
 
     Raises:
         ValueError: unknown ``variant``.
@@ -189,7 +199,12 @@ def _plan_spmm(
         variant = "rowwarp" if n <= ROWWARP_MAX_N else "direct"
         if dtype in TC_DTYPES and n >= TC_MIN_N and tc_auto and nnz_padded * tc_min_density_denominator(n, k) >= m * k:
             variant = "tc"
-        if dtype in TC_DTYPES and n <= SCATTER_MAX_N and scatter_auto:
+        if (
+            dtype in TC_DTYPES
+            and SCATTER_MIN_N <= n <= SCATTER_MAX_N
+            and scatter_auto
+            and (nnz_padded * SCATTER_MIN_DENSITY_DENOMINATOR >= m * k or m * k <= SCATTER_ANY_DENSITY_MAX_ELEMENTS)
+        ):
             variant = "scatter"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.
@@ -444,11 +459,18 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
         raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
     if variant in ("tc", "scatter") or (variant == "auto" and tc_auto and x_dtype in TC_DTYPES and n >= TC_MIN_N):
         return None
-    if variant == "auto" and scatter_auto_enabled() and x_dtype in TC_DTYPES and n <= SCATTER_MAX_N:
-        return None
+    if variant == "auto" and scatter_auto_enabled() and x_dtype in TC_DTYPES and SCATTER_MIN_N <= n <= SCATTER_MAX_N:
+        return None  # the scatter rule also reads the density: gpu.spmm_csr decides
     if x_dtype != values_dtype or x_dtype not in EAGER_DTYPES:
         return None
     return SPMM_VARIANT_CODES[variant]
+
+
+def eager_size_class(n: int) -> int:
+    """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < SCATTER_MIN_N, 1 up to
+    SCATTER_MAX_N (the scatter kernel's range), 2 below TC_MIN_N, 3 from TC_MIN_N (the tensor-core ``tc`` range). The
+    runtime caches one answer per layer, dtype pair and class."""
+    return 0 if n < SCATTER_MIN_N else 1 if n <= SCATTER_MAX_N else 2 if n < TC_MIN_N else 3
 
 
 def eager_spmm_variant(values: torch.Tensor, x: torch.Tensor, variant: str = "auto") -> int | None:
@@ -456,9 +478,9 @@ def eager_spmm_variant(values: torch.Tensor, x: torch.Tensor, variant: str = "au
     None when :func:`spmm_csr` must run: :func:`eager_cpp_enabled` False, ``x`` not a 2-D CUDA tensor, or
     :func:`eager_spmm_code` None (tensor-core plan, mixed or unsupported dtypes).
 
-    The answer depends on ``x`` only through its dtype, its device and whether ``N >= TC_MIN_N`` (and on
-    ``$PRUNEKIT_SPMM_CPP`` / ``$PRUNEKIT_SPMM_TC``, read now): the runtime asks once per layer, dtype pair and that
-    size class and caches the answer (``SparseLinear._eager_plans``).
+    The answer depends on ``x`` only through its dtype, its device and :func:`eager_size_class` of N (and on
+    ``$PRUNEKIT_SPMM_CPP`` / ``$PRUNEKIT_SPMM_TC`` / ``$PRUNEKIT_SPMM_SCATTER``, read now): the runtime asks once per
+    layer, dtype pair and size class and caches the answer (``SparseLinear._eager_plans``).
 
     Args:
         values: ``(nnz_padded,)`` the weight's stored values; x: ``(K, N)`` activations; variant: one of

@@ -27,8 +27,8 @@ def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     if _eager_cuda(xt) and not (xt.requires_grad and torch.is_grad_enabled()):
         buffers = layer._buffers
         values = buffers["w_values"]
-        # The decision depends on N only through whether the tensor-core plan is possible (gpu.eager_spmm_variant).
-        key = (xt.dtype, values.dtype, xt.shape[1] >= gpu.TC_MIN_N)
+        # The decision depends on N only through its size class (gpu.eager_size_class: where a tensor-core plan is possible).
+        key = (xt.dtype, values.dtype, gpu.eager_size_class(xt.shape[1]))
         code = layer._eager_plans.get(key, _UNSET)
         if code is _UNSET:
             code = layer._eager_plans[key] = gpu.eager_spmm_variant(values, xt)

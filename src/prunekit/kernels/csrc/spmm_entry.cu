@@ -29,6 +29,7 @@ constexpr int64_t kRowwarpGlobal = 2;
 constexpr int64_t kDirect = 3;
 constexpr int64_t kTiled = 4;
 constexpr int64_t kTc = 5;
+constexpr int64_t kScatter = 6;  // decode tensor-core variant (spmm_scatter.cu): planned here, run by gpu.spmm_csr
 
 // gpu.py's tiling constants (same names there).
 constexpr int64_t ROWWARP_MAX_N = 64;
@@ -71,8 +72,8 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
                                  int64_t variant, bool tensor_core_dtype, bool tc_auto) {
   // Result: {variant, subwarp, ntile, rows_per_warp, stage_x, windows_per_warp}, the fields of gpu.SpmmPlan with its
   // defaults {-, 32, 16, 8, 1, 1} where a variant leaves one unset.
-  TORCH_CHECK(variant >= kAuto && variant <= kTc, "plan_spmm_code: unknown variant code ", variant,
-              " (0 auto, 1 rowwarp, 2 rowwarp_global, 3 direct, 4 tiled, 5 tc)");
+  TORCH_CHECK(variant >= kAuto && variant <= kScatter, "plan_spmm_code: unknown variant code ", variant,
+              " (0 auto, 1 rowwarp, 2 rowwarp_global, 3 direct, 4 tiled, 5 tc, 6 scatter)");
   bool stage_x;
   if (variant == kAuto) {
     variant = n <= ROWWARP_MAX_N ? kRowwarp : kDirect;
@@ -85,6 +86,9 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
     stage_x = variant != kRowwarpGlobal;
   }
   if (variant == kDirect) return {kDirect, 32, 16, 8, 1, 1};
+  // Forced only: "auto" never takes scatter here (gpu.eager_spmm_code sends such calls to gpu.spmm_csr), and its
+  // k-split (gpu.scatter_kr_groups) is not part of this result.
+  if (variant == kScatter) return {kScatter, 32, 16, 8, 1, 1};
   if (variant == kTc) {
     const int64_t windows = ceil_div(m, 16);
     int64_t wpw = 0, ntile = 0;
@@ -134,7 +138,7 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
   TORCH_CHECK(column_indices.scalar_type() == at::kShort || column_indices.scalar_type() == at::kInt, op,
               ": column_indices must be int16 or int32, got ", column_indices.scalar_type());
   TORCH_CHECK(variant >= kAuto && variant <= kTiled, op, ": variant code must be 0-4 (auto, rowwarp, rowwarp_global, ",
-              "direct, tiled), got ", variant, "; the tensor-core variant runs through gpu.spmm_csr");
+              "direct, tiled), got ", variant, "; the tensor-core variants (tc, scatter) run through gpu.spmm_csr");
   TORCH_CHECK(m >= 0, op, ": m must be >= 0, got ", m);
   TORCH_CHECK(row_offsets.numel() == m + 1, op, ": row_offsets has ", row_offsets.numel(), " entries, expected M + 1 = ",
               m + 1);
