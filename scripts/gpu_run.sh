@@ -107,6 +107,16 @@ PY
     --sparsities 0.5,0.7,0.8,0.9,0.95,0.98 "$@" 2>&1 | tee "$OUT/scatter-bench.log" | tail -60
 fi
 
+if [[ $MODE == scatterkr ]]; then
+  # The scatter kernel's k-split forced (PRUNEKIT_SCATTER_KR = groups of 128 columns per block) at decode points.
+  for kr in ${SCATTER_KRS:-1 2 4 8 12}; do
+    step "scatter, kr_groups $kr"
+    PRUNEKIT_SCATTER_KR=$kr python3 benchmarks/spmm.py --out "$OUT/spmm-scatter-kr$kr-$DEV-$DATE.json" --dtypes float16 \
+      --shapes 4096x4096,11008x4096 --ns 16 --sparsities 0.8,0.9 "$@" > "$OUT/scatter-kr$kr.log" 2>&1
+    echo "exit code $?"
+  done
+fi
+
 if [[ $MODE == scatterprof ]]; then
   # Nsight Compute on the scatter kernel: where its sparsity-independent time goes (shared-memory wavefronts, stalls,
   # occupancy). One report per case in $OUT/ncu-scatter-<dev>-<date>.txt.
