@@ -218,8 +218,17 @@ def test_kr_groups_split_k_within_bounds():
         assert 1 <= kr <= min(groups, gpu.SCATTER_MAX_KR_GROUPS)
     # Few strips: split K more (768 x 3072: 96 strips, 24 groups -> one group per block).
     assert gpu.scatter_kr_groups(768, 3072, 132) == 1
-    # Many strips: no split needed beyond the shared-memory limit.
-    assert gpu.scatter_kr_groups(100000, 4096, 132) == gpu.SCATTER_MAX_KR_GROUPS
+    # Many strips: at most SCATTER_KR_CAP groups per block (measured), whatever the parallelism.
+    assert gpu.scatter_kr_groups(100000, 4096, 132) == gpu.SCATTER_KR_CAP == 4
+    assert gpu.scatter_kr_groups(11008, 4096, 132) == 4
+
+
+def test_kr_groups_override(monkeypatch):
+    monkeypatch.setenv(gpu.SCATTER_KR_ENV, "12")
+    assert gpu.scatter_kr_groups(4096, 4096, 132) == 12
+    assert gpu.scatter_kr_groups(4096, 300, 132) == 3  # clamped to the groups
+    monkeypatch.setenv(gpu.SCATTER_KR_ENV, "0")
+    assert gpu.scatter_kr_groups(4096, 4096, 132) == 1
 
 
 def test_plan_spmm_scatter_rule(monkeypatch):

@@ -81,6 +81,10 @@ SCATTER_MIN_DENSITY_DENOMINATOR = 5
 SCATTER_ANY_DENSITY_MAX_ELEMENTS = 1 << 24
 SCATTER_WARPS_PER_SM = 32  # resident warps per SM the k-split aims for (one warp per (strip, k-split))
 SCATTER_KR_ENV = "PRUNEKIT_SCATTER_KR"
+# At most 4 groups per block: the H100 sweep (benchmarks/results/spmm-scatter-kr{1,2,4,8,12}-h100-2026-11-25.json,
+# 4096 x 4096 and 11008 x 4096, N = 16, 80 / 90%) was fastest at 4 on both shapes; 11008 x 4096 took 11 before
+# (42.2 / 37.4 us at 4 against 45.8 / 38.4 at 12).
+SCATTER_KR_CAP = 4
 SCATTER_MAX_KR_GROUPS = 12  # = kScMaxKrGroups in spmm_scatter.cu (shared memory: 4 KB of X per group)
 # Largest N sent to the rowwarp kernel by "auto". Measured on the H100 (benchmarks/results/spmm-variants-h100-*.json):
 # rowwarp is fastest up to N = 32 everywhere and at N = 64 for most shapes; direct from N = 128 up (or equal).
@@ -130,7 +134,7 @@ def scatter_auto_enabled() -> bool:
 def scatter_kr_groups(m: int, k: int, num_sms: int = 132) -> int:
     """128-column groups per block of the scatter kernel for ``A (m, k)``: the k-split count (``ceil(groups /
     kr_groups)``) is chosen so that ``ceil(m / 8)`` strips times the splits give about :data:`SCATTER_WARPS_PER_SM`
-    warps per SM, with at most :data:`SCATTER_MAX_KR_GROUPS` groups per block (its shared memory).
+    warps per SM, with at most :data:`SCATTER_KR_CAP` (4, measured) groups per block.
     ``$PRUNEKIT_SCATTER_KR`` forces the value (clamped to ``[1, min(12, groups)]``) for tuning runs."""
     strips = max(1, -(-m // 8))
     groups = max(1, -(-k // 128))
@@ -138,7 +142,7 @@ def scatter_kr_groups(m: int, k: int, num_sms: int = 132) -> int:
     if forced:  # tuning runs (scripts/gpu_run.sh scatterkr)
         return max(1, min(SCATTER_MAX_KR_GROUPS, groups, int(forced)))
     ksplit = min(groups, max(1, round(num_sms * SCATTER_WARPS_PER_SM / strips)))
-    return min(SCATTER_MAX_KR_GROUPS, -(-groups // ksplit))
+    return min(SCATTER_KR_CAP, -(-groups // ksplit))
 
 
 def tc_min_density_denominator(n: int, k: int) -> int:
