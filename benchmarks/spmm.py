@@ -8,8 +8,8 @@ layer output the way a user would call them:
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch.sparse: ``torch.sparse.mm(W_csr, x2d.t())`` (cuSPARSE through torch, int64 CSR).
 
-For fp16/bf16 and N <= 16 the run also times the tensor-core decode variant ``scatter`` and the CUDA-core ``rowwarp``
-forced (``scatter_gpu_ms``, ``rowwarp_gpu_ms``; ``scatter_gbps`` counts the scatter plan's bytes, X and Y once).
+For fp16/bf16 and N <= 16 the run also times the tensor-core decode variant ``scatter`` and the CUDA-core rowwarp as
+``auto`` runs it there, X gathered from global memory, both forced (``scatter_gpu_ms``, ``rowwarp_global_gpu_ms``; ``scatter_gbps`` counts the scatter plan's bytes, X and Y once).
 For fp16/bf16 and N >= TC_BENCH_MIN_N the same run also times the tensor-core variant (``variant="tc"``, transposed
 activations copied to row-major inside the call, so the copy is timed) and the CUDA-core ``direct`` variant forced
 (``tc_gpu_ms``, ``direct_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
@@ -186,8 +186,9 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
                 forced[f"speedup_{variant}_vs_dense"] = dense_gpu / forced[f"{variant}_gpu_ms"]
             forced.update(tc_stats)
         if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
-            # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel, both forced.
-            for variant in ("scatter", "rowwarp"):
+            # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel as "auto" runs it at N <= 16
+            # (X gathered from global memory: "rowwarp_global"; forced "rowwarp" would stage X in shared memory).
+            for variant in ("scatter", "rowwarp_global"):
                 calls = [
                     lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
                     for c, x in zip(csrs, xs, strict=True)

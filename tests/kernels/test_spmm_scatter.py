@@ -235,7 +235,16 @@ def test_plan_spmm_scatter_rule(monkeypatch):
     forced = gpu.plan_spmm(4096, 4096, 16, 1 << 20, 132, "scatter", torch.float16)
     assert forced.variant == "scatter" and forced.kr_groups == gpu.scatter_kr_groups(4096, 4096, 132)
     monkeypatch.setenv(gpu.SCATTER_AUTO_ENV, "1")
-    assert gpu.plan_spmm(4096, 4096, 16, 1 << 20, 132, "auto", torch.float16).variant == "scatter"
+
+    def auto(m, k, n, sparsity, dtype=torch.float16):
+        # nnz_padded about 1% above the non-zeros, as the CSR padding makes it in the benchmark
+        return gpu.plan_spmm(m, k, n, int((1 - sparsity) * m * k * 1.01), 132, "auto", dtype).variant
+
+    # The H100 rule: scatter at 50-80% everywhere, at 90% on M * K <= 2^24 only, rowwarp at 95% and above.
+    assert [auto(4096, 4096, 16, s) for s in (0.5, 0.8, 0.9, 0.95)] == ["scatter"] * 3 + ["rowwarp"]
+    assert [auto(11008, 4096, 16, s) for s in (0.5, 0.8, 0.9, 0.98)] == ["scatter"] * 2 + ["rowwarp"] * 2
+    assert auto(768, 3072, 9, 0.9) == "scatter" and auto(768, 3072, 8, 0.9) == "rowwarp"
+    assert gpu.plan_spmm(4096, 4096, 16, 1 << 20, 132, "auto", torch.float16).variant == "rowwarp"  # 6.25% dense
     assert gpu.plan_spmm(4096, 4096, 17, 1 << 20, 132, "auto", torch.float16).variant != "scatter"
     assert gpu.plan_spmm(4096, 4096, 16, 1 << 20, 132, "auto", torch.float32).variant == "rowwarp"
     assert gpu.eager_spmm_code("auto", torch.float16, torch.float16, 16, True) is None

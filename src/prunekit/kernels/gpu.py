@@ -70,15 +70,17 @@ TC_WARPS = 8  # warps per tensor-core block
 # rowwarp: $PRUNEKIT_SPMM_SCATTER (1/0), else SCATTER_AUTO_DEFAULT.
 SCATTER_AUTO_ENV = "PRUNEKIT_SPMM_SCATTER"
 SCATTER_AUTO_DEFAULT = True
-# "auto" takes scatter for fp16/bf16 with SCATTER_MIN_N <= N <= 16 when nnz_padded * SCATTER_MIN_DENSITY_DENOMINATOR
-# >= M * K (density >= 20%) or M * K <= SCATTER_ANY_DENSITY_MAX_ELEMENTS. Read in-sample from the H100 decode grid of
-# 2026-11-25 (benchmarks/results/spmm-scatter-h100-2026-11-25-v4.json: 5 shapes x 50-98% at N = 16, scatter and
-# rowwarp forced): scatter was faster in 24 of 30 configurations, and this rule picks the faster kernel in 29 (the
-# miss: 4096 x 11008 at 80%, 1.01x). At N = 1 rowwarp was faster everywhere (1.1-6.5x), and N = 2..8 and 9..15 were
-# not measured, so N <= 8 keeps rowwarp.
+# "auto" takes scatter for fp16/bf16 with SCATTER_MIN_N <= N <= 16 when the padded density is >= 1/5, or >= 1/10 with
+# M * K <= SCATTER_SMALL_ELEMENTS; rowwarp (X gathered from global memory, as "auto" runs it at these N) otherwise.
+# Read in-sample on the H100 (2026-11-25) from the full grid with scatter in "auto" (spmm-h100-2026-11-25-scatter.json)
+# against the grid before it (spmm-h100-2026-11-25.json, rowwarp) and the decode grid timing both forced
+# (spmm-scatter-h100-2026-11-25-final.json): at N = 16 scatter is faster from 50% to 80% sparsity on all 5 shapes, at
+# 90% on 4096 x 4096 and 768 x 3072 (equal on 3072 x 768), and slower at 90% on the two 11008 shapes and at 95-98%
+# everywhere. At N = 1 rowwarp was faster everywhere, and N = 2..15 were not measured, so N <= 8 keeps rowwarp.
 SCATTER_MIN_N = 9
 SCATTER_MIN_DENSITY_DENOMINATOR = 5
-SCATTER_ANY_DENSITY_MAX_ELEMENTS = 1 << 24
+SCATTER_SMALL_MIN_DENSITY_DENOMINATOR = 10
+SCATTER_SMALL_ELEMENTS = 1 << 24
 SCATTER_WARPS_PER_SM = 32  # resident warps per SM the k-split aims for (one warp per (strip, k-split))
 SCATTER_KR_ENV = "PRUNEKIT_SCATTER_KR"
 # At most 4 groups per block: the H100 sweep (benchmarks/results/spmm-scatter-kr{1,2,4,8,12}-h100-2026-11-25.json,
@@ -196,8 +198,9 @@ def _plan_spmm(
     ``n >= TC_MIN_N`` and density ``>= 1 / tc_min_density_denominator(n, k)`` instead of ``direct`` (measured on the
     H100, see the constants); with ``dtype=None`` (unknown) or fp32 it never does. ``tc`` uses the largest tile of :data:`TC_TILES` that still gives
     at least one block per SM. With ``scatter_auto`` (:func:`scatter_auto_enabled`) and fp16/bf16, ``auto`` takes
-    ``scatter`` instead of ``rowwarp`` for ``SCATTER_MIN_N <= n <= SCATTER_MAX_N`` (9-16) at density >= 20% or
-    ``m * k <= 2^24`` (measured on the H100, see the constants); its k-split is :func:`scatter_kr_groups`.
+    ``scatter`` instead of ``rowwarp`` for ``SCATTER_MIN_N <= n <= SCATTER_MAX_N`` (9-16) at density >= 20%, or
+    >= 10% when ``m * k <= 2^24`` (measured on the H100, see the constants); its k-split is
+    :func:`scatter_kr_groups`.
 
     Raises:
         ValueError: unknown ``variant``.
@@ -212,7 +215,10 @@ def _plan_spmm(
             dtype in TC_DTYPES
             and SCATTER_MIN_N <= n <= SCATTER_MAX_N
             and scatter_auto
-            and (nnz_padded * SCATTER_MIN_DENSITY_DENOMINATOR >= m * k or m * k <= SCATTER_ANY_DENSITY_MAX_ELEMENTS)
+            and (
+                nnz_padded * SCATTER_MIN_DENSITY_DENOMINATOR >= m * k
+                or (m * k <= SCATTER_SMALL_ELEMENTS and nnz_padded * SCATTER_SMALL_MIN_DENSITY_DENOMINATOR >= m * k)
+            )
         ):
             variant = "scatter"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
