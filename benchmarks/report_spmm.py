@@ -1,6 +1,7 @@
 """Render the SpMM benchmark JSON (benchmarks/spmm.py) as Markdown: result tables and issue 4's targets, met or not.
 
     python benchmarks/report_spmm.py benchmarks/results/spmm-h100-2026-11-23.json [--variants VARIANTS.json]
+    python benchmarks/report_spmm.py benchmarks/results/spmm-scatter-h100-2026-11-25-final.json --decode
 
 Prints Markdown on stdout; docs/PERFORMANCE.md embeds its output between the GENERATED markers. Every figure comes
 from the JSON files; nothing is typed by hand.
@@ -203,6 +204,31 @@ def render(result: dict, variants: dict | None, sputnik: dict | None = None, ext
     return "\n".join(parts)
 
 
+def decode_table(rows: list[dict], dtype: str = "float16") -> str:
+    """Decode rows (N <= 16) with the forced ``scatter`` and ``rowwarp_global`` times: device times in microseconds
+    (CUDA-graph replays, median) and ratios to dense cuBLAS (> 1: faster), the kernel ``auto`` chose and its ratio."""
+    rows = [r for r in rows if r["dtype"] == dtype and r.get("scatter_gpu_ms") is not None]
+    if not rows:
+        return f"(no {dtype} rows with scatter timings)\n"
+    out = [
+        "| W (M x K) | N | sparsity | dense us | scatter us | scatter vs dense | rowwarp us | rowwarp vs dense "
+        "| auto | auto vs dense | scatter GB/s | auto vs torch.sparse (eager) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["m"], r["k"], r["n"], r["sparsity"])):
+        rw = r.get("rowwarp_global_gpu_ms", r.get("rowwarp_gpu_ms"))
+        out.append(
+            f"| {r['m']}x{r['k']} | {r['n']} | {r['sparsity']:.2f} | {1e3 * r['dense_gpu_ms']:.1f} "
+            f"| {1e3 * r['scatter_gpu_ms']:.1f} | {_fmt_ratio(r['dense_gpu_ms'] / r['scatter_gpu_ms'])} "
+            f"| {1e3 * rw:.1f} | {_fmt_ratio(r['dense_gpu_ms'] / rw)} | {r['variant']} "
+            f"| {_fmt_ratio(r['speedup_vs_dense'])} | {r['scatter_gbps']:.0f} "
+            f"| {_fmt_ratio(r['speedup_vs_torch_sparse'])} |"
+        )
+    decode_targets = [line for line in targets(rows, dtype).splitlines() if "N <= 16" in line or "|---" in line]
+    head = targets(rows, dtype).splitlines()[0]
+    return "\n".join(out) + "\n\n" + "\n".join([head, *decode_targets]) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
@@ -210,8 +236,12 @@ def main() -> None:
     parser.add_argument("--sputnik", type=Path, default=None, help="JSON of the same-run Sputnik comparison")
     parser.add_argument("--extra-results", type=Path, default=None, help="an earlier full run (its bf16 rows)")
     parser.add_argument("--splice", type=Path, default=None, help="replace the GENERATED block of this Markdown file")
+    parser.add_argument("--decode", action="store_true", help="print the decode table (scatter / rowwarp) only")
     args = parser.parse_args()
     result = json.loads(args.results.read_text())
+    if args.decode:
+        print(decode_table(result["rows"]))
+        return
     variants = json.loads(args.variants.read_text()) if args.variants else None
     sputnik = json.loads(args.sputnik.read_text()) if args.sputnik else None
     extra = json.loads(args.extra_results.read_text()) if args.extra_results else None
