@@ -35,10 +35,10 @@ class KernelCheck:
 
 
 def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
-    """Check ``spmm_csr`` (every variant, ``tc`` for fp16/bf16; row-major and transposed X, bias + ReLU) and
+    """Check ``spmm_csr`` (every variant, ``tc`` and ``scatter`` for fp16/bf16; row-major and transposed X, bias + ReLU) and
     ``sddmm_csr`` per dtype.
 
-    M=77, K=203 (odd), N from 5 to 264 (odd and vector-aligned), with empty rows and single-entry rows.
+    M=77, K=203 (odd), N from 1 to 264 (odd and vector-aligned), with empty rows and single-entry rows.
 
     Raises:
         KernelUnavailable: the extension cannot be built or loaded here.
@@ -60,7 +60,7 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
             ("tiled", 37),
         ]
         if dtype in gpu.TC_DTYPES:
-            cases += [("tc", 37), ("tc", 264)]
+            cases += [("tc", 37), ("tc", 264), ("scatter", 1), ("scatter", 13)]
         for variant, n in cases:
             for layout in ("row-major", "transposed"):
                 x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
