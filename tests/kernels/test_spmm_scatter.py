@@ -95,6 +95,7 @@ def test_scatter_plan_matches_float64_reference(dtype, m, k, n, sparsity, empty_
     dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
     plan = _plan(c, m, k)
     assert plan.nnz == int((dense != 0).sum())  # CSR padding dropped, every non-zero once
+    assert plan.workspace.shape == (plan.strips * 128,) and not plan.workspace.any() and not plan.counters.any()
     torch.testing.assert_close(scatter_plan_dense(plan), dense.double(), rtol=0, atol=0)
     for b, activation in ((bias, "relu"), (None, "none")):
         y = scatter_plan_matmul(plan, x2d.t(), b, activation)
@@ -271,12 +272,12 @@ def _run(c, x, m, bias, activation, kr_groups=None, out=None):
         )
     plan = get_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], m, x.shape[0])
     y = out
-    ws, cnt = gpu._scatter_workspace(x.device, plan.strips)
     gpu._ensure_loaded()
     b = None if bias is None else bias.contiguous()
     torch.ops.prunekit_ext.spmm_csr_scatter(
-        plan.records, plan.group_offsets, x, y, b, activation == "relu", kr_groups, ws, cnt
+        plan.records, plan.group_offsets, x, y, b, activation == "relu", kr_groups, plan.workspace, plan.counters
     )
+    assert int(plan.counters.abs().sum()) == 0 and float(plan.workspace.abs().sum()) == 0.0  # left clean
     return y
 
 

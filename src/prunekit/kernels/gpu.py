@@ -277,32 +277,6 @@ def _aligned16(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0
 
 
-_SCATTER_WORKSPACE: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _scatter_workspace(device: torch.device, strips: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeroed ``(float32 (strips * 128,), int32 (strips,))`` workspace and counters of the scatter kernel's k-split
-    reduction, one pair per GPU, grown on demand. Every launch leaves them zero again, so one pair serves every call
-    made in stream order; calls running concurrently on two streams of one GPU must not share it (not supported).
-
-    Raises:
-        RuntimeError: the pair must grow while a CUDA graph is being captured (warm the layer up before capturing).
-    """
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    pair = _SCATTER_WORKSPACE.get(index)
-    if pair is None or pair[1].numel() < strips:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "the scatter SpMM's workspace cannot be allocated during CUDA graph capture; call the layer once before capturing"
-            )
-        pair = (
-            torch.zeros(strips * 128, dtype=torch.float32, device=device),
-            torch.zeros(strips, dtype=torch.int32, device=device),
-        )
-        _SCATTER_WORKSPACE[index] = pair
-    return pair
-
-
 def _tc_operand(x: torch.Tensor) -> torch.Tensor:
     """``x (K, N)`` as spmm_tc.cu takes it: row-major, leading dimension a multiple of 8, 16-byte aligned base.
 
@@ -411,8 +385,7 @@ def spmm_csr(
         if n > SCATTER_MAX_N:
             raise ValueError(f"variant='scatter' takes N <= {SCATTER_MAX_N} columns of x, got {n}")
         sp = get_scatter_plan(*csr_as_stored, m, x.shape[0])
-        workspace, counters = _scatter_workspace(x.device, sp.strips)
-        _OPS["scatter"](sp.records, sp.group_offsets, x, y, bias, relu, plan.kr_groups, workspace, counters)
+        _OPS["scatter"](sp.records, sp.group_offsets, x, y, bias, relu, plan.kr_groups, sp.workspace, sp.counters)
     elif plan.variant == "rowwarp":
         if n > 1 and x.stride(1) != 1:
             # Row-major (K, N) copy of transposed activations: N*K elements, small next to the weights at these N,

@@ -60,6 +60,10 @@ class ScatterPlan:
             ``records[group_offsets[s * groups + g] : group_offsets[s * groups + g + 1]]``.
         m, k: the weight's shape. strips: ``ceil(M / 8)``. groups: ``ceil(K / 128)`` (at least 1).
         dtype: the values' dtype (float16 or bfloat16).
+        workspace: ``(strips * 128,)`` float32 zeros, counters: ``(strips,)`` int32 zeros: the kernel's k-split
+            reduction (each launch leaves them zero again). They live with the plan, so a CUDA graph that captured
+            a call keeps valid pointers; two calls of one weight running concurrently on two streams would share
+            them (not supported).
     """
 
     records: torch.Tensor
@@ -69,6 +73,8 @@ class ScatterPlan:
     strips: int
     groups: int
     dtype: torch.dtype
+    workspace: torch.Tensor
+    counters: torch.Tensor
 
     @property
     def nnz(self) -> int:
@@ -77,7 +83,7 @@ class ScatterPlan:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the plan's tensors on the device (records and group offsets)."""
+        """Bytes the kernel streams: records and group offsets (the workspace and counters add 516 bytes per strip)."""
         return self.records.numel() * 4 + self.group_offsets.numel() * 4
 
 
@@ -193,6 +199,8 @@ def build_scatter_plan(
         strips=strips,
         groups=groups,
         dtype=values.dtype,
+        workspace=torch.zeros(strips * STRIP_ROWS * MAX_TOKENS, dtype=torch.float32, device=device),
+        counters=torch.zeros(strips, dtype=torch.int32, device=device),
     )
 
 

@@ -32,7 +32,8 @@ void spmm_csr_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, con
 
 // Tensor-core SpMM for N <= 16 from scatter records (plan from kernels/spmm_scatter_plan.py): records (nnz,) int32,
 // group_offsets (ceil(M / 8) * ceil(K / 128) + 1,) int32; kr_groups 128-column groups per block; workspace (>= ceil(M / 8)
-// * 128,) float32 and counters (>= ceil(M / 8),) int32 hold zeros and are left zero. See spmm_scatter.cu.
+// * 128,) float32 and counters (>= ceil(M / 8),) int32 hold zeros and are left zero (the plan owns them). See
+// spmm_scatter.cu.
 void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets, const at::Tensor& x,
                       const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu, int64_t kr_groups,
                       const at::Tensor& workspace, const at::Tensor& counters);
