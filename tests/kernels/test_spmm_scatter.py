@@ -126,61 +126,112 @@ def test_get_scatter_plan_is_cached_and_rebuilt_after_an_in_place_edit():
     torch.testing.assert_close(scatter_plan_dense(p2), 2 * dense.double())
 
 
+class _WarpReplay:
+    """One warp of ``spmm_scatter_kernel`` in float64: its shared-memory tile, the A fragments of its X range and its
+    accumulator (token, strip row); ``scatter`` stores one record, ``flush`` multiplies and clears the tile."""
+
+    def __init__(self, afrag: torch.Tensor, positions: list[int], values: list[float]):
+        self.afrag, self.positions, self.values = afrag, positions, values
+        self.tile = torch.zeros(STRIP_ROWS * GROUP_COLS, dtype=torch.float64)
+        self.written = torch.zeros(STRIP_ROWS * GROUP_COLS, dtype=torch.bool)
+        self.acc = torch.zeros(16, 8, dtype=torch.float64)
+        self.scattered: list[int] = []
+
+    def scatter(self, i: int) -> None:
+        pos = self.positions[i]
+        assert not self.written[pos], "two records at one tile position before a flush"
+        self.written[pos] = True
+        self.tile[pos] = self.values[i]
+        self.scattered.append(i)
+
+    def flush(self, gi: int) -> None:
+        for jj in range(4):
+            # ldmatrix.x4: lane l gives the row address of matrix l // 8, row l % 8.
+            addr = [(ln % 8) * GROUP_COLS + (((4 * jj + ln // 8) ^ (ln % 8)) * 8) for ln in range(32)]
+            breg = torch.zeros(32, 4, 2, dtype=torch.float64)
+            for lane in range(32):
+                for mat in range(4):
+                    base = addr[8 * mat + lane // 4]
+                    breg[lane, mat] = self.tile[base + 2 * (lane % 4) : base + 2 * (lane % 4) + 2]
+            for h in range(2):
+                a_mat = torch.zeros(16, 16, dtype=torch.float64)
+                b_mat = torch.zeros(16, 8, dtype=torch.float64)
+                t = gi * 8 + 2 * jj + h
+                for lane in range(32):
+                    for i in range(8):
+                        a_mat[_mma_a_coords(lane, i)] = self.afrag[t, lane, i]
+                    for i in range(4):
+                        b_mat[_mma_b_coords(lane, i)] = breg[lane, 2 * h + i // 2, i % 2]
+                self.acc += a_mat @ b_mat
+        self.tile.zero_()
+        self.written.zero_()
+
+
 def replay_scatter_kernel(plan, x: torch.Tensor, bias, relu: bool, kr_groups: int) -> torch.Tensor:
-    """Replay ``spmm_scatter_kernel`` lane by lane in float64: returns ``(M, N)`` (NaN where nothing was stored)."""
+    """Replay ``spmm_scatter_kernel`` lane by lane in float64: returns ``(M, N)`` (NaN where nothing was stored).
+
+    Follows the kernel's data layout and control flow: the X copy in A-fragment order (registers stored as 0, 2, 1,
+    3; 8-byte reads for N <= 8), the warp's record stream in chunks of 32 with the fast path for chunks inside one
+    group and the flush of a group's tile (ldmatrix.x4 row addresses, PTX fragment tables) as the stream passes its
+    end, empty groups skipped, and the k-split sums.
+    """
     k, n = x.shape
     m, groups = plan.m, plan.groups
+    narrow = n <= 8
     xb = x.double()
     rec = plan.records.long()
     bits = (rec & 0xFFFF).to(torch.int32)
     bits = torch.where(bits >= 2**15, bits - 2**16, bits).to(torch.int16)
-    values = bits.view(plan.dtype).double()
+    values = bits.view(plan.dtype).double().tolist()
     positions = (rec >> 16).tolist()
     goff = plan.group_offsets.tolist()
     ksplit = -(-groups // kr_groups)
+
+    def x4(col: int, j: int) -> list[float]:
+        return [float(xb[col + c, j]) if (j < n and col + c < k) else 0.0 for c in range(4)]
+
     y = torch.full((m, n), float("nan"), dtype=torch.float64)
     for strip in range(plan.strips):
         acc_total = torch.zeros(16, 8, dtype=torch.float64)  # (token, strip row)
         for kc in range(ksplit):
             g0, g1 = kc * kr_groups, min(groups, (kc + 1) * kr_groups)
-            ksteps = (g1 - g0) * 8
-            # Staging: xs[t][lane][reg][half] from items (token j, k-step t, quad q).
-            xs = torch.zeros(ksteps, 32, 4, 2, dtype=torch.float64)
-            for j in range(16):
-                for t in range(ksteps):
-                    for q in range(4):
-                        col = g0 * GROUP_COLS + t * 16 + 4 * q
-                        e = [float(xb[col + c, j]) if (j < n and col + c < k) else 0.0 for c in range(4)]
-                        lane = (j % 8) * 4 + q
-                        xs[t, lane, j // 8] = torch.tensor(e[:2])
-                        xs[t, lane, 2 + j // 8] = torch.tensor(e[2:])
-            acc = torch.zeros(16, 8, dtype=torch.float64)
-            for g in range(g0, g1):
-                tile = torch.zeros(STRIP_ROWS * GROUP_COLS, dtype=torch.float64)
-                written = torch.zeros(STRIP_ROWS * GROUP_COLS, dtype=torch.bool)
-                seg = strip * groups + g
-                for i in range(goff[seg], goff[seg + 1]):
-                    assert not written[positions[i]], "two records at one tile position"
-                    written[positions[i]] = True
-                    tile[positions[i]] = values[i]
-                for jj in range(4):
-                    # ldmatrix.x4: lane l gives the row address of matrix l // 8, row l % 8.
-                    addr = [(ln % 8) * GROUP_COLS + (((4 * jj + ln // 8) ^ (ln % 8)) * 8) for ln in range(32)]
-                    breg = torch.zeros(32, 4, 2, dtype=torch.float64)
-                    for lane in range(32):
-                        for mat in range(4):
-                            base = addr[8 * mat + lane // 4]
-                            breg[lane, mat] = tile[base + 2 * (lane % 4) : base + 2 * (lane % 4) + 2]
-                    for h in range(2):
-                        a_mat = torch.zeros(16, 16, dtype=torch.float64)
-                        b_mat = torch.zeros(16, 8, dtype=torch.float64)
-                        t = (g - g0) * 8 + 2 * jj + h
-                        for lane in range(32):
-                            for i in range(8):
-                                a_mat[_mma_a_coords(lane, i)] = xs[t, lane, i // 2, i % 2]
-                            for i in range(4):
-                                b_mat[_mma_b_coords(lane, i)] = breg[lane, 2 * h + i // 2, i % 2]
-                        acc += a_mat @ b_mat
+            ng = g1 - g0
+            # X copy: item (k-step t, lane L) = (lo, hi), lo = token L / 4, hi = token L / 4 + 8, columns
+            # k0 + 16 t + 4 (L % 4) + 0..3; read back as A registers (lo[0:2], hi[0:2], lo[2:4], hi[2:4]).
+            afrag = torch.zeros(ng * 8, 32, 8, dtype=torch.float64)
+            for t in range(ng * 8):
+                for lane in range(32):
+                    col = g0 * GROUP_COLS + t * 16 + 4 * (lane % 4)
+                    lo = x4(col, lane // 4)
+                    hi = [0.0] * 4 if narrow else x4(col, lane // 4 + 8)
+                    afrag[t, lane] = torch.tensor(lo[:2] + hi[:2] + lo[2:] + hi[2:])
+            bnd = goff[strip * groups + g0 : strip * groups + g1 + 1]
+            r0, r1 = bnd[0], bnd[ng]
+            warp = _WarpReplay(afrag, positions, values)
+            gi, gbeg, gend = 0, r0, (bnd[1] if ng >= 1 else r0)
+            for c in range(-(-(r1 - r0) // 32)):
+                idxs = range(r0 + 32 * c, r0 + 32 * c + 32)
+                cend = min(r0 + 32 * c + 32, r1)
+                if cend < gend:  # fast path: the chunk lies in group gi
+                    for i in idxs:
+                        if i < cend:
+                            warp.scatter(i)
+                    continue
+                while True:
+                    for i in idxs:
+                        if gbeg <= i < gend:
+                            warp.scatter(i)
+                    if gend > cend:
+                        break
+                    if gend > gbeg:
+                        warp.flush(gi)
+                    gi += 1
+                    if gi >= ng:
+                        break
+                    gbeg, gend = gend, bnd[gi + 1]
+            acc, scattered, written = warp.acc, warp.scattered, warp.written
+            assert scattered == list(range(r0, r1)), "every record of the range scattered once, in order"
+            assert not written.any(), "every scattered record flushed"
             # Per-lane accumulators -> workspace sums (or the direct store for one split).
             for lane in range(32):
                 for i in range(4):
@@ -196,12 +247,36 @@ def replay_scatter_kernel(plan, x: torch.Tensor, bias, relu: bool, kr_groups: in
     return y
 
 
+def _chunk_aligned_weight() -> torch.Tensor:
+    """16 x 640 fp16 weight whose first strip has exactly 32 non-zeros in groups 0 and 2, none in groups 1 and 4 and
+    5 in group 3 (group ends on chunk boundaries, empty groups at the start of a k-split, in the middle and at the
+    end), and whose second strip is empty."""
+    g = torch.Generator().manual_seed(11)
+    w = torch.zeros(16, 640)
+    for group, count in ((0, 32), (2, 32), (3, 5)):
+        cells = torch.randperm(8 * 128, generator=g)[:count]
+        w[cells // 128, group * 128 + cells % 128] = torch.randn(count, generator=g) + 3.0
+    return w.half()
+
+
+@pytest.mark.parametrize("kr_groups", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", [1, 16])
+def test_kernel_replay_handles_chunk_aligned_and_empty_groups(kr_groups, n):
+    dense = _chunk_aligned_weight()
+    plan = _plan(encode_csr(dense), 16, 640)
+    g = torch.Generator().manual_seed(kr_groups)
+    x2d = torch.randn(n, 640, generator=g).half()
+    y = replay_scatter_kernel(plan, x2d.t(), None, False, kr_groups)
+    torch.testing.assert_close(y, spmm_reference64(dense, x2d.t(), None, "none"), rtol=1e-12, atol=1e-9)
+
+
 @pytest.mark.parametrize(
     "m,k,n,sparsity,kr_groups,dtype",
     [
         (13, 300, 16, 0.8, 1, torch.float16),  # 3 k-splits, K residue inside a quad
         (9, 130, 1, 0.5, 2, torch.bfloat16),  # one split over 2 groups, N = 1
         (8, 45, 11, 0.0, 1, torch.float16),  # dense, one group
+        (10, 700, 3, 0.98, 2, torch.float16),  # very sparse: empty groups, chunks spanning several groups
     ],
 )
 def test_kernel_replay_matches_float64(m, k, n, sparsity, kr_groups, dtype):
