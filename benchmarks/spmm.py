@@ -117,6 +117,21 @@ def graph_time(calls: list, replays: int = 7, target_s: float = GRAPH_TARGET_S) 
     return statistics.median(times)
 
 
+def time_forced(variants: tuple[str, ...], csrs: list, xs: list, m: int, ref: torch.Tensor, dense_gpu: float) -> dict:
+    """Each variant forced on the same input sets: ``<variant>_rel_error`` (first set, vs ``ref``), ``<variant>_gpu_ms``
+    (CUDA-graph replays, median) and ``speedup_<variant>_vs_dense``."""
+    out = {}
+    for variant in variants:
+        calls = [
+            lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
+            for c, x in zip(csrs, xs, strict=True)
+        ]
+        out[f"{variant}_rel_error"] = relative_error(calls[0]().t(), ref)
+        out[f"{variant}_gpu_ms"] = graph_time(calls)
+        out[f"speedup_{variant}_vs_dense"] = dense_gpu / out[f"{variant}_gpu_ms"]
+    return out
+
+
 def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int], l2_bytes: int, seed: int) -> list:
     dtype = getattr(torch, dtype_name)
     esize = torch.empty((), dtype=dtype).element_size()
@@ -175,28 +190,12 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
         dense_eager = eager_time(dense)
         forced = {}
         if tc_stats and n >= TC_BENCH_MIN_N:
-            for variant in ("tc", "direct"):
-                calls = [
-                    lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
-                    for c, x in zip(csrs, xs, strict=True)
-                ]
-                y_v = calls[0]()
-                forced[f"{variant}_rel_error"] = relative_error(y_v.t(), ref)
-                forced[f"{variant}_gpu_ms"] = graph_time(calls)
-                forced[f"speedup_{variant}_vs_dense"] = dense_gpu / forced[f"{variant}_gpu_ms"]
+            forced.update(time_forced(("tc", "direct"), csrs, xs, m, ref, dense_gpu))
             forced.update(tc_stats)
         if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
             # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel as "auto" runs it at N <= 16
             # (X gathered from global memory: "rowwarp_global"; forced "rowwarp" would stage X in shared memory).
-            for variant in ("scatter", "rowwarp_global"):
-                calls = [
-                    lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
-                    for c, x in zip(csrs, xs, strict=True)
-                ]
-                y_v = calls[0]()
-                forced[f"{variant}_rel_error"] = relative_error(y_v.t(), ref)
-                forced[f"{variant}_gpu_ms"] = graph_time(calls)
-                forced[f"speedup_{variant}_vs_dense"] = dense_gpu / forced[f"{variant}_gpu_ms"]
+            forced.update(time_forced(("scatter", "rowwarp_global"), csrs, xs, m, ref, dense_gpu))
             sc = get_scatter_plan(csrs[0]["values"], csrs[0]["row_offsets"], csrs[0]["column_indices"], m, k)
             sc_bytes = sc.nbytes + x_bytes + n * m * esize
             forced["scatter_kr_groups"] = gpu.scatter_kr_groups(

@@ -29,7 +29,13 @@ from prunekit.kernels.spmm_tc_plan import (
     spectral_row_order,
     tc_plan_matmul,
 )
-from prunekit.kernels.testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, spmm_reference64
+from prunekit.kernels.testing import (
+    TOLERANCE,
+    encode_csr,
+    random_spmm_case,
+    relative_error,
+    spmm_reference64,
+)
 
 DTYPES = [torch.float16, torch.bfloat16]
 # (M, K, N, sparsity, empty_rows): M = 1, M not a multiple of 16, K and N not multiples of 8/16/256, several chunks,
@@ -47,14 +53,7 @@ SHAPES = [
 ]
 
 
-def _case(m, k, n, sparsity, empty_rows, dtype, seed, device="cpu"):
-    g = torch.Generator(device=device).manual_seed(seed)
-    dense = random_sparse_weight(
-        m, k, sparsity, dtype, device, g, empty_rows=min(empty_rows, m - 1), single_rows=min(2, m - 1)
-    )
-    x2d = torch.randn(n, k, generator=g, device=device).to(dtype)
-    bias = torch.randn(m, generator=g, device=device).to(dtype)
-    return dense, encode_csr(dense), x2d, bias
+_case = random_spmm_case
 
 
 def _plan(c, m, k, row_order=None):

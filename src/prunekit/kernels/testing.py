@@ -41,6 +41,20 @@ def random_sparse_weight(
     return torch.where(w != 0, w, torch.zeros((), dtype=dtype, device=device))
 
 
+def random_spmm_case(
+    m: int, k: int, n: int, sparsity: float, empty_rows: int, dtype: torch.dtype, seed: int, device: str = "cpu"
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """A seeded SpMM test case: ``(dense (M, K), its CSR components, x2d (N, K), bias (M,))`` in ``dtype``, with up
+    to ``empty_rows`` empty rows and two 1-nnz rows (both capped at M - 1)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    dense = random_sparse_weight(
+        m, k, sparsity, dtype, device, g, empty_rows=min(empty_rows, m - 1), single_rows=min(2, m - 1)
+    )
+    x2d = torch.randn(n, k, generator=g, device=device).to(dtype)
+    bias = torch.randn(m, generator=g, device=device).to(dtype)
+    return dense, encode_csr(dense), x2d, bias
+
+
 def encode_csr(dense: torch.Tensor) -> dict[str, torch.Tensor]:
     """prunekit CSR components of ``dense: (M, K)`` computed on ``dense``'s device (CUDA for large weights).
 
