@@ -15,7 +15,8 @@ SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
   H100 at every shape, so ``auto`` never picks it (kept for experiments, forced with ``variant="tiled"``).
 - ``scatter``: tensor cores for N <= 16 (decode): each warp scatters a strip's non-zeros (4-byte records of value and
   tile position, ``spmm_scatter_plan.py``) into a dense 8 x 128 shared-memory tile and multiplies it with X on
-  ``mma.sync``; fp16/bf16 only. Memory-bound path for decode shapes.
+  ``mma.sync``; fp16/bf16 only. Decode path at N 9-16 and moderate sparsity (bound by instruction issue, not yet by
+  memory: docs/KERNELS.md).
 - ``tc``: tensor cores on condensed 16-row windows ("load sparse, compute dense", ``spmm_tc.cu`` with the plan of
   ``spmm_tc_plan.py``, built once per weight and cached on its values tensor); fp16/bf16 only. Large-N path.
 
