@@ -16,7 +16,8 @@
 #
 # `scatter` (decode tensor-core SpMM, spmm_scatter.cu): build, its GPU tests, compute-sanitizer memcheck and racecheck
 # of small scatter cases, then the decode benchmark (5 shapes, N = 1 / 16, fp16; dense, torch.sparse, auto, scatter
-# and rowwarp forced in one run) into $OUT/spmm-scatter-<dev>-<date>.json. Extra args go to the benchmark.
+# and rowwarp forced in one run) into $OUT/spmm-scatter-<dev>-<date>.json, then the same with 16-row strips
+# (PRUNEKIT_SCATTER_ROWS=16) into $OUT/spmm-scatter16-<dev>-<date>.json. Extra args go to the benchmarks.
 #
 # Run from the repository root on a machine with a CUDA GPU, nvcc and ninja (no install needed: PYTHONPATH=src).
 set -uo pipefail
@@ -105,6 +106,10 @@ PY
   step scatter benchmark
   python3 benchmarks/spmm.py --out "$OUT/spmm-scatter-$DEV-$DATE.json" --dtypes float16 --ns 1,16 \
     --sparsities 0.5,0.7,0.8,0.9,0.95,0.98 "$@" 2>&1 | tee "$OUT/scatter-bench.log" | tail -60
+  step "scatter benchmark, 16-row strips (PRUNEKIT_SCATTER_ROWS=16)"
+  PRUNEKIT_SCATTER_ROWS=16 python3 benchmarks/spmm.py --out "$OUT/spmm-scatter16-$DEV-$DATE.json" --dtypes float16 \
+    --ns 1,16 --sparsities 0.5,0.7,0.8,0.9,0.95,0.98 "$@" > "$OUT/scatter16-bench.log" 2>&1
+  echo "exit code $?"
 fi
 
 if [[ $MODE == scatterkr ]]; then

@@ -53,18 +53,22 @@ SHAPES = [
 _case = random_spmm_case
 
 
-def _plan(c, m, k):
-    return build_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+ROWS = [8, 16]  # strip heights: 8 (the default, run on the H100) and 16 (opt-in, $PRUNEKIT_SCATTER_ROWS=16)
+
+
+def _plan(c, m, k, rows=STRIP_ROWS):
+    return build_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], m, k, rows)
 
 
 # ----------------------------------------------------------------------------------------------------------- CPU
 
 
-def test_tile_position_is_a_bijection_onto_the_tile():
-    rows = torch.arange(STRIP_ROWS).repeat_interleave(GROUP_COLS)
-    cols = torch.arange(GROUP_COLS).repeat(STRIP_ROWS)
+@pytest.mark.parametrize("strip_rows", ROWS)
+def test_tile_position_is_a_bijection_onto_the_tile(strip_rows):
+    rows = torch.arange(strip_rows).repeat_interleave(GROUP_COLS)
+    cols = torch.arange(GROUP_COLS).repeat(strip_rows)
     pos = tile_position(rows, cols)
-    assert sorted(pos.tolist()) == list(range(STRIP_ROWS * GROUP_COLS))
+    assert sorted(pos.tolist()) == list(range(strip_rows * GROUP_COLS))
     # Row r occupies halfwords r * 128 .. r * 128 + 127 (one 256-byte shared-memory row).
     assert torch.equal(pos // GROUP_COLS, rows)
 
@@ -79,23 +83,27 @@ def test_slot_order_gives_each_lane_four_adjacent_columns():
 
 
 def test_ldmatrix_matrices_hit_distinct_banks():
-    # One 8x8 matrix of ldmatrix.x4: the 8 rows of the tile at one logical 16-byte column group. Their physical
-    # 16-byte groups (position // 8 within the 256-byte row) must differ mod 8: four banks each, 32 banks in all.
-    for group16 in range(16):
-        t, half = group16 // 2, group16 % 2
-        col = t * 16 + column_of_slot(torch.tensor(half * 8))
-        pos = tile_position(torch.arange(8), col.repeat(8))
-        banks = ((pos % GROUP_COLS) // 8) % 8
-        assert sorted(banks.tolist()) == list(range(8))
+    # One 8x8 matrix of ldmatrix.x4: 8 rows of the tile (rows 0-7, or 8-15 of a 16-row strip) at one logical 16-byte
+    # column group. Their physical 16-byte groups (position // 8 within the 256-byte row) must differ mod 8: four
+    # banks each, 32 banks in all.
+    for first_row in (0, 8):
+        for group16 in range(16):
+            t, half = group16 // 2, group16 % 2
+            col = t * 16 + column_of_slot(torch.tensor(half * 8))
+            pos = tile_position(first_row + torch.arange(8), col.repeat(8))
+            banks = ((pos % GROUP_COLS) // 8) % 8
+            assert sorted(banks.tolist()) == list(range(8))
 
 
+@pytest.mark.parametrize("strip_rows", ROWS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
-def test_scatter_plan_matches_float64_reference(dtype, m, k, n, sparsity, empty_rows):
+def test_scatter_plan_matches_float64_reference(dtype, m, k, n, sparsity, empty_rows, strip_rows):
     dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
-    plan = _plan(c, m, k)
+    plan = _plan(c, m, k, strip_rows)
     assert plan.nnz == int((dense != 0).sum())  # CSR padding dropped, every non-zero once
-    assert plan.workspace.shape == (plan.strips * 128,) and not plan.workspace.any() and not plan.counters.any()
+    assert plan.workspace.shape == (plan.strips * strip_rows * 16,)
+    assert not plan.workspace.any() and not plan.counters.any()
     torch.testing.assert_close(scatter_plan_dense(plan), dense.double(), rtol=0, atol=0)
     for b, activation in ((bias, "relu"), (None, "none")):
         y = scatter_plan_matmul(plan, x2d.t(), b, activation)
@@ -113,6 +121,8 @@ def test_scatter_plan_rejects_bad_input():
         build_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], 16, 30)
     with pytest.raises(ValueError, match="CSR shapes disagree"):
         build_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], 15, 40)
+    with pytest.raises(ValueError, match="strip_rows must be 8 or 16"):
+        build_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], 16, 40, 32)
 
 
 def test_get_scatter_plan_is_cached_and_rebuilt_after_an_in_place_edit():
@@ -127,14 +137,16 @@ def test_get_scatter_plan_is_cached_and_rebuilt_after_an_in_place_edit():
 
 
 class _WarpReplay:
-    """One warp of ``spmm_scatter_kernel`` in float64: its shared-memory tile, the A fragments of its X range and its
-    accumulator (token, strip row); ``scatter`` stores one record, ``flush`` multiplies and clears the tile."""
+    """One warp of ``spmm_scatter_kernel`` in float64: its shared-memory tile (``rows x 128``), the staged X items of
+    its range (``stage[t, lane] = lo (4) + hi (4)``: tokens lane / 4 and lane / 4 + 8 at columns 16 t + 4 (lane % 4) +
+    0..3) and its accumulator ``acc (token, strip row)``; ``scatter`` stores one record, ``flush`` multiplies and
+    clears the tile the way the kernel's ROWS = 8 or 16 path does."""
 
-    def __init__(self, afrag: torch.Tensor, positions: list[int], values: list[float]):
-        self.afrag, self.positions, self.values = afrag, positions, values
-        self.tile = torch.zeros(STRIP_ROWS * GROUP_COLS, dtype=torch.float64)
-        self.written = torch.zeros(STRIP_ROWS * GROUP_COLS, dtype=torch.bool)
-        self.acc = torch.zeros(16, 8, dtype=torch.float64)
+    def __init__(self, stage: torch.Tensor, positions: list[int], values: list[float], rows: int, narrow: bool):
+        self.stage, self.positions, self.values, self.rows, self.narrow = stage, positions, values, rows, narrow
+        self.tile = torch.zeros(rows * GROUP_COLS, dtype=torch.float64)
+        self.written = torch.zeros(rows * GROUP_COLS, dtype=torch.bool)
+        self.acc = torch.zeros(16, rows, dtype=torch.float64)
         self.scattered: list[int] = []
 
     def scatter(self, i: int) -> None:
@@ -144,27 +156,72 @@ class _WarpReplay:
         self.tile[pos] = self.values[i]
         self.scattered.append(i)
 
+    def _ldmatrix_x4(self, addr: list[int]) -> torch.Tensor:
+        """ldmatrix.x4 (not transposed): lane l gives the row address of matrix l // 8, row l % 8; register i of lane
+        l holds row l // 4 of matrix i, elements 2 (l % 4) and 2 (l % 4) + 1."""
+        reg = torch.zeros(32, 4, 2, dtype=torch.float64)
+        for lane in range(32):
+            for mat in range(4):
+                base = addr[8 * mat + lane // 4]
+                reg[lane, mat] = self.tile[base + 2 * (lane % 4) : base + 2 * (lane % 4) + 2]
+        return reg
+
     def flush(self, gi: int) -> None:
-        for jj in range(4):
-            # ldmatrix.x4: lane l gives the row address of matrix l // 8, row l % 8.
-            addr = [(ln % 8) * GROUP_COLS + (((4 * jj + ln // 8) ^ (ln % 8)) * 8) for ln in range(32)]
-            breg = torch.zeros(32, 4, 2, dtype=torch.float64)
-            for lane in range(32):
-                for mat in range(4):
-                    base = addr[8 * mat + lane // 4]
-                    breg[lane, mat] = self.tile[base + 2 * (lane % 4) : base + 2 * (lane % 4) + 2]
-            for h in range(2):
-                a_mat = torch.zeros(16, 16, dtype=torch.float64)
-                b_mat = torch.zeros(16, 8, dtype=torch.float64)
-                t = gi * 8 + 2 * jj + h
+        if self.rows == 8:
+            for jj in range(4):
+                addr = [(ln % 8) * GROUP_COLS + (((4 * jj + ln // 8) ^ (ln % 8)) * 8) for ln in range(32)]
+                breg = self._ldmatrix_x4(addr)
+                for h in range(2):
+                    a_mat = torch.zeros(16, 16, dtype=torch.float64)
+                    b_mat = torch.zeros(16, 8, dtype=torch.float64)
+                    t = gi * 8 + 2 * jj + h
+                    for lane in range(32):
+                        lo, hi = self.stage[t, lane, :4], self.stage[t, lane, 4:]
+                        if self.narrow:
+                            hi = torch.zeros(4, dtype=torch.float64)
+                        regs = torch.cat([lo[:2], hi[:2], lo[2:], hi[2:]])  # A registers 0..3
+                        for i in range(8):
+                            a_mat[_mma_a_coords(lane, i)] = regs[i]
+                        for i in range(4):
+                            b_mat[_mma_b_coords(lane, i)] = breg[lane, 2 * h + i // 2, i % 2]
+                    self.acc += a_mat @ b_mat  # (tokens, rows)
+        else:
+            for t8 in range(8):
+                t = gi * 8 + t8
+                rows_of = [(ln & 7) + ((ln >> 3) & 1) * 8 for ln in range(32)]
+                addr = [r * GROUP_COLS + (((2 * t8 + ln // 16) ^ (r % 8)) * 8) for ln, r in enumerate(rows_of)]
+                areg = self._ldmatrix_x4(addr)
+                a_mat = torch.zeros(16, 16, dtype=torch.float64)  # (strip rows, k)
                 for lane in range(32):
                     for i in range(8):
-                        a_mat[_mma_a_coords(lane, i)] = self.afrag[t, lane, i]
-                    for i in range(4):
-                        b_mat[_mma_b_coords(lane, i)] = breg[lane, 2 * h + i // 2, i % 2]
-                self.acc += a_mat @ b_mat
+                        a_mat[_mma_a_coords(lane, i)] = areg[lane, i // 2, i % 2]
+                for h in range(1 if self.narrow else 2):
+                    b_mat = torch.zeros(16, 8, dtype=torch.float64)  # (k, tokens 8 h .. 8 h + 7)
+                    for lane in range(32):
+                        b = self.stage[t, lane, 4 * h : 4 * h + 4]  # registers (v.x, v.y) or (v.z, v.w)
+                        for i in range(4):
+                            b_mat[_mma_b_coords(lane, i)] = b[i]
+                    self.acc[8 * h : 8 * h + 8] += (a_mat @ b_mat).t()
         self.tile.zero_()
         self.written.zero_()
+
+
+def _epilogue_coords(rows: int) -> list[tuple[int, int, int, int]]:
+    """(lane, element, token, strip row) of every output element as the kernel's token_of / row_of give them, checked
+    against the PTX accumulator table."""
+    out = []
+    for lane in range(32):
+        gid, tig = lane // 4, lane % 4
+        for e in range(8 if rows == 16 else 4):
+            if rows == 16:
+                tok, row = 8 * (e >> 2) + 2 * tig + (e & 1), gid + 8 * ((e >> 1) & 1)
+                assert _mma_c_coords(lane, e & 3) == (row, tok - 8 * (e >> 2))  # m = row, n = token in the half
+            else:
+                tok, row = gid + 8 * (e >> 1), 2 * tig + (e & 1)
+                assert _mma_c_coords(lane, e) == (tok, row)  # m = token, n = row
+            out.append((lane, e, tok, row))
+    assert sorted((t, r) for _, _, t, r in out) == [(t, r) for t in range(16) for r in range(rows)]
+    return out
 
 
 def replay_scatter_kernel(plan, x: torch.Tensor, bias, relu: bool, kr_groups: int) -> torch.Tensor:
@@ -190,24 +247,25 @@ def replay_scatter_kernel(plan, x: torch.Tensor, bias, relu: bool, kr_groups: in
     def x4(col: int, j: int) -> list[float]:
         return [float(xb[col + c, j]) if (j < n and col + c < k) else 0.0 for c in range(4)]
 
+    rows = plan.strip_rows
     y = torch.full((m, n), float("nan"), dtype=torch.float64)
     for strip in range(plan.strips):
-        acc_total = torch.zeros(16, 8, dtype=torch.float64)  # (token, strip row)
+        acc_total = torch.zeros(16, rows, dtype=torch.float64)  # (token, strip row)
         for kc in range(ksplit):
             g0, g1 = kc * kr_groups, min(groups, (kc + 1) * kr_groups)
             ng = g1 - g0
             # X copy: item (k-step t, lane L) = (lo, hi), lo = token L / 4, hi = token L / 4 + 8, columns
-            # k0 + 16 t + 4 (L % 4) + 0..3; read back as A registers (lo[0:2], hi[0:2], lo[2:4], hi[2:4]).
-            afrag = torch.zeros(ng * 8, 32, 8, dtype=torch.float64)
+            # k0 + 16 t + 4 (L % 4) + 0..3 (hi is not copied for N <= 8).
+            stage = torch.zeros(ng * 8, 32, 8, dtype=torch.float64)
             for t in range(ng * 8):
                 for lane in range(32):
                     col = g0 * GROUP_COLS + t * 16 + 4 * (lane % 4)
                     lo = x4(col, lane // 4)
                     hi = [0.0] * 4 if narrow else x4(col, lane // 4 + 8)
-                    afrag[t, lane] = torch.tensor(lo[:2] + hi[:2] + lo[2:] + hi[2:])
+                    stage[t, lane] = torch.tensor(lo + hi)
             bnd = goff[strip * groups + g0 : strip * groups + g1 + 1]
             r0, r1 = bnd[0], bnd[ng]
-            warp = _WarpReplay(afrag, positions, values)
+            warp = _WarpReplay(stage, positions, values, rows, narrow)
             gi, gbeg, gend = 0, r0, (bnd[1] if ng >= 1 else r0)
             for c in range(-(-(r1 - r0) // 32)):
                 idxs = range(r0 + 32 * c, r0 + 32 * c + 32)
@@ -233,17 +291,13 @@ def replay_scatter_kernel(plan, x: torch.Tensor, bias, relu: bool, kr_groups: in
             assert scattered == list(range(r0, r1)), "every record of the range scattered once, in order"
             assert not written.any(), "every scattered record flushed"
             # Per-lane accumulators -> workspace sums (or the direct store for one split).
-            for lane in range(32):
-                for i in range(4):
-                    tok, row = _mma_c_coords(lane, i)
-                    acc_total[tok, row] += acc[tok, row]
-        for lane in range(32):
-            for i in range(4):
-                tok, r8 = _mma_c_coords(lane, i)
-                row = strip * STRIP_ROWS + r8
-                if tok < n and row < m:
-                    v = float(acc_total[tok, r8]) + (float(bias[row]) if bias is not None else 0.0)
-                    y[row, tok] = max(v, 0.0) if relu else v
+            for _, _, tok, r in _epilogue_coords(rows):
+                acc_total[tok, r] += acc[tok, r]
+        for _, _, tok, r in _epilogue_coords(rows):
+            row = strip * rows + r
+            if tok < n and row < m:
+                v = float(acc_total[tok, r]) + (float(bias[row]) if bias is not None else 0.0)
+                y[row, tok] = max(v, 0.0) if relu else v
     return y
 
 
@@ -259,11 +313,12 @@ def _chunk_aligned_weight() -> torch.Tensor:
     return w.half()
 
 
+@pytest.mark.parametrize("strip_rows", ROWS)
 @pytest.mark.parametrize("kr_groups", [1, 2, 3, 5])
 @pytest.mark.parametrize("n", [1, 16])
-def test_kernel_replay_handles_chunk_aligned_and_empty_groups(kr_groups, n):
+def test_kernel_replay_handles_chunk_aligned_and_empty_groups(kr_groups, n, strip_rows):
     dense = _chunk_aligned_weight()
-    plan = _plan(encode_csr(dense), 16, 640)
+    plan = _plan(encode_csr(dense), 16, 640, strip_rows)
     g = torch.Generator().manual_seed(kr_groups)
     x2d = torch.randn(n, 640, generator=g).half()
     y = replay_scatter_kernel(plan, x2d.t(), None, False, kr_groups)
@@ -279,9 +334,10 @@ def test_kernel_replay_handles_chunk_aligned_and_empty_groups(kr_groups, n):
         (10, 700, 3, 0.98, 2, torch.float16),  # very sparse: empty groups, chunks spanning several groups
     ],
 )
-def test_kernel_replay_matches_float64(m, k, n, sparsity, kr_groups, dtype):
+@pytest.mark.parametrize("strip_rows", ROWS)
+def test_kernel_replay_matches_float64(m, k, n, sparsity, kr_groups, dtype, strip_rows):
     dense, c, x2d, bias = _case(m, k, n, sparsity, 1, dtype, 7 * m + k)
-    plan = _plan(c, m, k)
+    plan = _plan(c, m, k, strip_rows)
     y = replay_scatter_kernel(plan, x2d.t(), bias, True, kr_groups)
     ref = spmm_reference64(dense, x2d.t(), bias, "relu")
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-9)
@@ -297,6 +353,18 @@ def test_kr_groups_split_k_within_bounds():
     # Many strips: at most SCATTER_KR_CAP groups per block (measured), whatever the parallelism.
     assert gpu.scatter_kr_groups(100000, 4096, 132) == gpu.SCATTER_KR_CAP == 4
     assert gpu.scatter_kr_groups(11008, 4096, 132) == 4
+
+
+def test_strip_rows_env(monkeypatch):
+    monkeypatch.delenv(gpu.SCATTER_ROWS_ENV, raising=False)
+    assert gpu.scatter_strip_rows() == 8
+    monkeypatch.setenv(gpu.SCATTER_ROWS_ENV, "16")
+    assert gpu.scatter_strip_rows() == 16
+    plan = gpu.plan_spmm(4096, 4096, 16, 1 << 22, 132, "scatter", torch.float16)
+    assert plan.strip_rows == 16 and plan.kr_groups == gpu.scatter_kr_groups(4096, 4096, 132, 16)
+    monkeypatch.setenv(gpu.SCATTER_ROWS_ENV, "12")
+    with pytest.raises(ValueError, match="must be 8 or 16"):
+        gpu.scatter_strip_rows()
 
 
 def test_kr_groups_override(monkeypatch):
@@ -331,8 +399,9 @@ def test_plan_spmm_scatter_rule(monkeypatch):
 # ---------------------------------------------------------------------------------------------------------- CUDA
 
 
-def _run(c, x, m, bias, activation, kr_groups=None, out=None):
+def _run(c, x, m, bias, activation, kr_groups=None, out=None, strip_rows=STRIP_ROWS):
     if kr_groups is None:
+        assert gpu.scatter_strip_rows() == strip_rows  # the launcher reads $PRUNEKIT_SCATTER_ROWS
         return gpu.spmm_csr(
             c["values"],
             c["row_offsets"],
@@ -345,22 +414,33 @@ def _run(c, x, m, bias, activation, kr_groups=None, out=None):
             variant="scatter",
             out=out,
         )
-    plan = get_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], m, x.shape[0])
+    plan = get_scatter_plan(c["values"], c["row_offsets"], c["column_indices"], m, x.shape[0], strip_rows)
     y = out
     gpu._ensure_loaded()
     b = None if bias is None else bias.contiguous()
     torch.ops.prunekit_ext.spmm_csr_scatter(
-        plan.records, plan.group_offsets, x, y, b, activation == "relu", kr_groups, plan.workspace, plan.counters
+        plan.records,
+        plan.group_offsets,
+        x,
+        y,
+        b,
+        activation == "relu",
+        kr_groups,
+        plan.workspace,
+        plan.counters,
+        strip_rows,
     )
     assert int(plan.counters.abs().sum()) == 0 and float(plan.workspace.abs().sum()) == 0.0  # left clean
     return y
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("strip_rows", ROWS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
 @pytest.mark.parametrize("layout", ["transposed", "row_major"])
-def test_scatter_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout):
+def test_scatter_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout, strip_rows, monkeypatch):
+    monkeypatch.setenv(gpu.SCATTER_ROWS_ENV, str(strip_rows))
     dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
     x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
     for b, activation in ((bias, "relu"), (None, "none")):
@@ -370,17 +450,19 @@ def test_scatter_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, la
             out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
             for _ in range(2):  # the second call finds the workspace the first one left (must be zero again)
                 out.fill_(float("nan"))
-                y = _run(c, x, m, b, activation, kr, out)
+                y = _run(c, x, m, b, activation, kr, out, strip_rows)
                 torch.cuda.synchronize()
                 err = relative_error(y, ref)
                 assert err <= TOLERANCE[dtype], (kr, err)
-        y = _run(c, x, m, b, activation)  # the launcher's own k-split and output layout
+        y = _run(c, x, m, b, activation, strip_rows=strip_rows)  # the launcher's own k-split and output layout
         assert relative_error(y, ref) <= TOLERANCE[dtype]
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("strip_rows", ROWS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_scatter_kernel_large_random_weight_every_n(dtype):
+def test_scatter_kernel_large_random_weight_every_n(dtype, strip_rows, monkeypatch):
+    monkeypatch.setenv(gpu.SCATTER_ROWS_ENV, str(strip_rows))
     g = torch.Generator(device="cuda").manual_seed(3)
     m, k = 1000, 2100
     dense = random_sparse_weight(m, k, 0.9, dtype, "cuda", g, empty_rows=9, single_rows=3)
@@ -388,21 +470,23 @@ def test_scatter_kernel_large_random_weight_every_n(dtype):
     bias = torch.randn(m, generator=g, device="cuda").to(dtype)
     for n in range(1, 17):
         x2d = torch.randn(n, k, generator=g, device="cuda").to(dtype)
-        y = _run(c, x2d.t(), m, bias, "relu")
+        y = _run(c, x2d.t(), m, bias, "relu", strip_rows=strip_rows)
         assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, "relu")) <= TOLERANCE[dtype], n
 
 
 @pytest.mark.cuda
-def test_scatter_kernel_replays_in_a_cuda_graph():
+@pytest.mark.parametrize("strip_rows", ROWS)
+def test_scatter_kernel_replays_in_a_cuda_graph(strip_rows, monkeypatch):
+    monkeypatch.setenv(gpu.SCATTER_ROWS_ENV, str(strip_rows))
     g = torch.Generator(device="cuda").manual_seed(5)
     m, k, n = 512, 1024, 16
     dense = random_sparse_weight(m, k, 0.9, torch.float16, "cuda", g)
     c = encode_csr(dense)
     x2d = torch.randn(n, k, generator=g, device="cuda").half()
-    y = _run(c, x2d.t(), m, None, "none")  # warm-up: plan and workspace exist before capture
+    y = _run(c, x2d.t(), m, None, "none", strip_rows=strip_rows)  # warm-up: plan and workspace exist before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        yg = _run(c, x2d.t(), m, None, "none")
+        yg = _run(c, x2d.t(), m, None, "none", strip_rows=strip_rows)
     for _ in range(3):
         x2d.copy_(torch.randn(n, k, generator=g, device="cuda").half())
         graph.replay()
@@ -422,9 +506,10 @@ def test_scatter_variant_refuses_fp32_and_wide_x():
         _run(c32, torch.randn(64, 4, device="cuda"), 16, None, "none")
 
 
-def test_record_order_cycles_through_the_banks_within_each_group():
+@pytest.mark.parametrize("strip_rows", ROWS)
+def test_record_order_cycles_through_the_banks_within_each_group(strip_rows):
     dense = random_sparse_weight(40, 700, 0.7, torch.float16, generator=torch.Generator().manual_seed(1))
-    plan = _plan(encode_csr(dense), 40, 700)
+    plan = _plan(encode_csr(dense), 40, 700, strip_rows)
     bank = ((plan.records.long() >> 16) // 2) % 32
     offsets = plan.group_offsets.tolist()
     for s in range(len(offsets) - 1):

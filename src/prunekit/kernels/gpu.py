@@ -88,6 +88,10 @@ SCATTER_KR_ENV = "PRUNEKIT_SCATTER_KR"
 # 4096 x 4096 and 11008 x 4096, N = 16, 80 / 90%) was fastest at 4 on both shapes; 11008 x 4096 took 11 before
 # (42.2 / 37.4 us at 4 against 45.8 / 38.4 at 12).
 SCATTER_KR_CAP = 4
+# Rows per strip of the scatter kernel: 8 (measured, the default) or 16 ($PRUNEKIT_SCATTER_ROWS=16: the strip is the
+# mma's m operand; compiled and checked on the CPU by the lane replay of tests/kernels/test_spmm_scatter.py, not yet run
+# on a GPU).
+SCATTER_ROWS_ENV = "PRUNEKIT_SCATTER_ROWS"
 SCATTER_MAX_KR_GROUPS = 12  # = kScMaxKrGroups in spmm_scatter.cu (shared memory: 4 KB of X per group)
 # Largest N sent to the rowwarp kernel by "auto". Measured on the H100 (benchmarks/results/spmm-variants-h100-*.json):
 # rowwarp is fastest up to N = 32 everywhere and at N = 64 for most shapes; direct from N = 128 up (or equal).
@@ -118,6 +122,7 @@ class SpmmPlan:
     stage_x: bool = True  # rowwarp: copy X[:, tile] to shared memory per block when it fits
     windows_per_warp: int = 1  # tc: 16-row windows per warp (a block holds 8 warps); ntile: columns per block
     kr_groups: int = 0  # scatter: 128-column groups per block (K / (128 kr_groups) k-splits)
+    strip_rows: int = 8  # scatter: rows per strip (8 or 16)
 
 
 def tc_auto_enabled() -> bool:
@@ -134,12 +139,24 @@ def scatter_auto_enabled() -> bool:
     return SCATTER_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
 
 
-def scatter_kr_groups(m: int, k: int, num_sms: int = 132) -> int:
+def scatter_strip_rows() -> int:
+    """Rows per strip of the scatter kernel: ``$PRUNEKIT_SCATTER_ROWS`` (8 or 16), else 8.
+
+    Raises:
+        ValueError: the variable holds anything else.
+    """
+    value = os.environ.get(SCATTER_ROWS_ENV, "").strip() or "8"
+    if value not in ("8", "16"):
+        raise ValueError(f"${SCATTER_ROWS_ENV} must be 8 or 16, got {value!r}")
+    return int(value)
+
+
+def scatter_kr_groups(m: int, k: int, num_sms: int = 132, strip_rows: int = 8) -> int:
     """128-column groups per block of the scatter kernel for ``A (m, k)``: the k-split count (``ceil(groups /
-    kr_groups)``) is chosen so that ``ceil(m / 8)`` strips times the splits give about :data:`SCATTER_WARPS_PER_SM`
+    kr_groups)``) is chosen so that ``ceil(m / strip_rows)`` strips times the splits give about :data:`SCATTER_WARPS_PER_SM`
     warps per SM, with at most :data:`SCATTER_KR_CAP` (4, measured) groups per block.
     ``$PRUNEKIT_SCATTER_KR`` forces the value (clamped to ``[1, min(12, groups)]``) for tuning runs."""
-    strips = max(1, -(-m // 8))
+    strips = max(1, -(-m // strip_rows))
     groups = max(1, -(-k // 128))
     forced = os.environ.get(SCATTER_KR_ENV, "").strip()
     if forced:  # tuning runs (scripts/gpu_run.sh scatterkr)
@@ -172,7 +189,9 @@ def plan_spmm(
     dtype: torch.dtype | None = None,
 ) -> SpmmPlan:
     """Choose the SpMM kernel and tiling (see :func:`_plan_spmm`, which caches the choice per shape)."""
-    return _plan_spmm(m, k, n, nnz_padded, num_sms, variant, dtype, tc_auto_enabled(), scatter_auto_enabled())
+    return _plan_spmm(
+        m, k, n, nnz_padded, num_sms, variant, dtype, tc_auto_enabled(), scatter_auto_enabled(), scatter_strip_rows()
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -186,6 +205,7 @@ def _plan_spmm(
     dtype: torch.dtype | None = None,
     tc_auto: bool = False,
     scatter_auto: bool = False,
+    scatter_rows: int = 8,
 ) -> SpmmPlan:
     """Choose the SpMM kernel and tiling for ``A (m, k)`` with ``nnz_padded`` stored entries times ``X (k, n)``.
 
@@ -201,7 +221,7 @@ def _plan_spmm(
     at least one block per SM. With ``scatter_auto`` (:func:`scatter_auto_enabled`) and fp16/bf16, ``auto`` takes
     ``scatter`` instead of ``rowwarp`` for ``SCATTER_MIN_N <= n <= SCATTER_MAX_N`` (9-16) at density >= 20%, or
     >= 10% when ``m * k <= 2^24`` (measured on the H100, see the constants); its k-split is
-    :func:`scatter_kr_groups`.
+    :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`).
 
     Raises:
         ValueError: unknown ``variant``.
@@ -230,7 +250,7 @@ def _plan_spmm(
     if variant == "direct":
         return SpmmPlan("direct")
     if variant == "scatter":
-        return SpmmPlan("scatter", kr_groups=scatter_kr_groups(m, k, num_sms))
+        return SpmmPlan("scatter", kr_groups=scatter_kr_groups(m, k, num_sms, scatter_rows), strip_rows=scatter_rows)
     if variant == "tc":
         windows = -(-m // 16)
         for wpw, ntile in TC_TILES:
@@ -385,8 +405,10 @@ def spmm_csr(
             raise ValueError(f"the tensor-core SpMM (variant='scatter') takes float16 or bfloat16, got {x.dtype}")
         if n > SCATTER_MAX_N:
             raise ValueError(f"variant='scatter' takes N <= {SCATTER_MAX_N} columns of x, got {n}")
-        sp = get_scatter_plan(*csr_as_stored, m, x.shape[0])
-        _OPS["scatter"](sp.records, sp.group_offsets, x, y, bias, relu, plan.kr_groups, sp.workspace, sp.counters)
+        sp = get_scatter_plan(*csr_as_stored, m, x.shape[0], plan.strip_rows)
+        _OPS["scatter"](
+            sp.records, sp.group_offsets, x, y, bias, relu, plan.kr_groups, sp.workspace, sp.counters, sp.strip_rows
+        )
     elif plan.variant == "rowwarp":
         if n > 1 and x.stride(1) != 1:
             # Row-major (K, N) copy of transposed activations: N*K elements, small next to the weights at these N,

@@ -2,7 +2,9 @@
 
 The sparse weight ``A (M, K)`` is cut into *strips* of :data:`STRIP_ROWS` = 8 rows (the ``n = 8`` operand of
 ``mma.sync.m16n8k16``; the N <= 16 tokens are the ``m = 16`` operand) and *groups* of :data:`GROUP_COLS` = 128
-columns. Every stored non-zero becomes one 32-bit *record*: its value's 16 bits (fp16 or bf16) in the low half and,
+columns. ``strip_rows=16`` (opt-in, not yet run on a GPU) makes the strip the ``m = 16`` operand instead, read with
+``ldmatrix.x4`` as A fragments, and the tokens the ``n = 8`` operand (two mma per k-step for N > 8): half the X
+fragment loads and half the tile flushes per weight. Every stored non-zero becomes one 32-bit *record*: its value's 16 bits (fp16 or bf16) in the low half and,
 in the high half, its position in the group's dense 8 x 128 tile as the kernel lays that tile out in shared memory
 (:func:`tile_position`). Records are sorted by (strip, group), and ``group_offsets`` gives each (strip, group)'s
 range (within it, round-robin over the shared-memory banks, :func:`record_order`), so a warp scatters a group's records into a zeroed tile with one 2-byte store each and multiplies the tile
@@ -31,7 +33,8 @@ import torch
 from ..formats.csr import csr_rows
 from .tensor_cache import cached
 
-STRIP_ROWS = 8  # mma n: rows of A per strip (one warp's output rows)
+STRIP_ROWS = 8  # mma n: rows of A per strip (one warp's output rows); 16 (the mma's m) is the opt-in alternative
+STRIP_ROWS_CHOICES = (8, 16)
 GROUP_COLS = 128  # columns of A per scattered tile: 8 k-steps of 16
 K_STEP = 16
 MAX_TOKENS = 16  # mma m: columns of X (tokens) the kernel takes
@@ -41,6 +44,7 @@ __all__ = [
     "GROUP_COLS",
     "MAX_TOKENS",
     "STRIP_ROWS",
+    "STRIP_ROWS_CHOICES",
     "ScatterPlan",
     "build_scatter_plan",
     "get_scatter_plan",
@@ -58,9 +62,10 @@ class ScatterPlan:
         records: ``(nnz,)`` int32; bits 0-15 the value's fp16/bf16 bits, bits 16-25 the tile position.
         group_offsets: ``(strips * groups + 1,)`` int32; records of (strip s, group g) are
             ``records[group_offsets[s * groups + g] : group_offsets[s * groups + g + 1]]``.
-        m, k: the weight's shape. strips: ``ceil(M / 8)``. groups: ``ceil(K / 128)`` (at least 1).
+        m, k: the weight's shape. strips: ``ceil(M / strip_rows)``. groups: ``ceil(K / 128)`` (at least 1).
         dtype: the values' dtype (float16 or bfloat16).
-        workspace: ``(strips * 128,)`` float32 zeros, counters: ``(strips,)`` int32 zeros: the kernel's k-split
+        strip_rows: rows per strip, 8 (default; the mma's n operand) or 16 (the m operand).
+        workspace: ``(strips * strip_rows * 16,)`` float32 zeros, counters: ``(strips,)`` int32 zeros: the k-split
             reduction (each launch leaves them zero again). They live with the plan, so a CUDA graph that captured
             a call keeps valid pointers; two calls of one weight running concurrently on two streams would share
             them (not supported).
@@ -73,6 +78,7 @@ class ScatterPlan:
     strips: int
     groups: int
     dtype: torch.dtype
+    strip_rows: int
     workspace: torch.Tensor
     counters: torch.Tensor
 
@@ -100,36 +106,37 @@ def column_of_slot(slot: torch.Tensor) -> torch.Tensor:
     return 4 * (s // 2) + 2 * half + s % 2
 
 
-def tile_position(row8: torch.Tensor, col128: torch.Tensor) -> torch.Tensor:
-    """Halfword index (0-1023) in the kernel's swizzled 8 x 128 shared-memory tile of row ``row8`` (0-7) and
-    column ``col128`` (0-127) of a group (module docstring)."""
+def tile_position(row: torch.Tensor, col128: torch.Tensor) -> torch.Tensor:
+    """Halfword index in the kernel's swizzled ``strip_rows x 128`` shared-memory tile of row ``row`` (0-7, or 0-15
+    for 16-row strips) and column ``col128`` (0-127) of a group: 16-byte column group ``c`` of row ``r`` sits at
+    ``c ^ (r % 8)`` (module docstring)."""
     t, c = col128 // K_STEP, col128 % K_STEP
     slot = slot_of_column(c)
     group16 = 2 * t + slot // 8
-    return row8 * GROUP_COLS + torch.bitwise_xor(group16, row8) * 8 + slot % 8
+    return row * GROUP_COLS + torch.bitwise_xor(group16, row % 8) * 8 + slot % 8
 
 
 def _decode_position(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(row8, col128) of tile positions: the inverse of :func:`tile_position`."""
-    row8 = pos // GROUP_COLS
+    row = pos // GROUP_COLS
     phys = pos % GROUP_COLS
-    group16 = torch.bitwise_xor(phys // 8, row8)
+    group16 = torch.bitwise_xor(phys // 8, row % 8)
     slot = (group16 % 2) * 8 + phys % 8
-    return row8, (group16 // 2) * K_STEP + column_of_slot(slot)
+    return row, (group16 // 2) * K_STEP + column_of_slot(slot)
 
 
-def record_order(segment: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+def record_order(segment: torch.Tensor, position: torch.Tensor, strip_rows: int = STRIP_ROWS) -> torch.Tensor:
     """Order of the records: by segment, and within a segment round-robin over the 32 shared-memory banks.
 
     The kernel stores 32 consecutive records per instruction; records in one bank (``(position // 2) % 32``) but in
     different 4-byte words serialise. Within a segment the r-th record of each bank (by position) comes before any
     (r + 1)-th, banks ascending, so any 32 consecutive records of a segment hit distinct banks as long as the banks
-    they come from still have records (at most 32 positions per bank in a 2 KB tile, so ``segment * 1024 + rank * 32 +
-    bank`` is a unique key).
+    they come from still have records (at most ``4 * strip_rows`` positions per bank in a tile of ``strip_rows * 128``
+    halfwords, so ``segment * strip_rows * 128 + rank * 32 + bank`` is a unique key).
 
     Args:
-        segment: ``(nnz,)`` int64 ``strip * groups + group``; position: ``(nnz,)`` tile positions (0-1023), distinct
-            within a segment.
+        segment: ``(nnz,)`` int64 ``strip * groups + group``; position: ``(nnz,)`` tile positions, distinct within a
+            segment; strip_rows: 8 or 16.
 
     Returns:
         ``(nnz,)`` int64 permutation.
@@ -138,31 +145,40 @@ def record_order(segment: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.int64, device=segment.device)
     position = position.long()
     bank = (position // 2) % 32
-    by_bank = torch.argsort((segment * 32 + bank) * (STRIP_ROWS * GROUP_COLS) + position)
+    tile = strip_rows * GROUP_COLS
+    by_bank = torch.argsort((segment * 32 + bank) * tile + position)
     run = (segment * 32 + bank)[by_bank]
     _, counts = torch.unique_consecutive(run, return_counts=True)
     starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
     rank = torch.arange(run.numel(), device=run.device) - starts
-    key = segment[by_bank] * (STRIP_ROWS * GROUP_COLS) + rank * 32 + bank[by_bank]
+    key = segment[by_bank] * tile + rank * 32 + bank[by_bank]
     return by_bank[torch.argsort(key)]
 
 
 def build_scatter_plan(
-    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    m: int,
+    k: int,
+    strip_rows: int = STRIP_ROWS,
 ) -> ScatterPlan:
     """Build the scatter records of a prunekit CSR weight (module docstring), on the weight's device.
 
     Args:
         values: ``(nnz_padded,)`` float16 or bfloat16; row_offsets: ``(M + 1,)`` int32; column_indices:
             ``(nnz_padded,)`` int16/int32 (padding entries repeat the row's last column, ``formats/csr.py``);
-        m, k: the weight's shape ``(M, K)``.
+        m, k: the weight's shape ``(M, K)``; strip_rows: 8 (default) or 16 rows per strip.
 
     Returns:
         :class:`ScatterPlan`.
 
     Raises:
-        ValueError: values not float16/bfloat16, shapes that disagree, or a column index outside ``[0, K)``.
+        ValueError: values not float16/bfloat16, shapes that disagree, a column index outside ``[0, K)`` or
+            ``strip_rows`` not 8 or 16.
     """
+    if strip_rows not in STRIP_ROWS_CHOICES:
+        raise ValueError(f"strip_rows must be 8 or 16, got {strip_rows}")
     if values.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"the scatter SpMM takes float16 or bfloat16 weights, got {values.dtype}")
     if row_offsets.numel() != m + 1 or values.numel() != column_indices.numel():
@@ -171,7 +187,7 @@ def build_scatter_plan(
             f"values {values.numel()}, column_indices {column_indices.numel()}"
         )
     device = values.device
-    strips = -(-m // STRIP_ROWS)
+    strips = -(-m // strip_rows)
     groups = max(1, -(-k // GROUP_COLS))
     rows = csr_rows(row_offsets.to(device))
     cols = column_indices.to(device).long()
@@ -182,10 +198,10 @@ def build_scatter_plan(
         keep[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])
     rows, cols = rows[keep], cols[keep]
     bits = values.contiguous().view(torch.int16)[keep].to(torch.int32) & 0xFFFF
-    segment = (rows // STRIP_ROWS) * groups + cols // GROUP_COLS
-    position = tile_position(rows % STRIP_ROWS, cols % GROUP_COLS)
+    segment = (rows // strip_rows) * groups + cols // GROUP_COLS
+    position = tile_position(rows % strip_rows, cols % GROUP_COLS)
     records = bits | (position.to(torch.int32) << 16)
-    order = record_order(segment, position)
+    order = record_order(segment, position, strip_rows)
     counts = torch.bincount(segment, minlength=strips * groups)
     offsets = torch.zeros(strips * groups + 1, dtype=torch.int64, device=device)
     torch.cumsum(counts, 0, out=offsets[1:])
@@ -199,23 +215,29 @@ def build_scatter_plan(
         strips=strips,
         groups=groups,
         dtype=values.dtype,
-        workspace=torch.zeros(strips * STRIP_ROWS * MAX_TOKENS, dtype=torch.float32, device=device),
+        strip_rows=strip_rows,
+        workspace=torch.zeros(strips * strip_rows * MAX_TOKENS, dtype=torch.float32, device=device),
         counters=torch.zeros(strips, dtype=torch.int32, device=device),
     )
 
 
 def get_scatter_plan(
-    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    m: int,
+    k: int,
+    strip_rows: int = STRIP_ROWS,
 ) -> ScatterPlan:
     """:func:`build_scatter_plan` cached on ``values`` (``tensor_cache.cached``: rebuilt when values, indices or
-    offsets change in place or by identity, or M, K, dtype or device change), like the ``tc`` plan."""
-    extra = (m, k, values.dtype, values.device)
+    offsets change in place or by identity, or M, K, dtype, device or ``strip_rows`` change), like the ``tc`` plan."""
+    extra = (m, k, values.dtype, values.device, strip_rows)
     return cached(
         values,
         _CACHE_ATTR,
         (values, column_indices, row_offsets),
         extra,
-        lambda: build_scatter_plan(values, row_offsets, column_indices, m, k),
+        lambda: build_scatter_plan(values, row_offsets, column_indices, m, k, strip_rows),
     )
 
 
@@ -229,9 +251,9 @@ def scatter_plan_dense(plan: ScatterPlan, dtype: torch.dtype = torch.float64) ->
     counts = plan.group_offsets[1:].long() - plan.group_offsets[:-1].long()
     segment = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
     row8, col128 = _decode_position(rec >> 16)
-    rows = (segment // plan.groups) * STRIP_ROWS + row8
+    rows = (segment // plan.groups) * plan.strip_rows + row8
     cols = (segment % plan.groups) * GROUP_COLS + col128
-    dense = torch.zeros(plan.strips * STRIP_ROWS, plan.groups * GROUP_COLS, dtype=dtype, device=device)
+    dense = torch.zeros(plan.strips * plan.strip_rows, plan.groups * GROUP_COLS, dtype=dtype, device=device)
     dense.index_put_((rows, cols), vals, accumulate=True)
     return dense[: plan.m, : plan.k]
 

@@ -36,7 +36,7 @@ TORCH_LIBRARY(prunekit_ext, m) {
       "Tensor(a!) y, Tensor? bias, bool relu, int windows_per_warp, int ntile) -> ()");
   m.def(
       "spmm_csr_scatter(Tensor records, Tensor group_offsets, Tensor x, Tensor(a!) y, Tensor? bias, bool relu, "
-      "int kr_groups, Tensor(b!) workspace, Tensor(c!) counters) -> ()");
+      "int kr_groups, Tensor(b!) workspace, Tensor(c!) counters, int strip_rows=8) -> ()");
   m.def("sddmm_csr(Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor a, Tensor b, Tensor(a!) out) -> ()");
   // The runtime's eager CSR call (spmm_entry.cu): allocates Y, chooses the CUDA-core variant, launches.
   m.def(

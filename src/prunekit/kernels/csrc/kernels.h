@@ -31,12 +31,12 @@ void spmm_csr_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, con
                  const std::optional<at::Tensor>& bias, bool relu, int64_t windows_per_warp, int64_t ntile);
 
 // Tensor-core SpMM for N <= 16 from scatter records (plan from kernels/spmm_scatter_plan.py): records (nnz,) int32,
-// group_offsets (ceil(M / 8) * ceil(K / 128) + 1,) int32; kr_groups 128-column groups per block; workspace (>= ceil(M / 8)
-// * 128,) float32 and counters (>= ceil(M / 8),) int32 hold zeros and are left zero (the plan owns them). See
-// spmm_scatter.cu.
+// group_offsets (ceil(M / R) * ceil(K / 128) + 1,) int32 for strips of R = strip_rows (8 or 16) rows; kr_groups
+// 128-column groups per block; workspace (>= ceil(M / R) * R * 16,) float32 and counters (>= ceil(M / R),) int32 hold
+// zeros and are left zero (the plan owns them). See spmm_scatter.cu.
 void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets, const at::Tensor& x,
                       const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu, int64_t kr_groups,
-                      const at::Tensor& workspace, const at::Tensor& counters);
+                      const at::Tensor& workspace, const at::Tensor& counters, int64_t strip_rows);
 
 // Sputnik-style SDDMM: out[j] = dot(a[row(j)], b[col(j)]) at each stored CSR entry. See sddmm_csr.cu.
 void sddmm_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const at::Tensor& row_indices,

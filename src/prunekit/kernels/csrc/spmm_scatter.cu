@@ -33,6 +33,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common.cuh"
 #include "kernels.h"
@@ -43,7 +44,7 @@ namespace {
 
 constexpr int kScWarps = 8;
 constexpr int kScThreads = 32 * kScWarps;
-constexpr int kScStripRows = 8;     // = spmm_scatter_plan.STRIP_ROWS (mma n)
+// Strip rows ROWS (template): 8 (the mma's n operand, the default) or 16 (the m operand, opt-in: see gpu.py).
 constexpr int kScGroupCols = 128;   // = spmm_scatter_plan.GROUP_COLS
 constexpr int kScTokens = 16;       // mma m: N <= 16
 constexpr int kScPrefetch = 8;      // record loads in flight per lane (256 records = 1 KB per warp)
@@ -75,7 +76,7 @@ template <bool NARROW> __device__ __forceinline__ uint4 x_frag(const uint4* p) {
 
 __device__ __forceinline__ void scatter_one(uint16_t* tile, uint32_t rec) { tile[rec >> 16] = static_cast<uint16_t>(rec); }
 
-template <typename T, bool SPLIT, bool XVEC, bool NARROW>
+template <typename T, bool SPLIT, bool XVEC, bool NARROW, int ROWS>
 __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
     const uint32_t* __restrict__ records, const int* __restrict__ group_offsets, const T* __restrict__ x,
     int64_t sxk, int64_t sxn, T* __restrict__ y, int64_t sym, int64_t syn, const T* __restrict__ bias, bool relu,
@@ -87,9 +88,9 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
   const int ng = g1 - g0;
   const int ksteps = ng * (kScGroupCols / 16);
   uint4* xs = smem;                          // (kr_groups * 8 k-steps, 32 lanes) A fragments
-  uint4* tiles = smem + kr_groups * 8 * 32;  // 8 warps x (8 rows x 128 columns) fp16/bf16
+  uint4* tiles = smem + kr_groups * 8 * 32;  // 8 warps x (ROWS rows x 128 columns) fp16/bf16
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  uint4* tile4 = tiles + warp * (kScStripRows * kScGroupCols / 8);
+  uint4* tile4 = tiles + warp * (ROWS * kScGroupCols / 8);
   uint16_t* tile = reinterpret_cast<uint16_t*>(tile4);
   const int strip = blockIdx.y * kScWarps + warp;
   const bool active = strip < strips;
@@ -136,16 +137,20 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
   }
 
 #pragma unroll
-  for (int i = 0; i < 4; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
+  for (int i = 0; i < ROWS / 2; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
   __syncthreads();
   if (!active) return;
 
-  // Two accumulators (even and odd k-steps) halve the chain of dependent mma per group.
-  float acc[4] = {0.f, 0.f, 0.f, 0.f}, acc2[4] = {0.f, 0.f, 0.f, 0.f};
-  // ldmatrix.x4 row address of this lane for k-steps (2 jj, 2 jj + 1): matrix lane / 8 = 16-byte column group
-  // 4 jj + lane / 8 of row lane % 8, swizzled.
-  const int lrow = lane & 7, lmat = lane >> 3;
+  // Accumulators of even and odd k-steps (two chains of dependent mma per group), per 8-token half for ROWS = 16.
+  constexpr int kHalves = ROWS == 16 ? 2 : 1;
+  float acc[kHalves][4] = {}, acc2[kHalves][4] = {};
+  // ldmatrix.x4 row address of this lane. ROWS = 8 (tile as B fragments of k-steps 2 jj, 2 jj + 1): matrix lane / 8
+  // is 16-byte column group 4 jj + lane / 8 of row lane % 8. ROWS = 16 (tile as the A fragment of k-step t): matrix
+  // lane / 8 is rows 8 ((lane / 8) % 2) + 0..7 at column group 2 t + lane / 16. Column groups swizzled by row % 8.
+  const int lrow = ROWS == 16 ? (lane & 7) + ((lane >> 3) & 1) * 8 : lane & 7;
+  const int lmat = ROWS == 16 ? lane >> 4 : lane >> 3;
   const uint32_t tile_row = smem_u32(tile) + static_cast<uint32_t>(lrow * kScGroupCols * 2);
+  const int lswz = lrow & 7;
   int gi = 0;  // current group (relative to g0), its records gbeg .. gend
   int gbeg = r0;
   int gend = __shfl_sync(0xffffffffu, bnd, 1);
@@ -172,16 +177,34 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
         if (gend > gbeg) {       // group gi complete: multiply its tile, then clear it
           __syncwarp();
           const uint4* xg = xs + gi * 8 * 32 + lane;
+          if constexpr (ROWS == 16) {
+            // Tile = A (16 rows x 16 k), X = B: registers 0-1 of the staged item are tokens 0-7, 2-3 tokens 8-15.
 #pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4(tile_row + static_cast<uint32_t>(((4 * jj + lmat) ^ lrow) * 16), b0, b1, b2, b3);
-            Mma<T>::run(acc, x_frag<NARROW>(xg + (2 * jj) * 32), b0, b1);
-            Mma<T>::run(acc2, x_frag<NARROW>(xg + (2 * jj + 1) * 32), b2, b3);
+            for (int t = 0; t < 8; ++t) {
+              uint4 a;
+              ldmatrix_x4(tile_row + static_cast<uint32_t>(((2 * t + lmat) ^ lswz) * 16), a.x, a.y, a.z, a.w);
+              float(&c)[kHalves][4] = (t & 1) ? acc2 : acc;
+              if constexpr (NARROW) {
+                const uint2 v = *reinterpret_cast<const uint2*>(xg + t * 32);
+                Mma<T>::run(c[0], a, v.x, v.y);
+              } else {
+                const uint4 v = xg[t * 32];
+                Mma<T>::run(c[0], a, v.x, v.y);
+                Mma<T>::run(c[kHalves - 1], a, v.z, v.w);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+              uint32_t b0, b1, b2, b3;
+              ldmatrix_x4(tile_row + static_cast<uint32_t>(((4 * jj + lmat) ^ lswz) * 16), b0, b1, b2, b3);
+              Mma<T>::run(acc[0], x_frag<NARROW>(xg + (2 * jj) * 32), b0, b1);
+              Mma<T>::run(acc2[0], x_frag<NARROW>(xg + (2 * jj + 1) * 32), b2, b3);
+            }
           }
           __syncwarp();
 #pragma unroll
-          for (int i = 0; i < 4; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
+          for (int i = 0; i < ROWS / 2; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
           __syncwarp();
         }
         if (++gi >= ng) break;
@@ -191,16 +214,21 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
     }
   }
 
+  // Output element e of this lane: ROWS = 8: token gid + 8 (e / 2), strip row 2 tig + e % 2 (tokens are the mma's
+  // m). ROWS = 16: token 8 (e / 4) + 2 tig + e % 2, strip row gid + 8 ((e / 2) % 2) (rows are the m).
+  constexpr int kOut = 4 * kHalves;
+  float out[kOut];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) acc[e] += acc2[e];
-  // acc[e]: token gid + 8 (e / 2), row 2 tig + (e % 2) of the strip.
+  for (int e = 0; e < kOut; ++e) out[e] = acc[e / 4][e % 4] + acc2[e / 4][e % 4];
   const int gid = lane >> 2, tig = lane & 3;
+  const auto token_of = [&](int e) { return ROWS == 16 ? 8 * (e >> 2) + 2 * tig + (e & 1) : gid + 8 * (e >> 1); };
+  const auto row_of = [&](int e) { return ROWS == 16 ? gid + 8 * ((e >> 1) & 1) : 2 * tig + (e & 1); };
   if constexpr (SPLIT) {
-    float* ws = workspace + static_cast<int64_t>(strip) * (kScTokens * kScStripRows);
+    float* ws = workspace + static_cast<int64_t>(strip) * (kScTokens * ROWS);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int tok = gid + 8 * (e >> 1);
-      if (tok < n) atomicAdd(ws + tok * kScStripRows + 2 * tig + (e & 1), acc[e]);
+    for (int e = 0; e < kOut; ++e) {
+      const int tok = token_of(e);
+      if (tok < n) atomicAdd(ws + tok * ROWS + row_of(e), out[e]);
     }
     __threadfence();
     __syncwarp();
@@ -210,32 +238,32 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
     if (!last) return;
     __threadfence();
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int tok = gid + 8 * (e >> 1);
-      float* p = ws + tok * kScStripRows + 2 * tig + (e & 1);
-      acc[e] = tok < n ? __ldcg(p) : 0.f;
+    for (int e = 0; e < kOut; ++e) {
+      const int tok = token_of(e);
+      float* p = ws + tok * ROWS + row_of(e);
+      out[e] = tok < n ? __ldcg(p) : 0.f;
       if (tok < n) __stcg(p, 0.f);
     }
     if (lane == 0) counters[strip] = 0;
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int tok = gid + 8 * (e >> 1);
-    const int row = strip * kScStripRows + 2 * tig + (e & 1);
+  for (int e = 0; e < kOut; ++e) {
+    const int tok = token_of(e);
+    const int row = strip * ROWS + row_of(e);
     if (tok < n && row < m) {
-      float v = acc[e] + (bias != nullptr ? to_f(bias[row]) : 0.f);
+      float v = out[e] + (bias != nullptr ? to_f(bias[row]) : 0.f);
       if (relu) v = fmaxf(v, 0.f);
       y[static_cast<int64_t>(row) * sym + static_cast<int64_t>(tok) * syn] = from_f<T>(v);
     }
   }
 }
 
-template <typename T, bool SPLIT, bool XVEC, bool NARROW>
+template <typename T, bool SPLIT, bool XVEC, bool NARROW, int ROWS>
 void launch_scatter(const at::Tensor& records, const at::Tensor& group_offsets, const at::Tensor& x, const at::Tensor& y,
                     const T* bias, bool relu, int m, int k, int n, int strips, int groups, int kr_groups, int ksplit,
                     float* workspace, int* counters) {
-  const size_t smem = static_cast<size_t>(kr_groups) * 8 * 32 * 16 + kScWarps * kScStripRows * kScGroupCols * 2;
-  auto kernel = spmm_scatter_kernel<T, SPLIT, XVEC, NARROW>;
+  const size_t smem = static_cast<size_t>(kr_groups) * 8 * 32 * 16 + kScWarps * ROWS * kScGroupCols * 2;
+  auto kernel = spmm_scatter_kernel<T, SPLIT, XVEC, NARROW, ROWS>;
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
@@ -251,8 +279,9 @@ void launch_scatter(const at::Tensor& records, const at::Tensor& group_offsets, 
 
 void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets, const at::Tensor& x,
                       const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu, int64_t kr_groups,
-                      const at::Tensor& workspace, const at::Tensor& counters) {
+                      const at::Tensor& workspace, const at::Tensor& counters, int64_t strip_rows) {
   const char* op = "spmm_csr_scatter";
+  TORCH_CHECK(strip_rows == 8 || strip_rows == 16, op, ": strip_rows must be 8 or 16, got ", strip_rows);
   TORCH_CHECK(records.is_cuda() && group_offsets.is_cuda() && x.is_cuda() && y.is_cuda() && workspace.is_cuda() &&
                   counters.is_cuda(),
               op, ": tensors must be on the GPU");
@@ -270,12 +299,12 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
   TORCH_CHECK(x.dim() == 2 && y.dim() == 2 && x.size(1) == y.size(1), op, ": x (K, N) and y (M, N) expected");
   const int64_t m = y.size(0), n = y.size(1), k = x.size(0);
   TORCH_CHECK(n <= kScTokens, op, ": takes N <= ", kScTokens, " columns of X, got ", n);
-  const int64_t strips = (m + kScStripRows - 1) / kScStripRows;
+  const int64_t strips = (m + strip_rows - 1) / strip_rows;
   const int64_t groups = std::max<int64_t>(1, (k + kScGroupCols - 1) / kScGroupCols);
   TORCH_CHECK(group_offsets.scalar_type() == at::kInt && group_offsets.dim() == 1 && group_offsets.is_contiguous() &&
                   group_offsets.numel() == strips * groups + 1,
-              op, ": group_offsets must be a contiguous int32 tensor of ceil(M / 8) * ceil(K / 128) + 1 entries "
-              "(was the plan built for this M and K?)");
+              op, ": group_offsets must be a contiguous int32 tensor of ceil(M / strip_rows) * ceil(K / 128) + 1 "
+              "entries (was the plan built for this M, K and strip_rows?)");
   TORCH_CHECK(kr_groups >= 1 && kr_groups <= kScMaxKrGroups, op, ": kr_groups must be in [1, ", kScMaxKrGroups,
               "], got ", kr_groups);
   const int64_t ksplit = (groups + kr_groups - 1) / kr_groups;
@@ -285,10 +314,11 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
               op, ": problem too large for this kernel's indexing");
   if (ksplit > 1) {
     TORCH_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() &&
-                    workspace.numel() >= strips * kScTokens * kScStripRows,
-                op, ": workspace must be a contiguous float32 tensor of at least ceil(M / 8) * 128 zeros");
+                    workspace.numel() >= strips * kScTokens * strip_rows,
+                op, ": workspace must be a contiguous float32 tensor of at least ceil(M / strip_rows) * strip_rows * 16 "
+                "zeros");
     TORCH_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() && counters.numel() >= strips, op,
-                ": counters must be a contiguous int32 tensor of at least ceil(M / 8) zeros");
+                ": counters must be a contiguous int32 tensor of at least ceil(M / strip_rows) zeros");
   }
   if (bias) {
     TORCH_CHECK(bias->scalar_type() == dtype && bias->is_contiguous() && bias->numel() == m, op,
@@ -306,10 +336,14 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
     float* ws = ksplit > 1 ? workspace.data_ptr<float>() : nullptr;
     int* cnt = ksplit > 1 ? counters.data_ptr<int>() : nullptr;
     const auto go = [&](auto split, auto vec, auto narrow) {
-      launch_scatter<scalar_t, decltype(split)::value, decltype(vec)::value, decltype(narrow)::value>(
-          records, group_offsets, x, y, b, relu, static_cast<int>(m), static_cast<int>(k), static_cast<int>(n),
-          static_cast<int>(strips), static_cast<int>(groups), static_cast<int>(kr_groups),
-          static_cast<int>(ksplit), ws, cnt);
+      const auto launch = [&](auto rows) {
+        launch_scatter<scalar_t, decltype(split)::value, decltype(vec)::value, decltype(narrow)::value,
+                       decltype(rows)::value>(records, group_offsets, x, y, b, relu, static_cast<int>(m),
+                                              static_cast<int>(k), static_cast<int>(n), static_cast<int>(strips),
+                                              static_cast<int>(groups), static_cast<int>(kr_groups),
+                                              static_cast<int>(ksplit), ws, cnt);
+      };
+      strip_rows == 16 ? launch(std::integral_constant<int, 16>{}) : launch(std::integral_constant<int, 8>{});
     };
     using T_ = std::true_type;
     using F_ = std::false_type;
