@@ -310,8 +310,8 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
   const int64_t ksplit = (groups + kr_groups - 1) / kr_groups;
   constexpr int64_t kInt32Max = (int64_t(1) << 31) - 1;
   // Record indices run up to 32 * (kScPrefetch + 1) past the last record in the ring refill: keep them in int.
-  TORCH_CHECK(records.numel() <= kInt32Max - 32 * (kScPrefetch + 1) && strips * groups < kInt32Max && k <= kInt32Max && m <= kInt32Max &&
-                  (strips + kScWarps - 1) / kScWarps <= 65535,
+  TORCH_CHECK(records.numel() <= kInt32Max - 32 * (kScPrefetch + 1) && strips * groups < kInt32Max &&
+                  k <= kInt32Max && m <= kInt32Max && (strips + kScWarps - 1) / kScWarps <= 65535,
               op, ": problem too large for this kernel's indexing");
   if (ksplit > 1) {
     TORCH_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() &&
