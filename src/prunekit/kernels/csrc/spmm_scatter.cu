@@ -14,16 +14,22 @@
 //
 // A block of 8 warps owns 8 strips and a range of kr_groups groups (grid: k-splits x strip blocks). It first copies
 // that X range (kr_groups * 128 columns x 16 tokens, zero outside X) into shared memory in A-fragment order, one
-// conflict-free 16-byte store per lane and k-step (read back with one 16-byte load, or 8 bytes when N <= 8). Each warp reads its groups'
-// records as one stream, 32 per step, through a ring of 8 loads in flight per lane (1 KB per warp), independent of
-// where the groups end: a group's tile is multiplied and cleared as soon as the stream passes its end. (A first
-// version loaded one group ahead and read each group's end just before: two dependent memory latencies per group.
-// Nsight Compute then showed the kernel bound by shared-memory wavefronts, 123 per group, a quarter of them bank
-// conflicts of the X copy and of the scatter; hence the conflict-free copy, the 8-byte X loads for N <= 8 and the
-// bank-round-robin record order of the plan.) With several k-splits the warps add
-// their fp32 partial sums into a workspace with atomics; the last warp of a strip (a per-strip counter, after a
-// fence) reads the sums, adds bias, applies ReLU, writes Y and sets the workspace and counter back to zero, so the
-// next call finds them clean (the threadFenceReduction pattern of the CUDA samples). One split writes Y directly.
+// conflict-free 16-byte store per lane and k-step (read back with one 16-byte load, or 8 bytes when N <= 8). Each
+// warp reads its groups' records as one stream, 32 per step, through a ring of 8 loads in flight per lane (1 KB per
+// warp), independent of where the groups end: a group's tile is multiplied and cleared as soon as the stream passes
+// its end. With several k-splits the warps add their fp32 partial sums into a workspace with atomics; the last warp
+// of a strip (a per-strip counter, after a fence) reads the sums, adds bias, applies ReLU, writes Y and sets the
+// workspace and counter back to zero, so the next call finds them clean (the threadFenceReduction pattern of the
+// CUDA samples). One split writes Y directly.
+//
+// History (docs/KERNELS.md): a first version loaded one group ahead and read each group's end just before, two
+// dependent memory latencies per group. Nsight Compute then showed the kernel bound by shared-memory wavefronts, 123
+// per group, a quarter of them bank conflicts of the X copy and of the scatter; hence the conflict-free copy, the
+// 8-byte X loads for N <= 8 and the bank-round-robin record order of the plan.
+//
+// ROWS = 16 (opt-in, $PRUNEKIT_SCATTER_ROWS=16, not yet run on a GPU): strips of 16 rows, the tile read with
+// ldmatrix.x4 as the mma's A operand (rows 0-7 / 8-15 at column groups 2t, 2t + 1) and the staged X items as its
+// B operands (tokens 0-7, and 8-15 for N > 8): half the X loads and flushes per weight.
 //
 // Sources: the tile format follows the "load as sparse, compute as dense" idea of Flash-LLM (Xia et al., VLDB 2024)
 // and the bitmap-per-tile SpInfer (Fan et al., EuroSys 2025); this kernel's records and scatter are prunekit's own.
@@ -74,7 +80,9 @@ template <bool NARROW> __device__ __forceinline__ uint4 x_frag(const uint4* p) {
   }
 }
 
-__device__ __forceinline__ void scatter_one(uint16_t* tile, uint32_t rec) { tile[rec >> 16] = static_cast<uint16_t>(rec); }
+__device__ __forceinline__ void scatter_one(uint16_t* tile, uint32_t rec) {
+  tile[rec >> 16] = static_cast<uint16_t>(rec);
+}
 
 template <typename T, bool SPLIT, bool XVEC, bool NARROW, int ROWS>
 __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
@@ -259,7 +267,8 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
 }
 
 template <typename T, bool SPLIT, bool XVEC, bool NARROW, int ROWS>
-void launch_scatter(const at::Tensor& records, const at::Tensor& group_offsets, const at::Tensor& x, const at::Tensor& y,
+void launch_scatter(const at::Tensor& records, const at::Tensor& group_offsets, const at::Tensor& x,
+                    const at::Tensor& y,
                     const T* bias, bool relu, int m, int k, int n, int strips, int groups, int kr_groups, int ksplit,
                     float* workspace, int* counters) {
   const size_t smem = static_cast<size_t>(kr_groups) * 8 * 32 * 16 + kScWarps * ROWS * kScGroupCols * 2;
@@ -316,8 +325,8 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
   if (ksplit > 1) {
     TORCH_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() &&
                     workspace.numel() >= strips * kScTokens * strip_rows,
-                op, ": workspace must be a contiguous float32 tensor of at least ceil(M / strip_rows) * strip_rows * 16 "
-                "zeros");
+                op, ": workspace must be a contiguous float32 tensor of at least ",
+                "ceil(M / strip_rows) * strip_rows * 16 zeros");
     TORCH_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() && counters.numel() >= strips, op,
                 ": counters must be a contiguous int32 tensor of at least ceil(M / strip_rows) zeros");
   }
