@@ -19,6 +19,8 @@ from prunekit.kernels.spmm_scatter_plan import (
     build_scatter_plan,
     column_of_slot,
     get_scatter_plan,
+    record_positions,
+    record_values,
     scatter_plan_dense,
     scatter_plan_matmul,
     slot_of_column,
@@ -26,6 +28,7 @@ from prunekit.kernels.spmm_scatter_plan import (
 )
 from prunekit.kernels.spmm_tc_plan import _mma_a_coords, _mma_b_coords, _mma_c_coords
 from prunekit.kernels.testing import (
+    SPMM_EDGE_CASES,
     TOLERANCE,
     encode_csr,
     random_sparse_weight,
@@ -35,22 +38,8 @@ from prunekit.kernels.testing import (
 )
 
 DTYPES = [torch.float16, torch.bfloat16]
-# (M, K, N, sparsity, empty_rows): M = 1, M not a multiple of 8, K not a multiple of 4 / 16 / 128, several groups,
-# empty rows (a whole empty strip), 1-nnz rows, dense, very sparse (empty groups), N = 1 .. 16.
-SHAPES = [
-    (1, 7, 1, 0.5, 0),
-    (1, 300, 5, 0.9, 0),
-    (33, 45, 3, 0.7, 2),
-    (77, 203, 16, 0.8, 2),
-    (130, 301, 9, 0.9, 20),
-    (64, 1031, 16, 0.95, 2),
-    (40, 520, 1, 0.98, 3),
-    (257, 64, 8, 0.0, 2),
-    (19, 777, 13, 0.7, 2),
-]
-
-
-_case = random_spmm_case
+# testing.SPMM_EDGE_CASES, each with an N in 1 .. 16.
+SHAPES = [(m, k, n, sp, e) for (m, k, sp, e), n in zip(SPMM_EDGE_CASES, (1, 5, 3, 16, 9, 16, 1, 8, 13), strict=True)]
 
 
 ROWS = [8, 16]  # strip heights: 8 (the default, run on the H100) and 16 (opt-in, $PRUNEKIT_SCATTER_ROWS=16)
@@ -99,7 +88,7 @@ def test_ldmatrix_matrices_hit_distinct_banks():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
 def test_scatter_plan_matches_float64_reference(dtype, m, k, n, sparsity, empty_rows, strip_rows):
-    dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
+    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
     plan = _plan(c, m, k, strip_rows)
     assert plan.nnz == int((dense != 0).sum())  # CSR padding dropped, every non-zero once
     assert plan.workspace.shape == (plan.strips * strip_rows * 16,)
@@ -236,11 +225,8 @@ def replay_scatter_kernel(plan, x: torch.Tensor, bias, relu: bool, kr_groups: in
     m, groups = plan.m, plan.groups
     narrow = n <= 8
     xb = x.double()
-    rec = plan.records.long()
-    bits = (rec & 0xFFFF).to(torch.int32)
-    bits = torch.where(bits >= 2**15, bits - 2**16, bits).to(torch.int16)
-    values = bits.view(plan.dtype).double().tolist()
-    positions = (rec >> 16).tolist()
+    values = record_values(plan).tolist()
+    positions = record_positions(plan).tolist()
     goff = plan.group_offsets.tolist()
     ksplit = -(-groups // kr_groups)
 
@@ -336,7 +322,7 @@ def test_kernel_replay_handles_chunk_aligned_and_empty_groups(kr_groups, n, stri
 )
 @pytest.mark.parametrize("strip_rows", ROWS)
 def test_kernel_replay_matches_float64(m, k, n, sparsity, kr_groups, dtype, strip_rows):
-    dense, c, x2d, bias = _case(m, k, n, sparsity, 1, dtype, 7 * m + k)
+    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, 1, dtype, 7 * m + k)
     plan = _plan(c, m, k, strip_rows)
     y = replay_scatter_kernel(plan, x2d.t(), bias, True, kr_groups)
     ref = spmm_reference64(dense, x2d.t(), bias, "relu")
@@ -441,7 +427,7 @@ def _run(c, x, m, bias, activation, kr_groups=None, out=None, strip_rows=STRIP_R
 @pytest.mark.parametrize("layout", ["transposed", "row_major"])
 def test_scatter_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout, strip_rows, monkeypatch):
     monkeypatch.setenv(gpu.SCATTER_ROWS_ENV, str(strip_rows))
-    dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
+    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
     x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
     for b, activation in ((bias, "relu"), (None, "none")):
         ref = spmm_reference64(dense, x, b, activation)
@@ -510,7 +496,7 @@ def test_scatter_variant_refuses_fp32_and_wide_x():
 def test_record_order_cycles_through_the_banks_within_each_group(strip_rows):
     dense = random_sparse_weight(40, 700, 0.7, torch.float16, generator=torch.Generator().manual_seed(1))
     plan = _plan(encode_csr(dense), 40, 700, strip_rows)
-    bank = ((plan.records.long() >> 16) // 2) % 32
+    bank = (record_positions(plan) // 2) % 32
     offsets = plan.group_offsets.tolist()
     for s in range(len(offsets) - 1):
         b = bank[offsets[s] : offsets[s + 1]].tolist()

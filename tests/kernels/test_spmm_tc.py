@@ -30,6 +30,7 @@ from prunekit.kernels.spmm_tc_plan import (
     tc_plan_matmul,
 )
 from prunekit.kernels.testing import (
+    SPMM_EDGE_CASES,
     TOLERANCE,
     encode_csr,
     random_spmm_case,
@@ -38,22 +39,10 @@ from prunekit.kernels.testing import (
 )
 
 DTYPES = [torch.float16, torch.bfloat16]
-# (M, K, N, sparsity, empty_rows): M = 1, M not a multiple of 16, K and N not multiples of 8/16/256, several chunks,
-# empty rows (20 empty rows = a whole empty window), 1-nnz rows, dense, very sparse (empty segments).
+# testing.SPMM_EDGE_CASES, each with an N: 1, odd, not multiples of 8 / 16 / 128, up to 512.
 SHAPES = [
-    (1, 7, 1, 0.5, 0),
-    (1, 300, 5, 0.9, 0),
-    (33, 45, 3, 0.7, 2),
-    (77, 203, 17, 0.8, 2),
-    (130, 301, 129, 0.9, 20),
-    (64, 1031, 260, 0.95, 2),
-    (40, 520, 72, 0.98, 3),
-    (257, 64, 33, 0.0, 2),
-    (19, 777, 512, 0.7, 2),
+    (m, k, n, sp, e) for (m, k, sp, e), n in zip(SPMM_EDGE_CASES, (1, 5, 3, 17, 129, 260, 72, 33, 512), strict=True)
 ]
-
-
-_case = random_spmm_case
 
 
 def _plan(c, m, k, row_order=None):
@@ -66,7 +55,7 @@ def _plan(c, m, k, row_order=None):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
 def test_tc_plan_emulation_matches_float64_reference(dtype, m, k, n, sparsity, empty_rows):
-    dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
+    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
     plan = _plan(c, m, k)
     for b, activation in ((bias, "relu"), (None, "none")):
         y = tc_plan_matmul(plan, x2d.t(), b, activation)
@@ -77,7 +66,7 @@ def test_tc_plan_emulation_matches_float64_reference(dtype, m, k, n, sparsity, e
 
 @pytest.mark.parametrize("m,k,n,sparsity,empty_rows", [(77, 203, 17, 0.8, 2), (130, 600, 9, 0.95, 20)])
 def test_tc_plan_row_order_permutes_windows_and_keeps_the_product(m, k, n, sparsity, empty_rows):
-    dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, torch.float16, 7)
+    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, torch.float16, 7)
     order = torch.randperm(m, generator=torch.Generator().manual_seed(3))
     plan = _plan(c, m, k, order)
     assert torch.equal(plan.window_rows[:m].long(), order)
@@ -88,7 +77,7 @@ def test_tc_plan_row_order_permutes_windows_and_keeps_the_product(m, k, n, spars
 
 @pytest.mark.parametrize("m,k,empty_rows", [(1, 30, 0), (17, 40, 2), (130, 600, 20), (77, 203, 2)])
 def test_spectral_row_order_is_a_permutation(m, k, empty_rows):
-    _, c, _, _ = _case(m, k, 1, 0.9, empty_rows, torch.float16, 5)
+    _, c, _, _ = random_spmm_case(m, k, 1, 0.9, empty_rows, torch.float16, 5)
     order = spectral_row_order(c["row_offsets"], c["column_indices"], m, k)
     assert order.dtype == torch.int64 and torch.equal(torch.sort(order).values, torch.arange(m))
 
@@ -133,7 +122,7 @@ def test_greedy_window_order_recovers_planted_windows_from_any_start_and_is_a_pe
         windows = (dense[order] != 0).view(m // WINDOW_ROWS, WINDOW_ROWS, k)
         assert (windows == windows[:, :1]).all()  # a window's seed pulls in the 15 rows that add no column
     # ragged M over several blocks (the last one partly padding): still a permutation
-    _, c2, _, _ = _case(45, 300, 1, 0.9, 0, torch.float16, 6)
+    _, c2, _, _ = random_spmm_case(45, 300, 1, 0.9, 0, torch.float16, 6)
     for block in (16, 32, 256):
         order = greedy_window_order(c2["row_offsets"], c2["column_indices"], 45, 300, torch.arange(45), block=block)
         assert torch.equal(torch.sort(order).values, torch.arange(45)), block
@@ -147,7 +136,7 @@ def test_greedy_window_order_recovers_planted_windows_from_any_start_and_is_a_pe
 def test_greedy_refinement_never_loses_k_steps_in_get_tc_plan_on_random_patterns():
     from prunekit.kernels.spmm_tc_plan import greedy_window_order
 
-    _, c, _, _ = _case(256, 1024, 1, 0.9, 0, torch.float16, 8)
+    _, c, _, _ = random_spmm_case(256, 1024, 1, 0.9, 0, torch.float16, 8)
     spectral = spectral_row_order(c["row_offsets"], c["column_indices"], 256, 1024)
     refined = greedy_window_order(c["row_offsets"], c["column_indices"], 256, 1024, spectral)
     best = min(_plan(c, 256, 1024, o).ksteps for o in (None, spectral, refined))
@@ -172,7 +161,7 @@ def test_get_tc_plan_reorder_off_keeps_the_identity_order(monkeypatch):
 def test_spectral_row_order_refuses_patterns_too_large(monkeypatch):
     from prunekit.kernels import spmm_tc_plan
 
-    _, c, _, _ = _case(40, 100, 1, 0.9, 0, torch.float16, 5)
+    _, c, _, _ = random_spmm_case(40, 100, 1, 0.9, 0, torch.float16, 5)
     monkeypatch.setattr(spmm_tc_plan, "REORDER_MAX_ELEMENTS", 40 * 100 - 1)
     with pytest.raises(ValueError, match="above"):
         spectral_row_order(c["row_offsets"], c["column_indices"], 40, 100)
@@ -180,7 +169,7 @@ def test_spectral_row_order_refuses_patterns_too_large(monkeypatch):
 
 def test_tc_plan_shapes_and_segment_offsets():
     m, k = 45, 700
-    _, c, _, _ = _case(m, k, 1, 0.9, 2, torch.float16, 1)
+    _, c, _, _ = random_spmm_case(m, k, 1, 0.9, 2, torch.float16, 1)
     plan = _plan(c, m, k)
     windows, chunks = -(-m // WINDOW_ROWS), -(-k // K_CHUNK)
     assert (plan.num_windows, plan.num_chunks) == (windows, chunks)
@@ -196,7 +185,7 @@ def test_tc_plan_shapes_and_segment_offsets():
 
 def test_tc_plan_slots_of_a_segment_are_distinct_rows_of_its_union():
     m, k = 32, 512
-    dense, c, _, _ = _case(m, k, 1, 0.95, 0, torch.float16, 2)
+    dense, c, _, _ = random_spmm_case(m, k, 1, 0.95, 0, torch.float16, 2)
     plan = _plan(c, m, k)
     for seg in range(plan.num_windows * plan.num_chunks):
         w, ch = divmod(seg, plan.num_chunks)
@@ -211,7 +200,7 @@ def test_tc_plan_slots_of_a_segment_are_distinct_rows_of_its_union():
 
 def test_tc_plan_dense_chunks_are_conflict_free():
     m, k = 48, 512
-    _, c, _, _ = _case(m, k, 1, 0.0, 0, torch.float16, 4)
+    _, c, _, _ = random_spmm_case(m, k, 1, 0.0, 0, torch.float16, 4)
     plan = _plan(c, m, k)
     assert plan.compute_fraction == 1.0
     assert plan.conflict_factor == 1.0
@@ -224,7 +213,7 @@ def test_tc_plan_slot_order_conflicts_only_where_a_residue_outnumbers_the_groups
     # Per segment: G = 2 k-steps groups of 8 slots; a residue with c > G columns cannot avoid c - G repeats. The slot
     # order must keep every other group conflict-free and add at most one wavefront per excess column.
     m, k = 64, 1000
-    dense, c, _, _ = _case(m, k, 1, sparsity, 0, torch.float16, 7)
+    dense, c, _, _ = random_spmm_case(m, k, 1, sparsity, 0, torch.float16, 7)
     plan = _plan(c, m, k)
     for seg in range(plan.num_windows * plan.num_chunks):
         w, ch = divmod(seg, plan.num_chunks)
@@ -243,7 +232,7 @@ def test_tc_plan_slot_order_conflicts_only_where_a_residue_outnumbers_the_groups
 
 def test_tc_plan_compute_fraction_follows_the_union_density():
     m, k, sparsity = 256, 2048, 0.95
-    _, c, _, _ = _case(m, k, 1, sparsity, 0, torch.float16, 5)
+    _, c, _, _ = random_spmm_case(m, k, 1, sparsity, 0, torch.float16, 5)
     plan = _plan(c, m, k)
     union = 1 - sparsity**WINDOW_ROWS  # random pattern: expected union fraction of a 16-row window
     # Padding adds less than one k-step (16 of 256 columns) per segment.
@@ -263,7 +252,7 @@ def test_fragment_index_is_a_bijection_onto_lanes_and_elements():
 
 def test_get_tc_plan_caches_per_weight_and_rebuilds_after_in_place_change():
     m, k = 40, 300
-    _, c, _, _ = _case(m, k, 1, 0.9, 0, torch.float16, 6)
+    _, c, _, _ = random_spmm_case(m, k, 1, 0.9, 0, torch.float16, 6)
     first = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
     assert get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k) is first
     c["values"].mul_(2)
@@ -273,7 +262,7 @@ def test_get_tc_plan_caches_per_weight_and_rebuilds_after_in_place_change():
 
 
 def test_tc_plan_rejects_bad_inputs():
-    _, c, _, _ = _case(10, 20, 1, 0.5, 0, torch.float16, 8)
+    _, c, _, _ = random_spmm_case(10, 20, 1, 0.5, 0, torch.float16, 8)
     with pytest.raises(ValueError, match="permutation"):
         _plan(c, 10, 20, torch.zeros(10, dtype=torch.int64))
     with pytest.raises(ValueError, match="M \\+ 1"):
@@ -298,7 +287,7 @@ def test_get_tc_plan_rebuilds_after_in_place_row_offsets_change():
 
 def test_get_tc_plan_rebuilds_after_the_values_storage_is_swapped():
     m, k = 40, 300
-    _, c, _, _ = _case(m, k, 1, 0.9, 0, torch.float16, 10)
+    _, c, _, _ = random_spmm_case(m, k, 1, 0.9, 0, torch.float16, 10)
     values = c["values"]
     first = get_tc_plan(values, c["row_offsets"], c["column_indices"], m, k)
     values.data = values.detach() * 3  # new storage, same tensor object (and so the same cache attribute)
@@ -309,7 +298,7 @@ def test_get_tc_plan_rebuilds_after_the_values_storage_is_swapped():
 def test_get_tc_plan_takes_inference_tensors():
     m, k = 24, 100
     with torch.inference_mode():
-        _, c, x2d, _ = _case(m, k, 5, 0.8, 0, torch.float16, 9)
+        _, c, x2d, _ = random_spmm_case(m, k, 5, 0.8, 0, torch.float16, 9)
         plan = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
         assert get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k) is plan
     assert plan.num_windows == 2
@@ -349,7 +338,7 @@ def _check_replay(plan, dense, x, bias, activation, tile):
 def test_tc_kernel_replay_matches_float64_and_stores_every_output_once(dtype, case):
     m, k, n, sparsity, empty_rows = SHAPES[case]
     tile = gpu.TC_TILES[case % len(gpu.TC_TILES)]
-    dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
+    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n)
     plan = _plan(c, m, k)
     replay = _check_replay(plan, dense, x2d.t(), bias if case % 2 else None, "relu" if case % 2 else "none", tile)
     # Distinct rows in one bank line position serialise; equal addresses broadcast, so the replay's count is at
@@ -360,7 +349,7 @@ def test_tc_kernel_replay_matches_float64_and_stores_every_output_once(dtype, ca
 @pytest.mark.parametrize("tile", gpu.TC_TILES)
 def test_tc_kernel_replay_every_tile_with_row_order_and_k_zero(tile):
     m, k, n = 70, 530, 150  # partial last window, three chunks (last partial), N not a multiple of 8 or of NT
-    dense, c, x2d, bias = _case(m, k, n, 0.9, 18, torch.float16, 21)
+    dense, c, x2d, bias = random_spmm_case(m, k, n, 0.9, 18, torch.float16, 21)
     order = torch.randperm(m, generator=torch.Generator().manual_seed(1))
     _check_replay(_plan(c, m, k, order), dense, x2d.t(), bias, "relu", tile)
     empty = encode_csr(torch.zeros(m, 0, dtype=torch.float16))
@@ -370,13 +359,13 @@ def test_tc_kernel_replay_every_tile_with_row_order_and_k_zero(tile):
 
 def test_tc_kernel_replay_dense_weight_is_conflict_free():
     m, k = 48, 512
-    dense, c, x2d, _ = _case(m, k, 64, 0.0, 0, torch.float16, 4)
+    dense, c, x2d, _ = random_spmm_case(m, k, 64, 0.0, 0, torch.float16, 4)
     assert _check_replay(_plan(c, m, k), dense, x2d.t(), None, "none", (1, 64)).wavefronts == 1.0
 
 
 def test_tc_kernel_replay_detects_register_and_gather_mixups():
     m, k, n = 40, 300, 24
-    dense, c, x2d, bias = _case(m, k, n, 0.7, 0, torch.float16, 5)
+    dense, c, x2d, bias = random_spmm_case(m, k, n, 0.7, 0, torch.float16, 5)
     plan = _plan(c, m, k)
     ref = spmm_reference64(dense, x2d.t(), None, "none")
     # A registers a.y and a.z swapped (rows 8-15 / k 0-7 exchanged with rows 0-7 / k 8-15).
@@ -390,7 +379,7 @@ def test_tc_kernel_replay_detects_register_and_gather_mixups():
 
 
 def test_tc_kernel_replay_rejects_tiles_the_kernel_cannot_have():
-    _, c, x2d, _ = _case(16, 20, 4, 0.5, 0, torch.float16, 8)
+    _, c, x2d, _ = random_spmm_case(16, 20, 4, 0.5, 0, torch.float16, 8)
     with pytest.raises(ValueError, match="multiple of 64"):
         replay_tc_kernel(_plan(c, 16, 20), x2d.t(), ntile=32)
     with pytest.raises(ValueError, match="K = 20"):
@@ -451,7 +440,7 @@ def _poisoned(m, n, dtype, transposed):
 @pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
 def test_tc_kernel_matches_float64_reference(transposed, dtype, m, k, n, sparsity, empty_rows):
     for seed, activation in ((0, "relu"), (1, "none")):
-        dense, c, x2d, bias = _case(m, k, n, sparsity, empty_rows, dtype, seed + m + n, "cuda")
+        dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, seed + m + n, "cuda")
         x = x2d.t() if transposed else x2d.t().contiguous()
         y = _poisoned(m, n, dtype, transposed)
         b = bias if activation == "relu" else None
@@ -466,7 +455,7 @@ def test_tc_kernel_matches_float64_reference(transposed, dtype, m, k, n, sparsit
 def test_tc_kernel_every_tile(tile, y_transposed):
     wpw, ntile = tile
     m, k, n = 300, 700, 333  # several blocks along both axes, partial windows, chunks and tiles
-    dense, c, x2d, bias = _case(m, k, n, 0.9, 20, torch.float16, 12, "cuda")
+    dense, c, x2d, bias = random_spmm_case(m, k, n, 0.9, 20, torch.float16, 12, "cuda")
     plan = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
     x = gpu._tc_operand(x2d.t())
     y = _poisoned(m, n, torch.float16, y_transposed)
@@ -479,7 +468,7 @@ def test_tc_kernel_every_tile(tile, y_transposed):
 @pytest.mark.cuda
 def test_tc_kernel_matches_its_cpu_emulation():
     m, k, n = 130, 600, 96
-    dense, c, x2d, bias = _case(m, k, n, 0.95, 20, torch.bfloat16, 13, "cuda")
+    dense, c, x2d, bias = random_spmm_case(m, k, n, 0.95, 20, torch.bfloat16, 13, "cuda")
     y = gpu.spmm_csr(**c, x=x2d.t(), m=m, bias=bias, activation="relu", variant="tc")
     plan = get_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
     emulated = tc_plan_matmul(plan, x2d.t(), bias, "relu")
@@ -493,7 +482,7 @@ def test_tc_kernel_matches_its_cpu_emulation():
 @pytest.mark.cuda
 def test_tc_kernel_row_order_plan():
     m, k, n = 77, 400, 40
-    dense, c, x2d, bias = _case(m, k, n, 0.9, 2, torch.float16, 14, "cuda")
+    dense, c, x2d, bias = random_spmm_case(m, k, n, 0.9, 2, torch.float16, 14, "cuda")
     order = torch.randperm(m, device="cuda")
     plan = build_tc_plan(c["values"], c["row_offsets"], c["column_indices"], m, k, order)
     x = x2d.t().contiguous()
@@ -507,7 +496,7 @@ def test_tc_kernel_row_order_plan():
 @pytest.mark.cuda
 def test_tc_int32_column_indices_and_all_zero_weight():
     m, k, n = 9, 33000, 20
-    dense, c, x2d, bias = _case(m, k, n, 0.99, 0, torch.float16, 5, "cuda")
+    dense, c, x2d, bias = random_spmm_case(m, k, n, 0.99, 0, torch.float16, 5, "cuda")
     assert c["column_indices"].dtype == torch.int32
     y = gpu.spmm_csr(**c, x=x2d.t(), m=m, bias=bias, activation="relu", variant="tc")
     assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, "relu")) <= TOLERANCE[torch.float16]
@@ -521,11 +510,11 @@ def test_tc_int32_column_indices_and_all_zero_weight():
 @pytest.mark.cuda
 def test_tc_rejects_fp32_and_auto_uses_it_for_fp16(monkeypatch):
     monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
-    dense, c, x2d, bias = _case(64, 128, 200, 0.9, 0, torch.float32, 15, "cuda")
+    dense, c, x2d, bias = random_spmm_case(64, 128, 200, 0.9, 0, torch.float32, 15, "cuda")
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         gpu.spmm_csr(**c, x=x2d.t(), m=64, variant="tc")
     # 80% sparse: K = 128 <= TC_SMALL_K, so auto takes tc from 12.5% padded density (90% pads to 12.1% here)
-    dense, c, x2d, bias = _case(64, 128, 200, 0.8, 0, torch.float16, 15, "cuda")
+    dense, c, x2d, bias = random_spmm_case(64, 128, 200, 0.8, 0, torch.float16, 15, "cuda")
     assert gpu.plan_spmm(64, 128, 200, c["values"].numel(), 132, "auto", torch.float16).variant == "tc"
     from prunekit.kernels import ops
 
@@ -537,7 +526,7 @@ def test_tc_rejects_fp32_and_auto_uses_it_for_fp16(monkeypatch):
 @pytest.mark.cuda
 def test_tc_plan_is_cached_on_a_misaligned_stored_weight():
     m, k, n = 48, 200, 80
-    dense, c, x2d, bias = _case(m, k, n, 0.9, 0, torch.float16, 16, "cuda")
+    dense, c, x2d, bias = random_spmm_case(m, k, n, 0.9, 0, torch.float16, 16, "cuda")
     # Stored values at an odd element offset (as in a packed buffer): the kernels' path copies them per call.
     values = torch.cat([torch.zeros(1, dtype=torch.float16, device="cuda"), c["values"]])[1:]
     assert values.data_ptr() % 16 != 0
@@ -551,7 +540,7 @@ def test_tc_plan_is_cached_on_a_misaligned_stored_weight():
 
 @pytest.mark.cuda
 def test_tc_repeated_runs_are_bitwise_identical():
-    _, c, x2d, bias = _case(300, 900, 200, 0.9, 0, torch.bfloat16, 11, "cuda")
+    _, c, x2d, bias = random_spmm_case(300, 900, 200, 0.9, 0, torch.bfloat16, 11, "cuda")
     first = gpu.spmm_csr(**c, x=x2d.t(), m=300, bias=bias, variant="tc")
     for _ in range(3):
         assert torch.equal(gpu.spmm_csr(**c, x=x2d.t(), m=300, bias=bias, variant="tc"), first)

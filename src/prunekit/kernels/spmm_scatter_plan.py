@@ -48,6 +48,8 @@ __all__ = [
     "ScatterPlan",
     "build_scatter_plan",
     "get_scatter_plan",
+    "record_positions",
+    "record_values",
     "scatter_plan_matmul",
     "slot_of_column",
     "tile_position",
@@ -241,16 +243,25 @@ def get_scatter_plan(
     )
 
 
+def record_values(plan: ScatterPlan, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``(nnz,)`` the records' values (their low 16 bits read as ``plan.dtype``), in ``dtype``."""
+    bits = (plan.records.long() & 0xFFFF).to(torch.int32)
+    bits = torch.where(bits >= 2**15, bits - 2**16, bits).to(torch.int16)
+    return bits.view(plan.dtype).to(dtype)
+
+
+def record_positions(plan: ScatterPlan) -> torch.Tensor:
+    """``(nnz,)`` int64 the records' tile positions (:func:`tile_position`)."""
+    return plan.records.long() >> 16
+
+
 def scatter_plan_dense(plan: ScatterPlan, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """The dense ``(M, K)`` weight the plan's records describe (decoded through the tile layout), in ``dtype``."""
     device = plan.records.device
-    rec = plan.records.long()
-    bits = (rec & 0xFFFF).to(torch.int32)
-    bits = torch.where(bits >= 2**15, bits - 2**16, bits).to(torch.int16)
-    vals = bits.view(plan.dtype).to(dtype)
+    vals = record_values(plan, dtype)
     counts = plan.group_offsets[1:].long() - plan.group_offsets[:-1].long()
     segment = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
-    row8, col128 = _decode_position(rec >> 16)
+    row8, col128 = _decode_position(record_positions(plan))
     rows = (segment // plan.groups) * plan.strip_rows + row8
     cols = (segment % plan.groups) * GROUP_COLS + col128
     dense = torch.zeros(plan.strips * plan.strip_rows, plan.groups * GROUP_COLS, dtype=dtype, device=device)

@@ -41,6 +41,22 @@ def random_sparse_weight(
     return torch.where(w != 0, w, torch.zeros((), dtype=dtype, device=device))
 
 
+# (M, K, sparsity, empty_rows) edge cases shared by the kernel tests, each pairing them with N values of its own: M = 1,
+# M not a multiple of 8 / 16, K not a multiple of 4 / 8 / 16 / 128 / 256, several chunks or groups, 20 empty rows (a
+# whole empty window or strip), dense, very sparse (empty segments or groups).
+SPMM_EDGE_CASES = (
+    (1, 7, 0.5, 0),
+    (1, 300, 0.9, 0),
+    (33, 45, 0.7, 2),
+    (77, 203, 0.8, 2),
+    (130, 301, 0.9, 20),
+    (64, 1031, 0.95, 2),
+    (40, 520, 0.98, 3),
+    (257, 64, 0.0, 2),
+    (19, 777, 0.7, 2),
+)
+
+
 def random_spmm_case(
     m: int, k: int, n: int, sparsity: float, empty_rows: int, dtype: torch.dtype, seed: int, device: str = "cpu"
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
