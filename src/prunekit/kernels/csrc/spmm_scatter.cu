@@ -66,8 +66,6 @@ __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
 
-__device__ __forceinline__ uint16_t elem_bits(const uint16_t* x, int64_t i) { return __ldg(x + i); }
-
 // A fragment of one k-step from the staged X (registers stored as 0, 2, 1, 3): for N <= 8 (NARROW) tokens 8-15 are
 // zero and one 8-byte shared load gets registers 0 and 2.
 template <bool NARROW> __device__ __forceinline__ uint4 x_frag(const uint4* p) {
@@ -131,7 +129,7 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
       if (XVEC && col + 3 < k) return __ldg(reinterpret_cast<const uint2*>(xb + col + j * sxn));
       uint16_t e[4];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) e[c] = col + c < k ? elem_bits(xb, (col + c) * sxk + j * sxn) : uint16_t(0);
+      for (int c = 0; c < 4; ++c) e[c] = col + c < k ? __ldg(xb + (col + c) * sxk + j * sxn) : uint16_t(0);
       return make_uint2(pack2(e[0], e[1]), pack2(e[2], e[3]));
     };
 #pragma unroll 4
