@@ -10,6 +10,8 @@
 #                                        (writes the files first: 1920 TSV layers + binary copy; if the call runs out
 #                                        of time, call it again on the still-warm machine: finished steps are kept)
 #   bash scripts/gpu_spdnn.sh multi      (nvidia-h200-x2) two GPUs vs one on N=16384 and 65536 x 1920
+#   bash scripts/gpu_spdnn.sh split      one GPU: the tiled driver on all inputs vs each half, per-launch trace
+#                                        (N=16384 x 1920 and 65536 x 480: why two GPUs are not 2x one)
 #   bash scripts/gpu_spdnn.sh quick      tests, then per-launch + driver wall times at N=1024 x 120 (official, relabelled)
 #   bash scripts/gpu_spdnn.sh profile    per-launch times of the chain kernel, official vs relabelled N=1024, + ncu
 #   bash scripts/gpu_spdnn.sh debug      float64 truth on the CPU vs on the GPU vs the fused kernel, N=4096 x 120
@@ -80,6 +82,13 @@ case "$what" in
     build
     python3 benchmarks/spdnn.py --plan multi --budget-s "${BUDGET_S:-480}" --out "$OUT" 2>&1 | tee "$OUT/bench-multi.log" | tail -30
     ;;
+  split)
+    build
+    python3 benchmarks/spdnn_split.py --neurons 16384 --layers 1920 --json "$OUT/spdnn-split-16384.json" 2>&1 \
+      | tee "$OUT/split-16384.log" | tail -40
+    python3 benchmarks/spdnn_split.py --neurons 65536 --layers 480 --json "$OUT/spdnn-split-65536.json" 2>&1 \
+      | tee "$OUT/split-65536.log" | tail -40
+    ;;
   quick)
     # one call per kernel change: the CUDA tests, then where the 120-layer N=1024 time goes (launches vs driver wall)
     build
@@ -106,5 +115,5 @@ case "$what" in
     build
     python3 scripts/debug_spdnn.py --neurons 4096 --layers 120 2>&1 | tee "$OUT/debug.log"
     ;;
-  *) echo "usage: bash scripts/gpu_spdnn.sh tests|quick|small|big|huge|champion|multi|profile|debug"; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_spdnn.sh tests|split|quick|small|big|huge|champion|multi|profile|debug"; exit 2 ;;
 esac
