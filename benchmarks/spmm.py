@@ -196,12 +196,12 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
             # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel as "auto" runs it at N <= 16
             # (X gathered from global memory: "rowwarp_global"; forced "rowwarp" would stage X in shared memory).
             forced.update(time_forced(("scatter", "rowwarp_global"), csrs, xs, m, ref, dense_gpu))
-            rows = gpu.scatter_strip_rows()
-            sc = get_scatter_plan(csrs[0]["values"], csrs[0]["row_offsets"], csrs[0]["column_indices"], m, k, rows)
+            strip = gpu.scatter_strip_rows()
+            sc = get_scatter_plan(csrs[0]["values"], csrs[0]["row_offsets"], csrs[0]["column_indices"], m, k, strip)
             sc_bytes = sc.nbytes + x_bytes + n * m * esize
-            forced["scatter_strip_rows"] = rows
+            forced["scatter_strip_rows"] = strip
             forced["scatter_kr_groups"] = gpu.scatter_kr_groups(
-                m, k, torch.cuda.get_device_properties(0).multi_processor_count, rows
+                m, k, torch.cuda.get_device_properties(0).multi_processor_count, strip
             )
             forced["scatter_plan_mbytes"] = sc.nbytes / 1e6
             forced["scatter_gbps"] = sc_bytes / (forced["scatter_gpu_ms"] * 1e-3) / 1e9
