@@ -163,8 +163,10 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
       PK_CSLT_CHECK(cusparseLtMatmulGetWorkspace(handle(), &plan->plan, &plan->workspace));
       if (search_plans()) {
         // Times every configuration on these operands (y is overwritten; the real call below writes it again) and
-        // updates the plan; the chosen configuration may need another workspace size.
-        at::Tensor ws = at::empty({static_cast<int64_t>(std::max<size_t>(plan->workspace, 1))},
+        // updates the plan; the chosen configuration may need another workspace size. The default configuration's
+        // workspace may be too small for the split-K ones the search tries: give it kSearchWorkspace at least.
+        constexpr size_t kSearchWorkspace = size_t{256} << 20;
+        at::Tensor ws = at::empty({static_cast<int64_t>(std::max(plan->workspace, kSearchWorkspace))},
                                   x.options().dtype(at::kByte));
         const float alpha = 1.f, beta = 0.f;
         cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
