@@ -4,7 +4,8 @@ The multi-GPU run (``prunekit.spdnn run --gpus G``, Hidayetoglu et al. 2020 sec.
 1/G of the 60000 inputs and reports the slowest rank. This script runs the same driver
 (``spdnn_cuda.infer_tiled``) on one GPU for the whole input set and for each share, and traces every launch of the
 chain schedule (layers, live inputs in and out, CUDA-event ms), so the part of the time that does not shrink with
-the share (per-layer launches over few live tiles, host round trips) can be read off. A diagnostic of our own driver;
+the share (per-layer launches over few live tiles, host round trips) can be read off. Each case runs twice: with the
+layers as built (output j in ELL column j) and after ``spdnn_cuda.tiled_output_order_`` (run.py's default). A diagnostic of our own driver;
 the scaling benchmark itself is ``benchmarks/spdnn.py --plan multi``.
 
     PYTHONPATH=src python benchmarks/spdnn_split.py --neurons 16384 --layers 1920 --shares 2 --json out.json
@@ -27,25 +28,25 @@ from prunekit.spdnn.generator import SPDNN_INPUTS, SPDNN_RELU_CAP, bias_for, ite
 from prunekit.spdnn.run import build_ell, partition
 
 
-def timed(features: torch.Tensor, ell_idx, ell_val, bias: float, repeats: int) -> tuple[float, list[float]]:
-    """Median wall time (seconds, synchronized) of ``infer_tiled`` after one warm-up, and every timed run."""
-    spdnn_cuda.infer_tiled(features, ell_idx, ell_val, bias, SPDNN_RELU_CAP)
+def timed(features: torch.Tensor, net: tuple, bias: float, repeats: int) -> tuple[float, list[float]]:
+    """Median wall time (seconds, synchronized) of ``infer_tiled`` after one warm-up, and every timed run.
+    ``net``: ``(ell_idx, ell_val, out_pos or None)``."""
+    spdnn_cuda.infer_tiled(features, *net[:2], bias, SPDNN_RELU_CAP, net[2])
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        spdnn_cuda.infer_tiled(features, ell_idx, ell_val, bias, SPDNN_RELU_CAP)
+        spdnn_cuda.infer_tiled(features, *net[:2], bias, SPDNN_RELU_CAP, net[2])
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2], times
 
 
-def traced(features: torch.Tensor, ell_idx, ell_val, bias: float) -> list[dict]:
+def traced(features: torch.Tensor, net: tuple, bias: float) -> list[dict]:
     """One pass of the chain schedule with CUDA events around each launch: ``first``, ``last``, ``live_in``,
     ``live_out``, ``ms`` per launch."""
     trace: list[dict] = []
-    spdnn_cuda.infer_chained(torch.ops.prunekit_spdnn.tiled, features, ell_idx, ell_val, bias, SPDNN_RELU_CAP,
-                             trace=trace)  # fmt: skip
+    spdnn_cuda.infer_tiled(features, *net[:2], bias, SPDNN_RELU_CAP, net[2], trace=trace)
     torch.cuda.synchronize()
     for t in trace:
         start, end = t.pop("events")
@@ -74,44 +75,55 @@ def main() -> None:
     cases = [("all", 0, SPDNN_INPUTS)] + [
         (f"share {r}/{args.shares}", *partition(SPDNN_INPUTS, r, args.shares)) for r in range(args.shares)
     ]
-    for name, lo, hi in cases:
-        features = images.rows(lo, hi, device, torch.float32, 1 << 26)
-        median, times = timed(features, ell_idx, ell_val, bias, args.repeats)
-        trace = traced(features, ell_idx, ell_val, bias)
-        runs.append({"case": name, "lo": lo, "hi": hi, "inference_s": median, "times_s": times, "launches": trace})
-        del features
-        torch.cuda.empty_cache()
+    order_s = 0.0
+    for order in ("plain", "ordered"):
+        if order == "ordered":  # the same layers, outputs with equal inputs side by side (run.py's default)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out_pos = spdnn_cuda.tiled_output_order_(ell_idx, ell_val)
+            torch.cuda.synchronize()
+            order_s = time.perf_counter() - t0
+        net = (ell_idx, ell_val, out_pos if order == "ordered" else None)
+        for name, lo, hi in cases:
+            features = images.rows(lo, hi, device, torch.float32, 1 << 26)
+            median, times = timed(features, net, bias, args.repeats)
+            trace = traced(features, net, bias)
+            runs.append({"order": order, "case": name, "lo": lo, "hi": hi, "inference_s": median, "times_s": times,
+                         "launches": trace})  # fmt: skip
+            del features
+            torch.cuda.empty_cache()
 
     table = Table(title=f"SpDNN tiled driver, N={n} x {layers} layers, {torch.cuda.get_device_name()}")
-    for col in ("case", "inputs", "wall (s)", "launches", "sum of launches (ms)", "survivors"):
+    for col in ("outputs", "case", "inputs", "wall (s)", "launches", "sum of launches (ms)", "survivors"):
         table.add_column(col)
     for r in runs:
         ms = sum(t["ms"] for t in r["launches"])
         survivors = r["launches"][-1]["live_out"] if r["launches"] else 0
-        table.add_row(r["case"], str(r["hi"] - r["lo"]), f"{r['inference_s']:.4f}", str(len(r["launches"])),
-                      f"{ms:.1f}", str(survivors))  # fmt: skip
+        table.add_row(r["order"], r["case"], str(r["hi"] - r["lo"]), f"{r['inference_s']:.4f}",
+                      str(len(r["launches"])), f"{ms:.1f}", str(survivors))  # fmt: skip
     Console().print(table)
-    launches = Table(title="per launch (all inputs | share 0)")
-    for col in ("layers", "live in (all)", "ms (all)", "live in (share 0)", "ms (share 0)"):
-        launches.add_column(col)
-    a, s = runs[0]["launches"], runs[1]["launches"]
-    for i in range(max(len(a), len(s))):
-        ra = a[i] if i < len(a) else None
-        rs = s[i] if i < len(s) else None
-        span = ra or rs
-        launches.add_row(
-            f"{span['first']}-{span['last']}",
-            str(ra["live_in"]) if ra else "",
-            f"{ra['ms']:.2f}" if ra else "",
-            str(rs["live_in"]) if rs else "",
-            f"{rs['ms']:.2f}" if rs else "",
-        )
-    Console().print(launches)
+    for order in ("plain", "ordered"):
+        a, s = [r["launches"] for r in runs if r["order"] == order][:2]
+        launches = Table(title=f"per launch, {order} outputs (all inputs | share 0)")
+        for col in ("layers", "live in (all)", "ms (all)", "live in (share 0)", "ms (share 0)"):
+            launches.add_column(col)
+        for i in range(max(len(a), len(s))):
+            ra = a[i] if i < len(a) else None
+            rs = s[i] if i < len(s) else None
+            span = ra or rs
+            launches.add_row(
+                f"{span['first']}-{span['last']}",
+                str(ra["live_in"]) if ra else "",
+                f"{ra['ms']:.2f}" if ra else "",
+                str(rs["live_in"]) if rs else "",
+                f"{rs['ms']:.2f}" if rs else "",
+            )
+        Console().print(launches)
     if args.json:
         args.json.write_text(json.dumps({
             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "neurons": n, "layers": layers,
-            "total_nnz": total_nnz, "build_s": build_s, "runs": runs,
+            "total_nnz": total_nnz, "build_s": build_s, "output_order_s": order_s, "runs": runs,
         }, indent=1))  # fmt: skip
 
 

@@ -447,6 +447,60 @@ def test_tiled_kernel_emulation_matches_float64_reference(count):
     assert torch.equal(infer_chained(emulate_tiled, features, idx, val, bias_for(N), 32.0), truth)
 
 
+@pytest.mark.parametrize("seed", [None, 3])  # the challenge network, and a relabelled copy
+def test_tiled_output_order_puts_equal_input_sets_side_by_side(seed):
+    """In the challenge layers the 16 outputs b * N/16 + j share their 32 inputs: after the reordering every group of
+    16 adjacent ELL columns names one input set, slot by slot; out_pos is a permutation naming each column's output."""
+    from prunekit.kernels.spdnn_cuda import tiled_output_order_
+
+    net = list(iter_layers(N, 6))
+    net = list(relabel(net, seed)) if seed is not None else net
+    idx, val = _ell(net)
+    before = [{(int(o), frozenset(idx[k, :, o].tolist())) for o in range(N)} for k in range(len(net))]
+    new_idx, new_val = idx.clone(), val.clone()
+    out_pos = tiled_output_order_(new_idx, new_val)
+    assert out_pos.dtype == torch.int32 and out_pos.shape == (len(net), N)
+    for k in range(len(net)):
+        assert torch.equal(out_pos[k].sort().values, torch.arange(N, dtype=torch.int32))
+        after = {(int(out_pos[k, j]), frozenset(new_idx[k, :, j].tolist())) for j in range(N)}
+        assert after == before[k]  # every output keeps its own inputs
+        groups = new_idx[k].view(SPDNN_NNZ_PER_ROW, N // 16, 16)
+        assert torch.equal(groups, groups[:, :, :1].expand_as(groups))  # 16 equal columns, slot by slot
+        assert bool((new_idx[k, 1:] >= new_idx[k, :-1]).all())  # slots sorted by input
+    assert torch.equal(new_val, torch.full_like(new_val, 1 / 16))
+
+
+def test_tiled_output_order_keeps_padding_slots_last():
+    from prunekit.kernels.spdnn_cuda import tiled_output_order_
+
+    # 1 layer, 3 slots, 3 neurons; value 0 marks a padding slot (its index 0 is a placeholder)
+    idx = torch.tensor([[[2, 0, 2], [0, 0, 1], [1, 0, 0]]], dtype=torch.int32)
+    val = torch.tensor([[[1.0, 5.0, 2.0], [0.0, 0.0, 3.0], [4.0, 0.0, 0.0]]])
+    out_pos = tiled_output_order_(idx, val)
+    expect = {0: [(1, 4.0), (2, 1.0), (0, 0.0)], 1: [(0, 5.0), (0, 0.0), (0, 0.0)], 2: [(1, 3.0), (2, 2.0), (0, 0.0)]}
+    for j in range(3):
+        pairs = [(int(i), float(v)) for i, v in zip(idx[0, :, j], val[0, :, j], strict=True)]
+        assert pairs == expect[int(out_pos[0, j])]
+
+
+@pytest.mark.parametrize("count", [37, 48])
+def test_tiled_kernel_emulation_with_output_order_matches_float64_reference(count):
+    from prunekit.kernels.spdnn_cuda import emulate_tiled, infer_chained, tiled_output_order_
+
+    features = small_inputs(count)
+    net = list(relabel(iter_layers(N, 10), seed=5))
+    idx, val = _ell(net)
+    out_pos = tiled_output_order_(idx, val)
+    out, alive = emulate_tiled(features.float(), idx[:4], val[:4], bias_for(N), 32.0, out_pos[:4])
+    ref = _dense_layers(features, net[:4], bias_for(N))
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(alive.bool(), ref.any(dim=1))
+    truth = infer(features, net, bias_for(N))
+    live = infer_chained(emulate_tiled, features, idx, val, bias_for(N), 32.0, out_pos=out_pos)
+    assert torch.equal(live, truth)
+
+
 @pytest.mark.parametrize("settle", ["1", "0"])
 def test_chain_driver_runs_the_settled_tail_in_one_launch(settle, monkeypatch):
     """After a chain of >= SETTLE_MIN_CHAIN layers that loses no input, the rest runs in one launch; the categories
@@ -543,7 +597,8 @@ def test_memory_budget_fits_every_network_on_an_80gb_h100_and_docs_quote_it():
             b = memory_budget(neurons, layers, kernel=default_kernel(neurons))
             assert b.fits and b.peak_nbytes <= H100_NBYTES, (neurons, layers)
             assert b.batch_inputs % 16 == 0 or b.batch_inputs == 60000
-            assert b.ell_nbytes == layers * neurons * 32 * 8
+            order = layers * neurons * 4 if b.kernel == "tiled" else 0  # the tiled kernel's output order
+            assert b.ell_nbytes == layers * neurons * 32 * 8 + order
     assert memory_budget(65536, 1920).batch_inputs < 60000  # the largest network runs in input batches
     assert memory_budget(65536, 1920, device_nbytes=40 * 10**9).batch_inputs == 0  # does not fit 40 GB
     docs = (Path(__file__).resolve().parents[2] / "docs" / "SPDNN.md").read_text()
@@ -632,6 +687,13 @@ def test_tiled_kernel_matches_float64_reference_on_cuda(neurons):
     assert truth.numel() > 0
     assert torch.equal(spdnn_cuda.infer_tiled(features, idx, val, bias_for(neurons), 32.0), truth)
     assert torch.equal(spdnn_cuda.infer_fused(features, idx, val, bias_for(neurons), 32.0), truth)
+    out_pos = spdnn_cuda.tiled_output_order_(idx, val)  # the same layers, outputs with equal inputs side by side
+    poisoned = torch.ops.prunekit_spdnn.tiled(features, idx[:3], val[:3], bias_for(neurons), 32.0, out_pos[:3])
+    torch.testing.assert_close(poisoned[0].double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(poisoned[1].bool(), ref.any(dim=1))
+    assert torch.equal(spdnn_cuda.infer_tiled(features, idx, val, bias_for(neurons), 32.0, out_pos), truth)
+    with pytest.raises(RuntimeError, match="out_pos must be"):
+        torch.ops.prunekit_spdnn.tiled(features, idx[:3], val[:3], bias_for(neurons), 32.0, out_pos[:2])
 
 
 @pytest.mark.cuda

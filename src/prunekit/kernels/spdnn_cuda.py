@@ -176,16 +176,76 @@ def one_layer_rule(neurons: int, element_size: int = 4):
 
 
 def infer_tiled(
-    features: torch.Tensor, ell_idx: torch.Tensor, ell_val: torch.Tensor, bias: float, cap: float
+    features: torch.Tensor,
+    ell_idx: torch.Tensor,
+    ell_val: torch.Tensor,
+    bias: float,
+    cap: float,
+    out_pos: torch.Tensor | None = None,
+    trace: list[dict] | None = None,
 ) -> torch.Tensor:
     """As :func:`infer_fused` with the tiled kernel (any N; features in global memory). Batches of more than
-    :data:`MAX_TILED_BATCH` inputs are run in pieces."""
+    :data:`MAX_TILED_BATCH` inputs are run in pieces.
+
+    Args:
+        out_pos: ``(layers, N)`` int32 or None: the output each ELL column computes (:func:`tiled_output_order`);
+            None: column j computes output j.
+        trace: passed to :func:`infer_chained`.
+    """
     load()
     parts = []
     for lo in range(0, features.shape[0], MAX_TILED_BATCH):
         part = features[lo : lo + MAX_TILED_BATCH]
-        parts.append(infer_chained(torch.ops.prunekit_spdnn.tiled, part, ell_idx, ell_val, bias, cap) + lo)
+        live = infer_chained(
+            torch.ops.prunekit_spdnn.tiled, part, ell_idx, ell_val, bias, cap, out_pos=out_pos, trace=trace
+        )
+        parts.append(live + lo)
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+
+OUTPUT_ORDER_ENV = "PRUNEKIT_SPDNN_OUTPUT_ORDER"  # "0": the tiled path keeps output j in ELL column j
+_SET_KEY_SEED = 20200917  # the multipliers of tiled_output_order's input-set key (any fixed seed)
+
+
+def tiled_output_order_(ell_idx: torch.Tensor, ell_val: torch.Tensor) -> torch.Tensor:
+    """Reorder each layer's ELL columns, in place, so that outputs with the same inputs sit side by side (tiled kernel).
+
+    Each output's slots are sorted by input neuron (padding last), then the outputs are sorted by a key of their input
+    set (a sum of the sorted inputs times fixed random multipliers: outputs with equal sets get equal keys, and a rare
+    collision only makes the order less useful, never wrong). A warp of the tiled kernel then gathers the same feature
+    row at the same slot in many lanes, one load for all of them: in the challenge networks the 16 outputs
+    ``b * N/16 + j`` (b = 0..15) share their 32 inputs, so a warp reads 2 distinct rows per slot instead of 32.
+
+    Args:
+        ell_idx: ``(layers, slots, N)`` int32 input neurons; ell_val: ``(layers, slots, N)`` float32 (0: padding).
+            Both are overwritten (chunks of layers at a time: no second copy of the layers).
+
+    Returns:
+        ``out_pos (layers, N)`` int32, a permutation per layer: column j of the new ELL holds the inputs of output
+        ``out_pos[layer, j]``.
+    """
+    layers, slots, n = ell_idx.shape
+    gen = torch.Generator().manual_seed(_SET_KEY_SEED)
+    mult = torch.randint(1, 1 << 31, (slots,), generator=gen, dtype=torch.int64).to(ell_idx.device)
+    out_pos = torch.empty(layers, n, dtype=torch.int32, device=ell_idx.device)
+    step = max(1, (1 << 22) // max(1, slots * n))  # layers per chunk: bounded temporaries
+    for lo in range(0, layers, step):
+        part = slice(lo, lo + step)
+        idx, val = ell_idx[part], ell_val[part]
+        sort_key = torch.where(val != 0, idx.long(), idx.long() + n)  # padding slots sort last
+        sort_key, order = sort_key.sort(dim=1, stable=True)
+        set_key = (sort_key * mult[None, :, None]).sum(dim=1)  # (chunk, N); < 2^31 * 2N * slots: no overflow
+        perm = set_key.argsort(dim=1, stable=True)
+        cols = perm[:, None, :].expand(-1, slots, -1)  # the new column j is the old column perm[j]
+        ell_idx[part] = idx.gather(1, order).gather(2, cols)
+        ell_val[part] = val.gather(1, order).gather(2, cols)
+        out_pos[part] = perm.to(torch.int32)
+    return out_pos
+
+
+def output_order_enabled() -> bool:
+    """Whether the tiled path reorders outputs (:func:`tiled_output_order`); ``$PRUNEKIT_SPDNN_OUTPUT_ORDER=0``: no."""
+    return os.environ.get(OUTPUT_ORDER_ENV, "1").strip() not in ("0", "false", "False")
 
 
 def infer_chained(
@@ -200,6 +260,7 @@ def infer_chained(
     gathers: bool = False,
     trace: list[dict] | None = None,
     one_layer=None,
+    out_pos: torch.Tensor | None = None,
 ):
     """Drive ``op(y, idx, val, bias, cap) -> (out, alive)`` over chains of 2, 2, 4, 8, ... 64 layers with
     compaction of the live inputs between chains; return the live inputs' 0-based indices (CPU int64, sorted).
@@ -212,6 +273,8 @@ def infer_chained(
         row_pos: the chain op's ``(layers, N)`` shared-memory rows, passed on sliced like the layers.
         gathers: ``op`` takes ``row_pos`` and ``rows`` (the chain op): the live rows of the last output are passed as
             ``rows`` instead of copied out of it (a copy of the live features per chain, 0.1-0.2 ms at 60000 x 1024).
+        out_pos: the tiled op's ``(layers, N)`` output order (:func:`tiled_output_order`), passed on sliced like the
+            layers (without ``gathers``).
         one_layer: ``callable(live inputs) -> bool``, or None: launch one layer alone while it says so (the chain op
             holds more inputs per block with the one buffer of a one-layer launch at some N; :func:`infer_fused`).
         trace: when a list, one dict per launch is appended (``first``, ``last``, ``live_in``, ``live_out`` and, on
@@ -232,7 +295,10 @@ def infer_chained(
     while done < layers and (y.shape[0] if rows is None else rows.numel()) > 0:
         single = one_layer is not None and one_layer(y.shape[0] if rows is None else rows.numel())
         stop = min(layers, done + (1 if single else chain))
-        extra = (None if row_pos is None else row_pos[done:stop], rows) if gathers else ()
+        if gathers:
+            extra = (None if row_pos is None else row_pos[done:stop], rows)
+        else:
+            extra = () if out_pos is None else (out_pos[done:stop],)
         if trace is not None and y.is_cuda:
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record()
@@ -270,9 +336,11 @@ def emulate_tiled(
     ell_val: torch.Tensor,
     bias: float,
     cap: float,
+    out_pos: torch.Tensor | None = None,
     tile_inputs: int = TILE_INPUTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pure-torch emulation of ``prunekit_spdnn::tiled`` (same blocked layout, padding, stamps and tile skipping).
+    """Pure-torch emulation of ``prunekit_spdnn::tiled`` (same blocked layout, padding, stamps, tile skipping and
+    output order).
 
     Runs on any device; the CPU tests check its index math against the float64 reference. Buffers the kernel
     leaves unwritten (skipped tiles) are filled with NaN here, so a stale value that leaked into a result would
@@ -280,6 +348,7 @@ def emulate_tiled(
 
     Args:
         y: ``(batch, N)`` float32. ell_idx / ell_val: ``(layers, slots, N)``.
+        out_pos: ``(layers, N)`` int32 or None: ELL column j computes output ``out_pos[layer, j]``.
 
     Returns:
         ``(out (batch, N) float32, alive (batch,) int32)`` like the CUDA op.
@@ -307,7 +376,10 @@ def emulate_tiled(
             for k in range(idx.shape[0]):
                 acc = acc + val[k][:, None] * a[t][idx[k]]  # x[(t * n + i) * BT + b], i = idx[k, j]
             z = torch.where(acc != 0, acc + bias, torch.zeros_like(acc)).clamp(0.0, cap)
-            b[t] = z
+            if out_pos is None:
+                b[t] = z
+            else:
+                b[t][out_pos[layer].long()] = z
             nonzero = (z != 0).any(dim=0)  # (bt,)
             for e in range(bt):
                 g = t * bt + e

@@ -41,7 +41,7 @@ class MemoryBudget:
     inputs: int
     kernel: str
     device_nbytes: int
-    ell_nbytes: int  # every layer, int32 index + float32 value per slot
+    ell_nbytes: int  # every layer: int32 index + float32 value per slot (+ the tiled kernel's int32 output order)
     features_nbytes: int  # float32 features of all inputs (kept for the timed repeats)
     build_nbytes: int  # one layer's construction temporaries + one chunk of synthetic image rows
     batch_inputs: int  # inputs per inference batch (0: nothing fits)
@@ -101,7 +101,8 @@ def memory_budget(
         raise PrunekitError(f"memory budget: unknown kernel {kernel!r} (choose {', '.join(WORK_BUFFERS)})")
     usable = device_nbytes - RESERVED_NBYTES
     layer_nnz = neurons * slots
-    ell = layers * layer_nnz * ELL_NBYTES_PER_NZ + (layers * (neurons + 1) * 4 if kernel == "reference" else 0)
+    ell = layers * layer_nnz * ELL_NBYTES_PER_NZ
+    ell += {"reference": layers * (neurons + 1) * 4, "tiled": layers * neurons * 4}.get(kernel, 0)
     features = inputs * neurons * 4
     build = _layer_build_nbytes(neurons) + IMAGE_CHUNK_ELEMENTS * 8 * 12
     per_input = WORK_BUFFERS[kernel] * neurons * 4

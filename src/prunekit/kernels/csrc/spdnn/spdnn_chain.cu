@@ -406,6 +406,9 @@ std::tuple<torch::Tensor, torch::Tensor> chain_packed(const torch::Tensor& y, co
 // feature-major, x[(t * n + i) * BT + b], so the BT values of one input neuron are one 64-byte read. One launch
 // per layer: block (x = 256 output neurons, y = tile) computes those outputs for the tile's BT inputs from the
 // layer's ELL (slot-major, coalesced); a general sparse layer, nothing assumed about its structure.
+// Output order: thread j of the layer computes output out_pos[j] (out_pos = null: output j), whose inputs are ELL
+// column j. Putting outputs with the same inputs next to each other (spdnn_cuda.tiled_output_order) makes the lanes
+// of a warp gather the same feature rows at the same slot, so one 64-byte load serves them all.
 // Dead inputs: stamp[b] = number of layers after which input b was last non-zero. A block whose BT inputs all
 // have stamp < layer skips the layer (its buffers hold stale values that are never read again: a dead input
 // stays dead, and a live tile is recomputed in full every layer, so its dead inputs' rows are exact zeros).
@@ -416,7 +419,8 @@ constexpr int kTiledSlotBatch = 8;  // as kSlotBatch, for the tiled kernel
 template <int BT>
 __global__ void __launch_bounds__(kTiledThreads) spdnn_tiled_layer_kernel(
     const float* __restrict__ x, float* __restrict__ x_next, int batch, int n, int slots,
-    const int* __restrict__ idx, const float* __restrict__ val, float bias, float cap, int* stamp, int layer) {
+    const int* __restrict__ idx, const float* __restrict__ val, const int* __restrict__ out_pos, float bias, float cap,
+    int* stamp, int layer) {
   static_assert(BT % 4 == 0 && BT <= 32, "BT: a multiple of 4, at most 32 (bit mask)");
   __shared__ int block_bits;
   const int t = blockIdx.y;
@@ -462,7 +466,8 @@ __global__ void __launch_bounds__(kTiledThreads) spdnn_tiled_layer_kernel(
         }
       }
     }
-    float4* dst = reinterpret_cast<float4*>(x_next + (static_cast<size_t>(t) * n + j) * BT);
+    const int o = out_pos != nullptr ? __ldg(out_pos + j) : j;
+    float4* dst = reinterpret_cast<float4*>(x_next + (static_cast<size_t>(t) * n + o) * BT);
 #pragma unroll
     for (int q = 0; q < BT / 4; ++q) {
       float z[4];
@@ -489,9 +494,17 @@ __global__ void __launch_bounds__(kTiledThreads) spdnn_tiled_layer_kernel(
 }
 
 std::tuple<torch::Tensor, torch::Tensor> tiled(const torch::Tensor& y, const torch::Tensor& ell_idx,
-                                               const torch::Tensor& ell_val, double bias, double cap) {
+                                               const torch::Tensor& ell_val, double bias, double cap,
+                                               const c10::optional<torch::Tensor>& out_pos) {
   check_chain_inputs(y, ell_idx, ell_val);
   TORCH_CHECK(ell_idx.size(0) >= 1, "tiled: give at least one layer");
+  torch::Tensor pos;
+  if (out_pos.has_value()) {
+    pos = out_pos->contiguous();
+    TORCH_CHECK(pos.scalar_type() == torch::kInt && pos.device() == y.device() && pos.dim() == 2 &&
+                    pos.size(0) == ell_idx.size(0) && pos.size(1) == y.size(1),
+                "tiled: out_pos must be a (layers, N) int32 tensor on the features' device");
+  }
   constexpr int BT = kTileInputs;
   const c10::cuda::CUDAGuard guard(y.device());
   auto yc = y.contiguous();
@@ -522,7 +535,8 @@ std::tuple<torch::Tensor, torch::Tensor> tiled(const torch::Tensor& y, const tor
     spdnn_tiled_layer_kernel<BT><<<grid, kTiledThreads, 0, stream>>>(
         a.data_ptr<float>(), b.data_ptr<float>(), static_cast<int>(batch), static_cast<int>(n), slots,
         idx.data_ptr<int>() + static_cast<size_t>(l) * slots * n, val.data_ptr<float>() + static_cast<size_t>(l) * slots * n,
-        static_cast<float>(bias), static_cast<float>(cap), stamp.data_ptr<int>(), l);
+        pos.defined() ? pos.data_ptr<int>() + static_cast<size_t>(l) * n : nullptr, static_cast<float>(bias),
+        static_cast<float>(cap), stamp.data_ptr<int>(), l);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     std::swap(a, b);
   }
@@ -547,7 +561,9 @@ TORCH_LIBRARY(prunekit_spdnn, m) {
   m.def(
       "chain_packed(Tensor y, Tensor ell, float bias, float cap, Tensor? row_pos=None, Tensor? rows=None) -> "
       "(Tensor, Tensor)");
-  m.def("tiled(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap) -> (Tensor, Tensor)");
+  m.def(
+      "tiled(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap, Tensor? out_pos=None) -> (Tensor, "
+      "Tensor)");
   m.def("max_block_inputs(int n, int element_size=4, int buffers=2) -> int");
   m.def("tile_inputs() -> int");
 }
