@@ -4,8 +4,9 @@ The multi-GPU run (``prunekit.spdnn run --gpus G``, Hidayetoglu et al. 2020 sec.
 1/G of the 60000 inputs and reports the slowest rank. This script runs the same driver
 (``spdnn_cuda.infer_tiled``) on one GPU for the whole input set and for each share, and traces every launch of the
 chain schedule (layers, live inputs in and out, CUDA-event ms), so the part of the time that does not shrink with
-the share (per-layer launches over few live tiles, host round trips) can be read off. Each case runs twice: with the
-layers as built (output j in ELL column j) and after ``spdnn_cuda.tiled_output_order_`` (run.py's default). A diagnostic of our own driver;
+the share (per-layer launches over few live tiles, host round trips) can be read off. Each case runs three times: with
+the layers as built (output j in ELL column j), after ``spdnn_cuda.tiled_output_order_`` (run.py's default), and
+then with the ordered layers packed (``pack_ell``, 4 bytes per slot; opt-in ``$PRUNEKIT_SPDNN_TILED_PACK=1``). A diagnostic of our own driver;
 the scaling benchmark itself is ``benchmarks/spdnn.py --plan multi``.
 
     PYTHONPATH=src python benchmarks/spdnn_split.py --neurons 16384 --layers 1920 --shares 2 --json out.json
@@ -30,13 +31,13 @@ from prunekit.spdnn.run import build_ell, partition
 
 def timed(features: torch.Tensor, net: tuple, bias: float, repeats: int) -> tuple[float, list[float]]:
     """Median wall time (seconds, synchronized) of ``infer_tiled`` after one warm-up, and every timed run.
-    ``net``: ``(ell_idx, ell_val, out_pos or None)``."""
-    spdnn_cuda.infer_tiled(features, *net[:2], bias, SPDNN_RELU_CAP, net[2])
+    ``net``: ``(ell_idx, ell_val, out_pos or None, packed words or None)``."""
+    spdnn_cuda.infer_tiled(features, *net[:2], bias, SPDNN_RELU_CAP, net[2], packed=net[3])
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        spdnn_cuda.infer_tiled(features, *net[:2], bias, SPDNN_RELU_CAP, net[2])
+        spdnn_cuda.infer_tiled(features, *net[:2], bias, SPDNN_RELU_CAP, net[2], packed=net[3])
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2], times
@@ -46,7 +47,7 @@ def traced(features: torch.Tensor, net: tuple, bias: float) -> list[dict]:
     """One pass of the chain schedule with CUDA events around each launch: ``first``, ``last``, ``live_in``,
     ``live_out``, ``ms`` per launch."""
     trace: list[dict] = []
-    spdnn_cuda.infer_tiled(features, *net[:2], bias, SPDNN_RELU_CAP, net[2], trace=trace)
+    spdnn_cuda.infer_tiled(features, *net[:2], bias, SPDNN_RELU_CAP, net[2], trace=trace, packed=net[3])
     torch.cuda.synchronize()
     for t in trace:
         start, end = t.pop("events")
@@ -76,14 +77,21 @@ def main() -> None:
         (f"share {r}/{args.shares}", *partition(SPDNN_INPUTS, r, args.shares)) for r in range(args.shares)
     ]
     order_s = 0.0
-    for order in ("plain", "ordered"):
+    orders = ("plain", "ordered", "ordered+packed")
+    for order in orders:
         if order == "ordered":  # the same layers, outputs with equal inputs side by side (run.py's default)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             out_pos = spdnn_cuda.tiled_output_order_(ell_idx, ell_val)
             torch.cuda.synchronize()
             order_s = time.perf_counter() - t0
-        net = (ell_idx, ell_val, out_pos if order == "ordered" else None)
+        packed = None
+        if order == "ordered+packed":  # $PRUNEKIT_SPDNN_TILED_PACK=1: packed words over ell_idx (last: in place)
+            packed = spdnn_cuda.pack_ell(ell_idx, ell_val, out=ell_idx)
+            if packed is None:
+                print("the layers do not pack losslessly: no packed run")
+                break
+        net = (ell_idx, ell_val, out_pos if order != "plain" else None, packed)
         for name, lo, hi in cases:
             features = images.rows(lo, hi, device, torch.float32, 1 << 26)
             median, times = timed(features, net, bias, args.repeats)
@@ -102,8 +110,11 @@ def main() -> None:
         table.add_row(r["order"], r["case"], str(r["hi"] - r["lo"]), f"{r['inference_s']:.4f}",
                       str(len(r["launches"])), f"{ms:.1f}", str(survivors))  # fmt: skip
     Console().print(table)
-    for order in ("plain", "ordered"):
-        a, s = [r["launches"] for r in runs if r["order"] == order][:2]
+    for order in orders:
+        picked = [r["launches"] for r in runs if r["order"] == order][:2]
+        if len(picked) < 2:
+            continue
+        a, s = picked
         launches = Table(title=f"per launch, {order} outputs (all inputs | share 0)")
         for col in ("layers", "live in (all)", "ms (all)", "live in (share 0)", "ms (share 0)"):
             launches.add_column(col)

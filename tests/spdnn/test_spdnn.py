@@ -339,6 +339,10 @@ def test_pack_ell_stores_row_and_float16_weight_in_one_word_only_when_lossless(m
     monkeypatch.setattr(spdnn_cuda, "PACK_CHUNK_ENTRIES", 1)  # one layer per step: the same words
     assert torch.equal(pack_ell(idx, val), words)
     assert pack_ell(idx, nan) is None  # a bad weight in a later chunk
+    in_place = idx.clone()
+    assert pack_ell(in_place, nan, out=in_place) is None and torch.equal(in_place, idx)  # nothing written
+    assert pack_ell(in_place, val, out=in_place).data_ptr() == in_place.data_ptr()
+    assert torch.equal(in_place, words)  # the layers packed over their own indices
 
 
 @pytest.mark.cuda
@@ -688,12 +692,22 @@ def test_tiled_kernel_matches_float64_reference_on_cuda(neurons):
     assert torch.equal(spdnn_cuda.infer_tiled(features, idx, val, bias_for(neurons), 32.0), truth)
     assert torch.equal(spdnn_cuda.infer_fused(features, idx, val, bias_for(neurons), 32.0), truth)
     out_pos = spdnn_cuda.tiled_output_order_(idx, val)  # the same layers, outputs with equal inputs side by side
-    poisoned = torch.ops.prunekit_spdnn.tiled(features, idx[:3], val[:3], bias_for(neurons), 32.0, out_pos[:3])
-    torch.testing.assert_close(poisoned[0].double(), ref, rtol=1e-5, atol=1e-5)
-    assert torch.equal(poisoned[1].bool(), ref.any(dim=1))
+    # poison the op's two ping-pong buffers through the caching allocator: an output row out_pos misses would show
+    poison = [torch.full((-(-count // 16), neurons, 16), float("nan"), device="cuda") for _ in range(2)]
+    del poison
+    ordered = torch.ops.prunekit_spdnn.tiled(features, idx[:3], val[:3], bias_for(neurons), 32.0, out_pos[:3])
+    torch.testing.assert_close(ordered[0].double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ordered[1].bool(), ref.any(dim=1))
     assert torch.equal(spdnn_cuda.infer_tiled(features, idx, val, bias_for(neurons), 32.0, out_pos), truth)
     with pytest.raises(RuntimeError, match="out_pos must be"):
         torch.ops.prunekit_spdnn.tiled(features, idx[:3], val[:3], bias_for(neurons), 32.0, out_pos[:2])
+    words = spdnn_cuda.pack_ell(idx, val)  # relabelled challenge weights are 1/16: lossless
+    assert words is not None
+    packed = torch.ops.prunekit_spdnn.tiled_packed(features, words[:3], bias_for(neurons), 32.0, out_pos[:3])
+    assert torch.equal(packed[0], ordered[0]) and torch.equal(packed[1], ordered[1])  # the same sums, bit for bit
+    assert torch.equal(
+        spdnn_cuda.infer_tiled(features, idx, val, bias_for(neurons), 32.0, out_pos, packed=words), truth
+    )
 
 
 @pytest.mark.cuda

@@ -82,29 +82,32 @@ PACKED_MAX_NEURONS = 1 << 16  # a packed slot holds its input row in 16 bits
 PACK_CHUNK_ENTRIES = 1 << 24  # ELL slots per step of pack_ell
 
 
-def pack_ell(ell_idx: torch.Tensor, ell_val: torch.Tensor) -> torch.Tensor | None:
-    """The ELL layers as one 32-bit word per slot, for ``prunekit_spdnn::chain_packed``: the input row in the low 16
-    bits, the weight's float16 bits in the high 16. Half the bytes the chain kernel streams per layer (every block
-    reads the whole layer), and lossless: returns None unless every weight is exactly a float16 (as a float16 or
-    bfloat16-trained network's weights, or the challenge's 1/16 are) and N <= 65536.
+def pack_ell(ell_idx: torch.Tensor, ell_val: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The ELL layers as one 32-bit word per slot, for ``prunekit_spdnn::chain_packed`` and ``tiled_packed``: the input
+    row in the low 16 bits, the weight's float16 bits in the high 16. Half the bytes the kernels stream per layer
+    (every block reads the whole layer), and lossless: returns None unless every weight is exactly a float16 (as a
+    float16 or bfloat16-trained network's weights, or the challenge's 1/16 are) and N <= 65536.
 
     Args:
         ell_idx: ``(layers, slots, N)`` int32 rows in 0..N-1. ell_val: the same shape, float32.
+        out: where to write the words (``ell_idx`` itself packs in place: no second copy of the layers); None: a new
+            tensor. Nothing is written when the packing would not be lossless.
 
     Returns:
         ``(layers, slots, N)`` int32 words (bit patterns; the padding slots' (0, +0.0) pair is the word 0), or None.
     """
     if ell_idx.shape[-1] > PACKED_MAX_NEURONS or ell_val.dtype != torch.float32:
         return None
-    packed = torch.empty_like(ell_idx, dtype=torch.int32)
     step = max(1, PACK_CHUNK_ENTRIES // max(1, ell_idx[0].numel()))  # bounds the int64 temporaries
-    for lo in range(0, ell_idx.shape[0], step):
-        half = ell_val[lo : lo + step].to(torch.float16)
-        if not torch.equal(half.to(torch.float32), ell_val[lo : lo + step]):  # NaN, values that round: not lossless
+    chunks = [slice(lo, lo + step) for lo in range(0, ell_idx.shape[0], step)]
+    for part in chunks:  # every chunk first: a failed check must leave `out` untouched
+        if not torch.equal(ell_val[part].to(torch.float16).to(torch.float32), ell_val[part]):  # NaN, rounding
             return None
-        bits = half.view(torch.int16).to(torch.int64) & 0xFFFF
-        word = (ell_idx[lo : lo + step].to(torch.int64) & 0xFFFF) | (bits << 16)
-        packed[lo : lo + step] = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
+    packed = torch.empty_like(ell_idx, dtype=torch.int32) if out is None else out
+    for part in chunks:
+        bits = ell_val[part].to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+        word = (ell_idx[part].to(torch.int64) & 0xFFFF) | (bits << 16)
+        packed[part] = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
     return packed
 
 
@@ -183,28 +186,37 @@ def infer_tiled(
     cap: float,
     out_pos: torch.Tensor | None = None,
     trace: list[dict] | None = None,
+    packed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """As :func:`infer_fused` with the tiled kernel (any N; features in global memory). Batches of more than
     :data:`MAX_TILED_BATCH` inputs are run in pieces.
 
     Args:
-        out_pos: ``(layers, N)`` int32 or None: the output each ELL column computes (:func:`tiled_output_order`);
+        out_pos: ``(layers, N)`` int32 or None: the output each ELL column computes (:func:`tiled_output_order_`);
             None: column j computes output j.
         trace: passed to :func:`infer_chained`.
+        packed: :func:`pack_ell` of the same layers, or None: when given, ``prunekit_spdnn::tiled_packed`` streams it
+            instead of the (int32, float32) pairs (the same sums, bit for bit; ``ell_idx`` / ``ell_val`` are then
+            not read and may be the words themselves).
     """
     load()
+    op = torch.ops.prunekit_spdnn.tiled
+    if packed is not None:
+        ell_idx = ell_val = packed
+
+        def op(y, words, _same, bias, cap, *out_pos_part):
+            return torch.ops.prunekit_spdnn.tiled_packed(y, words, bias, cap, *out_pos_part)
+
     parts = []
     for lo in range(0, features.shape[0], MAX_TILED_BATCH):
         part = features[lo : lo + MAX_TILED_BATCH]
-        live = infer_chained(
-            torch.ops.prunekit_spdnn.tiled, part, ell_idx, ell_val, bias, cap, out_pos=out_pos, trace=trace
-        )
+        live = infer_chained(op, part, ell_idx, ell_val, bias, cap, out_pos=out_pos, trace=trace)
         parts.append(live + lo)
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
 OUTPUT_ORDER_ENV = "PRUNEKIT_SPDNN_OUTPUT_ORDER"  # "0": the tiled path keeps output j in ELL column j
-_SET_KEY_SEED = 20200917  # the multipliers of tiled_output_order's input-set key (any fixed seed)
+_SET_KEY_SEED = 20200917  # the multipliers of tiled_output_order_'s input-set key (any fixed seed)
 
 
 def tiled_output_order_(ell_idx: torch.Tensor, ell_val: torch.Tensor) -> torch.Tensor:
@@ -243,8 +255,17 @@ def tiled_output_order_(ell_idx: torch.Tensor, ell_val: torch.Tensor) -> torch.T
     return out_pos
 
 
+TILED_PACK_ENV = "PRUNEKIT_SPDNN_TILED_PACK"  # "1": the tiled path streams packed words (pack_ell); not yet timed
+
+
+def tiled_pack_enabled() -> bool:
+    """Whether the tiled path packs its layers (:func:`pack_ell`, in place) where that is lossless. Opt-in
+    (``$PRUNEKIT_SPDNN_TILED_PACK=1``) until it has been timed on a GPU (docs/SPDNN.md)."""
+    return os.environ.get(TILED_PACK_ENV, "0").strip() == "1"
+
+
 def output_order_enabled() -> bool:
-    """Whether the tiled path reorders outputs (:func:`tiled_output_order`); ``$PRUNEKIT_SPDNN_OUTPUT_ORDER=0``: no."""
+    """Whether the tiled path reorders outputs (:func:`tiled_output_order_`); ``$PRUNEKIT_SPDNN_OUTPUT_ORDER=0``: no."""
     return os.environ.get(OUTPUT_ORDER_ENV, "1").strip() not in ("0", "false", "False")
 
 
@@ -273,7 +294,7 @@ def infer_chained(
         row_pos: the chain op's ``(layers, N)`` shared-memory rows, passed on sliced like the layers.
         gathers: ``op`` takes ``row_pos`` and ``rows`` (the chain op): the live rows of the last output are passed as
             ``rows`` instead of copied out of it (a copy of the live features per chain, 0.1-0.2 ms at 60000 x 1024).
-        out_pos: the tiled op's ``(layers, N)`` output order (:func:`tiled_output_order`), passed on sliced like the
+        out_pos: the tiled op's ``(layers, N)`` output order (:func:`tiled_output_order_`), passed on sliced like the
             layers (without ``gathers``).
         one_layer: ``callable(live inputs) -> bool``, or None: launch one layer alone while it says so (the chain op
             holds more inputs per block with the one buffer of a one-layer launch at some N; :func:`infer_fused`).

@@ -459,6 +459,10 @@ def run_network(
             ell_idx, ell_val, total_nnz = build_ell(stream, layers, neurons, device, slot_order=False)
             if spdnn_cuda.output_order_enabled():
                 out_pos = spdnn_cuda.tiled_output_order_(ell_idx, ell_val)
+            if spdnn_cuda.tiled_pack_enabled():  # opt-in: the words overwrite ell_idx, the weights are freed
+                packed = spdnn_cuda.pack_ell(ell_idx, ell_val, out=ell_idx)
+                if packed is not None:
+                    ell_idx = ell_val = packed
     else:
         prepared, total_nnz = [], 0
         for layer in stream:
@@ -474,7 +478,7 @@ def run_network(
             if kernel == "fused":
                 live = spdnn_cuda.infer_fused(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP, row_pos, packed)
             elif kernel == "tiled":
-                live = spdnn_cuda.infer_tiled(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP, out_pos)
+                live = spdnn_cuda.infer_tiled(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP, out_pos, packed=packed)
             else:
                 live = _infer_reference(y, prepared, bias, step, layers)
             found.append(live + b_lo)

@@ -407,7 +407,7 @@ std::tuple<torch::Tensor, torch::Tensor> chain_packed(const torch::Tensor& y, co
 // per layer: block (x = 256 output neurons, y = tile) computes those outputs for the tile's BT inputs from the
 // layer's ELL (slot-major, coalesced); a general sparse layer, nothing assumed about its structure.
 // Output order: thread j of the layer computes output out_pos[j] (out_pos = null: output j), whose inputs are ELL
-// column j. Putting outputs with the same inputs next to each other (spdnn_cuda.tiled_output_order) makes the lanes
+// column j. Putting outputs with the same inputs next to each other (spdnn_cuda.tiled_output_order_) makes the lanes
 // of a warp gather the same feature rows at the same slot, so one 64-byte load serves them all.
 // Dead inputs: stamp[b] = number of layers after which input b was last non-zero. A block whose BT inputs all
 // have stamp < layer skips the layer (its buffers hold stale values that are never read again: a dead input
@@ -416,11 +416,13 @@ constexpr int kTiledThreads = 256;
 constexpr int kTileInputs = 16;
 constexpr int kTiledSlotBatch = 8;  // as kSlotBatch, for the tiled kernel
 
-template <int BT>
+// PACKED: ell_a holds the packed words (slot_row / slot_weight) and ell_b is unused; else ell_a the int32 rows and
+// ell_b the float32 weights' bits.
+template <int BT, bool PACKED>
 __global__ void __launch_bounds__(kTiledThreads) spdnn_tiled_layer_kernel(
     const float* __restrict__ x, float* __restrict__ x_next, int batch, int n, int slots,
-    const int* __restrict__ idx, const float* __restrict__ val, const int* __restrict__ out_pos, float bias, float cap,
-    int* stamp, int layer) {
+    const uint32_t* __restrict__ ell_a, const uint32_t* __restrict__ ell_b, const int* __restrict__ out_pos,
+    float bias, float cap, int* stamp, int layer) {
   static_assert(BT % 4 == 0 && BT <= 32, "BT: a multiple of 4, at most 32 (bit mask)");
   __shared__ int block_bits;
   const int t = blockIdx.y;
@@ -448,8 +450,11 @@ __global__ void __launch_bounds__(kTiledThreads) spdnn_tiled_layer_kernel(
 #pragma unroll
       for (int u = 0; u < kTiledSlotBatch; ++u) {
         const bool in = k0 + u < slots;
-        ii[u] = in ? __ldg(idx + static_cast<size_t>(k0 + u) * n + j) : 0;
-        ww[u] = in ? __ldg(val + static_cast<size_t>(k0 + u) * n + j) : 0.f;
+        const size_t at = static_cast<size_t>(k0 + u) * n + j;
+        const uint32_t a = in ? __ldg(ell_a + at) : 0u;
+        const uint32_t b = in && !PACKED ? __ldg(ell_b + at) : 0u;
+        ii[u] = slot_row<PACKED>(a);
+        ww[u] = slot_weight<PACKED>(a, b);
       }
 #pragma unroll
       for (int q = 0; q < BT / 4; ++q) {
@@ -493,10 +498,13 @@ __global__ void __launch_bounds__(kTiledThreads) spdnn_tiled_layer_kernel(
   }
 }
 
-std::tuple<torch::Tensor, torch::Tensor> tiled(const torch::Tensor& y, const torch::Tensor& ell_idx,
-                                               const torch::Tensor& ell_val, double bias, double cap,
-                                               const c10::optional<torch::Tensor>& out_pos) {
-  check_chain_inputs(y, ell_idx, ell_val);
+// ell_val undefined: ell_idx holds packed words (tiled_packed).
+std::tuple<torch::Tensor, torch::Tensor> tiled_impl(const torch::Tensor& y, const torch::Tensor& ell_idx,
+                                                    const torch::Tensor& ell_val, double bias, double cap,
+                                                    const c10::optional<torch::Tensor>& out_pos) {
+  const bool packed = !ell_val.defined();
+  check_chain_inputs(y, ell_idx, packed ? ell_idx.view(torch::kFloat) : ell_val);
+  TORCH_CHECK(!packed || y.size(1) <= 65536, "packed ELL layers address at most 65536 input rows");
   TORCH_CHECK(ell_idx.size(0) >= 1, "tiled: give at least one layer");
   torch::Tensor pos;
   if (out_pos.has_value()) {
@@ -509,7 +517,7 @@ std::tuple<torch::Tensor, torch::Tensor> tiled(const torch::Tensor& y, const tor
   const c10::cuda::CUDAGuard guard(y.device());
   auto yc = y.contiguous();
   auto idx = ell_idx.contiguous();
-  auto val = ell_val.contiguous();
+  auto val = packed ? torch::Tensor() : ell_val.contiguous();
   const int64_t batch = yc.size(0), n = yc.size(1);
   const int layers = static_cast<int>(idx.size(0)), slots = static_cast<int>(idx.size(1));
   TORCH_CHECK(n * BT < (int64_t{1} << 31) && batch < (int64_t{1} << 31), "tiled: N or the batch is too large");
@@ -532,11 +540,19 @@ std::tuple<torch::Tensor, torch::Tensor> tiled(const torch::Tensor& y, const tor
   const dim3 grid(static_cast<unsigned>((n + kTiledThreads - 1) / kTiledThreads), static_cast<unsigned>(tiles));
   auto stream = c10::cuda::getCurrentCUDAStream();
   for (int l = 0; l < layers; ++l) {
-    spdnn_tiled_layer_kernel<BT><<<grid, kTiledThreads, 0, stream>>>(
-        a.data_ptr<float>(), b.data_ptr<float>(), static_cast<int>(batch), static_cast<int>(n), slots,
-        idx.data_ptr<int>() + static_cast<size_t>(l) * slots * n, val.data_ptr<float>() + static_cast<size_t>(l) * slots * n,
-        pos.defined() ? pos.data_ptr<int>() + static_cast<size_t>(l) * n : nullptr, static_cast<float>(bias),
-        static_cast<float>(cap), stamp.data_ptr<int>(), l);
+    const size_t layer_at = static_cast<size_t>(l) * slots * n;
+    const auto* ell_a = reinterpret_cast<const uint32_t*>(idx.data_ptr<int>()) + layer_at;
+    const int* pos_l = pos.defined() ? pos.data_ptr<int>() + static_cast<size_t>(l) * n : nullptr;
+    if (packed) {
+      spdnn_tiled_layer_kernel<BT, true><<<grid, kTiledThreads, 0, stream>>>(
+          a.data_ptr<float>(), b.data_ptr<float>(), static_cast<int>(batch), static_cast<int>(n), slots, ell_a,
+          nullptr, pos_l, static_cast<float>(bias), static_cast<float>(cap), stamp.data_ptr<int>(), l);
+    } else {
+      const auto* ell_b = reinterpret_cast<const uint32_t*>(val.data_ptr<float>()) + layer_at;
+      spdnn_tiled_layer_kernel<BT, false><<<grid, kTiledThreads, 0, stream>>>(
+          a.data_ptr<float>(), b.data_ptr<float>(), static_cast<int>(batch), static_cast<int>(n), slots, ell_a,
+          ell_b, pos_l, static_cast<float>(bias), static_cast<float>(cap), stamp.data_ptr<int>(), l);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     std::swap(a, b);
   }
@@ -548,6 +564,19 @@ std::tuple<torch::Tensor, torch::Tensor> tiled(const torch::Tensor& y, const tor
   out = out.narrow(0, 0, batch);
   out.masked_fill_(alive.eq(0).unsqueeze(1), 0.f);  // dead inputs of skipped tiles hold stale values
   return {out, alive};
+}
+
+std::tuple<torch::Tensor, torch::Tensor> tiled(const torch::Tensor& y, const torch::Tensor& ell_idx,
+                                               const torch::Tensor& ell_val, double bias, double cap,
+                                               const c10::optional<torch::Tensor>& out_pos) {
+  TORCH_CHECK(ell_val.defined(), "ell_val must be a tensor");
+  return tiled_impl(y, ell_idx, ell_val, bias, cap, out_pos);
+}
+
+// ell (layers, slots, N) int32 words (spdnn_cuda.pack_ell): half the bytes every tile streams per layer.
+std::tuple<torch::Tensor, torch::Tensor> tiled_packed(const torch::Tensor& y, const torch::Tensor& ell, double bias,
+                                                      double cap, const c10::optional<torch::Tensor>& out_pos) {
+  return tiled_impl(y, ell, torch::Tensor(), bias, cap, out_pos);
 }
 
 int64_t tile_inputs() { return kTileInputs; }
@@ -564,6 +593,7 @@ TORCH_LIBRARY(prunekit_spdnn, m) {
   m.def(
       "tiled(Tensor y, Tensor ell_idx, Tensor ell_val, float bias, float cap, Tensor? out_pos=None) -> (Tensor, "
       "Tensor)");
+  m.def("tiled_packed(Tensor y, Tensor ell, float bias, float cap, Tensor? out_pos=None) -> (Tensor, Tensor)");
   m.def("max_block_inputs(int n, int element_size=4, int buffers=2) -> int");
   m.def("tile_inputs() -> int");
 }
@@ -572,6 +602,7 @@ TORCH_LIBRARY_IMPL(prunekit_spdnn, CUDA, m) {
   m.impl("chain", &chain);
   m.impl("chain_packed", &chain_packed);
   m.impl("tiled", &tiled);
+  m.impl("tiled_packed", &tiled_packed);
 }
 
 TORCH_LIBRARY_IMPL(prunekit_spdnn, CompositeExplicitAutograd, m) {
