@@ -9,9 +9,9 @@
 #                                        carried, never committed), run it and ours on the same N=1024 files
 #                                        (writes the files first: 1920 TSV layers + binary copy; if the call runs out
 #                                        of time, call it again on the still-warm machine: finished steps are kept)
-#   bash scripts/gpu_spdnn.sh multi      (nvidia-h100-x2) two GPUs vs one on N=16384 and 65536 x 1920
-#   bash scripts/gpu_spdnn.sh split      one GPU: the tiled driver on all inputs vs each half, as built and with the
-#                                        output order, per-launch trace (N=16384 x 1920 and 65536 x 480)
+#   bash scripts/gpu_spdnn.sh multi      (nvidia-h100-x2) two GPUs vs one on N=16384 x 1920 and 65536 x 480
+#   bash scripts/gpu_spdnn.sh split      one GPU: the tiled driver on all inputs vs each half, as built, with the
+#                                        output order and packed, per-launch trace (N=16384 x 1920 and 65536 x 480)
 #   bash scripts/gpu_spdnn.sh quick      tests, then per-launch + driver wall times at N=1024 x 120 (official, relabelled)
 #   bash scripts/gpu_spdnn.sh profile    per-launch times of the chain kernel, official vs relabelled N=1024, + ncu
 #   bash scripts/gpu_spdnn.sh debug      float64 truth on the CPU vs on the GPU vs the fused kernel, N=4096 x 120
