@@ -16,7 +16,7 @@ import torch
 
 from prunekit import formats
 from prunekit.deploy.runtime.sparse_linear import SparseLinear
-from prunekit.kernels import build, gpu, ops
+from prunekit.kernels import build, gpu, ops, reference
 from prunekit.kernels.layout import new_spmm_output
 from prunekit.kernels.testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, spmm_reference64
 
@@ -171,22 +171,33 @@ def test_sparse_linear_csr_on_cpu_stays_differentiable(cpp_on):
 def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatch):
     """The eager branch's cache, exercised on the CPU: with the decision forced to None (the Python path), the layer
     asks once per (x dtype, weight dtype, gpu.eager_size_class(N)), never for an input that needs a gradient, and
-    computes through the custom op."""
+    calls the op's CUDA implementation (gpu.spmm_csr, stood in for by the reference here) directly, skipping the
+    custom-op dispatch; an input that needs a gradient goes through the differentiable custom op."""
     from prunekit.deploy.runtime import sparse_linear
 
-    asked = []
+    asked, launched = [], []
 
     def decide(values, x, variant="auto"):
         asked.append((x.dtype, x.shape[1]))
         return None
 
+    def launcher(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none"):
+        launched.append(x.shape[1])
+        return reference.spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+
     monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda xt: True)
     monkeypatch.setattr(gpu, "eager_spmm_variant", decide)
+    monkeypatch.setattr(gpu, "spmm_csr", launcher)
     dense, bias, layer = _csr_layer(dtype=torch.float32)
     for tokens in (1, 3, gpu.TC_MIN_N, gpu.TC_MIN_N + 7, 2, 12, 16):
-        y = layer(torch.randn(tokens, 40))
+        x = torch.randn(tokens, 40)
+        y = layer(x)
         assert y.shape == (tokens, 48)
-    layer(torch.randn(4, 40, requires_grad=True)).sum().backward()
+        torch.testing.assert_close(y, x @ dense.t() + bias, rtol=1e-5, atol=1e-5)
+    assert launched == [1, 3, gpu.TC_MIN_N, gpu.TC_MIN_N + 7, 2, 12, 16]
+    x = torch.randn(4, 40, requires_grad=True)
+    layer(x).sum().backward()
+    assert launched[-1] == 16 and x.grad is not None  # the custom op's autograd, not the launcher
     assert asked == [(torch.float32, 1), (torch.float32, gpu.TC_MIN_N), (torch.float32, 12)]
     f32 = torch.float32
     assert list(layer._eager_plans) == [(f32, f32, 0), (f32, f32, 3), (f32, f32, 1)]

@@ -8,7 +8,9 @@ kernels), as ``Y^T = W @ X^T`` on a transposed view. Storage-only formats (``bit
 Eager calls on CUDA skip the custom-op layers: BSR and 2:4 layers call one C++ operator each
 (``prunekit_structured::bsr_mm``, ``prunekit_cslt::linear``) that allocates the output and launches
 the kernel, with the per-layer decisions (kernel or reference, variant, output layout) made on the
-first call and cached per dtype; traced, compiled and CPU calls go through the custom ops.
+first call and cached per dtype. CSR layers call the C++ entry ``prunekit_ext::spmm_csr_auto`` where
+``gpu.eager_spmm_variant`` allows, else the op's CUDA implementation ``gpu.spmm_csr`` directly. Traced,
+compiled and CPU calls, and inputs that need a gradient, go through the custom ops.
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
                 False,
                 code,
             )
+        # No C++ entry for this call (a tensor-core plan, or the entry off): the op's CUDA implementation, called
+        # directly, skips the custom-op dispatch (29.9 against 18.5 us per call on the H100 host, docs/PERFORMANCE.md).
+        return gpu.spmm_csr(
+            values,
+            buffers["w_row_offsets"],
+            buffers["w_column_indices"],
+            buffers["w_row_indices"],
+            xt,
+            layer.out_features,
+            layer.bias,
+        )
     c = layer.component
     return ops.spmm_csr(
         c("values"), c("row_offsets"), c("column_indices"), c("row_indices"), xt, layer.out_features, layer.bias
