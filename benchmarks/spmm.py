@@ -44,6 +44,8 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
+from prunekit import formats
+from prunekit.deploy.runtime.sparse_linear import SparseLinear
 from prunekit.kernels import build, gpu, ops
 from prunekit.kernels.spmm_scatter_plan import get_scatter_plan
 from prunekit.kernels.spmm_tc_plan import build_tc_plan
@@ -279,7 +281,9 @@ def bench_overhead(dtype_name: str = "float16") -> list:
     """Per-call eager time of each layer of the call path on a tiny problem (device time negligible): host overhead."""
     dtype = getattr(torch, dtype_name)
     m = k = 256
-    csr = encode_csr(random_sparse_weight(m, k, 0.9, dtype, "cuda"))
+    w_sparse = random_sparse_weight(m, k, 0.9, dtype, "cuda")
+    csr = encode_csr(w_sparse)
+    layer = SparseLinear(formats.encode("csr", w_sparse.cpu()), None).to("cuda")  # the runtime's layer
     x2d = torch.randn(1, k, device="cuda").to(dtype)
     x = x2d.t()
     y = torch.empty(m, 1, dtype=dtype, device="cuda")
@@ -296,6 +300,7 @@ def bench_overhead(dtype_name: str = "float16") -> list:
             *args[:5], y, None, False, plan.subwarp, plan.ntile, plan.stage_x
         ),
         "torch.ops.prunekit_ext.spmm_csr_auto (C++ eager entry, allocates Y)": lambda: entry(*args, None, False, 0),
+        "SparseLinear (runtime layer, x (1, K))": lambda: layer(x2d),
         "F.linear (dense cuBLAS, same shape)": lambda: F.linear(x2d, w),
     }
     return [
