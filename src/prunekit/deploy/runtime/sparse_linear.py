@@ -24,8 +24,8 @@ from ...kernels import gpu, ops, structured
 
 
 def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
-    # Eager CUDA inference: one C++ operator call (prunekit_ext::spmm_csr_auto) when gpu.eager_spmm_variant allows;
-    # an input that needs a gradient keeps the differentiable custom op.
+    # Eager CUDA inference: one C++ operator call (prunekit_ext::spmm_csr_auto) when gpu.eager_spmm_variant allows,
+    # else gpu.spmm_csr; an input that needs a gradient keeps the differentiable custom op.
     if _eager_cuda(xt) and not (xt.requires_grad and torch.is_grad_enabled()):
         buffers = layer._buffers
         values = buffers["w_values"]
@@ -34,21 +34,7 @@ def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
         code = layer._eager_plans.get(key, _UNSET)
         if code is _UNSET:
             code = layer._eager_plans[key] = gpu.eager_spmm_variant(values, xt)
-        if code is not None:
-            return torch.ops.prunekit_ext.spmm_csr_auto.default(
-                values,
-                buffers["w_row_offsets"],
-                buffers["w_column_indices"],
-                buffers["w_row_indices"],
-                xt,
-                layer.out_features,
-                layer.bias,
-                False,
-                code,
-            )
-        # No C++ entry for this call (a tensor-core plan, or the entry off): the op's CUDA implementation, called
-        # directly, skips the custom-op dispatch (29.9 against 18.5 us per call on the H100 host, docs/PERFORMANCE.md).
-        return gpu.spmm_csr(
+        args = (
             values,
             buffers["w_row_offsets"],
             buffers["w_column_indices"],
@@ -57,6 +43,11 @@ def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
             layer.out_features,
             layer.bias,
         )
+        if code is not None:
+            return torch.ops.prunekit_ext.spmm_csr_auto.default(*args, False, code)
+        # No C++ entry for this call (a tensor-core plan, or the entry off): the op's CUDA implementation, called
+        # directly, skips the custom-op dispatch (29.9 against 18.5 us per call on the H100 host, docs/PERFORMANCE.md).
+        return gpu.spmm_csr(*args)
     c = layer.component
     return ops.spmm_csr(
         c("values"), c("row_offsets"), c("column_indices"), c("row_indices"), xt, layer.out_features, layer.bias
