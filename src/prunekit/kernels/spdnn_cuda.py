@@ -244,7 +244,8 @@ def tiled_output_order_(ell_idx: torch.Tensor, ell_val: torch.Tensor) -> torch.T
     for lo in range(0, layers, step):
         part = slice(lo, lo + step)
         idx, val = ell_idx[part], ell_val[part]
-        sort_key = torch.where(val != 0, idx.long(), idx.long() + n)  # padding slots sort last
+        rows = idx.long()
+        sort_key = torch.where(val != 0, rows, rows + n)  # padding slots sort last
         sort_key, order = sort_key.sort(dim=1, stable=True)
         set_key = (sort_key * mult[None, :, None]).sum(dim=1)  # (chunk, N); < 2^31 * 2N * slots: no overflow
         perm = set_key.argsort(dim=1, stable=True)
