@@ -88,9 +88,9 @@ SCATTER_KR_ENV = "PRUNEKIT_SCATTER_KR"
 # 4096 x 4096 and 11008 x 4096, N = 16, 80 / 90%) was fastest at 4 on both shapes; 11008 x 4096 took 11 before
 # (42.2 / 37.4 us at 4 against 45.8 / 38.4 at 12).
 SCATTER_KR_CAP = 4
-# Rows per strip of the scatter kernel: 8 (measured, the default) or 16 ($PRUNEKIT_SCATTER_ROWS=16: the strip is the
-# mma's m operand; compiled and checked on the CPU by the lane replay of tests/kernels/test_spmm_scatter.py, not yet run
-# on a GPU).
+# Rows per strip of the scatter kernel: 8 (the default) or 16 ($PRUNEKIT_SCATTER_ROWS=16: the strip is the mma's m
+# operand). 16 passed the H100 tests but was slower at most decode points, by up to 1.6x
+# (spmm-scatter16-h100-2026-11-25-s8.json against spmm-scatter-h100-2026-11-25-s8.json; docs/KERNELS.md).
 SCATTER_ROWS_ENV = "PRUNEKIT_SCATTER_ROWS"
 SCATTER_MAX_KR_GROUPS = 12  # = kScMaxKrGroups in spmm_scatter.cu (shared memory: 4 KB of X per group)
 # Largest N sent to the rowwarp kernel by "auto". Measured on the H100 (benchmarks/results/spmm-variants-h100-*.json):

@@ -2,8 +2,8 @@
 
 The sparse weight ``A (M, K)`` is cut into *strips* of :data:`STRIP_ROWS` = 8 rows (the ``n = 8`` operand of
 ``mma.sync.m16n8k16``; the N <= 16 tokens are the ``m = 16`` operand) and *groups* of :data:`GROUP_COLS` = 128
-columns. ``strip_rows=16`` (opt-in, not yet run on a GPU) makes the strip the ``m = 16`` operand instead, read with
-``ldmatrix.x4`` as A fragments, and the tokens the ``n = 8`` operand (two mma per k-step for N > 8): half the X
+columns. ``strip_rows=16`` (opt-in; slower than 8 at most decode points on the H100, docs/KERNELS.md) makes the
+strip the ``m = 16`` operand instead, read with ``ldmatrix.x4`` as A fragments, and the tokens the ``n = 8`` operand (two mma per k-step for N > 8): half the X
 fragment loads and half the tile flushes per weight. Every stored non-zero becomes one 32-bit *record*: its value's 16 bits (fp16 or bf16) in the low half and,
 in the high half, its position in the group's dense 8 x 128 tile as the kernel lays that tile out in shared memory
 (:func:`tile_position`). Records are sorted by (strip, group), and ``group_offsets`` gives each (strip, group)'s

@@ -27,9 +27,9 @@
 // per group, a quarter of them bank conflicts of the X copy and of the scatter; hence the conflict-free copy, the
 // 8-byte X loads for N <= 8 and the bank-round-robin record order of the plan.
 //
-// ROWS = 16 (opt-in, $PRUNEKIT_SCATTER_ROWS=16, not yet run on a GPU): strips of 16 rows, the tile read with
-// ldmatrix.x4 as the mma's A operand (rows 0-7 / 8-15 at column groups 2t, 2t + 1) and the staged X items as its
-// B operands (tokens 0-7, and 8-15 for N > 8): half the X loads and flushes per weight.
+// ROWS = 16 (opt-in, $PRUNEKIT_SCATTER_ROWS=16; passed the H100 tests, slower than 8 at most decode points): strips
+// of 16 rows, the tile read with ldmatrix.x4 as the mma's A operand (rows 0-7 / 8-15 at column groups 2t, 2t + 1)
+// and the staged X items as its B operands (tokens 0-7, and 8-15 for N > 8): half the X loads and flushes per weight.
 //
 // Sources: the tile format follows the "load as sparse, compute as dense" idea of Flash-LLM (Xia et al., VLDB 2024)
 // and the bitmap-per-tile SpInfer (Fan et al., EuroSys 2025); this kernel's records and scatter are prunekit's own.
