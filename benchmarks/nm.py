@@ -6,9 +6,11 @@ matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user 
 
 - prunekit: ``structured.nm_mm_cuda(values, metadata, x2d.t(), 2, 4, bits, output=...)`` on the stored ``nm``
   format through prunekit's own cuSPARSELt binding (weight compressed and plan built once; C++ entry
-  ``prunekit_cslt::linear``), in both output layouts in the same run: ``prunekit_row_*`` (cuSPARSELt writes a
+  ``prunekit_cslt::linear``, ``backend="cslt"``), in both output layouts in the same run: ``prunekit_row_*`` (cuSPARSELt writes a
   row-major (M, N), then the layout rule's transposing copy) and ``prunekit_col_*`` (column-major Y written
   directly); ``prunekit_*`` (no suffix) is the default layout (``structured.cslt_output()``, in the JSON's meta);
+  ``prunekit_decode_*`` (N <= 16) prunekit's own 2:4 decode kernel (``kernels/nm24.py``, ``backend="decode"``), which
+  ``backend="auto"`` takes at N <= 16 (``default_path`` in each row; ``prunekit_*`` without suffix follows it);
   ``prunekit_torchpath_*`` the same with ``backend="torch"`` (``torch._cslt_sparse_mm``, plan set up per call; its
   eager time, ~0.25 s a call on the H100, only with ``--torch-path-eager``); ``prunekit_op_eager_ms`` the custom op
   ``prunekit::nm_mm`` (the path under torch.compile); ``layer_*`` ``SparseLinear.forward`` eager as in
@@ -43,7 +45,7 @@ from bsr import L2_BYTES, eager_time, graph_time, host_time_us, relative_error, 
 
 from prunekit import formats  # noqa: E402
 from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
-from prunekit.kernels import ops, structured  # noqa: E402
+from prunekit.kernels import nm24, ops, structured  # noqa: E402
 
 POINTS = [
     (16384, 16384, 8192),
@@ -88,7 +90,13 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
 
     def ours(s, output=None):
         w, c, bits, x2d = s
-        return lambda: structured.nm_mm_cuda(c["values"], c["metadata"], x2d.t(), 2, 4, bits, output=output)
+        return lambda: structured.nm_mm_cuda(
+            c["values"], c["metadata"], x2d.t(), 2, 4, bits, backend="cslt", output=output
+        )
+
+    def ours_decode(s):
+        w, c, bits, x2d = s
+        return lambda: structured.nm_mm_cuda(c["values"], c["metadata"], x2d.t(), 2, 4, bits, backend="decode")
 
     def ours_torch(s):
         w, c, bits, x2d = s
@@ -105,8 +113,15 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
     w0, _, _, x0 = sets[0]
     ref = F.linear(x0.float(), w0.float()).t()
     res["output_default"] = structured.cslt_output()
+    decode = n <= nm24.MAX_N and nm24.available()
+    res["default_path"] = "decode" if decode else res["output_default"]  # what backend="auto" runs at this point
     for output in ("row", "col"):
         res[f"prunekit_{output}_err"] = relative_error(ours(sets[0], output)(), ref)
+    if decode:
+        res["prunekit_decode_err"] = relative_error(ours_decode(sets[0])(), ref)
+        plan = nm24.get_plan(sets[0][1]["values"], sets[0][1]["metadata"], sets[0][2], k)
+        res["decode_plan_bytes"] = plan.vals.nbytes + plan.meta.nbytes
+        res["decode_chunk"] = plan.chunk
     compress_before = structured.compress_calls
     res["prunekit_torchpath_err"] = relative_error(ours_torch(sets[0])(), ref)
     contenders = [
@@ -114,14 +129,14 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
         ("prunekit_col", lambda s: ours(s, "col"), True),
         ("prunekit_torchpath", ours_torch, args.torch_path_eager),
         ("dense", dense, True),
-    ]
+    ] + ([("prunekit_decode", ours_decode, True)] if decode else [])
     for name, make, eager in contenders:
         calls = [make(s) for s in sets]
         res[f"{name}_gpu_ms"] = graph_time(calls)
         if eager:
             res[f"{name}_eager_ms"] = eager_time(calls)
     for key in ("gpu_ms", "eager_ms", "err"):
-        res[f"prunekit_{key}"] = res[f"prunekit_{res['output_default']}_{key}"]
+        res[f"prunekit_{key}"] = res[f"prunekit_{res['default_path']}_{key}"]
     res["prunekit_op_eager_ms"] = eager_time([ours_op(s) for s in sets])
     layers = [(SparseLinear(e), s[3]) for e, s in zip(encs, sets, strict=True)]
     layer_calls = [lambda layer=layer, x=x: layer(x) for layer, x in layers]
@@ -145,7 +160,10 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
         res["torch24_gpu_ms"] = graph_time(calls)
     except Exception as exc:  # record why the baseline could not run at this point
         res["torch24_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    for output in ("row", "col"):
+    if decode:  # bytes the kernel must move at least: its weight copy, X and Y once
+        moved = res["decode_plan_bytes"] + (k * n + m * n) * torch.finfo(dtype).bits // 8
+        res["decode_gbs"] = moved / (res["prunekit_decode_gpu_ms"] * 1e-3) / 1e9
+    for output in ("row", "col") + (("decode",) if decode else ()):
         res[f"speedup_{output}_gpu"] = res["dense_gpu_ms"] / res[f"prunekit_{output}_gpu_ms"]
         res[f"speedup_{output}_eager"] = res["dense_eager_ms"] / res[f"prunekit_{output}_eager_ms"]
     res["speedup_gpu"] = res["dense_gpu_ms"] / res["prunekit_gpu_ms"]
@@ -162,17 +180,32 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
 def table(results: list[dict]) -> Table:
     t = Table(title="prunekit nm_mm (2:4) vs cuBLAS dense and torch semi-structured (speedups vs dense, same run)")
     for col in ("dtype", "M x K", "N", "row ms", "row x (graph)", "row x (eager)", "col ms", "col x (graph)",
-                "layer ovh us", "host us", "torch x (graph)", "torch x (eager)", "err row/col"):  # fmt: skip
+                "decode ms", "decode x (graph / eager)", "layer ovh us", "host us", "torch x (graph)",
+                "torch x (eager)", "err row/col"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in results:
         t.add_row(
             r["dtype"], f"{r['m']}x{r['k']}", str(r["n"]), f"{r['prunekit_row_gpu_ms']:.3f}",
             f"{r['speedup_row_gpu']:.2f}", f"{r['speedup_row_eager']:.2f}", f"{r['prunekit_col_gpu_ms']:.3f}",
-            f"{r['speedup_col_gpu']:.2f}", f"{r['layer_eager_overhead_us']:.1f}", f"{r['layer_host_us']:.1f}",
+            f"{r['speedup_col_gpu']:.2f}", *_decode_cells(r), f"{r['layer_eager_overhead_us']:.1f}",
+            f"{r['layer_host_us']:.1f}",
             f"{r.get('torch24_speedup_gpu', float('nan')):.2f}", f"{r.get('torch24_speedup_eager', float('nan')):.2f}",
             f"{r['prunekit_row_err']:.1e}/{r['prunekit_col_err']:.1e}",
         )  # fmt: skip
     return t
+
+
+def _decode_cells(r: dict) -> tuple[str, str]:
+    if "prunekit_decode_gpu_ms" not in r:
+        return "-", "-"
+    return (
+        f"{r['prunekit_decode_gpu_ms'] * 1e3:.1f} us",
+        f"{r['speedup_decode_gpu']:.2f} / {r['speedup_decode_eager']:.2f}",
+    )
+
+
+def _gbs(r: dict) -> str:
+    return f" / {r['decode_gbs']:.0f}" if "decode_gbs" in r else ""
 
 
 def _t24(r: dict) -> str:
@@ -202,15 +235,17 @@ def markdown(path: Path) -> str:
         return "\n".join(lines)
     lines += [
         "| dtype | M x K | N | dense ms (graph) | row-major out: ms (graph) / x dense (graph / eager) | "
-        "col-major out: ms (graph) / x dense (graph / eager) | layer: wall - kernel us / host us per call | "
-        "torch 2:4 x dense (graph / eager) | compressions while timing | rel. err row / col |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "col-major out: ms (graph) / x dense (graph / eager) | decode kernel: us (graph) / x dense (graph / eager) "
+        "/ GB/s | layer: wall - kernel us / host us per call | torch 2:4 x dense (graph / eager) | "
+        "compressions while timing | rel. err row / col |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
         lines.append(
             f"| {r['dtype']} | {r['m']}x{r['k']} | {r['n']} | {r['dense_gpu_ms']:.3f} | "
             f"{r['prunekit_row_gpu_ms']:.3f} / {r['speedup_row_gpu']:.2f} / {r['speedup_row_eager']:.2f} | "
             f"{r['prunekit_col_gpu_ms']:.3f} / {r['speedup_col_gpu']:.2f} / {r['speedup_col_eager']:.2f} | "
+            f"{' / '.join(_decode_cells(r))}{_gbs(r)} | "
             f"{r['layer_eager_overhead_us']:.1f} / {r['layer_host_us']:.1f} | {_t24(r)} | "
             f"{r.get('compressions_while_timing', '-')} | {r['prunekit_row_err']:.1e} / {r['prunekit_col_err']:.1e} |"
         )
@@ -260,7 +295,7 @@ def main() -> None:
             console.print(
                 f"{dtype_name} {m}x{k} N={n}: row {res['prunekit_row_gpu_ms']:.3f} ms "
                 f"({res['speedup_row_gpu']:.2f}x dense), col {res['prunekit_col_gpu_ms']:.3f} ms "
-                f"({res['speedup_col_gpu']:.2f}x), layer overhead {res['layer_eager_overhead_us']:.1f} us, torch 2:4 "
+                f"({res['speedup_col_gpu']:.2f}x), decode {' / '.join(_decode_cells(res))}, layer overhead {res['layer_eager_overhead_us']:.1f} us, torch 2:4 "
                 f"{res.get('torch24_speedup_gpu', float('nan')):.2f}x/{res.get('torch24_speedup_eager', float('nan')):.2f}x"
             )
             args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,9 @@
 #                                          # host time per call of each layer of the eager paths
 #   scripts/gpu_structured.sh bsr [args]   # benchmarks/bsr.py (quick grid, --time-limit-s 420 unless given)
 #   scripts/gpu_structured.sh nm [args]    # benchmarks/nm.py (all points, --time-limit-s 420 unless given)
+#   scripts/gpu_structured.sh nm24 [args]  # the 2:4 decode kernel (kernels/nm24.py) alone: build it and the cuSPARSELt
+#                                          # binding (not the BSR library), its tests and test_nm_mm.py, memcheck of
+#                                          # small decode cases, then benchmarks/nm.py at the decode points (5,6,7,8)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -176,11 +179,48 @@ bench_nm() {
   echo "nm benchmark exit code $?"; tail -30 "$OUT/bench_nm.log"
 }
 
+nm24() {
+  step build nm24 + cuSPARSELt binding
+  timeout 300 python3 -c "
+import time, torch
+from prunekit.kernels import nm24, structured
+t = time.time(); print(nm24.load(verbose=False), f'{time.time() - t:.1f}s')
+t = time.time(); structured.load_cslt(); print('cuSPARSELt binding', f'{time.time() - t:.1f}s')
+" > "$OUT/build_nm24.log" 2>&1 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
+  tail -2 "$OUT/build_nm24.log"
+  step nm24 tests
+  timeout 240 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -rs tests/kernels/test_nm24_decode.py \
+    tests/kernels/test_nm_mm.py > "$OUT/tests_nm24.log" 2>&1
+  echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests_nm24.log" | tail -3
+  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests_nm24.log" | head -20
+  step compute-sanitizer memcheck nm24
+  cat > /tmp/sanitize_nm24.py <<'PY'
+import sys, torch
+sys.path.insert(0, "tests/kernels")
+from test_nm24_decode import _cuda24, _run_mm
+from prunekit.kernels import nm24
+for m, k, n in ((37, 132, 5), (64, 4096, 16), (300, 1000, 9)):
+    dense, values, metadata, bits = _cuda24(m, k, torch.float16, 1)
+    plan = nm24.get_plan(values, metadata, bits, k)
+    x = torch.randn(n, k, device="cuda").half().t()
+    _run_mm(plan, x, torch.randn(m, device="cuda").half(), True, "t")
+print("sanitize run done")
+PY
+  timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 python3 /tmp/sanitize_nm24.py > "$OUT/memcheck_nm24.log" 2>&1
+  echo "memcheck exit code $?"; tail -3 "$OUT/memcheck_nm24.log"
+  timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 python3 /tmp/sanitize_nm24.py > "$OUT/racecheck_nm24.log" 2>&1
+  echo "racecheck exit code $?"; tail -3 "$OUT/racecheck_nm24.log"
+  local extra=()
+  has_arg --points "$@" || extra=(--points 5,6,7,8)
+  bench_nm "${extra[@]}" "$@"
+}
+
 case $MODE in
   build-test) build; build_test ;;
+  nm24) nm24 "$@" ;;
   bsr) build; bench_bsr "$@" ;;
   nm) build; bench_nm "$@" ;;
   all) build; build_test; bench_bsr "$@"; bench_nm ;;
-  *) echo "usage: $0 build-test|bsr|nm|all [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: $0 build-test|bsr|nm|nm24|all [benchmark args]" >&2; exit 2 ;;
 esac
 step done

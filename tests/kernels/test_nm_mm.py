@@ -52,11 +52,11 @@ NM_CUDA_SHAPES = [(128, 256, 1), (256, 512, 16), (64, 128, 37), (512, 256, 300)]
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize(("backend", "output"), [("auto", "col"), ("auto", "row"), ("torch", None)])
+@pytest.mark.parametrize(("backend", "output"), [("cslt", "col"), ("cslt", "row"), ("torch", None), ("auto", None)])
 def test_nm24_cuda_matches_float64(dtype, backend, output):
     if not structured.cusparselt_available():
         pytest.skip("this torch has no cuSPARSELt")
-    if backend == "auto":
+    if backend == "cslt":
         assert structured.native_cslt_available()  # prunekit's own binding builds and loads on the GPU machine
     for i, (m, k, n_tokens) in enumerate(NM_CUDA_SHAPES):
         dense = nm_weight(m, k, 2, 4, dtype, seed=i)
@@ -82,7 +82,7 @@ def test_nm24_cuda_matches_float64(dtype, backend, output):
         before = structured.compress_calls
         structured.nm_mm_cuda(values, metadata, x2d.t(), 2, 4, bits, backend=backend)
         assert structured.compress_calls == before  # compressed once, then reused
-    if backend == "auto":
+    if backend == "cslt":
         assert structured.native_cslt_available()  # no cuSPARSELt error made it fall back to torch's path
 
 
@@ -99,7 +99,7 @@ def test_nm24_cuda_with_the_plan_search_matches_float64(monkeypatch):
         bias = torch.randn(m, device="cuda").half()
         for _ in range(2):
             x = torch.randn(n_tokens, k, device="cuda").half().t()
-            y = structured.nm_mm_cuda(values, metadata, x, 2, 4, bits, bias, "relu", backend="auto", output="row")
+            y = structured.nm_mm_cuda(values, metadata, x, 2, 4, bits, bias, "relu", backend="cslt", output="row")
             err = relative_error(y, spmm_reference64(dense.cuda(), x, bias, "relu"))
             assert err < TOLERANCE[torch.float16], (m, k, n_tokens, err)
     assert structured.native_cslt_available()

@@ -326,9 +326,9 @@ MAIN = Extension(
 
 def extensions() -> list[Extension]:
     """Every extension prunekit ships (imports the modules that declare them), main library first."""
-    from . import ks, spdnn_cuda, structured
+    from . import ks, nm24, spdnn_cuda, structured
 
-    return [MAIN, structured.EXTENSION, ks.EXTENSION, spdnn_cuda.EXTENSION]
+    return [MAIN, structured.EXTENSION, nm24.EXTENSION, ks.EXTENSION, spdnn_cuda.EXTENSION]
 
 
 def is_loaded() -> bool:

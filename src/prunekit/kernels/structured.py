@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from ..errors import KernelUnavailable
-from . import build, ops, reference
+from . import build, nm24, ops, reference
 from .layout import as_spmm_output, new_spmm_output
 from .tensor_cache import cached, tensor_version
 
@@ -542,6 +542,8 @@ def nm_mm_cuda(
 ) -> torch.Tensor:
     """CUDA N:M matmul ``Y (M, N) = act(A @ X + bias[:, None])`` (2:4: NVIDIA, Mishra et al. 2021).
 
+    At decode shapes (1 <= N <= 16) 2:4 fp16/bf16 weights run on prunekit's own kernel (``kernels/nm24.py``: a
+    repacked copy of the weight streamed and expanded in registers for the dense tensor cores). Otherwise
     2:4 fp16/bf16 weights with ``M % 32 == 0`` and ``K % 64 == 0`` run on the sparse tensor cores through cuSPARSELt:
     by default prunekit's own binding (``csrc/structured/cslt/``: weight compressed once, one plan per N and layout,
     so a call is one ``cusparseLtMatmul`` with bias and ReLU fused), else (``backend="torch"`` or no binding)
@@ -553,7 +555,9 @@ def nm_mm_cuda(
     Args:
         values: ``(M, K / m_group * n)``; metadata: packed in-group indices (uint8, ``formats/nm.py``);
             x: ``(K, N)`` any strides; n, m_group, bits: the pattern; bias: ``(M,)`` or None; activation: none|relu;
-            backend: ``"auto"`` (own binding when it loads) or ``"torch"``; output: the binding's output layout,
+            backend: ``"auto"`` (decode kernel at N <= 16, else own binding when it loads), ``"cslt"`` (own
+            binding, never the decode kernel), ``"torch"`` (``torch._cslt_sparse_mm``) or ``"decode"`` (the decode
+            kernel where it applies, else as ``"auto"``); output: the binding's output layout,
             ``"row"`` (cuSPARSELt's faster configuration on the H100, then the layout rule's transposing copy; the
             a-priori default, not yet run on a GPU) or ``"col"`` (measured, 2.4x slower device time); default
             :func:`cslt_output`.
@@ -562,10 +566,14 @@ def nm_mm_cuda(
         ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output``.
 
     Raises:
-        ValueError: bad activation or output layout.
+        ValueError: bad activation, backend or output layout.
     """
     _check_activation(activation)
     k, n_cols = x.shape
+    if backend not in ("auto", "cslt", "torch", "decode"):
+        raise ValueError(f"2:4 backend must be 'auto', 'cslt', 'torch' or 'decode', got {backend!r}")
+    if backend in ("auto", "decode") and nm24.decode_takes(values, x, n, m_group) and nm24.available():
+        return nm24.decode_mm(values, metadata, x, bits, bias, activation)
     if not (n_cols > 0 and nm24_fast(values, x, n, m_group)):
         return as_spmm_output(reference.nm_mm(values, metadata, x, n, m_group, bits, bias, activation), x)
     transposed = x.stride(0) == 1 and n_cols > 1

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...formats import EncodedTensor, decode
-from ...kernels import gpu, ops, structured
+from ...kernels import gpu, nm24, ops, structured
 
 
 def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
@@ -105,6 +105,8 @@ def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     if _eager_cuda(xt) and xt.shape[1] > 0:
         buffers = layer._buffers
         values = buffers["w_values"]
+        if nm24.decode_takes(values, xt, int(p["n"]), int(p["m"])) and nm24.available():  # N <= 16: own kernel
+            return nm24.decode_mm(values, buffers["w_metadata"], xt, int(p["bits"]), layer.bias)
         key = (xt.dtype, values.dtype)
         row_output = layer._eager_plans.get(key, _UNSET)
         if row_output is _UNSET:

@@ -1,0 +1,342 @@
+// 2:4 matmul for decode shapes (N <= 16): Y (M, N) = act(A @ X + bias), A 2:4-sparse, on the dense tensor cores.
+//
+// At N <= 16 the weights' bytes set the time. A 2:4 weight needs 2 bytes per kept value plus 4 bits per group of 4
+// (1.125 bytes per weight against dense's 2: at most 1.78x at the same bandwidth). cuSPARSELt's sparse tensor-core
+// kernels are built for large N and ran at 0.42-0.89x of dense cuBLAS at N <= 16 on the H100
+// (benchmarks/results/nm-h100-2026-11-25.json), so this kernel streams the compressed weight at memory speed and
+// expands it in registers for the ordinary mma.sync.m16n8k16 (compute is free at this N).
+//
+// Format (kernels/nm24.py builds it once per weight): strips of 16 rows (the mma's m = 16 operand), k-steps of 16
+// columns. Within a k-step the columns are permuted so that mma fragment k-positions {2t, 2t + 1, 2t + 8, 2t + 9} of
+// lane (g = lane / 4, t = lane % 4) hold columns 4t .. 4t + 3, i.e. exactly one 2:4 group: lane (g, t) owns group t
+// of rows g and g + 8. Per lane and k-step: two 32-bit value words (the group's two kept values, lower in-group index
+// first) and two 4-bit nibbles (i0 | i1 << 2). Values are stored per (strip, k-pair, lane) as one uint4 (k-step 2p
+// row g, row g + 8, k-step 2p + 1 row g, row g + 8: 512 coalesced bytes per warp), nibbles per (strip, k-quad, lane)
+// as one uint32 (byte s = k-step s of the quad, low nibble row g). The permutation is applied to X as it is staged,
+// so the B fragment of lane (g, t) is X[token g][4t .. 4t + 3]: one 8-byte shared-memory load.
+//
+// Expansion: a nibble indexes a 16-entry table of byte_perm selectors; prmt(word, 0, sel) places value 0 / value 1 /
+// zero in each half of the fragment registers (a.x: row g, columns 4t, 4t + 1; a.z: row g, 4t + 2, 4t + 3; a.y, a.w:
+// row g + 8).
+//
+// Grid: (row blocks of 8 strips, k-chunks). A block of 8 warps stages its chunk of X (16 tokens, zero outside X) in
+// shared memory in fragment order, then each warp streams its strip's chunk: 8 k-steps per batch (72 bytes per lane),
+// the next batch loaded while the current one is multiplied. One chunk writes Y directly; with several, warps add fp32
+// partial sums into the plan's workspace with atomics and the last block of a row block (counter after a fence, the
+// threadFenceReduction pattern of the CUDA samples) adds bias, applies ReLU, writes Y and leaves the workspace and
+// counter at zero for the next call.
+//
+// Source: 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural Networks", 2021); the
+// register-level expansion for decode follows the idea of Sparse-Marlin (Castro et al., 2024) with prunekit's own
+// layout and kernel. sm_80+ (mma.sync with bf16).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "mma.cuh"
+
+namespace prunekit_nm24 {
+namespace {
+
+using prunekit::Mma;
+
+constexpr int kWarps = 8;             // strips per row block (= nm24.STRIPS_PER_BLOCK)
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBatch = 8;             // k-steps per register batch (= nm24.KSTEP_ALIGN)
+constexpr int kTokens = 16;           // N <= 16
+constexpr int kMaxChunk = 96;         // k-steps per block: 48 KB of staged X (= nm24.MAX_CHUNK)
+
+struct Params {
+  const uint4* vals;       // (strips, ksteps / 2, 32)
+  const uint32_t* meta;    // (strips, ksteps / 4, 32)
+  const void* x;           // (K, N), element strides x_sk, x_sn
+  int64_t x_sk, x_sn;
+  void* y;                 // (M, N), element strides y_sm, y_sn
+  int64_t y_sm, y_sn;
+  const void* bias;        // (M,) or null
+  float* ws;               // (strips * 16, 16) fp32, zero between calls
+  int* counters;           // (row blocks,), zero between calls
+  int m, k, n, strips, ksteps, chunk, chunks, relu, x_vec;
+};
+
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// byte_perm selector (two 16-bit halves: columns 0-1, columns 2-3 of a group) for in-group indices i0 | i1 << 2: a
+// column equal to i0 takes bytes 0-1 of the value word, one equal to i1 bytes 2-3, any other the zero word's 4-5.
+__device__ __forceinline__ uint32_t selector(uint32_t nib) {
+  const uint32_t i0 = nib & 3u, i1 = nib >> 2;
+  uint32_t sel = 0;
+#pragma unroll
+  for (uint32_t c = 0; c < 4; ++c) {
+    const uint32_t pair = c == i0 ? 0x10u : (c == i1 ? 0x32u : 0x54u);
+    sel |= pair << (8 * c);
+  }
+  return sel;
+}
+
+__device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
+  // fragment-order X: [k-step][token tile][lane], lanes XOR-swizzled by k-step (2-way store conflicts, reads free)
+  return (ks * 2 + nt) * 32 + (lane ^ ((ks & 7) << 2));
+}
+
+template <typename T, int NT>
+__global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
+  extern __shared__ uint2 xs[];  // chunk * 2 * 32
+  __shared__ uint32_t lut[16];
+  __shared__ int last_flag;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int strip = blockIdx.x * kWarps + warp;
+  const int ks0 = blockIdx.y * p.chunk;
+  const int nks = min(p.chunk, p.ksteps - ks0);  // a multiple of kBatch
+  const bool active = strip < p.strips;
+  const int kpairs = p.ksteps / 2, kquads = p.ksteps / 4;
+  const uint4* vrow = p.vals + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 32 + lane;
+  const uint32_t* mrow = p.meta + (static_cast<int64_t>(strip) * kquads + ks0 / 4) * 32 + lane;
+
+  // first batch in flight before the staging
+  uint4 v[4];
+  uint32_t mq[2];
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __ldg(vrow + i * 32);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) mq[i] = __ldg(mrow + i * 32);
+  }
+  if (tid < 16) lut[tid] = selector(tid);
+
+  // stage X[k0 + c][token] for c < nks * 16, tokens < 16 (zero outside X)
+  const T* x = static_cast<const T*>(p.x);
+  const int groups = nks * 4;
+  const int kcol0 = ks0 * 16;
+  for (int item = tid; item < groups * kTokens; item += kThreads) {
+    const int tok = item / groups, cg = item - tok * groups;
+    const int col = kcol0 + cg * 4;
+    uint2 w = make_uint2(0u, 0u);
+    if (tok < p.n) {
+      const T* src = x + static_cast<int64_t>(tok) * p.x_sn + static_cast<int64_t>(col) * p.x_sk;
+      if (p.x_vec && col + 3 < p.k) {
+        w = *reinterpret_cast<const uint2*>(src);
+      } else {
+        uint16_t h[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const T e = col + j < p.k ? src[j * p.x_sk] : from_float<T>(0.f);
+          h[j] = *reinterpret_cast<const uint16_t*>(&e);
+        }
+        w = make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
+      }
+    }
+    const int ks = cg >> 2, t = cg & 3;
+    const int g = tok & 7, nt = tok >> 3;
+    if (NT == 2 || nt == 0) xs[stage_slot(ks, nt, g * 4 + t)] = w;
+  }
+  __syncthreads();
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+  if (active) {
+    const int batches = nks / kBatch;
+    for (int b = 0; b < batches; ++b) {
+      uint4 vn[4];
+      uint32_t mn[2];
+      const bool more = b + 1 < batches;
+      if (more) {
+        const uint4* vsrc = vrow + (b + 1) * 4 * 32;
+        const uint32_t* msrc = mrow + (b + 1) * 2 * 32;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) vn[i] = __ldg(vsrc + i * 32);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) mn[i] = __ldg(msrc + i * 32);
+      }
+#pragma unroll
+      for (int s = 0; s < kBatch; ++s) {
+        const uint4& vp = v[s >> 1];
+        const uint32_t wg = (s & 1) ? vp.z : vp.x;
+        const uint32_t wg8 = (s & 1) ? vp.w : vp.y;
+        const uint32_t m8 = (mq[s >> 2] >> ((s & 3) * 8)) & 0xffu;
+        const uint32_t sg = lut[m8 & 15u], sg8 = lut[m8 >> 4];
+        uint4 a;
+        a.x = __byte_perm(wg, 0u, sg);
+        a.z = __byte_perm(wg, 0u, sg >> 16);
+        a.y = __byte_perm(wg8, 0u, sg8);
+        a.w = __byte_perm(wg8, 0u, sg8 >> 16);
+        const int ks = b * kBatch + s;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint2 bx = xs[stage_slot(ks, nt, lane)];
+          Mma<T>::run(acc[nt], a, bx.x, bx.y);
+        }
+      }
+      if (more) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = vn[i];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) mq[i] = mn[i];
+      }
+    }
+  }
+
+  const int g = lane >> 2, t = lane & 3;
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+  if (p.chunks == 1) {
+    if (!active) return;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = strip * 16 + g + (i >> 1) * 8, tok = nt * 8 + 2 * t + (i & 1);
+        if (row < p.m && tok < p.n) {
+          float val = acc[nt][i] + (bias ? to_float(bias[row]) : 0.f);
+          if (p.relu) val = fmaxf(val, 0.f);
+          y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
+        }
+      }
+    return;
+  }
+  if (active) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = strip * 16 + g + (i >> 1) * 8, tok = nt * 8 + 2 * t + (i & 1);
+        if (row < p.m && tok < p.n) atomicAdd(p.ws + static_cast<int64_t>(row) * kTokens + tok, acc[nt][i]);
+      }
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last_flag = atomicAdd(p.counters + blockIdx.x, 1) == p.chunks - 1;
+  __syncthreads();
+  if (!last_flag) return;
+  __threadfence();
+  const int row0 = blockIdx.x * kWarps * 16;
+  for (int idx = tid; idx < kWarps * 16 * kTokens; idx += kThreads) {
+    const int row = row0 + idx / kTokens, tok = idx % kTokens;
+    if (row < p.m && tok < p.n) {
+      float* cell = p.ws + static_cast<int64_t>(row) * kTokens + tok;
+      float val = __ldcg(cell) + (bias ? to_float(bias[row]) : 0.f);
+      *cell = 0.f;
+      if (p.relu) val = fmaxf(val, 0.f);
+      y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
+    }
+  }
+  if (tid == 0) p.counters[blockIdx.x] = 0;
+}
+
+template <typename T, int NT>
+void launch(const Params& p, int row_blocks, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
+  nm24_decode_kernel<T, NT><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Y (M, N) = act(A @ x + bias) into y (any strides). vals / meta / ws / counters: the plan (kernels/nm24.py).
+void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
+             const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
+             int64_t chunk) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24_mm: x (K, N) and y (M, N) must be 2-D GPU tensors");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24_mm: x must be fp16 or bf16");
+  TORCH_CHECK(y.scalar_type() == x.scalar_type(), "nm24_mm: y must have x's dtype");
+  TORCH_CHECK(vals.dim() == 4 && vals.size(2) == 32 && vals.size(3) == 4 && vals.scalar_type() == at::kInt &&
+                  vals.is_contiguous(),
+              "nm24_mm: vals must be a contiguous int32 (strips, ksteps / 2, 32, 4)");
+  const int64_t strips = vals.size(0), ksteps = vals.size(1) * 2;
+  TORCH_CHECK(meta.scalar_type() == at::kInt && meta.is_contiguous() && meta.numel() == strips * (ksteps / 4) * 32,
+              "nm24_mm: meta must be a contiguous int32 (strips, ksteps / 4, 32)");
+  const int64_t k = x.size(0), n = x.size(1);
+  TORCH_CHECK(n >= 1 && n <= kTokens, "nm24_mm: N must be 1..16, got ", n);
+  TORCH_CHECK(ksteps % kBatch == 0 && k <= ksteps * 16 && k > (ksteps - kBatch) * 16,
+              "nm24_mm: x has ", k, " rows, the plan ", ksteps, " k-steps");
+  TORCH_CHECK(m >= 1 && m <= strips * 16 && m > (strips - 1) * 16 && y.size(0) == m && y.size(1) == n,
+              "nm24_mm: y must be (M, N) with M matching the plan");
+  TORCH_CHECK(chunk % kBatch == 0 && chunk >= kBatch && chunk <= kMaxChunk, "nm24_mm: bad chunk ", chunk);
+  const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
+  const int64_t chunks = (ksteps + chunk - 1) / chunk;
+  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens && counters.scalar_type() == at::kInt &&
+                  counters.numel() >= row_blocks,
+              "nm24_mm: workspace or counters too small");
+  TORCH_CHECK(vals.device() == x.device() && meta.device() == x.device() && y.device() == x.device() &&
+                  ws.device() == x.device() && counters.device() == x.device(),
+              "nm24_mm: all tensors must be on one GPU");
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == m &&
+                    bias->device() == x.device(),
+                "nm24_mm: bias must be a contiguous (M,) tensor of x's dtype");
+  }
+  Params p{};
+  p.vals = reinterpret_cast<const uint4*>(vals.data_ptr());
+  p.meta = reinterpret_cast<const uint32_t*>(meta.data_ptr());
+  p.x = x.data_ptr();
+  p.x_sk = x.stride(0);
+  p.x_sn = x.stride(1);
+  p.y = y.data_ptr();
+  p.y_sm = y.stride(0);
+  p.y_sn = y.stride(1);
+  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.ws = ws.data_ptr<float>();
+  p.counters = counters.data_ptr<int>();
+  p.m = static_cast<int>(m);
+  p.k = static_cast<int>(k);
+  p.n = static_cast<int>(n);
+  p.strips = static_cast<int>(strips);
+  p.ksteps = static_cast<int>(ksteps);
+  p.chunk = static_cast<int>(chunk);
+  p.chunks = static_cast<int>(chunks);
+  p.relu = relu ? 1 : 0;
+  p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
+  const c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int rb = static_cast<int>(row_blocks);
+  const bool two = n > 8;
+  if (x.scalar_type() == at::kHalf) {
+    two ? launch<__half, 2>(p, rb, stream) : launch<__half, 1>(p, rb, stream);
+  } else {
+    two ? launch<__nv_bfloat16, 2>(p, rb, stream) : launch<__nv_bfloat16, 1>(p, rb, stream);
+  }
+}
+
+// The eager entry: allocates Y by layout.py's rule (x (K, N) with unit stride along K and N > 1: the transposed view
+// of a contiguous (N, M); else a contiguous (M, N)) and runs nm24_mm.
+at::Tensor nm24_linear(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
+                       const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
+                       int64_t chunk) {
+  TORCH_CHECK(x.dim() == 2, "nm24_linear: x must be (K, N)");
+  const int64_t n = x.size(1);
+  const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
+  at::Tensor y = transposed ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
+  nm24_mm(vals, meta, ws, counters, x, y, bias, relu, m, chunk);
+  return y;
+}
+
+}  // namespace
+}  // namespace prunekit_nm24
+
+TORCH_LIBRARY(prunekit_nm24, m) {
+  m.def(
+      "mm(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor(c!) y, Tensor? bias, bool "
+      "relu, int m, int chunk) -> ()");
+  m.def(
+      "linear(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor? bias, bool relu, int m, "
+      "int chunk) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(prunekit_nm24, CUDA, m) {
+  m.impl("mm", &prunekit_nm24::nm24_mm);
+  m.impl("linear", &prunekit_nm24::nm24_linear);
+}

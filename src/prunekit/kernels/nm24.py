@@ -1,0 +1,324 @@
+"""2:4 matmul for decode shapes (N <= 16): prunekit's own kernel (``csrc/structured/nm24/nm24_decode.cu``).
+
+At N <= 16 the time is the weight's bytes. A 2:4 weight stores 2 bytes per kept value and 4 bits per group of 4
+(1.125 bytes per weight against dense's 2, at most 1.78x), but cuSPARSELt's sparse tensor-core kernels, tuned for
+large N, ran at 0.42-0.89x of dense cuBLAS at N <= 16 on the H100 (``benchmarks/results/nm-h100-2026-11-25.json``).
+This kernel streams a repacked copy of the weight (:func:`build_plan`, once per weight, kept on the stored values
+tensor) and expands each group in registers into the operand of the ordinary ``mma.sync.m16n8k16``; the file's header
+comment describes the layout. Source: 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural
+Networks", 2021); the register expansion for decode follows the idea of Sparse-Marlin (Castro et al., 2024).
+
+:func:`emulate` replays the kernel lane by lane in torch (byte permutes, fragment layouts, k-chunks) so that the
+format and its index arithmetic are checked on the CPU. torch + stdlib only (copied into exported packages).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from ..errors import KernelUnavailable
+from . import build, reference
+from .tensor_cache import cached
+
+__all__ = [
+    "available",
+    "Nm24Plan",
+    "build_plan",
+    "get_plan",
+    "emulate",
+    "decode_mm",
+    "decode_takes",
+    "load",
+    "is_loaded",
+]
+
+CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "structured"
+NAMESPACE = "prunekit_nm24"
+STRIPS_PER_BLOCK = 8  # warps per block, one 16-row strip each (kWarps)
+KSTEP_ALIGN = 8  # k-steps per register batch (kBatch): the plan pads K to a multiple of 8 * 16 columns
+MAX_CHUNK = 96  # k-steps per block (kMaxChunk: 48 KB of staged X)
+MAX_N = 16  # tokens per call (kTokens)
+DTYPES = (torch.float16, torch.bfloat16)
+DECODE_ENV = "PRUNEKIT_NM24_DECODE"  # "0": 2:4 calls at N <= 16 go to cuSPARSELt as before
+_PLAN_ATTR = "_prunekit_nm24_plan"
+_state: bool | None = None  # available(), tried once per process
+
+log = logging.getLogger(__name__)
+
+EXTENSION = build.Extension(
+    namespace=NAMESPACE,
+    prefix=NAMESPACE,
+    csrc_dir=CSRC_DIR,
+    sources=("nm24/nm24_decode.cu",),
+    headers=("../mma.cuh",),
+    probe="mm",
+    description="2:4 decode CUDA kernel",
+    cuda_cflags=("-O3", "-lineinfo"),
+    include_paths=(str(CSRC_DIR.parent),),
+)
+
+
+def is_loaded() -> bool:
+    """True when the ``prunekit_nm24`` operators are registered in this process."""
+    return build.extension_loaded(EXTENSION)
+
+
+def load(verbose: bool = False) -> Path | None:
+    """Make the ``prunekit_nm24`` operators available, compiling them on first use (under a minute).
+
+    Raises:
+        KernelUnavailable: no CUDA torch, no GPU of sm_80 or newer, no nvcc/ninja, or the compilation failed.
+    """
+    return build.load_extension(EXTENSION, verbose)
+
+
+def available() -> bool:
+    """True when the decode kernel loads (tried once per process; a failure is logged once and the 2:4 calls keep
+    cuSPARSELt)."""
+    global _state
+    if _state is None:
+        try:
+            load()
+            _state = True
+        except KernelUnavailable as exc:
+            log.warning("2:4 decode kernel unavailable, N <= 16 uses cuSPARSELt: %s", exc)
+            _state = False
+    return _state
+
+
+class Nm24Plan(NamedTuple):
+    """The kernel's copy of one 2:4 weight ``(M, K)``.
+
+    ``vals``: ``(strips, ksteps / 2, 32, 4)`` int32, two fp16/bf16 values per word; ``meta``: ``(strips, ksteps / 4,
+    32)`` int32, a byte per k-step (two in-group index nibbles); ``ws``: ``(strips * 16 * 16,)`` float32 and
+    ``counters``: ``(row blocks,)`` int32, both zero between calls (the kernel leaves them so); ``chunk``: k-steps per
+    block; ``m``, ``k``: the weight's shape; ``dtype``: its dtype.
+    """
+
+    vals: torch.Tensor
+    meta: torch.Tensor
+    ws: torch.Tensor
+    counters: torch.Tensor
+    chunk: int
+    m: int
+    k: int
+    dtype: torch.dtype
+
+
+def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
+    """k-steps per block: the fewest (a multiple of :data:`KSTEP_ALIGN`, at most :data:`MAX_CHUNK`) that still give
+    about two blocks per SM, so that enough loads are in flight to stream the weight at memory speed."""
+    row_blocks = -(-strips // STRIPS_PER_BLOCK)
+    chunks = max(1, -(-2 * num_sms // row_blocks))
+    chunk = -(-ksteps // chunks)
+    chunk = -(-chunk // KSTEP_ALIGN) * KSTEP_ALIGN
+    return max(KSTEP_ALIGN, min(chunk, MAX_CHUNK, ksteps))
+
+
+def _groups(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group of 4 columns: the value word (int64, lower index's value in the low 16 bits) and the nibble
+    ``i0 | i1 << 2`` (int64), both ``(M, K / 4)``. Two values stored at one index are added (as the reference does)."""
+    rows = values.shape[0]
+    cols = reference.nm_columns(metadata, 2, 4, bits, k).reshape(rows, -1, 2) % 4
+    vals = values.reshape(rows, -1, 2)
+    i0, i1 = cols[..., 0], cols[..., 1]
+    v0, v1 = vals[..., 0], vals[..., 1]
+    same = i0 == i1
+    if bool(same.any()):
+        v0 = torch.where(same, (v0.float() + v1.float()).to(values.dtype), v0)
+        v1 = torch.where(same, torch.zeros_like(v1), v1)
+        i1 = torch.where(same, (i0 + 1) % 4, i1)
+    swap = i0 > i1
+    i0, i1 = torch.where(swap, i1, i0), torch.where(swap, i0, i1)
+    v0, v1 = torch.where(swap, v1, v0), torch.where(swap, v0, v1)
+    bits16 = lambda v: v.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF  # noqa: E731
+    return bits16(v0) | (bits16(v1) << 16), i0 | (i1 << 2)
+
+
+def build_plan(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int, num_sms: int | None = None) -> Nm24Plan:
+    """Repack a stored 2:4 weight (``formats/nm.py``: ``values (M, K / 2)``, ``metadata`` uint8) for the kernel.
+
+    Args:
+        values: ``(M, K / 2)`` fp16 or bf16; metadata: packed in-group indices; bits: bits per index; k: K (a
+            multiple of 4); num_sms: SMs of the target GPU (default: the values' device, 132 off the GPU).
+
+    Returns:
+        :class:`Nm24Plan` on ``values``' device (about 1.2 bytes per weight).
+
+    Raises:
+        ValueError: a dtype other than fp16/bf16, or K not a multiple of 4.
+    """
+    if values.dtype not in DTYPES:
+        raise ValueError(f"the 2:4 decode kernel takes float16 or bfloat16 weights, got {values.dtype}")
+    if k % 4 or values.shape[1] * 2 != k:
+        raise ValueError(f"2:4 values of shape {tuple(values.shape)} do not match K = {k}")
+    m = values.shape[0]
+    word, nib = _groups(values, metadata, bits, k)
+    strips = -(-m // 16)
+    ksteps = -(-k // (16 * KSTEP_ALIGN)) * KSTEP_ALIGN
+    dev = values.device
+    words = torch.zeros(strips * 16, ksteps * 4, dtype=torch.int64, device=dev)
+    nibs = torch.full((strips * 16, ksteps * 4), 4, dtype=torch.int64, device=dev)  # padding: indices 0 and 1
+    words[:m, : k // 4] = word
+    nibs[:m, : k // 4] = nib
+    # (strip, half, g, kpair, s, t) -> (strip, kpair, g, t, s, half): uint4 component s * 2 + half
+    w6 = words.reshape(strips, 2, 8, ksteps // 2, 2, 4).permute(0, 3, 2, 5, 4, 1)
+    vals = w6.reshape(strips, ksteps // 2, 32, 4)
+    vals = torch.where(vals >= 2**31, vals - 2**32, vals).to(torch.int32)
+    # (strip, half, g, kquad, s, t) -> (strip, kquad, g, t, s, half): nibble at bit s * 8 + half * 4
+    n6 = nibs.reshape(strips, 2, 8, ksteps // 4, 4, 4).permute(0, 3, 2, 5, 4, 1)
+    shifts = (torch.arange(4, device=dev)[:, None] * 8 + torch.arange(2, device=dev)[None, :] * 4).to(torch.int64)
+    meta = (n6 << shifts).sum(dim=(-1, -2)).reshape(strips, ksteps // 4, 32)
+    meta = torch.where(meta >= 2**31, meta - 2**32, meta).to(torch.int32)
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+    row_blocks = -(-strips // STRIPS_PER_BLOCK)
+    return Nm24Plan(
+        vals.contiguous(),
+        meta.contiguous(),
+        torch.zeros(strips * 16 * MAX_N, dtype=torch.float32, device=dev),
+        torch.zeros(row_blocks, dtype=torch.int32, device=dev),
+        plan_chunk(strips, ksteps, num_sms),
+        m,
+        k,
+        values.dtype,
+    )
+
+
+def get_plan(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> Nm24Plan:
+    """:func:`build_plan`, built once and kept on ``values`` (rebuilt when ``values`` or ``metadata`` change)."""
+
+    def make() -> Nm24Plan:
+        # ordinary tensors even under inference_mode: the kernel updates ws / counters in place on later calls
+        with torch.inference_mode(False), torch.no_grad():
+            return build_plan(values, metadata, bits, k)
+
+    return cached(values, _PLAN_ATTR, (values, metadata), (bits, k), make)
+
+
+def _byte_perm(x: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """PTX ``prmt.b32 d, x, 0, sel`` (default mode, selector nibbles < 8) on int64 tensors holding 32-bit words."""
+    out = torch.zeros_like(x)
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 7
+        byte = torch.where(nib < 4, (x >> (8 * (nib % 4))) & 0xFF, torch.zeros_like(x))
+        out |= byte << (8 * i)
+    return out
+
+
+def selector_table() -> torch.Tensor:
+    """The kernel's 16 byte-permute selectors (int64): for nibble ``i0 | i1 << 2``, the half of column ``c`` of the
+    group takes bytes 0-1 (value 0) if ``c == i0``, bytes 2-3 (value 1) if ``c == i1``, else the zero word's 4-5."""
+    table = []
+    for nib in range(16):
+        i0, i1 = nib & 3, nib >> 2
+        sel = 0
+        for c in range(4):
+            sel |= (0x10 if c == i0 else 0x32 if c == i1 else 0x54) << (8 * c)
+        table.append(sel)
+    return torch.tensor(table, dtype=torch.int64)
+
+
+def emulate(plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
+    """The kernel's arithmetic replayed in torch, lane by lane (float64 products, fp32-like accumulation order not
+    modelled): expansion of each lane's words by :func:`selector_table` into the m16n8k16 A fragments, X staged in
+    fragment order (columns 4t .. 4t + 3 of token g at lane g * 4 + t), the PTX fragment layouts of A and B.
+
+    Args:
+        plan: from :func:`build_plan`; x: ``(K, N)``, N <= 16; bias: ``(M,)`` or None.
+
+    Returns:
+        ``Y (M, N)`` float64.
+    """
+    strips, kpairs = plan.vals.shape[:2]
+    ksteps = kpairs * 2
+    k, n = x.shape
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    vals = plan.vals.cpu().to(torch.int64) & 0xFFFFFFFF  # (strips, kpairs, 32, 4)
+    meta = plan.meta.cpu().to(torch.int64) & 0xFFFFFFFF  # (strips, kquads, 32)
+    table = selector_table()
+    s = torch.arange(ksteps)
+    # per (strip, kstep, lane): the value words of rows g and g + 8 and their nibbles
+    per_step = vals[:, s // 2]  # (strips, ksteps, 32, 4)
+    odd = (s % 2 == 1)[None, :, None]
+    wg = torch.where(odd, per_step[..., 2], per_step[..., 0])  # (strips, ksteps, 32)
+    wg8 = torch.where(odd, per_step[..., 3], per_step[..., 1])
+    m8 = (meta[:, s // 4, :] >> ((s % 4) * 8)[None, :, None]) & 0xFF
+    sg, sg8 = table[m8 & 15], table[m8 >> 4]
+    regs = torch.stack(
+        [_byte_perm(wg, sg), _byte_perm(wg8, sg8), _byte_perm(wg, sg >> 16), _byte_perm(wg8, sg8 >> 16)], dim=-1
+    )  # a.x, a.y, a.z, a.w
+    halves = torch.stack([regs & 0xFFFF, (regs >> 16) & 0xFFFF], dim=-1)
+    a_vals = (
+        torch.where(halves >= 2**15, halves - 2**16, halves).to(torch.int16).view(plan.dtype).double()
+    )  # (strips, ksteps, 32, 4 regs, 2)
+    # A fragment (PTX m16n8k16, .row): reg 0 row g, k 2t + j; reg 1 row g + 8; reg 2 row g, k 2t + 8 + j; reg 3 row g + 8
+    a = torch.zeros(strips, ksteps, 16, 16, dtype=torch.float64)
+    for r, (drow, dk) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+        for j in range(2):
+            a[:, :, g + drow, 2 * t + dk + j] = a_vals[:, :, :, r, j]
+    # B fragment (.col): b0 k 2t + j, b1 k 2t + 8 + j, column (token) g; staged item of lane (g, t) = X[tok][4t..4t+3]
+    xp = torch.zeros(ksteps * 16, MAX_N, dtype=torch.float64)
+    xp[:k, :n] = x.cpu().double()
+    xk = xp.reshape(ksteps, 4, 4, MAX_N)  # (kstep, t, j, token): column 4t + j
+    b = torch.zeros(ksteps, 16, MAX_N, dtype=torch.float64)
+    for tt in range(4):
+        for j in range(2):
+            b[:, 2 * tt + j, :] = xk[:, tt, j, :]
+            b[:, 2 * tt + 8 + j, :] = xk[:, tt, 2 + j, :]
+    y = torch.einsum("skrf,kft->srt", a, b).reshape(strips * 16, MAX_N)[: plan.m, :n]
+    if bias is not None:
+        y = y + bias.cpu().double()[:, None]
+    return y.clamp_min(0) if relu else y
+
+
+def decode_takes(values: torch.Tensor, x: torch.Tensor, n: int, m_group: int) -> bool:
+    """True when the decode kernel takes a 2:4 weight ``values`` and ``x: (K, N)``: a GPU, fp16/bf16 in one dtype,
+    1 <= N <= 16, and ``$PRUNEKIT_NM24_DECODE`` not ``0``."""
+    return (
+        (n, m_group) == (2, 4)
+        and x.is_cuda
+        and x.dtype in DTYPES
+        and values.dtype == x.dtype
+        and 1 <= x.shape[1] <= MAX_N
+        and values.shape[0] > 0
+        and os.environ.get(DECODE_ENV, "1").strip() not in ("0", "false", "False")
+    )
+
+
+def decode_mm(
+    values: torch.Tensor,
+    metadata: torch.Tensor,
+    x: torch.Tensor,
+    bits: int,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+) -> torch.Tensor:
+    """``Y (M, N) = act(A @ X + bias[:, None])`` for a 2:4 weight on the decode kernel (one launch; the plan is built on
+    the first call and kept on ``values``).
+
+    Args:
+        values: ``(M, K / 2)`` fp16/bf16; metadata: packed in-group indices (uint8, ``formats/nm.py``); x: ``(K, N)``
+            CUDA, values' dtype, any strides, 1 <= N <= 16; bits: bits per index; bias: ``(M,)`` or None;
+            activation: ``"none"`` or ``"relu"``.
+
+    Returns:
+        ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output``.
+
+    Raises:
+        KernelUnavailable: no GPU/compiler. RuntimeError: shapes that do not match the plan (C++ checks).
+    """
+    if not is_loaded():
+        load()
+    plan = get_plan(values, metadata, bits, x.shape[0])
+    if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
+        bias = bias.to(dtype=x.dtype).contiguous()
+    return torch.ops.prunekit_nm24.linear.default(
+        plan.vals, plan.meta, plan.ws, plan.counters, x, bias, activation == "relu", plan.m, plan.chunk
+    )

@@ -1,0 +1,228 @@
+"""2:4 decode kernel (``kernels/nm24.py``, ``csrc/structured/nm24/nm24_decode.cu``).
+
+CPU: the repacked plan replayed lane by lane (:func:`nm24.emulate`: byte permutes, fragment layouts) equals float64 on
+odd shapes, empty rows and single-value groups; the chunk rule; the routing rule. CUDA: the kernel against float64
+with NaN-poisoned outputs, N = 1..16, both X layouts and a strided X, fp16/bf16, bias + ReLU, one and many k-chunks,
+calls in a row (the self-cleaning workspace), CUDA-graph replay, and the routes through ``nm_mm`` and SparseLinear.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prunekit import formats
+from prunekit.kernels import nm24, ops, structured
+from prunekit.kernels.testing import TOLERANCE, relative_error, spmm_reference64
+
+
+def weight24(m: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """``(m, k)`` 2:4 weight (the 2 largest of every 4 N(0, 1) entries), row 1 empty, row 2 with one value per group."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(m, k // 4, 4, generator=g)
+    keep = torch.zeros_like(w, dtype=torch.bool).scatter_(2, w.abs().topk(2, dim=2).indices, True)
+    w = w * keep
+    if m > 1:
+        w[1] = 0
+    if m > 2:
+        first = w[2].abs().argmax(dim=-1, keepdim=True)
+        w[2] = torch.zeros_like(w[2]).scatter_(-1, first, w[2].gather(-1, first))
+    return w.reshape(m, k).to(dtype)
+
+
+def encode24(dense: torch.Tensor):
+    enc = formats.encode("nm", dense, {"n": 2, "m": 4})
+    return enc.components["values"], enc.components["metadata"], int(enc.params["bits"])
+
+
+EMULATE_CASES = [(1, 4, 1), (3, 12, 2), (37, 132, 5), (16, 128, 16), (200, 1000, 9), (130, 2056, 16)]
+
+
+@pytest.mark.parametrize(("m", "k", "n"), EMULATE_CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_emulated_kernel_matches_float64(m, k, n, dtype):
+    dense = weight24(m, k, dtype, seed=m + k)
+    values, metadata, bits = encode24(dense)
+    plan = nm24.build_plan(values, metadata, bits, k)
+    assert (
+        plan.vals.shape == (-(-m // 16), plan.vals.shape[1], 32, 4) and plan.vals.shape[1] * 2 % nm24.KSTEP_ALIGN == 0
+    )
+    assert plan.vals.shape[1] * 2 * 16 >= k > (plan.vals.shape[1] * 2 - nm24.KSTEP_ALIGN) * 16
+    x = torch.randn(n, k).to(dtype).t()
+    bias = torch.randn(m).to(dtype)
+    for b, relu in ((None, False), (bias, True)):
+        ref = spmm_reference64(dense, x, b, "relu" if relu else "none")
+        assert torch.allclose(nm24.emulate(plan, x, b, relu), ref, rtol=1e-9, atol=1e-9)
+
+
+def test_emulation_notices_a_wrong_selector(monkeypatch):
+    """The replay depends on the selector table: swapping two of its entries breaks the result."""
+    dense = weight24(32, 64, torch.float16)
+    values, metadata, bits = encode24(dense)
+    plan = nm24.build_plan(values, metadata, bits, 64)
+    x = torch.randn(64, 4).half()
+    table = nm24.selector_table()
+    monkeypatch.setattr(nm24, "selector_table", lambda: table[[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 14]])
+    assert not torch.allclose(nm24.emulate(plan, x), spmm_reference64(dense, x, None, "none"))
+
+
+def test_selector_table_places_both_values():
+    """For every pair i0 < i1 the permute puts value 0 at column i0, value 1 at i1, zero elsewhere."""
+    table = nm24.selector_table()
+    word = torch.tensor([0xBBBBAAAA], dtype=torch.int64)
+    for i0 in range(4):
+        for i1 in range(i0 + 1, 4):
+            sel = table[i0 | (i1 << 2)]
+            lo, hi = nm24._byte_perm(word, sel), nm24._byte_perm(word, sel >> 16)
+            halves = [int(lo) & 0xFFFF, int(lo) >> 16, int(hi) & 0xFFFF, int(hi) >> 16]
+            assert halves == [0xAAAA if c == i0 else 0xBBBB if c == i1 else 0 for c in range(4)]
+
+
+def test_plan_rejects_other_dtypes_and_bad_k():
+    dense = weight24(8, 16, torch.float32)
+    values, metadata, bits = encode24(dense)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        nm24.build_plan(values, metadata, bits, 16)
+    values, metadata, bits = encode24(dense.half())
+    with pytest.raises(ValueError, match="do not match K"):
+        nm24.build_plan(values, metadata, bits, 20)
+
+
+def test_plan_chunk_rule():
+    # enough blocks for two per SM, k-steps a multiple of 8, at most 96
+    assert nm24.plan_chunk(256, 256, 132) == 32  # 4096 x 4096: 32 row blocks x 8 chunks
+    assert nm24.plan_chunk(688, 256, 132) == 64  # 11008 x 4096: 86 row blocks x 4 chunks
+    assert nm24.plan_chunk(1, 8, 132) == 8
+    assert nm24.plan_chunk(4, 1024, 132) == 8
+    assert nm24.plan_chunk(4096, 1024, 132) == 96
+    for strips, ksteps in ((48, 192), (192, 48), (256, 688), (3, 8)):
+        chunk = nm24.plan_chunk(strips, ksteps, 132)
+        assert chunk % nm24.KSTEP_ALIGN == 0 and nm24.KSTEP_ALIGN <= chunk <= nm24.MAX_CHUNK
+
+
+def test_decode_takes_rule(monkeypatch):
+    values = torch.zeros(32, 32, dtype=torch.float16)
+    x = torch.zeros(64, 16, dtype=torch.float16)
+    assert not nm24.decode_takes(values, x, 2, 4)  # CPU tensors: the reference runs
+    meta = torch.device("meta")
+    xm, vm = x.to(meta), values.to(meta)
+    assert not nm24.decode_takes(vm, xm, 2, 4)
+
+
+def test_nm_mm_cuda_rejects_an_unknown_backend():
+    dense = weight24(8, 16, torch.float16)
+    values, metadata, bits = encode24(dense)
+    with pytest.raises(ValueError, match="backend"):
+        structured.nm_mm_cuda(values, metadata, torch.randn(16, 2).half(), 2, 4, bits, backend="fast")
+
+
+# --- CUDA ----------------------------------------------------------------------------------------------------------
+
+CUDA_CASES = [
+    (1, 4, 1),
+    (37, 132, 5),
+    (128, 256, 16),
+    (200, 1000, 9),
+    (64, 8192, 16),  # few strips, long K: many k-chunks
+    (4096, 64, 3),  # many strips, one k-chunk
+    (1000, 3000, 8),
+    (2048, 2048, 12),
+]
+
+
+def _cuda24(m, k, dtype, seed):
+    dense = weight24(m, k, dtype, seed)
+    values, metadata, bits = encode24(dense)
+    return dense.cuda(), values.cuda(), metadata.cuda(), bits
+
+
+def _run_mm(plan, x, bias, relu, y_layout):
+    m, n = plan.m, x.shape[1]
+    y = (
+        torch.empty(n, m, device="cuda", dtype=x.dtype).t()
+        if y_layout == "t"
+        else torch.empty(m, n, device="cuda", dtype=x.dtype)
+    )
+    y.fill_(float("nan"))
+    torch.ops.prunekit_nm24.mm.default(plan.vals, plan.meta, plan.ws, plan.counters, x, y, bias, relu, m, plan.chunk)
+    torch.cuda.synchronize()
+    return y
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_kernel_matches_float64(dtype):
+    assert nm24.available()
+    for i, (m, k, _) in enumerate(CUDA_CASES):
+        dense, values, metadata, bits = _cuda24(m, k, dtype, seed=i)
+        plan = nm24.get_plan(values, metadata, bits, k)
+        bias = torch.randn(m, device="cuda").to(dtype)
+        for n in (1, 2, 7, 8, 9, 16):
+            for layout in ("nk", "kn", "strided"):
+                x2d = torch.randn(n, k, device="cuda").to(dtype)
+                x = {
+                    "nk": x2d.t(),
+                    "kn": x2d.t().contiguous(),
+                    "strided": torch.randn(n, k + 3, device="cuda").to(dtype)[:, 1 : k + 1].t(),
+                }[layout]
+                for b, relu in ((None, False), (bias, True)):
+                    y = _run_mm(plan, x, b, relu, "t" if layout == "nk" else "mn")
+                    err = relative_error(y, spmm_reference64(dense, x, b, "relu" if relu else "none"))
+                    assert err < TOLERANCE[dtype], (m, k, n, layout, relu, err)
+        assert int(plan.counters.abs().sum()) == 0 and float(plan.ws.abs().sum()) == 0.0  # left clean
+
+
+@pytest.mark.cuda
+def test_decode_kernel_calls_in_a_row_and_graph_replay():
+    dense, values, metadata, bits = _cuda24(512, 4096, torch.float16, seed=7)  # several k-chunks
+    plan = nm24.get_plan(values, metadata, bits, 4096)
+    assert -(-plan.vals.shape[1] * 2 // plan.chunk) > 1
+    xs = [torch.randn(16, 4096, device="cuda", dtype=torch.float16).t() for _ in range(3)]
+    for x in xs:  # each call must start from a clean workspace
+        y = nm24.decode_mm(values, metadata, x, bits)
+        assert relative_error(y, spmm_reference64(dense, x, None, "none")) < TOLERANCE[torch.float16]
+    static_x = xs[0].t().contiguous().t()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        nm24.decode_mm(values, metadata, static_x, bits)  # warm-up off the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = nm24.decode_mm(values, metadata, static_x, bits)
+    for x in xs[1:] + xs[:1]:
+        static_x.copy_(x)
+        static_y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(static_y, spmm_reference64(dense, x, None, "none")) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
+def test_nm_mm_routes_decode_shapes_to_the_kernel(monkeypatch):
+    dense, values, metadata, bits = _cuda24(256, 512, torch.float16, seed=3)
+    bias = torch.randn(256, device="cuda").half()
+    for n in (1, 16):
+        x = torch.randn(n, 512, device="cuda").half().t()
+        y = ops.nm_mm(values, metadata, x, 2, 4, bits, bias, "relu")
+        assert y.stride() == ops.nm_mm(values.cpu(), metadata.cpu(), x.cpu(), 2, 4, bits, bias.cpu(), "relu").stride()
+        assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) < TOLERANCE[torch.float16]
+    assert getattr(values, nm24._PLAN_ATTR, None) is not None  # the decode plan was built
+    monkeypatch.setenv(nm24.DECODE_ENV, "0")
+    assert not nm24.decode_takes(values, x, 2, 4)
+
+
+@pytest.mark.cuda
+def test_sparse_linear_eager_decode():
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    dense = weight24(384, 768, torch.float16, seed=5)
+    bias = torch.randn(384).half()
+    layer = SparseLinear(formats.encode("nm", dense, {"n": 2, "m": 4}), bias).cuda()
+    for tokens in (1, 5, 16):
+        x = torch.randn(tokens, 768, device="cuda", dtype=torch.float16)
+        with torch.inference_mode():
+            y = layer(x)
+        assert y.shape == (tokens, 384) and y.is_contiguous()
+        ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
+        assert relative_error(y, ref) < TOLERANCE[torch.float16], tokens
+    assert getattr(layer._buffers["w_values"], nm24._PLAN_ATTR, None) is not None
