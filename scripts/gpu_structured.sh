@@ -199,6 +199,7 @@ import sys, torch
 sys.path.insert(0, "tests/kernels")
 from test_nm24_decode import _cuda24, _run_mm
 from prunekit.kernels import nm24
+nm24.load()
 for m, k, n in ((37, 132, 5), (64, 4096, 16), (300, 1000, 9)):
     dense, values, metadata, bits = _cuda24(m, k, torch.float16, 1)
     plan = nm24.get_plan(values, metadata, bits, k)

@@ -89,12 +89,12 @@ def test_plan_rejects_other_dtypes_and_bad_k():
 
 
 def test_plan_chunk_rule():
-    # enough blocks for two per SM, k-steps a multiple of 8, at most 96
+    # enough blocks for two per SM, k-steps a multiple of 8, at most 64
     assert nm24.plan_chunk(256, 256, 132) == 32  # 4096 x 4096: 32 row blocks x 8 chunks
     assert nm24.plan_chunk(688, 256, 132) == 64  # 11008 x 4096: 86 row blocks x 4 chunks
     assert nm24.plan_chunk(1, 8, 132) == 8
     assert nm24.plan_chunk(4, 1024, 132) == 8
-    assert nm24.plan_chunk(4096, 1024, 132) == 96
+    assert nm24.plan_chunk(4096, 1024, 132) == 64
     for strips, ksteps in ((48, 192), (192, 48), (256, 688), (3, 8)):
         chunk = nm24.plan_chunk(strips, ksteps, 132)
         assert chunk % nm24.KSTEP_ALIGN == 0 and nm24.KSTEP_ALIGN <= chunk <= nm24.MAX_CHUNK

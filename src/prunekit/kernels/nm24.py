@@ -41,7 +41,7 @@ CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "structured"
 NAMESPACE = "prunekit_nm24"
 STRIPS_PER_BLOCK = 8  # warps per block, one 16-row strip each (kWarps)
 KSTEP_ALIGN = 8  # k-steps per register batch (kBatch): the plan pads K to a multiple of 8 * 16 columns
-MAX_CHUNK = 96  # k-steps per block (kMaxChunk: 48 KB of staged X)
+MAX_CHUNK = 64  # k-steps per block (kMaxChunk: 32 KB of staged X next to the 72 KB weight ring)
 MAX_N = 16  # tokens per call (kTokens)
 DTYPES = (torch.float16, torch.bfloat16)
 DECODE_ENV = "PRUNEKIT_NM24_DECODE"  # "0": 2:4 calls at N <= 16 go to cuSPARSELt as before

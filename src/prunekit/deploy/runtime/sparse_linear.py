@@ -6,7 +6,8 @@ kernels), as ``Y^T = W @ X^T`` on a transposed view. Storage-only formats (``bit
 ``dense`` decode to a dense weight and use ``F.linear``.
 
 Eager calls on CUDA skip the custom-op layers: BSR and 2:4 layers call one C++ operator each
-(``prunekit_structured::bsr_mm``, ``prunekit_cslt::linear``) that allocates the output and launches
+(``prunekit_structured::bsr_mm``; for 2:4 ``prunekit_nm24::linear`` at N <= 16, else ``prunekit_cslt::linear``)
+that allocates the output and launches
 the kernel, with the per-layer decisions (kernel or reference, variant, output layout) made on the
 first call and cached per dtype. CSR layers call the C++ entry ``prunekit_ext::spmm_csr_auto`` where
 ``gpu.eager_spmm_variant`` allows, else the op's CUDA implementation ``gpu.spmm_csr`` directly. Traced,
@@ -105,8 +106,18 @@ def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     if _eager_cuda(xt) and xt.shape[1] > 0:
         buffers = layer._buffers
         values = buffers["w_values"]
-        if nm24.decode_takes(values, xt, int(p["n"]), int(p["m"])) and nm24.available():  # N <= 16: own kernel
-            return nm24.decode_mm(values, buffers["w_metadata"], xt, int(p["bits"]), layer.bias)
+        if xt.shape[1] <= nm24.MAX_N:  # decode shapes: prunekit's own 2:4 kernel, decided once per layer and dtype
+            key = (xt.dtype, values.dtype, "decode")
+            decode = layer._eager_plans.get(key, _UNSET)
+            if decode is _UNSET:
+                bias_ok = layer.bias is None or (layer.bias.dtype == xt.dtype and layer.bias.is_contiguous())
+                decode = bias_ok and nm24.decode_takes(values, xt, int(p["n"]), int(p["m"])) and nm24.available()
+                layer._eager_plans[key] = decode
+            if decode:
+                plan = nm24.get_plan(values, buffers["w_metadata"], int(p["bits"]), layer.in_features)
+                return torch.ops.prunekit_nm24.linear.default(
+                    plan.vals, plan.meta, plan.ws, plan.counters, xt, layer.bias, False, plan.m, plan.chunk
+                )
         key = (xt.dtype, values.dtype)
         row_output = layer._eager_plans.get(key, _UNSET)
         if row_output is _UNSET:
@@ -155,7 +166,7 @@ class SparseLinear(nn.Module):
             self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
         else:
             self.bias = None
-        self._eager_plans: dict[tuple[torch.dtype, torch.dtype], object] = {}  # (x dtype, weight dtype) -> plan
+        self._eager_plans: dict[tuple, object] = {}  # (x dtype, weight dtype[, path]) -> plan
 
     def component(self, name: str) -> torch.Tensor:
         return getattr(self, f"w_{name}")

@@ -20,8 +20,10 @@
 // row g + 8).
 //
 // Grid: (row blocks of 8 strips, k-chunks). A block of 8 warps stages its chunk of X (16 tokens, zero outside X) in
-// shared memory in fragment order, then each warp streams its strip's chunk: 8 k-steps per batch (72 bytes per lane),
-// the next batch loaded while the current one is multiplied. One chunk writes Y directly; with several, warps add fp32
+// shared memory in fragment order with cp.async, while each warp streams its strip's chunk through a ring of 4
+// batches in shared memory (8 k-steps, 2.25 KB per batch; cp.async, 3 batches in flight while one is multiplied; each
+// lane reads back only the bytes it copied). v1 (a register double buffer, X staged with plain loads) streamed only
+// 1.0-1.5 TB/s on the H100 (benchmarks/results/nm24-h100-2026-11-25-v1.json). One chunk writes Y directly; with several, warps add fp32
 // partial sums into the plan's workspace with atomics and the last block of a row block (counter after a fence, the
 // threadFenceReduction pattern of the CUDA samples) adds bias, applies ReLU, writes Y and leaves the workspace and
 // counter at zero for the next call.
@@ -35,6 +37,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -47,9 +50,28 @@ using prunekit::Mma;
 
 constexpr int kWarps = 8;             // strips per row block (= nm24.STRIPS_PER_BLOCK)
 constexpr int kThreads = 32 * kWarps;
-constexpr int kBatch = 8;             // k-steps per register batch (= nm24.KSTEP_ALIGN)
+constexpr int kBatch = 8;             // k-steps per batch (= nm24.KSTEP_ALIGN)
 constexpr int kTokens = 16;           // N <= 16
-constexpr int kMaxChunk = 96;         // k-steps per block: 48 KB of staged X (= nm24.MAX_CHUNK)
+constexpr int kMaxChunk = 64;         // k-steps per block: 32 KB of staged X (= nm24.MAX_CHUNK)
+constexpr int kRing = 4;              // weight batches per warp in shared memory: 3 in flight while one is used
+constexpr int kBatchVals = 4 * 32;    // uint4 per batch and warp (2 KB)
+constexpr int kBatchMeta = 2 * 32;    // uint32 per batch and warp (256 B)
+constexpr int kRingBytes = kWarps * kRing * (kBatchVals * 16 + kBatchMeta * 4);  // 72 KB per block
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(prunekit::smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(prunekit::smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(prunekit::smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 struct Params {
   const uint4* vals;       // (strips, ksteps / 2, 32)
@@ -93,55 +115,70 @@ __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
 
 template <typename T, int NT>
 __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
-  extern __shared__ uint2 xs[];  // chunk * 2 * 32
+  // dynamic shared memory: the weight ring (kWarps x kRing batches: vals, then meta), then X in fragment order
+  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t lut[16];
   __shared__ int last_flag;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint4* ring_v = reinterpret_cast<uint4*>(smem) + warp * kRing * kBatchVals;
+  uint32_t* ring_m = reinterpret_cast<uint32_t*>(smem + kWarps * kRing * kBatchVals * 16) + warp * kRing * kBatchMeta;
+  uint2* xs = reinterpret_cast<uint2*>(smem + kRingBytes);
   const int strip = blockIdx.x * kWarps + warp;
   const int ks0 = blockIdx.y * p.chunk;
   const int nks = min(p.chunk, p.ksteps - ks0);  // a multiple of kBatch
+  const int batches = nks / kBatch;
   const bool active = strip < p.strips;
   const int kpairs = p.ksteps / 2, kquads = p.ksteps / 4;
   const uint4* vrow = p.vals + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 32 + lane;
   const uint32_t* mrow = p.meta + (static_cast<int64_t>(strip) * kquads + ks0 / 4) * 32 + lane;
-
-  // first batch in flight before the staging
-  uint4 v[4];
-  uint32_t mq[2];
-  if (active) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = __ldg(vrow + i * 32);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) mq[i] = __ldg(mrow + i * 32);
-  }
   if (tid < 16) lut[tid] = selector(tid);
 
-  // stage X[k0 + c][token] for c < nks * 16, tokens < 16 (zero outside X)
+  // X[k0 + c][token] for c < nks * 16, tokens < 16, zero outside X: cp.async where a whole 8-byte item is in X
   const T* x = static_cast<const T*>(p.x);
   const int groups = nks * 4;
   const int kcol0 = ks0 * 16;
   for (int item = tid; item < groups * kTokens; item += kThreads) {
     const int tok = item / groups, cg = item - tok * groups;
     const int col = kcol0 + cg * 4;
+    const int ks = cg >> 2, t = cg & 3, g = tok & 7, nt = tok >> 3;
+    if (NT == 1 && nt == 1) continue;
+    uint2* dst = xs + stage_slot(ks, nt, g * 4 + t);
+    const T* src = x + static_cast<int64_t>(tok) * p.x_sn + static_cast<int64_t>(col) * p.x_sk;
+    if (tok < p.n && p.x_vec && col + 3 < p.k) {
+      cp_async8(dst, src);
+      continue;
+    }
     uint2 w = make_uint2(0u, 0u);
     if (tok < p.n) {
-      const T* src = x + static_cast<int64_t>(tok) * p.x_sn + static_cast<int64_t>(col) * p.x_sk;
-      if (p.x_vec && col + 3 < p.k) {
-        w = *reinterpret_cast<const uint2*>(src);
-      } else {
-        uint16_t h[4];
+      uint16_t h[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const T e = col + j < p.k ? src[j * p.x_sk] : from_float<T>(0.f);
-          h[j] = *reinterpret_cast<const uint16_t*>(&e);
-        }
-        w = make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
+      for (int j = 0; j < 4; ++j) {
+        const T e = col + j < p.k ? src[j * p.x_sk] : from_float<T>(0.f);
+        h[j] = *reinterpret_cast<const uint16_t*>(&e);
       }
+      w = make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
     }
-    const int ks = cg >> 2, t = cg & 3;
-    const int g = tok & 7, nt = tok >> 3;
-    if (NT == 2 || nt == 0) xs[stage_slot(ks, nt, g * 4 + t)] = w;
+    *dst = w;
   }
+  cp_async_commit();
+
+  // weight batch bb of this warp into ring slot bb % kRing (one commit group per batch, empty past the end)
+  auto issue = [&](int bb) {
+    if (active && bb < batches) {
+      uint4* vdst = ring_v + (bb % kRing) * kBatchVals + lane;
+      const uint4* vsrc = vrow + bb * kBatchVals;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async16(vdst + i * 32, vsrc + i * 32);
+      uint32_t* mdst = ring_m + (bb % kRing) * kBatchMeta + lane;
+      const uint32_t* msrc = mrow + bb * kBatchMeta;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) cp_async4(mdst + i * 32, msrc + i * 32);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int bb = 0; bb < kRing - 1; ++bb) issue(bb);
+  cp_async_wait<kRing - 1>();  // the X group (the oldest) has landed
   __syncthreads();
 
   float acc[NT][4];
@@ -151,19 +188,17 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
   if (active) {
-    const int batches = nks / kBatch;
     for (int b = 0; b < batches; ++b) {
-      uint4 vn[4];
-      uint32_t mn[2];
-      const bool more = b + 1 < batches;
-      if (more) {
-        const uint4* vsrc = vrow + (b + 1) * 4 * 32;
-        const uint32_t* msrc = mrow + (b + 1) * 2 * 32;
+      issue(b + kRing - 1);
+      cp_async_wait<kRing - 1>();  // batch b has landed (each lane reads only what it copied itself)
+      const uint4* vb = ring_v + (b % kRing) * kBatchVals + lane;
+      const uint32_t* mb = ring_m + (b % kRing) * kBatchMeta + lane;
+      uint4 v[4];
+      uint32_t mq[2];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) vn[i] = __ldg(vsrc + i * 32);
+      for (int i = 0; i < 4; ++i) v[i] = vb[i * 32];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) mn[i] = __ldg(msrc + i * 32);
-      }
+      for (int i = 0; i < 2; ++i) mq[i] = mb[i * 32];
 #pragma unroll
       for (int s = 0; s < kBatch; ++s) {
         const uint4& vp = v[s >> 1];
@@ -183,14 +218,9 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
           Mma<T>::run(acc[nt], a, bx.x, bx.y);
         }
       }
-      if (more) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = vn[i];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) mq[i] = mn[i];
-      }
     }
   }
+  cp_async_wait<0>();
 
   const int g = lane >> 2, t = lane & 3;
   const T* bias = static_cast<const T*>(p.bias);
@@ -241,7 +271,17 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 
 template <typename T, int NT>
 void launch(const Params& p, int row_blocks, cudaStream_t stream) {
-  const size_t smem = static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
+  constexpr size_t kMaxSmem = kRingBytes + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
+  static std::atomic<uint64_t> opted_in{0};  // above the default 48 KB: opt in once per instance and device
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kMaxSmem)));
+    opted_in.fetch_or(bit, std::memory_order_relaxed);
+  }
+  const size_t smem = kRingBytes + static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
   nm24_decode_kernel<T, NT><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
