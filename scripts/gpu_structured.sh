@@ -10,7 +10,8 @@
 #   scripts/gpu_structured.sh nm [args]    # benchmarks/nm.py (all points, --time-limit-s 420 unless given)
 #   scripts/gpu_structured.sh nm24 [args]  # the 2:4 decode kernel (kernels/nm24.py) alone: build it and the cuSPARSELt
 #                                          # binding (not the BSR library), its tests and test_nm_mm.py, memcheck of
-#                                          # small decode cases, then benchmarks/nm.py at the decode points (5,6,7,8)
+#                                          # small decode cases, benchmarks/nm24_sweep.py (k-chunk sweep), then
+#                                          # benchmarks/nm.py at the decode points (5,6,7,8)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -211,6 +212,9 @@ PY
   echo "memcheck exit code $?"; tail -3 "$OUT/memcheck_nm24.log"
   timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 python3 /tmp/sanitize_nm24.py > "$OUT/racecheck_nm24.log" 2>&1
   echo "racecheck exit code $?"; tail -3 "$OUT/racecheck_nm24.log"
+  step nm24 chunk sweep
+  timeout 300 python3 benchmarks/nm24_sweep.py --out "$OUT/nm24-sweep-$DEV-$DATE.json" > "$OUT/nm24_sweep.log" 2>&1
+  echo "sweep exit code $?"; tail -60 "$OUT/nm24_sweep.log"
   local extra=()
   has_arg --points "$@" || extra=(--points 5,6,7,8)
   bench_nm "${extra[@]}" "$@"

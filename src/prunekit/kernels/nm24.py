@@ -45,6 +45,7 @@ MAX_CHUNK = 64  # k-steps per block (kMaxChunk: 32 KB of staged X next to the 72
 MAX_N = 16  # tokens per call (kTokens)
 DTYPES = (torch.float16, torch.bfloat16)
 DECODE_ENV = "PRUNEKIT_NM24_DECODE"  # "0": 2:4 calls at N <= 16 go to cuSPARSELt as before
+CHUNK_ENV = "PRUNEKIT_NM24_CHUNK"  # k-steps per block instead of plan_chunk's (tuning: benchmarks/nm24_sweep.py)
 _PLAN_ATTR = "_prunekit_nm24_plan"
 _state: bool | None = None  # available(), tried once per process
 
@@ -111,13 +112,16 @@ class Nm24Plan(NamedTuple):
 
 
 def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
-    """k-steps per block: the fewest (a multiple of :data:`KSTEP_ALIGN`, at most :data:`MAX_CHUNK`) that still give
-    about two blocks per SM, so that enough loads are in flight to stream the weight at memory speed."""
+    """k-steps per block: the most (a multiple of :data:`KSTEP_ALIGN`, at most :data:`MAX_CHUNK`) that still give
+    about two blocks per SM (the residency of its 88-104 KB of shared memory), so that enough loads are in flight to
+    stream the weight at memory speed with the fewest k-splits. ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning)."""
     row_blocks = -(-strips // STRIPS_PER_BLOCK)
     chunks = max(1, -(-2 * num_sms // row_blocks))
     chunk = -(-ksteps // chunks)
-    chunk = -(-chunk // KSTEP_ALIGN) * KSTEP_ALIGN
-    return max(KSTEP_ALIGN, min(chunk, MAX_CHUNK, ksteps))
+    forced = os.environ.get(CHUNK_ENV)
+    if forced:
+        chunk = int(forced)
+    return max(KSTEP_ALIGN, min(-(-chunk // KSTEP_ALIGN) * KSTEP_ALIGN, MAX_CHUNK, ksteps))
 
 
 def _groups(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,7 +202,7 @@ def get_plan(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) ->
         with torch.inference_mode(False), torch.no_grad():
             return build_plan(values, metadata, bits, k)
 
-    return cached(values, _PLAN_ATTR, (values, metadata), (bits, k), make)
+    return cached(values, _PLAN_ATTR, (values, metadata), (bits, k, os.environ.get(CHUNK_ENV)), make)
 
 
 def _byte_perm(x: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
