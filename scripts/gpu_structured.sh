@@ -12,6 +12,8 @@
 #                                          # binding (not the BSR library), its tests and test_nm_mm.py, memcheck of
 #                                          # small decode cases, benchmarks/nm24_sweep.py (k-chunk sweep), then
 #                                          # benchmarks/nm.py at the decode points (5,6,7,8)
+#   scripts/gpu_structured.sh nm24prof     # Nsight Compute of the decode kernel ($NM24_PROFILE_CASES "M K N;..."), then
+#                                          # the k-chunk sweep ($NM24_CHUNKS)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -220,8 +222,45 @@ PY
   bench_nm "${extra[@]}" "$@"
 }
 
+nm24prof() {
+  step build nm24
+  timeout 300 python3 -c "from prunekit.kernels import nm24; print(nm24.load())" 2>&1 | tail -1
+  cat > /tmp/profile_nm24.py <<'PY'
+import sys, torch
+sys.path.insert(0, "tests/kernels")
+from test_nm24_decode import _cuda24
+from prunekit.kernels import nm24
+nm24.load()
+m, k, n = (int(v) for v in sys.argv[1:4])
+dense, values, metadata, bits = _cuda24(m, k, torch.float16, 1)
+x = torch.randn(n, k, device="cuda").half().t()
+for _ in range(3):
+    nm24.decode_mm(values, metadata, x, bits)
+torch.cuda.synchronize()
+print("profiled", m, k, n, "chunk", nm24.get_plan(values, metadata, bits, k).chunk)
+PY
+  local ncu_out="$OUT/ncu-nm24-$DEV-$DATE.txt"
+  : > "$ncu_out"
+  IFS=';' read -ra CASES <<< "${NM24_PROFILE_CASES:-4096 4096 16;768 3072 16}"
+  for case in "${CASES[@]}"; do
+    echo "=== $case" | tee -a "$ncu_out"
+    timeout 150 ncu -k regex:nm24_decode --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+      --section Occupancy --section LaunchStats --section InstructionStats \
+      --metrics dram__bytes_read.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+      python3 /tmp/profile_nm24.py $case >> "$ncu_out" 2>&1
+    echo "ncu exit code $?" | tee -a "$ncu_out"
+  done
+  grep -E "===|profiled|Duration|Throughput|DRAM|dram__|inst_executed|Stall|Occupancy|Registers|Shared Memory|Block Limit|Waves|Eligible|Active Warps|Issued" "$ncu_out" | head -90
+  step nm24 sweep
+  timeout 200 python3 benchmarks/nm24_sweep.py --chunks "${NM24_CHUNKS:-auto,16,32,64}" \
+    --out "$OUT/nm24-sweep-$DEV-$DATE.json" > "$OUT/nm24_sweep.log" 2>&1
+  echo "sweep exit code $?"
+}
+
 case $MODE in
   build-test) build; build_test ;;
+  nm24prof) nm24prof ;;
   nm24) nm24 "$@" ;;
   bsr) build; bench_bsr "$@" ;;
   nm) build; bench_nm "$@" ;;

@@ -279,6 +279,9 @@ void launch(const Params& p, int row_blocks, cudaStream_t stream) {
   if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kMaxSmem)));
+    // all of L1 as shared memory: two blocks of 88-104 KB per SM (the driver may otherwise size it for one)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
   const size_t smem = kRingBytes + static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
