@@ -225,6 +225,17 @@ PY
 nm24prof() {
   step build nm24
   timeout 300 python3 -c "from prunekit.kernels import nm24; print(nm24.load())" 2>&1 | tail -1
+  step nm24 tests
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_nm24_decode.py > "$OUT/tests_nm24.log" 2>&1
+  echo "pytest exit code $?"; grep -E "passed|failed|^(FAILED|ERROR)|Error|assert" "$OUT/tests_nm24.log" | head -12
+  step nm24 probes  # where the time goes: 1 no epilogue, 2 no math, 4 no weight loads (wrong results, timing only)
+  for probe in ${NM24_PROBES:-0 1 2 4 3 6 7}; do
+    PRUNEKIT_NM24_PROBE=$probe timeout 100 python3 benchmarks/nm24_sweep.py --chunks auto --ns 16 \
+      --shapes 4096x4096,11008x4096,768x3072 --out "$OUT/probe/nm24-probe$probe.json" > "$OUT/probe_$probe.log" 2>&1
+    python3 -c "
+import json; d = json.load(open('$OUT/probe/nm24-probe$probe.json'))
+print('probe $probe', ' | '.join(f\"{r['m']}x{r['k']} {r['decode_gpu_ms'] * 1e3:.1f} us (dense {r['dense_gpu_ms'] * 1e3:.1f})\" for r in d['results']))"
+  done
   cat > /tmp/profile_nm24.py <<'PY'
 import sys, torch
 sys.path.insert(0, "tests/kernels")
@@ -241,17 +252,17 @@ print("profiled", m, k, n, "chunk", nm24.get_plan(values, metadata, bits, k).chu
 PY
   local ncu_out="$OUT/ncu-nm24-$DEV-$DATE.txt"
   : > "$ncu_out"
-  IFS=';' read -ra CASES <<< "${NM24_PROFILE_CASES:-4096 4096 16;768 3072 16}"
+  IFS=';' read -ra CASES <<< "${NM24_PROFILE_CASES:-4096 4096 16}"
   for case in "${CASES[@]}"; do
     echo "=== $case" | tee -a "$ncu_out"
     timeout 150 ncu -k regex:nm24_decode --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
       --section Occupancy --section LaunchStats --section InstructionStats \
-      --metrics dram__bytes_read.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+      --metrics dram__bytes_read.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
       python3 /tmp/profile_nm24.py $case >> "$ncu_out" 2>&1
     echo "ncu exit code $?" | tee -a "$ncu_out"
   done
-  grep -E "===|profiled|Duration|Throughput|DRAM|dram__|inst_executed|Stall|Occupancy|Registers|Shared Memory|Block Limit|Waves|Eligible|Active Warps|Issued" "$ncu_out" | head -90
+  grep -E "===|profiled|Duration|Throughput|DRAM|dram__|inst_executed|stalled|Stall|Occupancy|Registers|Shared Memory|Block Limit|Waves|Eligible|Active Warps|Issued" "$ncu_out" | head -90
   step nm24 sweep
   timeout 200 python3 benchmarks/nm24_sweep.py --chunks "${NM24_CHUNKS:-auto,16,32,64}" \
     --out "$OUT/nm24-sweep-$DEV-$DATE.json" > "$OUT/nm24_sweep.log" 2>&1

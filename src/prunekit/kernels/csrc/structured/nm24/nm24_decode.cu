@@ -38,6 +38,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstdint>
 #include <type_traits>
 
@@ -67,6 +68,15 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(prunekit::smem_u32(dst)), "l"(src));
 }
+// ws[0] += a, ws[1] += b (8-byte aligned): one vector reduction on sm_90, two scalar ones before
+__device__ __forceinline__ void red_add2(float* ws, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(ws), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(ws, a);
+  atomicAdd(ws + 1, b);
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -84,6 +94,7 @@ struct Params {
   float* ws;               // (strips * 16, 16) fp32, zero between calls
   int* counters;           // (row blocks,), zero between calls
   int m, k, n, strips, ksteps, chunk, chunks, relu, x_vec;
+  int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads
 };
 
 template <typename T> __device__ __forceinline__ float to_float(T v);
@@ -137,34 +148,38 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const T* x = static_cast<const T*>(p.x);
   const int groups = nks * 4;
   const int kcol0 = ks0 * 16;
-  for (int item = tid; item < groups * kTokens; item += kThreads) {
-    const int tok = item / groups, cg = item - tok * groups;
+  const bool vec = p.x_vec;
+  for (int cg = tid; cg < groups; cg += kThreads) {
     const int col = kcol0 + cg * 4;
-    const int ks = cg >> 2, t = cg & 3, g = tok & 7, nt = tok >> 3;
-    if (NT == 1 && nt == 1) continue;
-    uint2* dst = xs + stage_slot(ks, nt, g * 4 + t);
-    const T* src = x + static_cast<int64_t>(tok) * p.x_sn + static_cast<int64_t>(col) * p.x_sk;
-    if (tok < p.n && p.x_vec && col + 3 < p.k) {
-      cp_async8(dst, src);
-      continue;
-    }
-    uint2 w = make_uint2(0u, 0u);
-    if (tok < p.n) {
-      uint16_t h[4];
+    const int ks = cg >> 2, t = cg & 3;
+    const T* src = x + static_cast<int64_t>(col) * p.x_sk;
+    const bool full = vec && col + 3 < p.k;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const T e = col + j < p.k ? src[j * p.x_sk] : from_float<T>(0.f);
-        h[j] = *reinterpret_cast<const uint16_t*>(&e);
+    for (int tok = 0; tok < NT * 8; ++tok) {
+      uint2* dst = xs + stage_slot(ks, tok >> 3, (tok & 7) * 4 + t);
+      const T* s_tok = src + static_cast<int64_t>(tok) * p.x_sn;
+      if (tok < p.n && full) {
+        cp_async8(dst, s_tok);
+        continue;
       }
-      w = make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
+      uint2 w = make_uint2(0u, 0u);
+      if (tok < p.n) {
+        uint16_t h[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const T e = col + j < p.k ? s_tok[j * p.x_sk] : from_float<T>(0.f);
+          h[j] = *reinterpret_cast<const uint16_t*>(&e);
+        }
+        w = make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
+      }
+      *dst = w;
     }
-    *dst = w;
   }
   cp_async_commit();
 
   // weight batch bb of this warp into ring slot bb % kRing (one commit group per batch, empty past the end)
   auto issue = [&](int bb) {
-    if (active && bb < batches) {
+    if (active && bb < batches && !(p.probe & 4)) {
       uint4* vdst = ring_v + (bb % kRing) * kBatchVals + lane;
       const uint4* vsrc = vrow + bb * kBatchVals;
 #pragma unroll
@@ -187,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-  if (active) {
+  if (active && !(p.probe & 2)) {
     for (int b = 0; b < batches; ++b) {
       issue(b + kRing - 1);
       cp_async_wait<kRing - 1>();  // batch b has landed (each lane reads only what it copied itself)
@@ -222,6 +237,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   }
   cp_async_wait<0>();
 
+  if (p.probe & 1) return;
   const int g = lane >> 2, t = lane & 3;
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
@@ -244,9 +260,9 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = strip * 16 + g + (i >> 1) * 8, tok = nt * 8 + 2 * t + (i & 1);
-        if (row < p.m && tok < p.n) atomicAdd(p.ws + static_cast<int64_t>(row) * kTokens + tok, acc[nt][i]);
+      for (int h = 0; h < 2; ++h) {  // tokens 2t, 2t + 1 of one row are adjacent in ws: one 8-byte reduction
+        const int row = strip * 16 + g + h * 8, tok = nt * 8 + 2 * t;
+        if (row < p.m && tok < p.n) red_add2(p.ws + static_cast<int64_t>(row) * kTokens + tok, acc[nt][2 * h], acc[nt][2 * h + 1]);
       }
   }
   __threadfence();
@@ -342,6 +358,11 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
   p.chunk = static_cast<int>(chunk);
   p.chunks = static_cast<int>(chunks);
   p.relu = relu ? 1 : 0;
+  static const int probe = [] {
+    const char* env = std::getenv("PRUNEKIT_NM24_PROBE");
+    return env == nullptr ? 0 : std::atoi(env);
+  }();
+  p.probe = probe;
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   const c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
