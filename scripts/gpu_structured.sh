@@ -203,7 +203,7 @@ sys.path.insert(0, "tests/kernels")
 from test_nm24_decode import _cuda24, _run_mm
 from prunekit.kernels import nm24
 nm24.load()
-for m, k, n in ((37, 132, 5), (64, 4096, 16), (300, 1000, 9)):
+for m, k, n in ((37, 132, 5), (64, 4096, 16), (300, 1000, 9), (2048, 2048, 16)):
     dense, values, metadata, bits = _cuda24(m, k, torch.float16, 1)
     plan = nm24.get_plan(values, metadata, bits, k)
     x = torch.randn(n, k, device="cuda").half().t()
@@ -214,12 +214,28 @@ PY
   echo "memcheck exit code $?"; tail -3 "$OUT/memcheck_nm24.log"
   timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 python3 /tmp/sanitize_nm24.py > "$OUT/racecheck_nm24.log" 2>&1
   echo "racecheck exit code $?"; tail -3 "$OUT/racecheck_nm24.log"
-  step nm24 chunk sweep
-  timeout 300 python3 benchmarks/nm24_sweep.py --out "$OUT/nm24-sweep-$DEV-$DATE.json" > "$OUT/nm24_sweep.log" 2>&1
+  nm24_probes "${NM24_PROBES:-1 c0}"
+  step nm24 sweep
+  timeout 300 python3 benchmarks/nm24_sweep.py --chunks "${NM24_CHUNKS:-auto,32,64}" \
+    --out "$OUT/nm24-sweep-$DEV-$DATE.json" > "$OUT/nm24_sweep.log" 2>&1
   echo "sweep exit code $?"; tail -60 "$OUT/nm24_sweep.log"
   local extra=()
   has_arg --points "$@" || extra=(--points 5,6,7,8)
   bench_nm "${extra[@]}" "$@"
+}
+
+nm24_probes() {
+  step nm24 probes  # where the time goes: 1 no epilogue, 2 no math, 4 no weight loads (wrong results, timing only)
+  mkdir -p "$OUT/probe"
+  for probe in $1; do  # c0: the atomic k-chunk reduction instead of clusters
+    local env=(PRUNEKIT_NM24_PROBE="$probe")
+    [[ $probe == c0 ]] && env=(PRUNEKIT_NM24_PROBE=0 PRUNEKIT_NM24_CLUSTER=0)
+    env "${env[@]}" timeout 100 python3 benchmarks/nm24_sweep.py --chunks auto --ns 16 \
+      --shapes 4096x4096,11008x4096,4096x11008,768x3072 --out "$OUT/probe/nm24-probe$probe.json" > "$OUT/probe_$probe.log" 2>&1
+    python3 -c "
+import json; d = json.load(open('$OUT/probe/nm24-probe$probe.json'))
+print('probe $probe', ' | '.join(f\"{r['m']}x{r['k']} {r['decode_gpu_ms'] * 1e3:.1f} us (dense {r['dense_gpu_ms'] * 1e3:.1f})\" for r in d['results']))"
+  done
 }
 
 nm24prof() {
@@ -228,14 +244,7 @@ nm24prof() {
   step nm24 tests
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_nm24_decode.py > "$OUT/tests_nm24.log" 2>&1
   echo "pytest exit code $?"; grep -E "passed|failed|^(FAILED|ERROR)|Error|assert" "$OUT/tests_nm24.log" | head -12
-  step nm24 probes  # where the time goes: 1 no epilogue, 2 no math, 4 no weight loads (wrong results, timing only)
-  for probe in ${NM24_PROBES:-0 1 2 4 3 6 7}; do
-    PRUNEKIT_NM24_PROBE=$probe timeout 100 python3 benchmarks/nm24_sweep.py --chunks auto --ns 16 \
-      --shapes 4096x4096,11008x4096,768x3072 --out "$OUT/probe/nm24-probe$probe.json" > "$OUT/probe_$probe.log" 2>&1
-    python3 -c "
-import json; d = json.load(open('$OUT/probe/nm24-probe$probe.json'))
-print('probe $probe', ' | '.join(f\"{r['m']}x{r['k']} {r['decode_gpu_ms'] * 1e3:.1f} us (dense {r['dense_gpu_ms'] * 1e3:.1f})\" for r in d['results']))"
-  done
+  nm24_probes "${NM24_PROBES:-0 1 2 4 3 6 7}"
   cat > /tmp/profile_nm24.py <<'PY'
 import sys, torch
 sys.path.insert(0, "tests/kernels")

@@ -93,7 +93,8 @@ def test_plan_chunk_rule():
     assert nm24.plan_chunk(256, 256, 132) == 32  # 4096 x 4096: 32 row blocks x 8 chunks
     assert nm24.plan_chunk(688, 256, 132) == 64  # 11008 x 4096: 86 row blocks x 4 chunks
     assert nm24.plan_chunk(1, 8, 132) == 8
-    assert nm24.plan_chunk(4, 1024, 132) == 8
+    assert nm24.plan_chunk(4, 1024, 132) == 64  # at most 16 k-chunks (one cluster)
+    assert nm24.plan_chunk(48, 192, 132) == 16  # 768 x 3072: 12 chunks, not 24
     assert nm24.plan_chunk(4096, 1024, 132) == 64
     for strips, ksteps in ((48, 192), (192, 48), (256, 688), (3, 8)):
         chunk = nm24.plan_chunk(strips, ksteps, 132)
@@ -150,8 +151,11 @@ def _run_mm(plan, x, bias, relu, y_layout):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("cluster", ["1", "0"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decode_kernel_matches_float64(dtype):
+def test_decode_kernel_matches_float64(dtype, cluster, monkeypatch):
+    """Both k-chunk reductions: thread-block clusters (sm_90, the default) and global atomics with counters."""
+    monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
     assert nm24.available()
     for i, (m, k, _) in enumerate(CUDA_CASES):
         dense, values, metadata, bits = _cuda24(m, k, dtype, seed=i)
@@ -173,7 +177,9 @@ def test_decode_kernel_matches_float64(dtype):
 
 
 @pytest.mark.cuda
-def test_decode_kernel_calls_in_a_row_and_graph_replay():
+@pytest.mark.parametrize("cluster", ["1", "0"])
+def test_decode_kernel_calls_in_a_row_and_graph_replay(cluster, monkeypatch):
+    monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
     dense, values, metadata, bits = _cuda24(512, 4096, torch.float16, seed=7)  # several k-chunks
     plan = nm24.get_plan(values, metadata, bits, 4096)
     assert -(-plan.vals.shape[1] * 2 // plan.chunk) > 1

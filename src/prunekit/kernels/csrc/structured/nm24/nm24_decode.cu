@@ -36,9 +36,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
+#include <cooperative_groups.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <type_traits>
 
@@ -47,6 +49,8 @@
 namespace prunekit_nm24 {
 namespace {
 
+namespace cg = cooperative_groups;
+
 using prunekit::Mma;
 
 constexpr int kWarps = 8;             // strips per row block (= nm24.STRIPS_PER_BLOCK)
@@ -54,6 +58,7 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kBatch = 8;             // k-steps per batch (= nm24.KSTEP_ALIGN)
 constexpr int kTokens = 16;           // N <= 16
 constexpr int kMaxChunk = 64;         // k-steps per block: 32 KB of staged X (= nm24.MAX_CHUNK)
+constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTER; over 8 is non-portable)
 constexpr int kRing = 4;              // weight batches per warp in shared memory: 3 in flight while one is used
 constexpr int kBatchVals = 4 * 32;    // uint4 per batch and warp (2 KB)
 constexpr int kBatchMeta = 2 * 32;    // uint32 per batch and warp (256 B)
@@ -94,6 +99,7 @@ struct Params {
   float* ws;               // (strips * 16, 16) fp32, zero between calls
   int* counters;           // (row blocks,), zero between calls
   int m, k, n, strips, ksteps, chunk, chunks, relu, x_vec;
+  int cluster;  // 1: the grid's k-chunks are clusters, reduced through distributed shared memory (sm_90)
   int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads
 };
 
@@ -117,6 +123,14 @@ __device__ __forceinline__ uint32_t selector(uint32_t nib) {
     sel |= pair << (8 * c);
   }
   return sel;
+}
+
+// prmt.b32 d, v, 0, sel: PTX reads only sel[15:0] (four 3-bit selectors, sign bits clear in our table), so the
+// masking __byte_perm adds is not needed
+__device__ __forceinline__ uint32_t prmt0(uint32_t v, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(d) : "r"(v), "r"(sel));
+  return d;
 }
 
 __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
@@ -222,10 +236,10 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
         const uint32_t m8 = (mq[s >> 2] >> ((s & 3) * 8)) & 0xffu;
         const uint32_t sg = lut[m8 & 15u], sg8 = lut[m8 >> 4];
         uint4 a;
-        a.x = __byte_perm(wg, 0u, sg);
-        a.z = __byte_perm(wg, 0u, sg >> 16);
-        a.y = __byte_perm(wg8, 0u, sg8);
-        a.w = __byte_perm(wg8, 0u, sg8 >> 16);
+        a.x = prmt0(wg, sg);
+        a.z = prmt0(wg, sg >> 16);
+        a.y = prmt0(wg8, sg8);
+        a.w = prmt0(wg8, sg8 >> 16);
         const int ks = b * kBatch + s;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -241,6 +255,37 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const int g = lane >> 2, t = lane & 3;
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster) {
+    // The k-chunks of this row block are one thread-block cluster: each warp leaves its 16 x 16 partial sums in its
+    // own (now idle) ring, and after the cluster barrier block rank r adds up its share of the 128 x 16 outputs from
+    // every block's shared memory (distributed shared memory), with no global atomics, fences or counters.
+    float* part = reinterpret_cast<float*>(ring_v);
+    if (active) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[(g + (i >> 1) * 8) * kTokens + nt * 8 + 2 * t + (i & 1)] = acc[nt][i];
+    }
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    const int rank = static_cast<int>(cluster.block_rank());
+    for (int e = rank * kThreads + tid; e < kWarps * 16 * kTokens; e += kThreads * p.chunks) {
+      const int row_local = e / kTokens, tok = e % kTokens;
+      const int row = blockIdx.x * kWarps * 16 + row_local;
+      if (row < p.m && tok < p.n) {
+        float* local = reinterpret_cast<float*>(smem) + (row_local >> 4) * kRing * kBatchVals * 4 +
+                       (row_local & 15) * kTokens + tok;
+        float val = bias ? to_float(bias[row]) : 0.f;
+        for (int r = 0; r < p.chunks; ++r) val += *cluster.map_shared_rank(local, r);
+        if (p.relu) val = fmaxf(val, 0.f);
+        y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
+      }
+    }
+    cluster.sync();  // no block leaves while another still reads its shared memory
+    return;
+  }
+#endif
   if (p.chunks == 1) {
     if (!active) return;
 #pragma unroll
@@ -286,7 +331,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 }
 
 template <typename T, int NT>
-void launch(const Params& p, int row_blocks, cudaStream_t stream) {
+void launch(Params p, int row_blocks, cudaStream_t stream) {
   constexpr size_t kMaxSmem = kRingBytes + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
   static std::atomic<uint64_t> opted_in{0};  // above the default 48 KB: opt in once per instance and device
   int device = 0;
@@ -301,8 +346,36 @@ void launch(const Params& p, int row_blocks, cudaStream_t stream) {
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
   const size_t smem = kRingBytes + static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
-  nm24_decode_kernel<T, NT><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  static std::atomic<int> major_of[64] = {};  // compute capability major per device, 0: not asked yet
+  int major = major_of[device & 63].load(std::memory_order_relaxed);
+  if (major == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    major_of[device & 63].store(major, std::memory_order_relaxed);
+  }
+  if (major < 9) p.cluster = 0;
+  if (!p.cluster) {
+    nm24_decode_kernel<T, NT><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  static std::atomic<uint64_t> non_portable{0};  // clusters of 9-16 blocks: opt in once per instance and device
+  if (p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    non_portable.fetch_or(bit, std::memory_order_relaxed);
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(row_blocks, p.chunks, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = p.chunks;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT>, p));
 }
 
 // Y (M, N) = act(A @ x + bias) into y (any strides). vals / meta / ws / counters: the plan (kernels/nm24.py).
@@ -363,6 +436,10 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
     return env == nullptr ? 0 : std::atoi(env);
   }();
   p.probe = probe;
+  // k-chunks reduced in a cluster on sm_90 (2..16 chunks; $PRUNEKIT_NM24_CLUSTER=0: global atomics, as on sm_80)
+  const char* cluster_var = std::getenv("PRUNEKIT_NM24_CLUSTER");
+  const bool cluster_env = cluster_var == nullptr || std::strcmp(cluster_var, "0") != 0;
+  p.cluster = cluster_env && chunks > 1 && chunks <= kMaxCluster;  // launch() clears it below sm_90
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   const c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
