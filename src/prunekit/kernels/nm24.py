@@ -41,7 +41,7 @@ CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "structured"
 NAMESPACE = "prunekit_nm24"
 STRIPS_PER_BLOCK = 8  # warps per block, one 16-row strip each (kWarps)
 KSTEP_ALIGN = 8  # k-steps per register batch (kBatch): the plan pads K to a multiple of 8 * 16 columns
-MAX_CHUNK = 64  # k-steps per block (kMaxChunk: 32 KB of staged X next to the 72 KB weight ring)
+MAX_CHUNK = 64  # k-steps per block (kMaxChunk: 32 KB of staged X next to the 54 KB weight ring)
 MAX_N = 16  # tokens per call (kTokens)
 MAX_CLUSTER = 16  # k-chunks the kernel reduces in one thread-block cluster on sm_90 (kMaxCluster); more: atomics
 CLUSTER_ENV = "PRUNEKIT_NM24_CLUSTER"  # "0": reduce k-chunks with global atomics and counters (as on sm_80)
@@ -115,7 +115,7 @@ class Nm24Plan(NamedTuple):
 
 def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
     """k-steps per block: the most (a multiple of :data:`KSTEP_ALIGN`, at most :data:`MAX_CHUNK`) that still give
-    about two blocks per SM (the residency of its 88-104 KB of shared memory), so that enough loads are in flight to
+    about two blocks per SM (three fit at chunk 32: 70 KB of shared memory each, which leaves room to place clusters), so that enough loads are in flight to
     stream the weight at memory speed with the fewest k-splits, and at most :data:`MAX_CLUSTER` k-chunks where
     :data:`MAX_CHUNK` allows (one cluster per row block on sm_90). ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning)."""
     row_blocks = -(-strips // STRIPS_PER_BLOCK)

@@ -20,8 +20,8 @@
 // row g + 8).
 //
 // Grid: (row blocks of 8 strips, k-chunks). A block of 8 warps stages its chunk of X (16 tokens, zero outside X) in
-// shared memory in fragment order with cp.async, while each warp streams its strip's chunk through a ring of 4
-// batches in shared memory (8 k-steps, 2.25 KB per batch; cp.async, 3 batches in flight while one is multiplied; each
+// shared memory in fragment order with cp.async, while each warp streams its strip's chunk through a ring of 3
+// batches in shared memory (8 k-steps, 2.25 KB per batch; cp.async, 2 batches in flight while one is multiplied; each
 // lane reads back only the bytes it copied). v1 (a register double buffer, X staged with plain loads) streamed only
 // 1.0-1.5 TB/s on the H100 (benchmarks/results/nm24-h100-2026-11-25-v1.json). One chunk writes Y directly; with several, warps add fp32
 // partial sums into the plan's workspace with atomics and the last block of a row block (counter after a fence, the
@@ -59,10 +59,10 @@ constexpr int kBatch = 8;             // k-steps per batch (= nm24.KSTEP_ALIGN)
 constexpr int kTokens = 16;           // N <= 16
 constexpr int kMaxChunk = 64;         // k-steps per block: 32 KB of staged X (= nm24.MAX_CHUNK)
 constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTER; over 8 is non-portable)
-constexpr int kRing = 4;              // weight batches per warp in shared memory: 3 in flight while one is used
+constexpr int kRing = 3;              // weight batches per warp in shared memory: 2 in flight while one is used
 constexpr int kBatchVals = 4 * 32;    // uint4 per batch and warp (2 KB)
 constexpr int kBatchMeta = 2 * 32;    // uint32 per batch and warp (256 B)
-constexpr int kRingBytes = kWarps * kRing * (kBatchVals * 16 + kBatchMeta * 4);  // 72 KB per block
+constexpr int kRingBytes = kWarps * kRing * (kBatchVals * 16 + kBatchMeta * 4);  // 54 KB per block
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(prunekit::smem_u32(dst)), "l"(src));
@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     // own (now idle) ring, and after the cluster barrier block rank r adds up its share of the 128 x 16 outputs from
     // every block's shared memory (distributed shared memory), with no global atomics, fences or counters.
     float* part = reinterpret_cast<float*>(ring_v);
+    __syncwarp();  // other lanes' ring reads are done before this warp overwrites the ring
     if (active) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
@@ -276,8 +277,12 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       if (row < p.m && tok < p.n) {
         float* local = reinterpret_cast<float*>(smem) + (row_local >> 4) * kRing * kBatchVals * 4 +
                        (row_local & 15) * kTokens + tok;
+        float parts[kMaxCluster];
+#pragma unroll
+        for (int r = 0; r < kMaxCluster; ++r) parts[r] = r < p.chunks ? *cluster.map_shared_rank(local, r) : 0.f;
         float val = bias ? to_float(bias[row]) : 0.f;
-        for (int r = 0; r < p.chunks; ++r) val += *cluster.map_shared_rank(local, r);
+#pragma unroll
+        for (int r = 0; r < kMaxCluster; ++r) val += parts[r];
         if (p.relu) val = fmaxf(val, 0.f);
         y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
       }
@@ -340,7 +345,7 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kMaxSmem)));
-    // all of L1 as shared memory: two blocks of 88-104 KB per SM (the driver may otherwise size it for one)
+    // all of L1 as shared memory: two or three blocks of 70-86 KB per SM (the driver may otherwise size it for one)
     C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     opted_in.fetch_or(bit, std::memory_order_relaxed);
