@@ -12,6 +12,8 @@
 #                                          # binding (not the BSR library), its tests and test_nm_mm.py, memcheck of
 #                                          # small decode cases, benchmarks/nm24_sweep.py (k-chunk sweep), then
 #                                          # benchmarks/nm.py at the decode points (5,6,7,8)
+#   scripts/gpu_structured.sh nm24sp       # the decode kernel's mma.sp variant: metadata layout check, tests, sweeps of
+#                                          # both variants, benchmarks/nm.py decode points with mma.sp
 #   scripts/gpu_structured.sh nm24prof     # Nsight Compute of the decode kernel ($NM24_PROFILE_CASES "M K N;..."), then
 #                                          # the k-chunk sweep ($NM24_CHUNKS)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
@@ -278,8 +280,34 @@ PY
   echo "sweep exit code $?"
 }
 
+nm24sp() {
+  # mma.sp variant of the decode kernel: which metadata layout the GPU reads, the tests of both variants, then the
+  # sweep and the decode benchmark with mma.sp in that layout (or timing only, layout "halves", if none matched)
+  step build nm24 + cuSPARSELt binding
+  timeout 300 python3 -c "
+from prunekit.kernels import nm24, structured
+print(nm24.load()); structured.load_cslt()" > "$OUT/build_nm24.log" 2>&1 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
+  step mma.sp metadata layout
+  timeout 120 python3 scripts/nm24_sp_layout.py 2>&1 | tee "$OUT/sp_layout.log" | tail -5
+  local layout; layout=$(sed -n 's/^best_layout=//p' "$OUT/sp_layout.log")
+  [[ -z $layout || $layout == none ]] && layout=halves
+  export PRUNEKIT_NM24_SP_LAYOUT=$layout
+  step nm24 tests "(sp layout $layout)"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_nm24_decode.py > "$OUT/tests_nm24.log" 2>&1
+  echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests_nm24.log" | tail -2
+  grep -E "^(FAILED|ERROR)" "$OUT/tests_nm24.log" | head -12
+  for mma in sp prmt; do
+    step "nm24 sweep ($mma)"
+    PRUNEKIT_NM24_MMA=$mma timeout 200 python3 benchmarks/nm24_sweep.py --chunks "${NM24_CHUNKS:-auto,16}" \
+      --out "$OUT/nm24-sweep-$mma-$DEV-$DATE.json" > "$OUT/nm24_sweep_$mma.log" 2>&1
+    echo "sweep exit code $?"
+  done
+  PRUNEKIT_NM24_MMA=sp bench_nm --points 5,6,7,8
+}
+
 case $MODE in
   build-test) build; build_test ;;
+  nm24sp) nm24sp ;;
   nm24prof) nm24prof ;;
   nm24) nm24 "$@" ;;
   bsr) build; bench_bsr "$@" ;;

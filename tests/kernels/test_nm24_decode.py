@@ -40,10 +40,13 @@ EMULATE_CASES = [(1, 4, 1), (3, 12, 2), (37, 132, 5), (16, 128, 16), (200, 1000,
 
 @pytest.mark.parametrize(("m", "k", "n"), EMULATE_CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_emulated_kernel_matches_float64(m, k, n, dtype):
+@pytest.mark.parametrize(("mma", "layout"), [("prmt", None), ("sp", "halves"), ("sp", "rows")])
+def test_emulated_kernel_matches_float64(m, k, n, dtype, mma, layout):
+    """The plan replayed as the kernel reads it: register expansion, or mma.sp metadata in either layout."""
     dense = weight24(m, k, dtype, seed=m + k)
     values, metadata, bits = encode24(dense)
-    plan = nm24.build_plan(values, metadata, bits, k)
+    plan = nm24.build_plan(values, metadata, bits, k, mma=mma, sp_layout=layout)
+    assert plan.variant == (mma == "sp") and plan.meta.numel() == plan.vals.shape[0] * plan.vals.shape[1] * 16
     assert (
         plan.vals.shape == (-(-m // 16), plan.vals.shape[1], 32, 4) and plan.vals.shape[1] * 2 % nm24.KSTEP_ALIGN == 0
     )
@@ -78,6 +81,16 @@ def test_selector_table_places_both_values():
             assert halves == [0xAAAA if c == i0 else 0xBBBB if c == i1 else 0 for c in range(4)]
 
 
+def test_sp_meta_round_trip_and_bad_names():
+    nibs = torch.randint(0, 16, (32, 16 * 4))
+    for layout in nm24.SP_LAYOUTS:
+        assert torch.equal(nm24.sp_meta_nibbles(nm24.sp_meta(nibs, 2, 16, layout), layout), nibs)
+    with pytest.raises(ValueError, match="layout"):
+        nm24.sp_meta(nibs, 2, 16, "columns")
+    with pytest.raises(ValueError, match="variant"):
+        nm24.mma_variant("wgmma")
+
+
 def test_plan_rejects_other_dtypes_and_bad_k():
     dense = weight24(8, 16, torch.float32)
     values, metadata, bits = encode24(dense)
@@ -88,17 +101,19 @@ def test_plan_rejects_other_dtypes_and_bad_k():
         nm24.build_plan(values, metadata, bits, 20)
 
 
-def test_plan_chunk_rule():
-    # enough blocks for two per SM, k-steps a multiple of 8, at most 64
+def test_plan_chunk_rule(monkeypatch):
+    # 32 k-steps while that leaves >= num_sms / 2 blocks, then 16, then 8; never more than K's k-steps
     assert nm24.plan_chunk(256, 256, 132) == 32  # 4096 x 4096: 32 row blocks x 8 chunks
-    assert nm24.plan_chunk(688, 256, 132) == 64  # 11008 x 4096: 86 row blocks x 4 chunks
+    assert nm24.plan_chunk(688, 256, 132) == 32  # 11008 x 4096
+    assert nm24.plan_chunk(256, 688, 132) == 32  # 4096 x 11008: 22 chunks (atomics, more than a cluster)
+    assert nm24.plan_chunk(48, 192, 132) == 16  # 768 x 3072: 6 row blocks x 12 chunks
+    assert nm24.plan_chunk(192, 48, 132) == 16  # 3072 x 768
+    assert nm24.plan_chunk(4, 16, 132) == 8
     assert nm24.plan_chunk(1, 8, 132) == 8
-    assert nm24.plan_chunk(4, 1024, 132) == 64  # at most 16 k-chunks (one cluster)
-    assert nm24.plan_chunk(48, 192, 132) == 16  # 768 x 3072: 12 chunks, not 24
-    assert nm24.plan_chunk(4096, 1024, 132) == 64
-    for strips, ksteps in ((48, 192), (192, 48), (256, 688), (3, 8)):
-        chunk = nm24.plan_chunk(strips, ksteps, 132)
-        assert chunk % nm24.KSTEP_ALIGN == 0 and nm24.KSTEP_ALIGN <= chunk <= nm24.MAX_CHUNK
+    monkeypatch.setenv(nm24.CHUNK_ENV, "60")
+    assert nm24.plan_chunk(256, 256, 132) == 64
+    monkeypatch.setenv(nm24.CHUNK_ENV, "200")
+    assert nm24.plan_chunk(256, 256, 132) == nm24.MAX_CHUNK
 
 
 def test_decode_takes_rule(monkeypatch):
@@ -145,17 +160,22 @@ def _run_mm(plan, x, bias, relu, y_layout):
         else torch.empty(m, n, device="cuda", dtype=x.dtype)
     )
     y.fill_(float("nan"))
-    torch.ops.prunekit_nm24.mm.default(plan.vals, plan.meta, plan.ws, plan.counters, x, y, bias, relu, m, plan.chunk)
+    torch.ops.prunekit_nm24.mm.default(
+        plan.vals, plan.meta, plan.ws, plan.counters, x, y, bias, relu, m, plan.chunk, plan.variant
+    )
     torch.cuda.synchronize()
     return y
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("mma", ["prmt", "sp"])
 @pytest.mark.parametrize("cluster", ["1", "0"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decode_kernel_matches_float64(dtype, cluster, monkeypatch):
-    """Both k-chunk reductions: thread-block clusters (sm_90, the default) and global atomics with counters."""
+def test_decode_kernel_matches_float64(dtype, cluster, mma, monkeypatch):
+    """Both inner products (register expansion + mma.sync, mma.sp) and both k-chunk reductions (thread-block
+    clusters on sm_90, the default, and global atomics with counters)."""
     monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
+    monkeypatch.setenv(nm24.MMA_ENV, mma)
     assert nm24.available()
     for i, (m, k, _) in enumerate(CUDA_CASES):
         dense, values, metadata, bits = _cuda24(m, k, dtype, seed=i)
@@ -177,9 +197,11 @@ def test_decode_kernel_matches_float64(dtype, cluster, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("mma", ["prmt", "sp"])
 @pytest.mark.parametrize("cluster", ["1", "0"])
-def test_decode_kernel_calls_in_a_row_and_graph_replay(cluster, monkeypatch):
+def test_decode_kernel_calls_in_a_row_and_graph_replay(cluster, mma, monkeypatch):
     monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
+    monkeypatch.setenv(nm24.MMA_ENV, mma)
     dense, values, metadata, bits = _cuda24(512, 4096, torch.float16, seed=7)  # several k-chunks
     plan = nm24.get_plan(values, metadata, bits, 4096)
     assert -(-plan.vals.shape[1] * 2 // plan.chunk) > 1

@@ -44,6 +44,15 @@ KSTEP_ALIGN = 8  # k-steps per register batch (kBatch): the plan pads K to a mul
 MAX_CHUNK = 64  # k-steps per block (kMaxChunk: 32 KB of staged X next to the 54 KB weight ring)
 MAX_N = 16  # tokens per call (kTokens)
 MAX_CLUSTER = 16  # k-chunks the kernel reduces in one thread-block cluster on sm_90 (kMaxCluster); more: atomics
+MMA_ENV = "PRUNEKIT_NM24_MMA"  # "sp": sparse tensor cores (mma.sp.m16n8k32); "prmt": register expansion + mma.sync
+DEFAULT_MMA = "prmt"
+SP_LAYOUT_ENV = "PRUNEKIT_NM24_SP_LAYOUT"  # which metadata layout build_plan writes for mma.sp (see SP_LAYOUTS)
+DEFAULT_SP_LAYOUT = "halves"
+# mma.sp m16n8k32 metadata (sparsity selector 0: lanes t = 0, 1 of each quad g): the 4-bit nibble of hardware group j
+# (columns 4j .. 4j + 3 of the k32 step) of rows g and g + 8, as the two candidate readings of the PTX ISA's figure:
+#   "halves": lane t holds groups 4t .. 4t + 3, row g in bits 0-15 and row g + 8 in bits 16-31;
+#   "rows":   lane t holds groups 0 .. 7 of row g + 8t.
+SP_LAYOUTS = ("halves", "rows")
 CLUSTER_ENV = "PRUNEKIT_NM24_CLUSTER"  # "0": reduce k-chunks with global atomics and counters (as on sm_80)
 DTYPES = (torch.float16, torch.bfloat16)
 DECODE_ENV = "PRUNEKIT_NM24_DECODE"  # "0": 2:4 calls at N <= 16 go to cuSPARSELt as before
@@ -111,20 +120,23 @@ class Nm24Plan(NamedTuple):
     m: int
     k: int
     dtype: torch.dtype
+    variant: int = 0  # 0: register expansion for mma.sync; 1: sparse tensor cores (mma.sp), meta in SP_LAYOUTS
+    sp_layout: str = ""
 
 
 def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
-    """k-steps per block: the most (a multiple of :data:`KSTEP_ALIGN`, at most :data:`MAX_CHUNK`) that still give
-    about two blocks per SM (three fit at chunk 32: 70 KB of shared memory each, which leaves room to place clusters), so that enough loads are in flight to
-    stream the weight at memory speed with the fewest k-splits, and at most :data:`MAX_CLUSTER` k-chunks where
-    :data:`MAX_CHUNK` allows (one cluster per row block on sm_90). ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning)."""
+    """k-steps per block: 32, unless that leaves fewer than ``num_sms / 2`` blocks, then 16, then 8 (never more than
+    ``ksteps``). Chosen from the H100 k-chunk sweep (``benchmarks/results/nm24-sweep-h100-2026-11-25-v4.json``: 32
+    was fastest on the three large decode shapes, 16 on 768 x 3072 and 3072 x 768; in-sample). Up to
+    :data:`MAX_CLUSTER` k-chunks are reduced in one thread-block cluster on sm_90, more with global atomics.
+    ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning, at most :data:`MAX_CHUNK`)."""
     row_blocks = -(-strips // STRIPS_PER_BLOCK)
-    chunks = min(MAX_CLUSTER, max(1, -(-2 * num_sms // row_blocks)))
-    chunk = -(-ksteps // chunks)
     forced = os.environ.get(CHUNK_ENV)
     if forced:
-        chunk = int(forced)
-    return max(KSTEP_ALIGN, min(-(-chunk // KSTEP_ALIGN) * KSTEP_ALIGN, MAX_CHUNK, ksteps))
+        chunk = -(-int(forced) // KSTEP_ALIGN) * KSTEP_ALIGN
+    else:
+        chunk = next((c for c in (32, 16) if row_blocks * -(-ksteps // c) >= num_sms / 2), KSTEP_ALIGN)
+    return max(KSTEP_ALIGN, min(chunk, MAX_CHUNK, ksteps))
 
 
 def _groups(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +159,64 @@ def _groups(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> 
     return bits16(v0) | (bits16(v1) << 16), i0 | (i1 << 2)
 
 
-def build_plan(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int, num_sms: int | None = None) -> Nm24Plan:
+def mma_variant(mma: str | None = None) -> str:
+    """The decode kernel's inner product: ``mma``, else ``$PRUNEKIT_NM24_MMA``, else :data:`DEFAULT_MMA`.
+
+    Raises:
+        ValueError: not ``"prmt"`` or ``"sp"``.
+    """
+    name = mma or os.environ.get(MMA_ENV) or DEFAULT_MMA
+    if name not in ("prmt", "sp"):
+        raise ValueError(f"2:4 decode kernel variant must be 'prmt' or 'sp', got {name!r}")
+    return name
+
+
+def sp_meta(nibs: torch.Tensor, strips: int, ksteps: int, layout: str) -> torch.Tensor:
+    """mma.sp metadata words ``(strips, ksteps / 2, 16)`` int32 (word ``g * 2 + t`` of each k32 step) from the per-group
+    nibbles ``nibs: (strips * 16, ksteps * 4)`` int64, in one of :data:`SP_LAYOUTS`.
+
+    Raises:
+        ValueError: an unknown layout.
+    """
+    if layout not in SP_LAYOUTS:
+        raise ValueError(f"mma.sp metadata layout must be one of {SP_LAYOUTS}, got {layout!r}")
+    n = nibs.reshape(strips, 2, 8, ksteps // 2, 8)  # (strip, half: rows g / g + 8, g, k32, hardware group j)
+    dev = nibs.device
+    if layout == "halves":  # (strip, k32, g, t, half, j in 4t..4t+3)
+        parts = n.reshape(strips, 2, 8, ksteps // 2, 2, 4).permute(0, 3, 2, 4, 1, 5)
+        shifts = (torch.arange(2, device=dev)[:, None] * 16 + torch.arange(4, device=dev)[None, :] * 4).to(torch.int64)
+    else:  # (strip, k32, g, t = half, j)
+        parts = n.permute(0, 3, 2, 1, 4)[:, :, :, :, None, :]
+        shifts = (torch.arange(8, device=dev) * 4).to(torch.int64)[None, :]
+    words = (parts << shifts).sum(dim=(-1, -2)).reshape(strips, ksteps // 2, 16)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).contiguous()
+
+
+def sp_meta_nibbles(meta: torch.Tensor, layout: str) -> torch.Tensor:
+    """Inverse of :func:`sp_meta`: ``(strips * 16, ksteps * 4)`` int64 nibbles."""
+    strips, kpairs, _ = meta.shape
+    w = (meta.to(torch.int64) & 0xFFFFFFFF).reshape(strips, kpairs, 8, 2)  # (strip, k32, g, t)
+    out = torch.zeros(strips, 2, 8, kpairs, 8, dtype=torch.int64)  # (strip, half, g, k32, j)
+    for j in range(8):
+        if layout == "halves":
+            t, jj = j // 4, j % 4
+            for half in range(2):
+                out[:, half, :, :, j] = ((w[:, :, :, t] >> (16 * half + 4 * jj)) & 15).permute(0, 2, 1)
+        else:
+            for half in range(2):
+                out[:, half, :, :, j] = ((w[:, :, :, half] >> (4 * j)) & 15).permute(0, 2, 1)
+    return out.reshape(strips * 16, kpairs * 8)
+
+
+def build_plan(
+    values: torch.Tensor,
+    metadata: torch.Tensor,
+    bits: int,
+    k: int,
+    num_sms: int | None = None,
+    mma: str | None = None,
+    sp_layout: str | None = None,
+) -> Nm24Plan:
     """Repack a stored 2:4 weight (``formats/nm.py``: ``values (M, K / 2)``, ``metadata`` uint8) for the kernel.
 
     Args:
@@ -182,6 +251,11 @@ def build_plan(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int, 
     shifts = (torch.arange(4, device=dev)[:, None] * 8 + torch.arange(2, device=dev)[None, :] * 4).to(torch.int64)
     meta = (n6 << shifts).sum(dim=(-1, -2)).reshape(strips, ksteps // 4, 32)
     meta = torch.where(meta >= 2**31, meta - 2**32, meta).to(torch.int32)
+    variant = mma_variant(mma)
+    layout = ""
+    if variant == "sp":
+        layout = sp_layout or os.environ.get(SP_LAYOUT_ENV) or DEFAULT_SP_LAYOUT
+        meta = sp_meta(nibs, strips, ksteps, layout)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
     row_blocks = -(-strips // STRIPS_PER_BLOCK)
@@ -194,6 +268,8 @@ def build_plan(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int, 
         m,
         k,
         values.dtype,
+        1 if variant == "sp" else 0,
+        layout,
     )
 
 
@@ -205,7 +281,8 @@ def get_plan(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) ->
         with torch.inference_mode(False), torch.no_grad():
             return build_plan(values, metadata, bits, k)
 
-    return cached(values, _PLAN_ATTR, (values, metadata), (bits, k, os.environ.get(CHUNK_ENV)), make)
+    env = tuple(os.environ.get(v) for v in (CHUNK_ENV, MMA_ENV, SP_LAYOUT_ENV))
+    return cached(values, _PLAN_ATTR, (values, metadata), (bits, k, env), make)
 
 
 def _byte_perm(x: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
@@ -242,6 +319,8 @@ def emulate(plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None = None, r
     Returns:
         ``Y (M, N)`` float64.
     """
+    if plan.variant == 1:
+        return _emulate_sp(plan, x, bias, relu)
     strips, kpairs = plan.vals.shape[:2]
     ksteps = kpairs * 2
     k, n = x.shape
@@ -280,6 +359,32 @@ def emulate(plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None = None, r
             b[:, 2 * tt + j, :] = xk[:, tt, j, :]
             b[:, 2 * tt + 8 + j, :] = xk[:, tt, 2 + j, :]
     y = torch.einsum("skrf,kft->srt", a, b).reshape(strips * 16, MAX_N)[: plan.m, :n]
+    if bias is not None:
+        y = y + bias.cpu().double()[:, None]
+    return y.clamp_min(0) if relu else y
+
+
+def _emulate_sp(plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
+    """:func:`emulate` for mma.sp plans: lane (g, t)'s value words are rows g / g + 8 of hardware groups t and t + 4
+    (m16n8k16's A layout over the 16 kept values), placed at the in-group indices its metadata layout gives."""
+    strips, kpairs = plan.vals.shape[:2]
+    nibs = sp_meta_nibbles(plan.meta.cpu(), plan.sp_layout)  # (strips * 16, k32 * 8)
+    vals = (plan.vals.cpu().to(torch.int64) & 0xFFFFFFFF).reshape(strips, kpairs, 8, 4, 4)  # (s, k32, g, t, reg)
+    dense = torch.zeros(strips * 16, kpairs * 32, dtype=torch.float64)
+    rows = torch.arange(strips)[:, None, None, None] * 16 + torch.arange(8)[None, None, :, None]
+    k32 = torch.arange(kpairs)[None, :, None, None]
+    t = torch.arange(4)[None, None, None, :]
+    for reg, (drow, dgroup) in enumerate(((0, 0), (8, 0), (0, 4), (8, 4))):
+        row = (rows + drow).expand(strips, kpairs, 8, 4)
+        group = (k32 * 8 + t + dgroup).expand(strips, kpairs, 8, 4)
+        nib = nibs[row, group]
+        word = vals[..., reg]
+        for slot, idx in ((0, nib & 3), (1, nib >> 2)):
+            half = (word >> (16 * slot)) & 0xFFFF
+            value = torch.where(half >= 2**15, half - 2**16, half).to(torch.int16).view(plan.dtype).double()
+            dense.index_put_((row, group * 4 + idx), value, accumulate=True)
+    k, n = x.shape
+    y = dense[: plan.m, :k] @ x.cpu().double()
     if bias is not None:
         y = y + bias.cpu().double()[:, None]
     return y.clamp_min(0) if relu else y
@@ -327,5 +432,5 @@ def decode_mm(
     if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
     return torch.ops.prunekit_nm24.linear.default(
-        plan.vals, plan.meta, plan.ws, plan.counters, x, bias, activation == "relu", plan.m, plan.chunk
+        plan.vals, plan.meta, plan.ws, plan.counters, x, bias, activation == "relu", plan.m, plan.chunk, plan.variant
     )

@@ -116,7 +116,16 @@ def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
             if decode:
                 plan = nm24.get_plan(values, buffers["w_metadata"], int(p["bits"]), layer.in_features)
                 return torch.ops.prunekit_nm24.linear.default(
-                    plan.vals, plan.meta, plan.ws, plan.counters, xt, layer.bias, False, plan.m, plan.chunk
+                    plan.vals,
+                    plan.meta,
+                    plan.ws,
+                    plan.counters,
+                    xt,
+                    layer.bias,
+                    False,
+                    plan.m,
+                    plan.chunk,
+                    plan.variant,
                 )
         key = (xt.dtype, values.dtype)
         row_output = layer._eager_plans.get(key, _UNSET)

@@ -133,12 +133,34 @@ __device__ __forceinline__ uint32_t prmt0(uint32_t v, uint32_t sel) {
   return d;
 }
 
+// D += A (16 x 32, 2:4: the 16 x 16 kept values in m16n8k16's A layout) * B (32 x 8), metadata e from threads 0-1
+// of each quad (sparsity selector 0). PTX ISA, "mma.sp with sparse matrix A". sm_80+.
+template <typename T> struct MmaSp;
+template <> struct MmaSp<__half> {
+  static __device__ __forceinline__ void run(float* c, const uint4& a, const uint4& b, uint32_t e) {
+    asm volatile(
+        "mma.sp.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, {%0, %1, %2, %3}, %12, 0x0;\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w), "r"(e));
+  }
+};
+template <> struct MmaSp<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float* c, const uint4& a, const uint4& b, uint32_t e) {
+    asm volatile(
+        "mma.sp.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, {%0, %1, %2, %3}, %12, 0x0;\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w), "r"(e));
+  }
+};
+
 __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
   // fragment-order X: [k-step][token tile][lane], lanes XOR-swizzled by k-step (2-way store conflicts, reads free)
   return (ks * 2 + nt) * 32 + (lane ^ ((ks & 7) << 2));
 }
 
-template <typename T, int NT>
+template <typename T, int NT, bool SP>
 __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   // dynamic shared memory: the weight ring (kWarps x kRing batches: vals, then meta), then X in fragment order
   extern __shared__ __align__(16) unsigned char smem[];
@@ -155,7 +177,9 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const bool active = strip < p.strips;
   const int kpairs = p.ksteps / 2, kquads = p.ksteps / 4;
   const uint4* vrow = p.vals + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 32 + lane;
-  const uint32_t* mrow = p.meta + (static_cast<int64_t>(strip) * kquads + ks0 / 4) * 32 + lane;
+  // meta: 32 words per (strip, k-quad) (prmt), or 16 words per (strip, k32) (SP: lanes t < 2 of each quad)
+  const uint32_t* mrow = SP ? p.meta + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 16 + 2 * lane
+                            : p.meta + (static_cast<int64_t>(strip) * kquads + ks0 / 4) * 32 + lane;
   if (tid < 16) lut[tid] = selector(tid);
 
   // X[k0 + c][token] for c < nks * 16, tokens < 16, zero outside X: cp.async where a whole 8-byte item is in X
@@ -163,7 +187,34 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const int groups = nks * 4;
   const int kcol0 = ks0 * 16;
   const bool vec = p.x_vec;
-  for (int cg = tid; cg < groups; cg += kThreads) {
+  if (SP) {
+    // B of m16n8k32 (PTX layout): lane (g, t) register i holds X[token g][k32 * 32 + 8i + 2t + {0, 1}]; staged as
+    // one 16-byte item per (k32, token tile, lane), 4-byte pieces
+    uint32_t* xw = reinterpret_cast<uint32_t*>(xs);
+    for (int pair = tid; pair < nks * 8; pair += kThreads) {
+      const int col = kcol0 + pair * 2;
+      const int k32 = pair >> 4, q = pair & 15;
+      const T* src = x + static_cast<int64_t>(col) * p.x_sk;
+      const bool full = vec && col + 1 < p.k;
+#pragma unroll
+      for (int tok = 0; tok < NT * 8; ++tok) {
+        uint32_t* dst = xw + ((k32 * 2 + (tok >> 3)) * 32 + (tok & 7) * 4 + (q & 3)) * 4 + (q >> 2);
+        const T* s_tok = src + static_cast<int64_t>(tok) * p.x_sn;
+        if (tok < p.n && full) {
+          cp_async4(dst, s_tok);
+          continue;
+        }
+        uint32_t w = 0u;
+        if (tok < p.n) {
+          const T e0 = col < p.k ? s_tok[0] : from_float<T>(0.f);
+          const T e1 = col + 1 < p.k ? s_tok[p.x_sk] : from_float<T>(0.f);
+          w = *reinterpret_cast<const uint16_t*>(&e0) | (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&e1)) << 16);
+        }
+        *dst = w;
+      }
+    }
+  }
+  for (int cg = tid; !SP && cg < groups; cg += kThreads) {
     const int col = kcol0 + cg * 4;
     const int ks = cg >> 2, t = cg & 3;
     const T* src = x + static_cast<int64_t>(col) * p.x_sk;
@@ -198,10 +249,14 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       const uint4* vsrc = vrow + bb * kBatchVals;
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async16(vdst + i * 32, vsrc + i * 32);
-      uint32_t* mdst = ring_m + (bb % kRing) * kBatchMeta + lane;
-      const uint32_t* msrc = mrow + bb * kBatchMeta;
+      if (SP) {  // 4 k32 x 16 words, contiguous: 8 bytes per lane
+        cp_async8(ring_m + (bb % kRing) * kBatchMeta + 2 * lane, mrow + bb * kBatchMeta);
+      } else {
+        uint32_t* mdst = ring_m + (bb % kRing) * kBatchMeta + lane;
+        const uint32_t* msrc = mrow + bb * kBatchMeta;
 #pragma unroll
-      for (int i = 0; i < 2; ++i) cp_async4(mdst + i * 32, msrc + i * 32);
+        for (int i = 0; i < 2; ++i) cp_async4(mdst + i * 32, msrc + i * 32);
+      }
     }
     cp_async_commit();
   };
@@ -226,6 +281,18 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       uint32_t mq[2];
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[i] = vb[i * 32];
+      if (SP) {
+        const uint32_t* me = ring_m + (b % kRing) * kBatchMeta + (lane >> 2) * 2 + (lane & 1);
+        const uint4* xq = reinterpret_cast<const uint4*>(xs);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t e = me[j * 16];  // lanes t >= 2 read a neighbour's word: selector 0 ignores them
+          const int k32 = b * 4 + j;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) MmaSp<T>::run(acc[nt], v[j], xq[(k32 * 2 + nt) * 32 + lane], e);
+        }
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < 2; ++i) mq[i] = mb[i * 32];
 #pragma unroll
@@ -335,7 +402,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   if (tid == 0) p.counters[blockIdx.x] = 0;
 }
 
-template <typename T, int NT>
+template <typename T, int NT, bool SP>
 void launch(Params p, int row_blocks, cudaStream_t stream) {
   constexpr size_t kMaxSmem = kRingBytes + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
   static std::atomic<uint64_t> opted_in{0};  // above the default 48 KB: opt in once per instance and device
@@ -343,10 +410,10 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kMaxSmem)));
     // all of L1 as shared memory: two or three blocks of 70-86 KB per SM (the driver may otherwise size it for one)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
@@ -359,13 +426,13 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   }
   if (major < 9) p.cluster = 0;
   if (!p.cluster) {
-    nm24_decode_kernel<T, NT><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
+    nm24_decode_kernel<T, NT, SP><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   static std::atomic<uint64_t> non_portable{0};  // clusters of 9-16 blocks: opt in once per instance and device
   if (p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     non_portable.fetch_or(bit, std::memory_order_relaxed);
   }
   cudaLaunchConfig_t cfg = {};
@@ -380,13 +447,15 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT>, p));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, SP>, p));
 }
 
 // Y (M, N) = act(A @ x + bias) into y (any strides). vals / meta / ws / counters: the plan (kernels/nm24.py).
 void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
              const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
-             int64_t chunk) {
+             int64_t chunk, int64_t variant) {
+  TORCH_CHECK(variant == 0 || variant == 1, "nm24_mm: variant must be 0 (register expansion) or 1 (mma.sp)");
+  const bool sp = variant == 1;
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24_mm: x (K, N) and y (M, N) must be 2-D GPU tensors");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24_mm: x must be fp16 or bf16");
   TORCH_CHECK(y.scalar_type() == x.scalar_type(), "nm24_mm: y must have x's dtype");
@@ -395,7 +464,7 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
               "nm24_mm: vals must be a contiguous int32 (strips, ksteps / 2, 32, 4)");
   const int64_t strips = vals.size(0), ksteps = vals.size(1) * 2;
   TORCH_CHECK(meta.scalar_type() == at::kInt && meta.is_contiguous() && meta.numel() == strips * (ksteps / 4) * 32,
-              "nm24_mm: meta must be a contiguous int32 (strips, ksteps / 4, 32)");
+              "nm24_mm: meta must be a contiguous int32 (strips, ksteps / 4, 32), or (strips, ksteps / 2, 16) for mma.sp");
   const int64_t k = x.size(0), n = x.size(1);
   TORCH_CHECK(n >= 1 && n <= kTokens, "nm24_mm: N must be 1..16, got ", n);
   TORCH_CHECK(ksteps % kBatch == 0 && k <= ksteps * 16 && k > (ksteps - kBatch) * 16,
@@ -451,9 +520,17 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
   const int rb = static_cast<int>(row_blocks);
   const bool two = n > 8;
   if (x.scalar_type() == at::kHalf) {
-    two ? launch<__half, 2>(p, rb, stream) : launch<__half, 1>(p, rb, stream);
+    if (sp) {
+      two ? launch<__half, 2, true>(p, rb, stream) : launch<__half, 1, true>(p, rb, stream);
+    } else {
+      two ? launch<__half, 2, false>(p, rb, stream) : launch<__half, 1, false>(p, rb, stream);
+    }
   } else {
-    two ? launch<__nv_bfloat16, 2>(p, rb, stream) : launch<__nv_bfloat16, 1>(p, rb, stream);
+    if (sp) {
+      two ? launch<__nv_bfloat16, 2, true>(p, rb, stream) : launch<__nv_bfloat16, 1, true>(p, rb, stream);
+    } else {
+      two ? launch<__nv_bfloat16, 2, false>(p, rb, stream) : launch<__nv_bfloat16, 1, false>(p, rb, stream);
+    }
   }
 }
 
@@ -461,12 +538,12 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
 // of a contiguous (N, M); else a contiguous (M, N)) and runs nm24_mm.
 at::Tensor nm24_linear(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
                        const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
-                       int64_t chunk) {
+                       int64_t chunk, int64_t variant) {
   TORCH_CHECK(x.dim() == 2, "nm24_linear: x must be (K, N)");
   const int64_t n = x.size(1);
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
   at::Tensor y = transposed ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
-  nm24_mm(vals, meta, ws, counters, x, y, bias, relu, m, chunk);
+  nm24_mm(vals, meta, ws, counters, x, y, bias, relu, m, chunk, variant);
   return y;
 }
 
@@ -476,10 +553,10 @@ at::Tensor nm24_linear(const at::Tensor& vals, const at::Tensor& meta, const at:
 TORCH_LIBRARY(prunekit_nm24, m) {
   m.def(
       "mm(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor(c!) y, Tensor? bias, bool "
-      "relu, int m, int chunk) -> ()");
+      "relu, int m, int chunk, int variant=0) -> ()");
   m.def(
       "linear(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor? bias, bool relu, int m, "
-      "int chunk) -> Tensor");
+      "int chunk, int variant=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_nm24, CUDA, m) {
