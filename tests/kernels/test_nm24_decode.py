@@ -62,7 +62,7 @@ def test_emulation_notices_a_wrong_selector(monkeypatch):
     """The replay depends on the selector table: swapping two of its entries breaks the result."""
     dense = weight24(32, 64, torch.float16)
     values, metadata, bits = encode24(dense)
-    plan = nm24.build_plan(values, metadata, bits, 64)
+    plan = nm24.build_plan(values, metadata, bits, 64, mma="prmt")
     x = torch.randn(64, 4).half()
     table = nm24.selector_table()
     monkeypatch.setattr(nm24, "selector_table", lambda: table[[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 14]])

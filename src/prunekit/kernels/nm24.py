@@ -4,12 +4,16 @@ At N <= 16 the time is the weight's bytes. A 2:4 weight stores 2 bytes per kept 
 (1.125 bytes per weight against dense's 2, at most 1.78x), but cuSPARSELt's sparse tensor-core kernels, tuned for
 large N, ran at 0.42-0.89x of dense cuBLAS at N <= 16 on the H100 (``benchmarks/results/nm-h100-2026-11-25.json``).
 This kernel streams a repacked copy of the weight (:func:`build_plan`, once per weight, kept on the stored values
-tensor) and expands each group in registers into the operand of the ordinary ``mma.sync.m16n8k16``; the file's header
-comment describes the layout. Source: 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural
-Networks", 2021); the register expansion for decode follows the idea of Sparse-Marlin (Castro et al., 2024).
+tensor) into the sparse tensor cores (``mma.sp.m16n8k32``, the default) or, with ``$PRUNEKIT_NM24_MMA=prmt``, expands
+each group in registers for the dense ``mma.sync.m16n8k16``. The file's header comment describes the layouts. On the
+H100 (fp16, graph replay) it runs 1.22-1.40x faster than dense cuBLAS on the 4096 / 11008 decode shapes
+(docs/PERFORMANCE_STRUCTURED.md). Source: 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural
+Networks", 2021); the decode streaming into mma.sp follows the idea of Sparse-Marlin (Castro et al., 2024).
 
-:func:`emulate` replays the kernel lane by lane in torch (byte permutes, fragment layouts, k-chunks) so that the
-format and its index arithmetic are checked on the CPU. torch + stdlib only (copied into exported packages).
+:func:`emulate` replays the kernel lane by lane in torch (byte permutes or mma.sp metadata, fragment layouts,
+k-chunks) so that the format and its index arithmetic are checked on the CPU; the hardware's reading of the mma.sp
+metadata was checked on the H100 (``scripts/nm24_sp_layout.py``). torch + stdlib only (copied into exported
+packages).
 """
 
 from __future__ import annotations

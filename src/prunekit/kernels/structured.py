@@ -543,7 +543,7 @@ def nm_mm_cuda(
     """CUDA N:M matmul ``Y (M, N) = act(A @ X + bias[:, None])`` (2:4: NVIDIA, Mishra et al. 2021).
 
     At decode shapes (1 <= N <= 16) 2:4 fp16/bf16 weights run on prunekit's own kernel (``kernels/nm24.py``: a
-    repacked copy of the weight streamed and expanded in registers for the dense tensor cores). Otherwise
+    repacked copy of the weight streamed into the sparse tensor cores, ``mma.sp``). Otherwise
     2:4 fp16/bf16 weights with ``M % 32 == 0`` and ``K % 64 == 0`` run on the sparse tensor cores through cuSPARSELt:
     by default prunekit's own binding (``csrc/structured/cslt/``: weight compressed once, one plan per N and layout,
     so a call is one ``cusparseLtMatmul`` with bias and ReLU fused), else (``backend="torch"`` or no binding)

@@ -1,36 +1,51 @@
-// 2:4 matmul for decode shapes (N <= 16): Y (M, N) = act(A @ X + bias), A 2:4-sparse, on the dense tensor cores.
+// 2:4 matmul for decode shapes (N <= 16): Y (M, N) = act(A @ X + bias), A 2:4-sparse, streamed from a repacked copy.
 //
 // At N <= 16 the weights' bytes set the time. A 2:4 weight needs 2 bytes per kept value plus 4 bits per group of 4
 // (1.125 bytes per weight against dense's 2: at most 1.78x at the same bandwidth). cuSPARSELt's sparse tensor-core
 // kernels are built for large N and ran at 0.42-0.89x of dense cuBLAS at N <= 16 on the H100
-// (benchmarks/results/nm-h100-2026-11-25.json), so this kernel streams the compressed weight at memory speed and
-// expands it in registers for the ordinary mma.sync.m16n8k16 (compute is free at this N).
+// (benchmarks/results/nm-h100-2026-11-25.json), so this kernel streams the compressed weight itself; the arithmetic
+// is free at this N, the instructions that feed it are not.
 //
 // Format (kernels/nm24.py builds it once per weight): strips of 16 rows (the mma's m = 16 operand), k-steps of 16
-// columns. Within a k-step the columns are permuted so that mma fragment k-positions {2t, 2t + 1, 2t + 8, 2t + 9} of
-// lane (g = lane / 4, t = lane % 4) hold columns 4t .. 4t + 3, i.e. exactly one 2:4 group: lane (g, t) owns group t
-// of rows g and g + 8. Per lane and k-step: two 32-bit value words (the group's two kept values, lower in-group index
-// first) and two 4-bit nibbles (i0 | i1 << 2). Values are stored per (strip, k-pair, lane) as one uint4 (k-step 2p
-// row g, row g + 8, k-step 2p + 1 row g, row g + 8: 512 coalesced bytes per warp), nibbles per (strip, k-quad, lane)
-// as one uint32 (byte s = k-step s of the quad, low nibble row g). The permutation is applied to X as it is staged,
-// so the B fragment of lane (g, t) is X[token g][4t .. 4t + 3]: one 8-byte shared-memory load.
+// columns. Lane (g = lane / 4, t = lane % 4) owns 2:4 group t (columns 4t .. 4t + 3) of rows g and g + 8 in each
+// k-step: one 32-bit word per group holding its two kept values, lower in-group index first. Values are stored per
+// (strip, k-pair, lane) as one uint4 (k-step 2p row g, row g + 8, k-step 2p + 1 row g, row g + 8: 512 coalesced
+// bytes per warp). That uint4 is exactly the A operand of the sparse mma.sp.m16n8k32 for the k-pair (m16n8k16's A
+// layout over the 16 kept values: registers = rows g / g + 8 of hardware groups t and t + 4).
 //
-// Expansion: a nibble indexes a 16-entry table of byte_perm selectors; prmt(word, 0, sel) places value 0 / value 1 /
-// zero in each half of the fragment registers (a.x: row g, columns 4t, 4t + 1; a.z: row g, 4t + 2, 4t + 3; a.y, a.w:
-// row g + 8).
+// Two inner products (template SP):
+// - SP (default, $PRUNEKIT_NM24_MMA=sp): the sparse tensor cores. The plan stores mma.sp's metadata: per (strip,
+//   k-pair) 16 words, word g * 2 + t (t < 2) = the 4-bit index nibbles (i0 | i1 << 2) of groups 4t .. 4t + 3, row g in
+//   bits 0-15 and row g + 8 in bits 16-31 (sparsity selector 0: threads 0 and 1 of each quad). That reading of the
+//   PTX ISA's figure ("halves") was checked on the H100 against the other candidate ("rows", wrong: 407x the
+//   tolerance) by scripts/nm24_sp_layout.py (benchmarks/results/nm24-sp-layout-h100-2026-11-25.log). X is staged as
+//   m16n8k32's B fragments: lane (g, t) register i = X[token g][8i + 2t, 8i + 2t + 1]. Per k-pair and token tile:
+//   one 16-byte X load and one mma.sp.
+// - prmt ($PRUNEKIT_NM24_MMA=prmt): the dense tensor cores. Within a k-step the columns are permuted so that mma
+//   fragment k-positions {2t, 2t + 1, 2t + 8, 2t + 9} of lane (g, t) hold columns 4t .. 4t + 3 (one group), the
+//   nibbles are stored per (strip, k-quad, lane) as one uint32 (byte s = k-step s, low nibble row g), a nibble indexes
+//   a 16-entry table of byte_perm selectors and prmt(word, 0, sel) places value 0 / value 1 / zero in each half of
+//   the m16n8k16 A registers. About 20 instructions per k-step against SP's 3: 9-14% slower on the H100
+//   (benchmarks/results/nm24-sweep-h100-2026-11-25-{sp,prmt}.json).
 //
 // Grid: (row blocks of 8 strips, k-chunks). A block of 8 warps stages its chunk of X (16 tokens, zero outside X) in
 // shared memory in fragment order with cp.async, while each warp streams its strip's chunk through a ring of 3
 // batches in shared memory (8 k-steps, 2.25 KB per batch; cp.async, 2 batches in flight while one is multiplied; each
-// lane reads back only the bytes it copied). v1 (a register double buffer, X staged with plain loads) streamed only
-// 1.0-1.5 TB/s on the H100 (benchmarks/results/nm24-h100-2026-11-25-v1.json). One chunk writes Y directly; with several, warps add fp32
-// partial sums into the plan's workspace with atomics and the last block of a row block (counter after a fence, the
+// lane reads back only the bytes it copied). One chunk writes Y directly. With several on sm_90 (up to 16) the
+// k-chunks of a row block form a thread-block cluster: each warp leaves its partial sums in its idle ring, and after
+// the cluster barrier each block adds up its share of the outputs from all blocks' shared memory (distributed shared
+// memory). Otherwise (sm_80, more than 16 chunks, $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the
+// plan's workspace with 8-byte reductions and the last block of a row block (counter after a fence, the
 // threadFenceReduction pattern of the CUDA samples) adds bias, applies ReLU, writes Y and leaves the workspace and
 // counter at zero for the next call.
 //
-// Source: 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural Networks", 2021); the
-// register-level expansion for decode follows the idea of Sparse-Marlin (Castro et al., 2024) with prunekit's own
-// layout and kernel. sm_80+ (mma.sync with bf16).
+// History on the H100 (docs/PERFORMANCE_STRUCTURED.md, "2:4 decode kernel"): v1 (register double buffer, X staged
+// with plain loads, atomics) 18.9 us at 4096 x 4096, N = 16; the ring, cheaper staging and reductions, clusters and
+// three blocks per SM 14.3 us; mma.sp 13.1 us (dense cuBLAS 16.6 us).
+//
+// Source: 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural Networks", 2021); streaming the
+// compressed weight into mma.sp for decode follows the idea of Sparse-Marlin (Castro et al., 2024), with prunekit's
+// own layout and kernel. sm_80+ (mma.sync and mma.sp with bf16; clusters on sm_90).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
