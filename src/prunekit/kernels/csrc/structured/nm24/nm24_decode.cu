@@ -25,7 +25,7 @@
 //   fragment k-positions {2t, 2t + 1, 2t + 8, 2t + 9} of lane (g, t) hold columns 4t .. 4t + 3 (one group), the
 //   nibbles are stored per (strip, k-quad, lane) as one uint32 (byte s = k-step s, low nibble row g), a nibble indexes
 //   a 16-entry table of byte_perm selectors and prmt(word, 0, sel) places value 0 / value 1 / zero in each half of
-//   the m16n8k16 A registers. About 20 instructions per k-step against SP's 3: 9-14% slower on the H100
+//   the m16n8k16 A registers. About 20 instructions per k-step against SP's 3: 4-11% slower on the H100
 //   (benchmarks/results/nm24-sweep-h100-2026-11-25-{sp,prmt}.json).
 //
 // Grid: (row blocks of 8 strips, k-chunks). A block of 8 warps stages its chunk of X (16 tokens, zero outside X) in
