@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import build, gpu
+from . import build, gpu, nm24
 from .testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, sddmm_reference64, spmm_reference64
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -35,8 +35,8 @@ class KernelCheck:
 
 
 def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
-    """Check ``spmm_csr`` (every variant, ``tc`` and ``scatter`` for fp16/bf16; row-major and transposed X, bias + ReLU) and
-    ``sddmm_csr`` per dtype.
+    """Check ``spmm_csr`` (every variant, ``tc`` and ``scatter`` for fp16/bf16; row-major and transposed X, bias + ReLU),
+    the 2:4 decode kernel (``nm24``, both inner products, fp16/bf16) and ``sddmm_csr`` per dtype.
 
     M=77, K=203 (odd), N from 1 to 264 (odd and vector-aligned), with empty rows and single-entry rows.
 
@@ -94,6 +94,8 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
         gpu.sddmm_csr(csr["row_offsets"], csr["column_indices"], csr["row_indices"], a, b, out=out)
         torch.cuda.synchronize()
         elapsed = (time.perf_counter() - start) * 1e3
+        if dtype in nm24.DTYPES:
+            results += _nm24_checks(m, dtype, gen, device)
         results.append(
             KernelCheck(
                 "sddmm_csr",
@@ -106,4 +108,49 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
                 elapsed,
             )
         )
+    return results
+
+
+def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) -> list[KernelCheck]:
+    """The 2:4 decode kernel (``kernels/nm24.py``) on an ``(m, 204)`` 2:4 weight (K not a multiple of 16), N = 1 / 13 /
+    16, both X layouts, bias + ReLU, mma.sp and the register expansion."""
+    from .. import formats
+
+    k = 204
+    nm24.load()
+    w = torch.randn(m, k // 4, 4, generator=gen, device=device)
+    keep = torch.zeros_like(w, dtype=torch.bool).scatter_(2, w.abs().topk(2, dim=2).indices, True)
+    dense = (w * keep).reshape(m, k).to(dtype)
+    enc = formats.encode("nm", dense, {"n": 2, "m": 4})
+    values, metadata, bits = enc.components["values"], enc.components["metadata"], int(enc.params["bits"])
+    bias = torch.randn(m, generator=gen, device=device).to(dtype)
+    results = []
+    for mma in ("sp", "prmt"):
+        plan = nm24.build_plan(values, metadata, bits, k, mma=mma)
+        for n in (1, 13, 16):
+            for layout in ("row-major", "transposed"):
+                x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
+                x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
+                out = torch.full((n, m) if layout == "transposed" else (m, n), float("nan"), dtype=dtype, device=device)
+                out = out.t() if layout == "transposed" else out
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                torch.ops.prunekit_nm24.mm.default(
+                    plan.vals, plan.meta, plan.ws, plan.counters, x, out, bias, True, m, plan.chunk, plan.variant
+                )
+                torch.cuda.synchronize()
+                elapsed = (time.perf_counter() - start) * 1e3
+                error = relative_error(out, spmm_reference64(dense, x, bias, "relu"))
+                results.append(
+                    KernelCheck(
+                        "nm_mm (2:4 decode)",
+                        mma,
+                        str(dtype).removeprefix("torch."),
+                        layout,
+                        f"{m}x{k}x{n}",
+                        error,
+                        TOLERANCE[dtype],
+                        elapsed,
+                    )  # fmt: skip
+                )
     return results
