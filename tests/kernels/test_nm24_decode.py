@@ -254,3 +254,39 @@ def test_sparse_linear_eager_decode():
         ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
         assert relative_error(y, ref) < TOLERANCE[torch.float16], tokens
     assert getattr(layer._buffers["w_values"], nm24._PLAN_ATTR, None) is not None
+
+
+def test_sparse_linear_decode_route_on_cpu(monkeypatch):
+    """The runtime's eager 2:4 decode call, with the CUDA launch replaced by the kernel's emulation: one launch per call,
+    the plan built once and rebuilt after an in-place change of the weight, and the output layer-shaped."""
+    from prunekit.deploy.runtime import sparse_linear
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    dense = weight24(48, 64, torch.float16, seed=2)
+    bias = torch.randn(48).half()
+    layer = SparseLinear(formats.encode("nm", dense, {"n": 2, "m": 4}), bias)
+    launches, builds = [], []
+    real_build = nm24.build_plan
+    monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda xt: True)
+    monkeypatch.setattr(nm24, "decode_takes", lambda values, x, n, m_group: True)
+    monkeypatch.setattr(nm24, "available", lambda: True)
+    monkeypatch.setattr(nm24, "build_plan", lambda *a, **k: builds.append(1) or real_build(*a, **k))
+
+    def launch(plan, x, b=None, relu=False):
+        launches.append(x.shape)
+        return nm24.emulate(plan, x, b, relu).to(x.dtype)
+
+    monkeypatch.setattr(nm24, "linear", launch)
+    for lead in ((1,), (7,), (2, 8)):
+        x = torch.randn(*lead, 64).half()
+        y = layer(x)
+        assert y.shape == (*lead, 48)
+        ref = x.double().reshape(-1, 64) @ dense.double().t() + bias.double()
+        assert relative_error(y.reshape(-1, 48), ref) < TOLERANCE[torch.float16]
+    assert launches == [(64, 1), (64, 7), (64, 16)] and len(builds) == 1  # one launch per call, one plan
+    with torch.no_grad():
+        layer.w_values.mul_(2)  # in place: the plan must be rebuilt
+    x = torch.randn(3, 64).half()
+    y = layer(x)
+    ref = x.double() @ (2 * dense.double()).t() + bias.double()
+    assert relative_error(y, ref) < TOLERANCE[torch.float16] and len(builds) == 2

@@ -35,6 +35,7 @@ __all__ = [
     "build_plan",
     "get_plan",
     "emulate",
+    "linear",
     "decode_mm",
     "decode_takes",
     "load",
@@ -435,6 +436,16 @@ def decode_mm(
     plan = get_plan(values, metadata, bits, x.shape[0])
     if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
+    return linear(plan, x, bias, activation == "relu")
+
+
+def linear(plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
+    """One launch of the kernel's C++ entry ``prunekit_nm24::linear`` on a built plan: ``Y (M, N)`` laid out by
+    ``layout.new_spmm_output``. ``x: (K, N)`` CUDA in the plan's dtype, 1 <= N <= 16; ``bias``: contiguous ``(M,)`` of
+    that dtype or None (the library must be loaded: :func:`load`).
+
+    Raises:
+        RuntimeError: shapes, dtypes or devices that do not match the plan (C++ checks)."""
     return torch.ops.prunekit_nm24.linear.default(
-        plan.vals, plan.meta, plan.ws, plan.counters, x, bias, activation == "relu", plan.m, plan.chunk, plan.variant
+        plan.vals, plan.meta, plan.ws, plan.counters, x, bias, relu, plan.m, plan.chunk, plan.variant
     )

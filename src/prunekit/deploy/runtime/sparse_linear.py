@@ -22,6 +22,7 @@ from torch import nn
 
 from ...formats import EncodedTensor, decode
 from ...kernels import gpu, nm24, ops, structured
+from ...kernels.tensor_cache import tensor_version
 
 
 def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
@@ -107,26 +108,18 @@ def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
         buffers = layer._buffers
         values = buffers["w_values"]
         if xt.shape[1] <= nm24.MAX_N:  # decode shapes: prunekit's own 2:4 kernel, decided once per layer and dtype
+            metadata = buffers["w_metadata"]
             key = (xt.dtype, values.dtype, "decode")
-            decode = layer._eager_plans.get(key, _UNSET)
-            if decode is _UNSET:
+            entry = layer._eager_plans.get(key, _UNSET)
+            # the kernel's plan, kept with the data pointers and versions of the weight it was built from
+            stamp = (values.data_ptr(), tensor_version(values), metadata.data_ptr(), tensor_version(metadata))
+            if entry is _UNSET or (entry is not None and entry[0] != stamp):
                 bias_ok = layer.bias is None or (layer.bias.dtype == xt.dtype and layer.bias.is_contiguous())
-                decode = bias_ok and nm24.decode_takes(values, xt, int(p["n"]), int(p["m"])) and nm24.available()
-                layer._eager_plans[key] = decode
-            if decode:
-                plan = nm24.get_plan(values, buffers["w_metadata"], int(p["bits"]), layer.in_features)
-                return torch.ops.prunekit_nm24.linear.default(
-                    plan.vals,
-                    plan.meta,
-                    plan.ws,
-                    plan.counters,
-                    xt,
-                    layer.bias,
-                    False,
-                    plan.m,
-                    plan.chunk,
-                    plan.variant,
-                )
+                ok = bias_ok and nm24.decode_takes(values, xt, int(p["n"]), int(p["m"])) and nm24.available()
+                entry = (stamp, nm24.get_plan(values, metadata, int(p["bits"]), layer.in_features)) if ok else None
+                layer._eager_plans[key] = entry
+            if entry is not None:
+                return nm24.linear(entry[1], xt, layer.bias)
         key = (xt.dtype, values.dtype)
         row_output = layer._eager_plans.get(key, _UNSET)
         if row_output is _UNSET:
