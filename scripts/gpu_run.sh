@@ -17,7 +17,9 @@
 # `scatter` (decode tensor-core SpMM, spmm_scatter.cu): build, its GPU tests, compute-sanitizer memcheck and racecheck
 # of small scatter cases, then the decode benchmark (5 shapes, N = 1 / 16, fp16; dense, torch.sparse, auto, scatter
 # and rowwarp forced in one run) into $OUT/spmm-scatter-<dev>-<date>.json, then the same with 16-row strips
-# (PRUNEKIT_SCATTER_ROWS=16) into $OUT/spmm-scatter16-<dev>-<date>.json. Extra args go to the benchmarks.
+# (PRUNEKIT_SCATTER_ROWS=16) into $OUT/spmm-scatter16-<dev>-<date>.json, and N = 16 with the k-splits reduced in
+# thread-block clusters (PRUNEKIT_SCATTER_CLUSTER=1) into $OUT/spmm-scattercl-<dev>-<date>.json. Extra args go to the
+# benchmarks.
 #
 # Run from the repository root on a machine with a CUDA GPU, nvcc and ninja (no install needed: PYTHONPATH=src).
 set -uo pipefail
@@ -109,6 +111,10 @@ PY
   step "scatter benchmark, 16-row strips (PRUNEKIT_SCATTER_ROWS=16)"
   PRUNEKIT_SCATTER_ROWS=16 python3 benchmarks/spmm.py --out "$OUT/spmm-scatter16-$DEV-$DATE.json" --dtypes float16 \
     --ns 1,16 --sparsities 0.5,0.7,0.8,0.9,0.95,0.98 "$@" > "$OUT/scatter16-bench.log" 2>&1
+  echo "exit code $?"
+  step "scatter benchmark, k-splits reduced in clusters (PRUNEKIT_SCATTER_CLUSTER=1)"
+  PRUNEKIT_SCATTER_CLUSTER=1 python3 benchmarks/spmm.py --out "$OUT/spmm-scattercl-$DEV-$DATE.json" --dtypes float16 \
+    --ns 16 --sparsities 0.5,0.7,0.8,0.9 "$@" > "$OUT/scattercl-bench.log" 2>&1
   echo "exit code $?"
 fi
 

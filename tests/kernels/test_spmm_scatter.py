@@ -482,6 +482,32 @@ def test_scatter_kernel_replays_in_a_cuda_graph(strip_rows, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("strip_rows", ROWS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_scatter_kernel_cluster_reduction_matches_float64(dtype, strip_rows, monkeypatch):
+    """Opt-in ($PRUNEKIT_SCATTER_CLUSTER=1): k-splits reduced in a thread-block cluster (sm_90). 17 groups of 128
+    columns: kr = 1 is 17 splits (more than a cluster: atomics), kr = 2 nine (a non-portable cluster), kr = 4 five;
+    M = 1000 leaves idle warps in the last strip block."""
+    monkeypatch.setenv(gpu.SCATTER_ROWS_ENV, str(strip_rows))
+    monkeypatch.setenv("PRUNEKIT_SCATTER_CLUSTER", "1")
+    g = torch.Generator(device="cuda").manual_seed(11)
+    m, k = 1000, 2100
+    dense = random_sparse_weight(m, k, 0.8, dtype, "cuda", g, empty_rows=9, single_rows=3)
+    c = encode_csr(dense)
+    bias = torch.randn(m, generator=g, device="cuda").to(dtype)
+    for n in (1, 9, 16):
+        x = torch.randn(n, k, generator=g, device="cuda").to(dtype).t()
+        ref = spmm_reference64(dense, x, bias, "relu")
+        for kr in (1, 2, 4):
+            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            for _ in range(2):
+                out.fill_(float("nan"))
+                y = _run(c, x, m, bias, "relu", kr, out, strip_rows)
+                torch.cuda.synchronize()
+                assert relative_error(y, ref) <= TOLERANCE[dtype], (n, kr)
+
+
+@pytest.mark.cuda
 def test_scatter_variant_refuses_fp32_and_wide_x():
     dense = random_sparse_weight(16, 64, 0.5, torch.float16, "cuda")
     c = encode_csr(dense)

@@ -20,7 +20,9 @@
 // its end. With several k-splits the warps add their fp32 partial sums into a workspace with atomics; the last warp
 // of a strip (a per-strip counter, after a fence) reads the sums, adds bias, applies ReLU, writes Y and sets the
 // workspace and counter back to zero, so the next call finds them clean (the threadFenceReduction pattern of the
-// CUDA samples). One split writes Y directly.
+// CUDA samples). One split writes Y directly. Opt-in ($PRUNEKIT_SCATTER_CLUSTER=1, sm_90, 2-16 splits; written in the
+// ninth session, not yet run on a GPU): the k-splits of a strip block form a thread-block cluster and are added up
+// through distributed shared memory instead (as the 2:4 decode kernel does, structured/nm24/nm24_decode.cu).
 //
 // History (docs/KERNELS.md): a first version loaded one group ahead and read each group's end just before, two
 // dependent memory latencies per group. Nsight Compute then showed the kernel bound by shared-memory wavefronts, 123
@@ -38,7 +40,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "common.cuh"
@@ -54,6 +60,7 @@ constexpr int kScThreads = 32 * kScWarps;
 constexpr int kScGroupCols = 128;   // = spmm_scatter_plan.GROUP_COLS
 constexpr int kScTokens = 16;       // mma m: N <= 16
 constexpr int kScPrefetch = 8;      // record loads in flight per lane (256 records = 1 KB per warp)
+constexpr int kScMaxCluster = 16;   // k-splits one cluster reduces (over 8: non-portable cluster size)
 constexpr int kScMaxKrGroups = 12;  // shared memory: 4 KB of X per group + 16 KB of tiles
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
@@ -87,7 +94,7 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
     const uint32_t* __restrict__ records, const int* __restrict__ group_offsets, const T* __restrict__ x,
     int64_t sxk, int64_t sxn, T* __restrict__ y, int64_t sym, int64_t syn, const T* __restrict__ bias, bool relu,
     int m, int k, int n, int strips, int groups, int kr_groups, float* __restrict__ workspace,
-    int* __restrict__ counters, int ksplit) {
+    int* __restrict__ counters, int ksplit, int cluster) {
   extern __shared__ uint4 smem[];
   const int g0 = blockIdx.x * kr_groups;
   const int g1 = min(groups, g0 + kr_groups);
@@ -145,7 +152,7 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
 #pragma unroll
   for (int i = 0; i < ROWS / 2; ++i) tile4[lane + 32 * i] = make_uint4(0u, 0u, 0u, 0u);
   __syncthreads();
-  if (!active) return;
+  if (!active && !(SPLIT && cluster)) return;  // in a cluster every warp reaches the cluster barriers (no records here)
 
   // Accumulators of even and odd k-steps (two chains of dependent mma per group), per 8-token half for ROWS = 16.
   constexpr int kHalves = ROWS == 16 ? 2 : 1;
@@ -229,6 +236,41 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
   const int gid = lane >> 2, tig = lane & 3;
   const auto token_of = [&](int e) { return ROWS == 16 ? 8 * (e >> 2) + 2 * tig + (e & 1) : gid + 8 * (e >> 1); };
   const auto row_of = [&](int e) { return ROWS == 16 ? gid + 8 * ((e >> 1) & 1) : 2 * tig + (e & 1); };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (SPLIT && cluster) {
+    // Opt-in ($PRUNEKIT_SCATTER_CLUSTER=1): the k-splits of a strip block are one thread-block cluster. Each warp
+    // leaves its partial sums in its own tile (idle now), and after the cluster barrier block rank r adds up its share
+    // of the block's 8 strips from every block's shared memory (distributed shared memory): no atomics, fences or
+    // counters. The 2:4 decode kernel (structured/nm24) measured its atomic epilogue at about 6 us of 17 on the H100.
+    float* part = reinterpret_cast<float*>(tile4);
+    __syncwarp();
+#pragma unroll
+    for (int e = 0; e < kOut; ++e) part[token_of(e) * ROWS + row_of(e)] = out[e];
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    cl.sync();
+    const int rank = static_cast<int>(cl.block_rank());
+    constexpr int kPerWarp = kScTokens * ROWS;
+    for (int idx = rank * kScThreads + static_cast<int>(threadIdx.x); idx < kScWarps * kPerWarp;
+         idx += kScThreads * ksplit) {
+      const int w = idx / kPerWarp, tok = (idx % kPerWarp) / ROWS, r = idx % ROWS;
+      const int s = blockIdx.y * kScWarps + w;
+      const int row = s * ROWS + r;
+      if (s < strips && tok < n && row < m) {
+        float* local = reinterpret_cast<float*>(tiles + w * (ROWS * kScGroupCols / 8)) + tok * ROWS + r;
+        float parts[kScMaxCluster];
+#pragma unroll
+        for (int q = 0; q < kScMaxCluster; ++q) parts[q] = q < ksplit ? *cl.map_shared_rank(local, q) : 0.f;
+        float v = bias != nullptr ? to_f(bias[row]) : 0.f;
+#pragma unroll
+        for (int q = 0; q < kScMaxCluster; ++q) v += parts[q];
+        if (relu) v = fmaxf(v, 0.f);
+        y[static_cast<int64_t>(row) * sym + static_cast<int64_t>(tok) * syn] = from_f<T>(v);
+      }
+    }
+    cl.sync();  // no block leaves while another still reads its shared memory
+    return;
+  }
+#endif
   if constexpr (SPLIT) {
     float* ws = workspace + static_cast<int64_t>(strip) * (kScTokens * ROWS);
 #pragma unroll
@@ -268,18 +310,41 @@ template <typename T, bool SPLIT, bool XVEC, bool NARROW, int ROWS>
 void launch_scatter(const at::Tensor& records, const at::Tensor& group_offsets, const at::Tensor& x,
                     const at::Tensor& y,
                     const T* bias, bool relu, int m, int k, int n, int strips, int groups, int kr_groups, int ksplit,
-                    float* workspace, int* counters) {
+                    float* workspace, int* counters, bool cluster) {
   const size_t smem = static_cast<size_t>(kr_groups) * 8 * 32 * 16 + kScWarps * ROWS * kScGroupCols * 2;
   auto kernel = spmm_scatter_kernel<T, SPLIT, XVEC, NARROW, ROWS>;
   if (smem > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
   const dim3 grid(ksplit, (strips + kScWarps - 1) / kScWarps);
-  kernel<<<grid, kScThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<const uint32_t*>(records.data_ptr()), group_offsets.data_ptr<int>(),
-      reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), x.stride(1), reinterpret_cast<T*>(y.data_ptr()),
-      y.stride(0), y.stride(1), bias, relu, m, k, n, strips, groups, kr_groups, workspace, counters, ksplit);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (!cluster) {
+    kernel<<<grid, kScThreads, smem, c10::cuda::getCurrentCUDAStream()>>>(
+        reinterpret_cast<const uint32_t*>(records.data_ptr()), group_offsets.data_ptr<int>(),
+        reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), x.stride(1), reinterpret_cast<T*>(y.data_ptr()),
+        y.stride(0), y.stride(1), bias, relu, m, k, n, strips, groups, kr_groups, workspace, counters, ksplit, 0);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  if (ksplit > 8) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kScThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = c10::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = ksplit;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint32_t*>(records.data_ptr()),
+                                    group_offsets.data_ptr<int>(), reinterpret_cast<const T*>(x.data_ptr()),
+                                    x.stride(0), x.stride(1), reinterpret_cast<T*>(y.data_ptr()), y.stride(0),
+                                    y.stride(1), bias, relu, m, k, n, strips, groups, kr_groups, workspace, counters,
+                                    ksplit, 1));
 }
 
 }  // namespace
@@ -338,6 +403,15 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
   const bool xvec = (x.stride(0) == 1 || k == 1) && (n == 1 || x.stride(1) % 4 == 0) &&
                     reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   const c10::cuda::CUDAGuard guard(device);
+  // k-splits reduced in a thread-block cluster instead of atomics: opt-in ($PRUNEKIT_SCATTER_CLUSTER=1, not yet timed
+  // on a GPU), sm_90, 2..16 splits
+  const char* cluster_env = std::getenv("PRUNEKIT_SCATTER_CLUSTER");
+  bool cluster = cluster_env != nullptr && std::strcmp(cluster_env, "1") == 0 && ksplit > 1 && ksplit <= kScMaxCluster;
+  if (cluster) {
+    int major = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()));
+    cluster = major >= 9;
+  }
   const auto run = [&](auto tag) {
     using scalar_t = decltype(tag);
     const scalar_t* b = bias ? reinterpret_cast<const scalar_t*>(bias->data_ptr()) : nullptr;
@@ -349,7 +423,7 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
                        decltype(rows)::value>(records, group_offsets, x, y, b, relu, static_cast<int>(m),
                                               static_cast<int>(k), static_cast<int>(n), static_cast<int>(strips),
                                               static_cast<int>(groups), static_cast<int>(kr_groups),
-                                              static_cast<int>(ksplit), ws, cnt);
+                                              static_cast<int>(ksplit), ws, cnt, cluster);
       };
       strip_rows == 16 ? launch(std::integral_constant<int, 16>{}) : launch(std::integral_constant<int, 8>{});
     };
