@@ -290,3 +290,17 @@ def test_sparse_linear_decode_route_on_cpu(monkeypatch):
     y = layer(x)
     ref = x.double() @ (2 * dense.double()).t() + bias.double()
     assert relative_error(y, ref) < TOLERANCE[torch.float16] and len(builds) == 2
+
+
+def test_plan_is_kept_and_env_read_when_built(monkeypatch):
+    dense = weight24(32, 64, torch.float16)
+    values, metadata, bits = encode24(dense)
+    monkeypatch.setenv(nm24.MMA_ENV, "prmt")
+    plan = nm24.get_plan(values, metadata, bits, 64)
+    assert plan.variant == 0 and nm24.get_plan(values, metadata, bits, 64) is plan
+    monkeypatch.setenv(nm24.MMA_ENV, "sp")
+    assert nm24.get_plan(values, metadata, bits, 64) is plan  # read when built, not per call
+    nm24.drop_plan(values)
+    assert nm24.get_plan(values, metadata, bits, 64).variant == 1
+    values.mul_(1)  # an in-place write: rebuilt
+    assert nm24.get_plan(values, metadata, bits, 64) is not plan

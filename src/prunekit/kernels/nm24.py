@@ -36,6 +36,7 @@ __all__ = [
     "get_plan",
     "emulate",
     "linear",
+    "drop_plan",
     "decode_mm",
     "decode_takes",
     "load",
@@ -279,15 +280,22 @@ def build_plan(
 
 
 def get_plan(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> Nm24Plan:
-    """:func:`build_plan`, built once and kept on ``values`` (rebuilt when ``values`` or ``metadata`` change)."""
+    """:func:`build_plan`, built once and kept on ``values`` (rebuilt when ``values`` or ``metadata`` change; the
+    environment variables are read when it is built, see :func:`drop_plan`)."""
 
     def make() -> Nm24Plan:
         # ordinary tensors even under inference_mode: the kernel updates ws / counters in place on later calls
         with torch.inference_mode(False), torch.no_grad():
             return build_plan(values, metadata, bits, k)
 
-    env = tuple(os.environ.get(v) for v in (CHUNK_ENV, MMA_ENV, SP_LAYOUT_ENV))
-    return cached(values, _PLAN_ATTR, (values, metadata), (bits, k, env), make)
+    return cached(values, _PLAN_ATTR, (values, metadata), (bits, k), make)
+
+
+def drop_plan(values: torch.Tensor) -> None:
+    """Forget the plan kept on ``values``: the next call builds it again, reading ``$PRUNEKIT_NM24_CHUNK``,
+    ``$PRUNEKIT_NM24_MMA`` and ``$PRUNEKIT_NM24_SP_LAYOUT`` afresh (they are read when a plan is built, not per call)."""
+    if hasattr(values, _PLAN_ATTR):
+        delattr(values, _PLAN_ATTR)
 
 
 def _byte_perm(x: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
@@ -431,8 +439,10 @@ def decode_mm(
     Raises:
         KernelUnavailable: no GPU/compiler. RuntimeError: shapes that do not match the plan (C++ checks).
     """
-    if not is_loaded():
+    global _state
+    if _state is not True:  # is_loaded() costs microseconds per call; after the first load a flag is enough
         load()
+        _state = True
     plan = get_plan(values, metadata, bits, x.shape[0])
     if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
