@@ -67,6 +67,7 @@ namespace {
 namespace cg = cooperative_groups;
 
 using prunekit::Mma;
+using prunekit::MmaSp;
 
 constexpr int kWarps = 8;             // strips per row block (= nm24.STRIPS_PER_BLOCK)
 constexpr int kThreads = 32 * kWarps;
@@ -147,28 +148,6 @@ __device__ __forceinline__ uint32_t prmt0(uint32_t v, uint32_t sel) {
   asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(d) : "r"(v), "r"(sel));
   return d;
 }
-
-// D += A (16 x 32, 2:4: the 16 x 16 kept values in m16n8k16's A layout) * B (32 x 8), metadata e from threads 0-1
-// of each quad (sparsity selector 0). PTX ISA, "mma.sp with sparse matrix A". sm_80+.
-template <typename T> struct MmaSp;
-template <> struct MmaSp<__half> {
-  static __device__ __forceinline__ void run(float* c, const uint4& a, const uint4& b, uint32_t e) {
-    asm volatile(
-        "mma.sp.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9, %10, %11}, {%0, %1, %2, %3}, %12, 0x0;\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w), "r"(e));
-  }
-};
-template <> struct MmaSp<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float* c, const uint4& a, const uint4& b, uint32_t e) {
-    asm volatile(
-        "mma.sp.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9, %10, %11}, {%0, %1, %2, %3}, %12, 0x0;\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w), "r"(e));
-  }
-};
 
 __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
   // fragment-order X: [k-step][token tile][lane], lanes XOR-swizzled by k-step (2-way store conflicts, reads free)
