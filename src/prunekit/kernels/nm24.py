@@ -112,10 +112,12 @@ def available() -> bool:
 class Nm24Plan(NamedTuple):
     """The kernel's copy of one 2:4 weight ``(M, K)``.
 
-    ``vals``: ``(strips, ksteps / 2, 32, 4)`` int32, two fp16/bf16 values per word; ``meta``: ``(strips, ksteps / 4,
-    32)`` int32, a byte per k-step (two in-group index nibbles); ``ws``: ``(strips * 16 * 16,)`` float32 and
+    ``vals``: ``(strips, ksteps / 2, 32, 4)`` int32, two fp16/bf16 values per word; ``meta``: for ``variant`` 0
+    ``(strips, ksteps / 4, 32)`` int32, a byte per k-step (two in-group index nibbles), for ``variant`` 1 (mma.sp)
+    ``(strips, ksteps / 2, 16)`` int32 in the layout ``sp_layout`` (:func:`sp_meta`); ``ws``: ``(strips * 16 * 16,)`` float32 and
     ``counters``: ``(row blocks,)`` int32, both zero between calls (the kernel leaves them so); ``chunk``: k-steps per
-    block; ``m``, ``k``: the weight's shape; ``dtype``: its dtype.
+    block; ``m``, ``k``: the weight's shape; ``dtype``: its dtype; ``variant``: 0 register expansion + mma.sync, 1
+    mma.sp.
     """
 
     vals: torch.Tensor
@@ -132,7 +134,7 @@ class Nm24Plan(NamedTuple):
 
 def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
     """k-steps per block: 32, unless that leaves fewer than ``num_sms / 2`` blocks, then 16, then 8 (never more than
-    ``ksteps``). Chosen from the H100 k-chunk sweep (``benchmarks/results/nm24-sweep-h100-2026-11-25-v4.json``: 32
+    ``ksteps``). Chosen from the H100 k-chunk sweep (``benchmarks/results/nm24-sweep-h100-2026-11-25-v5.json``: 32
     was fastest on the three large decode shapes, 16 on 768 x 3072 and 3072 x 768; in-sample). Up to
     :data:`MAX_CLUSTER` k-chunks are reduced in one thread-block cluster on sm_90, more with global atomics.
     ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning, at most :data:`MAX_CHUNK`)."""
@@ -230,10 +232,12 @@ def build_plan(
             multiple of 4); num_sms: SMs of the target GPU (default: the values' device, 132 off the GPU).
 
     Returns:
-        :class:`Nm24Plan` on ``values``' device (about 1.2 bytes per weight).
+        :class:`Nm24Plan` on ``values``' device (about 1.2 bytes per weight). ``mma`` (:func:`mma_variant`) and
+        ``sp_layout`` (:data:`SP_LAYOUTS`, default ``$PRUNEKIT_NM24_SP_LAYOUT`` or :data:`DEFAULT_SP_LAYOUT`, the one
+        the H100 reads) choose the metadata format.
 
     Raises:
-        ValueError: a dtype other than fp16/bf16, or K not a multiple of 4.
+        ValueError: a dtype other than fp16/bf16, K not a multiple of 4, an unknown variant or layout.
     """
     if values.dtype not in DTYPES:
         raise ValueError(f"the 2:4 decode kernel takes float16 or bfloat16 weights, got {values.dtype}")
@@ -323,8 +327,9 @@ def selector_table() -> torch.Tensor:
 
 def emulate(plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
     """The kernel's arithmetic replayed in torch, lane by lane (float64 products, fp32-like accumulation order not
-    modelled): expansion of each lane's words by :func:`selector_table` into the m16n8k16 A fragments, X staged in
-    fragment order (columns 4t .. 4t + 3 of token g at lane g * 4 + t), the PTX fragment layouts of A and B.
+    modelled). Variant 0: expansion of each lane's words by :func:`selector_table` into the m16n8k16 A fragments, X
+    staged in fragment order (columns 4t .. 4t + 3 of token g at lane g * 4 + t), the PTX fragment layouts of A and B.
+    Variant 1 (mma.sp): each lane's words placed at the in-group indices its metadata gives (:func:`_emulate_sp`).
 
     Args:
         plan: from :func:`build_plan`; x: ``(K, N)``, N <= 16; bias: ``(M,)`` or None.

@@ -267,8 +267,10 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 
   if (active && !(p.probe & 2)) {
     for (int b = 0; b < batches; ++b) {
+      if (SP) __syncwarp();  // SP: the lanes are done reading the ring slot the next issue refills (shared meta)
       issue(b + kRing - 1);
-      cp_async_wait<kRing - 1>();  // batch b has landed (each lane reads only what it copied itself)
+      cp_async_wait<kRing - 1>();  // batch b has landed: each lane's own copies (vals; prmt's meta)
+      if (SP) __syncwarp();  // SP: a lane reads meta words other lanes copied
       const uint4* vb = ring_v + (b % kRing) * kBatchVals + lane;
       const uint32_t* mb = ring_m + (b % kRing) * kBatchMeta + lane;
       uint4 v[4];
