@@ -202,7 +202,9 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
         if (tok < p.n) {
           const T e0 = col < p.k ? s_tok[0] : from_float<T>(0.f);
           const T e1 = col + 1 < p.k ? s_tok[p.x_sk] : from_float<T>(0.f);
-          w = *reinterpret_cast<const uint16_t*>(&e0) | (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&e1)) << 16);
+          const uint32_t lo = *reinterpret_cast<const uint16_t*>(&e0);
+          const uint32_t hi = *reinterpret_cast<const uint16_t*>(&e1);
+          w = lo | (hi << 16);
         }
         *dst = w;
       }
@@ -375,7 +377,9 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // tokens 2t, 2t + 1 of one row are adjacent in ws: one 8-byte reduction
         const int row = strip * 16 + g + h * 8, tok = nt * 8 + 2 * t;
-        if (row < p.m && tok < p.n) red_add2(p.ws + static_cast<int64_t>(row) * kTokens + tok, acc[nt][2 * h], acc[nt][2 * h + 1]);
+        if (row < p.m && tok < p.n) {
+          red_add2(p.ws + static_cast<int64_t>(row) * kTokens + tok, acc[nt][2 * h], acc[nt][2 * h + 1]);
+        }
       }
   }
   __threadfence();
@@ -428,7 +432,8 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   }
   static std::atomic<uint64_t> non_portable{0};  // clusters of 9-16 blocks: opt in once per instance and device
   if (p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     non_portable.fetch_or(bit, std::memory_order_relaxed);
   }
   cudaLaunchConfig_t cfg = {};
@@ -460,7 +465,8 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
               "nm24_mm: vals must be a contiguous int32 (strips, ksteps / 2, 32, 4)");
   const int64_t strips = vals.size(0), ksteps = vals.size(1) * 2;
   TORCH_CHECK(meta.scalar_type() == at::kInt && meta.is_contiguous() && meta.numel() == strips * (ksteps / 4) * 32,
-              "nm24_mm: meta must be a contiguous int32 (strips, ksteps / 4, 32), or (strips, ksteps / 2, 16) for mma.sp");
+              "nm24_mm: meta must be a contiguous int32 (strips, ksteps / 4, 32), or (strips, ksteps / 2, 16) for ",
+              "mma.sp");
   const int64_t k = x.size(0), n = x.size(1);
   TORCH_CHECK(n >= 1 && n <= kTokens, "nm24_mm: N must be 1..16, got ", n);
   TORCH_CHECK(ksteps % kBatch == 0 && k <= ksteps * 16 && k > (ksteps - kBatch) * 16,
@@ -470,8 +476,8 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
   TORCH_CHECK(chunk % kBatch == 0 && chunk >= kBatch && chunk <= kMaxChunk, "nm24_mm: bad chunk ", chunk);
   const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
   const int64_t chunks = (ksteps + chunk - 1) / chunk;
-  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens && counters.scalar_type() == at::kInt &&
-                  counters.numel() >= row_blocks,
+  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
+                  counters.scalar_type() == at::kInt && counters.numel() >= row_blocks,
               "nm24_mm: workspace or counters too small");
   TORCH_CHECK(vals.device() == x.device() && meta.device() == x.device() && y.device() == x.device() &&
                   ws.device() == x.device() && counters.device() == x.device(),
