@@ -9,8 +9,9 @@
 #   scripts/gpu_structured.sh bsr [args]   # benchmarks/bsr.py (quick grid, --time-limit-s 420 unless given)
 #   scripts/gpu_structured.sh nm [args]    # benchmarks/nm.py (all points, --time-limit-s 420 unless given)
 #   scripts/gpu_structured.sh nm24 [args]  # the 2:4 decode kernel (kernels/nm24.py) alone: build it and the cuSPARSELt
-#                                          # binding (not the BSR library), its tests and test_nm_mm.py, memcheck of
-#                                          # small decode cases, benchmarks/nm24_sweep.py (k-chunk sweep), then
+#                                          # binding (not the BSR library), its tests and test_nm_mm.py, memcheck and
+#                                          # racecheck of small decode cases, probes (no epilogue; atomics instead of
+#                                          # clusters), benchmarks/nm24_sweep.py (k-chunk sweep), then
 #                                          # benchmarks/nm.py at the decode points (5,6,7,8)
 #   scripts/gpu_structured.sh nm24sp       # the decode kernel's mma.sp variant: metadata layout check, tests, sweeps of
 #                                          # both variants, benchmarks/nm.py decode points with mma.sp
@@ -313,6 +314,6 @@ case $MODE in
   bsr) build; bench_bsr "$@" ;;
   nm) build; bench_nm "$@" ;;
   all) build; build_test; bench_bsr "$@"; bench_nm ;;
-  *) echo "usage: $0 build-test|bsr|nm|nm24|all [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: $0 build-test|bsr|nm|nm24|nm24sp|nm24prof|all [benchmark args]" >&2; exit 2 ;;
 esac
 step done
