@@ -128,6 +128,16 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(v);
 }
 
+// X[col], X[col + 1] of one token as a packed pair (element loads; zero past K)
+template <typename T>
+__device__ __forceinline__ uint32_t x_pair(const T* src, int col, int k, int64_t sk) {
+  const T e0 = col < k ? src[0] : from_float<T>(0.f);
+  const T e1 = col + 1 < k ? src[sk] : from_float<T>(0.f);
+  const uint32_t lo = *reinterpret_cast<const uint16_t*>(&e0);
+  const uint32_t hi = *reinterpret_cast<const uint16_t*>(&e1);
+  return lo | (hi << 16);
+}
+
 // byte_perm selector (two 16-bit halves: columns 0-1, columns 2-3 of a group) for in-group indices i0 | i1 << 2: a
 // column equal to i0 takes bytes 0-1 of the value word, one equal to i1 bytes 2-3, any other the zero word's 4-5.
 __device__ __forceinline__ uint32_t selector(uint32_t nib) {
@@ -198,15 +208,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
           cp_async4(dst, s_tok);
           continue;
         }
-        uint32_t w = 0u;
-        if (tok < p.n) {
-          const T e0 = col < p.k ? s_tok[0] : from_float<T>(0.f);
-          const T e1 = col + 1 < p.k ? s_tok[p.x_sk] : from_float<T>(0.f);
-          const uint32_t lo = *reinterpret_cast<const uint16_t*>(&e0);
-          const uint32_t hi = *reinterpret_cast<const uint16_t*>(&e1);
-          w = lo | (hi << 16);
-        }
-        *dst = w;
+        *dst = tok < p.n ? x_pair(s_tok, col, p.k, p.x_sk) : 0u;
       }
     }
   }
@@ -223,17 +225,8 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
         cp_async8(dst, s_tok);
         continue;
       }
-      uint2 w = make_uint2(0u, 0u);
-      if (tok < p.n) {
-        uint16_t h[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const T e = col + j < p.k ? s_tok[j * p.x_sk] : from_float<T>(0.f);
-          h[j] = *reinterpret_cast<const uint16_t*>(&e);
-        }
-        w = make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
-      }
-      *dst = w;
+      *dst = tok < p.n ? make_uint2(x_pair(s_tok, col, p.k, p.x_sk), x_pair(s_tok + 2 * p.x_sk, col + 2, p.k, p.x_sk))
+                       : make_uint2(0u, 0u);
     }
   }
   cp_async_commit();
