@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from prunekit import formats
-from prunekit.kernels import nm24, ops, structured
+from prunekit.kernels import nm24, ops, reference, structured
 from prunekit.kernels.testing import TOLERANCE, relative_error, spmm_reference64
 
 
@@ -304,3 +304,22 @@ def test_plan_is_kept_and_env_read_when_built(monkeypatch):
     assert nm24.get_plan(values, metadata, bits, 64).variant == 1
     values.mul_(1)  # an in-place write: rebuilt
     assert nm24.get_plan(values, metadata, bits, 64) is not plan
+
+
+@pytest.mark.parametrize("mma", ["prmt", "sp"])
+def test_plan_of_hand_made_metadata_with_repeated_or_unordered_indices(mma):
+    """Metadata the encoder never writes: indices out of order, and both values at one index (the reference adds
+    them). The plan must still reproduce the reference."""
+    from prunekit.formats.nm import pack_indices
+
+    m, k = 16, 32
+    g = torch.Generator().manual_seed(4)
+    values = torch.randn(m, k // 2, generator=g).half()
+    idx = torch.randint(0, 4, (m, k // 2), generator=g)
+    idx[0, 0:2] = torch.tensor([3, 1])  # unordered
+    idx[1, 2:4] = torch.tensor([2, 2])  # repeated
+    metadata = pack_indices(idx, 2)
+    plan = nm24.build_plan(values, metadata, 2, k, mma=mma)
+    x = torch.randn(k, 5).half()
+    ref = reference.nm_mm(values.double(), metadata, x.double(), 2, 4, 2)
+    assert relative_error(nm24.emulate(plan, x), ref) < TOLERANCE[torch.float16]
