@@ -60,6 +60,13 @@ POINTS = [
     (4096, 4096, 128),
     (3072, 768, 128),
     (768, 3072, 128),
+    # decode points of the SpMM benchmark's other shapes (appended: earlier --points indices keep their meaning)
+    (11008, 4096, 1),
+    (4096, 11008, 1),
+    (768, 3072, 16),
+    (768, 3072, 1),
+    (3072, 768, 16),
+    (3072, 768, 1),
 ]
 console = Console()
 

@@ -12,7 +12,7 @@
 #                                          # binding (not the BSR library), its tests and test_nm_mm.py, memcheck and
 #                                          # racecheck of small decode cases, probes (no epilogue; atomics instead of
 #                                          # clusters), benchmarks/nm24_sweep.py (k-chunk sweep), then
-#                                          # benchmarks/nm.py at the decode points (5,6,7,8)
+#                                          # benchmarks/nm.py at the decode points (5-8, 12-17)
 #   scripts/gpu_structured.sh nm24sp       # the decode kernel's mma.sp variant: metadata layout check, tests, sweeps of
 #                                          # both variants, benchmarks/nm.py decode points with mma.sp
 #   scripts/gpu_structured.sh nm24prof     # Nsight Compute of the decode kernel ($NM24_PROFILE_CASES "M K N;..."), then
@@ -223,7 +223,7 @@ PY
     --out "$OUT/nm24-sweep-$DEV-$DATE.json" > "$OUT/nm24_sweep.log" 2>&1
   echo "sweep exit code $?"; tail -60 "$OUT/nm24_sweep.log"
   local extra=()
-  has_arg --points "$@" || extra=(--points 5,6,7,8)
+  has_arg --points "$@" || extra=(--points 5,6,7,8,12,13,14,15,16,17)
   bench_nm "${extra[@]}" "$@"
 }
 
@@ -303,7 +303,7 @@ print(nm24.load()); structured.load_cslt()" > "$OUT/build_nm24.log" 2>&1 || { ta
       --out "$OUT/nm24-sweep-$mma-$DEV-$DATE.json" > "$OUT/nm24_sweep_$mma.log" 2>&1
     echo "sweep exit code $?"
   done
-  PRUNEKIT_NM24_MMA=sp bench_nm --points 5,6,7,8
+  PRUNEKIT_NM24_MMA=sp bench_nm --points 5,6,7,8,12,13,14,15,16,17
 }
 
 case $MODE in
