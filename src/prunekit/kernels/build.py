@@ -80,6 +80,18 @@ __all__ = [
 ]
 
 
+def setting(value: str | None, env: str, default: str, allowed, what: str) -> str:
+    """A kernel option: ``value``, else ``$env``, else ``default``, checked against ``allowed``.
+
+    Raises:
+        ValueError: a name not in ``allowed`` (one sentence naming ``what`` and the known names).
+    """
+    name = value or os.environ.get(env) or default
+    if name not in allowed:
+        raise ValueError(f"unknown {what} {name!r}; known: {', '.join(allowed)}")
+    return name
+
+
 def cache_root() -> Path:
     """Directory holding one build folder per key: ``$PRUNEKIT_KERNEL_CACHE`` or ``~/.cache/prunekit/kernels``."""
     env = os.environ.get(CACHE_ENV)

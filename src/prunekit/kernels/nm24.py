@@ -173,10 +173,7 @@ def mma_variant(mma: str | None = None) -> str:
     Raises:
         ValueError: not ``"prmt"`` or ``"sp"``.
     """
-    name = mma or os.environ.get(MMA_ENV) or DEFAULT_MMA
-    if name not in ("prmt", "sp"):
-        raise ValueError(f"2:4 decode kernel variant must be 'prmt' or 'sp', got {name!r}")
-    return name
+    return build.setting(mma, MMA_ENV, DEFAULT_MMA, ("prmt", "sp"), "2:4 decode kernel variant")
 
 
 def sp_meta(nibs: torch.Tensor, strips: int, ksteps: int, layout: str) -> torch.Tensor:
@@ -264,7 +261,7 @@ def build_plan(
     variant = mma_variant(mma)
     layout = ""
     if variant == "sp":
-        layout = sp_layout or os.environ.get(SP_LAYOUT_ENV) or DEFAULT_SP_LAYOUT
+        layout = build.setting(sp_layout, SP_LAYOUT_ENV, DEFAULT_SP_LAYOUT, SP_LAYOUTS, "mma.sp metadata layout")
         meta = sp_meta(nibs, strips, ksteps, layout)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132

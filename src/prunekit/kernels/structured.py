@@ -173,10 +173,7 @@ def bsr_variant(variant: str | None = None) -> str:
     Raises:
         ValueError: an unknown name.
     """
-    name = variant or os.environ.get(BSR_VARIANT_ENV) or "auto"
-    if name not in VARIANTS:
-        raise ValueError(f"unknown BSR kernel variant {name!r}; known: {', '.join(VARIANTS)}")
-    return name
+    return build.setting(variant, BSR_VARIANT_ENV, "auto", VARIANTS, "BSR kernel variant")
 
 
 def wgmma_supports(blocks: torch.Tensor) -> bool:
@@ -501,10 +498,7 @@ def cslt_output(output: str | None = None) -> str:
     Raises:
         ValueError: not ``"row"`` or ``"col"``.
     """
-    name = output or os.environ.get(CSLT_OUTPUT_ENV) or CSLT_DEFAULT_OUTPUT
-    if name not in ("row", "col"):
-        raise ValueError(f"cuSPARSELt output layout must be 'row' or 'col', got {name!r}")
-    return name
+    return build.setting(output, CSLT_OUTPUT_ENV, CSLT_DEFAULT_OUTPUT, ("row", "col"), "cuSPARSELt output layout")
 
 
 def _nm24_native(values, metadata, x, bits, bias, activation, output) -> torch.Tensor:
