@@ -1,8 +1,9 @@
 """2:4 decode kernel (``kernels/nm24.py``) tuning sweep: device time per k-chunk size at decode shapes, next to dense
 cuBLAS and torch's semi-structured 2:4 (cuSPARSELt) in the same run.
 
-For each weight shape W (M x K, 2:4 from the 2 largest of every 4 N(0, 1) entries), N and chunk (``auto`` =
-``nm24.plan_chunk``, or a forced ``$PRUNEKIT_NM24_CHUNK``): CUDA-graph replay time (median, rotating input sets larger
+For each weight shape W (M x K, 2:4 from the 2 largest of every 4 N(0, 1) entries), N, chunk (``auto`` =
+``nm24.plan_chunk``, or a forced ``$PRUNEKIT_NM24_CHUNK``) and ring depth (``auto`` = ``nm24.plan_ring``, or a forced
+``$PRUNEKIT_NM24_RING``): CUDA-graph replay time (median, rotating input sets larger
 than L2, ``benchmarks/bsr.py``'s ``graph_time``) of ``nm24.decode_mm`` on ``x2d.t()``, of ``F.linear(x2d, W)`` and of
 ``F.linear(x2d, to_sparse_semi_structured(W))``; the streamed GB/s (plan bytes + X + Y over the time). Prints a table,
 writes ``--out`` JSON (device, torch version, date).
@@ -35,7 +36,9 @@ from prunekit.kernels import nm24  # noqa: E402
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (768, 3072), (3072, 768)]
 
 
-def run_shape(m: int, k: int, n: int, chunks: list[str], dtype: torch.dtype, gen: torch.Generator) -> list[dict]:
+def run_shape(
+    m: int, k: int, n: int, chunks: list[str], rings: list[str], dtype: torch.dtype, gen: torch.Generator
+) -> list[dict]:
     from torch.sparse import to_sparse_semi_structured
 
     elem = torch.finfo(dtype).bits // 8
@@ -54,11 +57,12 @@ def run_shape(m: int, k: int, n: int, chunks: list[str], dtype: torch.dtype, gen
     except Exception as exc:  # recorded, not fatal: torch's path may refuse a shape
         torch24_ms, semis = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     rows = []
-    for chunk in chunks:
-        if chunk == "auto":
-            os.environ.pop(nm24.CHUNK_ENV, None)
-        else:
-            os.environ[nm24.CHUNK_ENV] = chunk
+    for chunk, ring in ((c, r) for c in chunks for r in rings):
+        for env, value in ((nm24.CHUNK_ENV, chunk), (nm24.RING_ENV, ring)):
+            if value == "auto":
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = value
         for _, c, _, _ in sets:  # plans read the chunk when they are built
             nm24.drop_plan(c["values"])
         calls = [lambda c=c, b=b, x=x: nm24.decode_mm(c["values"], c["metadata"], x.t(), b) for _, c, b, x in sets]
@@ -69,7 +73,7 @@ def run_shape(m: int, k: int, n: int, chunks: list[str], dtype: torch.dtype, gen
         moved = plan.vals.nbytes + plan.meta.nbytes + (k * n + m * n) * elem
         rows.append(
             {
-                "m": m, "k": k, "n": n, "chunk": plan.chunk, "chunk_arg": chunk, "n_sets": n_sets,
+                "m": m, "k": k, "n": n, "chunk": plan.chunk, "chunk_arg": chunk, "ring": plan.ring, "n_sets": n_sets,
                 "decode_gpu_ms": ms, "dense_gpu_ms": dense_ms, "torch24_gpu_ms": torch24_ms,
                 "speedup_vs_dense": dense_ms / ms, "speedup_vs_torch24": (torch24_ms / ms) if torch24_ms else None,
                 "gbs": moved / (ms * 1e-3) / 1e9, "rel_err": err,
@@ -77,6 +81,7 @@ def run_shape(m: int, k: int, n: int, chunks: list[str], dtype: torch.dtype, gen
             }
         )  # fmt: skip
     os.environ.pop(nm24.CHUNK_ENV, None)
+    os.environ.pop(nm24.RING_ENV, None)
     return rows
 
 
@@ -85,6 +90,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ns", default="1,16")
     parser.add_argument("--chunks", default="auto,8,16,32,64")
+    parser.add_argument("--rings", default="auto", help="ring depths (nm24.RINGS) or auto (nm24.plan_ring)")
     parser.add_argument("--shapes", help="MxK,... (default: the issue's five)")
     parser.add_argument("--dtype", default="float16")
     args = parser.parse_args()
@@ -101,7 +107,9 @@ def main() -> None:
     results = []
     for m, k in shapes:
         for n in (int(v) for v in args.ns.split(",")):
-            results += run_shape(m, k, n, args.chunks.split(","), getattr(torch, args.dtype), gen)
+            results += run_shape(
+                m, k, n, args.chunks.split(","), args.rings.split(","), getattr(torch, args.dtype), gen
+            )
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     table = Table(title=f"2:4 decode kernel by k-chunk ({meta['device']}, {args.dtype}; graph-replay us)")
@@ -109,6 +117,7 @@ def main() -> None:
         "M x K",
         "N",
         "chunk",
+        "ring",
         "decode us",
         "dense us",
         "torch 2:4 us",
@@ -121,7 +130,8 @@ def main() -> None:
     for r in results:
         t24 = r["torch24_gpu_ms"]
         table.add_row(
-            f"{r['m']}x{r['k']}", str(r["n"]), f"{r['chunk']} ({r['chunk_arg']})", f"{r['decode_gpu_ms'] * 1e3:.1f}",
+            f"{r['m']}x{r['k']}", str(r["n"]), f"{r['chunk']} ({r['chunk_arg']})", str(r.get("ring", 3)),
+            f"{r['decode_gpu_ms'] * 1e3:.1f}",
             f"{r['dense_gpu_ms'] * 1e3:.1f}", f"{t24 * 1e3:.1f}" if t24 else "-", f"{r['speedup_vs_dense']:.2f}",
             f"{r['speedup_vs_torch24']:.2f}" if t24 else "-", f"{r['gbs']:.0f}", f"{r['rel_err']:.1e}",
         )  # fmt: skip

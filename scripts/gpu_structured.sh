@@ -15,6 +15,8 @@
 #                                          # benchmarks/nm.py at the decode points (5-8, 12-17)
 #   scripts/gpu_structured.sh nm24sp       # the decode kernel's mma.sp variant: metadata layout check, tests, sweeps of
 #                                          # both variants, benchmarks/nm.py decode points with mma.sp
+#   scripts/gpu_structured.sh nm24ring     # the decode kernel's ring depths: tests, sweep of $NM24_RINGS x $NM24_CHUNKS,
+#                                          # probes at ring $NM24_PROBE_RING
 #   scripts/gpu_structured.sh nm24prof     # Nsight Compute of the decode kernel ($NM24_PROFILE_CASES "M K N;..."), then
 #                                          # the k-chunk sweep ($NM24_CHUNKS)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
@@ -281,6 +283,22 @@ PY
   echo "sweep exit code $?"
 }
 
+nm24ring() {
+  step build nm24
+  timeout 300 python3 -c "from prunekit.kernels import nm24; print(nm24.load())" > "$OUT/build_nm24.log" 2>&1 ||
+    { tail -40 "$OUT/build_nm24.log"; exit 1; }
+  tail -1 "$OUT/build_nm24.log"
+  step nm24 tests
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_nm24_decode.py > "$OUT/tests_nm24.log" 2>&1
+  echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests_nm24.log" | tail -2
+  grep -E "^(FAILED|ERROR)" "$OUT/tests_nm24.log" | head -12
+  step nm24 sweep of ring depths
+  timeout 300 python3 benchmarks/nm24_sweep.py --chunks "${NM24_CHUNKS:-auto,16,64}" --rings "${NM24_RINGS:-3,4,5}" \
+    --out "$OUT/nm24-sweep-ring-$DEV-$DATE.json" > "$OUT/nm24_sweep.log" 2>&1
+  echo "sweep exit code $?"; tail -100 "$OUT/nm24_sweep.log"
+  PRUNEKIT_NM24_RING=${NM24_PROBE_RING:-5} nm24_probes "${NM24_PROBES:-1 2}"
+}
+
 nm24sp() {
   # mma.sp variant of the decode kernel: which metadata layout the GPU reads, the tests of both variants, then the
   # sweep and the decode benchmark with mma.sp in that layout (or timing only, layout "halves", if none matched)
@@ -309,11 +327,12 @@ print(nm24.load()); structured.load_cslt()" > "$OUT/build_nm24.log" 2>&1 || { ta
 case $MODE in
   build-test) build; build_test ;;
   nm24sp) nm24sp ;;
+  nm24ring) nm24ring ;;
   nm24prof) nm24prof ;;
   nm24) nm24 "$@" ;;
   bsr) build; bench_bsr "$@" ;;
   nm) build; bench_nm "$@" ;;
   all) build; build_test; bench_bsr "$@"; bench_nm ;;
-  *) echo "usage: $0 build-test|bsr|nm|nm24|nm24sp|nm24prof|all [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: $0 build-test|bsr|nm|nm24|nm24sp|nm24ring|nm24prof|all [benchmark args]" >&2; exit 2 ;;
 esac
 step done

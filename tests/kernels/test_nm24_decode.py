@@ -116,6 +116,21 @@ def test_plan_chunk_rule(monkeypatch):
     assert nm24.plan_chunk(256, 256, 132) == nm24.MAX_CHUNK
 
 
+def test_plan_ring_rule(monkeypatch):
+    monkeypatch.delenv(nm24.RING_ENV, raising=False)
+    assert nm24.plan_ring("sp") == 3 and nm24.plan_ring("prmt") == 3
+    monkeypatch.setenv(nm24.RING_ENV, "5")
+    assert nm24.plan_ring("sp") == 5
+    with pytest.raises(ValueError, match="ring of 3"):
+        nm24.plan_ring("prmt")
+    monkeypatch.setenv(nm24.RING_ENV, "6")
+    with pytest.raises(ValueError, match="ring depth"):
+        nm24.plan_ring("sp")
+    values, metadata, bits = encode24(weight24(32, 128, torch.float16, 0))
+    monkeypatch.setenv(nm24.RING_ENV, "4")
+    assert nm24.build_plan(values, metadata, bits, 128, mma="sp").ring == 4
+
+
 def test_decode_takes_rule(monkeypatch):
     values = torch.zeros(32, 32, dtype=torch.float16)
     x = torch.zeros(64, 16, dtype=torch.float16)
@@ -161,25 +176,27 @@ def _run_mm(plan, x, bias, relu, y_layout):
     )
     y.fill_(float("nan"))
     torch.ops.prunekit_nm24.mm.default(
-        plan.vals, plan.meta, plan.ws, plan.counters, x, y, bias, relu, m, plan.chunk, plan.variant
+        plan.vals, plan.meta, plan.ws, plan.counters, x, y, bias, relu, m, plan.chunk, plan.variant, plan.ring
     )
     torch.cuda.synchronize()
     return y
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("mma", ["prmt", "sp"])
+@pytest.mark.parametrize(("mma", "ring"), [("prmt", "3"), ("sp", "3"), ("sp", "4"), ("sp", "5")])
 @pytest.mark.parametrize("cluster", ["1", "0"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decode_kernel_matches_float64(dtype, cluster, mma, monkeypatch):
-    """Both inner products (register expansion + mma.sync, mma.sp) and both k-chunk reductions (thread-block
-    clusters on sm_90, the default, and global atomics with counters)."""
+def test_decode_kernel_matches_float64(dtype, cluster, mma, ring, monkeypatch):
+    """Both inner products (register expansion + mma.sync, mma.sp), every ring depth and both k-chunk reductions
+    (thread-block clusters on sm_90, the default, and global atomics with counters)."""
     monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
     monkeypatch.setenv(nm24.MMA_ENV, mma)
+    monkeypatch.setenv(nm24.RING_ENV, ring)
     assert nm24.available()
     for i, (m, k, _) in enumerate(CUDA_CASES):
         dense, values, metadata, bits = _cuda24(m, k, dtype, seed=i)
         plan = nm24.get_plan(values, metadata, bits, k)
+        assert plan.ring == int(ring)
         bias = torch.randn(m, device="cuda").to(dtype)
         for n in (1, 2, 7, 8, 9, 16):
             for layout in ("nk", "kn", "strided"):

@@ -63,6 +63,8 @@ CLUSTER_ENV = "PRUNEKIT_NM24_CLUSTER"  # "0": reduce k-chunks with global atomic
 DTYPES = (torch.float16, torch.bfloat16)
 DECODE_ENV = "PRUNEKIT_NM24_DECODE"  # "0": 2:4 calls at N <= 16 go to cuSPARSELt as before
 CHUNK_ENV = "PRUNEKIT_NM24_CHUNK"  # k-steps per block instead of plan_chunk's (tuning: benchmarks/nm24_sweep.py)
+RING_ENV = "PRUNEKIT_NM24_RING"  # weight batches per warp in shared memory instead of plan_ring's (mma.sp only)
+RINGS = (3, 4, 5)  # ring depths the library is built for (template R; the register expansion has 3 only)
 _PLAN_ATTR = "_prunekit_nm24_plan"
 _state: bool | None = None  # available(), tried once per process
 
@@ -117,7 +119,7 @@ class Nm24Plan(NamedTuple):
     ``(strips, ksteps / 2, 16)`` int32 in the layout ``sp_layout`` (:func:`sp_meta`); ``ws``: ``(strips * 16 * 16,)`` float32 and
     ``counters``: ``(row blocks,)`` int32, both zero between calls (the kernel leaves them so); ``chunk``: k-steps per
     block; ``m``, ``k``: the weight's shape; ``dtype``: its dtype; ``variant``: 0 register expansion + mma.sync, 1
-    mma.sp.
+    mma.sp; ``ring``: weight batches of 8 k-steps per warp in shared memory (:func:`plan_ring`).
     """
 
     vals: torch.Tensor
@@ -130,6 +132,7 @@ class Nm24Plan(NamedTuple):
     dtype: torch.dtype
     variant: int = 0  # 0: register expansion for mma.sync; 1: sparse tensor cores (mma.sp), meta in SP_LAYOUTS
     sp_layout: str = ""
+    ring: int = 3  # weight batches per warp in shared memory (RINGS): ring - 1 in flight while one is multiplied
 
 
 def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
@@ -145,6 +148,19 @@ def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
     else:
         chunk = next((c for c in (32, 16) if row_blocks * -(-ksteps // c) >= num_sms / 2), KSTEP_ALIGN)
     return max(KSTEP_ALIGN, min(chunk, MAX_CHUNK, ksteps))
+
+
+def plan_ring(variant: str) -> int:
+    """Weight batches per warp in shared memory: 3 (two in flight while one is multiplied; 54 KB per block, three
+    blocks per SM). The register expansion has only 3; with mma.sp ``$PRUNEKIT_NM24_RING`` may ask for 4 or 5 (72 /
+    90 KB, two blocks per SM, every batch of a 32-k-step chunk in flight at once; tuning: benchmarks/nm24_sweep.py).
+
+    Raises:
+        ValueError: ``$PRUNEKIT_NM24_RING`` not one of :data:`RINGS`, or not 3 for the register expansion."""
+    ring = int(build.setting(None, RING_ENV, "3", tuple(str(r) for r in RINGS), "2:4 decode ring depth"))
+    if variant != "sp" and ring != 3:
+        raise ValueError(f"the register expansion ({MMA_ENV}=prmt) has a ring of 3 batches only, not {ring}")
+    return ring
 
 
 def _groups(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,17 +282,19 @@ def build_plan(
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
     row_blocks = -(-strips // STRIPS_PER_BLOCK)
+    chunk = plan_chunk(strips, ksteps, num_sms)
     return Nm24Plan(
         vals.contiguous(),
         meta.contiguous(),
         torch.zeros(strips * 16 * MAX_N, dtype=torch.float32, device=dev),
         torch.zeros(row_blocks, dtype=torch.int32, device=dev),
-        plan_chunk(strips, ksteps, num_sms),
+        chunk,
         m,
         k,
         values.dtype,
         1 if variant == "sp" else 0,
         layout,
+        plan_ring(variant),
     )
 
 
@@ -294,7 +312,7 @@ def get_plan(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) ->
 
 def drop_plan(values: torch.Tensor) -> None:
     """Forget the plan kept on ``values``: the next call builds it again, reading ``$PRUNEKIT_NM24_CHUNK``,
-    ``$PRUNEKIT_NM24_MMA`` and ``$PRUNEKIT_NM24_SP_LAYOUT`` afresh (they are read when a plan is built, not per call)."""
+    ``$PRUNEKIT_NM24_RING``, ``$PRUNEKIT_NM24_MMA`` and ``$PRUNEKIT_NM24_SP_LAYOUT`` afresh (they are read when a plan is built, not per call)."""
     if hasattr(values, _PLAN_ATTR):
         delattr(values, _PLAN_ATTR)
 
@@ -459,5 +477,5 @@ def linear(plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None = None, re
     Raises:
         RuntimeError: shapes, dtypes or devices that do not match the plan (C++ checks)."""
     return torch.ops.prunekit_nm24.linear.default(
-        plan.vals, plan.meta, plan.ws, plan.counters, x, bias, relu, plan.m, plan.chunk, plan.variant
+        plan.vals, plan.meta, plan.ws, plan.counters, x, bias, relu, plan.m, plan.chunk, plan.variant, plan.ring
     )

@@ -75,10 +75,11 @@ constexpr int kBatch = 8;             // k-steps per batch (= nm24.KSTEP_ALIGN)
 constexpr int kTokens = 16;           // N <= 16
 constexpr int kMaxChunk = 64;         // k-steps per block: 32 KB of staged X (= nm24.MAX_CHUNK)
 constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTER; over 8 is non-portable)
-constexpr int kRing = 3;              // weight batches per warp in shared memory: 2 in flight while one is used
 constexpr int kBatchVals = 4 * 32;    // uint4 per batch and warp (2 KB)
 constexpr int kBatchMeta = 2 * 32;    // uint32 per batch and warp (256 B)
-constexpr int kRingBytes = kWarps * kRing * (kBatchVals * 16 + kBatchMeta * 4);  // 54 KB per block
+// weight batches per warp in shared memory (template R = nm24.RINGS): R - 1 in flight while one is used; 18 KB each
+// per block (R = 3: 54 KB, three blocks per SM with 16 KB of X; R = 4, 5: two blocks per SM)
+__host__ __device__ constexpr int ring_bytes(int r) { return kWarps * r * (kBatchVals * 16 + kBatchMeta * 4); }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(prunekit::smem_u32(dst)), "l"(src));
@@ -164,16 +165,16 @@ __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
   return (ks * 2 + nt) * 32 + (lane ^ ((ks & 7) << 2));
 }
 
-template <typename T, int NT, bool SP>
+template <typename T, int NT, bool SP, int R>
 __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
-  // dynamic shared memory: the weight ring (kWarps x kRing batches: vals, then meta), then X in fragment order
+  // dynamic shared memory: the weight ring (kWarps x R batches: vals, then meta), then X in fragment order
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t lut[16];
   __shared__ int last_flag;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  uint4* ring_v = reinterpret_cast<uint4*>(smem) + warp * kRing * kBatchVals;
-  uint32_t* ring_m = reinterpret_cast<uint32_t*>(smem + kWarps * kRing * kBatchVals * 16) + warp * kRing * kBatchMeta;
-  uint2* xs = reinterpret_cast<uint2*>(smem + kRingBytes);
+  uint4* ring_v = reinterpret_cast<uint4*>(smem) + warp * R * kBatchVals;
+  uint32_t* ring_m = reinterpret_cast<uint32_t*>(smem + kWarps * R * kBatchVals * 16) + warp * R * kBatchMeta;
+  uint2* xs = reinterpret_cast<uint2*>(smem + ring_bytes(R));
   const int strip = blockIdx.x * kWarps + warp;
   const int ks0 = blockIdx.y * p.chunk;
   const int nks = min(p.chunk, p.ksteps - ks0);  // a multiple of kBatch
@@ -185,6 +186,28 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const uint32_t* mrow = SP ? p.meta + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 16 + 2 * lane
                             : p.meta + (static_cast<int64_t>(strip) * kquads + ks0 / 4) * 32 + lane;
   if (tid < 16) lut[tid] = selector(tid);
+
+  // weight batch bb of this warp into ring slot bb % R (one commit group per batch, empty past the end)
+  auto issue = [&](int bb) {
+    if (active && bb < batches && !(p.probe & 4)) {
+      uint4* vdst = ring_v + (bb % R) * kBatchVals + lane;
+      const uint4* vsrc = vrow + bb * kBatchVals;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async16(vdst + i * 32, vsrc + i * 32);
+      if (SP) {  // 4 k32 x 16 words, contiguous: 8 bytes per lane
+        cp_async8(ring_m + (bb % R) * kBatchMeta + 2 * lane, mrow + bb * kBatchMeta);
+      } else {
+        uint32_t* mdst = ring_m + (bb % R) * kBatchMeta + lane;
+        const uint32_t* msrc = mrow + bb * kBatchMeta;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) cp_async4(mdst + i * 32, msrc + i * 32);
+      }
+    }
+    cp_async_commit();
+  };
+  // the weight's first R - 1 batches (DRAM) go out before X is staged (L2)
+#pragma unroll
+  for (int bb = 0; bb < R - 1; ++bb) issue(bb);
 
   // X[k0 + c][token] for c < nks * 16, tokens < 16, zero outside X: cp.async where a whole 8-byte item is in X
   const T* x = static_cast<const T*>(p.x);
@@ -230,28 +253,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     }
   }
   cp_async_commit();
-
-  // weight batch bb of this warp into ring slot bb % kRing (one commit group per batch, empty past the end)
-  auto issue = [&](int bb) {
-    if (active && bb < batches && !(p.probe & 4)) {
-      uint4* vdst = ring_v + (bb % kRing) * kBatchVals + lane;
-      const uint4* vsrc = vrow + bb * kBatchVals;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cp_async16(vdst + i * 32, vsrc + i * 32);
-      if (SP) {  // 4 k32 x 16 words, contiguous: 8 bytes per lane
-        cp_async8(ring_m + (bb % kRing) * kBatchMeta + 2 * lane, mrow + bb * kBatchMeta);
-      } else {
-        uint32_t* mdst = ring_m + (bb % kRing) * kBatchMeta + lane;
-        const uint32_t* msrc = mrow + bb * kBatchMeta;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) cp_async4(mdst + i * 32, msrc + i * 32);
-      }
-    }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int bb = 0; bb < kRing - 1; ++bb) issue(bb);
-  cp_async_wait<kRing - 1>();  // the X group (the oldest) has landed
+  cp_async_wait<0>();  // X and the first R - 1 batches have landed (each lane's own copies)
   __syncthreads();
 
   float acc[NT][4];
@@ -263,17 +265,17 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   if (active && !(p.probe & 2)) {
     for (int b = 0; b < batches; ++b) {
       if (SP) __syncwarp();  // SP: the lanes are done reading the ring slot the next issue refills (shared meta)
-      issue(b + kRing - 1);
-      cp_async_wait<kRing - 1>();  // batch b has landed: each lane's own copies (vals; prmt's meta)
+      issue(b + R - 1);
+      cp_async_wait<R - 1>();  // batch b has landed: each lane's own copies (vals; prmt's meta)
       if (SP) __syncwarp();  // SP: a lane reads meta words other lanes copied
-      const uint4* vb = ring_v + (b % kRing) * kBatchVals + lane;
-      const uint32_t* mb = ring_m + (b % kRing) * kBatchMeta + lane;
+      const uint4* vb = ring_v + (b % R) * kBatchVals + lane;
+      const uint32_t* mb = ring_m + (b % R) * kBatchMeta + lane;
       uint4 v[4];
       uint32_t mq[2];
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[i] = vb[i * 32];
       if (SP) {
-        const uint32_t* me = ring_m + (b % kRing) * kBatchMeta + (lane >> 2) * 2 + (lane & 1);
+        const uint32_t* me = ring_m + (b % R) * kBatchMeta + (lane >> 2) * 2 + (lane & 1);
         const uint4* xq = reinterpret_cast<const uint4*>(xs);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       const int row_local = e / kTokens, tok = e % kTokens;
       const int row = blockIdx.x * kWarps * 16 + row_local;
       if (row < p.m && tok < p.n) {
-        float* local = reinterpret_cast<float*>(smem) + (row_local >> 4) * kRing * kBatchVals * 4 +
+        float* local = reinterpret_cast<float*>(smem) + (row_local >> 4) * R * kBatchVals * 4 +
                        (row_local & 15) * kTokens + tok;
         float parts[kMaxCluster];
 #pragma unroll
@@ -395,22 +397,22 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   if (tid == 0) p.counters[blockIdx.x] = 0;
 }
 
-template <typename T, int NT, bool SP>
+template <typename T, int NT, bool SP, int R>
 void launch(Params p, int row_blocks, cudaStream_t stream) {
-  constexpr size_t kMaxSmem = kRingBytes + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
+  constexpr size_t kMaxSmem = ring_bytes(R) + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
   static std::atomic<uint64_t> opted_in{0};  // above the default 48 KB: opt in once per instance and device
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kMaxSmem)));
-    // all of L1 as shared memory: two or three blocks of 70-86 KB per SM (the driver may otherwise size it for one)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    // all of L1 as shared memory: two or three blocks of 62-122 KB per SM (the driver may otherwise size it for one)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
-  const size_t smem = kRingBytes + static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
+  const size_t smem = ring_bytes(R) + static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
   static std::atomic<int> major_of[64] = {};  // compute capability major per device, 0: not asked yet
   int major = major_of[device & 63].load(std::memory_order_relaxed);
   if (major == 0) {
@@ -419,14 +421,14 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   }
   if (major < 9) p.cluster = 0;
   if (!p.cluster) {
-    nm24_decode_kernel<T, NT, SP><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
+    nm24_decode_kernel<T, NT, SP, R><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   static std::atomic<uint64_t> non_portable{0};  // clusters of 9-16 blocks: opt in once per instance and device
   if (p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
     C10_CUDA_CHECK(
-        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     non_portable.fetch_or(bit, std::memory_order_relaxed);
   }
   cudaLaunchConfig_t cfg = {};
@@ -441,15 +443,30 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, SP>, p));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, SP, R>, p));
+}
+
+// one instance per (token tiles, inner product, ring depth): register expansion only with the 3-batch ring
+template <typename T>
+void dispatch(const Params& p, int rb, cudaStream_t stream, bool sp, bool two, int ring) {
+  if (!sp) {
+    two ? launch<T, 2, false, 3>(p, rb, stream) : launch<T, 1, false, 3>(p, rb, stream);
+  } else if (ring == 5) {
+    two ? launch<T, 2, true, 5>(p, rb, stream) : launch<T, 1, true, 5>(p, rb, stream);
+  } else if (ring == 4) {
+    two ? launch<T, 2, true, 4>(p, rb, stream) : launch<T, 1, true, 4>(p, rb, stream);
+  } else {
+    two ? launch<T, 2, true, 3>(p, rb, stream) : launch<T, 1, true, 3>(p, rb, stream);
+  }
 }
 
 // Y (M, N) = act(A @ x + bias) into y (any strides). vals / meta / ws / counters: the plan (kernels/nm24.py).
 void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
              const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
-             int64_t chunk, int64_t variant) {
+             int64_t chunk, int64_t variant, int64_t ring) {
   TORCH_CHECK(variant == 0 || variant == 1, "nm24_mm: variant must be 0 (register expansion) or 1 (mma.sp)");
   const bool sp = variant == 1;
+  TORCH_CHECK(ring == 3 || (sp && (ring == 4 || ring == 5)), "nm24_mm: ring must be 3, or 4 or 5 with mma.sp");
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24_mm: x (K, N) and y (M, N) must be 2-D GPU tensors");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24_mm: x must be fp16 or bf16");
   TORCH_CHECK(y.scalar_type() == x.scalar_type(), "nm24_mm: y must have x's dtype");
@@ -515,17 +532,9 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
   const int rb = static_cast<int>(row_blocks);
   const bool two = n > 8;
   if (x.scalar_type() == at::kHalf) {
-    if (sp) {
-      two ? launch<__half, 2, true>(p, rb, stream) : launch<__half, 1, true>(p, rb, stream);
-    } else {
-      two ? launch<__half, 2, false>(p, rb, stream) : launch<__half, 1, false>(p, rb, stream);
-    }
+    dispatch<__half>(p, rb, stream, sp, two, static_cast<int>(ring));
   } else {
-    if (sp) {
-      two ? launch<__nv_bfloat16, 2, true>(p, rb, stream) : launch<__nv_bfloat16, 1, true>(p, rb, stream);
-    } else {
-      two ? launch<__nv_bfloat16, 2, false>(p, rb, stream) : launch<__nv_bfloat16, 1, false>(p, rb, stream);
-    }
+    dispatch<__nv_bfloat16>(p, rb, stream, sp, two, static_cast<int>(ring));
   }
 }
 
@@ -533,12 +542,12 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
 // of a contiguous (N, M); else a contiguous (M, N)) and runs nm24_mm.
 at::Tensor nm24_linear(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
                        const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
-                       int64_t chunk, int64_t variant) {
+                       int64_t chunk, int64_t variant, int64_t ring) {
   TORCH_CHECK(x.dim() == 2, "nm24_linear: x must be (K, N)");
   const int64_t n = x.size(1);
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
   at::Tensor y = transposed ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
-  nm24_mm(vals, meta, ws, counters, x, y, bias, relu, m, chunk, variant);
+  nm24_mm(vals, meta, ws, counters, x, y, bias, relu, m, chunk, variant, ring);
   return y;
 }
 
@@ -548,10 +557,10 @@ at::Tensor nm24_linear(const at::Tensor& vals, const at::Tensor& meta, const at:
 TORCH_LIBRARY(prunekit_nm24, m) {
   m.def(
       "mm(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor(c!) y, Tensor? bias, bool "
-      "relu, int m, int chunk, int variant=0) -> ()");
+      "relu, int m, int chunk, int variant=0, int ring=3) -> ()");
   m.def(
       "linear(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor? bias, bool relu, int m, "
-      "int chunk, int variant=0) -> Tensor");
+      "int chunk, int variant=0, int ring=3) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_nm24, CUDA, m) {
