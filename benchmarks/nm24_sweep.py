@@ -73,7 +73,7 @@ def run_shape(
         moved = plan.vals.nbytes + plan.meta.nbytes + (k * n + m * n) * elem
         rows.append(
             {
-                "m": m, "k": k, "n": n, "chunk": plan.chunk, "chunk_arg": chunk, "ring": plan.ring, "n_sets": n_sets,
+                "m": m, "k": k, "n": n, "chunk": plan.chunk, "chunk_arg": chunk, "ring": f"{plan.ring}x{plan.batch}", "n_sets": n_sets,
                 "decode_gpu_ms": ms, "dense_gpu_ms": dense_ms, "torch24_gpu_ms": torch24_ms,
                 "speedup_vs_dense": dense_ms / ms, "speedup_vs_torch24": (torch24_ms / ms) if torch24_ms else None,
                 "gbs": moved / (ms * 1e-3) / 1e9, "rel_err": err,
@@ -130,7 +130,7 @@ def main() -> None:
     for r in results:
         t24 = r["torch24_gpu_ms"]
         table.add_row(
-            f"{r['m']}x{r['k']}", str(r["n"]), f"{r['chunk']} ({r['chunk_arg']})", str(r.get("ring", 3)),
+            f"{r['m']}x{r['k']}", str(r["n"]), f"{r['chunk']} ({r['chunk_arg']})", str(r.get("ring", "3x8")),
             f"{r['decode_gpu_ms'] * 1e3:.1f}",
             f"{r['dense_gpu_ms'] * 1e3:.1f}", f"{t24 * 1e3:.1f}" if t24 else "-", f"{r['speedup_vs_dense']:.2f}",
             f"{r['speedup_vs_torch24']:.2f}" if t24 else "-", f"{r['gbs']:.0f}", f"{r['rel_err']:.1e}",

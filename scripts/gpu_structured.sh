@@ -15,8 +15,8 @@
 #                                          # benchmarks/nm.py at the decode points (5-8, 12-17)
 #   scripts/gpu_structured.sh nm24sp       # the decode kernel's mma.sp variant: metadata layout check, tests, sweeps of
 #                                          # both variants, benchmarks/nm.py decode points with mma.sp
-#   scripts/gpu_structured.sh nm24ring     # the decode kernel's ring depths: tests, sweep of $NM24_RINGS x $NM24_CHUNKS,
-#                                          # probes at ring $NM24_PROBE_RING
+#   scripts/gpu_structured.sh nm24ring     # the decode kernel's weight rings: tests, sweep of $NM24_RINGS x $NM24_CHUNKS,
+#                                          # probes at ring $NM24_PROBE_RING, host time per call (benchmarks/nm24_host.py)
 #   scripts/gpu_structured.sh nm24prof     # Nsight Compute of the decode kernel ($NM24_PROFILE_CASES "M K N;..."), then
 #                                          # the k-chunk sweep ($NM24_CHUNKS)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
@@ -235,7 +235,7 @@ nm24_probes() {
   for probe in $1; do  # c0: the atomic k-chunk reduction instead of clusters
     local env=(PRUNEKIT_NM24_PROBE="$probe")
     [[ $probe == c0 ]] && env=(PRUNEKIT_NM24_PROBE=0 PRUNEKIT_NM24_CLUSTER=0)
-    env "${env[@]}" timeout 100 python3 benchmarks/nm24_sweep.py --chunks auto --ns 16 \
+    env "${env[@]}" timeout 100 python3 benchmarks/nm24_sweep.py --chunks auto --rings "${PRUNEKIT_NM24_RING:-auto}" --ns 16 \
       --shapes 4096x4096,11008x4096,4096x11008,768x3072 --out "$OUT/probe/nm24-probe$probe.json" > "$OUT/probe_$probe.log" 2>&1
     python3 -c "
 import json; d = json.load(open('$OUT/probe/nm24-probe$probe.json'))
@@ -293,10 +293,13 @@ nm24ring() {
   echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests_nm24.log" | tail -2
   grep -E "^(FAILED|ERROR)" "$OUT/tests_nm24.log" | head -12
   step nm24 sweep of ring depths
-  timeout 300 python3 benchmarks/nm24_sweep.py --chunks "${NM24_CHUNKS:-auto,16,64}" --rings "${NM24_RINGS:-3,4,5}" \
+  timeout 300 python3 benchmarks/nm24_sweep.py --chunks "${NM24_CHUNKS:-auto,64}" --rings "${NM24_RINGS:-3x8,4x4,6x4}" \
     --out "$OUT/nm24-sweep-ring-$DEV-$DATE.json" > "$OUT/nm24_sweep.log" 2>&1
   echo "sweep exit code $?"; tail -100 "$OUT/nm24_sweep.log"
-  PRUNEKIT_NM24_RING=${NM24_PROBE_RING:-5} nm24_probes "${NM24_PROBES:-1 2}"
+  PRUNEKIT_NM24_RING=${NM24_PROBE_RING:-3x8} nm24_probes "${NM24_PROBES:-1}"
+  step nm24 host time per call
+  timeout 120 python3 benchmarks/nm24_host.py --out "$OUT/nm24-host-$DEV-$DATE.json" > "$OUT/nm24_host.log" 2>&1
+  echo "host exit code $?"; tail -40 "$OUT/nm24_host.log"
 }
 
 nm24sp() {

@@ -118,17 +118,18 @@ def test_plan_chunk_rule(monkeypatch):
 
 def test_plan_ring_rule(monkeypatch):
     monkeypatch.delenv(nm24.RING_ENV, raising=False)
-    assert nm24.plan_ring("sp") == 3 and nm24.plan_ring("prmt") == 3
-    monkeypatch.setenv(nm24.RING_ENV, "5")
-    assert nm24.plan_ring("sp") == 5
-    with pytest.raises(ValueError, match="ring of 3"):
+    assert nm24.plan_ring("sp") == (3, 8) and nm24.plan_ring("prmt") == (3, 8)
+    monkeypatch.setenv(nm24.RING_ENV, "6x4")
+    assert nm24.plan_ring("sp") == (6, 4)
+    with pytest.raises(ValueError, match="3x8 ring only"):
         nm24.plan_ring("prmt")
-    monkeypatch.setenv(nm24.RING_ENV, "6")
-    with pytest.raises(ValueError, match="ring depth"):
+    monkeypatch.setenv(nm24.RING_ENV, "5x8")
+    with pytest.raises(ValueError, match="weight ring"):
         nm24.plan_ring("sp")
     values, metadata, bits = encode24(weight24(32, 128, torch.float16, 0))
-    monkeypatch.setenv(nm24.RING_ENV, "4")
-    assert nm24.build_plan(values, metadata, bits, 128, mma="sp").ring == 4
+    monkeypatch.setenv(nm24.RING_ENV, "4x4")
+    plan = nm24.build_plan(values, metadata, bits, 128, mma="sp")
+    assert (plan.ring, plan.batch) == (4, 4)
 
 
 def test_decode_takes_rule(monkeypatch):
@@ -176,14 +177,26 @@ def _run_mm(plan, x, bias, relu, y_layout):
     )
     y.fill_(float("nan"))
     torch.ops.prunekit_nm24.mm.default(
-        plan.vals, plan.meta, plan.ws, plan.counters, x, y, bias, relu, m, plan.chunk, plan.variant, plan.ring
+        plan.vals,
+        plan.meta,
+        plan.ws,
+        plan.counters,
+        x,
+        y,
+        bias,
+        relu,
+        m,
+        plan.chunk,
+        plan.variant,
+        plan.ring,
+        plan.batch,
     )
     torch.cuda.synchronize()
     return y
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(("mma", "ring"), [("prmt", "3"), ("sp", "3"), ("sp", "4"), ("sp", "5")])
+@pytest.mark.parametrize(("mma", "ring"), [("prmt", "3x8"), ("sp", "3x8"), ("sp", "4x4"), ("sp", "6x4")])
 @pytest.mark.parametrize("cluster", ["1", "0"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_kernel_matches_float64(dtype, cluster, mma, ring, monkeypatch):
@@ -196,7 +209,7 @@ def test_decode_kernel_matches_float64(dtype, cluster, mma, ring, monkeypatch):
     for i, (m, k, _) in enumerate(CUDA_CASES):
         dense, values, metadata, bits = _cuda24(m, k, dtype, seed=i)
         plan = nm24.get_plan(values, metadata, bits, k)
-        assert plan.ring == int(ring)
+        assert f"{plan.ring}x{plan.batch}" == ring
         bias = torch.randn(m, device="cuda").to(dtype)
         for n in (1, 2, 7, 8, 9, 16):
             for layout in ("nk", "kn", "strided"):

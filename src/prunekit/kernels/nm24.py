@@ -63,8 +63,10 @@ CLUSTER_ENV = "PRUNEKIT_NM24_CLUSTER"  # "0": reduce k-chunks with global atomic
 DTYPES = (torch.float16, torch.bfloat16)
 DECODE_ENV = "PRUNEKIT_NM24_DECODE"  # "0": 2:4 calls at N <= 16 go to cuSPARSELt as before
 CHUNK_ENV = "PRUNEKIT_NM24_CHUNK"  # k-steps per block instead of plan_chunk's (tuning: benchmarks/nm24_sweep.py)
-RING_ENV = "PRUNEKIT_NM24_RING"  # weight batches per warp in shared memory instead of plan_ring's (mma.sp only)
-RINGS = (3, 4, 5)  # ring depths the library is built for (template R; the register expansion has 3 only)
+RING_ENV = "PRUNEKIT_NM24_RING"  # the weight ring instead of plan_ring's (mma.sp only; tuning)
+# weight rings the library is built for, "R x B": R batches of B k-steps per warp in shared memory (templates R, B;
+# the register expansion has 3 x 8 only)
+RINGS = ("3x8", "4x4", "6x4")
 _PLAN_ATTR = "_prunekit_nm24_plan"
 _state: bool | None = None  # available(), tried once per process
 
@@ -119,7 +121,7 @@ class Nm24Plan(NamedTuple):
     ``(strips, ksteps / 2, 16)`` int32 in the layout ``sp_layout`` (:func:`sp_meta`); ``ws``: ``(strips * 16 * 16,)`` float32 and
     ``counters``: ``(row blocks,)`` int32, both zero between calls (the kernel leaves them so); ``chunk``: k-steps per
     block; ``m``, ``k``: the weight's shape; ``dtype``: its dtype; ``variant``: 0 register expansion + mma.sync, 1
-    mma.sp; ``ring``: weight batches of 8 k-steps per warp in shared memory (:func:`plan_ring`).
+    mma.sp; ``ring``, ``batch``: ``ring`` batches of ``batch`` k-steps per warp in shared memory (:func:`plan_ring`).
     """
 
     vals: torch.Tensor
@@ -133,6 +135,7 @@ class Nm24Plan(NamedTuple):
     variant: int = 0  # 0: register expansion for mma.sync; 1: sparse tensor cores (mma.sp), meta in SP_LAYOUTS
     sp_layout: str = ""
     ring: int = 3  # weight batches per warp in shared memory (RINGS): ring - 1 in flight while one is multiplied
+    batch: int = 8  # k-steps per batch
 
 
 def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
@@ -150,17 +153,20 @@ def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
     return max(KSTEP_ALIGN, min(chunk, MAX_CHUNK, ksteps))
 
 
-def plan_ring(variant: str) -> int:
-    """Weight batches per warp in shared memory: 3 (two in flight while one is multiplied; 54 KB per block, three
-    blocks per SM). The register expansion has only 3; with mma.sp ``$PRUNEKIT_NM24_RING`` may ask for 4 or 5 (72 /
-    90 KB, two blocks per SM, every batch of a 32-k-step chunk in flight at once; tuning: benchmarks/nm24_sweep.py).
+def plan_ring(variant: str) -> tuple[int, int]:
+    """The weight ring ``(batches, k-steps per batch)`` per warp in shared memory: 3 x 8, two batches in flight while
+    one is multiplied (54 KB per block, three blocks per SM). ``$PRUNEKIT_NM24_RING`` may ask for another of
+    :data:`RINGS` with mma.sp: 6 x 4 (same bytes, finer batches, five in flight) or 4 x 4 (36 KB, four blocks per SM).
+    Measured on the H100: deeper rings of 8 k-steps (4 x 8, 5 x 8: two blocks per SM) were 5-38% slower
+    (``benchmarks/results/nm24-sweep-ring-h100-2026-11-25-s10.json``).
 
     Raises:
-        ValueError: ``$PRUNEKIT_NM24_RING`` not one of :data:`RINGS`, or not 3 for the register expansion."""
-    ring = int(build.setting(None, RING_ENV, "3", tuple(str(r) for r in RINGS), "2:4 decode ring depth"))
-    if variant != "sp" and ring != 3:
-        raise ValueError(f"the register expansion ({MMA_ENV}=prmt) has a ring of 3 batches only, not {ring}")
-    return ring
+        ValueError: ``$PRUNEKIT_NM24_RING`` not one of :data:`RINGS`, or not 3 x 8 for the register expansion."""
+    name = build.setting(None, RING_ENV, RINGS[0], RINGS, "2:4 decode weight ring")
+    if variant != "sp" and name != RINGS[0]:
+        raise ValueError(f"the register expansion ({MMA_ENV}=prmt) has the {RINGS[0]} ring only, not {name}")
+    ring, batch = (int(v) for v in name.split("x"))
+    return ring, batch
 
 
 def _groups(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,7 +300,7 @@ def build_plan(
         values.dtype,
         1 if variant == "sp" else 0,
         layout,
-        plan_ring(variant),
+        *plan_ring(variant),
     )
 
 
@@ -477,5 +483,16 @@ def linear(plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None = None, re
     Raises:
         RuntimeError: shapes, dtypes or devices that do not match the plan (C++ checks)."""
     return torch.ops.prunekit_nm24.linear.default(
-        plan.vals, plan.meta, plan.ws, plan.counters, x, bias, relu, plan.m, plan.chunk, plan.variant, plan.ring
+        plan.vals,
+        plan.meta,
+        plan.ws,
+        plan.counters,
+        x,
+        bias,
+        relu,
+        plan.m,
+        plan.chunk,
+        plan.variant,
+        plan.ring,
+        plan.batch,
     )

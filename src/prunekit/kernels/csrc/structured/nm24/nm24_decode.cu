@@ -71,15 +71,14 @@ using prunekit::MmaSp;
 
 constexpr int kWarps = 8;             // strips per row block (= nm24.STRIPS_PER_BLOCK)
 constexpr int kThreads = 32 * kWarps;
-constexpr int kBatch = 8;             // k-steps per batch (= nm24.KSTEP_ALIGN)
+constexpr int kBatch = 8;             // k-step alignment of K and of the chunks (= nm24.KSTEP_ALIGN)
 constexpr int kTokens = 16;           // N <= 16
 constexpr int kMaxChunk = 64;         // k-steps per block: 32 KB of staged X (= nm24.MAX_CHUNK)
 constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTER; over 8 is non-portable)
-constexpr int kBatchVals = 4 * 32;    // uint4 per batch and warp (2 KB)
-constexpr int kBatchMeta = 2 * 32;    // uint32 per batch and warp (256 B)
-// weight batches per warp in shared memory (template R = nm24.RINGS): R - 1 in flight while one is used; 18 KB each
-// per block (R = 3: 54 KB, three blocks per SM with 16 KB of X; R = 4, 5: two blocks per SM)
-__host__ __device__ constexpr int ring_bytes(int r) { return kWarps * r * (kBatchVals * 16 + kBatchMeta * 4); }
+// The weight ring (templates R, B; nm24.RINGS): R batches of B k-steps per warp in shared memory, R - 1 in flight
+// while one is multiplied. A batch is B * 16 uint4 of values (B * 256 bytes) and B * 8 metadata words per warp.
+// 3 x 8 and 6 x 4: 54 KB per block (three blocks per SM with 16 KB of X); 4 x 4: 36 KB (four blocks per SM).
+__host__ __device__ constexpr int ring_bytes(int r, int b) { return kWarps * r * b * (16 * 16 + 8 * 4); }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(prunekit::smem_u32(dst)), "l"(src));
@@ -165,8 +164,11 @@ __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
   return (ks * 2 + nt) * 32 + (lane ^ ((ks & 7) << 2));
 }
 
-template <typename T, int NT, bool SP, int R>
+template <typename T, int NT, bool SP, int R, int B>
 __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
+  constexpr int kBatchVals = B * 16;  // uint4 per batch and warp
+  constexpr int kBatchMeta = B * 8;   // uint32 per batch and warp
+  constexpr int kMetaLane = B / 4;    // metadata words each lane copies per batch
   // dynamic shared memory: the weight ring (kWarps x R batches: vals, then meta), then X in fragment order
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t lut[16];
@@ -174,16 +176,16 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   uint4* ring_v = reinterpret_cast<uint4*>(smem) + warp * R * kBatchVals;
   uint32_t* ring_m = reinterpret_cast<uint32_t*>(smem + kWarps * R * kBatchVals * 16) + warp * R * kBatchMeta;
-  uint2* xs = reinterpret_cast<uint2*>(smem + ring_bytes(R));
+  uint2* xs = reinterpret_cast<uint2*>(smem + ring_bytes(R, B));
   const int strip = blockIdx.x * kWarps + warp;
   const int ks0 = blockIdx.y * p.chunk;
-  const int nks = min(p.chunk, p.ksteps - ks0);  // a multiple of kBatch
-  const int batches = nks / kBatch;
+  const int nks = min(p.chunk, p.ksteps - ks0);  // a multiple of kBatch, so of B
+  const int batches = nks / B;
   const bool active = strip < p.strips;
   const int kpairs = p.ksteps / 2, kquads = p.ksteps / 4;
   const uint4* vrow = p.vals + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 32 + lane;
   // meta: 32 words per (strip, k-quad) (prmt), or 16 words per (strip, k32) (SP: lanes t < 2 of each quad)
-  const uint32_t* mrow = SP ? p.meta + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 16 + 2 * lane
+  const uint32_t* mrow = SP ? p.meta + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 16 + kMetaLane * lane
                             : p.meta + (static_cast<int64_t>(strip) * kquads + ks0 / 4) * 32 + lane;
   if (tid < 16) lut[tid] = selector(tid);
 
@@ -193,21 +195,25 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       uint4* vdst = ring_v + (bb % R) * kBatchVals + lane;
       const uint4* vsrc = vrow + bb * kBatchVals;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cp_async16(vdst + i * 32, vsrc + i * 32);
-      if (SP) {  // 4 k32 x 16 words, contiguous: 8 bytes per lane
-        cp_async8(ring_m + (bb % R) * kBatchMeta + 2 * lane, mrow + bb * kBatchMeta);
+      for (int i = 0; i < B / 2; ++i) cp_async16(vdst + i * 32, vsrc + i * 32);
+      if (SP) {  // B / 2 k32 x 16 words, contiguous: B bytes per lane
+        uint32_t* mdst = ring_m + (bb % R) * kBatchMeta + kMetaLane * lane;
+        if (kMetaLane == 2) {
+          cp_async8(mdst, mrow + bb * kBatchMeta);
+        } else {
+          cp_async4(mdst, mrow + bb * kBatchMeta);
+        }
       } else {
         uint32_t* mdst = ring_m + (bb % R) * kBatchMeta + lane;
         const uint32_t* msrc = mrow + bb * kBatchMeta;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) cp_async4(mdst + i * 32, msrc + i * 32);
+        for (int i = 0; i < kMetaLane; ++i) cp_async4(mdst + i * 32, msrc + i * 32);
       }
     }
     cp_async_commit();
   };
-  // the weight's first R - 1 batches (DRAM) go out before X is staged (L2)
-#pragma unroll
-  for (int bb = 0; bb < R - 1; ++bb) issue(bb);
+  // commit groups: batch 0 (DRAM) before X is staged (L2), then batches 1 .. R - 2
+  issue(0);
 
   // X[k0 + c][token] for c < nks * 16, tokens < 16, zero outside X: cp.async where a whole 8-byte item is in X
   const T* x = static_cast<const T*>(p.x);
@@ -253,7 +259,9 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     }
   }
   cp_async_commit();
-  cp_async_wait<0>();  // X and the first R - 1 batches have landed (each lane's own copies)
+#pragma unroll
+  for (int bb = 1; bb < R - 1; ++bb) issue(bb);
+  cp_async_wait<R - 2>();  // batch 0 and X have landed (each lane's own copies); batches 1 .. R - 2 may be in flight
   __syncthreads();
 
   float acc[NT][4];
@@ -270,26 +278,26 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       if (SP) __syncwarp();  // SP: a lane reads meta words other lanes copied
       const uint4* vb = ring_v + (b % R) * kBatchVals + lane;
       const uint32_t* mb = ring_m + (b % R) * kBatchMeta + lane;
-      uint4 v[4];
-      uint32_t mq[2];
+      uint4 v[B / 2];
+      uint32_t mq[kMetaLane];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = vb[i * 32];
+      for (int i = 0; i < B / 2; ++i) v[i] = vb[i * 32];
       if (SP) {
         const uint32_t* me = ring_m + (b % R) * kBatchMeta + (lane >> 2) * 2 + (lane & 1);
         const uint4* xq = reinterpret_cast<const uint4*>(xs);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < B / 2; ++j) {
           const uint32_t e = me[j * 16];  // lanes t >= 2 read a neighbour's word: selector 0 ignores them
-          const int k32 = b * 4 + j;
+          const int k32 = b * (B / 2) + j;
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) MmaSp<T>::run(acc[nt], v[j], xq[(k32 * 2 + nt) * 32 + lane], e);
         }
         continue;
       }
 #pragma unroll
-      for (int i = 0; i < 2; ++i) mq[i] = mb[i * 32];
+      for (int i = 0; i < kMetaLane; ++i) mq[i] = mb[i * 32];
 #pragma unroll
-      for (int s = 0; s < kBatch; ++s) {
+      for (int s = 0; s < B; ++s) {
         const uint4& vp = v[s >> 1];
         const uint32_t wg = (s & 1) ? vp.z : vp.x;
         const uint32_t wg8 = (s & 1) ? vp.w : vp.y;
@@ -300,7 +308,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
         a.z = prmt0(wg, sg >> 16);
         a.y = prmt0(wg8, sg8);
         a.w = prmt0(wg8, sg8 >> 16);
-        const int ks = b * kBatch + s;
+        const int ks = b * B + s;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const uint2 bx = xs[stage_slot(ks, nt, lane)];
@@ -330,24 +338,40 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     }
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
+    // each thread's outputs (at most kMaxOuts for 2+ chunks): the sums are read from every block first, then this
+    // block tells the cluster it is done reading (arrive) and writes Y while the others finish; it leaves only after
+    // every block has arrived (wait), so no shared memory is read after its block left
+    constexpr int kMaxOuts = kWarps * 16 * kTokens / (2 * kThreads);
     const int rank = static_cast<int>(cluster.block_rank());
-    for (int e = rank * kThreads + tid; e < kWarps * 16 * kTokens; e += kThreads * p.chunks) {
+    const int stride = kThreads * p.chunks;
+    float sums[kMaxOuts];
+#pragma unroll
+    for (int o = 0; o < kMaxOuts; ++o) {
+      const int e = rank * kThreads + tid + o * stride;
       const int row_local = e / kTokens, tok = e % kTokens;
-      const int row = blockIdx.x * kWarps * 16 + row_local;
-      if (row < p.m && tok < p.n) {
+      sums[o] = 0.f;
+      if (e < kWarps * 16 * kTokens && tok < p.n) {
         float* local = reinterpret_cast<float*>(smem) + (row_local >> 4) * R * kBatchVals * 4 +
                        (row_local & 15) * kTokens + tok;
         float parts[kMaxCluster];
 #pragma unroll
         for (int r = 0; r < kMaxCluster; ++r) parts[r] = r < p.chunks ? *cluster.map_shared_rank(local, r) : 0.f;
-        float val = bias ? to_float(bias[row]) : 0.f;
 #pragma unroll
-        for (int r = 0; r < kMaxCluster; ++r) val += parts[r];
+        for (int r = 0; r < kMaxCluster; ++r) sums[o] += parts[r];
+      }
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int o = 0; o < kMaxOuts; ++o) {
+      const int e = rank * kThreads + tid + o * stride;
+      const int row = blockIdx.x * kWarps * 16 + e / kTokens, tok = e % kTokens;
+      if (e < kWarps * 16 * kTokens && row < p.m && tok < p.n) {
+        float val = sums[o] + (bias ? to_float(bias[row]) : 0.f);
         if (p.relu) val = fmaxf(val, 0.f);
         y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
       }
     }
-    cluster.sync();  // no block leaves while another still reads its shared memory
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
     return;
   }
 #endif
@@ -397,22 +421,22 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   if (tid == 0) p.counters[blockIdx.x] = 0;
 }
 
-template <typename T, int NT, bool SP, int R>
+template <typename T, int NT, bool SP, int R, int B>
 void launch(Params p, int row_blocks, cudaStream_t stream) {
-  constexpr size_t kMaxSmem = ring_bytes(R) + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
+  constexpr size_t kMaxSmem = ring_bytes(R, B) + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
   static std::atomic<uint64_t> opted_in{0};  // above the default 48 KB: opt in once per instance and device
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kMaxSmem)));
     // all of L1 as shared memory: two or three blocks of 62-122 KB per SM (the driver may otherwise size it for one)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
-  const size_t smem = ring_bytes(R) + static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
+  const size_t smem = ring_bytes(R, B) + static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
   static std::atomic<int> major_of[64] = {};  // compute capability major per device, 0: not asked yet
   int major = major_of[device & 63].load(std::memory_order_relaxed);
   if (major == 0) {
@@ -421,14 +445,14 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   }
   if (major < 9) p.cluster = 0;
   if (!p.cluster) {
-    nm24_decode_kernel<T, NT, SP, R><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
+    nm24_decode_kernel<T, NT, SP, R, B><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   static std::atomic<uint64_t> non_portable{0};  // clusters of 9-16 blocks: opt in once per instance and device
   if (p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
     C10_CUDA_CHECK(
-        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     non_portable.fetch_or(bit, std::memory_order_relaxed);
   }
   cudaLaunchConfig_t cfg = {};
@@ -443,30 +467,31 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, SP, R>, p));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, SP, R, B>, p));
 }
 
-// one instance per (token tiles, inner product, ring depth): register expansion only with the 3-batch ring
+// one instance per (token tiles, inner product, ring): the register expansion with the 3 x 8 ring only
 template <typename T>
-void dispatch(const Params& p, int rb, cudaStream_t stream, bool sp, bool two, int ring) {
+void dispatch(const Params& p, int rb, cudaStream_t stream, bool sp, bool two, int ring, int batch) {
   if (!sp) {
-    two ? launch<T, 2, false, 3>(p, rb, stream) : launch<T, 1, false, 3>(p, rb, stream);
-  } else if (ring == 5) {
-    two ? launch<T, 2, true, 5>(p, rb, stream) : launch<T, 1, true, 5>(p, rb, stream);
-  } else if (ring == 4) {
-    two ? launch<T, 2, true, 4>(p, rb, stream) : launch<T, 1, true, 4>(p, rb, stream);
+    two ? launch<T, 2, false, 3, 8>(p, rb, stream) : launch<T, 1, false, 3, 8>(p, rb, stream);
+  } else if (ring == 6 && batch == 4) {
+    two ? launch<T, 2, true, 6, 4>(p, rb, stream) : launch<T, 1, true, 6, 4>(p, rb, stream);
+  } else if (ring == 4 && batch == 4) {
+    two ? launch<T, 2, true, 4, 4>(p, rb, stream) : launch<T, 1, true, 4, 4>(p, rb, stream);
   } else {
-    two ? launch<T, 2, true, 3>(p, rb, stream) : launch<T, 1, true, 3>(p, rb, stream);
+    two ? launch<T, 2, true, 3, 8>(p, rb, stream) : launch<T, 1, true, 3, 8>(p, rb, stream);
   }
 }
 
 // Y (M, N) = act(A @ x + bias) into y (any strides). vals / meta / ws / counters: the plan (kernels/nm24.py).
 void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
              const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
-             int64_t chunk, int64_t variant, int64_t ring) {
+             int64_t chunk, int64_t variant, int64_t ring, int64_t batch) {
   TORCH_CHECK(variant == 0 || variant == 1, "nm24_mm: variant must be 0 (register expansion) or 1 (mma.sp)");
   const bool sp = variant == 1;
-  TORCH_CHECK(ring == 3 || (sp && (ring == 4 || ring == 5)), "nm24_mm: ring must be 3, or 4 or 5 with mma.sp");
+  TORCH_CHECK((ring == 3 && batch == 8) || (sp && batch == 4 && (ring == 4 || ring == 6)),
+              "nm24_mm: the ring must be 3 x 8, or 4 x 4 or 6 x 4 with mma.sp (batches x k-steps)");
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24_mm: x (K, N) and y (M, N) must be 2-D GPU tensors");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24_mm: x must be fp16 or bf16");
   TORCH_CHECK(y.scalar_type() == x.scalar_type(), "nm24_mm: y must have x's dtype");
@@ -532,9 +557,9 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
   const int rb = static_cast<int>(row_blocks);
   const bool two = n > 8;
   if (x.scalar_type() == at::kHalf) {
-    dispatch<__half>(p, rb, stream, sp, two, static_cast<int>(ring));
+    dispatch<__half>(p, rb, stream, sp, two, static_cast<int>(ring), static_cast<int>(batch));
   } else {
-    dispatch<__nv_bfloat16>(p, rb, stream, sp, two, static_cast<int>(ring));
+    dispatch<__nv_bfloat16>(p, rb, stream, sp, two, static_cast<int>(ring), static_cast<int>(batch));
   }
 }
 
@@ -542,12 +567,12 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
 // of a contiguous (N, M); else a contiguous (M, N)) and runs nm24_mm.
 at::Tensor nm24_linear(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
                        const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
-                       int64_t chunk, int64_t variant, int64_t ring) {
+                       int64_t chunk, int64_t variant, int64_t ring, int64_t batch) {
   TORCH_CHECK(x.dim() == 2, "nm24_linear: x must be (K, N)");
   const int64_t n = x.size(1);
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
   at::Tensor y = transposed ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
-  nm24_mm(vals, meta, ws, counters, x, y, bias, relu, m, chunk, variant, ring);
+  nm24_mm(vals, meta, ws, counters, x, y, bias, relu, m, chunk, variant, ring, batch);
   return y;
 }
 
@@ -557,10 +582,10 @@ at::Tensor nm24_linear(const at::Tensor& vals, const at::Tensor& meta, const at:
 TORCH_LIBRARY(prunekit_nm24, m) {
   m.def(
       "mm(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor(c!) y, Tensor? bias, bool "
-      "relu, int m, int chunk, int variant=0, int ring=3) -> ()");
+      "relu, int m, int chunk, int variant=0, int ring=3, int batch=8) -> ()");
   m.def(
       "linear(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor? bias, bool relu, int m, "
-      "int chunk, int variant=0, int ring=3) -> Tensor");
+      "int chunk, int variant=0, int ring=3, int batch=8) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_nm24, CUDA, m) {
