@@ -6,15 +6,17 @@ burst shorter than the launch queue, so the host never waits on the GPU) each la
 through, from the raw C++ operator up:
 
 - ``torch.empty``: allocating the output alone (the floor of any op that returns a new tensor);
-- ``F.linear`` dense: cuBLAS through ATen, the eager call it must beat;
-- ``op``: ``torch.ops.prunekit_nm24.linear.default`` on a built plan (dispatcher + C++ checks + launch);
+- ``F.linear`` / ``nn.Linear`` dense: cuBLAS through ATen (function / module), the eager calls to beat;
+- ``op mm``: ``torch.ops.prunekit_nm24.mm.default`` on a built plan's four tensors and settings (13 arguments, Y
+  preallocated); ``op linear``: ``torch.ops.prunekit_nm24.linear.default`` on its one buffer and packed settings (5
+  arguments; dispatcher + C++ checks + allocation + launch);
 - ``nm24.linear``: the Python wrapper around it; ``nm24.decode_mm``: plus the plan lookup;
 - ``nm_mm_cuda``: ``structured.nm_mm_cuda(backend="auto")``, the library's 2:4 entry;
 - ``ops.nm_mm``: the ``prunekit::nm_mm`` custom op (the path under torch.compile);
 - ``SparseLinear``: the runtime's layer, ``(N, K)`` activations in.
 
-The device time of the same call (CUDA-graph replay) is printed beside, so the table shows which calls are
-host-bound. Prints a table and writes ``--out`` JSON (device, torch version, date).
+The device time of the same call (CUDA-graph replay of one input set, so the weight may sit in L2: a hint of which
+calls are host-bound, not a kernel timing; those are in ``benchmarks/nm.py``) is printed beside. Prints a table and writes ``--out`` JSON (device, torch version, date).
 
     PYTHONPATH=src python benchmarks/nm24_host.py --out benchmarks/results/nm24-host-<dev>-<date>.json
 """
@@ -48,13 +50,17 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, gen: torch.Generator) 
     x2d = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
     x = x2d.t()
     plan = nm24.get_plan(c["values"], c["metadata"], bits, k)
-    op = torch.ops.prunekit_nm24.linear.default
-    args = (plan.vals, plan.meta, plan.ws, plan.counters, x, None, False, m, plan.chunk, plan.variant)
+    mm, op = torch.ops.prunekit_nm24.mm.default, torch.ops.prunekit_nm24.linear.default
+    y = torch.empty(m, n, device="cuda", dtype=dtype)
+    mm_args = (plan.vals, plan.meta, plan.ws, plan.counters, x, y, None, False, m, plan.chunk, plan.variant)
     layer = SparseLinear(enc)
+    dense_layer = torch.nn.Linear(k, m, bias=False, device="cuda", dtype=dtype)
     calls = {
         "torch.empty": lambda: torch.empty(m, n, device="cuda", dtype=dtype),
         "F.linear dense": lambda: F.linear(x2d, w),
-        "op": lambda: op(*args, plan.ring, plan.batch),
+        "nn.Linear dense": lambda: dense_layer(x2d),
+        "op mm (13 args)": lambda: mm(*mm_args, plan.ring, plan.batch),
+        "op linear (5 args)": lambda: op(plan.buffer, x, None, False, plan.cfg),
         "nm24.linear": lambda: nm24.linear(plan, x),
         "nm24.decode_mm": lambda: nm24.decode_mm(c["values"], c["metadata"], x, bits),
         "nm_mm_cuda": lambda: structured.nm_mm_cuda(c["values"], c["metadata"], x, 2, 4, bits),

@@ -11,8 +11,8 @@
 #   scripts/gpu_structured.sh nm24 [args]  # the 2:4 decode kernel (kernels/nm24.py) alone: build it and the cuSPARSELt
 #                                          # binding (not the BSR library), its tests and test_nm_mm.py, memcheck and
 #                                          # racecheck of small decode cases, probes (no epilogue; atomics instead of
-#                                          # clusters), benchmarks/nm24_sweep.py (k-chunk sweep), then
-#                                          # benchmarks/nm.py at the decode points (5-8, 12-17)
+#                                          # clusters), benchmarks/nm24_sweep.py (k-chunk sweep), benchmarks/nm24_host.py
+#                                          # (host time per call), then benchmarks/nm.py at the decode points (5-8, 12-17)
 #   scripts/gpu_structured.sh nm24sp       # the decode kernel's mma.sp variant: metadata layout check, tests, sweeps of
 #                                          # both variants, benchmarks/nm.py decode points with mma.sp
 #   scripts/gpu_structured.sh nm24ring     # the decode kernel's weight rings: tests, sweep of $NM24_RINGS x $NM24_CHUNKS,
@@ -224,6 +224,7 @@ PY
   timeout 300 python3 benchmarks/nm24_sweep.py --chunks "${NM24_CHUNKS:-auto,32,64}" \
     --out "$OUT/nm24-sweep-$DEV-$DATE.json" > "$OUT/nm24_sweep.log" 2>&1
   echo "sweep exit code $?"; tail -60 "$OUT/nm24_sweep.log"
+  nm24_host
   local extra=()
   has_arg --points "$@" || extra=(--points 5,6,7,8,12,13,14,15,16,17)
   bench_nm "${extra[@]}" "$@"
@@ -297,9 +298,13 @@ nm24ring() {
     --out "$OUT/nm24-sweep-ring-$DEV-$DATE.json" > "$OUT/nm24_sweep.log" 2>&1
   echo "sweep exit code $?"; tail -100 "$OUT/nm24_sweep.log"
   PRUNEKIT_NM24_RING=${NM24_PROBE_RING:-3x8} nm24_probes "${NM24_PROBES:-1}"
+  nm24_host
+}
+
+nm24_host() {
   step nm24 host time per call
   timeout 120 python3 benchmarks/nm24_host.py --out "$OUT/nm24-host-$DEV-$DATE.json" > "$OUT/nm24_host.log" 2>&1
-  echo "host exit code $?"; tail -40 "$OUT/nm24_host.log"
+  echo "host exit code $?"; tail -50 "$OUT/nm24_host.log"
 }
 
 nm24sp() {

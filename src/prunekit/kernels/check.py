@@ -136,7 +136,19 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 torch.ops.prunekit_nm24.mm.default(
-                    plan.vals, plan.meta, plan.ws, plan.counters, x, out, bias, True, m, plan.chunk, plan.variant
+                    plan.vals,
+                    plan.meta,
+                    plan.ws,
+                    plan.counters,
+                    x,
+                    out,
+                    bias,
+                    True,
+                    m,
+                    plan.chunk,
+                    plan.variant,
+                    plan.ring,
+                    plan.batch,
                 )
                 torch.cuda.synchronize()
                 elapsed = (time.perf_counter() - start) * 1e3

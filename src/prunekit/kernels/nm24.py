@@ -121,7 +121,9 @@ class Nm24Plan(NamedTuple):
     ``(strips, ksteps / 2, 16)`` int32 in the layout ``sp_layout`` (:func:`sp_meta`); ``ws``: ``(strips * 16 * 16,)`` float32 and
     ``counters``: ``(row blocks,)`` int32, both zero between calls (the kernel leaves them so); ``chunk``: k-steps per
     block; ``m``, ``k``: the weight's shape; ``dtype``: its dtype; ``variant``: 0 register expansion + mma.sync, 1
-    mma.sp; ``ring``, ``batch``: ``ring`` batches of ``batch`` k-steps per warp in shared memory (:func:`plan_ring`).
+    mma.sp; ``ring``, ``batch``: ``ring`` batches of ``batch`` k-steps per warp in shared memory (:func:`plan_ring`);
+    ``buffer``: one int32 tensor holding vals, meta, ws and counters back to back (they are views of it) and ``cfg``
+    the integer settings packed (:func:`plan_cfg`), the two arguments of the eager entry besides X and bias.
     """
 
     vals: torch.Tensor
@@ -136,6 +138,8 @@ class Nm24Plan(NamedTuple):
     sp_layout: str = ""
     ring: int = 3  # weight batches per warp in shared memory (RINGS): ring - 1 in flight while one is multiplied
     batch: int = 8  # k-steps per batch
+    buffer: torch.Tensor | None = None  # int32: vals, meta, ws, counters back to back (the four are views of it)
+    cfg: int = 0  # m, chunk, variant, ring, batch packed for the eager entry (plan_cfg)
 
 
 def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
@@ -167,6 +171,12 @@ def plan_ring(variant: str) -> tuple[int, int]:
         raise ValueError(f"the register expansion ({MMA_ENV}=prmt) has the {RINGS[0]} ring only, not {name}")
     ring, batch = (int(v) for v in name.split("x"))
     return ring, batch
+
+
+def plan_cfg(m: int, chunk: int, variant: int, ring: int, batch: int) -> int:
+    """The plan's settings packed into one int64 for ``prunekit_nm24::linear``: M in bits 0-31, chunk 32-39, variant
+    40, ring 44-47, batch 48-51 (fewer arguments to convert per eager call: ``benchmarks/nm24_host.py``)."""
+    return m | chunk << 32 | variant << 40 | ring << 44 | batch << 48
 
 
 def _groups(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,18 +299,28 @@ def build_plan(
         num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
     row_blocks = -(-strips // STRIPS_PER_BLOCK)
     chunk = plan_chunk(strips, ksteps, num_sms)
+    ring, batch = plan_ring(variant)
+    sizes = (vals.numel(), meta.numel(), strips * 16 * MAX_N, row_blocks)
+    buffer = torch.zeros(sum(sizes), dtype=torch.int32, device=dev)  # ws and counters start (and stay) zero
+    parts = buffer.split(sizes)
+    parts[0].copy_(vals.reshape(-1))
+    parts[1].copy_(meta.reshape(-1))
+    code = 1 if variant == "sp" else 0
     return Nm24Plan(
-        vals.contiguous(),
-        meta.contiguous(),
-        torch.zeros(strips * 16 * MAX_N, dtype=torch.float32, device=dev),
-        torch.zeros(row_blocks, dtype=torch.int32, device=dev),
+        parts[0].view(vals.shape),
+        parts[1].view(meta.shape),
+        parts[2].view(torch.float32),
+        parts[3],
         chunk,
         m,
         k,
         values.dtype,
-        1 if variant == "sp" else 0,
+        code,
         layout,
-        *plan_ring(variant),
+        ring,
+        batch,
+        buffer,
+        plan_cfg(m, chunk, code, ring, batch),
     )
 
 
@@ -476,23 +496,10 @@ def decode_mm(
 
 
 def linear(plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
-    """One launch of the kernel's C++ entry ``prunekit_nm24::linear`` on a built plan: ``Y (M, N)`` laid out by
-    ``layout.new_spmm_output``. ``x: (K, N)`` CUDA in the plan's dtype, 1 <= N <= 16; ``bias``: contiguous ``(M,)`` of
-    that dtype or None (the library must be loaded: :func:`load`).
+    """One launch of the kernel's C++ entry ``prunekit_nm24::linear`` on a built plan (its one buffer and packed
+    settings): ``Y (M, N)`` laid out by ``layout.new_spmm_output``. ``x: (K, N)`` CUDA in the plan's dtype,
+    1 <= N <= 16; ``bias``: contiguous ``(M,)`` of that dtype or None (the library must be loaded: :func:`load`).
 
     Raises:
         RuntimeError: shapes, dtypes or devices that do not match the plan (C++ checks)."""
-    return torch.ops.prunekit_nm24.linear.default(
-        plan.vals,
-        plan.meta,
-        plan.ws,
-        plan.counters,
-        x,
-        bias,
-        relu,
-        plan.m,
-        plan.chunk,
-        plan.variant,
-        plan.ring,
-        plan.batch,
-    )
+    return torch.ops.prunekit_nm24.linear.default(plan.buffer, x, bias, relu, plan.cfg)

@@ -484,47 +484,43 @@ void dispatch(const Params& p, int rb, cudaStream_t stream, bool sp, bool two, i
   }
 }
 
-// Y (M, N) = act(A @ x + bias) into y (any strides). vals / meta / ws / counters: the plan (kernels/nm24.py).
-void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
-             const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
-             int64_t chunk, int64_t variant, int64_t ring, int64_t batch) {
-  TORCH_CHECK(variant == 0 || variant == 1, "nm24_mm: variant must be 0 (register expansion) or 1 (mma.sp)");
-  const bool sp = variant == 1;
-  TORCH_CHECK((ring == 3 && batch == 8) || (sp && batch == 4 && (ring == 4 || ring == 6)),
-              "nm24_mm: the ring must be 3 x 8, or 4 x 4 or 6 x 4 with mma.sp (batches x k-steps)");
-  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24_mm: x (K, N) and y (M, N) must be 2-D GPU tensors");
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24_mm: x must be fp16 or bf16");
-  TORCH_CHECK(y.scalar_type() == x.scalar_type(), "nm24_mm: y must have x's dtype");
-  TORCH_CHECK(vals.dim() == 4 && vals.size(2) == 32 && vals.size(3) == 4 && vals.scalar_type() == at::kInt &&
-                  vals.is_contiguous(),
-              "nm24_mm: vals must be a contiguous int32 (strips, ksteps / 2, 32, 4)");
-  const int64_t strips = vals.size(0), ksteps = vals.size(1) * 2;
-  TORCH_CHECK(meta.scalar_type() == at::kInt && meta.is_contiguous() && meta.numel() == strips * (ksteps / 4) * 32,
-              "nm24_mm: meta must be a contiguous int32 (strips, ksteps / 4, 32), or (strips, ksteps / 2, 16) for ",
-              "mma.sp");
-  const int64_t k = x.size(0), n = x.size(1);
-  TORCH_CHECK(n >= 1 && n <= kTokens, "nm24_mm: N must be 1..16, got ", n);
-  TORCH_CHECK(ksteps % kBatch == 0 && k <= ksteps * 16 && k > (ksteps - kBatch) * 16,
-              "nm24_mm: x has ", k, " rows, the plan ", ksteps, " k-steps");
-  TORCH_CHECK(m >= 1 && m <= strips * 16 && m > (strips - 1) * 16 && y.size(0) == m && y.size(1) == n,
-              "nm24_mm: y must be (M, N) with M matching the plan");
-  TORCH_CHECK(chunk % kBatch == 0 && chunk >= kBatch && chunk <= kMaxChunk, "nm24_mm: bad chunk ", chunk);
-  const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
-  const int64_t chunks = (ksteps + chunk - 1) / chunk;
-  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
-                  counters.scalar_type() == at::kInt && counters.numel() >= row_blocks,
-              "nm24_mm: workspace or counters too small");
-  TORCH_CHECK(vals.device() == x.device() && meta.device() == x.device() && y.device() == x.device() &&
-                  ws.device() == x.device() && counters.device() == x.device(),
-              "nm24_mm: all tensors must be on one GPU");
+// A plan's device pointers and sizes (kernels/nm24.py: Nm24Plan), from its four tensors (mm) or its one buffer
+// (linear).
+struct PlanView {
+  const void* vals;  // (strips, ksteps / 2, 32, 4) int32
+  const void* meta;  // strips * ksteps * 8 int32
+  float* ws;         // (strips * 16, 16), zero between calls
+  int* counters;     // (row blocks,), zero between calls
+  int64_t strips, ksteps, m, chunk, variant, ring, batch;
+};
+
+// Y (M, N) = act(A @ x + bias) into y (any strides) on a checked plan.
+void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias,
+         bool relu) {
+  TORCH_CHECK(v.variant == 0 || v.variant == 1, "nm24: variant must be 0 (register expansion) or 1 (mma.sp)");
+  const bool sp = v.variant == 1;
+  TORCH_CHECK((v.ring == 3 && v.batch == 8) || (sp && v.batch == 4 && (v.ring == 4 || v.ring == 6)),
+              "nm24: the ring must be 3 x 8, or 4 x 4 or 6 x 4 with mma.sp (batches x k-steps)");
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24: x (K, N) and y (M, N) must be 2-D GPU tensors");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24: x must be fp16 or bf16");
+  TORCH_CHECK(y.scalar_type() == x.scalar_type() && y.device() == x.device(), "nm24: y must have x's dtype and GPU");
+  const int64_t k = x.size(0), n = x.size(1), m = v.m;
+  TORCH_CHECK(n >= 1 && n <= kTokens, "nm24: N must be 1..16, got ", n);
+  TORCH_CHECK(v.ksteps % kBatch == 0 && k <= v.ksteps * 16 && k > (v.ksteps - kBatch) * 16,
+              "nm24: x has ", k, " rows, the plan ", v.ksteps, " k-steps");
+  TORCH_CHECK(m >= 1 && m <= v.strips * 16 && m > (v.strips - 1) * 16 && y.size(0) == m && y.size(1) == n,
+              "nm24: y must be (M, N) with M matching the plan");
+  TORCH_CHECK(v.chunk % kBatch == 0 && v.chunk >= kBatch && v.chunk <= kMaxChunk, "nm24: bad chunk ", v.chunk);
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == m &&
                     bias->device() == x.device(),
-                "nm24_mm: bias must be a contiguous (M,) tensor of x's dtype");
+                "nm24: bias must be a contiguous (M,) tensor of x's dtype");
   }
+  const int64_t row_blocks = (v.strips + kWarps - 1) / kWarps;
+  const int64_t chunks = (v.ksteps + v.chunk - 1) / v.chunk;
   Params p{};
-  p.vals = reinterpret_cast<const uint4*>(vals.data_ptr());
-  p.meta = reinterpret_cast<const uint32_t*>(meta.data_ptr());
+  p.vals = static_cast<const uint4*>(v.vals);
+  p.meta = static_cast<const uint32_t*>(v.meta);
   p.x = x.data_ptr();
   p.x_sk = x.stride(0);
   p.x_sn = x.stride(1);
@@ -532,14 +528,14 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
   p.y_sm = y.stride(0);
   p.y_sn = y.stride(1);
   p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
-  p.ws = ws.data_ptr<float>();
-  p.counters = counters.data_ptr<int>();
+  p.ws = v.ws;
+  p.counters = v.counters;
   p.m = static_cast<int>(m);
   p.k = static_cast<int>(k);
   p.n = static_cast<int>(n);
-  p.strips = static_cast<int>(strips);
-  p.ksteps = static_cast<int>(ksteps);
-  p.chunk = static_cast<int>(chunk);
+  p.strips = static_cast<int>(v.strips);
+  p.ksteps = static_cast<int>(v.ksteps);
+  p.chunk = static_cast<int>(v.chunk);
   p.chunks = static_cast<int>(chunks);
   p.relu = relu ? 1 : 0;
   static const int probe = [] {
@@ -556,23 +552,58 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int rb = static_cast<int>(row_blocks);
   const bool two = n > 8;
+  const int ring = static_cast<int>(v.ring), batch = static_cast<int>(v.batch);
   if (x.scalar_type() == at::kHalf) {
-    dispatch<__half>(p, rb, stream, sp, two, static_cast<int>(ring), static_cast<int>(batch));
+    dispatch<__half>(p, rb, stream, sp, two, ring, batch);
   } else {
-    dispatch<__nv_bfloat16>(p, rb, stream, sp, two, static_cast<int>(ring), static_cast<int>(batch));
+    dispatch<__nv_bfloat16>(p, rb, stream, sp, two, ring, batch);
   }
 }
 
-// The eager entry: allocates Y by layout.py's rule (x (K, N) with unit stride along K and N > 1: the transposed view
-// of a contiguous (N, M); else a contiguous (M, N)) and runs nm24_mm.
-at::Tensor nm24_linear(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
-                       const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
-                       int64_t chunk, int64_t variant, int64_t ring, int64_t batch) {
+// The plan as four tensors: vals / meta / ws / counters (kernels/nm24.py), Y into y.
+void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
+             const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
+             int64_t chunk, int64_t variant, int64_t ring, int64_t batch) {
+  TORCH_CHECK(vals.dim() == 4 && vals.size(2) == 32 && vals.size(3) == 4 && vals.scalar_type() == at::kInt &&
+                  vals.is_contiguous(),
+              "nm24_mm: vals must be a contiguous int32 (strips, ksteps / 2, 32, 4)");
+  const int64_t strips = vals.size(0), ksteps = vals.size(1) * 2;
+  TORCH_CHECK(meta.scalar_type() == at::kInt && meta.is_contiguous() && meta.numel() == strips * ksteps * 8,
+              "nm24_mm: meta must be a contiguous int32 (strips, ksteps / 4, 32), or (strips, ksteps / 2, 16) for ",
+              "mma.sp");
+  const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
+  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
+                  counters.scalar_type() == at::kInt && counters.numel() >= row_blocks,
+              "nm24_mm: workspace or counters too small");
+  TORCH_CHECK(vals.device() == x.device() && meta.device() == x.device() && ws.device() == x.device() &&
+                  counters.device() == x.device(),
+              "nm24_mm: all tensors must be on one GPU");
+  run(PlanView{vals.data_ptr(), meta.data_ptr(), ws.data_ptr<float>(), counters.data_ptr<int>(), strips, ksteps, m,
+               chunk, variant, ring, batch},
+      x, y, bias, relu);
+}
+
+// The eager entry: the plan as one int32 buffer (vals, meta, ws, counters back to back; kernels/nm24.py build_plan)
+// and its settings packed into one integer (nm24.plan_cfg: M in bits 0-31, chunk 32-39, variant 40, ring 44-47, batch
+// 48-51), so that a call converts five arguments instead of thirteen. Allocates Y by layout.py's rule (x (K, N) with
+// unit stride along K and N > 1: the transposed view of a contiguous (N, M); else a contiguous (M, N)).
+at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool relu,
+                       int64_t cfg) {
   TORCH_CHECK(x.dim() == 2, "nm24_linear: x must be (K, N)");
-  const int64_t n = x.size(1);
+  const int64_t m = cfg & 0xffffffffLL, k = x.size(0), n = x.size(1);
+  const int64_t strips = (m + 15) / 16, ksteps = (k + 16 * kBatch - 1) / (16 * kBatch) * kBatch;
+  const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
+  const int64_t n_vals = strips * ksteps * 64, n_meta = strips * ksteps * 8, n_ws = strips * 16 * kTokens;
+  TORCH_CHECK(plan.scalar_type() == at::kInt && plan.is_contiguous() && plan.device() == x.device() &&
+                  plan.numel() == n_vals + n_meta + n_ws + row_blocks &&
+                  reinterpret_cast<uintptr_t>(plan.data_ptr()) % 16 == 0,
+              "nm24_linear: the plan buffer does not match M = ", m, " and x's K = ", k);
+  int32_t* base = plan.data_ptr<int32_t>();
+  const PlanView v{base, base + n_vals, reinterpret_cast<float*>(base + n_vals + n_meta), base + n_vals + n_meta + n_ws,
+                   strips, ksteps, m, (cfg >> 32) & 0xff, (cfg >> 40) & 1, (cfg >> 44) & 0xf, (cfg >> 48) & 0xf};
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
   at::Tensor y = transposed ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
-  nm24_mm(vals, meta, ws, counters, x, y, bias, relu, m, chunk, variant, ring, batch);
+  run(v, x, y, bias, relu);
   return y;
 }
 
@@ -583,9 +614,7 @@ TORCH_LIBRARY(prunekit_nm24, m) {
   m.def(
       "mm(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor(c!) y, Tensor? bias, bool "
       "relu, int m, int chunk, int variant=0, int ring=3, int batch=8) -> ()");
-  m.def(
-      "linear(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor? bias, bool relu, int m, "
-      "int chunk, int variant=0, int ring=3, int batch=8) -> Tensor");
+  m.def("linear(Tensor(a!) plan, Tensor x, Tensor? bias, bool relu, int cfg) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_nm24, CUDA, m) {
