@@ -482,14 +482,19 @@ def test_scatter_kernel_replays_in_a_cuda_graph(strip_rows, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("cluster", ["1", "0", None])
 @pytest.mark.parametrize("strip_rows", ROWS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_scatter_kernel_cluster_reduction_matches_float64(dtype, strip_rows, monkeypatch):
-    """Opt-in ($PRUNEKIT_SCATTER_CLUSTER=1): k-splits reduced in a thread-block cluster (sm_90). 17 groups of 128
-    columns: kr = 1 is 17 splits (more than a cluster: atomics), kr = 2 nine (a non-portable cluster), kr = 4 five;
-    M = 1000 leaves idle warps in the last strip block."""
+def test_scatter_kernel_cluster_reduction_matches_float64(dtype, strip_rows, cluster, monkeypatch):
+    """k-splits reduced in a thread-block cluster (sm_90; $PRUNEKIT_SCATTER_CLUSTER=1 forces it, 0 forces the
+    atomics, unset takes the launch rule: clusters at N > 8 with <= 6 splits). 17 groups of 128 columns: kr = 1 is 17
+    splits (more than a cluster: atomics), kr = 2 nine (a non-portable cluster), kr = 4 five; M = 1000 leaves idle
+    warps in the last strip block."""
     monkeypatch.setenv(gpu.SCATTER_ROWS_ENV, str(strip_rows))
-    monkeypatch.setenv("PRUNEKIT_SCATTER_CLUSTER", "1")
+    if cluster is None:
+        monkeypatch.delenv("PRUNEKIT_SCATTER_CLUSTER", raising=False)
+    else:
+        monkeypatch.setenv("PRUNEKIT_SCATTER_CLUSTER", cluster)
     g = torch.Generator(device="cuda").manual_seed(11)
     m, k = 1000, 2100
     dense = random_sparse_weight(m, k, 0.8, dtype, "cuda", g, empty_rows=9, single_rows=3)

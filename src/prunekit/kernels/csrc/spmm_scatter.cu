@@ -20,9 +20,9 @@
 // its end. With several k-splits the warps add their fp32 partial sums into a workspace with atomics; the last warp
 // of a strip (a per-strip counter, after a fence) reads the sums, adds bias, applies ReLU, writes Y and sets the
 // workspace and counter back to zero, so the next call finds them clean (the threadFenceReduction pattern of the
-// CUDA samples). One split writes Y directly. Opt-in ($PRUNEKIT_SCATTER_CLUSTER=1, sm_90, 2-16 splits; written in the
-// ninth session, not yet run on a GPU): the k-splits of a strip block form a thread-block cluster and are added up
-// through distributed shared memory instead (as the 2:4 decode kernel does, structured/nm24/nm24_decode.cu).
+// CUDA samples). One split writes Y directly. On sm_90 with 2-16 splits, where measured faster (rule at the launch;
+// $PRUNEKIT_SCATTER_CLUSTER=1 / 0 forces it on / off): the k-splits of a strip block form a thread-block cluster and
+// are added up through distributed shared memory instead (as the 2:4 decode kernel does, structured/nm24).
 //
 // History (docs/KERNELS.md): a first version loaded one group ahead and read each group's end just before, two
 // dependent memory latencies per group. Nsight Compute then showed the kernel bound by shared-memory wavefronts, 123
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kScThreads) spmm_scatter_kernel(
   const auto row_of = [&](int e) { return ROWS == 16 ? gid + 8 * ((e >> 1) & 1) : 2 * tig + (e & 1); };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (SPLIT && cluster) {
-    // Opt-in ($PRUNEKIT_SCATTER_CLUSTER=1): the k-splits of a strip block are one thread-block cluster. Each warp
+    // The k-splits of a strip block are one thread-block cluster (launch rule, or $PRUNEKIT_SCATTER_CLUSTER). Each warp
     // leaves its partial sums in its own tile (idle now), and after the cluster barrier block rank r adds up its share
     // of the block's 8 strips from every block's shared memory (distributed shared memory): no atomics, fences or
     // counters. The 2:4 decode kernel (structured/nm24) measured its atomic epilogue at about 6 us of 17 on the H100.
@@ -403,10 +403,16 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
   const bool xvec = (x.stride(0) == 1 || k == 1) && (n == 1 || x.stride(1) % 4 == 0) &&
                     reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   const c10::cuda::CUDAGuard guard(device);
-  // k-splits reduced in a thread-block cluster instead of atomics: opt-in ($PRUNEKIT_SCATTER_CLUSTER=1, not yet timed
-  // on a GPU), sm_90, 2..16 splits
+  // k-splits reduced in a thread-block cluster instead of atomics (sm_90, 2..16 splits). $PRUNEKIT_SCATTER_CLUSTER=1
+  // forces it, 0 forbids it; by default for N > 8 with at most 6 splits or more than 1024 blocks, the cases it was
+  // faster in on the H100 at N = 16 (benchmarks/results/spmm-scattercl-h100-2026-11-25-s10.json against
+  // spmm-scatter-...-s10.json: 3072 x 768 with 6 splits 1.23-1.39x, 11008 x 4096 with 8 splits and 1376 blocks
+  // 1.07-1.10x; 4096 x 4096 with 8 splits and 512 blocks 0.72-0.88x). Not timed at N <= 8.
   const char* cluster_env = std::getenv("PRUNEKIT_SCATTER_CLUSTER");
-  bool cluster = cluster_env != nullptr && std::strcmp(cluster_env, "1") == 0 && ksplit > 1 && ksplit <= kScMaxCluster;
+  const int64_t blocks = ksplit * ((strips + kScWarps - 1) / kScWarps);
+  const bool cluster_auto = n > 8 && (ksplit <= 6 || blocks > 1024);
+  bool cluster = ksplit > 1 && ksplit <= kScMaxCluster &&
+                 (cluster_env == nullptr ? cluster_auto : std::strcmp(cluster_env, "1") == 0);
   if (cluster) {
     int major = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()));
