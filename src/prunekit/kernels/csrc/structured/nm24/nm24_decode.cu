@@ -115,10 +115,7 @@ struct Params {
   float* ws;               // (strips * 16, 16) fp32, zero between calls
   int* counters;           // (row blocks,), zero between calls
   int m, k, n, strips, ksteps, chunk, chunks, relu, x_vec;
-  // k-chunks per thread-block cluster (sm_90; 0: none): the grid's chunks (padded to a multiple of it) are added up
-  // through distributed shared memory in each cluster, and when a row block has several clusters their sums meet in
-  // the workspace as in the atomics path
-  int cluster;
+  int cluster;  // 1: the grid's k-chunks are clusters, reduced through distributed shared memory (sm_90)
   int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads
 };
 
@@ -182,7 +179,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   uint2* xs = reinterpret_cast<uint2*>(smem + ring_bytes(R, B));
   const int strip = blockIdx.x * kWarps + warp;
   const int ks0 = blockIdx.y * p.chunk;
-  const int nks = max(0, min(p.chunk, p.ksteps - ks0));  // a multiple of kBatch, so of B (0: a padding chunk)
+  const int nks = min(p.chunk, p.ksteps - ks0);  // a multiple of kBatch, so of B
   const int batches = nks / B;
   const bool active = strip < p.strips;
   const int kpairs = p.ksteps / 2, kquads = p.ksteps / 4;
@@ -346,7 +343,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     // every block has arrived (wait), so no shared memory is read after its block left
     constexpr int kMaxOuts = kWarps * 16 * kTokens / (2 * kThreads);
     const int rank = static_cast<int>(cluster.block_rank());
-    const int stride = kThreads * p.cluster;
+    const int stride = kThreads * p.chunks;
     float sums[kMaxOuts];
 #pragma unroll
     for (int o = 0; o < kMaxOuts; ++o) {
@@ -358,32 +355,27 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
                        (row_local & 15) * kTokens + tok;
         float parts[kMaxCluster];
 #pragma unroll
-        for (int r = 0; r < kMaxCluster; ++r) parts[r] = r < p.cluster ? *cluster.map_shared_rank(local, r) : 0.f;
+        for (int r = 0; r < kMaxCluster; ++r) parts[r] = r < p.chunks ? *cluster.map_shared_rank(local, r) : 0.f;
 #pragma unroll
         for (int r = 0; r < kMaxCluster; ++r) sums[o] += parts[r];
       }
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-    const bool whole = p.cluster == static_cast<int>(gridDim.y);  // one cluster holds all of the row block's chunks
 #pragma unroll
     for (int o = 0; o < kMaxOuts; ++o) {
       const int e = rank * kThreads + tid + o * stride;
       const int row = blockIdx.x * kWarps * 16 + e / kTokens, tok = e % kTokens;
       if (e < kWarps * 16 * kTokens && row < p.m && tok < p.n) {
-        if (!whole) {  // several clusters: this block's share of the cluster's sums into the workspace
-          atomicAdd(p.ws + static_cast<int64_t>(row) * kTokens + tok, sums[o]);
-          continue;
-        }
         float val = sums[o] + (bias ? to_float(bias[row]) : 0.f);
         if (p.relu) val = fmaxf(val, 0.f);
         y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
       }
     }
     asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-    if (whole) return;
+    return;
   }
 #endif
-  if (!p.cluster && p.chunks == 1) {
+  if (p.chunks == 1) {
     if (!active) return;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -398,7 +390,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       }
     return;
   }
-  if (active && !p.cluster) {
+  if (active) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -411,7 +403,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   }
   __threadfence();
   __syncthreads();
-  if (tid == 0) last_flag = atomicAdd(p.counters + blockIdx.x, 1) == static_cast<int>(gridDim.y) - 1;
+  if (tid == 0) last_flag = atomicAdd(p.counters + blockIdx.x, 1) == p.chunks - 1;
   __syncthreads();
   if (!last_flag) return;
   __threadfence();
@@ -458,20 +450,20 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
     return;
   }
   static std::atomic<uint64_t> non_portable{0};  // clusters of 9-16 blocks: opt in once per instance and device
-  if (p.cluster > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
+  if (p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
     C10_CUDA_CHECK(
         cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     non_portable.fetch_or(bit, std::memory_order_relaxed);
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(row_blocks, (p.chunks + p.cluster - 1) / p.cluster * p.cluster, 1);  // padding chunks: empty
+  cfg.gridDim = dim3(row_blocks, p.chunks, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = p.cluster;
+  attr[0].val.clusterDim.y = p.chunks;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
@@ -551,12 +543,10 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
     return env == nullptr ? 0 : std::atoi(env);
   }();
   p.probe = probe;
-  // k-chunks reduced in clusters on sm_90 ($PRUNEKIT_NM24_CLUSTER=0: global atomics, as on sm_80): up to 16 chunks
-  // in one cluster; more in clusters of at most 8 whose sums meet in the workspace; launch() clears it below sm_90
+  // k-chunks reduced in a cluster on sm_90 (2..16 chunks; $PRUNEKIT_NM24_CLUSTER=0: global atomics, as on sm_80)
   const char* cluster_var = std::getenv("PRUNEKIT_NM24_CLUSTER");
   const bool cluster_env = cluster_var == nullptr || std::strcmp(cluster_var, "0") != 0;
-  const int64_t n_clusters = chunks <= kMaxCluster ? 1 : (chunks + 7) / 8;
-  p.cluster = cluster_env && chunks > 1 ? static_cast<int>((chunks + n_clusters - 1) / n_clusters) : 0;
+  p.cluster = cluster_env && chunks > 1 && chunks <= kMaxCluster;  // launch() clears it below sm_90
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   const c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
