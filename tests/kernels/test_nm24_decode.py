@@ -155,7 +155,8 @@ CUDA_CASES = [
     (37, 132, 5),
     (128, 256, 16),
     (200, 1000, 9),
-    (64, 8192, 16),  # few strips, long K: many k-chunks
+    (64, 8192, 16),  # few strips, long K: many k-chunks (64: atomics on sm_90 too)
+    (128, 11008, 5),  # 86 k-chunks
     (4096, 64, 3),  # many strips, one k-chunk
     (1000, 3000, 8),
     (2048, 2048, 12),
