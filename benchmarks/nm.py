@@ -14,7 +14,8 @@ matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user 
   ``prunekit_torchpath_*`` the same with ``backend="torch"`` (``torch._cslt_sparse_mm``, plan set up per call; its
   eager time, ~0.25 s a call on the H100, only with ``--torch-path-eager``); ``prunekit_op_eager_ms`` the custom op
   ``prunekit::nm_mm`` (the path under torch.compile); ``layer_*`` ``SparseLinear.forward`` eager as in
-  ``benchmarks/bsr.py`` (wall-clock minus device time, host time per call);
+  ``benchmarks/bsr.py`` (wall-clock minus device time, host time per call), and ``speedup_layer_eager`` its eager
+  wall-clock against ``dense_layer_wall_ms``, dense ``nn.Linear`` modules (no grad) holding the same weights;
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch 2:4: ``F.linear(x2d, to_sparse_semi_structured(W))`` (cuSPARSELt through torch's tensor subclass).
 
@@ -150,6 +151,14 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
     res["layer_err"] = relative_error(layer_calls[0]().t(), ref)
     res["layer_wall_ms"] = wall_time(layer_calls)
     res["layer_host_us"] = host_time_us(layer_calls)
+    # the same eager loop through dense nn.Linear modules holding the same weights: what the user's layer replaces
+    dense_layers = []
+    for w, _, _, x2d in sets:
+        lin = torch.nn.Linear(k, m, bias=False, device="cuda", dtype=dtype)
+        lin.weight.data = w
+        dense_layers.append((lin.requires_grad_(False), x2d))  # inference, as SparseLinear's buffers
+    res["dense_layer_wall_ms"] = wall_time([lambda lin=lin, x=x: lin(x) for lin, x in dense_layers])
+    res["speedup_layer_eager"] = res["dense_layer_wall_ms"] / res["layer_wall_ms"]
     res["layer_eager_overhead_us"] = 1e3 * (res["layer_wall_ms"] - res["prunekit_gpu_ms"])
     res["compressions_while_timing"] = structured.compress_calls - compress_before
     res["native_binding"] = structured.native_cslt_available()
@@ -215,6 +224,10 @@ def _gbs(r: dict) -> str:
     return f" / {r['decode_gbs']:.0f}" if "decode_gbs" in r else ""
 
 
+def _layer_x(r: dict) -> str:
+    return f" / {r['speedup_layer_eager']:.2f}" if "speedup_layer_eager" in r else ""
+
+
 def _t24(r: dict) -> str:
     return f"{r['torch24_speedup_gpu']:.2f} / {r['torch24_speedup_eager']:.2f}" if "torch24_gpu_ms" in r else "-"
 
@@ -243,7 +256,7 @@ def markdown(path: Path) -> str:
     lines += [
         "| dtype | M x K | N | dense ms (graph) | row-major out: ms (graph) / x dense (graph / eager) | "
         "col-major out: ms (graph) / x dense (graph / eager) | decode kernel: us (graph) / x dense (graph / eager) "
-        "/ GB/s | layer: wall - kernel us / host us per call | torch 2:4 x dense (graph / eager) | "
+        "/ GB/s | layer: wall - kernel us / host us per call / x nn.Linear (eager) | torch 2:4 x dense (graph / eager) | "
         "compressions while timing | rel. err row / col |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -253,7 +266,7 @@ def markdown(path: Path) -> str:
             f"{r['prunekit_row_gpu_ms']:.3f} / {r['speedup_row_gpu']:.2f} / {r['speedup_row_eager']:.2f} | "
             f"{r['prunekit_col_gpu_ms']:.3f} / {r['speedup_col_gpu']:.2f} / {r['speedup_col_eager']:.2f} | "
             f"{' / '.join(_decode_cells(r))}{_gbs(r)} | "
-            f"{r['layer_eager_overhead_us']:.1f} / {r['layer_host_us']:.1f} | {_t24(r)} | "
+            f"{r['layer_eager_overhead_us']:.1f} / {r['layer_host_us']:.1f}{_layer_x(r)} | {_t24(r)} | "
             f"{r.get('compressions_while_timing', '-')} | {r['prunekit_row_err']:.1e} / {r['prunekit_col_err']:.1e} |"
         )
     return "\n".join(lines)

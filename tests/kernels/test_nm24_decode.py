@@ -277,13 +277,13 @@ def test_sparse_linear_eager_decode():
     dense = weight24(384, 768, torch.float16, seed=5)
     bias = torch.randn(384).half()
     layer = SparseLinear(formats.encode("nm", dense, {"n": 2, "m": 4}), bias).cuda()
-    for tokens in (1, 5, 16):
-        x = torch.randn(tokens, 768, device="cuda", dtype=torch.float16)
+    for lead in ((1,), (5,), (16,), (2, 3)):
+        x = torch.randn(*lead, 768, device="cuda", dtype=torch.float16)
         with torch.inference_mode():
             y = layer(x)
-        assert y.shape == (tokens, 384) and y.is_contiguous()
+        assert y.shape == (*lead, 384) and y.is_contiguous()
         ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
-        assert relative_error(y, ref) < TOLERANCE[torch.float16], tokens
+        assert relative_error(y, ref) < TOLERANCE[torch.float16], lead
     assert getattr(layer._buffers["w_values"], nm24._PLAN_ATTR, None) is not None
 
 
@@ -303,9 +303,10 @@ def test_sparse_linear_decode_route_on_cpu(monkeypatch):
     monkeypatch.setattr(nm24, "available", lambda: True)
     monkeypatch.setattr(nm24, "build_plan", lambda *a, **k: builds.append(1) or real_build(*a, **k))
 
-    def launch(plan, x, b=None, relu=False):
+    def launch(plan, x, b=None, relu=False, rows=False):
+        assert rows  # SparseLinear hands the activations (N, K) over as they are
         launches.append(x.shape)
-        return nm24.emulate(plan, x, b, relu).to(x.dtype)
+        return nm24.emulate(plan, x.t(), b, relu).to(x.dtype).t()
 
     monkeypatch.setattr(nm24, "linear", launch)
     for lead in ((1,), (7,), (2, 8)):
@@ -314,7 +315,7 @@ def test_sparse_linear_decode_route_on_cpu(monkeypatch):
         assert y.shape == (*lead, 48)
         ref = x.double().reshape(-1, 64) @ dense.double().t() + bias.double()
         assert relative_error(y.reshape(-1, 48), ref) < TOLERANCE[torch.float16]
-    assert launches == [(64, 1), (64, 7), (64, 16)] and len(builds) == 1  # one launch per call, one plan
+    assert launches == [(1, 64), (7, 64), (16, 64)] and len(builds) == 1  # one launch per call, one plan
     with torch.no_grad():
         layer.w_values.mul_(2)  # in place: the plan must be rebuilt
     x = torch.randn(3, 64).half()

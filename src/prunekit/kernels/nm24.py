@@ -67,6 +67,7 @@ RING_ENV = "PRUNEKIT_NM24_RING"  # the weight ring instead of plan_ring's (mma.s
 # weight rings the library is built for, "R x B": R batches of B k-steps per warp in shared memory (templates R, B;
 # the register expansion has 3 x 8 only)
 RINGS = ("3x8", "4x4", "6x4")
+ROWS = 1 << 56  # cfg bit of prunekit_nm24::linear: x is (N, K) and the result (N, M) (nn.Linear's layout)
 _PLAN_ATTR = "_prunekit_nm24_plan"
 _state: bool | None = None  # available(), tried once per process
 
@@ -175,7 +176,8 @@ def plan_ring(variant: str) -> tuple[int, int]:
 
 def plan_cfg(m: int, chunk: int, variant: int, ring: int, batch: int) -> int:
     """The plan's settings packed into one int64 for ``prunekit_nm24::linear``: M in bits 0-31, chunk 32-39, variant
-    40, ring 44-47, batch 48-51 (fewer arguments to convert per eager call: ``benchmarks/nm24_host.py``)."""
+    40, ring 44-47, batch 48-51 (fewer arguments to convert per eager call: ``benchmarks/nm24_host.py``); bit 56
+    (:data:`ROWS`) is set per call."""
     return m | chunk << 32 | variant << 40 | ring << 44 | batch << 48
 
 
@@ -495,11 +497,15 @@ def decode_mm(
     return linear(plan, x, bias, activation == "relu")
 
 
-def linear(plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
+def linear(
+    plan: Nm24Plan, x: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False, rows: bool = False
+) -> torch.Tensor:
     """One launch of the kernel's C++ entry ``prunekit_nm24::linear`` on a built plan (its one buffer and packed
-    settings): ``Y (M, N)`` laid out by ``layout.new_spmm_output``. ``x: (K, N)`` CUDA in the plan's dtype,
-    1 <= N <= 16; ``bias``: contiguous ``(M,)`` of that dtype or None (the library must be loaded: :func:`load`).
+    settings). ``x: (K, N)`` CUDA in the plan's dtype, 1 <= N <= 16, gives ``Y (M, N)`` laid out by
+    ``layout.new_spmm_output``; with ``rows``, ``x`` is the activations ``(N, K)`` and the result ``Y^T (N, M)``
+    (the transposes are made in C++: the runtime's ``SparseLinear`` path). ``bias``: contiguous ``(M,)`` of that dtype
+    or None (the library must be loaded: :func:`load`).
 
     Raises:
         RuntimeError: shapes, dtypes or devices that do not match the plan (C++ checks)."""
-    return torch.ops.prunekit_nm24.linear.default(plan.buffer, x, bias, relu, plan.cfg)
+    return torch.ops.prunekit_nm24.linear.default(plan.buffer, x, bias, relu, plan.cfg | ROWS if rows else plan.cfg)

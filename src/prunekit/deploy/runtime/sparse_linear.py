@@ -102,24 +102,32 @@ def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     return ops.bsr_mm(c("blocks"), c("crow_indices"), c("col_indices"), xt, layer.out_features, layer.bias)
 
 
+def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
+    """Eager CUDA 2:4 at decode sizes: ``Y^T (N, out_features)`` from ``x2d (N, in_features)`` in one call of
+    prunekit's 2:4 decode kernel (``nm24.linear`` with ``rows``: no transposes in Python), or None where it does not
+    apply (the generic path then runs). Decided once per layer and dtype; the kernel's plan is kept with the data
+    pointers and versions of the weight it was built from."""
+    if not (0 < x2d.shape[0] <= nm24.MAX_N and _eager_cuda(x2d)):
+        return None
+    buffers = layer._buffers
+    values, metadata = buffers["w_values"], buffers["w_metadata"]
+    key = (x2d.dtype, values.dtype, "decode")
+    entry = layer._eager_plans.get(key, _UNSET)
+    stamp = (values.data_ptr(), tensor_version(values), metadata.data_ptr(), tensor_version(metadata))
+    if entry is _UNSET or (entry is not None and entry[0] != stamp):
+        p, bias = layer.params, layer.bias
+        bias_ok = bias is None or (bias.dtype == x2d.dtype and bias.is_contiguous())
+        ok = bias_ok and nm24.decode_takes(values, x2d.t(), int(p["n"]), int(p["m"])) and nm24.available()
+        entry = (stamp, nm24.get_plan(values, metadata, int(p["bits"]), layer.in_features)) if ok else None
+        layer._eager_plans[key] = entry
+    return None if entry is None else nm24.linear(entry[1], x2d, layer.bias, rows=True)
+
+
 def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     c, p = layer.component, layer.params
-    if _eager_cuda(xt) and xt.shape[1] > 0:
+    if _eager_cuda(xt) and xt.shape[1] > 0:  # decode sizes were taken by _nm_decode when its kernel applies
         buffers = layer._buffers
         values = buffers["w_values"]
-        if xt.shape[1] <= nm24.MAX_N:  # decode shapes: prunekit's own 2:4 kernel, decided once per layer and dtype
-            metadata = buffers["w_metadata"]
-            key = (xt.dtype, values.dtype, "decode")
-            entry = layer._eager_plans.get(key, _UNSET)
-            # the kernel's plan, kept with the data pointers and versions of the weight it was built from
-            stamp = (values.data_ptr(), tensor_version(values), metadata.data_ptr(), tensor_version(metadata))
-            if entry is _UNSET or (entry is not None and entry[0] != stamp):
-                bias_ok = layer.bias is None or (layer.bias.dtype == xt.dtype and layer.bias.is_contiguous())
-                ok = bias_ok and nm24.decode_takes(values, xt, int(p["n"]), int(p["m"])) and nm24.available()
-                entry = (stamp, nm24.get_plan(values, metadata, int(p["bits"]), layer.in_features)) if ok else None
-                layer._eager_plans[key] = entry
-            if entry is not None:
-                return nm24.linear(entry[1], xt, layer.bias)
         key = (xt.dtype, values.dtype)
         row_output = layer._eager_plans.get(key, _UNSET)
         if row_output is _UNSET:
@@ -182,14 +190,18 @@ class SparseLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2d = x.reshape(-1, self.in_features)
+        flat = x.dim() == 2  # (tokens, in_features) as given: no reshapes, a few microseconds less per eager call
+        x2d = x if flat else x.reshape(-1, self.in_features)
+        if self.format == "nm":
+            y = _nm_decode(self, x2d)
+            if y is not None:
+                return y if flat else y.reshape(*x.shape[:-1], self.out_features)
         matmul = SPARSE_MATMULS.get(self.format)
         if matmul is None:
             y = F.linear(x2d, decode(self.encoded()).to(x.dtype), self.bias)
         else:
             y = matmul(self, x2d.t()).t()
-        return y.reshape(*lead, self.out_features)
+        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}, bias={self.bias is not None}"

@@ -586,10 +586,14 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
 // The eager entry: the plan as one int32 buffer (vals, meta, ws, counters back to back; kernels/nm24.py build_plan)
 // and its settings packed into one integer (nm24.plan_cfg: M in bits 0-31, chunk 32-39, variant 40, ring 44-47, batch
 // 48-51), so that a call converts five arguments instead of thirteen. Allocates Y by layout.py's rule (x (K, N) with
-// unit stride along K and N > 1: the transposed view of a contiguous (N, M); else a contiguous (M, N)).
-at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool relu,
-                       int64_t cfg) {
-  TORCH_CHECK(x.dim() == 2, "nm24_linear: x must be (K, N)");
+// unit stride along K and N > 1: the transposed view of a contiguous (N, M); else a contiguous (M, N)). With bit 56
+// of cfg set (nm24.ROWS), x_in is the activations (N, K) as nn.Linear takes them and the result is Y^T (N, M): the
+// two transposes are views made here instead of in Python.
+at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x_in, const c10::optional<at::Tensor>& bias,
+                       bool relu, int64_t cfg) {
+  TORCH_CHECK(x_in.dim() == 2, "nm24_linear: x must be 2-D");
+  const bool rows = (cfg >> 56) & 1;
+  const at::Tensor x = rows ? x_in.t() : x_in;
   const int64_t m = cfg & 0xffffffffLL, k = x.size(0), n = x.size(1);
   const int64_t strips = (m + 15) / 16, ksteps = (k + 16 * kBatch - 1) / (16 * kBatch) * kBatch;
   const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
@@ -604,7 +608,7 @@ at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x, const c10::o
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
   at::Tensor y = transposed ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
   run(v, x, y, bias, relu);
-  return y;
+  return rows ? y.t() : y;
 }
 
 }  // namespace
