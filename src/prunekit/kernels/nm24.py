@@ -6,8 +6,8 @@ large N, ran at 0.42-0.89x of dense cuBLAS at N <= 16 on the H100 (``benchmarks/
 This kernel streams a repacked copy of the weight (:func:`build_plan`, once per weight, kept on the stored values
 tensor) into the sparse tensor cores (``mma.sp.m16n8k32``, the default) or, with ``$PRUNEKIT_NM24_MMA=prmt``, expands
 each group in registers for the dense ``mma.sync.m16n8k16``. The file's header comment describes the layouts. On the
-H100 (fp16, graph replay) it runs 1.22-1.40x faster than dense cuBLAS on the 4096 / 11008 decode shapes
-(docs/PERFORMANCE_STRUCTURED.md). Source: 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural
+H100 (fp16, graph replay) it runs 1.26-1.47x faster than dense cuBLAS on the 4096 / 11008 decode shapes, 1.49x at
+768 x 3072 and 0.77-0.87x at 3072 x 768 (docs/PERFORMANCE_STRUCTURED.md, tenth session). Source: 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural
 Networks", 2021); the decode streaming into mma.sp follows the idea of Sparse-Marlin (Castro et al., 2024).
 
 :func:`emulate` replays the kernel lane by lane in torch (byte permutes or mma.sp metadata, fragment layouts,

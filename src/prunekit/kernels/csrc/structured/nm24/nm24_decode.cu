@@ -28,20 +28,23 @@
 //   the m16n8k16 A registers. About 20 instructions per k-step against SP's 3: 4-11% slower on the H100
 //   (benchmarks/results/nm24-sweep-h100-2026-11-25-{sp,prmt}.json).
 //
-// Grid: (row blocks of 8 strips, k-chunks). A block of 8 warps stages its chunk of X (16 tokens, zero outside X) in
-// shared memory in fragment order with cp.async, while each warp streams its strip's chunk through a ring of 3
-// batches in shared memory (8 k-steps, 2.25 KB per batch; cp.async, 2 batches in flight while one is multiplied; each
-// lane reads back only the bytes it copied). One chunk writes Y directly. With several on sm_90 (up to 16) the
-// k-chunks of a row block form a thread-block cluster: each warp leaves its partial sums in its idle ring, and after
-// the cluster barrier each block adds up its share of the outputs from all blocks' shared memory (distributed shared
-// memory). Otherwise (sm_80, more than 16 chunks, $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the
+// Grid: (row blocks of 8 strips, k-chunks). Each warp streams its strip's chunk through a ring of R batches of B
+// k-steps in shared memory (cp.async, R - 1 batches in flight while one is multiplied; each lane reads back only the
+// bytes it copied; default 3 x 8, 2.25 KB per batch; 4 x 4 and 6 x 4 as options, nm24.RINGS). Its first batch is
+// issued before the block stages its chunk of X (16 tokens, zero outside X) in shared memory in fragment order with
+// cp.async. One chunk writes Y directly. With several on sm_90 (up to 16) the k-chunks of a row block form a
+// thread-block cluster: each warp leaves its partial sums in its idle ring, and after the cluster barrier each block
+// reads its share of the outputs from all blocks' shared memory (distributed shared memory), arrives at a second
+// barrier, writes Y and waits there before leaving. Otherwise (sm_80, more than 16 chunks, $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the
 // plan's workspace with 8-byte reductions and the last block of a row block (counter after a fence, the
 // threadFenceReduction pattern of the CUDA samples) adds bias, applies ReLU, writes Y and leaves the workspace and
 // counter at zero for the next call.
 //
 // History on the H100 (docs/PERFORMANCE_STRUCTURED.md, "2:4 decode kernel"): v1 (register double buffer, X staged
 // with plain loads, atomics) 18.9 us at 4096 x 4096, N = 16; the ring, cheaper staging and reductions, clusters and
-// three blocks per SM 14.3 us; mma.sp 13.1 us (dense cuBLAS 16.6 us).
+// three blocks per SM 14.3 us; mma.sp 13.1 us; batch 0 before X and the split second barrier 12.7 us (dense cuBLAS
+// 16.8 us; tenth session). Rejected there: deeper rings of 8-k-step batches (two blocks per SM, 4-38% slower) and
+// clusters of at most 8 for more than 16 chunks (36.4 against 29.1 us with atomics at 4096 x 11008).
 //
 // Source: 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural Networks", 2021); streaming the
 // compressed weight into mma.sp for decode follows the idea of Sparse-Marlin (Castro et al., 2024), with prunekit's
