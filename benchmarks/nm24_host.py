@@ -24,7 +24,6 @@ calls are host-bound, not a kernel timing; those are in ``benchmarks/nm.py``) is
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -37,6 +36,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bsr import graph_time, host_time_us  # noqa: E402
 from nm import nm24_weight  # noqa: E402
+from nm24_sweep import run_meta  # noqa: E402
 
 from prunekit import formats  # noqa: E402
 from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
@@ -89,13 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     nm24.load()
-    meta = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "argv": sys.argv[1:],
-    }
+    meta = run_meta()
     results = []
     for shape in args.shapes.split(","):
         m, k = (int(v) for v in shape.split("x"))

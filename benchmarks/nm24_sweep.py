@@ -85,6 +85,17 @@ def run_shape(
     return rows
 
 
+def run_meta() -> dict:
+    """The ``meta`` block of the nm24 result files: device, torch and CUDA versions, UTC date, arguments."""
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -97,13 +108,7 @@ def main() -> None:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     gen = torch.Generator(device="cuda").manual_seed(0)
     nm24.load()
-    meta = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "argv": sys.argv[1:],
-    }
+    meta = run_meta()
     results = []
     for m, k in shapes:
         for n in (int(v) for v in args.ns.split(",")):
