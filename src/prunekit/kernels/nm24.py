@@ -7,8 +7,9 @@ This kernel streams a repacked copy of the weight (:func:`build_plan`, once per 
 tensor) into the sparse tensor cores (``mma.sp.m16n8k32``, the default) or, with ``$PRUNEKIT_NM24_MMA=prmt``, expands
 each group in registers for the dense ``mma.sync.m16n8k16``. The file's header comment describes the layouts. On the
 H100 (fp16, graph replay) it runs 1.26-1.47x faster than dense cuBLAS on the 4096 / 11008 decode shapes, 1.49x at
-768 x 3072 and 0.77-0.87x at 3072 x 768 (docs/PERFORMANCE_STRUCTURED.md, tenth session). Source: 2:4 structured sparsity (Mishra et al., "Accelerating Sparse Deep Neural
-Networks", 2021); the decode streaming into mma.sp follows the idea of Sparse-Marlin (Castro et al., 2024).
+768 x 3072 and 0.77-0.87x at 3072 x 768 (docs/PERFORMANCE_STRUCTURED.md, tenth session). Source: 2:4 structured
+sparsity (Mishra et al., "Accelerating Sparse Deep Neural Networks", 2021); the decode streaming into mma.sp follows
+the idea of Sparse-Marlin (Castro et al., 2024).
 
 :func:`emulate` replays the kernel lane by lane in torch (byte permutes or mma.sp metadata, fragment layouts,
 k-chunks) so that the format and its index arithmetic are checked on the CPU; the hardware's reading of the mma.sp
@@ -162,7 +163,7 @@ def plan_ring(variant: str) -> tuple[int, int]:
     """The weight ring ``(batches, k-steps per batch)`` per warp in shared memory: 3 x 8, two batches in flight while
     one is multiplied (54 KB per block, three blocks per SM). ``$PRUNEKIT_NM24_RING`` may ask for another of
     :data:`RINGS` with mma.sp: 6 x 4 (same bytes, finer batches, five in flight) or 4 x 4 (36 KB, four blocks per SM).
-    Measured on the H100: deeper rings of 8 k-steps (4 x 8, 5 x 8: two blocks per SM) were 5-38% slower
+    Measured on the H100: deeper rings of 8 k-steps (4 x 8, 5 x 8: two blocks per SM) were 4-38% slower
     (``benchmarks/results/nm24-sweep-ring-h100-2026-11-25-s10.json``).
 
     Raises:
@@ -340,7 +341,8 @@ def get_plan(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: int) ->
 
 def drop_plan(values: torch.Tensor) -> None:
     """Forget the plan kept on ``values``: the next call builds it again, reading ``$PRUNEKIT_NM24_CHUNK``,
-    ``$PRUNEKIT_NM24_RING``, ``$PRUNEKIT_NM24_MMA`` and ``$PRUNEKIT_NM24_SP_LAYOUT`` afresh (they are read when a plan is built, not per call)."""
+    ``$PRUNEKIT_NM24_RING``, ``$PRUNEKIT_NM24_MMA`` and ``$PRUNEKIT_NM24_SP_LAYOUT`` afresh (they are read when a plan
+    is built, not per call)."""
     if hasattr(values, _PLAN_ATTR):
         delattr(values, _PLAN_ATTR)
 
