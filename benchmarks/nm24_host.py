@@ -16,7 +16,8 @@ through, from the raw C++ operator up:
 - ``SparseLinear``: the runtime's layer, ``(N, K)`` activations in.
 
 The device time of the same call (CUDA-graph replay of one input set, so the weight may sit in L2: a hint of which
-calls are host-bound, not a kernel timing; those are in ``benchmarks/nm.py``) is printed beside. Prints a table and writes ``--out`` JSON (device, torch version, date).
+calls are host-bound, not a kernel timing; those are in ``benchmarks/nm.py``) is printed beside. Prints a table and
+writes ``--out`` JSON (device, torch version, date).
 
     PYTHONPATH=src python benchmarks/nm24_host.py --out benchmarks/results/nm24-host-<dev>-<date>.json
 """

@@ -35,10 +35,10 @@
 // cp.async. One chunk writes Y directly. With several on sm_90 (up to 16) the k-chunks of a row block form a
 // thread-block cluster: each warp leaves its partial sums in its idle ring, and after the cluster barrier each block
 // reads its share of the outputs from all blocks' shared memory (distributed shared memory), arrives at a second
-// barrier, writes Y and waits there before leaving. Otherwise (sm_80, more than 16 chunks, $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the
-// plan's workspace with 8-byte reductions and the last block of a row block (counter after a fence, the
-// threadFenceReduction pattern of the CUDA samples) adds bias, applies ReLU, writes Y and leaves the workspace and
-// counter at zero for the next call.
+// barrier, writes Y and waits there before leaving. Otherwise (sm_80, more than 16 chunks,
+// $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the plan's workspace with 8-byte reductions and the last
+// block of a row block (counter after a fence, the threadFenceReduction pattern of the CUDA samples) adds bias,
+// applies ReLU, writes Y and leaves the workspace and counter at zero for the next call.
 //
 // History on the H100 (docs/PERFORMANCE_STRUCTURED.md, "2:4 decode kernel"): v1 (register double buffer, X staged
 // with plain loads, atomics) 18.9 us at 4096 x 4096, N = 16; the ring, cheaper staging and reductions, clusters and
@@ -432,10 +432,11 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kMaxSmem)));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem)));
     // all of L1 as shared memory: two or three blocks of 62-122 KB per SM (the driver may otherwise size it for one)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
                                         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
