@@ -132,6 +132,27 @@ def test_plan_ring_rule(monkeypatch):
     assert (plan.ring, plan.batch) == (4, 4)
 
 
+@pytest.mark.parametrize("mma", ["prmt", "sp"])
+def test_plan_buffer_layout_matches_the_eager_entry(mma):
+    """The eager entry (``nm24_linear`` in C++) finds vals, meta, ws and counters in the plan's one buffer from M and
+    K alone: vals strips * ksteps * 64 words, meta strips * ksteps * 8, ws strips * 256, counters one per row block;
+    the four plan fields are views of the buffer at those offsets, and cfg packs M, chunk, variant, ring, batch."""
+    m, k = 37, 132
+    values, metadata, bits = encode24(weight24(m, k, torch.float16, 3))
+    plan = nm24.build_plan(values, metadata, bits, k, mma=mma)
+    strips, ksteps = -(-m // 16), -(-k // 128) * 8
+    sizes = [strips * ksteps * 64, strips * ksteps * 8, strips * 16 * 16, -(-strips // 8)]
+    assert plan.buffer.dtype == torch.int32 and plan.buffer.numel() == sum(sizes)
+    base, offset = plan.buffer.data_ptr(), 0
+    for part, size in zip((plan.vals, plan.meta, plan.ws, plan.counters), sizes, strict=True):
+        assert part.data_ptr() == base + 4 * offset and part.numel() == size
+        offset += size
+    assert float(plan.ws.abs().sum()) == 0.0 and int(plan.counters.abs().sum()) == 0
+    cfg = plan.cfg | nm24.ROWS
+    fields = (cfg & 0xFFFFFFFF, (cfg >> 32) & 0xFF, (cfg >> 40) & 1, (cfg >> 44) & 0xF, (cfg >> 48) & 0xF, cfg >> 56)
+    assert fields == (m, plan.chunk, plan.variant, plan.ring, plan.batch, 1)
+
+
 def test_decode_takes_rule(monkeypatch):
     values = torch.zeros(32, 32, dtype=torch.float16)
     x = torch.zeros(64, 16, dtype=torch.float16)
