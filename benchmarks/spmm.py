@@ -9,7 +9,8 @@ layer output the way a user would call them:
 - torch.sparse: ``torch.sparse.mm(W_csr, x2d.t())`` (cuSPARSE through torch, int64 CSR).
 
 For fp16/bf16 and N <= 16 the run also times the tensor-core decode variant ``scatter`` and the CUDA-core rowwarp as
-``auto`` runs it there, X gathered from global memory, both forced (``scatter_gpu_ms``, ``rowwarp_global_gpu_ms``; ``scatter_gbps`` counts the scatter plan's bytes, X and Y once).
+``auto`` runs it there, X gathered from global memory, and the bitmap decode kernel, all forced (``scatter_gpu_ms``,
+``rowwarp_global_gpu_ms``, ``bitmap_gpu_ms``; ``scatter_gbps`` / ``bitmap_gbps`` count the plan's bytes, X and Y once).
 For fp16/bf16 and N >= TC_BENCH_MIN_N the same run also times the tensor-core variant (``variant="tc"``, transposed
 activations copied to row-major inside the call, so the copy is timed) and the CUDA-core ``direct`` variant forced
 (``tc_gpu_ms``, ``direct_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
@@ -47,6 +48,7 @@ from rich.table import Table
 from prunekit import formats
 from prunekit.deploy.runtime.sparse_linear import SparseLinear
 from prunekit.kernels import build, gpu, ops
+from prunekit.kernels.spmm_bitmap_plan import bitmap_bytes, get_bitmap_plan
 from prunekit.kernels.spmm_scatter_plan import get_scatter_plan
 from prunekit.kernels.spmm_tc_plan import build_tc_plan
 from prunekit.kernels.testing import encode_csr, random_sparse_weight, relative_error
@@ -197,7 +199,7 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
         if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
             # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel as "auto" runs it at N <= 16
             # (X gathered from global memory: "rowwarp_global"; forced "rowwarp" would stage X in shared memory).
-            forced.update(time_forced(("scatter", "rowwarp_global"), csrs, xs, m, ref, dense_gpu))
+            forced.update(time_forced(("scatter", "rowwarp_global", "bitmap"), csrs, xs, m, ref, dense_gpu))
             strip = gpu.scatter_strip_rows()
             sc = get_scatter_plan(csrs[0]["values"], csrs[0]["row_offsets"], csrs[0]["column_indices"], m, k, strip)
             sc_bytes = sc.nbytes + x_bytes + n * m * esize
@@ -207,6 +209,12 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
             )
             forced["scatter_plan_mbytes"] = sc.nbytes / 1e6
             forced["scatter_gbps"] = sc_bytes / (forced["scatter_gpu_ms"] * 1e-3) / 1e9
+            bm = get_bitmap_plan(csrs[0]["values"], csrs[0]["row_offsets"], csrs[0]["column_indices"], m, k)
+            forced["bitmap_plan_mbytes"] = bitmap_bytes(bm) / 1e6
+            forced["bitmap_slot_words"] = bm.slot_words
+            forced["bitmap_gbps"] = (
+                (bitmap_bytes(bm) + x_bytes + n * m * esize) / (forced["bitmap_gpu_ms"] * 1e-3) / 1e9
+            )
         try:
             tsp = [lambda s=s, x=x: torch.sparse.mm(s, x.t()) for s, x in zip(torch_csrs, xs, strict=True)]
             sparse_eager = eager_time(tsp, min_reps=1, trials=3)
@@ -342,6 +350,7 @@ def render(rows: list, title: str) -> None:
         "dense ms",
         "vs dense",
         "tc vs dense",
+        "bitmap vs dense",
         "vs t.sparse",
         "TFLOP/s",
         "GB/s",
@@ -359,6 +368,7 @@ def render(rows: list, title: str) -> None:
             f"{r['dense_gpu_ms']:.4f}",
             f"{r['speedup_vs_dense']:.2f}x",
             f"{r['speedup_tc_vs_dense']:.2f}x" if "speedup_tc_vs_dense" in r else "-",
+            f"{r['speedup_bitmap_vs_dense']:.2f}x" if "speedup_bitmap_vs_dense" in r else "-",
             f"{vs_sparse:.1f}x" if vs_sparse else "-",
             f"{r['nnz_tflops']:.1f}",
             f"{r['gbps']:.0f}",

@@ -14,6 +14,9 @@
 # tc cases, and a short benchmark (4096x4096 and 11008x4096 at N = 4096, 90/95/98%, fp16; dense cuBLAS, torch.sparse,
 # auto, tc and direct in the same run) into $OUT/spmm-tc-<dev>-<date>.json.
 #
+# `bitmap` (decode bitmap SpMM, variant "bitmap"): build, its GPU tests, sanitizers, decode benchmark ($BITMAP_SHAPES,
+# $BITMAP_NS, $BITMAP_SPARSITIES) into $OUT/spmm-bitmap-<dev>-<date>.json.
+#
 # `scatter` (decode tensor-core SpMM, spmm_scatter.cu): build, its GPU tests, compute-sanitizer memcheck and racecheck
 # of small scatter cases, then the decode benchmark (5 shapes, N = 1 / 16, fp16; dense, torch.sparse, auto, scatter
 # and rowwarp forced in one run) into $OUT/spmm-scatter-<dev>-<date>.json, then the same with 16-row strips
@@ -118,6 +121,46 @@ PY
   PRUNEKIT_SCATTER_CLUSTER=1 python3 benchmarks/spmm.py --out "$OUT/spmm-scattercl-$DEV-$DATE.json" --dtypes float16 \
     --ns 16 --sparsities 0.5,0.7,0.8,0.9 "$@" > "$OUT/scattercl-bench.log" 2>&1
   echo "exit code $?"
+fi
+
+if [[ $MODE == bitmap ]]; then
+  # Decode bitmap SpMM (spmm_bitmap_plan.py + the nm24 library's variant 2): both libraries, its GPU tests,
+  # compute-sanitizer memcheck and racecheck of small cases, then the decode benchmark (dense, torch.sparse, auto,
+  # scatter, rowwarp and bitmap forced in one run; $BITMAP_SHAPES, N = $BITMAP_NS, $BITMAP_SPARSITIES, fp16) into
+  # $OUT/spmm-bitmap-<dev>-<date>.json. Extra args go to the benchmark.
+  step build nm24
+  timeout 300 python3 -c "from prunekit.kernels import nm24; print(nm24.load())" > "$OUT/build-nm24.log" 2>&1 ||
+    { tail -40 "$OUT/build-nm24.log"; exit 1; }
+  step bitmap tests
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmm_bitmap.py \
+    tests/kernels/test_spmm_bitmap_plan.py tests/kernels/test_nm24_decode.py 2>&1 | tee "$OUT/bitmap-tests.log" | tail -15
+  step bitmap compute-sanitizer
+  cat > /tmp/sanitize_bitmap.py <<'PY'
+import torch
+from prunekit.kernels import gpu
+from prunekit.kernels.testing import encode_csr, random_sparse_weight
+for dtype in (torch.float16, torch.bfloat16):
+    for m, k, sp in ((45, 301, 0.8), (300, 2500, 0.9), (40, 200, 0.0)):
+        w = random_sparse_weight(m, k, sp, dtype, "cuda", empty_rows=9, single_rows=2)
+        c = encode_csr(w)
+        for n in (1, 16):
+            x2d = torch.randn(n, k, device="cuda").to(dtype)
+            for x in (x2d.t(), x2d.t().contiguous()):
+                gpu.spmm_csr(**c, x=x, m=m, bias=torch.randn(m, device="cuda").to(dtype), activation="relu",
+                             variant="bitmap")
+torch.cuda.synchronize()
+print("sanitize case ran")
+PY
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/sanitize_bitmap.py \
+      > "$OUT/bitmap-$tool.log" 2>&1
+    echo "compute-sanitizer $tool exit code $?" | tee -a "$OUT/bitmap-$tool.log"
+    tail -3 "$OUT/bitmap-$tool.log"
+  done
+  step bitmap benchmark
+  timeout 400 python3 benchmarks/spmm.py --out "$OUT/spmm-bitmap-$DEV-$DATE.json" --dtypes float16 \
+    --shapes "${BITMAP_SHAPES:-4096x4096,11008x4096}" --ns "${BITMAP_NS:-16}" \
+    --sparsities "${BITMAP_SPARSITIES:-0.5,0.7,0.8,0.9,0.95}" "$@" 2>&1 | tee "$OUT/bitmap-bench.log" | tail -30
 fi
 
 if [[ $MODE == scatterkr ]]; then

@@ -90,7 +90,16 @@ def test_eager_spmm_code_rejects_mixed_and_unsupported_dtypes():
 
 def test_eager_spmm_code_maps_forced_variants_and_rejects_unknown():
     codes = {v: gpu.eager_spmm_code(v, torch.float16, torch.float16, 4, tc_auto=False) for v in gpu.SPMM_VARIANTS}
-    assert codes == {"auto": 0, "rowwarp": 1, "rowwarp_global": 2, "direct": 3, "tiled": 4, "tc": None, "scatter": None}
+    assert codes == {
+        "auto": 0,
+        "rowwarp": 1,
+        "rowwarp_global": 2,
+        "direct": 3,
+        "tiled": 4,
+        "tc": None,
+        "scatter": None,
+        "bitmap": None,
+    }
     with pytest.raises(ValueError, match="unknown spmm variant"):
         gpu.eager_spmm_code("fast", torch.float16, torch.float16, 16, tc_auto=False)
 

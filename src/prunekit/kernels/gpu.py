@@ -17,6 +17,10 @@ SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
   tile position, ``spmm_scatter_plan.py``) into a dense 8 x 128 shared-memory tile and multiplies it with X on
   ``mma.sync``; fp16/bf16 only. Decode path at N 9-16 and moderate sparsity (bound by instruction issue, not yet by
   memory: docs/KERNELS.md).
+- ``bitmap``: tensor cores for N <= 16 (decode) on a bitmap-compressed copy of the weight (``spmm_bitmap_plan.py``:
+  per 16 x 16 tile a mask of the present pairs of the mma's A registers and the pairs' words), expanded in registers
+  by the 2:4 decode kernel's skeleton (``csrc/structured/nm24/nm24_decode.cu``, variant 2: k-chunks reduced in
+  thread-block clusters); fp16/bf16 only.
 - ``tc``: tensor cores on condensed 16-row windows ("load sparse, compute dense", ``spmm_tc.cu`` with the plan of
   ``spmm_tc_plan.py``, built once per weight and cached on its values tensor); fp16/bf16 only. Large-N path.
 
@@ -34,16 +38,18 @@ from dataclasses import dataclass
 
 import torch
 
-from . import build
+from . import build, nm24
 from .layout import new_spmm_output, transposed_io
 from .reference import ACTIVATIONS
+from .spmm_bitmap_plan import MAX_TOKENS as BITMAP_MAX_N
+from .spmm_bitmap_plan import get_bitmap_plan
 from .spmm_scatter_plan import MAX_TOKENS as SCATTER_MAX_N
 from .spmm_scatter_plan import get_scatter_plan
 from .spmm_tc_plan import get_tc_plan
 
 log = logging.getLogger(__name__)
 
-SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled", "tc", "scatter")
+SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled", "tc", "scatter", "bitmap")
 TC_DTYPES = (torch.float16, torch.bfloat16)
 # Smallest N sent to the tensor-core kernel by "auto" (fp16/bf16).
 TC_MIN_N = 65  # = ROWWARP_MAX_N + 1
@@ -103,7 +109,16 @@ STAGE_X_MIN_N = 32  # auto: rowwarp stages X in shared memory only from this N .
 STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
 # Variant codes of the C++ entry prunekit_ext::spmm_csr_auto and of prunekit_ext::plan_spmm_code (csrc/spmm_entry.cu
 # kAuto ... kTc hold the same numbers; the entry takes 0-4, tc stays on this module's launcher).
-SPMM_VARIANT_CODES = {"auto": 0, "rowwarp": 1, "rowwarp_global": 2, "direct": 3, "tiled": 4, "tc": 5, "scatter": 6}
+SPMM_VARIANT_CODES = {
+    "auto": 0,
+    "rowwarp": 1,
+    "rowwarp_global": 2,
+    "direct": 3,
+    "tiled": 4,
+    "tc": 5,
+    "scatter": 6,
+    "bitmap": 7,
+}
 EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ entry takes (values and x alike)
 # The C++ eager entry has not run on a GPU yet: until its GPU tests (tests/kernels/test_spmm_entry.py) have passed,
 # the runtime keeps the measured Python launch path unless $PRUNEKIT_SPMM_CPP=1.
@@ -251,6 +266,8 @@ def _plan_spmm(
         return SpmmPlan("direct")
     if variant == "scatter":
         return SpmmPlan("scatter", kr_groups=scatter_kr_groups(m, k, num_sms, scatter_rows), strip_rows=scatter_rows)
+    if variant == "bitmap":
+        return SpmmPlan("bitmap")
     if variant == "tc":
         windows = -(-m // 16)
         for wpw, ntile in TC_TILES:
@@ -409,6 +426,8 @@ def spmm_csr(
         _OPS["scatter"](
             sp.records, sp.group_offsets, x, y, bias, relu, plan.kr_groups, sp.workspace, sp.counters, sp.strip_rows
         )
+    elif plan.variant == "bitmap":
+        _bitmap_mm(csr_as_stored, x, y, m, bias, relu)
     elif plan.variant == "rowwarp":
         if n > 1 and x.stride(1) != 1:
             # Row-major (K, N) copy of transposed activations: N*K elements, small next to the weights at these N,
@@ -427,6 +446,33 @@ def spmm_csr(
             x = x.contiguous()
         _OPS["tiled"](values, row_offsets, column_indices, x, y, bias, relu, plan.rows_per_warp)
     return y
+
+
+def _bitmap_mm(
+    csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    m: int,
+    bias: torch.Tensor | None,
+    relu: bool,
+) -> None:
+    """``y (M, N) = act(A @ x + bias)`` with the bitmap decode kernel (``prunekit_nm24::bitmap_mm``, loaded on first
+    use); the plan is built once per weight and cached on its values tensor. ``csr``: (values, row_offsets,
+    column_indices) as stored; ``x``: ``(K, N)`` with N <= 16, any strides.
+
+    Raises:
+        ValueError: not fp16/bf16, or N > 16. KernelUnavailable: the library does not build or load here.
+    """
+    if x.dtype not in TC_DTYPES:
+        raise ValueError(f"the bitmap SpMM (variant='bitmap') takes float16 or bfloat16, got {x.dtype}")
+    if x.shape[1] > BITMAP_MAX_N:
+        raise ValueError(f"variant='bitmap' takes N <= {BITMAP_MAX_N} columns of x, got {x.shape[1]}")
+    nm24.load()
+    bp = get_bitmap_plan(*csr, m, x.shape[0])
+    chunk = nm24.plan_chunk(bp.strips, bp.ksteps, _sm_count(x.device))
+    torch.ops.prunekit_nm24.bitmap_mm(
+        bp.vals, bp.hdr, bp.boff, bp.ws, bp.counters, x, y, bias, relu, m, chunk, bp.slot_words
+    )
 
 
 # --- eager entry: one C++ operator call per layer call (the CUDA-core variants) ------------------------------------
@@ -468,7 +514,9 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
     """
     if variant not in SPMM_VARIANTS:
         raise ValueError(f"unknown spmm variant {variant!r}; known: {', '.join(SPMM_VARIANTS)}")
-    if variant in ("tc", "scatter") or (variant == "auto" and tc_auto and x_dtype in TC_DTYPES and n >= TC_MIN_N):
+    if variant in ("tc", "scatter", "bitmap") or (
+        variant == "auto" and tc_auto and x_dtype in TC_DTYPES and n >= TC_MIN_N
+    ):
         return None
     if variant == "auto" and scatter_auto_enabled() and x_dtype in TC_DTYPES and SCATTER_MIN_N <= n <= SCATTER_MAX_N:
         return None  # the scatter rule also reads the density: gpu.spmm_csr decides

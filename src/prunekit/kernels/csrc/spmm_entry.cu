@@ -30,6 +30,7 @@ constexpr int64_t kDirect = 3;
 constexpr int64_t kTiled = 4;
 constexpr int64_t kTc = 5;
 constexpr int64_t kScatter = 6;  // decode tensor-core variant (spmm_scatter.cu): planned here, run by gpu.spmm_csr
+constexpr int64_t kBitmap = 7;   // decode bitmap variant (structured/nm24/nm24_decode.cu): likewise
 
 // gpu.py's tiling constants (same names there).
 constexpr int64_t ROWWARP_MAX_N = 64;
@@ -72,8 +73,8 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
                                  int64_t variant, bool tensor_core_dtype, bool tc_auto) {
   // Result: {variant, subwarp, ntile, rows_per_warp, stage_x, windows_per_warp}, the fields of gpu.SpmmPlan with its
   // defaults {-, 32, 16, 8, 1, 1} where a variant leaves one unset.
-  TORCH_CHECK(variant >= kAuto && variant <= kScatter, "plan_spmm_code: unknown variant code ", variant,
-              " (0 auto, 1 rowwarp, 2 rowwarp_global, 3 direct, 4 tiled, 5 tc, 6 scatter)");
+  TORCH_CHECK(variant >= kAuto && variant <= kBitmap, "plan_spmm_code: unknown variant code ", variant,
+              " (0 auto, 1 rowwarp, 2 rowwarp_global, 3 direct, 4 tiled, 5 tc, 6 scatter, 7 bitmap)");
   bool stage_x;
   if (variant == kAuto) {
     variant = n <= ROWWARP_MAX_N ? kRowwarp : kDirect;
@@ -86,9 +87,9 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
     stage_x = variant != kRowwarpGlobal;
   }
   if (variant == kDirect) return {kDirect, 32, 16, 8, 1, 1};
-  // Forced only: "auto" never takes scatter here (gpu.eager_spmm_code sends such calls to gpu.spmm_csr), and its
+  // Forced only: "auto" never takes scatter or bitmap here (gpu.eager_spmm_code sends such calls to gpu.spmm_csr), and its
   // k-split (gpu.scatter_kr_groups) is not part of this result.
-  if (variant == kScatter) return {kScatter, 32, 16, 8, 1, 1};
+  if (variant == kScatter || variant == kBitmap) return {variant, 32, 16, 8, 1, 1};
   if (variant == kTc) {
     const int64_t windows = ceil_div(m, 16);
     int64_t wpw = 0, ntile = 0;

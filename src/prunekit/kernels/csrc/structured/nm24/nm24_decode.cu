@@ -56,6 +56,7 @@
 #include <torch/library.h>
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -78,6 +79,10 @@ constexpr int kBatch = 8;             // k-step alignment of K and of the chunks
 constexpr int kTokens = 16;           // N <= 16
 constexpr int kMaxChunk = 64;         // k-steps per block: 32 KB of staged X (= nm24.MAX_CHUNK)
 constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTER; over 8 is non-portable)
+// inner products (template V, the plan's variant): register expansion of 2:4 groups + mma.sync, mma.sp, and the
+// unstructured bitmap tiles (kernels/spmm_bitmap_plan.py) + mma.sync
+constexpr int kPrmt = 0, kSp = 1, kBitmap = 2;
+constexpr int kHeaderWords = 5;       // bitmap: per tile 4 mask words + 1 count word (= spmm_bitmap_plan.HEADER_WORDS)
 // The weight ring (templates R, B; nm24.RINGS): R batches of B k-steps per warp in shared memory, R - 1 in flight
 // while one is multiplied. A batch is B * 16 uint4 of values (B * 256 bytes) and B * 8 metadata words per warp.
 // 3 x 8 and 6 x 4: 54 KB per block (three blocks per SM with 16 KB of X); 4 x 4: 36 KB (four blocks per SM).
@@ -120,6 +125,10 @@ struct Params {
   int m, k, n, strips, ksteps, chunk, chunks, relu, x_vec;
   int cluster;  // 1: the grid's k-chunks are clusters, reduced through distributed shared memory (sm_90)
   int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads
+  // bitmap (V = kBitmap): vals are the present pair words, meta the tile headers (strips, ksteps, 5), boff the batch
+  // offsets (strips, ksteps / 8 + 1); a ring slot is slot_bytes (headers, then words), a warp's ring wstride bytes
+  const int* boff;
+  int slot_bytes, wstride;
 };
 
 template <typename T> __device__ __forceinline__ float to_float(T v);
@@ -167,8 +176,9 @@ __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
   return (ks * 2 + nt) * 32 + (lane ^ ((ks & 7) << 2));
 }
 
-template <typename T, int NT, bool SP, int R, int B>
+template <typename T, int NT, int V, int R, int B>
 __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
+  constexpr bool SP = V == kSp, BM = V == kBitmap;
   constexpr int kBatchVals = B * 16;  // uint4 per batch and warp
   constexpr int kBatchMeta = B * 8;   // uint32 per batch and warp
   constexpr int kMetaLane = B / 4;    // metadata words each lane copies per batch
@@ -179,7 +189,8 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   uint4* ring_v = reinterpret_cast<uint4*>(smem) + warp * R * kBatchVals;
   uint32_t* ring_m = reinterpret_cast<uint32_t*>(smem + kWarps * R * kBatchVals * 16) + warp * R * kBatchMeta;
-  uint2* xs = reinterpret_cast<uint2*>(smem + ring_bytes(R, B));
+  uint2* xs = reinterpret_cast<uint2*>(smem + (BM ? kWarps * p.wstride : ring_bytes(R, B)));
+  unsigned char* wring = smem + warp * p.wstride;  // bitmap: this warp's ring of R slots
   const int strip = blockIdx.x * kWarps + warp;
   const int ks0 = blockIdx.y * p.chunk;
   const int nks = min(p.chunk, p.ksteps - ks0);  // a multiple of kBatch, so of B
@@ -191,9 +202,29 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const uint32_t* mrow = SP ? p.meta + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 16 + kMetaLane * lane
                             : p.meta + (static_cast<int64_t>(strip) * kquads + ks0 / 4) * 32 + lane;
   if (tid < 16) lut[tid] = selector(tid);
+  // bitmap: lane i holds the word offset of this warp's batch i (i <= batches; read with a shuffle)
+  int boff_lane = 0;
+  if (BM && active && lane <= batches) {
+    boff_lane = p.boff[static_cast<int64_t>(strip) * (p.ksteps / kBatch + 1) + ks0 / kBatch + lane];
+  }
 
   // weight batch bb of this warp into ring slot bb % R (one commit group per batch, empty past the end)
   auto issue = [&](int bb) {
+    if (BM) {
+      // headers of the batch's B tiles (B * 20 bytes, 16-byte aligned), then its words from 16-byte boundaries
+      const int v0 = __shfl_sync(0xffffffffu, boff_lane, bb & 31) & ~3;
+      const int v1 = (__shfl_sync(0xffffffffu, boff_lane, (bb + 1) & 31) + 3) & ~3;
+      if (active && bb < batches && !(p.probe & 4)) {
+        unsigned char* slot = wring + (bb % R) * p.slot_bytes;
+        const uint32_t* hsrc = p.meta + (static_cast<int64_t>(strip) * p.ksteps + ks0 + bb * B) * kHeaderWords;
+        if (lane < B * kHeaderWords / 4) cp_async16(slot + lane * 16, hsrc + lane * 4);
+        const uint32_t* wsrc = reinterpret_cast<const uint32_t*>(p.vals) + v0;
+        uint32_t* wdst = reinterpret_cast<uint32_t*>(slot + B * kHeaderWords * 4);
+        for (int i = lane * 4; i < v1 - v0; i += 128) cp_async16(wdst + i, wsrc + i);
+      }
+      cp_async_commit();
+      return;
+    }
     if (active && bb < batches && !(p.probe & 4)) {
       uint4* vdst = ring_v + (bb % R) * kBatchVals + lane;
       const uint4* vsrc = vrow + bb * kBatchVals;
@@ -275,10 +306,43 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 
   if (active && !(p.probe & 2)) {
     for (int b = 0; b < batches; ++b) {
-      if (SP) __syncwarp();  // SP: the lanes are done reading the ring slot the next issue refills (shared meta)
+      if (SP || BM) __syncwarp();  // the lanes are done reading the ring slot the next issue refills (shared data)
       issue(b + R - 1);
       cp_async_wait<R - 1>();  // batch b has landed: each lane's own copies (vals; prmt's meta)
-      if (SP) __syncwarp();  // SP: a lane reads meta words other lanes copied
+      if (SP || BM) __syncwarp();  // a lane reads words other lanes copied
+      if (BM) {
+        // lane (g, t): nibble of its four pair registers in mask word lane / 8, its first word after the pairs of
+        // the lanes before it (count byte lane / 8 plus the lower nibbles' popcount); pairs absent are zero
+        const unsigned char* slot = wring + (b % R) * p.slot_bytes;
+        const uint32_t* hb = reinterpret_cast<const uint32_t*>(slot);
+        const uint32_t* wb = reinterpret_cast<const uint32_t*>(slot + B * kHeaderWords * 4);
+        const int w = lane >> 3, sh = 4 * (lane & 7), psh = 8 * w;
+        const uint32_t lower = (1u << sh) - 1u, pmask = w ? 0xffu : 0u;
+        int base = __shfl_sync(0xffffffffu, boff_lane, b) & 3;  // the batch's first word within the slot
+#pragma unroll
+        for (int s = 0; s < B; ++s) {
+          const uint32_t mw = hb[s * kHeaderWords + w];
+          const uint32_t cw = hb[s * kHeaderWords + 4];
+          const uint32_t nib = (mw >> sh) & 15u;
+          int off = base + static_cast<int>(((cw >> psh) & pmask) + __popc(mw & lower));
+          uint4 a;
+          a.x = (nib & 1u) ? wb[off] : 0u;
+          off += nib & 1u;
+          a.y = (nib & 2u) ? wb[off] : 0u;
+          off += (nib >> 1) & 1u;
+          a.z = (nib & 4u) ? wb[off] : 0u;
+          off += (nib >> 2) & 1u;
+          a.w = (nib & 8u) ? wb[off] : 0u;
+          base += static_cast<int>(cw & 0xffu);
+          const int ks = b * B + s;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint2 bx = xs[stage_slot(ks, nt, lane)];
+            Mma<T>::run(acc[nt], a, bx.x, bx.y);
+          }
+        }
+        continue;
+      }
       const uint4* vb = ring_v + (b % R) * kBatchVals + lane;
       const uint32_t* mb = ring_m + (b % R) * kBatchMeta + lane;
       uint4 v[B / 2];
@@ -331,7 +395,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     // The k-chunks of this row block are one thread-block cluster: each warp leaves its 16 x 16 partial sums in its
     // own (now idle) ring, and after the cluster barrier block rank r adds up its share of the 128 x 16 outputs from
     // every block's shared memory (distributed shared memory), with no global atomics, fences or counters.
-    float* part = reinterpret_cast<float*>(ring_v);
+    float* part = reinterpret_cast<float*>(BM ? wring : reinterpret_cast<unsigned char*>(ring_v));
     __syncwarp();  // other lanes' ring reads are done before this warp overwrites the ring
     if (active) {
 #pragma unroll
@@ -354,8 +418,8 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       const int row_local = e / kTokens, tok = e % kTokens;
       sums[o] = 0.f;
       if (e < kWarps * 16 * kTokens && tok < p.n) {
-        float* local = reinterpret_cast<float*>(smem) + (row_local >> 4) * R * kBatchVals * 4 +
-                       (row_local & 15) * kTokens + tok;
+        const int warp_floats = BM ? p.wstride / 4 : R * kBatchVals * 4;  // one warp's ring, in floats
+        float* local = reinterpret_cast<float*>(smem) + (row_local >> 4) * warp_floats + (row_local & 15) * kTokens + tok;
         float parts[kMaxCluster];
 #pragma unroll
         for (int r = 0; r < kMaxCluster; ++r) parts[r] = r < p.chunks ? *cluster.map_shared_rank(local, r) : 0.f;
@@ -424,23 +488,34 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   if (tid == 0) p.counters[blockIdx.x] = 0;
 }
 
-template <typename T, int NT, bool SP, int R, int B>
+template <typename T, int NT, int V, int R, int B>
 void launch(Params p, int row_blocks, cudaStream_t stream) {
-  constexpr size_t kMaxSmem = ring_bytes(R, B) + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
   static std::atomic<uint64_t> opted_in{0};  // above the default 48 KB: opt in once per instance and device
+  static std::atomic<int> optin_of[64] = {};  // the device's shared memory per block with opt-in, 0: not asked yet
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
+  int optin = optin_of[device & 63].load(std::memory_order_relaxed);
+  if (optin == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    optin_of[device & 63].store(optin, std::memory_order_relaxed);
+  }
+  // the bitmap ring's size depends on the weight (its densest batch): up to the device's limit
+  const size_t max_smem = V == kBitmap ? static_cast<size_t>(optin)
+                                       : ring_bytes(R, B) + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
+  const size_t smem = (V == kBitmap ? static_cast<size_t>(kWarps) * p.wstride : ring_bytes(R, B)) +
+                      static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
+  TORCH_CHECK(smem <= max_smem, "nm24: the weight's densest batch needs ", smem, " bytes of shared memory per block, ",
+              "over the device's ", max_smem, " (too dense for the bitmap decode kernel)");
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem)));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_smem)));
     // all of L1 as shared memory: two or three blocks of 62-122 KB per SM (the driver may otherwise size it for one)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B>,
                                         cudaFuncAttributePreferredSharedMemoryCarveout,
                                         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
-  const size_t smem = ring_bytes(R, B) + static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
   static std::atomic<int> major_of[64] = {};  // compute capability major per device, 0: not asked yet
   int major = major_of[device & 63].load(std::memory_order_relaxed);
   if (major == 0) {
@@ -449,14 +524,14 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   }
   if (major < 9) p.cluster = 0;
   if (!p.cluster) {
-    nm24_decode_kernel<T, NT, SP, R, B><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
+    nm24_decode_kernel<T, NT, V, R, B><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   static std::atomic<uint64_t> non_portable{0};  // clusters of 9-16 blocks: opt in once per instance and device
   if (p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
     C10_CUDA_CHECK(
-        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, SP, R, B>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     non_portable.fetch_or(bit, std::memory_order_relaxed);
   }
   cudaLaunchConfig_t cfg = {};
@@ -471,38 +546,43 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, SP, R, B>, p));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, V, R, B>, p));
 }
 
-// one instance per (token tiles, inner product, ring): the register expansion with the 3 x 8 ring only
+// one instance per (token tiles, inner product, ring): the register expansion and the bitmap with the 3 x 8 ring only
 template <typename T>
-void dispatch(const Params& p, int rb, cudaStream_t stream, bool sp, bool two, int ring, int batch) {
-  if (!sp) {
-    two ? launch<T, 2, false, 3, 8>(p, rb, stream) : launch<T, 1, false, 3, 8>(p, rb, stream);
+void dispatch(const Params& p, int rb, cudaStream_t stream, int variant, bool two, int ring, int batch) {
+  if (variant == kPrmt) {
+    two ? launch<T, 2, kPrmt, 3, 8>(p, rb, stream) : launch<T, 1, kPrmt, 3, 8>(p, rb, stream);
+  } else if (variant == kBitmap) {
+    two ? launch<T, 2, kBitmap, 3, 8>(p, rb, stream) : launch<T, 1, kBitmap, 3, 8>(p, rb, stream);
   } else if (ring == 6 && batch == 4) {
-    two ? launch<T, 2, true, 6, 4>(p, rb, stream) : launch<T, 1, true, 6, 4>(p, rb, stream);
+    two ? launch<T, 2, kSp, 6, 4>(p, rb, stream) : launch<T, 1, kSp, 6, 4>(p, rb, stream);
   } else if (ring == 4 && batch == 4) {
-    two ? launch<T, 2, true, 4, 4>(p, rb, stream) : launch<T, 1, true, 4, 4>(p, rb, stream);
+    two ? launch<T, 2, kSp, 4, 4>(p, rb, stream) : launch<T, 1, kSp, 4, 4>(p, rb, stream);
   } else {
-    two ? launch<T, 2, true, 3, 8>(p, rb, stream) : launch<T, 1, true, 3, 8>(p, rb, stream);
+    two ? launch<T, 2, kSp, 3, 8>(p, rb, stream) : launch<T, 1, kSp, 3, 8>(p, rb, stream);
   }
 }
 
 // A plan's device pointers and sizes (kernels/nm24.py: Nm24Plan), from its four tensors (mm) or its one buffer
 // (linear).
 struct PlanView {
-  const void* vals;  // (strips, ksteps / 2, 32, 4) int32
-  const void* meta;  // strips * ksteps * 8 int32
+  const void* vals;  // (strips, ksteps / 2, 32, 4) int32; bitmap: the present pair words
+  const void* meta;  // strips * ksteps * 8 int32; bitmap: the headers (strips, ksteps, 5)
   float* ws;         // (strips * 16, 16), zero between calls
   int* counters;     // (row blocks,), zero between calls
   int64_t strips, ksteps, m, chunk, variant, ring, batch;
+  const int* boff = nullptr;  // bitmap: batch offsets (strips, ksteps / 8 + 1)
+  int64_t slot_words = 0;     // bitmap: words of the densest batch (spmm_bitmap_plan.BitmapPlan.slot_words)
 };
 
 // Y (M, N) = act(A @ x + bias) into y (any strides) on a checked plan.
 void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias,
          bool relu) {
-  TORCH_CHECK(v.variant == 0 || v.variant == 1, "nm24: variant must be 0 (register expansion) or 1 (mma.sp)");
-  const bool sp = v.variant == 1;
+  TORCH_CHECK(v.variant >= kPrmt && v.variant <= kBitmap,
+              "nm24: variant must be 0 (register expansion), 1 (mma.sp) or 2 (bitmap)");
+  const bool sp = v.variant == kSp;
   TORCH_CHECK((v.ring == 3 && v.batch == 8) || (sp && v.batch == 4 && (v.ring == 4 || v.ring == 6)),
               "nm24: the ring must be 3 x 8, or 4 x 4 or 6 x 4 with mma.sp (batches x k-steps)");
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24: x (K, N) and y (M, N) must be 2-D GPU tensors");
@@ -542,6 +622,15 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   p.chunk = static_cast<int>(v.chunk);
   p.chunks = static_cast<int>(chunks);
   p.relu = relu ? 1 : 0;
+  if (v.variant == kBitmap) {
+    TORCH_CHECK(v.slot_words >= 4 && v.slot_words % 4 == 0 && v.slot_words <= (1 << 20) && v.boff != nullptr,
+                "nm24: bad bitmap slot size ", v.slot_words);
+    // a slot: the batch's headers, then its words; at least 1 KB per warp ring (the cluster epilogue's 16 x 16 sums)
+    const int64_t slot = std::max<int64_t>(kBatch * kHeaderWords * 4 + v.slot_words * 4, 352);
+    p.boff = v.boff;
+    p.slot_bytes = static_cast<int>((slot + 15) / 16 * 16);
+    p.wstride = 3 * p.slot_bytes;
+  }
   static const int probe = [] {
     const char* env = std::getenv("PRUNEKIT_NM24_PROBE");
     return env == nullptr ? 0 : std::atoi(env);
@@ -558,9 +647,9 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   const bool two = n > 8;
   const int ring = static_cast<int>(v.ring), batch = static_cast<int>(v.batch);
   if (x.scalar_type() == at::kHalf) {
-    dispatch<__half>(p, rb, stream, sp, two, ring, batch);
+    dispatch<__half>(p, rb, stream, static_cast<int>(v.variant), two, ring, batch);
   } else {
-    dispatch<__nv_bfloat16>(p, rb, stream, sp, two, ring, batch);
+    dispatch<__nv_bfloat16>(p, rb, stream, static_cast<int>(v.variant), two, ring, batch);
   }
 }
 
@@ -585,6 +674,35 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
   run(PlanView{vals.data_ptr(), meta.data_ptr(), ws.data_ptr<float>(), counters.data_ptr<int>(), strips, ksteps, m,
                chunk, variant, ring, batch},
       x, y, bias, relu);
+}
+
+// The unstructured bitmap plan (kernels/spmm_bitmap_plan.py: vals, hdr, boff, ws, counters), Y into y; 3 x 8 ring.
+void bitmap_mm(const at::Tensor& vals, const at::Tensor& hdr, const at::Tensor& boff, const at::Tensor& ws,
+               const at::Tensor& counters, const at::Tensor& x, const at::Tensor& y,
+               const c10::optional<at::Tensor>& bias, bool relu, int64_t m, int64_t chunk, int64_t slot_words) {
+  TORCH_CHECK(hdr.dim() == 3 && hdr.size(2) == kHeaderWords && hdr.scalar_type() == at::kInt && hdr.is_contiguous() &&
+                  hdr.size(1) % kBatch == 0,
+              "bitmap_mm: hdr must be a contiguous int32 (strips, ksteps, 5) with ksteps a multiple of 8");
+  const int64_t strips = hdr.size(0), ksteps = hdr.size(1);
+  TORCH_CHECK(boff.dim() == 2 && boff.size(0) == strips && boff.size(1) == ksteps / kBatch + 1 &&
+                  boff.scalar_type() == at::kInt && boff.is_contiguous(),
+              "bitmap_mm: boff must be a contiguous int32 (strips, ksteps / 8 + 1)");
+  TORCH_CHECK(vals.dim() == 1 && vals.numel() >= 4 && vals.scalar_type() == at::kInt && vals.is_contiguous() &&
+                  reinterpret_cast<uintptr_t>(vals.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(hdr.data_ptr()) % 16 == 0,
+              "bitmap_mm: vals must be a contiguous 16-byte aligned int32 vector");
+  const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
+  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
+                  counters.scalar_type() == at::kInt && counters.numel() >= row_blocks,
+              "bitmap_mm: workspace or counters too small");
+  TORCH_CHECK(vals.device() == x.device() && hdr.device() == x.device() && boff.device() == x.device() &&
+                  ws.device() == x.device() && counters.device() == x.device(),
+              "bitmap_mm: all tensors must be on one GPU");
+  PlanView v{vals.data_ptr(), hdr.data_ptr(), ws.data_ptr<float>(), counters.data_ptr<int>(), strips, ksteps, m,
+             chunk, kBitmap, 3, 8};
+  v.boff = boff.data_ptr<int>();
+  v.slot_words = slot_words;
+  run(v, x, y, bias, relu);
 }
 
 // The eager entry: the plan as one int32 buffer (vals, meta, ws, counters back to back; kernels/nm24.py build_plan)
@@ -623,9 +741,13 @@ TORCH_LIBRARY(prunekit_nm24, m) {
       "mm(Tensor vals, Tensor meta, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor(c!) y, Tensor? bias, bool "
       "relu, int m, int chunk, int variant=0, int ring=3, int batch=8) -> ()");
   m.def("linear(Tensor(a!) plan, Tensor x, Tensor? bias, bool relu, int cfg) -> Tensor");
+  m.def(
+      "bitmap_mm(Tensor vals, Tensor hdr, Tensor boff, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor(c!) y, "
+      "Tensor? bias, bool relu, int m, int chunk, int slot_words) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_nm24, CUDA, m) {
   m.impl("mm", &prunekit_nm24::nm24_mm);
   m.impl("linear", &prunekit_nm24::nm24_linear);
+  m.impl("bitmap_mm", &prunekit_nm24::bitmap_mm);
 }

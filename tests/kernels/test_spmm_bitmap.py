@@ -1,0 +1,157 @@
+"""Decode bitmap SpMM on the GPU (``spmm_bitmap_plan.py`` + ``csrc/structured/nm24/nm24_decode.cu`` variant 2,
+``gpu.spmm_csr(..., variant="bitmap")``).
+
+CPU (CI): the launcher's plan and its refusals. CUDA (``@pytest.mark.cuda``): the kernel against float64 with
+NaN-poisoned outputs on the edge-case shapes (empty rows, one non-zero, M = 1, odd K and N), N = 1..16, both X
+layouts, fp16/bf16, bias + ReLU, one and several k-chunks reduced in clusters and with atomics (more than 16 chunks,
+or ``$PRUNEKIT_NM24_CLUSTER=0``), repeated calls (the workspace must come back zero), a fully dense and an all-zero
+weight, and CUDA-graph replay. The format's own CPU checks are in ``test_spmm_bitmap_plan.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prunekit.kernels import gpu, nm24
+from prunekit.kernels.spmm_bitmap_plan import get_bitmap_plan
+from prunekit.kernels.testing import (
+    SPMM_EDGE_CASES,
+    TOLERANCE,
+    encode_csr,
+    random_sparse_weight,
+    random_spmm_case,
+    relative_error,
+    spmm_reference64,
+)
+
+DTYPES = [torch.float16, torch.bfloat16]
+SHAPES = [(m, k, n, sp, e) for (m, k, sp, e), n in zip(SPMM_EDGE_CASES, (1, 5, 3, 16, 9, 16, 1, 8, 13), strict=True)]
+
+
+def _run(c, x, m, bias, activation, out=None):
+    return gpu.spmm_csr(
+        c["values"],
+        c["row_offsets"],
+        c["column_indices"],
+        c["row_indices"],
+        x,
+        m,
+        bias,
+        activation,
+        variant="bitmap",
+        out=out,
+    )
+
+
+def _clean(c, m, k) -> bool:
+    plan = get_bitmap_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+    return int(plan.counters.abs().sum()) == 0 and float(plan.ws.abs().sum()) == 0.0
+
+
+# ----------------------------------------------------------------------------------------------------------- CPU
+
+
+def test_plan_spmm_bitmap_is_forced_only():
+    plan = gpu.plan_spmm(4096, 4096, 16, 1 << 22, 132, "bitmap", torch.float16)
+    assert plan.variant == "bitmap"
+    assert gpu.spmm_plan_code(plan) == (gpu.SPMM_VARIANT_CODES["bitmap"], 32, 16, 8, 1, 1)
+    assert gpu.eager_spmm_code("bitmap", torch.float16, torch.float16, 16, tc_auto=False) is None
+
+
+# ----------------------------------------------------------------------------------------------------------- CUDA
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
+@pytest.mark.parametrize("layout", ["transposed", "row_major"])
+def test_bitmap_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout):
+    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
+    x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
+    for b, activation in ((bias, "relu"), (None, "none")):
+        ref = spmm_reference64(dense, x, b, activation)
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        for _ in range(2):  # the second call finds the workspace the first one left (must be zero again)
+            out.fill_(float("nan"))
+            y = _run(c, x, m, b, activation, out)
+            torch.cuda.synchronize()
+            assert relative_error(y, ref) <= TOLERANCE[dtype]
+            assert _clean(c, m, k)
+        y = _run(c, x, m, b, activation)  # the launcher's own output layout
+        assert relative_error(y, ref) <= TOLERANCE[dtype]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("density", [1.0, 0.5, 0.2, 0.1, 0.02, 0.0])
+def test_bitmap_kernel_every_n_and_density(dtype, density):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    m, k = 1000, 2100  # 63 strips (idle warps in the last block), 136 k-steps
+    dense = random_sparse_weight(m, k, 1.0 - density, dtype, "cuda", g, empty_rows=9, single_rows=3)
+    c = encode_csr(dense)
+    bias = torch.randn(m, generator=g, device="cuda").to(dtype)
+    for n in range(1, 17):
+        x = torch.randn(n, k, generator=g, device="cuda").to(dtype).t()
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        y = _run(c, x, m, bias, "relu", out)
+        torch.cuda.synchronize()
+        assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[dtype], n
+        assert _clean(c, m, k)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("chunk,cluster", [("8", None), ("8", "0"), ("16", None), ("16", "0"), ("64", None)])
+def test_bitmap_kernel_k_chunks_in_clusters_and_atomics(chunk, cluster, monkeypatch):
+    """K = 2500 is 160 k-steps: chunk 8 gives 20 chunks (more than a cluster: atomics), 16 gives 10 (a non-portable
+    cluster), 64 gives 3; $PRUNEKIT_NM24_CLUSTER=0 forces the atomics."""
+    monkeypatch.setenv(nm24.CHUNK_ENV, chunk)
+    if cluster is None:
+        monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    m, k = 300, 2500
+    dense = random_sparse_weight(m, k, 0.8, torch.float16, "cuda", g, empty_rows=5, single_rows=2)
+    c = encode_csr(dense)
+    bias = torch.randn(m, generator=g, device="cuda").half()
+    for n in (1, 9, 16):
+        x = torch.randn(n, k, generator=g, device="cuda").half().t()
+        ref = spmm_reference64(dense, x, bias, "relu")
+        out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+        for _ in range(2):
+            out.fill_(float("nan"))
+            y = _run(c, x, m, bias, "relu", out)
+            torch.cuda.synchronize()
+            assert relative_error(y, ref) <= TOLERANCE[torch.float16], (n, chunk, cluster)
+            assert _clean(c, m, k)
+
+
+@pytest.mark.cuda
+def test_bitmap_kernel_replays_in_a_cuda_graph():
+    g = torch.Generator(device="cuda").manual_seed(5)
+    m, k, n = 512, 1024, 16
+    dense = random_sparse_weight(m, k, 0.9, torch.float16, "cuda", g)
+    c = encode_csr(dense)
+    x2d = torch.randn(n, k, generator=g, device="cuda").half()
+    y = _run(c, x2d.t(), m, None, "none")  # warm-up: plan and workspace exist before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = _run(c, x2d.t(), m, None, "none")
+    for _ in range(3):
+        x2d.copy_(torch.randn(n, k, generator=g, device="cuda").half())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(yg, spmm_reference64(dense, x2d.t(), None, "none")) <= TOLERANCE[torch.float16]
+    assert y.shape == yg.shape
+
+
+@pytest.mark.cuda
+def test_bitmap_variant_refuses_fp32_and_wide_x():
+    dense = random_sparse_weight(16, 64, 0.5, torch.float16, "cuda")
+    c = encode_csr(dense)
+    with pytest.raises(ValueError, match="N <= 16"):
+        _run(c, torch.randn(64, 17, device="cuda").half(), 16, None, "none")
+    c32 = encode_csr(dense.float())
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        _run(c32, torch.randn(64, 4, device="cuda"), 16, None, "none")
