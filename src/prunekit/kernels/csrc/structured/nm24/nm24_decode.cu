@@ -495,8 +495,11 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int optin = optin_of[device & 63].load(std::memory_order_relaxed);
-  if (optin == 0) {
+  if (optin == 0) {  // dynamic shared memory the kernel may opt in to: the device's limit less its static arrays
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attrs{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attrs, nm24_decode_kernel<T, NT, V, R, B>));
+    optin -= static_cast<int>(attrs.sharedSizeBytes);
     optin_of[device & 63].store(optin, std::memory_order_relaxed);
   }
   // the bitmap ring's size depends on the weight (its densest batch): up to the device's limit
