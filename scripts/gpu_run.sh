@@ -163,6 +163,35 @@ PY
     --sparsities "${BITMAP_SPARSITIES:-0.5,0.7,0.8,0.9,0.95}" "$@" 2>&1 | tee "$OUT/bitmap-bench.log" | tail -30
 fi
 
+if [[ $MODE == bitmapsweep ]]; then
+  # The bitmap decode kernel under settings read from the environment, one benchmark run each, into
+  # $OUT/spmm-bitmap-<name>-<dev>-<date>.json: $BITMAP_CONFIGS is a space-separated list of name:VAR=value,VAR=value
+  # (e.g. "c16:PRUNEKIT_NM24_CHUNK=16 p1:PRUNEKIT_NM24_PROBE=1"; "base:" for none). Probes give wrong results.
+  step build nm24
+  timeout 300 python3 -c "from prunekit.kernels import nm24; print(nm24.load())" > "$OUT/build-nm24.log" 2>&1 ||
+    { tail -40 "$OUT/build-nm24.log"; exit 1; }
+  if [[ ${BITMAP_TESTS:-1} != 0 ]]; then
+    step bitmap tests
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmm_bitmap.py 2>&1 |
+      tee "$OUT/bitmap-tests.log" | tail -4
+  fi
+  for cfg in ${BITMAP_CONFIGS:-base:}; do
+    name=${cfg%%:*}
+    vars=${cfg#*:}
+    step "bitmap sweep $name ($vars)"
+    env ${vars//,/ } timeout 120 python3 benchmarks/spmm.py --out "$OUT/spmm-bitmap-$name-$DEV-$DATE.json" \
+      --dtypes float16 --shapes "${BITMAP_SHAPES:-4096x4096,11008x4096}" --ns "${BITMAP_NS:-1,16}" \
+      --sparsities "${BITMAP_SPARSITIES:-0.8,0.9}" "$@" > "$OUT/bitmap-sweep-$name.log" 2>&1
+    echo "exit code $?"
+    python3 - "$OUT/spmm-bitmap-$name-$DEV-$DATE.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(f"  {r['m']}x{r['k']} N={r['n']} sp={r['sparsity']}: bitmap {1e3 * r['bitmap_gpu_ms']:.1f} us, "
+          f"dense {1e3 * r['dense_gpu_ms']:.1f} us, x{r['speedup_bitmap_vs_dense']:.2f}, err {r['bitmap_rel_error']:.1e}")
+PY
+  done
+fi
+
 if [[ $MODE == scatterkr ]]; then
   # The scatter kernel's k-split forced (PRUNEKIT_SCATTER_KR = groups of 128 columns per block) at decode points.
   for kr in ${SCATTER_KRS:-1 2 4 8 12}; do

@@ -83,6 +83,7 @@ constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTE
 // unstructured bitmap tiles (kernels/spmm_bitmap_plan.py) + mma.sync
 constexpr int kPrmt = 0, kSp = 1, kBitmap = 2;
 constexpr int kHeaderWords = 5;       // bitmap: per tile 4 mask words + 1 count word (= spmm_bitmap_plan.HEADER_WORDS)
+constexpr int kBitmapGroup = 4;       // bitmap: tiles whose words and X fragments are loaded before their mma
 // The weight ring (templates R, B; nm24.RINGS): R batches of B k-steps per warp in shared memory, R - 1 in flight
 // while one is multiplied. A batch is B * 16 uint4 of values (B * 256 bytes) and B * 8 metadata words per warp.
 // 3 x 8 and 6 x 4: 54 KB per block (three blocks per SM with 16 KB of X); 4 x 4: 36 KB (four blocks per SM).
@@ -319,27 +320,68 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
         const int w = lane >> 3, sh = 4 * (lane & 7), psh = 8 * w;
         const uint32_t lower = (1u << sh) - 1u, pmask = w ? 0xffu : 0u;
         int base = __shfl_sync(0xffffffffu, boff_lane, b) & 3;  // the batch's first word within the slot
+        if (p.probe & 8) {  // diagnostics: tile by tile (the first version), for comparison
+#pragma unroll
+          for (int s = 0; s < B; ++s) {
+            const uint32_t mw = hb[s * kHeaderWords + w];
+            const uint32_t cw = hb[s * kHeaderWords + 4];
+            const uint32_t nib = (mw >> sh) & 15u;
+            int off = base + static_cast<int>(((cw >> psh) & pmask) + __popc(mw & lower));
+            uint4 a;
+            a.x = (nib & 1u) ? wb[off] : 0u;
+            off += nib & 1u;
+            a.y = (nib & 2u) ? wb[off] : 0u;
+            off += (nib >> 1) & 1u;
+            a.z = (nib & 4u) ? wb[off] : 0u;
+            off += (nib >> 2) & 1u;
+            a.w = (nib & 8u) ? wb[off] : 0u;
+            base += static_cast<int>(cw & 0xffu);
+            const int ks = b * B + s;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint2 bx = xs[stage_slot(ks, nt, lane)];
+              Mma<T>::run(acc[nt], a, bx.x, bx.y);
+            }
+          }
+          continue;
+        }
+        // In phases, so that the loads of a phase are independent of each other and overlap: the batch's headers,
+        // then every tile's first word and nibble, then per half batch the words and X fragments, then the mma.
+        uint32_t mw[B], cw[B];
 #pragma unroll
         for (int s = 0; s < B; ++s) {
-          const uint32_t mw = hb[s * kHeaderWords + w];
-          const uint32_t cw = hb[s * kHeaderWords + 4];
-          const uint32_t nib = (mw >> sh) & 15u;
-          int off = base + static_cast<int>(((cw >> psh) & pmask) + __popc(mw & lower));
-          uint4 a;
-          a.x = (nib & 1u) ? wb[off] : 0u;
-          off += nib & 1u;
-          a.y = (nib & 2u) ? wb[off] : 0u;
-          off += (nib >> 1) & 1u;
-          a.z = (nib & 4u) ? wb[off] : 0u;
-          off += (nib >> 2) & 1u;
-          a.w = (nib & 8u) ? wb[off] : 0u;
-          base += static_cast<int>(cw & 0xffu);
-          const int ks = b * B + s;
+          mw[s] = hb[s * kHeaderWords + w];
+          cw[s] = hb[s * kHeaderWords + 4];
+        }
+        int first[B];
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint2 bx = xs[stage_slot(ks, nt, lane)];
-            Mma<T>::run(acc[nt], a, bx.x, bx.y);
+        for (int s = 0; s < B; ++s) {
+          first[s] = base + static_cast<int>(((cw[s] >> psh) & pmask) + __popc(mw[s] & lower));
+          base += static_cast<int>(cw[s] & 0xffu);
+          mw[s] = (mw[s] >> sh) & 15u;  // the nibble from here on
+        }
+#pragma unroll
+        for (int h = 0; h < B; h += kBitmapGroup) {
+          uint4 a[kBitmapGroup];
+          uint2 bx[kBitmapGroup][NT];
+#pragma unroll
+          for (int q = 0; q < kBitmapGroup; ++q) {
+            const uint32_t nib = mw[h + q];
+            int off = first[h + q];
+            a[q].x = (nib & 1u) ? wb[off] : 0u;
+            off += nib & 1u;
+            a[q].y = (nib & 2u) ? wb[off] : 0u;
+            off += (nib >> 1) & 1u;
+            a[q].z = (nib & 4u) ? wb[off] : 0u;
+            off += (nib >> 2) & 1u;
+            a[q].w = (nib & 8u) ? wb[off] : 0u;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) bx[q][nt] = xs[stage_slot(b * B + h + q, nt, lane)];
           }
+#pragma unroll
+          for (int q = 0; q < kBitmapGroup; ++q)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) Mma<T>::run(acc[nt], a[q], bx[q][nt].x, bx[q][nt].y);
         }
         continue;
       }
