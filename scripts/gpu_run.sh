@@ -192,6 +192,36 @@ PY
   done
 fi
 
+if [[ $MODE == bitmapsweep || $MODE == bitmapprof ]] && [[ -n ${BITMAP_PROFILE_CASES:-} ]]; then
+  # Nsight Compute on the bitmap kernel: $BITMAP_PROFILE_CASES is "M K N sparsity[ VAR=value...];..." (the settings
+  # apply to that case only). Reports in $OUT/ncu-bitmap-<dev>-<date>.txt.
+  cat > /tmp/profile_bitmap.py <<'PY'
+import sys, torch
+from prunekit.kernels import gpu
+from prunekit.kernels.testing import encode_csr, random_sparse_weight
+m, k, n, sp = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+c = encode_csr(random_sparse_weight(m, k, sp, torch.float16, "cuda"))
+x = torch.randn(n, k, device="cuda").half().t()
+for _ in range(4):  # plan build and warm-up outside the profiled launch (ncu: --launch-skip)
+    gpu.spmm_csr(**c, x=x, m=m, variant="bitmap")
+torch.cuda.synchronize()
+PY
+  NCU_OUT="$OUT/ncu-bitmap-$DEV-$DATE.txt"
+  : > "$NCU_OUT"
+  IFS=';' read -ra cases <<< "$BITMAP_PROFILE_CASES"
+  for case in "${cases[@]}"; do
+    read -ra words <<< "$case"
+    echo "=== $case" | tee -a "$NCU_OUT"
+    env "${words[@]:4}" timeout 150 ncu -k regex:nm24_decode --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+      --section Occupancy --section LaunchStats --section InstructionStats \
+      --metrics dram__bytes_read.sum,smsp__inst_executed.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
+      python3 /tmp/profile_bitmap.py "${words[@]:0:4}" >> "$NCU_OUT" 2>&1
+    echo "ncu exit code $?" | tee -a "$NCU_OUT"
+  done
+  grep -E "===|Duration|DRAM Throughput|Memory Throughput|inst_executed|stalled_.*(long|short|wait|barrier|mio|math|lg|dispatch|no_inst|not_sel|selected|branch|membar|sleep|tex|drain|imc)|Occupancy|Registers|Block Limit|Waves|Eligible|Active Warps|Issued Warp" "$NCU_OUT" | head -120
+fi
+
 if [[ $MODE == scatterkr ]]; then
   # The scatter kernel's k-split forced (PRUNEKIT_SCATTER_KR = groups of 128 columns per block) at decode points.
   for kr in ${SCATTER_KRS:-1 2 4 8 12}; do

@@ -119,6 +119,10 @@ SPMM_VARIANT_CODES = {
     "scatter": 6,
     "bitmap": 7,
 }
+# Bitmap decode kernel (nm24_decode.cu variant 2): batches per warp in its shared-memory ring (3: two in flight while
+# one is multiplied; 5: all four batches of a 32-k-step chunk in flight at once).
+BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
+BITMAP_RING = 3
 EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ entry takes (values and x alike)
 # The C++ eager entry has not run on a GPU yet: until its GPU tests (tests/kernels/test_spmm_entry.py) have passed,
 # the runtime keeps the measured Python launch path unless $PRUNEKIT_SPMM_CPP=1.
@@ -448,6 +452,15 @@ def spmm_csr(
     return y
 
 
+def bitmap_ring() -> int:
+    """Batches of 8 k-steps per warp in the bitmap kernel's shared-memory ring: ``$PRUNEKIT_BITMAP_RING`` (3 or 5),
+    else :data:`BITMAP_RING`.
+
+    Raises:
+        ValueError: another value."""
+    return int(build.setting(None, BITMAP_RING_ENV, str(BITMAP_RING), ("3", "5"), "bitmap decode ring"))
+
+
 def _bitmap_mm(
     csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     x: torch.Tensor,
@@ -471,7 +484,7 @@ def _bitmap_mm(
     bp = get_bitmap_plan(*csr, m, x.shape[0])
     chunk = nm24.plan_chunk(bp.strips, bp.ksteps, _sm_count(x.device))
     torch.ops.prunekit_nm24.bitmap_mm(
-        bp.vals, bp.hdr, bp.boff, bp.ws, bp.counters, x, y, bias, relu, m, chunk, bp.slot_words
+        bp.vals, bp.hdr, bp.boff, bp.ws, bp.counters, x, y, bias, relu, m, chunk, bp.slot_words, bitmap_ring()
     )
 
 

@@ -599,6 +599,8 @@ template <typename T>
 void dispatch(const Params& p, int rb, cudaStream_t stream, int variant, bool two, int ring, int batch) {
   if (variant == kPrmt) {
     two ? launch<T, 2, kPrmt, 3, 8>(p, rb, stream) : launch<T, 1, kPrmt, 3, 8>(p, rb, stream);
+  } else if (variant == kBitmap && ring == 5) {
+    two ? launch<T, 2, kBitmap, 5, 8>(p, rb, stream) : launch<T, 1, kBitmap, 5, 8>(p, rb, stream);
   } else if (variant == kBitmap) {
     two ? launch<T, 2, kBitmap, 3, 8>(p, rb, stream) : launch<T, 1, kBitmap, 3, 8>(p, rb, stream);
   } else if (ring == 6 && batch == 4) {
@@ -628,7 +630,8 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   TORCH_CHECK(v.variant >= kPrmt && v.variant <= kBitmap,
               "nm24: variant must be 0 (register expansion), 1 (mma.sp) or 2 (bitmap)");
   const bool sp = v.variant == kSp;
-  TORCH_CHECK((v.ring == 3 && v.batch == 8) || (sp && v.batch == 4 && (v.ring == 4 || v.ring == 6)),
+  TORCH_CHECK((v.ring == 3 && v.batch == 8) || (sp && v.batch == 4 && (v.ring == 4 || v.ring == 6)) ||
+                  (v.variant == kBitmap && v.ring == 5 && v.batch == 8),
               "nm24: the ring must be 3 x 8, or 4 x 4 or 6 x 4 with mma.sp (batches x k-steps)");
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24: x (K, N) and y (M, N) must be 2-D GPU tensors");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24: x must be fp16 or bf16");
@@ -674,7 +677,7 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
     const int64_t slot = std::max<int64_t>(kBatch * kHeaderWords * 4 + v.slot_words * 4, 352);
     p.boff = v.boff;
     p.slot_bytes = static_cast<int>((slot + 15) / 16 * 16);
-    p.wstride = 3 * p.slot_bytes;
+    p.wstride = static_cast<int>(v.ring) * p.slot_bytes;
   }
   static const int probe = [] {
     const char* env = std::getenv("PRUNEKIT_NM24_PROBE");
@@ -721,10 +724,12 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
       x, y, bias, relu);
 }
 
-// The unstructured bitmap plan (kernels/spmm_bitmap_plan.py: vals, hdr, boff, ws, counters), Y into y; 3 x 8 ring.
+// The unstructured bitmap plan (kernels/spmm_bitmap_plan.py: vals, hdr, boff, ws, counters), Y into y; ring: 3 or 5
+// batches of 8 k-steps per warp in shared memory.
 void bitmap_mm(const at::Tensor& vals, const at::Tensor& hdr, const at::Tensor& boff, const at::Tensor& ws,
                const at::Tensor& counters, const at::Tensor& x, const at::Tensor& y,
-               const c10::optional<at::Tensor>& bias, bool relu, int64_t m, int64_t chunk, int64_t slot_words) {
+               const c10::optional<at::Tensor>& bias, bool relu, int64_t m, int64_t chunk, int64_t slot_words,
+               int64_t ring) {
   TORCH_CHECK(hdr.dim() == 3 && hdr.size(2) == kHeaderWords && hdr.scalar_type() == at::kInt && hdr.is_contiguous() &&
                   hdr.size(1) % kBatch == 0,
               "bitmap_mm: hdr must be a contiguous int32 (strips, ksteps, 5) with ksteps a multiple of 8");
@@ -744,7 +749,7 @@ void bitmap_mm(const at::Tensor& vals, const at::Tensor& hdr, const at::Tensor& 
                   ws.device() == x.device() && counters.device() == x.device(),
               "bitmap_mm: all tensors must be on one GPU");
   PlanView v{vals.data_ptr(), hdr.data_ptr(), ws.data_ptr<float>(), counters.data_ptr<int>(), strips, ksteps, m,
-             chunk, kBitmap, 3, 8};
+             chunk, kBitmap, ring, 8};
   v.boff = boff.data_ptr<int>();
   v.slot_words = slot_words;
   run(v, x, y, bias, relu);
@@ -788,7 +793,7 @@ TORCH_LIBRARY(prunekit_nm24, m) {
   m.def("linear(Tensor(a!) plan, Tensor x, Tensor? bias, bool relu, int cfg) -> Tensor");
   m.def(
       "bitmap_mm(Tensor vals, Tensor hdr, Tensor boff, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor(c!) y, "
-      "Tensor? bias, bool relu, int m, int chunk, int slot_words) -> ()");
+      "Tensor? bias, bool relu, int m, int chunk, int slot_words, int ring=3) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_nm24, CUDA, m) {
