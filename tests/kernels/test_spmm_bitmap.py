@@ -52,6 +52,16 @@ def _clean(c, m, k) -> bool:
 # ----------------------------------------------------------------------------------------------------------- CPU
 
 
+def test_bitmap_ring_setting(monkeypatch):
+    monkeypatch.delenv(gpu.BITMAP_RING_ENV, raising=False)
+    assert gpu.bitmap_ring() == gpu.BITMAP_RING
+    monkeypatch.setenv(gpu.BITMAP_RING_ENV, "5")
+    assert gpu.bitmap_ring() == 5
+    monkeypatch.setenv(gpu.BITMAP_RING_ENV, "4")
+    with pytest.raises(ValueError, match="bitmap decode ring"):
+        gpu.bitmap_ring()
+
+
 def test_plan_spmm_bitmap_is_forced_only():
     plan = gpu.plan_spmm(4096, 4096, 16, 1 << 22, 132, "bitmap", torch.float16)
     assert plan.variant == "bitmap"
@@ -101,10 +111,12 @@ def test_bitmap_kernel_every_n_and_density(dtype, density):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("ring", ["3", "5"])
 @pytest.mark.parametrize("chunk,cluster", [("8", None), ("8", "0"), ("16", None), ("16", "0"), ("64", None)])
-def test_bitmap_kernel_k_chunks_in_clusters_and_atomics(chunk, cluster, monkeypatch):
+def test_bitmap_kernel_k_chunks_in_clusters_and_atomics(chunk, cluster, ring, monkeypatch):
     """K = 2500 is 160 k-steps: chunk 8 gives 20 chunks (more than a cluster: atomics), 16 gives 10 (a non-portable
-    cluster), 64 gives 3; $PRUNEKIT_NM24_CLUSTER=0 forces the atomics."""
+    cluster), 64 gives 3; $PRUNEKIT_NM24_CLUSTER=0 forces the atomics. Rings of 3 and 5 batches."""
+    monkeypatch.setenv(gpu.BITMAP_RING_ENV, ring)
     monkeypatch.setenv(nm24.CHUNK_ENV, chunk)
     if cluster is None:
         monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
