@@ -366,15 +366,17 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
           uint2 bx[kBitmapGroup][NT];
 #pragma unroll
           for (int q = 0; q < kBitmapGroup; ++q) {
+            // every register loaded, absent ones masked to zero (no predicated loads): a read past the batch's words
+            // stays in its own slot (one spare word, see the host's slot_bytes), whose stale words are masked
             const uint32_t nib = mw[h + q];
-            int off = first[h + q];
-            a[q].x = (nib & 1u) ? wb[off] : 0u;
-            off += nib & 1u;
-            a[q].y = (nib & 2u) ? wb[off] : 0u;
-            off += (nib >> 1) & 1u;
-            a[q].z = (nib & 4u) ? wb[off] : 0u;
-            off += (nib >> 2) & 1u;
-            a[q].w = (nib & 8u) ? wb[off] : 0u;
+            const int o0 = first[h + q];
+            const int o1 = o0 + static_cast<int>(nib & 1u);
+            const int o2 = o1 + static_cast<int>((nib >> 1) & 1u);
+            const int o3 = o2 + static_cast<int>((nib >> 2) & 1u);
+            a[q].x = wb[o0] & (0u - (nib & 1u));
+            a[q].y = wb[o1] & (0u - ((nib >> 1) & 1u));
+            a[q].z = wb[o2] & (0u - ((nib >> 2) & 1u));
+            a[q].w = wb[o3] & (0u - (nib >> 3));
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) bx[q][nt] = xs[stage_slot(b * B + h + q, nt, lane)];
           }
@@ -673,8 +675,9 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   if (v.variant == kBitmap) {
     TORCH_CHECK(v.slot_words >= 4 && v.slot_words % 4 == 0 && v.slot_words <= (1 << 20) && v.boff != nullptr,
                 "nm24: bad bitmap slot size ", v.slot_words);
-    // a slot: the batch's headers, then its words; at least 1 KB per warp ring (the cluster epilogue's 16 x 16 sums)
-    const int64_t slot = std::max<int64_t>(kBatch * kHeaderWords * 4 + v.slot_words * 4, 352);
+    // a slot: the batch's headers, then its words and one spare word (the decode reads a word past the last present
+    // pair and masks it); at least 1 KB per warp ring (the cluster epilogue's 16 x 16 sums)
+    const int64_t slot = std::max<int64_t>(kBatch * kHeaderWords * 4 + v.slot_words * 4 + 4, 352);
     p.boff = v.boff;
     p.slot_bytes = static_cast<int>((slot + 15) / 16 * 16);
     p.wstride = static_cast<int>(v.ring) * p.slot_bytes;
