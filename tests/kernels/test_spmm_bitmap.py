@@ -62,6 +62,33 @@ def test_bitmap_ring_setting(monkeypatch):
         gpu.bitmap_ring()
 
 
+def test_plan_spmm_bitmap_rule(monkeypatch):
+    monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
+    monkeypatch.delenv(gpu.SCATTER_AUTO_ENV, raising=False)
+
+    def auto(m, k, n, sparsity, dtype=torch.float16):
+        # nnz_padded about 1% above the non-zeros, as the CSR padding makes it in the benchmark
+        return gpu.plan_spmm(m, k, n, int((1 - sparsity) * m * k * 1.01), 132, "auto", dtype).variant
+
+    # The H100 rule: bitmap at N 9-16 from 10% density with K >= 1024; rowwarp at N = 1 and from 95% sparsity; the
+    # scatter rule (or rowwarp) where K < 1024.
+    for m, k in ((4096, 4096), (11008, 4096), (4096, 11008), (768, 3072)):
+        assert [auto(m, k, 16, s) for s in (0.5, 0.7, 0.8, 0.9, 0.95)] == ["bitmap"] * 4 + ["rowwarp"], (m, k)
+    assert [auto(4096, 4096, n, 0.8) for n in (1, 8, 9, 16, 17)] == [
+        "rowwarp",
+        "rowwarp",
+        "bitmap",
+        "bitmap",
+        "rowwarp",
+    ]
+    assert auto(3072, 768, 16, 0.8) == "scatter"
+    assert auto(4096, 4096, 16, 0.8, torch.float32) == "rowwarp"
+    assert auto(4096, 4096, 16, 0.8, torch.bfloat16) == "bitmap"
+    assert gpu.eager_spmm_code("auto", torch.float16, torch.float16, 16, tc_auto=False) is None
+    monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")
+    assert auto(4096, 4096, 16, 0.8) == "scatter"
+
+
 def test_plan_spmm_bitmap_is_forced_only():
     plan = gpu.plan_spmm(4096, 4096, 16, 1 << 22, 132, "bitmap", torch.float16)
     assert plan.variant == "bitmap"

@@ -77,6 +77,8 @@ def test_eager_spmm_code_leaves_the_scatter_range_to_python(monkeypatch):
         assert gpu.eager_spmm_code("auto", torch.float32, torch.float32, n, tc_auto=False) == 0
     assert gpu.eager_spmm_code("auto", half, half, gpu.SCATTER_MIN_N - 1, tc_auto=False) == 0
     monkeypatch.setenv(gpu.SCATTER_AUTO_ENV, "0")
+    assert gpu.eager_spmm_code("auto", half, half, 16, tc_auto=False) is None  # the bitmap rule is still on
+    monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")
     assert gpu.eager_spmm_code("auto", half, half, 16, tc_auto=False) == 0
     assert [gpu.eager_size_class(n) for n in (1, 8, 9, 16, 17, 64, 65, 4096)] == [0, 0, 1, 1, 2, 2, 3, 3]
 

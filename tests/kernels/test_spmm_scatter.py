@@ -365,6 +365,7 @@ def test_plan_spmm_scatter_rule(monkeypatch):
     forced = gpu.plan_spmm(4096, 4096, 16, 1 << 20, 132, "scatter", torch.float16)
     assert forced.variant == "scatter" and forced.kr_groups == gpu.scatter_kr_groups(4096, 4096, 132)
     monkeypatch.setenv(gpu.SCATTER_AUTO_ENV, "1")
+    monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")  # the scatter rule alone (the bitmap rule: test_spmm_bitmap.py)
 
     def auto(m, k, n, sparsity, dtype=torch.float16):
         # nnz_padded about 1% above the non-zeros, as the CSR padding makes it in the benchmark

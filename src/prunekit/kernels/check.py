@@ -60,7 +60,7 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
             ("tiled", 37),
         ]
         if dtype in gpu.TC_DTYPES:
-            cases += [("tc", 37), ("tc", 264), ("scatter", 1), ("scatter", 13)]
+            cases += [("tc", 37), ("tc", 264), ("scatter", 1), ("scatter", 13), ("bitmap", 1), ("bitmap", 13)]
         for variant, n in cases:
             for layout in ("row-major", "transposed"):
                 x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)

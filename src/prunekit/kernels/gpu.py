@@ -119,7 +119,17 @@ SPMM_VARIANT_CODES = {
     "scatter": 6,
     "bitmap": 7,
 }
-# Bitmap decode kernel (nm24_decode.cu variant 2): batches per warp in its shared-memory ring (3: two in flight while
+# Bitmap decode kernel (nm24_decode.cu variant 2). "auto" takes it for fp16/bf16 at SCATTER_MIN_N <= N <= 16 when the
+# padded density is >= 1 / BITMAP_MIN_DENSITY_DENOMINATOR and K >= BITMAP_MIN_K. Read in-sample on the H100
+# (benchmarks/results/spmm-bitmap-masked-h100-2026-11-25-s11.json, a version 5-10% slower than the shipped one; 5
+# shapes, N = 1 / 16, 50-98%): at N = 16 it was the fastest prunekit kernel at 50-90% on the four shapes with K >= 3072
+# (e.g. 4096 x 4096 at 90%: 14.6 us against scatter's 16.4 and rowwarp's 18.0), tied with rowwarp at 95% and slower
+# from 98%; on 3072 x 768 scatter was faster at 70-98%. At N = 1 rowwarp was faster everywhere; N = 2-15 not measured.
+BITMAP_AUTO_ENV = "PRUNEKIT_SPMM_BITMAP"
+BITMAP_AUTO_DEFAULT = True
+BITMAP_MIN_DENSITY_DENOMINATOR = 10
+BITMAP_MIN_K = 1024
+# Batches per warp in its shared-memory ring (3: two in flight while
 # one is multiplied; 5: all four batches of a 32-k-step chunk in flight at once).
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
 BITMAP_RING = 3
@@ -156,6 +166,13 @@ def scatter_auto_enabled() -> bool:
     :data:`SCATTER_AUTO_DEFAULT`."""
     env = os.environ.get(SCATTER_AUTO_ENV)
     return SCATTER_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+
+
+def bitmap_auto_enabled() -> bool:
+    """Whether ``auto`` may choose the bitmap kernel for 9 <= N <= 16: ``$PRUNEKIT_SPMM_BITMAP`` (``1``/``0``) or
+    :data:`BITMAP_AUTO_DEFAULT`."""
+    env = os.environ.get(BITMAP_AUTO_ENV)
+    return BITMAP_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
 
 
 def scatter_strip_rows() -> int:
@@ -209,7 +226,17 @@ def plan_spmm(
 ) -> SpmmPlan:
     """Choose the SpMM kernel and tiling (see :func:`_plan_spmm`, which caches the choice per shape)."""
     return _plan_spmm(
-        m, k, n, nnz_padded, num_sms, variant, dtype, tc_auto_enabled(), scatter_auto_enabled(), scatter_strip_rows()
+        m,
+        k,
+        n,
+        nnz_padded,
+        num_sms,
+        variant,
+        dtype,
+        tc_auto_enabled(),
+        scatter_auto_enabled(),
+        scatter_strip_rows(),
+        bitmap_auto_enabled(),
     )
 
 
@@ -225,6 +252,7 @@ def _plan_spmm(
     tc_auto: bool = False,
     scatter_auto: bool = False,
     scatter_rows: int = 8,
+    bitmap_auto: bool = False,
 ) -> SpmmPlan:
     """Choose the SpMM kernel and tiling for ``A (m, k)`` with ``nnz_padded`` stored entries times ``X (k, n)``.
 
@@ -240,7 +268,9 @@ def _plan_spmm(
     at least one block per SM. With ``scatter_auto`` (:func:`scatter_auto_enabled`) and fp16/bf16, ``auto`` takes
     ``scatter`` instead of ``rowwarp`` for ``SCATTER_MIN_N <= n <= SCATTER_MAX_N`` (9-16) at density >= 20%, or
     >= 10% when ``m * k <= 2^24`` (measured on the H100, see the constants); its k-split is
-    :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`).
+    :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`). With ``bitmap_auto``
+    (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for those N when the density is >= 10% and
+    ``k >= BITMAP_MIN_K`` (measured on the H100, see the constants).
 
     Raises:
         ValueError: unknown ``variant``.
@@ -261,6 +291,14 @@ def _plan_spmm(
             )
         ):
             variant = "scatter"
+        if (
+            dtype in TC_DTYPES
+            and SCATTER_MIN_N <= n <= BITMAP_MAX_N
+            and bitmap_auto
+            and k >= BITMAP_MIN_K
+            and nnz_padded * BITMAP_MIN_DENSITY_DENOMINATOR >= m * k
+        ):
+            variant = "bitmap"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.
         stage_x = n >= STAGE_X_MIN_N and m >= STAGE_X_MIN_ROWS_PER_SM * num_sms and nnz_padded >= 2 * k * num_sms
@@ -404,6 +442,12 @@ def spmm_csr(
     if not row_indices.is_contiguous():
         row_indices = row_indices.contiguous()
     plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), variant, x.dtype)
+    if plan.variant == "bitmap" and variant == "auto" and not nm24.available():
+        # the bitmap kernel's library does not build here (logged once): the rule without it
+        plan = _plan_spmm(
+            m, x.shape[0], n, values.numel(), _sm_count(x.device), variant, x.dtype, tc_auto_enabled(),
+            scatter_auto_enabled(), scatter_strip_rows(), False,
+        )  # fmt: skip
     relu = activation == "relu"
     if plan.variant == "tc":
         if x.dtype not in TC_DTYPES:
@@ -531,8 +575,13 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
         variant == "auto" and tc_auto and x_dtype in TC_DTYPES and n >= TC_MIN_N
     ):
         return None
-    if variant == "auto" and scatter_auto_enabled() and x_dtype in TC_DTYPES and SCATTER_MIN_N <= n <= SCATTER_MAX_N:
-        return None  # the scatter rule also reads the density: gpu.spmm_csr decides
+    if (
+        variant == "auto"
+        and (scatter_auto_enabled() or bitmap_auto_enabled())
+        and x_dtype in TC_DTYPES
+        and SCATTER_MIN_N <= n <= SCATTER_MAX_N
+    ):
+        return None  # the scatter and bitmap rules also read the density: gpu.spmm_csr decides
     if x_dtype != values_dtype or x_dtype not in EAGER_DTYPES:
         return None
     return SPMM_VARIANT_CODES[variant]

@@ -83,7 +83,6 @@ constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTE
 // unstructured bitmap tiles (kernels/spmm_bitmap_plan.py) + mma.sync
 constexpr int kPrmt = 0, kSp = 1, kBitmap = 2;
 constexpr int kHeaderWords = 5;       // bitmap: per tile 4 mask words + 1 count word (= spmm_bitmap_plan.HEADER_WORDS)
-constexpr int kBitmapGroup = 4;       // bitmap: tiles whose words and X fragments are loaded before their mma
 // The weight ring (templates R, B; nm24.RINGS): R batches of B k-steps per warp in shared memory, R - 1 in flight
 // while one is multiplied. A batch is B * 16 uint4 of values (B * 256 bytes) and B * 8 metadata words per warp.
 // 3 x 8 and 6 x 4: 54 KB per block (three blocks per SM with 16 KB of X); 4 x 4: 36 KB (four blocks per SM).
@@ -320,70 +319,30 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
         const int w = lane >> 3, sh = 4 * (lane & 7), psh = 8 * w;
         const uint32_t lower = (1u << sh) - 1u, pmask = w ? 0xffu : 0u;
         int base = __shfl_sync(0xffffffffu, boff_lane, b) & 3;  // the batch's first word within the slot
-        if (p.probe & 8) {  // diagnostics: tile by tile (the first version), for comparison
-#pragma unroll
-          for (int s = 0; s < B; ++s) {
-            const uint32_t mw = hb[s * kHeaderWords + w];
-            const uint32_t cw = hb[s * kHeaderWords + 4];
-            const uint32_t nib = (mw >> sh) & 15u;
-            int off = base + static_cast<int>(((cw >> psh) & pmask) + __popc(mw & lower));
-            uint4 a;
-            a.x = (nib & 1u) ? wb[off] : 0u;
-            off += nib & 1u;
-            a.y = (nib & 2u) ? wb[off] : 0u;
-            off += (nib >> 1) & 1u;
-            a.z = (nib & 4u) ? wb[off] : 0u;
-            off += (nib >> 2) & 1u;
-            a.w = (nib & 8u) ? wb[off] : 0u;
-            base += static_cast<int>(cw & 0xffu);
-            const int ks = b * B + s;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              const uint2 bx = xs[stage_slot(ks, nt, lane)];
-              Mma<T>::run(acc[nt], a, bx.x, bx.y);
-            }
-          }
-          continue;
-        }
-        // In phases, so that the loads of a phase are independent of each other and overlap: the batch's headers,
-        // then every tile's first word and nibble, then per half batch the words and X fragments, then the mma.
-        uint32_t mw[B], cw[B];
+        // Tile by tile; with the loop unrolled the compiler overlaps the tiles' loads itself (on the H100, loading
+        // all headers, then all words per half batch, measured the same, and loading every word unpredicated and
+        // masking it 5-10% slower: benchmarks/results/spmm-bitmap-{old,base,masked}-h100-2026-11-25-s11.json).
 #pragma unroll
         for (int s = 0; s < B; ++s) {
-          mw[s] = hb[s * kHeaderWords + w];
-          cw[s] = hb[s * kHeaderWords + 4];
-        }
-        int first[B];
+          const uint32_t mw = hb[s * kHeaderWords + w];
+          const uint32_t cw = hb[s * kHeaderWords + 4];
+          const uint32_t nib = (mw >> sh) & 15u;
+          int off = base + static_cast<int>(((cw >> psh) & pmask) + __popc(mw & lower));
+          uint4 a;
+          a.x = (nib & 1u) ? wb[off] : 0u;
+          off += nib & 1u;
+          a.y = (nib & 2u) ? wb[off] : 0u;
+          off += (nib >> 1) & 1u;
+          a.z = (nib & 4u) ? wb[off] : 0u;
+          off += (nib >> 2) & 1u;
+          a.w = (nib & 8u) ? wb[off] : 0u;
+          base += static_cast<int>(cw & 0xffu);
+          const int ks = b * B + s;
 #pragma unroll
-        for (int s = 0; s < B; ++s) {
-          first[s] = base + static_cast<int>(((cw[s] >> psh) & pmask) + __popc(mw[s] & lower));
-          base += static_cast<int>(cw[s] & 0xffu);
-          mw[s] = (mw[s] >> sh) & 15u;  // the nibble from here on
-        }
-#pragma unroll
-        for (int h = 0; h < B; h += kBitmapGroup) {
-          uint4 a[kBitmapGroup];
-          uint2 bx[kBitmapGroup][NT];
-#pragma unroll
-          for (int q = 0; q < kBitmapGroup; ++q) {
-            // every register loaded, absent ones masked to zero (no predicated loads): a read past the batch's words
-            // stays in its own slot (one spare word, see the host's slot_bytes), whose stale words are masked
-            const uint32_t nib = mw[h + q];
-            const int o0 = first[h + q];
-            const int o1 = o0 + static_cast<int>(nib & 1u);
-            const int o2 = o1 + static_cast<int>((nib >> 1) & 1u);
-            const int o3 = o2 + static_cast<int>((nib >> 2) & 1u);
-            a[q].x = wb[o0] & (0u - (nib & 1u));
-            a[q].y = wb[o1] & (0u - ((nib >> 1) & 1u));
-            a[q].z = wb[o2] & (0u - ((nib >> 2) & 1u));
-            a[q].w = wb[o3] & (0u - (nib >> 3));
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) bx[q][nt] = xs[stage_slot(b * B + h + q, nt, lane)];
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint2 bx = xs[stage_slot(ks, nt, lane)];
+            Mma<T>::run(acc[nt], a, bx.x, bx.y);
           }
-#pragma unroll
-          for (int q = 0; q < kBitmapGroup; ++q)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) Mma<T>::run(acc[nt], a[q], bx[q][nt].x, bx[q][nt].y);
         }
         continue;
       }
@@ -675,9 +634,8 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   if (v.variant == kBitmap) {
     TORCH_CHECK(v.slot_words >= 4 && v.slot_words % 4 == 0 && v.slot_words <= (1 << 20) && v.boff != nullptr,
                 "nm24: bad bitmap slot size ", v.slot_words);
-    // a slot: the batch's headers, then its words and one spare word (the decode reads a word past the last present
-    // pair and masks it); at least 1 KB per warp ring (the cluster epilogue's 16 x 16 sums)
-    const int64_t slot = std::max<int64_t>(kBatch * kHeaderWords * 4 + v.slot_words * 4 + 4, 352);
+    // a slot: the batch's headers, then its words; at least 1 KB per warp ring (the cluster epilogue's 16 x 16 sums)
+    const int64_t slot = std::max<int64_t>(kBatch * kHeaderWords * 4 + v.slot_words * 4, 352);
     p.boff = v.boff;
     p.slot_bytes = static_cast<int>((slot + 15) / 16 * 16);
     p.wstride = static_cast<int>(v.ring) * p.slot_bytes;
