@@ -120,11 +120,13 @@ SPMM_VARIANT_CODES = {
     "bitmap": 7,
 }
 # Bitmap decode kernel (nm24_decode.cu variant 2). "auto" takes it for fp16/bf16 at SCATTER_MIN_N <= N <= 16 when the
-# padded density is >= 1 / BITMAP_MIN_DENSITY_DENOMINATOR and K >= BITMAP_MIN_K. Read in-sample on the H100
-# (benchmarks/results/spmm-bitmap-masked-h100-2026-11-25-s11.json, a version 5-10% slower than the shipped one; 5
-# shapes, N = 1 / 16, 50-98%): at N = 16 it was the fastest prunekit kernel at 50-90% on the four shapes with K >= 3072
-# (e.g. 4096 x 4096 at 90%: 14.6 us against scatter's 16.4 and rowwarp's 18.0), tied with rowwarp at 95% and slower
-# from 98%; on 3072 x 768 scatter was faster at 70-98%. At N = 1 rowwarp was faster everywhere; N = 2-15 not measured.
+# padded density is >= 1 / BITMAP_MIN_DENSITY_DENOMINATOR and K >= BITMAP_MIN_K. Read in-sample on the H100 from
+# benchmarks/results/spmm-bitmap-masked-h100-2026-11-25-s11.json (a version 5-10% slower than the shipped one) and
+# checked with the shipped kernel in spmm-bitmap-h100-2026-11-25-s11final.json (5 shapes, N = 1 / 8 / 16, 50-98%): at
+# N = 16 it is the fastest prunekit kernel at 50-90% on the four shapes with K >= 3072 (4096 x 4096 at 90%: 13.4 us
+# against scatter's 16.3 and rowwarp's 18.0; dense 16.7), close to rowwarp at 95% and slower from 98%; on 3072 x 768
+# scatter is faster at 80-98%. At N = 1 rowwarp is faster everywhere. At N = 8 bitmap was the fastest at 50-90% on most
+# shapes but not all (4096 x 11008 at 90%: 25.1 against rowwarp's 21.5 us), so the rule starts at N = 9 as scatter's.
 BITMAP_AUTO_ENV = "PRUNEKIT_SPMM_BITMAP"
 BITMAP_AUTO_DEFAULT = True
 BITMAP_MIN_DENSITY_DENOMINATOR = 10

@@ -13,7 +13,7 @@
 // bytes per warp). That uint4 is exactly the A operand of the sparse mma.sp.m16n8k32 for the k-pair (m16n8k16's A
 // layout over the 16 kept values: registers = rows g / g + 8 of hardware groups t and t + 4).
 //
-// Two inner products (template SP):
+// Three inner products (template V):
 // - SP (default, $PRUNEKIT_NM24_MMA=sp): the sparse tensor cores. The plan stores mma.sp's metadata: per (strip,
 //   k-pair) 16 words, word g * 2 + t (t < 2) = the 4-bit index nibbles (i0 | i1 << 2) of groups 4t .. 4t + 3, row g in
 //   bits 0-15 and row g + 8 in bits 16-31 (sparsity selector 0: threads 0 and 1 of each quad). That reading of the
@@ -27,6 +27,15 @@
 //   a 16-entry table of byte_perm selectors and prmt(word, 0, sel) places value 0 / value 1 / zero in each half of
 //   the m16n8k16 A registers. About 20 instructions per k-step against SP's 3: 4-11% slower on the H100
 //   (benchmarks/results/nm24-sweep-h100-2026-11-25-{sp,prmt}.json).
+//
+// - Bitmap (variant 2, prunekit::spmm_csr's "bitmap"; kernels/spmm_bitmap_plan.py): an unstructured weight as, per
+//   16 x 16 tile, a mask of which of each lane's four m16n8k16 A registers (pairs of adjacent columns, in the prmt
+//   path's column order) hold a non-zero, a count word, and the present pairs' words back to back. Per tile a lane
+//   reads its mask nibble and its first word's position (a count byte plus the popcount of the lower nibbles) and
+//   loads its present pairs from the ring slot; absent registers are zero. The batch's words are copied from a
+//   16-byte boundary (the plan's batch offsets), so a slot holds the densest batch (its size is the plan's, not fixed).
+//   Same X staging, mma.sync and k-chunk reductions as prmt. "Load sparse, compute dense" as in Flash-LLM (Xia et al.,
+//   VLDB 2024) and SpInfer (Fan et al., EuroSys 2025); the layout is prunekit's own.
 //
 // Grid: (row blocks of 8 strips, k-chunks). Each warp streams its strip's chunk through a ring of R batches of B
 // k-steps in shared memory (cp.async, R - 1 batches in flight while one is multiplied; each lane reads back only the
