@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats.csr import csr_rows
+from .spmm_scatter_plan import csr_entries, emulated_matmul
 from .tensor_cache import cached
 
 STRIP_ROWS = 16  # mma m: rows of A per strip (the A operand of mma.sync.m16n8k16)
@@ -161,24 +161,11 @@ def build_bitmap_plan(
         ValueError: values not float16/bfloat16, shapes that disagree, a column index outside ``[0, K)`` or
             ``2**31 - 16`` or more stored words.
     """
-    if values.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"the bitmap SpMM takes float16 or bfloat16 weights, got {values.dtype}")
-    if row_offsets.numel() != m + 1 or values.numel() != column_indices.numel():
-        raise ValueError(
-            f"CSR shapes disagree: row_offsets {row_offsets.numel()} (expected M + 1 = {m + 1}), "
-            f"values {values.numel()}, column_indices {column_indices.numel()}"
-        )
+    rows, cols, keep = csr_entries(values, row_offsets, column_indices, m, k, "bitmap")
     device = values.device
     strips = -(-m // STRIP_ROWS)
     ksteps = -(-k // (K_STEP * BATCH)) * BATCH
     batches = ksteps // BATCH
-    rows = csr_rows(row_offsets.to(device))
-    cols = column_indices.to(device).long()
-    if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) >= k):
-        raise ValueError(f"column index outside [0, {k})")
-    keep = torch.ones_like(cols, dtype=torch.bool)
-    if cols.numel() > 1:
-        keep[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])
     dense = torch.zeros(strips * STRIP_ROWS, ksteps * K_STEP, dtype=values.dtype, device=device)
     dense.index_put_((rows[keep], cols[keep]), values.contiguous()[keep])
     nonzero = dense != 0  # -0.0 is zero
@@ -293,14 +280,7 @@ def bitmap_plan_matmul(
     Raises:
         ValueError: unknown activation or an X whose K differs from the plan's.
     """
-    if activation not in ("none", "relu"):
-        raise ValueError(f"unknown activation {activation!r}; known: none, relu")
-    if x.dim() != 2 or x.shape[0] != plan.k:
-        raise ValueError(f"x must be (K, N) with K = {plan.k}, got {tuple(x.shape)}")
-    y = bitmap_plan_dense(plan, dtype) @ x.to(device=plan.vals.device, dtype=dtype)
-    if bias is not None:
-        y = y + bias.to(device=y.device, dtype=dtype)[:, None]
-    return torch.relu(y) if activation == "relu" else y
+    return emulated_matmul(lambda: bitmap_plan_dense(plan, dtype), plan.k, x, bias, activation)
 
 
 def bitmap_bytes(plan: BitmapPlan) -> int:

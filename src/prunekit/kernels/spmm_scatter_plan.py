@@ -26,6 +26,7 @@ Everything is vectorised torch on the weight's device. torch only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,8 @@ __all__ = [
     "STRIP_ROWS_CHOICES",
     "ScatterPlan",
     "build_scatter_plan",
+    "csr_entries",
+    "emulated_matmul",
     "get_scatter_plan",
     "record_positions",
     "record_values",
@@ -157,6 +160,35 @@ def record_order(segment: torch.Tensor, position: torch.Tensor, strip_rows: int 
     return by_bank[torch.argsort(key)]
 
 
+def csr_entries(
+    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int, kernel: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The stored entries of a prunekit CSR weight for a decode plan builder, checked: ``(rows, cols, keep)``, each
+    ``(nnz_padded,)`` on the values' device (int64 row and column of every stored entry; ``keep`` False for the CSR
+    padding entries, which repeat their row's last column with value 0, ``formats/csr.py``).
+
+    Raises:
+        ValueError: values not float16/bfloat16 (naming ``kernel``), shapes that disagree or a column index outside
+            ``[0, K)``.
+    """
+    if values.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"the {kernel} SpMM takes float16 or bfloat16 weights, got {values.dtype}")
+    if row_offsets.numel() != m + 1 or values.numel() != column_indices.numel():
+        raise ValueError(
+            f"CSR shapes disagree: row_offsets {row_offsets.numel()} (expected M + 1 = {m + 1}), "
+            f"values {values.numel()}, column_indices {column_indices.numel()}"
+        )
+    device = values.device
+    rows = csr_rows(row_offsets.to(device))
+    cols = column_indices.to(device).long()
+    if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) >= k):
+        raise ValueError(f"column index outside [0, {k})")
+    keep = torch.ones_like(cols, dtype=torch.bool)
+    if cols.numel() > 1:
+        keep[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])
+    return rows, cols, keep
+
+
 def build_scatter_plan(
     values: torch.Tensor,
     row_offsets: torch.Tensor,
@@ -181,23 +213,10 @@ def build_scatter_plan(
     """
     if strip_rows not in STRIP_ROWS_CHOICES:
         raise ValueError(f"strip_rows must be 8 or 16, got {strip_rows}")
-    if values.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"the scatter SpMM takes float16 or bfloat16 weights, got {values.dtype}")
-    if row_offsets.numel() != m + 1 or values.numel() != column_indices.numel():
-        raise ValueError(
-            f"CSR shapes disagree: row_offsets {row_offsets.numel()} (expected M + 1 = {m + 1}), "
-            f"values {values.numel()}, column_indices {column_indices.numel()}"
-        )
+    rows, cols, keep = csr_entries(values, row_offsets, column_indices, m, k, "scatter")
     device = values.device
     strips = -(-m // strip_rows)
     groups = max(1, -(-k // GROUP_COLS))
-    rows = csr_rows(row_offsets.to(device))
-    cols = column_indices.to(device).long()
-    if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) >= k):
-        raise ValueError(f"column index outside [0, {k})")
-    keep = torch.ones_like(cols, dtype=torch.bool)
-    if cols.numel() > 1:
-        keep[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])
     rows, cols = rows[keep], cols[keep]
     bits = values.contiguous().view(torch.int16)[keep].to(torch.int32) & 0xFFFF
     segment = (rows // strip_rows) * groups + cols // GROUP_COLS
@@ -288,11 +307,28 @@ def scatter_plan_matmul(
     Raises:
         ValueError: unknown activation or an X whose K differs from the plan's.
     """
+    return emulated_matmul(lambda: scatter_plan_dense(plan, dtype), plan.k, x, bias, activation)
+
+
+def emulated_matmul(
+    weight: Callable[[], torch.Tensor],
+    k: int,
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str,
+) -> torch.Tensor:
+    """``act(W @ X + bias)`` for a plan's CPU emulation: ``weight()`` decodes ``W (M, K)`` from the plan (called after
+    the checks), ``x (K, N)``, ``bias (M,)`` or None; computed in W's dtype and device.
+
+    Raises:
+        ValueError: unknown activation or an X whose K differs from ``k``.
+    """
     if activation not in ("none", "relu"):
         raise ValueError(f"unknown activation {activation!r}; known: none, relu")
-    if x.dim() != 2 or x.shape[0] != plan.k:
-        raise ValueError(f"x must be (K, N) with K = {plan.k}, got {tuple(x.shape)}")
-    y = scatter_plan_dense(plan, dtype) @ x.to(device=plan.records.device, dtype=dtype)
+    if x.dim() != 2 or x.shape[0] != k:
+        raise ValueError(f"x must be (K, N) with K = {k}, got {tuple(x.shape)}")
+    w = weight()
+    y = w @ x.to(device=w.device, dtype=w.dtype)
     if bias is not None:
-        y = y + bias.to(device=y.device, dtype=dtype)[:, None]
+        y = y + bias.to(device=y.device, dtype=y.dtype)[:, None]
     return torch.relu(y) if activation == "relu" else y
