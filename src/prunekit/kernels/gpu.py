@@ -108,7 +108,7 @@ SUBWARP_MIN_NNZ = 128
 STAGE_X_MIN_N = 32  # auto: rowwarp stages X in shared memory only from this N ...
 STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
 # Variant codes of the C++ entry prunekit_ext::spmm_csr_auto and of prunekit_ext::plan_spmm_code (csrc/spmm_entry.cu
-# kAuto ... kTc hold the same numbers; the entry takes 0-4, tc stays on this module's launcher).
+# kAuto ... kBitmap hold the same numbers; the entry takes 0-4, tc, scatter and bitmap stay on this module's launcher).
 SPMM_VARIANT_CODES = {
     "auto": 0,
     "rowwarp": 1,
@@ -131,8 +131,8 @@ BITMAP_AUTO_ENV = "PRUNEKIT_SPMM_BITMAP"
 BITMAP_AUTO_DEFAULT = True
 BITMAP_MIN_DENSITY_DENOMINATOR = 10
 BITMAP_MIN_K = 1024
-# Batches per warp in its shared-memory ring (3: two in flight while
-# one is multiplied; 5: all four batches of a 32-k-step chunk in flight at once).
+# Batches of 8 k-steps per warp in the bitmap kernel's shared-memory ring: 3 (two in flight while one is multiplied), or
+# 5 (all four batches of a 32-k-step chunk in flight at once; from 3% faster to 30% slower on the H100, docs/KERNELS.md).
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
 BITMAP_RING = 3
 EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ entry takes (values and x alike)
