@@ -431,7 +431,8 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       sums[o] = 0.f;
       if (e < kWarps * 16 * kTokens && tok < p.n) {
         const int warp_floats = BM ? p.wstride / 4 : R * kBatchVals * 4;  // one warp's ring, in floats
-        float* local = reinterpret_cast<float*>(smem) + (row_local >> 4) * warp_floats + (row_local & 15) * kTokens + tok;
+        float* local =
+            reinterpret_cast<float*>(smem) + (row_local >> 4) * warp_floats + (row_local & 15) * kTokens + tok;
         float parts[kMaxCluster];
 #pragma unroll
         for (int r = 0; r < kMaxCluster; ++r) parts[r] = r < p.chunks ? *cluster.map_shared_rank(local, r) : 0.f;
@@ -564,7 +565,8 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, V, R, B>, p));
 }
 
-// one instance per (token tiles, inner product, ring): the register expansion and the bitmap with the 3 x 8 ring only
+// one instance per (token tiles, inner product, ring): the register expansion with the 3 x 8 ring only, the bitmap with
+// 3 x 8 and 5 x 8
 template <typename T>
 void dispatch(const Params& p, int rb, cudaStream_t stream, int variant, bool two, int ring, int batch) {
   if (variant == kPrmt) {
