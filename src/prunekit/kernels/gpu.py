@@ -127,6 +127,8 @@ SPMM_VARIANT_CODES = {
 # against scatter's 16.3 and rowwarp's 18.0; dense 16.7), close to rowwarp at 95% and slower from 98%; on 3072 x 768
 # scatter is faster at 80-98%. At N = 1 rowwarp is faster everywhere. At N = 8 bitmap was the fastest at 50-90% on most
 # shapes but not all (4096 x 11008 at 90%: 25.1 against rowwarp's 21.5 us), so the rule starts at N = 9 as scatter's.
+# N = 9 / 12 / 15 at 70 / 90% on 4096 x 4096 and 11008 x 4096 (spmm-bitmap-n9to15-h100-2026-11-25-s11.json): bitmap
+# was the fastest at every point (4096 x 4096, 90%: 13.0-13.5 us against scatter's 15.6-16.9 us).
 BITMAP_AUTO_ENV = "PRUNEKIT_SPMM_BITMAP"
 BITMAP_AUTO_DEFAULT = True
 BITMAP_MIN_DENSITY_DENOMINATOR = 10
