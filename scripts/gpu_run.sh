@@ -42,6 +42,33 @@ DEV=$(python3 -c "import torch; n=torch.cuda.get_device_name(0).lower(); print('
 
 step() { echo "=== $* ($(date -u +%H:%M:%S))"; }
 
+# compute-sanitizer memcheck and racecheck of a decode SpMM variant ($1: scatter or bitmap) on small cases: empty and
+# single-entry rows, a dense weight, N = 1 / 16, both X layouts, fp16 / bf16. Logs: $OUT/$1-{memcheck,racecheck}.log.
+sanitize_decode() {
+  cat > /tmp/sanitize_decode.py <<'PY'
+import sys, torch
+from prunekit.kernels import gpu
+from prunekit.kernels.testing import encode_csr, random_sparse_weight
+for dtype in (torch.float16, torch.bfloat16):
+    for m, k, sp in ((45, 301, 0.8), (300, 2500, 0.9), (40, 200, 0.0)):
+        w = random_sparse_weight(m, k, sp, dtype, "cuda", empty_rows=9, single_rows=2)
+        c = encode_csr(w)
+        for n in (1, 16):
+            x2d = torch.randn(n, k, device="cuda").to(dtype)
+            for x in (x2d.t(), x2d.t().contiguous()):
+                gpu.spmm_csr(**c, x=x, m=m, bias=torch.randn(m, device="cuda").to(dtype), activation="relu",
+                             variant=sys.argv[1])
+torch.cuda.synchronize()
+print("sanitize case ran")
+PY
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/sanitize_decode.py "$1" \
+      > "$OUT/$1-$tool.log" 2>&1
+    echo "compute-sanitizer $tool exit code $?" | tee -a "$OUT/$1-$tool.log"
+    tail -3 "$OUT/$1-$tool.log"
+  done
+}
+
 step build
 /usr/bin/time -f "build wall %es" python3 -c "
 import logging, time; logging.basicConfig(level=logging.INFO)
@@ -88,26 +115,7 @@ if [[ $MODE == scatter ]]; then
   step scatter tests
   python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmm_scatter.py 2>&1 | tee "$OUT/scatter-tests.log" | tail -25
   step scatter compute-sanitizer
-  cat > /tmp/sanitize_scatter.py <<'PY'
-import torch
-from prunekit.kernels import gpu
-from prunekit.kernels.testing import encode_csr, random_sparse_weight
-for dtype in (torch.float16, torch.bfloat16):
-    w = random_sparse_weight(45, 301, 0.8, dtype, "cuda", empty_rows=9, single_rows=2)
-    c = encode_csr(w)
-    for n in (1, 16):
-        x2d = torch.randn(n, 301, device="cuda").to(dtype)
-        for x in (x2d.t(), x2d.t().contiguous()):
-            gpu.spmm_csr(**c, x=x, m=45, bias=torch.randn(45, device="cuda").to(dtype), activation="relu", variant="scatter")
-torch.cuda.synchronize()
-print("sanitize case ran")
-PY
-  for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/sanitize_scatter.py \
-      > "$OUT/scatter-$tool.log" 2>&1
-    echo "compute-sanitizer $tool exit code $?" | tee -a "$OUT/scatter-$tool.log"
-    tail -3 "$OUT/scatter-$tool.log"
-  done
+  sanitize_decode scatter
   step scatter benchmark
   python3 benchmarks/spmm.py --out "$OUT/spmm-scatter-$DEV-$DATE.json" --dtypes float16 --ns 1,16 \
     --sparsities 0.5,0.7,0.8,0.9,0.95,0.98 "$@" 2>&1 | tee "$OUT/scatter-bench.log" | tail -60
@@ -135,28 +143,7 @@ if [[ $MODE == bitmap ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmm_bitmap.py \
     tests/kernels/test_spmm_bitmap_plan.py tests/kernels/test_nm24_decode.py 2>&1 | tee "$OUT/bitmap-tests.log" | tail -15
   step bitmap compute-sanitizer
-  cat > /tmp/sanitize_bitmap.py <<'PY'
-import torch
-from prunekit.kernels import gpu
-from prunekit.kernels.testing import encode_csr, random_sparse_weight
-for dtype in (torch.float16, torch.bfloat16):
-    for m, k, sp in ((45, 301, 0.8), (300, 2500, 0.9), (40, 200, 0.0)):
-        w = random_sparse_weight(m, k, sp, dtype, "cuda", empty_rows=9, single_rows=2)
-        c = encode_csr(w)
-        for n in (1, 16):
-            x2d = torch.randn(n, k, device="cuda").to(dtype)
-            for x in (x2d.t(), x2d.t().contiguous()):
-                gpu.spmm_csr(**c, x=x, m=m, bias=torch.randn(m, device="cuda").to(dtype), activation="relu",
-                             variant="bitmap")
-torch.cuda.synchronize()
-print("sanitize case ran")
-PY
-  for tool in memcheck racecheck; do
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/sanitize_bitmap.py \
-      > "$OUT/bitmap-$tool.log" 2>&1
-    echo "compute-sanitizer $tool exit code $?" | tee -a "$OUT/bitmap-$tool.log"
-    tail -3 "$OUT/bitmap-$tool.log"
-  done
+  sanitize_decode bitmap
   step bitmap benchmark
   timeout 400 python3 benchmarks/spmm.py --out "$OUT/spmm-bitmap-$DEV-$DATE.json" --dtypes float16 \
     --shapes "${BITMAP_SHAPES:-4096x4096,11008x4096}" --ns "${BITMAP_NS:-16}" \
