@@ -62,19 +62,6 @@ def test_bitmap_ring_setting(monkeypatch):
         gpu.bitmap_ring()
 
 
-def test_bitmap_split_setting(monkeypatch):
-    monkeypatch.delenv(gpu.BITMAP_SPLIT_ENV, raising=False)
-    monkeypatch.delenv(gpu.BITMAP_RING_ENV, raising=False)
-    assert gpu.bitmap_split() == gpu.BITMAP_SPLIT
-    monkeypatch.setenv(gpu.BITMAP_SPLIT_ENV, "2")
-    assert gpu.bitmap_split() == 2
-    monkeypatch.setenv(gpu.BITMAP_RING_ENV, "5")  # no two-warp instance with the ring of 5
-    assert gpu.bitmap_split() == 1
-    monkeypatch.setenv(gpu.BITMAP_SPLIT_ENV, "3")
-    with pytest.raises(ValueError, match="bitmap warps per strip"):
-        gpu.bitmap_split()
-
-
 def test_plan_spmm_bitmap_rule(monkeypatch):
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
     monkeypatch.delenv(gpu.SCATTER_AUTO_ENV, raising=False)
@@ -116,9 +103,7 @@ def test_plan_spmm_bitmap_is_forced_only():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
 @pytest.mark.parametrize("layout", ["transposed", "row_major"])
-@pytest.mark.parametrize("split", ["1", "2"])
-def test_bitmap_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout, split, monkeypatch):
-    monkeypatch.setenv(gpu.BITMAP_SPLIT_ENV, split)
+def test_bitmap_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout):
     dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
     x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
     for b, activation in ((bias, "relu"), (None, "none")):
@@ -137,9 +122,7 @@ def test_bitmap_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, lay
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("density", [1.0, 0.5, 0.2, 0.1, 0.02, 0.0])
-@pytest.mark.parametrize("split", ["1", "2"])
-def test_bitmap_kernel_every_n_and_density(dtype, density, split, monkeypatch):
-    monkeypatch.setenv(gpu.BITMAP_SPLIT_ENV, split)
+def test_bitmap_kernel_every_n_and_density(dtype, density):
     g = torch.Generator(device="cuda").manual_seed(3)
     m, k = 1000, 2100  # 63 strips (idle warps in the last block), 136 k-steps
     dense = random_sparse_weight(m, k, 1.0 - density, dtype, "cuda", g, empty_rows=9, single_rows=3)
@@ -155,16 +138,12 @@ def test_bitmap_kernel_every_n_and_density(dtype, density, split, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("ring,split", [("3", "1"), ("5", "1"), ("3", "2")])
-@pytest.mark.parametrize(
-    "chunk,cluster", [("8", None), ("8", "0"), ("16", None), ("16", "0"), ("24", None), ("64", None)]
-)
-def test_bitmap_kernel_k_chunks_in_clusters_and_atomics(chunk, cluster, ring, split, monkeypatch):
+@pytest.mark.parametrize("ring", ["3", "5"])
+@pytest.mark.parametrize("chunk,cluster", [("8", None), ("8", "0"), ("16", None), ("16", "0"), ("64", None)])
+def test_bitmap_kernel_k_chunks_in_clusters_and_atomics(chunk, cluster, ring, monkeypatch):
     """K = 2500 is 160 k-steps: chunk 8 gives 20 chunks (more than a cluster: atomics), 16 gives 10 (a non-portable
-    cluster), 24 gives 7 (3 batches: an odd number for two warps per strip), 64 gives 3;
-    $PRUNEKIT_NM24_CLUSTER=0 forces the atomics. Rings of 3 and 5 batches, one or two warps per strip."""
+    cluster), 64 gives 3; $PRUNEKIT_NM24_CLUSTER=0 forces the atomics. Rings of 3 and 5 batches."""
     monkeypatch.setenv(gpu.BITMAP_RING_ENV, ring)
-    monkeypatch.setenv(gpu.BITMAP_SPLIT_ENV, split)
     monkeypatch.setenv(nm24.CHUNK_ENV, chunk)
     if cluster is None:
         monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)

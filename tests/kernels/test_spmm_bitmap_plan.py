@@ -79,7 +79,7 @@ def test_bitmap_plan_decodes_to_the_csr_dense_matrix(dtype, m, k, sparsity, empt
     assert plan.boff.shape == (plan.strips, plan.ksteps // BATCH + 1) and plan.boff.dtype == torch.int32
     assert plan.vals.dim() == 1 and plan.vals.dtype == torch.int32
     assert plan.ws.shape == (plan.strips * 256,) and plan.ws.dtype == torch.float32 and not plan.ws.any()
-    assert plan.counters.shape == (-(-plan.strips // 4),) and plan.counters.dtype == torch.int32
+    assert plan.counters.shape == (-(-plan.strips // 8),) and plan.counters.dtype == torch.int32
     assert not plan.counters.any()
     pairs = _padded(dense, plan.strips, plan.ksteps).view(-1, 2) != 0
     assert plan.pairs == int(pairs.any(-1).sum())  # one word per present pair

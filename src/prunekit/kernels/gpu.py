@@ -137,10 +137,6 @@ BITMAP_MIN_K = 1024
 # 5 (all four batches of a 32-k-step chunk in flight at once; from 3% faster to 30% slower on the H100, docs/KERNELS.md).
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
 BITMAP_RING = 3
-# Warps per 16-row strip in the bitmap kernel (3 x 8 ring only): 1, or 2 (the even and the odd batches of a k-chunk, added
-# in shared memory; four strips per block, twice the blocks). ``$PRUNEKIT_BITMAP_SPLIT`` forces one.
-BITMAP_SPLIT_ENV = "PRUNEKIT_BITMAP_SPLIT"
-BITMAP_SPLIT = 1
 EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ entry takes (values and x alike)
 # The C++ eager entry has not run on a GPU yet: until its GPU tests (tests/kernels/test_spmm_entry.py) have passed,
 # the runtime keeps the measured Python launch path unless $PRUNEKIT_SPMM_CPP=1.
@@ -513,16 +509,6 @@ def bitmap_ring() -> int:
     return int(build.setting(None, BITMAP_RING_ENV, str(BITMAP_RING), ("3", "5"), "bitmap decode ring"))
 
 
-def bitmap_split() -> int:
-    """Warps per 16-row strip in the bitmap kernel: ``$PRUNEKIT_BITMAP_SPLIT`` (1 or 2), else :data:`BITMAP_SPLIT`;
-    1 with the ring of 5 batches (:func:`bitmap_ring`), which has no two-warp instance.
-
-    Raises:
-        ValueError: another value."""
-    split = int(build.setting(None, BITMAP_SPLIT_ENV, str(BITMAP_SPLIT), ("1", "2"), "bitmap warps per strip"))
-    return 1 if bitmap_ring() != 3 else split
-
-
 def _bitmap_mm(
     csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     x: torch.Tensor,
@@ -546,20 +532,7 @@ def _bitmap_mm(
     bp = get_bitmap_plan(*csr, m, x.shape[0])
     chunk = nm24.plan_chunk(bp.strips, bp.ksteps, _sm_count(x.device))
     torch.ops.prunekit_nm24.bitmap_mm(
-        bp.vals,
-        bp.hdr,
-        bp.boff,
-        bp.ws,
-        bp.counters,
-        x,
-        y,
-        bias,
-        relu,
-        m,
-        chunk,
-        bp.slot_words,
-        bitmap_ring(),
-        bitmap_split(),
+        bp.vals, bp.hdr, bp.boff, bp.ws, bp.counters, x, y, bias, relu, m, chunk, bp.slot_words, bitmap_ring()
     )
 
 

@@ -80,8 +80,7 @@ class BitmapPlan:
         vals: ``(pairs + 4,)`` int32, the present pairs' words by (strip, k-step, lane, r), then 4 zero words.
         hdr: ``(strips, ksteps, 5)`` int32, per tile 4 mask words and the packed counts word.
         boff: ``(strips, ksteps // 8 + 1)`` int32, word offsets of each strip's batches of 8 k-steps, and its end.
-        ws: ``(strips * 16 * 16,)`` float32 zeros, counters: ``(ceil(strips / 4),)`` int32 zeros (one per row block of
-            4 strips, the smallest the kernel's grid uses): the kernel's k-split
+        ws: ``(strips * 16 * 16,)`` float32 zeros, counters: ``(ceil(strips / 8),)`` int32 zeros: the kernel's k-split
             workspace (each launch leaves them zero again). They live with the plan, so a CUDA graph that captured a
             call keeps valid pointers; two calls of one weight running concurrently on two streams would share them
             (not supported).
@@ -204,7 +203,7 @@ def build_bitmap_plan(
         hdr=hdr,
         boff=boff.to(torch.int32),
         ws=torch.zeros(strips * STRIP_ROWS * MAX_TOKENS, dtype=torch.float32, device=device),
-        counters=torch.zeros(-(-strips // 4), dtype=torch.int32, device=device),
+        counters=torch.zeros(-(-strips // 8), dtype=torch.int32, device=device),
         m=m,
         k=k,
         strips=strips,

@@ -185,14 +185,9 @@ __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
   return (ks * 2 + nt) * 32 + (lane ^ ((ks & 7) << 2));
 }
 
-template <typename T, int NT, int V, int R, int B, int KS = 1>
+template <typename T, int NT, int V, int R, int B>
 __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   constexpr bool SP = V == kSp, BM = V == kBitmap;
-  // KS (bitmap only): warps per strip. With 2, warps 2s and 2s + 1 take the even and the odd batches of strip s's
-  // chunk (twice the warps in flight at the same grid of k-chunks, half the serial tiles each), and the odd warp's
-  // sums are added to the even warp's in shared memory before the k-chunks are reduced.
-  static_assert(KS == 1 || (KS == 2 && BM), "two warps per strip: bitmap only");
-  constexpr int kStrips = kWarps / KS;  // strips per block
   constexpr int kBatchVals = B * 16;  // uint4 per batch and warp
   constexpr int kBatchMeta = B * 8;   // uint32 per batch and warp
   constexpr int kMetaLane = B / 4;    // metadata words each lane copies per batch
@@ -205,12 +200,10 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   uint32_t* ring_m = reinterpret_cast<uint32_t*>(smem + kWarps * R * kBatchVals * 16) + warp * R * kBatchMeta;
   uint2* xs = reinterpret_cast<uint2*>(smem + (BM ? kWarps * p.wstride : ring_bytes(R, B)));
   unsigned char* wring = smem + warp * p.wstride;  // bitmap: this warp's ring of R slots
-  const int half = KS == 2 ? (warp & 1) : 0;  // KS = 2: this warp's share of the strip's batches (even / odd)
-  const int strip = blockIdx.x * kStrips + warp / KS;
+  const int strip = blockIdx.x * kWarps + warp;
   const int ks0 = blockIdx.y * p.chunk;
   const int nks = min(p.chunk, p.ksteps - ks0);  // a multiple of kBatch, so of B
-  const int batches = nks / B;                   // of the strip's chunk
-  const int my_batches = (batches - half + KS - 1) / KS;  // this warp's: chunk batches half, half + KS, ...
+  const int batches = nks / B;
   const bool active = strip < p.strips;
   const int kpairs = p.ksteps / 2, kquads = p.ksteps / 4;
   const uint4* vrow = p.vals + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 32 + lane;
@@ -227,14 +220,12 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   // weight batch bb of this warp into ring slot bb % R (one commit group per batch, empty past the end)
   auto issue = [&](int bb) {
     if (BM) {
-      // headers of the batch's B tiles (B * 20 bytes, 16-byte aligned), then its words from 16-byte boundaries; gb:
-      // the batch's index in the strip's chunk
-      const int gb = bb * KS + half;
-      const int v0 = __shfl_sync(0xffffffffu, boff_lane, gb & 31) & ~3;
-      const int v1 = (__shfl_sync(0xffffffffu, boff_lane, (gb + 1) & 31) + 3) & ~3;
-      if (active && bb < my_batches && !(p.probe & 4)) {
+      // headers of the batch's B tiles (B * 20 bytes, 16-byte aligned), then its words from 16-byte boundaries
+      const int v0 = __shfl_sync(0xffffffffu, boff_lane, bb & 31) & ~3;
+      const int v1 = (__shfl_sync(0xffffffffu, boff_lane, (bb + 1) & 31) + 3) & ~3;
+      if (active && bb < batches && !(p.probe & 4)) {
         unsigned char* slot = wring + (bb % R) * p.slot_bytes;
-        const uint32_t* hsrc = p.meta + (static_cast<int64_t>(strip) * p.ksteps + ks0 + gb * B) * kHeaderWords;
+        const uint32_t* hsrc = p.meta + (static_cast<int64_t>(strip) * p.ksteps + ks0 + bb * B) * kHeaderWords;
         if (lane < B * kHeaderWords / 4) cp_async16(slot + lane * 16, hsrc + lane * 4);
         const uint32_t* wsrc = reinterpret_cast<const uint32_t*>(p.vals) + v0;
         uint32_t* wdst = reinterpret_cast<uint32_t*>(slot + B * kHeaderWords * 4);
@@ -323,7 +314,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
   if (active && !(p.probe & 2)) {
-    for (int b = 0; b < my_batches; ++b) {
+    for (int b = 0; b < batches; ++b) {
       if (SP || BM) __syncwarp();  // the lanes are done reading the ring slot the next issue refills (shared data)
       issue(b + R - 1);
       cp_async_wait<R - 1>();  // batch b has landed: each lane's own copies (vals; prmt's meta)
@@ -336,8 +327,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
         const uint32_t* wb = reinterpret_cast<const uint32_t*>(slot + B * kHeaderWords * 4);
         const int w = lane >> 3, sh = 4 * (lane & 7), psh = 8 * w;
         const uint32_t lower = (1u << sh) - 1u, pmask = w ? 0xffu : 0u;
-        const int gb = b * KS + half;                              // the batch's index in the strip's chunk
-        int base = __shfl_sync(0xffffffffu, boff_lane, gb) & 3;  // the batch's first word within the slot
+        int base = __shfl_sync(0xffffffffu, boff_lane, b) & 3;  // the batch's first word within the slot
         // Tile by tile; with the loop unrolled the compiler overlaps the tiles' loads itself (on the H100, loading
         // all headers, then all words per half batch, measured the same, and loading every word unpredicated and
         // masking it 5-10% slower: benchmarks/results/spmm-bitmap-{old,base,masked}-h100-2026-11-25-s11.json).
@@ -356,7 +346,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
           off += (nib >> 2) & 1u;
           a.w = (nib & 8u) ? wb[off] : 0u;
           base += static_cast<int>(cw & 0xffu);
-          const int ks = gb * B + s;
+          const int ks = b * B + s;
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             const uint2 bx = xs[stage_slot(ks, nt, lane)];
@@ -410,27 +400,6 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 
   if (p.probe & 1) return;
   const int g = lane >> 2, t = lane & 3;
-  // KS = 2: the odd warp leaves its sums in its (idle) ring, the even warp adds them to its own and alone goes on
-  bool owner = active;
-  if (KS == 2) {
-    float* mine = reinterpret_cast<float*>(wring);
-    __syncwarp();  // other lanes' ring reads are done before this warp overwrites the ring
-    if (active && half) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) mine[(g + (i >> 1) * 8) * kTokens + nt * 8 + 2 * t + (i & 1)] = acc[nt][i];
-    }
-    __syncthreads();
-    if (active && !half) {
-      const float* other = reinterpret_cast<const float*>(wring + p.wstride);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nt][i] += other[(g + (i >> 1) * 8) * kTokens + nt * 8 + 2 * t + (i & 1)];
-    }
-    owner = active && !half;
-  }
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -440,7 +409,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     // every block's shared memory (distributed shared memory), with no global atomics, fences or counters.
     float* part = reinterpret_cast<float*>(BM ? wring : reinterpret_cast<unsigned char*>(ring_v));
     __syncwarp();  // other lanes' ring reads are done before this warp overwrites the ring
-    if (owner) {
+    if (active) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -451,7 +420,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     // each thread's outputs (at most kMaxOuts for 2+ chunks): the sums are read from every block first, then this
     // block tells the cluster it is done reading (arrive) and writes Y while the others finish; it leaves only after
     // every block has arrived (wait), so no shared memory is read after its block left
-    constexpr int kMaxOuts = kStrips * 16 * kTokens / (2 * kThreads);
+    constexpr int kMaxOuts = kWarps * 16 * kTokens / (2 * kThreads);
     const int rank = static_cast<int>(cluster.block_rank());
     const int stride = kThreads * p.chunks;
     float sums[kMaxOuts];
@@ -460,10 +429,10 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       const int e = rank * kThreads + tid + o * stride;
       const int row_local = e / kTokens, tok = e % kTokens;
       sums[o] = 0.f;
-      if (e < kStrips * 16 * kTokens && tok < p.n) {
+      if (e < kWarps * 16 * kTokens && tok < p.n) {
         const int warp_floats = BM ? p.wstride / 4 : R * kBatchVals * 4;  // one warp's ring, in floats
         float* local =
-            reinterpret_cast<float*>(smem) + (row_local >> 4) * KS * warp_floats + (row_local & 15) * kTokens + tok;
+            reinterpret_cast<float*>(smem) + (row_local >> 4) * warp_floats + (row_local & 15) * kTokens + tok;
         float parts[kMaxCluster];
 #pragma unroll
         for (int r = 0; r < kMaxCluster; ++r) parts[r] = r < p.chunks ? *cluster.map_shared_rank(local, r) : 0.f;
@@ -475,8 +444,8 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
     for (int o = 0; o < kMaxOuts; ++o) {
       const int e = rank * kThreads + tid + o * stride;
-      const int row = blockIdx.x * kStrips * 16 + e / kTokens, tok = e % kTokens;
-      if (e < kStrips * 16 * kTokens && row < p.m && tok < p.n) {
+      const int row = blockIdx.x * kWarps * 16 + e / kTokens, tok = e % kTokens;
+      if (e < kWarps * 16 * kTokens && row < p.m && tok < p.n) {
         float val = sums[o] + (bias ? to_float(bias[row]) : 0.f);
         if (p.relu) val = fmaxf(val, 0.f);
         y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
@@ -487,7 +456,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   }
 #endif
   if (p.chunks == 1) {
-    if (!owner) return;
+    if (!active) return;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -501,7 +470,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       }
     return;
   }
-  if (owner) {
+  if (active) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -518,8 +487,8 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   __syncthreads();
   if (!last_flag) return;
   __threadfence();
-  const int row0 = blockIdx.x * kStrips * 16;
-  for (int idx = tid; idx < kStrips * 16 * kTokens; idx += kThreads) {
+  const int row0 = blockIdx.x * kWarps * 16;
+  for (int idx = tid; idx < kWarps * 16 * kTokens; idx += kThreads) {
     const int row = row0 + idx / kTokens, tok = idx % kTokens;
     if (row < p.m && tok < p.n) {
       float* cell = p.ws + static_cast<int64_t>(row) * kTokens + tok;
@@ -532,7 +501,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   if (tid == 0) p.counters[blockIdx.x] = 0;
 }
 
-template <typename T, int NT, int V, int R, int B, int KS = 1>
+template <typename T, int NT, int V, int R, int B>
 void launch(Params p, int row_blocks, cudaStream_t stream) {
   static std::atomic<uint64_t> opted_in{0};  // above the default 48 KB: opt in once per instance and device
   static std::atomic<int> optin_of[64] = {};  // the device's shared memory per block with opt-in, 0: not asked yet
@@ -542,7 +511,7 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   if (optin == 0) {  // dynamic shared memory the kernel may opt in to: the device's limit less its static arrays
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     cudaFuncAttributes attrs{};
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attrs, nm24_decode_kernel<T, NT, V, R, B, KS>));
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attrs, nm24_decode_kernel<T, NT, V, R, B>));
     optin -= static_cast<int>(attrs.sharedSizeBytes);
     optin_of[device & 63].store(optin, std::memory_order_relaxed);
   }
@@ -555,10 +524,10 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
               "over the device's ", max_smem, " (too dense for the bitmap decode kernel)");
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B, KS>,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_smem)));
     // all of L1 as shared memory: two or three blocks of 62-122 KB per SM (the driver may otherwise size it for one)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B, KS>,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B>,
                                         cudaFuncAttributePreferredSharedMemoryCarveout,
                                         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     opted_in.fetch_or(bit, std::memory_order_relaxed);
@@ -571,14 +540,14 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   }
   if (major < 9) p.cluster = 0;
   if (!p.cluster) {
-    nm24_decode_kernel<T, NT, V, R, B, KS><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
+    nm24_decode_kernel<T, NT, V, R, B><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   static std::atomic<uint64_t> non_portable{0};  // clusters of 9-16 blocks: opt in once per instance and device
   if (p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
     C10_CUDA_CHECK(
-        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B, KS>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     non_portable.fetch_or(bit, std::memory_order_relaxed);
   }
   cudaLaunchConfig_t cfg = {};
@@ -593,17 +562,15 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, V, R, B, KS>, p));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, V, R, B>, p));
 }
 
 // one instance per (token tiles, inner product, ring): the register expansion with the 3 x 8 ring only, the bitmap with
-// 3 x 8 (one or two warps per strip) and 5 x 8
+// 3 x 8 and 5 x 8
 template <typename T>
-void dispatch(const Params& p, int rb, cudaStream_t stream, int variant, bool two, int ring, int batch, int split) {
+void dispatch(const Params& p, int rb, cudaStream_t stream, int variant, bool two, int ring, int batch) {
   if (variant == kPrmt) {
     two ? launch<T, 2, kPrmt, 3, 8>(p, rb, stream) : launch<T, 1, kPrmt, 3, 8>(p, rb, stream);
-  } else if (variant == kBitmap && split == 2) {
-    two ? launch<T, 2, kBitmap, 3, 8, 2>(p, rb, stream) : launch<T, 1, kBitmap, 3, 8, 2>(p, rb, stream);
   } else if (variant == kBitmap && ring == 5) {
     two ? launch<T, 2, kBitmap, 5, 8>(p, rb, stream) : launch<T, 1, kBitmap, 5, 8>(p, rb, stream);
   } else if (variant == kBitmap) {
@@ -627,14 +594,7 @@ struct PlanView {
   int64_t strips, ksteps, m, chunk, variant, ring, batch;
   const int* boff = nullptr;  // bitmap: batch offsets (strips, ksteps / 8 + 1)
   int64_t slot_words = 0;     // bitmap: words of the densest batch (spmm_bitmap_plan.BitmapPlan.slot_words)
-  int64_t split = 1;          // bitmap: warps per strip (1, or 2 with the 3 x 8 ring)
 };
-
-// row blocks of a plan's grid: 8 strips per block, 4 with two warps per strip
-int64_t plan_row_blocks(int64_t strips, int64_t split) {
-  const int64_t per_block = kWarps / split;
-  return (strips + per_block - 1) / per_block;
-}
 
 // Y (M, N) = act(A @ x + bias) into y (any strides) on a checked plan.
 void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias,
@@ -645,8 +605,6 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   TORCH_CHECK((v.ring == 3 && v.batch == 8) || (sp && v.batch == 4 && (v.ring == 4 || v.ring == 6)) ||
                   (v.variant == kBitmap && v.ring == 5 && v.batch == 8),
               "nm24: the ring must be 3 x 8, or 4 x 4 or 6 x 4 with mma.sp (batches x k-steps)");
-  TORCH_CHECK(v.split == 1 || (v.split == 2 && v.variant == kBitmap && v.ring == 3),
-              "nm24: two warps per strip only for the bitmap kernel with the 3 x 8 ring");
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24: x (K, N) and y (M, N) must be 2-D GPU tensors");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24: x must be fp16 or bf16");
   TORCH_CHECK(y.scalar_type() == x.scalar_type() && y.device() == x.device(), "nm24: y must have x's dtype and GPU");
@@ -662,7 +620,7 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
                     bias->device() == x.device(),
                 "nm24: bias must be a contiguous (M,) tensor of x's dtype");
   }
-  const int64_t row_blocks = plan_row_blocks(v.strips, v.split);
+  const int64_t row_blocks = (v.strips + kWarps - 1) / kWarps;
   const int64_t chunks = (v.ksteps + v.chunk - 1) / v.chunk;
   Params p{};
   p.vals = static_cast<const uint4*>(v.vals);
@@ -709,9 +667,9 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   const bool two = n > 8;
   const int ring = static_cast<int>(v.ring), batch = static_cast<int>(v.batch);
   if (x.scalar_type() == at::kHalf) {
-    dispatch<__half>(p, rb, stream, static_cast<int>(v.variant), two, ring, batch, static_cast<int>(v.split));
+    dispatch<__half>(p, rb, stream, static_cast<int>(v.variant), two, ring, batch);
   } else {
-    dispatch<__nv_bfloat16>(p, rb, stream, static_cast<int>(v.variant), two, ring, batch, static_cast<int>(v.split));
+    dispatch<__nv_bfloat16>(p, rb, stream, static_cast<int>(v.variant), two, ring, batch);
   }
 }
 
@@ -743,7 +701,7 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
 void bitmap_mm(const at::Tensor& vals, const at::Tensor& hdr, const at::Tensor& boff, const at::Tensor& ws,
                const at::Tensor& counters, const at::Tensor& x, const at::Tensor& y,
                const c10::optional<at::Tensor>& bias, bool relu, int64_t m, int64_t chunk, int64_t slot_words,
-               int64_t ring, int64_t split) {
+               int64_t ring) {
   TORCH_CHECK(hdr.dim() == 3 && hdr.size(2) == kHeaderWords && hdr.scalar_type() == at::kInt && hdr.is_contiguous() &&
                   hdr.size(1) % kBatch == 0,
               "bitmap_mm: hdr must be a contiguous int32 (strips, ksteps, 5) with ksteps a multiple of 8");
@@ -755,8 +713,7 @@ void bitmap_mm(const at::Tensor& vals, const at::Tensor& hdr, const at::Tensor& 
                   reinterpret_cast<uintptr_t>(vals.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(hdr.data_ptr()) % 16 == 0,
               "bitmap_mm: vals must be a contiguous 16-byte aligned int32 vector");
-  TORCH_CHECK(split == 1 || split == 2, "bitmap_mm: split must be 1 or 2 warps per strip, got ", split);
-  const int64_t row_blocks = plan_row_blocks(strips, split);
+  const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
   TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
                   counters.scalar_type() == at::kInt && counters.numel() >= row_blocks,
               "bitmap_mm: workspace or counters too small");
@@ -767,7 +724,6 @@ void bitmap_mm(const at::Tensor& vals, const at::Tensor& hdr, const at::Tensor& 
              chunk, kBitmap, ring, 8};
   v.boff = boff.data_ptr<int>();
   v.slot_words = slot_words;
-  v.split = split;
   run(v, x, y, bias, relu);
 }
 
@@ -809,7 +765,7 @@ TORCH_LIBRARY(prunekit_nm24, m) {
   m.def("linear(Tensor(a!) plan, Tensor x, Tensor? bias, bool relu, int cfg) -> Tensor");
   m.def(
       "bitmap_mm(Tensor vals, Tensor hdr, Tensor boff, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor(c!) y, "
-      "Tensor? bias, bool relu, int m, int chunk, int slot_words, int ring=3, int split=1) -> ()");
+      "Tensor? bias, bool relu, int m, int chunk, int slot_words, int ring=3) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_nm24, CUDA, m) {
