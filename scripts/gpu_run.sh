@@ -153,7 +153,8 @@ fi
 if [[ $MODE == bitmapsweep ]]; then
   # The bitmap decode kernel under settings read from the environment, one benchmark run each, into
   # $OUT/spmm-bitmap-<name>-<dev>-<date>.json: $BITMAP_CONFIGS is a space-separated list of name:VAR=value,VAR=value
-  # (e.g. "c16:PRUNEKIT_NM24_CHUNK=16 p1:PRUNEKIT_NM24_PROBE=1"; "base:" for none). Probes give wrong results.
+  # (e.g. "c16:PRUNEKIT_NM24_CHUNK=16 p1:PRUNEKIT_NM24_PROBE=1"; "base:" for none; each run stops after
+  # $BITMAP_SWEEP_TIMEOUT_S, default 120). Probes give wrong results.
   step build nm24
   timeout 300 python3 -c "from prunekit.kernels import nm24; print(nm24.load())" > "$OUT/build-nm24.log" 2>&1 ||
     { tail -40 "$OUT/build-nm24.log"; exit 1; }
@@ -166,7 +167,7 @@ if [[ $MODE == bitmapsweep ]]; then
     name=${cfg%%:*}
     vars=${cfg#*:}
     step "bitmap sweep $name ($vars)"
-    env ${vars//,/ } timeout 120 python3 benchmarks/spmm.py --out "$OUT/spmm-bitmap-$name-$DEV-$DATE.json" \
+    env ${vars//,/ } timeout "${BITMAP_SWEEP_TIMEOUT_S:-120}" python3 benchmarks/spmm.py --out "$OUT/spmm-bitmap-$name-$DEV-$DATE.json" \
       --dtypes float16 --shapes "${BITMAP_SHAPES:-4096x4096,11008x4096}" --ns "${BITMAP_NS:-1,16}" \
       --sparsities "${BITMAP_SPARSITIES:-0.8,0.9}" "$@" > "$OUT/bitmap-sweep-$name.log" 2>&1
     echo "exit code $?"
