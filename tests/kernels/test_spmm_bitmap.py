@@ -70,17 +70,19 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
         # nnz_padded about 1% above the non-zeros, as the CSR padding makes it in the benchmark
         return gpu.plan_spmm(m, k, n, int((1 - sparsity) * m * k * 1.01), 132, "auto", dtype).variant
 
-    # The H100 rule: bitmap at N 9-16 from 10% density with K >= 1024; rowwarp at N = 1 and from 95% sparsity; the
-    # scatter rule (or rowwarp) where K < 1024.
+    # The H100 rule with K >= 1024: rowwarp at N = 1; bitmap at N 2-8 up to 90% sparsity, at N 9-15 up to 98%, at
+    # N = 16 up to 95%; rowwarp above. The scatter rule (or rowwarp) where K < 1024.
+    sparsities = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
     for m, k in ((4096, 4096), (11008, 4096), (4096, 11008), (768, 3072)):
-        assert [auto(m, k, 16, s) for s in (0.5, 0.7, 0.8, 0.9, 0.95)] == ["bitmap"] * 4 + ["rowwarp"], (m, k)
-    assert [auto(4096, 4096, n, 0.8) for n in (1, 8, 9, 16, 17)] == [
-        "rowwarp",
-        "rowwarp",
-        "bitmap",
-        "bitmap",
-        "rowwarp",
-    ]
+        assert [auto(m, k, 1, s) for s in sparsities] == ["rowwarp"] * 7, (m, k)
+        for n in (2, 4, 8):
+            assert [auto(m, k, n, s) for s in sparsities] == ["bitmap"] * 4 + ["rowwarp"] * 3, (m, k, n)
+        for n in (9, 12, 15):
+            assert [auto(m, k, n, s) for s in sparsities] == ["bitmap"] * 6 + ["rowwarp"], (m, k, n)
+        assert [auto(m, k, 16, s) for s in sparsities] == ["bitmap"] * 5 + ["rowwarp"] * 2, (m, k)
+    assert [auto(4096, 4096, n, 0.8) for n in (1, 2, 8, 9, 16, 17)] == ["rowwarp"] + ["bitmap"] * 4 + ["rowwarp"]
+    assert [gpu.bitmap_min_density_denominator(n) for n in (2, 8, 9, 15, 16)] == [10, 10, 50, 50, 20]
+    assert auto(3072, 768, 4, 0.8) == "rowwarp"
     assert auto(3072, 768, 16, 0.8) == "scatter"
     assert auto(4096, 4096, 16, 0.8, torch.float32) == "rowwarp"
     assert auto(4096, 4096, 16, 0.8, torch.bfloat16) == "bitmap"

@@ -70,17 +70,25 @@ def test_eager_spmm_code_never_takes_the_tensor_core_plan():
                 assert (code is None) == (tc_auto and plan_n >= gpu.TC_MIN_N), (plan_n, tc_auto, nnz)
 
 
-def test_eager_spmm_code_leaves_the_scatter_range_to_python(monkeypatch):
+def test_eager_spmm_code_leaves_the_scatter_and_bitmap_range_to_python(monkeypatch):
     half = torch.float16
-    for n in range(gpu.SCATTER_MIN_N, gpu.SCATTER_MAX_N + 1):
+    monkeypatch.delenv(gpu.SCATTER_AUTO_ENV, raising=False)
+    monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
+    for n in range(gpu.BITMAP_MIN_N, gpu.SCATTER_MAX_N + 1):
         assert gpu.eager_spmm_code("auto", half, half, n, tc_auto=False) is None  # density decides: gpu.spmm_csr
         assert gpu.eager_spmm_code("auto", torch.float32, torch.float32, n, tc_auto=False) == 0
-    assert gpu.eager_spmm_code("auto", half, half, gpu.SCATTER_MIN_N - 1, tc_auto=False) == 0
+    assert gpu.eager_spmm_code("auto", half, half, 1, tc_auto=False) == 0
     monkeypatch.setenv(gpu.SCATTER_AUTO_ENV, "0")
     assert gpu.eager_spmm_code("auto", half, half, 16, tc_auto=False) is None  # the bitmap rule is still on
+    assert gpu.eager_spmm_code("auto", half, half, 4, tc_auto=False) is None
     monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")
     assert gpu.eager_spmm_code("auto", half, half, 16, tc_auto=False) == 0
-    assert [gpu.eager_size_class(n) for n in (1, 8, 9, 16, 17, 64, 65, 4096)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert gpu.eager_spmm_code("auto", half, half, 4, tc_auto=False) == 0
+    monkeypatch.delenv(gpu.SCATTER_AUTO_ENV)
+    assert gpu.eager_spmm_code("auto", half, half, 4, tc_auto=False) == 0  # below the scatter range
+    assert gpu.eager_spmm_code("auto", half, half, 9, tc_auto=False) is None
+    classes = [gpu.eager_size_class(n) for n in (1, 2, 8, 9, 16, 17, 64, 65, 4096)]
+    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 4]
 
 
 def test_eager_spmm_code_rejects_mixed_and_unsupported_dtypes():
@@ -91,7 +99,7 @@ def test_eager_spmm_code_rejects_mixed_and_unsupported_dtypes():
 
 
 def test_eager_spmm_code_maps_forced_variants_and_rejects_unknown():
-    codes = {v: gpu.eager_spmm_code(v, torch.float16, torch.float16, 4, tc_auto=False) for v in gpu.SPMM_VARIANTS}
+    codes = {v: gpu.eager_spmm_code(v, torch.float16, torch.float16, 1, tc_auto=False) for v in gpu.SPMM_VARIANTS}
     assert codes == {
         "auto": 0,
         "rowwarp": 1,
@@ -209,9 +217,9 @@ def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatc
     x = torch.randn(4, 40, requires_grad=True)
     layer(x).sum().backward()
     assert launched[-1] == 16 and x.grad is not None  # the custom op's autograd, not the launcher
-    assert asked == [(torch.float32, 1), (torch.float32, gpu.TC_MIN_N), (torch.float32, 12)]
+    assert asked == [(torch.float32, 1), (torch.float32, 3), (torch.float32, gpu.TC_MIN_N), (torch.float32, 12)]
     f32 = torch.float32
-    assert list(layer._eager_plans) == [(f32, f32, 0), (f32, f32, 3), (f32, f32, 1)]
+    assert list(layer._eager_plans) == [(f32, f32, 0), (f32, f32, 1), (f32, f32, 4), (f32, f32, 2)]
 
 
 # --- GPU: the entry against float64 ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,12 +145,16 @@ def _load_sidecar(path: Path) -> dict | None:
 
 def _load_torch_state(path: Path) -> dict[str, torch.Tensor]:
     try:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:  # legacy (non-zip) serialization cannot be memory-mapped
-            if "mmap" not in str(exc):
-                raise
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        # torch warns about legacy files written with another pickle protocol; the error below (if any) is the one line
+        # a user sees, so the warning is not printed beside it
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:  # legacy (non-zip) serialization cannot be memory-mapped
+                if "mmap" not in str(exc):
+                    raise
+                state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsupported object"
         raise CheckpointError(f"{path}: refused by torch.load(weights_only=True): {first}") from None

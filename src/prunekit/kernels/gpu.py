@@ -119,8 +119,15 @@ SPMM_VARIANT_CODES = {
     "scatter": 6,
     "bitmap": 7,
 }
-# Bitmap decode kernel (nm24_decode.cu variant 2). "auto" takes it for fp16/bf16 at SCATTER_MIN_N <= N <= 16 when the
-# padded density is >= 1 / BITMAP_MIN_DENSITY_DENOMINATOR and K >= BITMAP_MIN_K. Read in-sample on the H100 from
+# Bitmap decode kernel (nm24_decode.cu variant 2). "auto" takes it for fp16/bf16 at BITMAP_MIN_N <= N <= 16 when the
+# padded density is >= 1 / bitmap_min_density_denominator(N) and K >= BITMAP_MIN_K.
+# Twelfth session (spmm-bitmap-grid-h100-2026-11-25-s12.json: 5 shapes, N = 1 / 2 / 4 / 8 / 12 / 16, 70-98%, one run;
+# in-sample): rowwarp falls back to element loads where N is not its tile width, and at N = 2-8 it was slower than
+# bitmap on every K >= 1024 shape at 70-80% (4096 x 4096, 70%, N = 4: 33.0 against 15.6 us), about even at 90%
+# (4096 x 11008 at N = 2 / 8 faster with rowwarp, the others with bitmap), faster at 95-98%. At N = 12 bitmap was the
+# faster at every sparsity up to 98% (11008 x 4096, 95%: 22.1 against 54.0 us); at N = 16 also at 95% on three of four
+# shapes (the fourth even), and rowwarp from 98%. Hence the density floor by N: 10% at N = 2-8, 2% at N = 9-15, 5% at
+# N = 16. Earlier (eleventh session), from
 # benchmarks/results/spmm-bitmap-masked-h100-2026-11-25-s11.json (a version 5-10% slower than the shipped one) and
 # checked with the shipped kernel in spmm-bitmap-h100-2026-11-25-s11final.json (5 shapes, N = 1 / 8 / 16, 50-98%): at
 # N = 16 it is the fastest prunekit kernel at 50-90% on the four shapes with K >= 3072 (4096 x 4096 at 90%: 13.4 us
@@ -131,7 +138,10 @@ SPMM_VARIANT_CODES = {
 # was the fastest at every point (4096 x 4096, 90%: 13.0-13.5 us against scatter's 15.6-16.9 us).
 BITMAP_AUTO_ENV = "PRUNEKIT_SPMM_BITMAP"
 BITMAP_AUTO_DEFAULT = True
-BITMAP_MIN_DENSITY_DENOMINATOR = 10
+BITMAP_MIN_N = 2
+BITMAP_MIN_DENSITY_DENOMINATOR = 10  # N = 2..8
+BITMAP_MIN_DENSITY_DENOMINATOR_MID_N = 50  # N = 9..15 (rowwarp's element-load tile)
+BITMAP_MIN_DENSITY_DENOMINATOR_16 = 20  # N = 16
 BITMAP_MIN_K = 1024
 # Batches of 8 k-steps per warp in the bitmap kernel's shared-memory ring: 3 (two in flight while one is multiplied), or
 # 5 (all four batches of a 32-k-step chunk in flight at once; from 3% faster to 30% slower on the H100, docs/KERNELS.md).
@@ -170,6 +180,14 @@ def scatter_auto_enabled() -> bool:
     :data:`SCATTER_AUTO_DEFAULT`."""
     env = os.environ.get(SCATTER_AUTO_ENV)
     return SCATTER_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+
+
+def bitmap_min_density_denominator(n: int) -> int:
+    """``auto`` takes the bitmap kernel at ``N`` (2..16) when the padded density is at least one over this (measured on
+    the H100, see the constants)."""
+    if n <= 8:
+        return BITMAP_MIN_DENSITY_DENOMINATOR
+    return BITMAP_MIN_DENSITY_DENOMINATOR_16 if n >= 16 else BITMAP_MIN_DENSITY_DENOMINATOR_MID_N
 
 
 def bitmap_auto_enabled() -> bool:
@@ -273,8 +291,9 @@ def _plan_spmm(
     ``scatter`` instead of ``rowwarp`` for ``SCATTER_MIN_N <= n <= SCATTER_MAX_N`` (9-16) at density >= 20%, or
     >= 10% when ``m * k <= 2^24`` (measured on the H100, see the constants); its k-split is
     :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`). With ``bitmap_auto``
-    (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for those N when the density is >= 10% and
-    ``k >= BITMAP_MIN_K`` (measured on the H100, see the constants).
+    (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` and the
+    density is at least ``1 / bitmap_min_density_denominator(n)`` (10% at N <= 8, 2% at N 9-15, 5% at N = 16;
+    measured on the H100, see the constants).
 
     Raises:
         ValueError: unknown ``variant``.
@@ -297,10 +316,10 @@ def _plan_spmm(
             variant = "scatter"
         if (
             dtype in TC_DTYPES
-            and SCATTER_MIN_N <= n <= BITMAP_MAX_N
+            and BITMAP_MIN_N <= n <= BITMAP_MAX_N
             and bitmap_auto
             and k >= BITMAP_MIN_K
-            and nnz_padded * BITMAP_MIN_DENSITY_DENOMINATOR >= m * k
+            and nnz_padded * bitmap_min_density_denominator(n) >= m * k
         ):
             variant = "bitmap"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
@@ -581,9 +600,11 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
         return None
     if (
         variant == "auto"
-        and (scatter_auto_enabled() or bitmap_auto_enabled())
         and x_dtype in TC_DTYPES
-        and SCATTER_MIN_N <= n <= SCATTER_MAX_N
+        and (
+            (scatter_auto_enabled() and SCATTER_MIN_N <= n <= SCATTER_MAX_N)
+            or (bitmap_auto_enabled() and BITMAP_MIN_N <= n <= BITMAP_MAX_N)
+        )
     ):
         return None  # the scatter and bitmap rules also read the density: gpu.spmm_csr decides
     if x_dtype != values_dtype or x_dtype not in EAGER_DTYPES:
@@ -592,10 +613,12 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
 
 
 def eager_size_class(n: int) -> int:
-    """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < SCATTER_MIN_N, 1 up to
-    SCATTER_MAX_N (the scatter kernel's range), 2 below TC_MIN_N, 3 from TC_MIN_N (the tensor-core ``tc`` range). The
-    runtime caches one answer per layer, dtype pair and class."""
-    return 0 if n < SCATTER_MIN_N else 1 if n <= SCATTER_MAX_N else 2 if n < TC_MIN_N else 3
+    """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < BITMAP_MIN_N, 1 below
+    SCATTER_MIN_N (bitmap's range only), 2 up to SCATTER_MAX_N (the scatter kernel's range too), 3 below TC_MIN_N, 4
+    from TC_MIN_N (the tensor-core ``tc`` range). The runtime caches one answer per layer, dtype pair and class."""
+    if n < BITMAP_MIN_N:
+        return 0
+    return 1 if n < SCATTER_MIN_N else 2 if n <= SCATTER_MAX_N else 3 if n < TC_MIN_N else 4
 
 
 def eager_spmm_variant(values: torch.Tensor, x: torch.Tensor, variant: str = "auto") -> int | None:
