@@ -116,6 +116,18 @@ __device__ __forceinline__ void red_add2(float* ws, float a, float b) {
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Programmatic dependent launch (sm_90): wait until the preceding kernel in the stream has finished and its writes are
+// visible; let the next kernel launch while this one finishes. Both are no-ops in a launch without the attribute.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -134,6 +146,7 @@ struct Params {
   int m, k, n, strips, ksteps, chunk, chunks, relu, x_vec;
   int cluster;  // 1: the grid's k-chunks are clusters, reduced through distributed shared memory (sm_90)
   int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads
+  int pdl;    // launched with programmatic stream serialization (sm_90, $PRUNEKIT_NM24_PDL)
   // bitmap (V = kBitmap): vals are the present pair words, meta the tile headers (strips, ksteps, 5), boff the batch
   // offsets (strips, ksteps / 8 + 1); a ring slot is slot_bytes (headers, then words), a warp's ring wstride bytes
   const int* boff;
@@ -255,8 +268,15 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     }
     cp_async_commit();
   };
-  // commit groups: batch 0 (DRAM) before X is staged (L2), then batches 1 .. R - 2
+  // commit groups: batch 0 (DRAM) before X is staged (L2), then batches 1 .. R - 2. With programmatic dependent launch
+  // the kernel may start while the preceding one (which may write X) still runs: all R - 1 batches go out (the plan is
+  // never written by another kernel), then it waits for that kernel, and only then reads X and writes anything.
   issue(0);
+  if (p.pdl) {
+#pragma unroll
+    for (int bb = 1; bb < R - 1; ++bb) issue(bb);
+    grid_dependency_wait();
+  }
 
   // X[k0 + c][token] for c < nks * 16, tokens < 16, zero outside X: cp.async where a whole 8-byte item is in X
   const T* x = static_cast<const T*>(p.x);
@@ -302,9 +322,13 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     }
   }
   cp_async_commit();
+  if (p.pdl) {
+    cp_async_wait<0>();  // batches 0 .. R - 2 and X have landed (each lane's own copies)
+  } else {
 #pragma unroll
-  for (int bb = 1; bb < R - 1; ++bb) issue(bb);
-  cp_async_wait<R - 2>();  // batch 0 and X have landed (each lane's own copies); batches 1 .. R - 2 may be in flight
+    for (int bb = 1; bb < R - 1; ++bb) issue(bb);
+    cp_async_wait<R - 2>();  // batch 0 and X have landed (each lane's own copies); batches 1 .. R - 2 may be in flight
+  }
   __syncthreads();
 
   float acc[NT][4];
@@ -397,6 +421,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     }
   }
   cp_async_wait<0>();
+  if (p.pdl) launch_dependents();  // the next kernel may start its weight loads during this epilogue
 
   if (p.probe & 1) return;
   const int g = lane >> 2, t = lane & 3;
@@ -538,14 +563,14 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     major_of[device & 63].store(major, std::memory_order_relaxed);
   }
-  if (major < 9) p.cluster = 0;
-  if (!p.cluster) {
+  if (major < 9) p.cluster = 0, p.pdl = 0;
+  if (!p.cluster && !p.pdl) {
     nm24_decode_kernel<T, NT, V, R, B><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   static std::atomic<uint64_t> non_portable{0};  // clusters of 9-16 blocks: opt in once per instance and device
-  if (p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
+  if (p.cluster && p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
     C10_CUDA_CHECK(
         cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     non_portable.fetch_or(bit, std::memory_order_relaxed);
@@ -555,13 +580,22 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = p.chunks;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n_attrs = 0;
+  if (p.cluster) {
+    attr[n_attrs].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attrs].val.clusterDim.x = 1;
+    attr[n_attrs].val.clusterDim.y = p.chunks;
+    attr[n_attrs].val.clusterDim.z = 1;
+    ++n_attrs;
+  }
+  if (p.pdl) {  // may start before the preceding kernel in the stream ends (the kernel waits for it before reading X)
+    attr[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attrs].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attrs;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = n_attrs;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, V, R, B>, p));
 }
 
@@ -656,6 +690,9 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
     return env == nullptr ? 0 : std::atoi(env);
   }();
   p.probe = probe;
+  // programmatic dependent launch on sm_90 (launch() clears it below), off with $PRUNEKIT_NM24_PDL=0
+  const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
+  p.pdl = pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0 ? 1 : 0;
   // k-chunks reduced in a cluster on sm_90 (2..16 chunks; $PRUNEKIT_NM24_CLUSTER=0: global atomics, as on sm_80)
   const char* cluster_var = std::getenv("PRUNEKIT_NM24_CLUSTER");
   const bool cluster_env = cluster_var == nullptr || std::strcmp(cluster_var, "0") != 0;
