@@ -215,6 +215,17 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
             forced["bitmap_gbps"] = (
                 (bitmap_bytes(bm) + x_bytes + n * m * esize) / (forced["bitmap_gpu_ms"] * 1e-3) / 1e9
             )
+        if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
+            # The runtime's layer, eagerly, as a user calls it: x (N, K) in, Y (N, M) out (its own eager route: the
+            # bitmap entry where "auto" takes that kernel, else the generic CSR path); dense_eager_ms is F.linear.
+            layers = [SparseLinear(formats.encode("csr", w)).cuda() for w in weights]
+            calls = [lambda layer=layer, x=x: layer(x) for layer, x in zip(layers, xs, strict=True)]
+            with torch.inference_mode():
+                layer_err = relative_error(calls[0](), ref)
+            forced["layer_eager_ms"] = eager_time(calls)
+            forced["layer_rel_error"] = layer_err
+            forced["speedup_layer_vs_dense_eager"] = dense_eager / forced["layer_eager_ms"]
+            del layers, calls
         try:
             tsp = [lambda s=s, x=x: torch.sparse.mm(s, x.t()) for s, x in zip(torch_csrs, xs, strict=True)]
             sparse_eager = eager_time(tsp, min_reps=1, trials=3)

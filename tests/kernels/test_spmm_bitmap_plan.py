@@ -21,6 +21,7 @@ from prunekit.kernels.spmm_bitmap_plan import (
     bitmap_bytes,
     bitmap_plan_dense,
     bitmap_plan_matmul,
+    buffer_layout,
     build_bitmap_plan,
     get_bitmap_plan,
     pair_coords,
@@ -222,6 +223,26 @@ def test_bitmap_plan_matmul_matches_float64_reference(dtype, m, k, n):
         bitmap_plan_matmul(plan, x2d.t(), None, "gelu")
     with pytest.raises(ValueError, match=r"x must be \(K, N\)"):
         bitmap_plan_matmul(plan, x2d, None)
+
+
+@pytest.mark.parametrize(("m", "k"), [(1, 1), (45, 301), (300, 2500), (4096, 4096)])
+def test_plan_tensors_are_aligned_views_of_one_buffer_laid_out_from_m_and_k(m, k):
+    """The eager entry finds every piece in the one buffer from M and K alone (buffer_layout, as its C++ computes):
+    hdr, boff, ws, counters, each padded to 16 bytes, then vals; the workspace and counters start zero."""
+    plan = _plan(encode_csr(random_sparse_weight(m, k, 0.9, torch.float16, "cpu", empty_rows=min(m, 3))), m, k)
+    n_hdr, n_boff, n_ws, n_cnt = buffer_layout(m, k)
+    assert all(words % 4 == 0 for words in (n_hdr, n_boff, n_ws, n_cnt))
+    base = plan.buffer.data_ptr()
+    offsets = {"hdr": 0, "boff": n_hdr, "ws": n_hdr + n_boff, "counters": n_hdr + n_boff + n_ws}
+    offsets["vals"] = n_hdr + n_boff + n_ws + n_cnt
+    for name, offset in offsets.items():
+        t = getattr(plan, name)
+        assert t.is_contiguous() and t.untyped_storage().data_ptr() == plan.buffer.untyped_storage().data_ptr(), name
+        assert t.data_ptr() == base + 4 * offset, name
+    assert plan.buffer.numel() == offsets["vals"] + plan.vals.numel()
+    assert plan.hdr.numel() == n_hdr and plan.boff.numel() <= n_boff and plan.ws.numel() == n_ws
+    assert plan.counters.numel() <= n_cnt and plan.ws.dtype == torch.float32
+    assert not plan.buffer[offsets["ws"] : offsets["vals"]].any()
 
 
 def test_bitmap_plan_rejects_bad_input():

@@ -219,7 +219,11 @@ def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatc
     assert launched[-1] == 16 and x.grad is not None  # the custom op's autograd, not the launcher
     assert asked == [(torch.float32, 1), (torch.float32, 3), (torch.float32, gpu.TC_MIN_N), (torch.float32, 12)]
     f32 = torch.float32
-    assert list(layer._eager_plans) == [(f32, f32, 0), (f32, f32, 1), (f32, f32, 4), (f32, f32, 2)]
+    generic = [key for key in layer._eager_plans if "bitmap" not in key]
+    assert generic == [(f32, f32, 0), (f32, f32, 1), (f32, f32, 4), (f32, f32, 2)]
+    # N = 2..16 also asked the bitmap entry once per N, which never takes fp32
+    bitmap = {key[3]: entry for key, entry in layer._eager_plans.items() if "bitmap" in key}
+    assert bitmap == {3: None, 2: None, 12: None, 16: None}
 
 
 # --- GPU: the entry against float64 ------------------------------------------------------------------------------

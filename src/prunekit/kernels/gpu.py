@@ -555,6 +555,55 @@ def _bitmap_mm(
     )
 
 
+def eager_bitmap_takes(
+    values: torch.Tensor, x2d: torch.Tensor, m: int, k: int, bias: torch.Tensor | None = None
+) -> bool:
+    """Whether an eager call of a CSR layer with activations ``x2d (N, K)`` runs the bitmap kernel through its C++
+    entry (:func:`bitmap_linear`): what ``"auto"`` would choose (:func:`plan_spmm` with the stored values' count),
+    values and x of one fp16/bf16 dtype on the GPU, a bias of that dtype and contiguous (or none), and the library
+    available here (:func:`nm24.available`). Depends on N through the rule's density floor."""
+    n = x2d.shape[0] if x2d.dim() == 2 else 0
+    if not (BITMAP_MIN_N <= n <= BITMAP_MAX_N and x2d.is_cuda and x2d.dtype in TC_DTYPES and values.dtype == x2d.dtype):
+        return False
+    if bias is not None and (bias.dtype != x2d.dtype or not bias.is_contiguous()):
+        return False
+    plan = plan_spmm(m, k, n, values.numel(), _sm_count(x2d.device), "auto", x2d.dtype)
+    return plan.variant == "bitmap" and nm24.available()
+
+
+def bitmap_linear_plan(
+    csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor], m: int, k: int, device: torch.device
+) -> tuple[torch.Tensor, int, int]:
+    """What the runtime keeps per CSR layer for the eager bitmap entry (:func:`bitmap_linear`): the plan's one buffer
+    (``spmm_bitmap_plan.BitmapPlan.buffer``; the plan is built once and cached on the values tensor), its packed
+    settings (M, the k-chunk :func:`nm24.plan_chunk` for this device's SMs, the ring :func:`bitmap_ring`; the layout
+    of ``nm24.plan_cfg``) and its slot size in words with K in bits 32-62 (checked against x by the entry).
+
+    Args:
+        csr: (values, row_offsets, column_indices) as stored, fp16/bf16 on ``device``; m, k: the weight's shape.
+
+    Raises:
+        KernelUnavailable: the library does not build or load here. ValueError: as :func:`build_bitmap_plan`."""
+    nm24.load()
+    bp = get_bitmap_plan(*csr, m, k)
+    chunk = nm24.plan_chunk(bp.strips, bp.ksteps, _sm_count(device))
+    return bp.buffer, nm24.plan_cfg(m, chunk, 0, bitmap_ring(), 8), bp.slot_words | k << 32
+
+
+def bitmap_linear(
+    plan: tuple[torch.Tensor, int, int], x: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False
+) -> torch.Tensor:
+    """One launch of the bitmap kernel through its eager C++ entry ``prunekit_nm24::bitmap_linear``: ``x (N, K)`` (the
+    activations as ``nn.Linear`` takes them, CUDA, the plan's dtype, 1 <= N <= 16) gives ``Y^T (N, M) = act(x A^T +
+    bias)``, the transposes made in C++. ``plan``: from :func:`bitmap_linear_plan`; ``bias``: contiguous ``(M,)`` of
+    x's dtype or None.
+
+    Raises:
+        RuntimeError: shapes, dtypes or devices that do not match the plan (C++ checks)."""
+    buffer, cfg, shape = plan
+    return torch.ops.prunekit_nm24.bitmap_linear.default(buffer, x, bias, relu, cfg | nm24.ROWS, shape)
+
+
 # --- eager entry: one C++ operator call per layer call (the CUDA-core variants) ------------------------------------
 
 

@@ -29,6 +29,9 @@ Data (:class:`BitmapPlan`):
   number of present pairs of lanes ``< 8 w``.
 - ``boff``: ``(strips, ksteps / 8 + 1)`` int32; ``boff[s, b]`` is the index in ``vals`` of the first word of strip s's
   k-steps ``8 b .. 8 b + 7``, ``boff[s, ksteps / 8]`` the end of strip s's words.
+- All of it lives in one int32 ``buffer`` (the eager entry ``prunekit_nm24::bitmap_linear`` takes just that):
+  ``hdr``, ``boff``, the kernel's fp32 workspace ``ws`` and its ``counters`` (each padded to 4 words), then ``vals``;
+  :func:`buffer_layout` gives the sizes from M and K alone, as the C++ entry computes them.
 
 Lane ``l`` of a tile reads its words from ``tile_base + prefix_byte(l // 8) + popcount(mask_word(l // 8) & ((1 << 4
 (l % 8)) - 1))``, present pairs in increasing r, where ``tile_base`` is ``boff[s, j // 8]`` plus the totals (byte 0
@@ -66,6 +69,7 @@ __all__ = [
     "bitmap_bytes",
     "bitmap_plan_dense",
     "bitmap_plan_matmul",
+    "buffer_layout",
     "build_bitmap_plan",
     "get_bitmap_plan",
     "pair_coords",
@@ -87,6 +91,8 @@ class BitmapPlan:
         m, k: the weight's shape. strips: ``ceil(M / 16)``. ksteps: ``ceil(K / 16)`` rounded up to a multiple of 8.
         slot_words: the most words one batch's 16-byte-aligned span holds (at least 4): the kernel's slot size.
         dtype: the values' dtype (float16 or bfloat16).
+        buffer: ``(fixed + pairs + 4,)`` int32 holding all of the above (:func:`buffer_layout`); the tensors above are
+            views into it.
     """
 
     vals: torch.Tensor
@@ -100,11 +106,30 @@ class BitmapPlan:
     ksteps: int
     slot_words: int
     dtype: torch.dtype
+    buffer: torch.Tensor
 
     @property
     def pairs(self) -> int:
         """Number of stored (present) pairs: ``vals`` without its 4 tail words."""
         return self.vals.numel() - TAIL_WORDS
+
+
+def buffer_layout(m: int, k: int) -> tuple[int, int, int, int]:
+    """Words of ``hdr``, ``boff``, ``ws`` and ``counters`` at the start of a plan's one buffer for ``A (m, k)``, each
+    rounded up to a multiple of 4 (16-byte aligned pieces); ``vals`` follows them. The C++ entry
+    (``bitmap_linear`` in ``nm24_decode.cu``) computes the same."""
+    strips = -(-m // STRIP_ROWS)
+    ksteps = -(-k // (K_STEP * BATCH)) * BATCH
+
+    def pad4(words: int) -> int:
+        return -(-words // 4) * 4
+
+    return (
+        strips * ksteps * HEADER_WORDS,  # a multiple of 40 words: ksteps is a multiple of 8
+        pad4(strips * (ksteps // BATCH + 1)),
+        strips * STRIP_ROWS * MAX_TOKENS,
+        pad4(-(-strips // 8)),
+    )
 
 
 def pair_coords(lane: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,13 +222,19 @@ def build_bitmap_plan(
         start, end = boff[:, :-1], boff[:, 1:]
         span = (end + 3) // 4 * 4 - (start - start % 4)
         slot_words = max(slot_words, int(span.max()))
-    vals = torch.cat([pair_words, torch.zeros(TAIL_WORDS, dtype=torch.int32, device=device)])
+    n_hdr, n_boff, n_ws, n_cnt = buffer_layout(m, k)
+    fixed = n_hdr + n_boff + n_ws + n_cnt
+    buffer = torch.zeros(fixed + pair_words.numel() + TAIL_WORDS, dtype=torch.int32, device=device)
+    buffer[:n_hdr] = hdr.view(-1)
+    buffer[n_hdr : n_hdr + boff.numel()] = boff.view(-1)
+    buffer[fixed : fixed + pair_words.numel()] = pair_words
     return BitmapPlan(
-        vals=vals,
-        hdr=hdr,
-        boff=boff.to(torch.int32),
-        ws=torch.zeros(strips * STRIP_ROWS * MAX_TOKENS, dtype=torch.float32, device=device),
-        counters=torch.zeros(-(-strips // 8), dtype=torch.int32, device=device),
+        vals=buffer[fixed:],
+        hdr=buffer[:n_hdr].view(strips, ksteps, HEADER_WORDS),
+        boff=buffer[n_hdr : n_hdr + boff.numel()].view(strips, batches + 1),
+        ws=buffer[n_hdr + n_boff : n_hdr + n_boff + n_ws].view(torch.float32),
+        counters=buffer[n_hdr + n_boff + n_ws : n_hdr + n_boff + n_ws + -(-strips // 8)],
+        buffer=buffer,
         m=m,
         k=k,
         strips=strips,

@@ -9,7 +9,8 @@ Eager calls on CUDA skip the custom-op layers: BSR and 2:4 layers call one C++ o
 (``prunekit_structured::bsr_mm``; for 2:4 ``prunekit_nm24::linear`` at N <= 16, else ``prunekit_cslt::linear``)
 that allocates the output and launches
 the kernel, with the per-layer decisions (kernel or reference, variant, output layout) made on the
-first call and cached per dtype. CSR layers call the C++ entry ``prunekit_ext::spmm_csr_auto`` where
+first call and cached per dtype. CSR layers at the N where ``"auto"`` takes the bitmap decode kernel call its C++
+entry ``prunekit_nm24::bitmap_linear``; otherwise ``prunekit_ext::spmm_csr_auto`` where
 ``gpu.eager_spmm_variant`` allows, else the op's CUDA implementation ``gpu.spmm_csr`` directly. Traced,
 compiled and CPU calls, and inputs that need a gradient, go through the custom ops.
 """
@@ -23,6 +24,30 @@ from torch import nn
 from ...formats import EncodedTensor, decode
 from ...kernels import gpu, nm24, ops, structured
 from ...kernels.tensor_cache import tensor_version
+
+
+def _csr_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
+    """Eager CUDA CSR at decode sizes where ``"auto"`` takes the bitmap kernel: ``Y^T (N, out_features)`` from ``x2d
+    (N, in_features)`` in one call of its C++ entry (``gpu.bitmap_linear``: no transposes or plan lookups in Python),
+    or None where it does not apply (the generic path then runs). Decided once per layer, dtype and N (the rule's
+    density floor depends on N); the plan is kept with the data pointers and versions of the weight it was built from.
+    """
+    n = x2d.shape[0]
+    if not (gpu.BITMAP_MIN_N <= n <= gpu.BITMAP_MAX_N and _eager_cuda(x2d)):
+        return None
+    if x2d.requires_grad and torch.is_grad_enabled():
+        return None  # the differentiable custom op
+    buffers = layer._buffers
+    values, cols, offsets = buffers["w_values"], buffers["w_column_indices"], buffers["w_row_offsets"]
+    key = (x2d.dtype, values.dtype, "bitmap", n)
+    entry = layer._eager_plans.get(key, _UNSET)
+    stamp = (values.data_ptr(), tensor_version(values), cols.data_ptr(), tensor_version(cols))
+    if entry is _UNSET or (entry is not None and entry[0] != stamp):
+        m, k = layer.out_features, layer.in_features
+        ok = gpu.eager_bitmap_takes(values, x2d, m, k, layer.bias)
+        entry = (stamp, gpu.bitmap_linear_plan((values, offsets, cols), m, k, x2d.device)) if ok else None
+        layer._eager_plans[key] = entry
+    return None if entry is None else gpu.bitmap_linear(entry[1], x2d, layer.bias)
 
 
 def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
@@ -192,8 +217,9 @@ class SparseLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.dim() == 2  # (tokens, in_features) as given: no reshapes, a few microseconds less per eager call
         x2d = x if flat else x.reshape(-1, self.in_features)
-        if self.format == "nm":
-            y = _nm_decode(self, x2d)
+        decode_call = _nm_decode if self.format == "nm" else _csr_decode if self.format == "csr" else None
+        if decode_call is not None:
+            y = decode_call(self, x2d)
             if y is not None:
                 return y if flat else y.reshape(*x.shape[:-1], self.out_features)
         matmul = SPARSE_MATMULS.get(self.format)

@@ -690,13 +690,15 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
     return env == nullptr ? 0 : std::atoi(env);
   }();
   p.probe = probe;
-  // programmatic dependent launch on sm_90 (launch() clears it below), off with $PRUNEKIT_NM24_PDL=0
-  const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
-  p.pdl = pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0 ? 1 : 0;
   // k-chunks reduced in a cluster on sm_90 (2..16 chunks; $PRUNEKIT_NM24_CLUSTER=0: global atomics, as on sm_80)
   const char* cluster_var = std::getenv("PRUNEKIT_NM24_CLUSTER");
   const bool cluster_env = cluster_var == nullptr || std::strcmp(cluster_var, "0") != 0;
   p.cluster = cluster_env && chunks > 1 && chunks <= kMaxCluster;  // launch() clears it below sm_90
+  // Programmatic dependent launch with the cluster reduction ($PRUNEKIT_NM24_PDL=0: off; launch() clears it below
+  // sm_90). On the H100 it took 0.4-1.5 us off a call of 4.5-27 us there, but added 1-1.5 us at 4096 x 11008, whose 22
+  // k-chunks use the atomics (benchmarks/results/{spmm-bitmap,nm24-sweep}-{pdl,nopdl}-h100-2026-11-26-s12.json).
+  const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
+  p.pdl = p.cluster && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0) ? 1 : 0;
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   const c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -792,6 +794,38 @@ at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x_in, const c10
   return rows ? y.t() : y;
 }
 
+// The bitmap plan's eager entry: the plan as its one int32 buffer (spmm_bitmap_plan.buffer_layout: hdr, boff, ws,
+// counters, each padded to 4 words, then vals; found from M and K), cfg packed as nm24_linear's (M, chunk, ring;
+// bit 56: x_in is the activations (N, K) and the result Y^T (N, M)), and shape = the slot size in words | K << 32.
+// Allocates Y as nm24_linear.
+at::Tensor bitmap_linear(const at::Tensor& plan, const at::Tensor& x_in, const c10::optional<at::Tensor>& bias,
+                         bool relu, int64_t cfg, int64_t shape) {
+  TORCH_CHECK(x_in.dim() == 2, "bitmap_linear: x must be 2-D");
+  const bool rows = (cfg >> 56) & 1;
+  const at::Tensor x = rows ? x_in.t() : x_in;
+  const int64_t m = cfg & 0xffffffffLL, k = x.size(0), n = x.size(1);
+  const int64_t slot_words = shape & 0xffffffffLL;
+  TORCH_CHECK(k == (shape >> 32), "bitmap_linear: x has K = ", k, ", the plan ", shape >> 32);
+  const int64_t strips = (m + 15) / 16, ksteps = (k + 16 * kBatch - 1) / (16 * kBatch) * kBatch;
+  auto pad4 = [](int64_t words) { return (words + 3) / 4 * 4; };
+  const int64_t n_hdr = strips * ksteps * kHeaderWords, n_boff = pad4(strips * (ksteps / kBatch + 1));
+  const int64_t n_ws = strips * 16 * kTokens, n_cnt = pad4((strips + kWarps - 1) / kWarps);
+  const int64_t fixed = n_hdr + n_boff + n_ws + n_cnt;
+  TORCH_CHECK(plan.scalar_type() == at::kInt && plan.dim() == 1 && plan.is_contiguous() &&
+                  plan.device() == x.device() && plan.numel() >= fixed + 4 &&
+                  reinterpret_cast<uintptr_t>(plan.data_ptr()) % 16 == 0,
+              "bitmap_linear: the plan buffer does not match M = ", m, " and x's K = ", k);
+  int32_t* base = plan.data_ptr<int32_t>();
+  PlanView v{base + fixed, base, reinterpret_cast<float*>(base + n_hdr + n_boff), base + n_hdr + n_boff + n_ws,
+             strips, ksteps, m, (cfg >> 32) & 0xff, kBitmap, (cfg >> 44) & 0xf, 8};
+  v.boff = base + n_hdr;
+  v.slot_words = slot_words;
+  const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
+  at::Tensor y = transposed ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
+  run(v, x, y, bias, relu);
+  return rows ? y.t() : y;
+}
+
 }  // namespace
 }  // namespace prunekit_nm24
 
@@ -803,10 +837,12 @@ TORCH_LIBRARY(prunekit_nm24, m) {
   m.def(
       "bitmap_mm(Tensor vals, Tensor hdr, Tensor boff, Tensor(a!) ws, Tensor(b!) counters, Tensor x, Tensor(c!) y, "
       "Tensor? bias, bool relu, int m, int chunk, int slot_words, int ring=3) -> ()");
+  m.def("bitmap_linear(Tensor(a!) plan, Tensor x, Tensor? bias, bool relu, int cfg, int shape) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(prunekit_nm24, CUDA, m) {
   m.impl("mm", &prunekit_nm24::nm24_mm);
   m.impl("linear", &prunekit_nm24::nm24_linear);
   m.impl("bitmap_mm", &prunekit_nm24::bitmap_mm);
+  m.impl("bitmap_linear", &prunekit_nm24::bitmap_linear);
 }
