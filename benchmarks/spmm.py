@@ -218,7 +218,7 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
         if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
             # The runtime's layer, eagerly, as a user calls it: x (N, K) in, Y (N, M) out (its own eager route: the
             # bitmap entry where "auto" takes that kernel, else the generic CSR path); dense_eager_ms is F.linear.
-            layers = [SparseLinear(formats.encode("csr", w)).cuda() for w in weights]
+            layers = [SparseLinear(formats.encode("csr", w.cpu())).cuda() for w in weights]
             calls = [lambda layer=layer, x=x: layer(x) for layer, x in zip(layers, xs, strict=True)]
             with torch.inference_mode():
                 layer_err = relative_error(calls[0](), ref)

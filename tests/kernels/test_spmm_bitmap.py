@@ -268,7 +268,7 @@ def test_sparse_linear_bitmap_entry_matches_float64(dtype, m, k, sparsity):
     dense = random_sparse_weight(m, k, sparsity, dtype, "cuda", g, empty_rows=7, single_rows=3)
     bias = torch.randn(m, generator=g, device="cuda").to(dtype)
     for b in (bias, None):
-        layer = SparseLinear(formats.encode("csr", dense), b).cuda()
+        layer = SparseLinear(formats.encode("csr", dense.cpu()), b).cuda()
         for n in range(gpu.BITMAP_MIN_N, gpu.BITMAP_MAX_N + 1):
             x = torch.randn(n, k, generator=g, device="cuda").to(dtype)
             with torch.inference_mode():

@@ -364,10 +364,6 @@ def test_entry_errors_are_clear():
 
 
 @pytest.mark.cuda
-@pytest.mark.skip(
-    reason="on the H100 (2026-11-25) this call ended the pytest process with a segmentation fault instead of raising; "
-    "cause not found, so the C++ entry stays opt-in (gpu.EAGER_CPP_DEFAULT = False); run it alone to investigate"
-)
 def test_entry_refuses_the_tensor_core_code():
     m, k = 20, 50
     c = encode_csr(random_sparse_weight(m, k, 0.5, torch.float16, "cuda"))

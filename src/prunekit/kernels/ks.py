@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 CSRC_DIR = Path(__file__).resolve().parent / "csrc" / "ks"
 SOURCES = ("ks_mm.cu", "ks_mm_f16.cu", "ks_mm_bf16.cu", "ks_mm_tf32.cu")
-HEADERS = ("ks_mm.cuh",)
+HEADERS = ("ks_mm.cuh", "../check.h")
 NAMESPACE = "prunekit_ks"
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TILE_ROWS = (64, 128)  # rows of b per CTA the tensor-core kernel is instantiated for (columns of N: 128)

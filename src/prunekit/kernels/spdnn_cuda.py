@@ -39,6 +39,7 @@ EXTENSION = Extension(
     prefix="prunekit_spdnn",
     csrc_dir=CSRC_DIR,
     sources=SOURCES,
+    headers=("../check.h",),
     probe="chain",
     description="fused SpDNN kernels",
     prebuilt=False,  # benchmark/challenge kernel: never shipped in an exported package

@@ -6,16 +6,17 @@
 #include <torch/library.h>
 
 #include "kernels.h"
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
 
 void check_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const char* op) {
-  TORCH_CHECK(row_offsets.is_cuda() && column_indices.is_cuda(), op, ": CSR tensors must be on the GPU");
-  TORCH_CHECK(row_offsets.scalar_type() == at::kInt && row_offsets.dim() == 1 && row_offsets.is_contiguous(), op,
+  PRUNEKIT_CHECK(row_offsets.is_cuda() && column_indices.is_cuda(), op, ": CSR tensors must be on the GPU");
+  PRUNEKIT_CHECK(row_offsets.scalar_type() == at::kInt && row_offsets.dim() == 1 && row_offsets.is_contiguous(), op,
               ": row_offsets must be a contiguous 1-D int32 tensor");
-  TORCH_CHECK(column_indices.dim() == 1 && column_indices.is_contiguous(), op,
+  PRUNEKIT_CHECK(column_indices.dim() == 1 && column_indices.is_contiguous(), op,
               ": column_indices must be a contiguous 1-D tensor");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(column_indices.data_ptr()) % 16 == 0, op,
+  PRUNEKIT_CHECK(reinterpret_cast<uintptr_t>(column_indices.data_ptr()) % 16 == 0, op,
               ": column_indices must be 16-byte aligned (pass the stored tensor, not an offset view)");
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include <ATen/ATen.h>
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
 
@@ -145,7 +146,7 @@ __device__ __forceinline__ float epilogue(float acc, float bias, bool relu) {
       case at::kHalf: { using scalar_t = __half; return __VA_ARGS__(); }                  \
       case at::kBFloat16: { using scalar_t = __nv_bfloat16; return __VA_ARGS__(); }       \
       case at::kFloat: { using scalar_t = float; return __VA_ARGS__(); }                  \
-      default: TORCH_CHECK(false, "prunekit kernels support float16, bfloat16 and float32, got ", DTYPE); \
+      default: PRUNEKIT_CHECK(false, "prunekit kernels support float16, bfloat16 and float32, got ", DTYPE); \
     }                                                                                     \
   }()
 
@@ -154,6 +155,6 @@ __device__ __forceinline__ float epilogue(float acc, float bias, bool relu) {
     switch (DTYPE) {                                                                      \
       case at::kShort: { using index_t = int16_t; return __VA_ARGS__(); }                 \
       case at::kInt: { using index_t = int32_t; return __VA_ARGS__(); }                   \
-      default: TORCH_CHECK(false, "column_indices must be int16 or int32, got ", DTYPE);  \
+      default: PRUNEKIT_CHECK(false, "column_indices must be int16 or int32, got ", DTYPE);  \
     }                                                                                     \
   }()

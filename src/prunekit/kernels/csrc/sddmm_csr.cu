@@ -11,6 +11,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
 
@@ -56,17 +57,17 @@ sddmm_kernel(const int* __restrict__ row_offsets, const I* __restrict__ cols, co
 void sddmm_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const at::Tensor& row_indices,
                const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
   check_csr(row_offsets, column_indices, "sddmm_csr");
-  TORCH_CHECK(a.is_cuda() && b.is_cuda() && out.is_cuda(), "sddmm_csr: tensors must be on the GPU");
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "sddmm_csr: a (M, K) and b (N, K) expected");
-  TORCH_CHECK(a.is_contiguous() && b.is_contiguous() && out.is_contiguous(), "sddmm_csr: a, b, out must be contiguous");
-  TORCH_CHECK(a.scalar_type() == b.scalar_type() && out.scalar_type() == a.scalar_type(),
+  PRUNEKIT_CHECK(a.is_cuda() && b.is_cuda() && out.is_cuda(), "sddmm_csr: tensors must be on the GPU");
+  PRUNEKIT_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "sddmm_csr: a (M, K) and b (N, K) expected");
+  PRUNEKIT_CHECK(a.is_contiguous() && b.is_contiguous() && out.is_contiguous(), "sddmm_csr: a, b, out must be contiguous");
+  PRUNEKIT_CHECK(a.scalar_type() == b.scalar_type() && out.scalar_type() == a.scalar_type(),
               "sddmm_csr: a, b and out must share one dtype");
-  TORCH_CHECK(row_indices.scalar_type() == at::kInt && row_indices.is_contiguous(),
+  PRUNEKIT_CHECK(row_indices.scalar_type() == at::kInt && row_indices.is_contiguous(),
               "sddmm_csr: row_indices must be contiguous int32");
   const int64_t m = a.size(0), kin = a.size(1);
-  TORCH_CHECK(row_offsets.numel() == m + 1 && row_indices.numel() == m, "sddmm_csr: row_offsets must be (M + 1,)");
-  TORCH_CHECK(out.numel() == column_indices.numel(), "sddmm_csr: out must have one entry per stored value");
-  TORCH_CHECK(m < (int64_t(1) << 31) && kin < (int64_t(1) << 31), "sddmm_csr: too large");
+  PRUNEKIT_CHECK(row_offsets.numel() == m + 1 && row_indices.numel() == m, "sddmm_csr: row_offsets must be (M + 1,)");
+  PRUNEKIT_CHECK(out.numel() == column_indices.numel(), "sddmm_csr: out must have one entry per stored value");
+  PRUNEKIT_CHECK(m < (int64_t(1) << 31) && kin < (int64_t(1) << 31), "sddmm_csr: too large");
   if (m == 0 || out.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(a.device());
   const bool vec_ok = reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 &&

@@ -14,6 +14,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
 
@@ -143,7 +144,7 @@ static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_of
   const bool vec = n % VN == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                    (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   const dim3 grid((m + ROWS - 1) / ROWS, (n + LPR * VN - 1) / (LPR * VN));
-  TORCH_CHECK(grid.y <= 65535, "spmm_csr_direct: N too large");
+  PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_direct: N too large");
   auto kernel = vec ? spmm_direct_kernel<T, I, YT, true, LPR> : spmm_direct_kernel<T, I, YT, false, LPR>;
   kernel<<<grid, 32 * kDirectWarps, 0, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
@@ -170,25 +171,25 @@ void spmm_csr_direct(const at::Tensor& values, const at::Tensor& row_offsets, co
                      const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y,
                      const std::optional<at::Tensor>& bias, bool relu) {
   check_csr(row_offsets, column_indices, "spmm_csr_direct");
-  TORCH_CHECK(x.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_direct: tensors must be on the GPU");
-  TORCH_CHECK(x.dim() == 2 && y.dim() == 2, "spmm_csr_direct: x and y must be 2-D");
-  TORCH_CHECK(values.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
+  PRUNEKIT_CHECK(x.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_direct: tensors must be on the GPU");
+  PRUNEKIT_CHECK(x.dim() == 2 && y.dim() == 2, "spmm_csr_direct: x and y must be 2-D");
+  PRUNEKIT_CHECK(values.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
               "spmm_csr_direct: values, x and y must share one dtype");
-  TORCH_CHECK(values.is_contiguous(), "spmm_csr_direct: values must be contiguous");
-  TORCH_CHECK(row_indices.scalar_type() == at::kInt && row_indices.is_contiguous(),
+  PRUNEKIT_CHECK(values.is_contiguous(), "spmm_csr_direct: values must be contiguous");
+  PRUNEKIT_CHECK(row_indices.scalar_type() == at::kInt && row_indices.is_contiguous(),
               "spmm_csr_direct: row_indices must be contiguous int32");
   const int64_t m = y.size(0), n = y.size(1);
-  TORCH_CHECK(row_offsets.numel() == m + 1 && row_indices.numel() == m && x.size(1) == n,
+  PRUNEKIT_CHECK(row_offsets.numel() == m + 1 && row_indices.numel() == m && x.size(1) == n,
               "spmm_csr_direct: shapes disagree");
-  TORCH_CHECK(x.stride(1) == 1 || n <= 1, "spmm_csr_direct: x must be row-major (unit stride along N)");
-  TORCH_CHECK(m < (int64_t(1) << 31) && n < (int64_t(1) << 31), "spmm_csr_direct: too large");
+  PRUNEKIT_CHECK(x.stride(1) == 1 || n <= 1, "spmm_csr_direct: x must be row-major (unit stride along N)");
+  PRUNEKIT_CHECK(m < (int64_t(1) << 31) && n < (int64_t(1) << 31), "spmm_csr_direct: too large");
   const bool yt = y.stride(1) != 1 && y.stride(0) == 1;
-  TORCH_CHECK(yt || y.stride(1) == 1 || n <= 1, "spmm_csr_direct: y must have unit stride along M or along N");
+  PRUNEKIT_CHECK(yt || y.stride(1) == 1 || n <= 1, "spmm_csr_direct: y must have unit stride along M or along N");
   const int64_t esize = x.element_size();
   const bool y_vec_ok = reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0 &&
                         (yt ? (y.stride(1) * esize) % 16 == 0 : (y.stride(0) * esize) % 16 == 0 && y.stride(1) == 1);
   if (bias) {
-    TORCH_CHECK(bias->is_cuda() && bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
+    PRUNEKIT_CHECK(bias->is_cuda() && bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
                     bias->numel() == m,
                 "spmm_csr_direct: bias must be a contiguous (M,) tensor of x's dtype");
   }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
 
@@ -73,7 +74,7 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
                                  int64_t variant, bool tensor_core_dtype, bool tc_auto) {
   // Result: {variant, subwarp, ntile, rows_per_warp, stage_x, windows_per_warp}, the fields of gpu.SpmmPlan with its
   // defaults {-, 32, 16, 8, 1, 1} where a variant leaves one unset.
-  TORCH_CHECK(variant >= kAuto && variant <= kBitmap, "plan_spmm_code: unknown variant code ", variant,
+  PRUNEKIT_CHECK(variant >= kAuto && variant <= kBitmap, "plan_spmm_code: unknown variant code ", variant,
               " (0 auto, 1 rowwarp, 2 rowwarp_global, 3 direct, 4 tiled, 5 tc, 6 scatter, 7 bitmap)");
   bool stage_x;
   if (variant == kAuto) {
@@ -121,32 +122,32 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
                          const at::Tensor& row_indices, const at::Tensor& x, int64_t m,
                          const std::optional<at::Tensor>& bias, bool relu, int64_t variant) {
   constexpr const char* op = "spmm_csr_auto";
-  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D (K, N), got shape ", x.sizes());
-  TORCH_CHECK(values.dim() == 1 && column_indices.dim() == 1 && row_offsets.dim() == 1 && row_indices.dim() == 1, op,
+  PRUNEKIT_CHECK(x.dim() == 2, op, ": x must be 2-D (K, N), got shape ", x.sizes());
+  PRUNEKIT_CHECK(values.dim() == 1 && column_indices.dim() == 1 && row_offsets.dim() == 1 && row_indices.dim() == 1, op,
               ": values, column_indices, row_offsets and row_indices must be 1-D");
-  TORCH_CHECK(x.is_cuda(), op, ": x must be on the GPU, got ", x.device());
+  PRUNEKIT_CHECK(x.is_cuda(), op, ": x must be on the GPU, got ", x.device());
   const auto device = x.device();
-  TORCH_CHECK(values.device() == device && row_offsets.device() == device && column_indices.device() == device &&
+  PRUNEKIT_CHECK(values.device() == device && row_offsets.device() == device && column_indices.device() == device &&
                   row_indices.device() == device && (!bias.has_value() || bias->device() == device),
               op, ": every tensor must be on x's device (", device, ")");
   const auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, op,
+  PRUNEKIT_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, op,
               ": x must be float16, bfloat16 or float32, got ", dtype);
-  TORCH_CHECK(values.scalar_type() == dtype, op, ": values (", values.scalar_type(), ") and x (", dtype,
+  PRUNEKIT_CHECK(values.scalar_type() == dtype, op, ": values (", values.scalar_type(), ") and x (", dtype,
               ") must share one dtype (gpu.spmm_csr converts mixed precision)");
-  TORCH_CHECK(row_offsets.scalar_type() == at::kInt && row_indices.scalar_type() == at::kInt, op,
+  PRUNEKIT_CHECK(row_offsets.scalar_type() == at::kInt && row_indices.scalar_type() == at::kInt, op,
               ": row_offsets and row_indices must be int32");
-  TORCH_CHECK(column_indices.scalar_type() == at::kShort || column_indices.scalar_type() == at::kInt, op,
+  PRUNEKIT_CHECK(column_indices.scalar_type() == at::kShort || column_indices.scalar_type() == at::kInt, op,
               ": column_indices must be int16 or int32, got ", column_indices.scalar_type());
-  TORCH_CHECK(variant >= kAuto && variant <= kTiled, op, ": variant code must be 0-4 (auto, rowwarp, rowwarp_global, ",
+  PRUNEKIT_CHECK(variant >= kAuto && variant <= kTiled, op, ": variant code must be 0-4 (auto, rowwarp, rowwarp_global, ",
               "direct, tiled), got ", variant, "; the tensor-core variants (tc, scatter) run through gpu.spmm_csr");
-  TORCH_CHECK(m >= 0, op, ": m must be >= 0, got ", m);
-  TORCH_CHECK(row_offsets.numel() == m + 1, op, ": row_offsets has ", row_offsets.numel(), " entries, expected M + 1 = ",
+  PRUNEKIT_CHECK(m >= 0, op, ": m must be >= 0, got ", m);
+  PRUNEKIT_CHECK(row_offsets.numel() == m + 1, op, ": row_offsets has ", row_offsets.numel(), " entries, expected M + 1 = ",
               m + 1);
-  TORCH_CHECK(row_indices.numel() == m, op, ": row_indices has ", row_indices.numel(), " entries, expected M = ", m);
-  TORCH_CHECK(column_indices.numel() == values.numel(), op, ": column_indices (", column_indices.numel(),
+  PRUNEKIT_CHECK(row_indices.numel() == m, op, ": row_indices has ", row_indices.numel(), " entries, expected M = ", m);
+  PRUNEKIT_CHECK(column_indices.numel() == values.numel(), op, ": column_indices (", column_indices.numel(),
               ") and values (", values.numel(), ") must have one length");
-  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->numel() == m), op, ": bias must be (M,) = (", m, ",)");
+  PRUNEKIT_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->numel() == m), op, ": bias must be (M,) = (", m, ",)");
 
   // Output by layout.py's rule: a column-major X (the runtime's x2d.t(), N > 1) gives the transposed view of a
   // contiguous (N, M) buffer, anything else a contiguous (M, N).
@@ -188,7 +189,7 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
       break;
     }
     default:
-      TORCH_CHECK(false, op, ": internal error, plan chose variant code ", plan[0]);
+      PRUNEKIT_CHECK(false, op, ": internal error, plan chose variant code ", plan[0]);
   }
   return y;
 }

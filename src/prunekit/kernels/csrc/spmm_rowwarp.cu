@@ -19,6 +19,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
 
@@ -208,7 +209,7 @@ static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offse
       const dim3 grid(static_cast<unsigned>(std::min<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount),
                                                               blocks_needed)),
                       (n + NT - 1) / NT);
-      TORCH_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
+      PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
       kernel<<<grid, kSmemThreads, smem_bytes, stream>>>(
           reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
           reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
@@ -220,7 +221,7 @@ static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offse
   }
   constexpr int kThreads = 256;
   const dim3 grid((static_cast<int64_t>(m) * SW + kThreads - 1) / kThreads, (n + NT - 1) / NT);
-  TORCH_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
+  PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
   auto kernel = spmm_rowwarp_kernel<T, I, NT, SW, kXStrided>;
   if constexpr (NT >= 4) {
     if (xv) kernel = spmm_rowwarp_kernel<T, I, NT, SW, kXVector>;
@@ -242,7 +243,7 @@ static void dispatch_ntile(int64_t ntile, const at::Tensor& values, const at::Te
     case 4: return launch_rowwarp<T, I, 4, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n, stage_x);
     case 8: return launch_rowwarp<T, I, 8, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n, stage_x);
     case 16: return launch_rowwarp<T, I, 16, SW>(values, row_offsets, cols, row_indices, x, y, bias, relu, m, n, stage_x);
-    default: TORCH_CHECK(false, "spmm_csr_rowwarp: ntile must be 1, 4, 8 or 16, got ", ntile);
+    default: PRUNEKIT_CHECK(false, "spmm_csr_rowwarp: ntile must be 1, 4, 8 or 16, got ", ntile);
   }
 }
 
@@ -251,20 +252,20 @@ void spmm_csr_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, c
                       const std::optional<at::Tensor>& bias, bool relu, int64_t subwarp, int64_t ntile,
                       bool stage_x) {
   check_csr(row_offsets, column_indices, "spmm_csr_rowwarp");
-  TORCH_CHECK(x.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_rowwarp: tensors must be on the GPU");
-  TORCH_CHECK(x.dim() == 2 && y.dim() == 2, "spmm_csr_rowwarp: x and y must be 2-D");
-  TORCH_CHECK(values.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
+  PRUNEKIT_CHECK(x.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_rowwarp: tensors must be on the GPU");
+  PRUNEKIT_CHECK(x.dim() == 2 && y.dim() == 2, "spmm_csr_rowwarp: x and y must be 2-D");
+  PRUNEKIT_CHECK(values.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
               "spmm_csr_rowwarp: values, x and y must share one dtype");
-  TORCH_CHECK(values.is_contiguous() && reinterpret_cast<uintptr_t>(values.data_ptr()) % 16 == 0,
+  PRUNEKIT_CHECK(values.is_contiguous() && reinterpret_cast<uintptr_t>(values.data_ptr()) % 16 == 0,
               "spmm_csr_rowwarp: values must be contiguous and 16-byte aligned");
-  TORCH_CHECK(row_indices.scalar_type() == at::kInt && row_indices.is_contiguous(),
+  PRUNEKIT_CHECK(row_indices.scalar_type() == at::kInt && row_indices.is_contiguous(),
               "spmm_csr_rowwarp: row_indices must be contiguous int32");
   const int64_t m = y.size(0), n = y.size(1);
-  TORCH_CHECK(row_offsets.numel() == m + 1 && row_indices.numel() == m && x.size(1) == n,
+  PRUNEKIT_CHECK(row_offsets.numel() == m + 1 && row_indices.numel() == m && x.size(1) == n,
               "spmm_csr_rowwarp: shapes disagree");
-  TORCH_CHECK(m < (int64_t(1) << 31) / 32 && n < (int64_t(1) << 31), "spmm_csr_rowwarp: too large");
+  PRUNEKIT_CHECK(m < (int64_t(1) << 31) / 32 && n < (int64_t(1) << 31), "spmm_csr_rowwarp: too large");
   if (bias) {
-    TORCH_CHECK(bias->is_cuda() && bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
+    PRUNEKIT_CHECK(bias->is_cuda() && bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
                     bias->numel() == m,
                 "spmm_csr_rowwarp: bias must be a contiguous (M,) tensor of x's dtype");
   }
@@ -277,7 +278,7 @@ void spmm_csr_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, c
         dispatch_ntile<scalar_t, index_t, 8>(ntile, values, row_offsets, column_indices, row_indices, x, y, b, relu,
                                              m, n, stage_x);
       } else {
-        TORCH_CHECK(subwarp == 32, "spmm_csr_rowwarp: subwarp must be 8 or 32, got ", subwarp);
+        PRUNEKIT_CHECK(subwarp == 32, "spmm_csr_rowwarp: subwarp must be 8 or 32, got ", subwarp);
         dispatch_ntile<scalar_t, index_t, 32>(ntile, values, row_offsets, column_indices, row_indices, x, y, b, relu,
                                               m, n, stage_x);
       }

@@ -50,6 +50,7 @@
 #include "common.cuh"
 #include "kernels.h"
 #include "mma.cuh"
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
 namespace {
@@ -353,48 +354,48 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
                       const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu, int64_t kr_groups,
                       const at::Tensor& workspace, const at::Tensor& counters, int64_t strip_rows) {
   const char* op = "spmm_csr_scatter";
-  TORCH_CHECK(strip_rows == 8 || strip_rows == 16, op, ": strip_rows must be 8 or 16, got ", strip_rows);
-  TORCH_CHECK(records.is_cuda() && group_offsets.is_cuda() && x.is_cuda() && y.is_cuda() && workspace.is_cuda() &&
+  PRUNEKIT_CHECK(strip_rows == 8 || strip_rows == 16, op, ": strip_rows must be 8 or 16, got ", strip_rows);
+  PRUNEKIT_CHECK(records.is_cuda() && group_offsets.is_cuda() && x.is_cuda() && y.is_cuda() && workspace.is_cuda() &&
                   counters.is_cuda(),
               op, ": tensors must be on the GPU");
   const auto device = x.device();
-  TORCH_CHECK(records.device() == device && group_offsets.device() == device && y.device() == device &&
+  PRUNEKIT_CHECK(records.device() == device && group_offsets.device() == device && y.device() == device &&
                   workspace.device() == device && counters.device() == device &&
                   (!bias || bias->device() == device),
               op, ": the plan, x, y, bias and workspace must be on one GPU (x is on ", device, ")");
   const auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, op, ": tensor cores take float16 or bfloat16, got ",
+  PRUNEKIT_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, op, ": tensor cores take float16 or bfloat16, got ",
               dtype);
-  TORCH_CHECK(y.scalar_type() == dtype, op, ": x and y must share one dtype");
-  TORCH_CHECK(records.scalar_type() == at::kInt && records.dim() == 1 && records.is_contiguous(), op,
+  PRUNEKIT_CHECK(y.scalar_type() == dtype, op, ": x and y must share one dtype");
+  PRUNEKIT_CHECK(records.scalar_type() == at::kInt && records.dim() == 1 && records.is_contiguous(), op,
               ": records must be a contiguous 1-D int32 tensor");
-  TORCH_CHECK(x.dim() == 2 && y.dim() == 2 && x.size(1) == y.size(1), op, ": x (K, N) and y (M, N) expected");
+  PRUNEKIT_CHECK(x.dim() == 2 && y.dim() == 2 && x.size(1) == y.size(1), op, ": x (K, N) and y (M, N) expected");
   const int64_t m = y.size(0), n = y.size(1), k = x.size(0);
-  TORCH_CHECK(n <= kScTokens, op, ": takes N <= ", kScTokens, " columns of X, got ", n);
+  PRUNEKIT_CHECK(n <= kScTokens, op, ": takes N <= ", kScTokens, " columns of X, got ", n);
   const int64_t strips = (m + strip_rows - 1) / strip_rows;
   const int64_t groups = std::max<int64_t>(1, (k + kScGroupCols - 1) / kScGroupCols);
-  TORCH_CHECK(group_offsets.scalar_type() == at::kInt && group_offsets.dim() == 1 && group_offsets.is_contiguous() &&
+  PRUNEKIT_CHECK(group_offsets.scalar_type() == at::kInt && group_offsets.dim() == 1 && group_offsets.is_contiguous() &&
                   group_offsets.numel() == strips * groups + 1,
               op, ": group_offsets must be a contiguous int32 tensor of ceil(M / strip_rows) * ceil(K / 128) + 1 "
               "entries (was the plan built for this M, K and strip_rows?)");
-  TORCH_CHECK(kr_groups >= 1 && kr_groups <= kScMaxKrGroups, op, ": kr_groups must be in [1, ", kScMaxKrGroups,
+  PRUNEKIT_CHECK(kr_groups >= 1 && kr_groups <= kScMaxKrGroups, op, ": kr_groups must be in [1, ", kScMaxKrGroups,
               "], got ", kr_groups);
   const int64_t ksplit = (groups + kr_groups - 1) / kr_groups;
   constexpr int64_t kInt32Max = (int64_t(1) << 31) - 1;
   // Record indices run up to 32 * (kScPrefetch + 1) past the last record in the ring refill: keep them in int.
-  TORCH_CHECK(records.numel() <= kInt32Max - 32 * (kScPrefetch + 1) && strips * groups < kInt32Max &&
+  PRUNEKIT_CHECK(records.numel() <= kInt32Max - 32 * (kScPrefetch + 1) && strips * groups < kInt32Max &&
                   k <= kInt32Max && m <= kInt32Max && (strips + kScWarps - 1) / kScWarps <= 65535,
               op, ": problem too large for this kernel's indexing");
   if (ksplit > 1) {
-    TORCH_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() &&
+    PRUNEKIT_CHECK(workspace.scalar_type() == at::kFloat && workspace.is_contiguous() &&
                     workspace.numel() >= strips * kScTokens * strip_rows,
                 op, ": workspace must be a contiguous float32 tensor of at least ",
                 "ceil(M / strip_rows) * strip_rows * 16 zeros");
-    TORCH_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() && counters.numel() >= strips, op,
+    PRUNEKIT_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() && counters.numel() >= strips, op,
                 ": counters must be a contiguous int32 tensor of at least ceil(M / strip_rows) zeros");
   }
   if (bias) {
-    TORCH_CHECK(bias->scalar_type() == dtype && bias->is_contiguous() && bias->numel() == m, op,
+    PRUNEKIT_CHECK(bias->scalar_type() == dtype && bias->is_contiguous() && bias->numel() == m, op,
                 ": bias must be a contiguous (M,) tensor of x's dtype");
   }
   if (m == 0 || n == 0) return;

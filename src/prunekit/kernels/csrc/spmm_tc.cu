@@ -29,6 +29,7 @@
 #include "common.cuh"
 #include "kernels.h"
 #include "mma.cuh"
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
 namespace {
@@ -253,7 +254,7 @@ void launch_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, const
   auto kernel = spmm_tc_kernel<T, YT, WPW, NT, PF>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int64_t grid_y = (static_cast<int64_t>(n) + NT - 1) / NT;  // int64: n + NT - 1 may pass INT_MAX
-  TORCH_CHECK(grid_y <= 65535, "spmm_csr_tc: N = ", n, " needs ", grid_y, " column tiles of ", NT, "; at most 65535");
+  PRUNEKIT_CHECK(grid_y <= 65535, "spmm_csr_tc: N = ", n, " needs ", grid_y, " column tiles of ", NT, "; at most 65535");
   const dim3 grid((num_windows + kTcWarps * WPW - 1) / (kTcWarps * WPW), static_cast<unsigned>(grid_y));
   auto stream = c10::cuda::getCurrentCUDAStream();
   kernel<<<grid, kTcThreads, kSmem, stream>>>(
@@ -272,7 +273,7 @@ void dispatch_tile(int64_t wpw, int64_t ntile, const at::Tensor& frag_values, co
                    const at::Tensor& kstep_offsets, const at::Tensor& window_rows, const at::Tensor& x, int64_t ldx,
                    const at::Tensor& y, bool y_pair_ok, const T* bias, bool relu, int k, int n, int num_windows,
                    int num_chunks) {
-  TORCH_CHECK((wpw == 2 && ntile == 128) || (wpw == 1 && ntile == 128) || (wpw == 1 && ntile == 64),
+  PRUNEKIT_CHECK((wpw == 2 && ntile == 128) || (wpw == 1 && ntile == 128) || (wpw == 1 && ntile == 64),
               "spmm_csr_tc: (windows_per_warp, ntile) must be (2, 128), (1, 128) or (1, 64), got (", wpw, ", ", ntile,
               ")");
   int smem_optin = 0;
@@ -282,7 +283,7 @@ void dispatch_tile(int64_t wpw, int64_t ntile, const at::Tensor& frag_values, co
     wpw = 1;
     ntile = 64;
   }
-  TORCH_CHECK(smem_optin >= stage_bytes(64), "spmm_csr_tc: needs ", stage_bytes(64),
+  PRUNEKIT_CHECK(smem_optin >= stage_bytes(64), "spmm_csr_tc: needs ", stage_bytes(64),
               " bytes of shared memory per block, the device allows ", smem_optin);
   // The deep prefetch ring (6 k-steps) for the 128-column tiles by default: on the H100 (2026-11-25, fifth
   // session; benchmarks/results/spmm-tc-pf{2,6}-h100-2026-11-25.json) it passed the tc tests and ran 8-15% faster
@@ -329,52 +330,52 @@ void spmm_csr_tc(const at::Tensor& frag_values, const at::Tensor& slot_rows, con
                  const at::Tensor& window_rows, const at::Tensor& x, const at::Tensor& y,
                  const std::optional<at::Tensor>& bias, bool relu, int64_t windows_per_warp, int64_t ntile) {
   const char* op = "spmm_csr_tc";
-  TORCH_CHECK(frag_values.is_cuda() && slot_rows.is_cuda() && kstep_offsets.is_cuda() && window_rows.is_cuda() &&
+  PRUNEKIT_CHECK(frag_values.is_cuda() && slot_rows.is_cuda() && kstep_offsets.is_cuda() && window_rows.is_cuda() &&
                   x.is_cuda() && y.is_cuda(),
               op, ": tensors must be on the GPU");
   const auto device = x.device();
-  TORCH_CHECK(frag_values.device() == device && slot_rows.device() == device && kstep_offsets.device() == device &&
+  PRUNEKIT_CHECK(frag_values.device() == device && slot_rows.device() == device && kstep_offsets.device() == device &&
                   window_rows.device() == device && y.device() == device && (!bias || bias->device() == device),
               op, ": the plan, x, y and bias must be on one GPU (x is on ", device, ")");
   const auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, op, ": tensor cores take float16 or bfloat16, got ",
+  PRUNEKIT_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, op, ": tensor cores take float16 or bfloat16, got ",
               dtype);
-  TORCH_CHECK(frag_values.scalar_type() == dtype && y.scalar_type() == dtype, op,
+  PRUNEKIT_CHECK(frag_values.scalar_type() == dtype && y.scalar_type() == dtype, op,
               ": frag_values, x and y must share one dtype");
-  TORCH_CHECK(frag_values.dim() == 3 && frag_values.size(1) == 32 && frag_values.size(2) == 8 &&
+  PRUNEKIT_CHECK(frag_values.dim() == 3 && frag_values.size(1) == 32 && frag_values.size(2) == 8 &&
                   frag_values.is_contiguous() && reinterpret_cast<uintptr_t>(frag_values.data_ptr()) % 16 == 0,
               op, ": frag_values must be a contiguous, 16-byte aligned (ksteps, 32, 8) tensor");
   const int64_t ksteps = frag_values.size(0);
-  TORCH_CHECK(slot_rows.scalar_type() == at::kByte && slot_rows.dim() == 2 && slot_rows.size(0) == ksteps &&
+  PRUNEKIT_CHECK(slot_rows.scalar_type() == at::kByte && slot_rows.dim() == 2 && slot_rows.size(0) == ksteps &&
                   slot_rows.size(1) == kTcKStep && slot_rows.is_contiguous(),
               op, ": slot_rows must be a contiguous (ksteps, 16) uint8 tensor");
-  TORCH_CHECK(window_rows.scalar_type() == at::kInt && window_rows.dim() == 1 && window_rows.is_contiguous() &&
+  PRUNEKIT_CHECK(window_rows.scalar_type() == at::kInt && window_rows.dim() == 1 && window_rows.is_contiguous() &&
                   window_rows.numel() % kTcWindow == 0,
               op, ": window_rows must be a contiguous int32 tensor of num_windows * 16 entries");
-  TORCH_CHECK(x.dim() == 2 && y.dim() == 2 && x.size(1) == y.size(1), op, ": x (K, N) and y (M, N) expected");
+  PRUNEKIT_CHECK(x.dim() == 2 && y.dim() == 2 && x.size(1) == y.size(1), op, ": x (K, N) and y (M, N) expected");
   const int64_t m = y.size(0), n = y.size(1), k = x.size(0);
   const int64_t num_windows = window_rows.numel() / kTcWindow;
   const int64_t num_chunks = std::max<int64_t>(1, (k + kTcChunk - 1) / kTcChunk);
-  TORCH_CHECK(num_windows == (m + kTcWindow - 1) / kTcWindow, op, ": window_rows has ", window_rows.numel(),
+  PRUNEKIT_CHECK(num_windows == (m + kTcWindow - 1) / kTcWindow, op, ": window_rows has ", window_rows.numel(),
               " entries; a plan for M = ", m, " has ", (m + kTcWindow - 1) / kTcWindow * kTcWindow);
-  TORCH_CHECK(kstep_offsets.scalar_type() == at::kInt && kstep_offsets.dim() == 1 && kstep_offsets.is_contiguous() &&
+  PRUNEKIT_CHECK(kstep_offsets.scalar_type() == at::kInt && kstep_offsets.dim() == 1 && kstep_offsets.is_contiguous() &&
                   kstep_offsets.numel() == num_windows * num_chunks + 1,
               op, ": kstep_offsets must be a contiguous int32 tensor of num_windows * ceil(K / 256) + 1 entries "
               "(was the plan built for this K?)");
   // int32 index math in the kernel: window slot w * 16 + 15, segment w * num_chunks + ch (+ 1), k-step * 32 + 31.
   constexpr int64_t kInt32Max = (int64_t(1) << 31) - 1;
-  TORCH_CHECK(num_windows * kTcWindow <= kInt32Max && k <= kInt32Max && n <= kInt32Max &&
+  PRUNEKIT_CHECK(num_windows * kTcWindow <= kInt32Max && k <= kInt32Max && n <= kInt32Max &&
                   num_windows * num_chunks < kInt32Max && ksteps * 32 <= kInt32Max,
               op, ": problem too large for int32 indexing");
   // X: row-major, leading dimension a multiple of 8 elements (16 bytes), 16-byte aligned base.
   const int64_t ldx = x.stride(0);
-  TORCH_CHECK((x.stride(1) == 1 || n <= 1) && ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
+  PRUNEKIT_CHECK((x.stride(1) == 1 || n <= 1) && ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               op, ": x must be row-major with a leading dimension that is a multiple of 8 and a 16-byte aligned base");
   // Y: row-major (unit stride along N) or any other strides (element stores).
   const bool yt = !(y.stride(1) == 1 || n <= 1);
   const bool y_pair_ok = !yt && y.stride(0) % 2 == 0 && reinterpret_cast<uintptr_t>(y.data_ptr()) % 4 == 0;
   if (bias) {
-    TORCH_CHECK(bias->is_cuda() && bias->scalar_type() == dtype && bias->is_contiguous() && bias->numel() == m, op,
+    PRUNEKIT_CHECK(bias->is_cuda() && bias->scalar_type() == dtype && bias->is_contiguous() && bias->numel() == m, op,
                 ": bias must be a contiguous (M,) tensor of x's dtype");
   }
   if (m == 0 || n == 0) return;

@@ -16,6 +16,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
 
@@ -182,7 +183,7 @@ static void launch_tiled(const at::Tensor& values, const at::Tensor& row_offsets
                          bool relu, int m, int k, int n) {
   constexpr int ROWS = kTiledWarps * RPW;
   const dim3 grid((m + ROWS - 1) / ROWS, (n + kNTile - 1) / kNTile);
-  TORCH_CHECK(grid.y <= 65535, "spmm_csr_tiled: N too large");
+  PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_tiled: N too large");
   auto stream = c10::cuda::getCurrentCUDAStream();
   spmm_tiled_kernel<T, I, XT, YT, RPW><<<grid, kTiledThreads, 0, stream>>>(
       reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
@@ -210,26 +211,26 @@ void spmm_csr_tiled(const at::Tensor& values, const at::Tensor& row_offsets, con
                     const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu,
                     int64_t rows_per_warp) {
   check_csr(row_offsets, column_indices, "spmm_csr_tiled");
-  TORCH_CHECK(x.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_tiled: tensors must be on the GPU");
-  TORCH_CHECK(x.dim() == 2 && y.dim() == 2, "spmm_csr_tiled: x and y must be 2-D");
-  TORCH_CHECK(values.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
+  PRUNEKIT_CHECK(x.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_tiled: tensors must be on the GPU");
+  PRUNEKIT_CHECK(x.dim() == 2 && y.dim() == 2, "spmm_csr_tiled: x and y must be 2-D");
+  PRUNEKIT_CHECK(values.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
               "spmm_csr_tiled: values, x and y must share one dtype");
-  TORCH_CHECK(values.is_contiguous(), "spmm_csr_tiled: values must be contiguous");
+  PRUNEKIT_CHECK(values.is_contiguous(), "spmm_csr_tiled: values must be contiguous");
   const int64_t m = y.size(0), n = y.size(1), k = x.size(0);
-  TORCH_CHECK(row_offsets.numel() == m + 1 && x.size(1) == n, "spmm_csr_tiled: shapes disagree");
-  TORCH_CHECK(m < (int64_t(1) << 31) && k < (int64_t(1) << 31) && n < (int64_t(1) << 31), "spmm_csr_tiled: too large");
+  PRUNEKIT_CHECK(row_offsets.numel() == m + 1 && x.size(1) == n, "spmm_csr_tiled: shapes disagree");
+  PRUNEKIT_CHECK(m < (int64_t(1) << 31) && k < (int64_t(1) << 31) && n < (int64_t(1) << 31), "spmm_csr_tiled: too large");
   // X layouts: row-major (unit stride along N) or the transposed view of a row-major (N, K) buffer (unit stride
   // along K). Y layouts: row-major or transposed.
   const bool xt = x.stride(1) != 1 && x.stride(0) == 1;
-  TORCH_CHECK(xt || x.stride(1) == 1 || n <= 1, "spmm_csr_tiled: x must have unit stride along K or along N");
+  PRUNEKIT_CHECK(xt || x.stride(1) == 1 || n <= 1, "spmm_csr_tiled: x must have unit stride along K or along N");
   const bool yt = y.stride(1) != 1 && y.stride(0) == 1;
-  TORCH_CHECK(yt || y.stride(1) == 1 || n <= 1, "spmm_csr_tiled: y must have unit stride along M or along N");
+  PRUNEKIT_CHECK(yt || y.stride(1) == 1 || n <= 1, "spmm_csr_tiled: y must have unit stride along M or along N");
   const int64_t x_lead = xt ? x.stride(1) : x.stride(0);
   const bool x_vec_ok = aligned16(x.data_ptr()) && (x_lead * x.element_size()) % 16 == 0;
   const bool y_vec_ok = !yt && reinterpret_cast<uintptr_t>(y.data_ptr()) % (4 * y.element_size()) == 0 &&
                         (y.stride(0) % 4) == 0 && y.stride(1) == 1;
   if (bias) {
-    TORCH_CHECK(bias->is_cuda() && bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
+    PRUNEKIT_CHECK(bias->is_cuda() && bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
                     bias->numel() == m,
                 "spmm_csr_tiled: bias must be a contiguous (M,) tensor of x's dtype");
   }
@@ -242,7 +243,7 @@ void spmm_csr_tiled(const at::Tensor& values, const at::Tensor& row_offsets, con
         dispatch_layout<scalar_t, index_t, 2>(xt, yt, values, row_offsets, column_indices, x, x_vec_ok, y, y_vec_ok,
                                               b, relu, m, k, n);
       } else {
-        TORCH_CHECK(rows_per_warp == 8, "spmm_csr_tiled: rows_per_warp must be 2 or 8, got ", rows_per_warp);
+        PRUNEKIT_CHECK(rows_per_warp == 8, "spmm_csr_tiled: rows_per_warp must be 2 or 8, got ", rows_per_warp);
         dispatch_layout<scalar_t, index_t, 8>(xt, yt, values, row_offsets, column_indices, x, x_vec_ok, y, y_vec_ok,
                                               b, relu, m, k, n);
       }

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "ks_mm.cuh"
+#include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit_ks {
 
@@ -111,17 +112,17 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // w: (a, d, b, c) contiguous; x: (a*c*d, N) any strides; y: (a*b*d, N) any strides; bias: (a*b*d,) or none.
 void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias,
                bool relu, int64_t tile_rows, int64_t pipelined) {
-  TORCH_CHECK(w.is_cuda() && x.is_cuda() && y.is_cuda(), "ks_mm: tensors must be on the GPU");
-  TORCH_CHECK(w.dim() == 4 && w.is_contiguous(), "ks_mm: blocks must be a contiguous (a, d, b, c) tensor");
-  TORCH_CHECK(w.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
+  PRUNEKIT_CHECK(w.is_cuda() && x.is_cuda() && y.is_cuda(), "ks_mm: tensors must be on the GPU");
+  PRUNEKIT_CHECK(w.dim() == 4 && w.is_contiguous(), "ks_mm: blocks must be a contiguous (a, d, b, c) tensor");
+  PRUNEKIT_CHECK(w.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
               "ks_mm: blocks, x and y must have one dtype");
   const int64_t a = w.size(0), d = w.size(1), b = w.size(2), c = w.size(3);
-  TORCH_CHECK(x.dim() == 2 && x.size(0) == a * c * d, "ks_mm: x must be (a*c*d, N)");
-  TORCH_CHECK(y.dim() == 2 && y.size(0) == a * b * d && y.size(1) == x.size(1), "ks_mm: y must be (a*b*d, N)");
-  TORCH_CHECK(tile_rows == 64 || tile_rows == 128, "ks_mm: tile_rows must be 64 or 128");
-  TORCH_CHECK(x.size(1) <= INT32_MAX && b <= INT32_MAX && c <= INT32_MAX && a * d <= INT32_MAX,
+  PRUNEKIT_CHECK(x.dim() == 2 && x.size(0) == a * c * d, "ks_mm: x must be (a*c*d, N)");
+  PRUNEKIT_CHECK(y.dim() == 2 && y.size(0) == a * b * d && y.size(1) == x.size(1), "ks_mm: y must be (a*b*d, N)");
+  PRUNEKIT_CHECK(tile_rows == 64 || tile_rows == 128, "ks_mm: tile_rows must be 64 or 128");
+  PRUNEKIT_CHECK(x.size(1) <= INT32_MAX && b <= INT32_MAX && c <= INT32_MAX && a * d <= INT32_MAX,
               "ks_mm: sizes exceed the kernel's 32-bit tile indices");
-  TORCH_CHECK((x.size(1) + TC_BN - 1) / TC_BN <= 65535 && (b + 63) / 64 <= 65535, "ks_mm: grid too large");
+  PRUNEKIT_CHECK((x.size(1) + TC_BN - 1) / TC_BN <= 65535 && (b + 63) / 64 <= 65535, "ks_mm: grid too large");
   if (y.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -140,18 +141,18 @@ void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, co
   args.n = static_cast<int>(x.size(1));
   args.relu = relu ? 1 : 0;
   if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == a * b * d &&
+    PRUNEKIT_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == a * b * d &&
                     bias->is_cuda(),
                 "ks_mm: bias must be a contiguous (a*b*d,) GPU tensor of x's dtype");
     args.bias = bias->data_ptr();
   }
   if (x.scalar_type() == at::kFloat && pipelined == 3) {  // 3xTF32 on tensor cores (ks_mm_tf32.cu)
-    TORCH_CHECK((args.n + 127) / 128 <= 65535, "ks_mm: grid too large");
+    PRUNEKIT_CHECK((args.n + 127) / 128 <= 65535, "ks_mm: grid too large");
     launch_tf32x3(args, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
-  TORCH_CHECK(pipelined != 3, "ks_mm: the 3xTF32 kernel takes float32 only");
+  PRUNEKIT_CHECK(pipelined != 3, "ks_mm: the 3xTF32 kernel takes float32 only");
   if (x.scalar_type() == at::kFloat) {
     const int64_t groups = a * d;
     const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>((args.n + F_BN - 1) / F_BN),
@@ -177,10 +178,10 @@ void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, co
     // one column (n == 1): the column strides are never used, any value fits
     vec_x = dblock_width(args.d, args.sxk, args.n > 1 ? args.sxn : 0, args.sym, args.n > 1 ? args.syn : 0,
                          align_elems(args.x), align_elems(args.y));
-    TORCH_CHECK(vec_x != 0 && aligned16(args.w),
+    PRUNEKIT_CHECK(vec_x != 0 && aligned16(args.w),
                 "ks_mm: the delta-block kernel needs batch-first x and y, d, the row strides and the data pointers "
                 "divisible by 2 elements or more, and 16-byte aligned blocks");
-    TORCH_CHECK((args.n + DB_BN - 1) / DB_BN <= 65535, "ks_mm: grid too large");
+    PRUNEKIT_CHECK((args.n + DB_BN - 1) / DB_BN <= 65535, "ks_mm: grid too large");
   }
   const int pipe = pipelined == 2 ? 2 : (pipelined ? 1 : 0);
   if (x.scalar_type() == at::kHalf) {
@@ -190,7 +191,7 @@ void ks_mm_out(const at::Tensor& w, const at::Tensor& x, const at::Tensor& y, co
     launch_tc<__nv_bfloat16>(args, static_cast<int>(tile_rows), pipe, vec_w, vec_x, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else {
-    TORCH_CHECK(false, "ks_mm: CUDA kernel takes float32, float16 or bfloat16, got ", x.scalar_type());
+    PRUNEKIT_CHECK(false, "ks_mm: CUDA kernel takes float32, float16 or bfloat16, got ", x.scalar_type());
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace {
 
@@ -295,8 +296,8 @@ void launch_bt(int bt, const ChainArgs& a) {
 
 // Inputs per block for N features of element_size bytes (4: float32, 2: the 16-bit option); 0 when none fit.
 int64_t max_block_inputs(int64_t n, int64_t element_size, int64_t buffers) {
-  TORCH_CHECK(element_size == 4 || element_size == 2, "max_block_inputs: element_size must be 4 or 2");
-  TORCH_CHECK(buffers == 1 || buffers == 2, "max_block_inputs: buffers must be 1 or 2");
+  PRUNEKIT_CHECK(element_size == 4 || element_size == 2, "max_block_inputs: element_size must be 4 or 2");
+  PRUNEKIT_CHECK(buffers == 1 || buffers == 2, "max_block_inputs: buffers must be 1 or 2");
   int device;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int smem_optin = 0;
@@ -313,13 +314,13 @@ static void check_chain_inputs(const torch::Tensor& y, const torch::Tensor& ell_
                                bool with_16bit = false) {
   const auto t = y.scalar_type();
   const bool dtype_ok = t == torch::kFloat || (with_16bit && (t == torch::kHalf || t == torch::kBFloat16));
-  TORCH_CHECK(y.is_cuda() && y.dim() == 2 && dtype_ok,
+  PRUNEKIT_CHECK(y.is_cuda() && y.dim() == 2 && dtype_ok,
               with_16bit ? "y must be a 2-D float32, float16 or bfloat16 CUDA tensor"
                          : "y must be a 2-D float32 CUDA tensor");
-  TORCH_CHECK(ell_idx.dim() == 3 && ell_idx.scalar_type() == torch::kInt, "ell_idx must be (layers, slots, N) int32");
-  TORCH_CHECK(ell_val.sizes() == ell_idx.sizes() && ell_val.scalar_type() == torch::kFloat,
+  PRUNEKIT_CHECK(ell_idx.dim() == 3 && ell_idx.scalar_type() == torch::kInt, "ell_idx must be (layers, slots, N) int32");
+  PRUNEKIT_CHECK(ell_val.sizes() == ell_idx.sizes() && ell_val.scalar_type() == torch::kFloat,
               "ell_val must be float32 and shaped like ell_idx");
-  TORCH_CHECK(ell_idx.size(2) == y.size(1), "ELL layers must have N = y.size(1) outputs");
+  PRUNEKIT_CHECK(ell_idx.size(2) == y.size(1), "ELL layers must have N = y.size(1) outputs");
 }
 
 // row_pos (layers, N) int32, optional: each layer's permutation of the shared-memory rows (see the kernel); the ELL
@@ -333,7 +334,7 @@ std::tuple<torch::Tensor, torch::Tensor> chain_impl(const torch::Tensor& y, cons
                                                     const std::optional<torch::Tensor>& rows) {
   const bool packed = !ell_val.defined();
   check_chain_inputs(y, ell_idx, packed ? ell_idx.view(torch::kFloat) : ell_val, /*with_16bit=*/true);
-  TORCH_CHECK(!packed || y.size(1) <= 65536, "packed ELL layers address at most 65536 input rows");
+  PRUNEKIT_CHECK(!packed || y.size(1) <= 65536, "packed ELL layers address at most 65536 input rows");
   const c10::cuda::CUDAGuard guard(y.device());
   auto yc = y.contiguous();
   auto idx = ell_idx.contiguous();
@@ -341,14 +342,14 @@ std::tuple<torch::Tensor, torch::Tensor> chain_impl(const torch::Tensor& y, cons
   torch::Tensor pos;
   if (row_pos.has_value()) {
     pos = row_pos->contiguous();
-    TORCH_CHECK(pos.device() == y.device() && pos.scalar_type() == torch::kInt && pos.dim() == 2 &&
+    PRUNEKIT_CHECK(pos.device() == y.device() && pos.scalar_type() == torch::kInt && pos.dim() == 2 &&
                     pos.size(0) == idx.size(0) && pos.size(1) == y.size(1),
                 "row_pos must be (layers, N) int32 on the features' device");
   }
   torch::Tensor picked;
   if (rows.has_value()) {
     picked = rows->contiguous();
-    TORCH_CHECK(picked.device() == y.device() && picked.scalar_type() == torch::kLong && picked.dim() == 1,
+    PRUNEKIT_CHECK(picked.device() == y.device() && picked.scalar_type() == torch::kLong && picked.dim() == 1,
                 "rows must be a 1-D int64 tensor on the features' device");
   }
   const int* pos_ptr = pos.defined() ? pos.data_ptr<int>() : nullptr;
@@ -373,7 +374,7 @@ std::tuple<torch::Tensor, torch::Tensor> chain_impl(const torch::Tensor& y, cons
   int64_t min_blocks = std::max(1, sms / 2);
   if (const char* env = std::getenv("PRUNEKIT_SPDNN_MIN_BLOCKS")) min_blocks = std::max<int64_t>(1, std::atoll(env));
   while (bt > 1 && (batch + bt - 1) / bt < min_blocks) bt /= 2;
-  TORCH_CHECK(bt > 0, "N = ", yc.size(1), " features do not fit in shared memory for the fused chain");
+  PRUNEKIT_CHECK(bt > 0, "N = ", yc.size(1), " features do not fit in shared memory for the fused chain");
   if (dtype == torch::kHalf) {
     packed ? launch_bt<__half, true>(bt, args) : launch_bt<__half, false>(bt, args);
   } else if (dtype == torch::kBFloat16) {
@@ -388,7 +389,7 @@ std::tuple<torch::Tensor, torch::Tensor> chain(const torch::Tensor& y, const tor
                                                const torch::Tensor& ell_val, double bias, double cap,
                                                const std::optional<torch::Tensor>& row_pos,
                                                const std::optional<torch::Tensor>& rows) {
-  TORCH_CHECK(ell_val.defined(), "ell_val must be a tensor");
+  PRUNEKIT_CHECK(ell_val.defined(), "ell_val must be a tensor");
   return chain_impl(y, ell_idx, ell_val, bias, cap, row_pos, rows);
 }
 
@@ -504,12 +505,12 @@ std::tuple<torch::Tensor, torch::Tensor> tiled_impl(const torch::Tensor& y, cons
                                                     const c10::optional<torch::Tensor>& out_pos) {
   const bool packed = !ell_val.defined();
   check_chain_inputs(y, ell_idx, packed ? ell_idx.view(torch::kFloat) : ell_val);
-  TORCH_CHECK(!packed || y.size(1) <= 65536, "packed ELL layers address at most 65536 input rows");
-  TORCH_CHECK(ell_idx.size(0) >= 1, "tiled: give at least one layer");
+  PRUNEKIT_CHECK(!packed || y.size(1) <= 65536, "packed ELL layers address at most 65536 input rows");
+  PRUNEKIT_CHECK(ell_idx.size(0) >= 1, "tiled: give at least one layer");
   torch::Tensor pos;
   if (out_pos.has_value()) {
     pos = out_pos->contiguous();
-    TORCH_CHECK(pos.scalar_type() == torch::kInt && pos.device() == y.device() && pos.dim() == 2 &&
+    PRUNEKIT_CHECK(pos.scalar_type() == torch::kInt && pos.device() == y.device() && pos.dim() == 2 &&
                     pos.size(0) == ell_idx.size(0) && pos.size(1) == y.size(1),
                 "tiled: out_pos must be a (layers, N) int32 tensor on the features' device");
   }
@@ -520,9 +521,9 @@ std::tuple<torch::Tensor, torch::Tensor> tiled_impl(const torch::Tensor& y, cons
   auto val = packed ? torch::Tensor() : ell_val.contiguous();
   const int64_t batch = yc.size(0), n = yc.size(1);
   const int layers = static_cast<int>(idx.size(0)), slots = static_cast<int>(idx.size(1));
-  TORCH_CHECK(n * BT < (int64_t{1} << 31) && batch < (int64_t{1} << 31), "tiled: N or the batch is too large");
+  PRUNEKIT_CHECK(n * BT < (int64_t{1} << 31) && batch < (int64_t{1} << 31), "tiled: N or the batch is too large");
   const int64_t tiles = (batch + BT - 1) / BT;
-  TORCH_CHECK(tiles <= 65535, "tiled: at most 65535 tiles of ", BT, " inputs per call (split the batch)");
+  PRUNEKIT_CHECK(tiles <= 65535, "tiled: at most 65535 tiles of ", BT, " inputs per call (split the batch)");
   auto alive = torch::zeros({batch}, yc.options().dtype(torch::kInt));
   if (batch == 0) return {torch::empty_like(yc), alive};
 
@@ -569,7 +570,7 @@ std::tuple<torch::Tensor, torch::Tensor> tiled_impl(const torch::Tensor& y, cons
 std::tuple<torch::Tensor, torch::Tensor> tiled(const torch::Tensor& y, const torch::Tensor& ell_idx,
                                                const torch::Tensor& ell_val, double bias, double cap,
                                                const c10::optional<torch::Tensor>& out_pos) {
-  TORCH_CHECK(ell_val.defined(), "ell_val must be a tensor");
+  PRUNEKIT_CHECK(ell_val.defined(), "ell_val must be a tensor");
   return tiled_impl(y, ell_idx, ell_val, bias, cap, out_pos);
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "bsr_mm.cuh"
+#include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit_structured {
 
@@ -53,20 +54,20 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
                 const c10::optional<at::Tensor>& schedule, const c10::optional<at::Tensor>& split_rows,
                 const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu,
                 int64_t tile_n, bool staged_epilogue, int64_t variant) {
-  TORCH_CHECK(blocks.is_cuda() && x.is_cuda() && y.is_cuda(), "bsr_mm: tensors must be on the GPU");
-  TORCH_CHECK(blocks.dim() == 3 && blocks.is_contiguous(), "bsr_mm: blocks must be a contiguous (nblocks, r, c)");
-  TORCH_CHECK(blocks.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
+  PRUNEKIT_CHECK(blocks.is_cuda() && x.is_cuda() && y.is_cuda(), "bsr_mm: tensors must be on the GPU");
+  PRUNEKIT_CHECK(blocks.dim() == 3 && blocks.is_contiguous(), "bsr_mm: blocks must be a contiguous (nblocks, r, c)");
+  PRUNEKIT_CHECK(blocks.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
               "bsr_mm: blocks, x and y must have one dtype");
-  TORCH_CHECK(crow.scalar_type() == at::kInt && cols.scalar_type() == at::kInt && crow.is_contiguous() &&
+  PRUNEKIT_CHECK(crow.scalar_type() == at::kInt && cols.scalar_type() == at::kInt && crow.is_contiguous() &&
                   cols.is_contiguous(),
               "bsr_mm: crow_indices and col_indices must be contiguous int32");
-  TORCH_CHECK(x.dim() == 2 && x.stride(0) == 1 && x.stride(1) % 8 == 0 &&
+  PRUNEKIT_CHECK(x.dim() == 2 && x.stride(0) == 1 && x.stride(1) % 8 == 0 &&
                   reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bsr_mm: x must be K-contiguous with a leading dimension that is a multiple of 8");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(blocks.data_ptr()) % 16 == 0, "bsr_mm: blocks must be 16-byte aligned");
+  PRUNEKIT_CHECK(reinterpret_cast<uintptr_t>(blocks.data_ptr()) % 16 == 0, "bsr_mm: blocks must be 16-byte aligned");
   const int r = static_cast<int>(blocks.size(1)), c = static_cast<int>(blocks.size(2));
   const int64_t m = y.size(0), n = y.size(1);
-  TORCH_CHECK(m % r == 0 && x.size(0) % c == 0 && crow.numel() == m / r + 1, "bsr_mm: shapes do not match the blocks");
+  PRUNEKIT_CHECK(m % r == 0 && x.size(0) % c == 0 && crow.numel() == m / r + 1, "bsr_mm: shapes do not match the blocks");
   if (m == 0 || n == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -88,7 +89,7 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
     args.staged = 2;
   }
   if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == m,
+    PRUNEKIT_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == m,
                 "bsr_mm: bias must be a contiguous (M,) tensor of x's dtype");
     args.bias = bias->data_ptr();
   }
@@ -96,7 +97,7 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
   at::Tensor ws;
   int64_t n_split = 0;
   if (schedule.has_value()) {
-    TORCH_CHECK(schedule->scalar_type() == at::kInt && schedule->dim() == 2 && schedule->size(1) == 4 &&
+    PRUNEKIT_CHECK(schedule->scalar_type() == at::kInt && schedule->dim() == 2 && schedule->size(1) == 4 &&
                     schedule->is_contiguous(),
                 "bsr_mm: schedule must be a contiguous (n_items, 4) int32 tensor");
     args.schedule = reinterpret_cast<const int4*>(schedule->data_ptr<int>());
@@ -113,7 +114,7 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
   } else if (grid_rows > 0) {
     const bool half = x.scalar_type() == at::kHalf;
     if (half || x.scalar_type() == at::kBFloat16) {
-      TORCH_CHECK(tile_n == 32 || tile_n == 128 || tile_n == 256, "bsr_mm: tile_n must be 32, 128 or 256");
+      PRUNEKIT_CHECK(tile_n == 32 || tile_n == 128 || tile_n == 256, "bsr_mm: tile_n must be 32, 128 or 256");
       if (half) {
         tile_n == 32    ? dispatch_rc<__half, 32>(r, c, args, grid_rows, stream)
         : tile_n == 128 ? dispatch_rc<__half, 128>(r, c, args, grid_rows, stream)
@@ -124,11 +125,11 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
                         : dispatch_rc<__nv_bfloat16, 256>(r, c, args, grid_rows, stream);
       }
     } else {
-      TORCH_CHECK(false, "bsr_mm: CUDA kernel takes float16 or bfloat16, got ", x.scalar_type());
+      PRUNEKIT_CHECK(false, "bsr_mm: CUDA kernel takes float16 or bfloat16, got ", x.scalar_type());
     }
   }
   if (n_split > 0) {
-    TORCH_CHECK(split_rows->scalar_type() == at::kInt && split_rows->is_contiguous(), "bsr_mm: split_rows int32");
+    PRUNEKIT_CHECK(split_rows->scalar_type() == at::kInt && split_rows->is_contiguous(), "bsr_mm: split_rows int32");
     const int64_t per_slot = static_cast<int64_t>(r) * n;
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((per_slot + 255) / 256, 1024)),
                     static_cast<unsigned>(n_split));
@@ -155,7 +156,7 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
 at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols,
                   const c10::optional<at::Tensor>& schedule, const c10::optional<at::Tensor>& split_rows,
                   const at::Tensor& x, int64_t m, const c10::optional<at::Tensor>& bias, bool relu, int64_t variant) {
-  TORCH_CHECK(x.dim() == 2 && blocks.dim() == 3, "bsr_mm: x must be (K, N) and blocks (nblocks, r, c)");
+  PRUNEKIT_CHECK(x.dim() == 2 && blocks.dim() == 3, "bsr_mm: x must be (K, N) and blocks (nblocks, r, c)");
   const int64_t k = x.size(0), n = x.size(1);
   const bool transposed_io = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
   at::Tensor y = transposed_io ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
@@ -190,7 +191,7 @@ at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   if (variant == VARIANT_WGMMA) {
     tile_n = n > 128 && std::max<int64_t>(1, m / r) * ((n + 255) / 256) >= sms ? 256 : 128;
   } else {
-    TORCH_CHECK(variant == VARIANT_AUTO || variant == VARIANT_MMA, "bsr_mm: unknown variant ", variant);
+    PRUNEKIT_CHECK(variant == VARIANT_AUTO || variant == VARIANT_MMA, "bsr_mm: unknown variant ", variant);
     variant = VARIANT_MMA;
     tile_n = plan_tile_n(m, r, n, sms, blocks.size(0));
   }

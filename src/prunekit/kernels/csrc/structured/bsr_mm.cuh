@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit_structured {
 
@@ -333,7 +334,7 @@ void dispatch_rc(int r, int c, const BsrArgs& args, int grid_rows, cudaStream_t 
   PK_BSR_CASE(32, 16) PK_BSR_CASE(32, 32) PK_BSR_CASE(32, 64)
   PK_BSR_CASE(64, 16) PK_BSR_CASE(64, 32) PK_BSR_CASE(64, 64)
 #undef PK_BSR_CASE
-  TORCH_CHECK(false, "bsr_mm: blocks must be r x c with r, c in {16, 32, 64}, got ", r, "x", c);
+  PRUNEKIT_CHECK(false, "bsr_mm: blocks must be r x c with r, c in {16, 32, 64}, got ", r, "x", c);
 }
 
 }  // namespace prunekit_structured

@@ -1,6 +1,7 @@
 // Host entry of the sm_90a wgmma + TMA BSR variant (kernel in bsr_mm_wgmma.cuh): tensor maps, the sm_90a probe and
 // the launch by dtype, block columns and N tile.
 #include "bsr_mm_wgmma.cuh"
+#include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit_structured {
 namespace wgmma_bsr {
@@ -31,7 +32,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 #else
     C10_CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &status));
 #endif
-    TORCH_CHECK(status == cudaDriverEntryPointSuccess && ptr != nullptr, "bsr_mm wgmma: no cuTensorMapEncodeTiled");
+    PRUNEKIT_CHECK(status == cudaDriverEntryPointSuccess && ptr != nullptr, "bsr_mm wgmma: no cuTensorMapEncodeTiled");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
   }();
   return fn;
@@ -53,7 +54,7 @@ CUtensorMap make_map(const void* ptr, bool half, uint64_t inner, uint64_t outer,
                                    const_cast<void*>(ptr), dims, strides, box, elem_strides,
                                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TORCH_CHECK(res == CUDA_SUCCESS, "bsr_mm wgmma: cuTensorMapEncodeTiled failed with error ", static_cast<int>(res));
+  PRUNEKIT_CHECK(res == CUDA_SUCCESS, "bsr_mm wgmma: cuTensorMapEncodeTiled failed with error ", static_cast<int>(res));
   return map;
 }
 
@@ -83,15 +84,15 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
                       cudaStream_t stream) {
   using namespace wgmma_bsr;
   const int r = static_cast<int>(blocks.size(1)), c = static_cast<int>(blocks.size(2));
-  TORCH_CHECK(r == 64 && (c == 16 || c == 32 || c == 64), "bsr_mm wgmma: blocks must be 64 x {16, 32, 64}, got ", r,
+  PRUNEKIT_CHECK(r == 64 && (c == 16 || c == 32 || c == 64), "bsr_mm wgmma: blocks must be 64 x {16, 32, 64}, got ", r,
               "x", c);
-  TORCH_CHECK(tile_n == 128 || tile_n == 256, "bsr_mm wgmma: tile_n must be 128 or 256");
-  TORCH_CHECK(bsr_wgmma_available(), "bsr_mm wgmma: needs an sm_90 GPU and a library built for sm_90a");
+  PRUNEKIT_CHECK(tile_n == 128 || tile_n == 256, "bsr_mm wgmma: tile_n must be 128 or 256");
+  PRUNEKIT_CHECK(bsr_wgmma_available(), "bsr_mm wgmma: needs an sm_90 GPU and a library built for sm_90a");
   // The tensor maps are encoded as FLOAT16 or BFLOAT16 from x's dtype: any other dtype would be read as bf16.
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+  PRUNEKIT_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
               "bsr_mm wgmma: takes float16 or bfloat16, got ", x.scalar_type());
   // TMA: rows of X (its columns n) at a byte stride that is a multiple of 16 and covers a row of K elements.
-  TORCH_CHECK(x.stride(0) == 1 && x.stride(1) % 8 == 0 && x.stride(1) >= x.size(0),
+  PRUNEKIT_CHECK(x.stride(0) == 1 && x.stride(1) % 8 == 0 && x.stride(1) >= x.size(0),
               "bsr_mm wgmma: x must be K-contiguous with a leading dimension >= K and a multiple of 8");
   const bool half = x.scalar_type() == at::kHalf;
   const uint64_t capacity_rows = static_cast<uint64_t>(std::max<int64_t>(blocks.size(0), 1)) * r;

@@ -21,6 +21,7 @@
 #include <mutex>
 
 #include "bsr_mm.cuh"
+#include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PK_SM90A 1
@@ -272,7 +273,7 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
   static std::once_flag once[MAX_DEVICES];  // per instantiation and device: the attribute is set per device
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  TORCH_CHECK(device >= 0 && device < MAX_DEVICES, "bsr_mm wgmma: device index ", device, " out of range");
+  PRUNEKIT_CHECK(device >= 0 && device < MAX_DEVICES, "bsr_mm wgmma: device index ", device, " out of range");
   std::call_once(once[device], [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });

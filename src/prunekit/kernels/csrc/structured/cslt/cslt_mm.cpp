@@ -18,13 +18,14 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include "../../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit_cslt {
 
 #define PK_CSLT_CHECK(expr)                                                                                       \
   do {                                                                                                           \
     const cusparseStatus_t status_ = (expr);                                                                     \
-    TORCH_CHECK(status_ == CUSPARSE_STATUS_SUCCESS, "cuSPARSELt call ", #expr, " failed: ",                      \
+    PRUNEKIT_CHECK(status_ == CUSPARSE_STATUS_SUCCESS, "cuSPARSELt call ", #expr, " failed: ",                      \
                 cusparseLtGetErrorString(status_));                                                              \
   } while (0)
 
@@ -79,13 +80,13 @@ std::map<int64_t, std::unique_ptr<Weight>> registry;
 int64_t next_id = 1;
 
 cudaDataType cuda_type(at::ScalarType t) {
-  TORCH_CHECK(t == at::kHalf || t == at::kBFloat16, "cslt: float16 or bfloat16 expected, got ", t);
+  PRUNEKIT_CHECK(t == at::kHalf || t == at::kBFloat16, "cslt: float16 or bfloat16 expected, got ", t);
   return t == at::kHalf ? CUDA_R_16F : CUDA_R_16BF;
 }
 
 // Compress a 2:4 weight (M, K) (row-major, every group of 4 along K holding at most 2 non-zeros); returns its id.
 int64_t cslt_prepare(const at::Tensor& dense) {
-  TORCH_CHECK(dense.is_cuda() && dense.dim() == 2 && dense.is_contiguous(), "cslt_prepare: contiguous 2-D GPU tensor");
+  PRUNEKIT_CHECK(dense.is_cuda() && dense.dim() == 2 && dense.is_contiguous(), "cslt_prepare: contiguous 2-D GPU tensor");
   const c10::cuda::CUDAGuard guard(dense.device());
   auto w = std::make_unique<Weight>();
   w->m = dense.size(0);
@@ -114,21 +115,21 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
   {
     const std::lock_guard<std::mutex> lock(registry_mutex);
     auto it = registry.find(id);
-    TORCH_CHECK(it != registry.end(), "cslt_mm: unknown weight id ", id);
+    PRUNEKIT_CHECK(it != registry.end(), "cslt_mm: unknown weight id ", id);
     w = it->second.get();
   }
-  TORCH_CHECK(x.is_cuda() && y.is_cuda() && x.scalar_type() == w->dtype && y.scalar_type() == w->dtype,
+  PRUNEKIT_CHECK(x.is_cuda() && y.is_cuda() && x.scalar_type() == w->dtype && y.scalar_type() == w->dtype,
               "cslt_mm: x and y must be GPU tensors of the weight's dtype");
-  TORCH_CHECK(x.dim() == 2 && x.size(0) == w->k && x.stride(0) == 1, "cslt_mm: x must be a column-major (K, N)");
-  TORCH_CHECK(y.dim() == 2 && y.size(0) == w->m && y.size(1) == x.size(1), "cslt_mm: y must be (M, N)");
+  PRUNEKIT_CHECK(x.dim() == 2 && x.size(0) == w->k && x.stride(0) == 1, "cslt_mm: x must be a column-major (K, N)");
+  PRUNEKIT_CHECK(y.dim() == 2 && y.size(0) == w->m && y.size(1) == x.size(1), "cslt_mm: y must be (M, N)");
   const int64_t n = x.size(1);
   const bool y_row = y.stride(1) == 1 && y.stride(0) >= n && !(y.stride(0) == 1 && n > 1);
-  TORCH_CHECK(y_row || y.stride(0) == 1, "cslt_mm: y must be column-major or row-major");
+  PRUNEKIT_CHECK(y_row || y.stride(0) == 1, "cslt_mm: y must be column-major or row-major");
   const int64_t ldx = std::max<int64_t>(x.stride(1), w->k);
   const int64_t ldy = y_row ? std::max<int64_t>(y.stride(0), n) : std::max<int64_t>(y.stride(1), w->m);
   void* bias_ptr = nullptr;
   if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == w->dtype && bias->is_contiguous() && bias->numel() == w->m,
+    PRUNEKIT_CHECK(bias->scalar_type() == w->dtype && bias->is_contiguous() && bias->numel() == w->m,
                 "cslt_mm: bias must be a contiguous (M,) tensor of the weight's dtype");
     bias_ptr = bias->data_ptr();
   }
@@ -197,12 +198,12 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
 // copy follows; else it writes the column-major Y directly.
 at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool relu,
                        bool row_output) {
-  TORCH_CHECK(x.dim() == 2, "cslt_linear: x must be (K, N)");
+  PRUNEKIT_CHECK(x.dim() == 2, "cslt_linear: x must be (K, N)");
   int64_t m = 0;
   {
     const std::lock_guard<std::mutex> lock(registry_mutex);
     auto it = registry.find(id);
-    TORCH_CHECK(it != registry.end(), "cslt_linear: unknown weight id ", id);
+    PRUNEKIT_CHECK(it != registry.end(), "cslt_linear: unknown weight id ", id);
     m = it->second->m;
   }
   const int64_t k = x.size(0), n = x.size(1);

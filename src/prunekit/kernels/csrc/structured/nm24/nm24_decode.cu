@@ -73,6 +73,7 @@
 #include <type_traits>
 
 #include "mma.cuh"
+#include "../../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit_nm24 {
 namespace {
@@ -545,7 +546,7 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
                                        : ring_bytes(R, B) + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
   const size_t smem = (V == kBitmap ? static_cast<size_t>(kWarps) * p.wstride : ring_bytes(R, B)) +
                       static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
-  TORCH_CHECK(smem <= max_smem, "nm24: the weight's densest batch needs ", smem, " bytes of shared memory per block, ",
+  PRUNEKIT_CHECK(smem <= max_smem, "nm24: the weight's densest batch needs ", smem, " bytes of shared memory per block, ",
               "over the device's ", max_smem, " (too dense for the bitmap decode kernel)");
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
@@ -633,24 +634,24 @@ struct PlanView {
 // Y (M, N) = act(A @ x + bias) into y (any strides) on a checked plan.
 void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias,
          bool relu) {
-  TORCH_CHECK(v.variant >= kPrmt && v.variant <= kBitmap,
+  PRUNEKIT_CHECK(v.variant >= kPrmt && v.variant <= kBitmap,
               "nm24: variant must be 0 (register expansion), 1 (mma.sp) or 2 (bitmap)");
   const bool sp = v.variant == kSp;
-  TORCH_CHECK((v.ring == 3 && v.batch == 8) || (sp && v.batch == 4 && (v.ring == 4 || v.ring == 6)) ||
+  PRUNEKIT_CHECK((v.ring == 3 && v.batch == 8) || (sp && v.batch == 4 && (v.ring == 4 || v.ring == 6)) ||
                   (v.variant == kBitmap && v.ring == 5 && v.batch == 8),
               "nm24: the ring must be 3 x 8, or 4 x 4 or 6 x 4 with mma.sp (batches x k-steps)");
-  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24: x (K, N) and y (M, N) must be 2-D GPU tensors");
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24: x must be fp16 or bf16");
-  TORCH_CHECK(y.scalar_type() == x.scalar_type() && y.device() == x.device(), "nm24: y must have x's dtype and GPU");
+  PRUNEKIT_CHECK(x.is_cuda() && x.dim() == 2 && y.dim() == 2, "nm24: x (K, N) and y (M, N) must be 2-D GPU tensors");
+  PRUNEKIT_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24: x must be fp16 or bf16");
+  PRUNEKIT_CHECK(y.scalar_type() == x.scalar_type() && y.device() == x.device(), "nm24: y must have x's dtype and GPU");
   const int64_t k = x.size(0), n = x.size(1), m = v.m;
-  TORCH_CHECK(n >= 1 && n <= kTokens, "nm24: N must be 1..16, got ", n);
-  TORCH_CHECK(v.ksteps % kBatch == 0 && k <= v.ksteps * 16 && k > (v.ksteps - kBatch) * 16,
+  PRUNEKIT_CHECK(n >= 1 && n <= kTokens, "nm24: N must be 1..16, got ", n);
+  PRUNEKIT_CHECK(v.ksteps % kBatch == 0 && k <= v.ksteps * 16 && k > (v.ksteps - kBatch) * 16,
               "nm24: x has ", k, " rows, the plan ", v.ksteps, " k-steps");
-  TORCH_CHECK(m >= 1 && m <= v.strips * 16 && m > (v.strips - 1) * 16 && y.size(0) == m && y.size(1) == n,
+  PRUNEKIT_CHECK(m >= 1 && m <= v.strips * 16 && m > (v.strips - 1) * 16 && y.size(0) == m && y.size(1) == n,
               "nm24: y must be (M, N) with M matching the plan");
-  TORCH_CHECK(v.chunk % kBatch == 0 && v.chunk >= kBatch && v.chunk <= kMaxChunk, "nm24: bad chunk ", v.chunk);
+  PRUNEKIT_CHECK(v.chunk % kBatch == 0 && v.chunk >= kBatch && v.chunk <= kMaxChunk, "nm24: bad chunk ", v.chunk);
   if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == m &&
+    PRUNEKIT_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == m &&
                     bias->device() == x.device(),
                 "nm24: bias must be a contiguous (M,) tensor of x's dtype");
   }
@@ -677,7 +678,7 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   p.chunks = static_cast<int>(chunks);
   p.relu = relu ? 1 : 0;
   if (v.variant == kBitmap) {
-    TORCH_CHECK(v.slot_words >= 4 && v.slot_words % 4 == 0 && v.slot_words <= (1 << 20) && v.boff != nullptr,
+    PRUNEKIT_CHECK(v.slot_words >= 4 && v.slot_words % 4 == 0 && v.slot_words <= (1 << 20) && v.boff != nullptr,
                 "nm24: bad bitmap slot size ", v.slot_words);
     // a slot: the batch's headers, then its words; at least 1 KB per warp ring (the cluster epilogue's 16 x 16 sums)
     const int64_t slot = std::max<int64_t>(kBatch * kHeaderWords * 4 + v.slot_words * 4, 352);
@@ -716,18 +717,18 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
 void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
              const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
              int64_t chunk, int64_t variant, int64_t ring, int64_t batch) {
-  TORCH_CHECK(vals.dim() == 4 && vals.size(2) == 32 && vals.size(3) == 4 && vals.scalar_type() == at::kInt &&
+  PRUNEKIT_CHECK(vals.dim() == 4 && vals.size(2) == 32 && vals.size(3) == 4 && vals.scalar_type() == at::kInt &&
                   vals.is_contiguous(),
               "nm24_mm: vals must be a contiguous int32 (strips, ksteps / 2, 32, 4)");
   const int64_t strips = vals.size(0), ksteps = vals.size(1) * 2;
-  TORCH_CHECK(meta.scalar_type() == at::kInt && meta.is_contiguous() && meta.numel() == strips * ksteps * 8,
+  PRUNEKIT_CHECK(meta.scalar_type() == at::kInt && meta.is_contiguous() && meta.numel() == strips * ksteps * 8,
               "nm24_mm: meta must be a contiguous int32 (strips, ksteps / 4, 32), or (strips, ksteps / 2, 16) for ",
               "mma.sp");
   const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
-  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
+  PRUNEKIT_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
                   counters.scalar_type() == at::kInt && counters.numel() >= row_blocks,
               "nm24_mm: workspace or counters too small");
-  TORCH_CHECK(vals.device() == x.device() && meta.device() == x.device() && ws.device() == x.device() &&
+  PRUNEKIT_CHECK(vals.device() == x.device() && meta.device() == x.device() && ws.device() == x.device() &&
                   counters.device() == x.device(),
               "nm24_mm: all tensors must be on one GPU");
   run(PlanView{vals.data_ptr(), meta.data_ptr(), ws.data_ptr<float>(), counters.data_ptr<int>(), strips, ksteps, m,
@@ -741,22 +742,22 @@ void bitmap_mm(const at::Tensor& vals, const at::Tensor& hdr, const at::Tensor& 
                const at::Tensor& counters, const at::Tensor& x, const at::Tensor& y,
                const c10::optional<at::Tensor>& bias, bool relu, int64_t m, int64_t chunk, int64_t slot_words,
                int64_t ring) {
-  TORCH_CHECK(hdr.dim() == 3 && hdr.size(2) == kHeaderWords && hdr.scalar_type() == at::kInt && hdr.is_contiguous() &&
+  PRUNEKIT_CHECK(hdr.dim() == 3 && hdr.size(2) == kHeaderWords && hdr.scalar_type() == at::kInt && hdr.is_contiguous() &&
                   hdr.size(1) % kBatch == 0,
               "bitmap_mm: hdr must be a contiguous int32 (strips, ksteps, 5) with ksteps a multiple of 8");
   const int64_t strips = hdr.size(0), ksteps = hdr.size(1);
-  TORCH_CHECK(boff.dim() == 2 && boff.size(0) == strips && boff.size(1) == ksteps / kBatch + 1 &&
+  PRUNEKIT_CHECK(boff.dim() == 2 && boff.size(0) == strips && boff.size(1) == ksteps / kBatch + 1 &&
                   boff.scalar_type() == at::kInt && boff.is_contiguous(),
               "bitmap_mm: boff must be a contiguous int32 (strips, ksteps / 8 + 1)");
-  TORCH_CHECK(vals.dim() == 1 && vals.numel() >= 4 && vals.scalar_type() == at::kInt && vals.is_contiguous() &&
+  PRUNEKIT_CHECK(vals.dim() == 1 && vals.numel() >= 4 && vals.scalar_type() == at::kInt && vals.is_contiguous() &&
                   reinterpret_cast<uintptr_t>(vals.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(hdr.data_ptr()) % 16 == 0,
               "bitmap_mm: vals must be a contiguous 16-byte aligned int32 vector");
   const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
-  TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
+  PRUNEKIT_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
                   counters.scalar_type() == at::kInt && counters.numel() >= row_blocks,
               "bitmap_mm: workspace or counters too small");
-  TORCH_CHECK(vals.device() == x.device() && hdr.device() == x.device() && boff.device() == x.device() &&
+  PRUNEKIT_CHECK(vals.device() == x.device() && hdr.device() == x.device() && boff.device() == x.device() &&
                   ws.device() == x.device() && counters.device() == x.device(),
               "bitmap_mm: all tensors must be on one GPU");
   PlanView v{vals.data_ptr(), hdr.data_ptr(), ws.data_ptr<float>(), counters.data_ptr<int>(), strips, ksteps, m,
@@ -774,14 +775,14 @@ void bitmap_mm(const at::Tensor& vals, const at::Tensor& hdr, const at::Tensor& 
 // two transposes are views made here instead of in Python.
 at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x_in, const c10::optional<at::Tensor>& bias,
                        bool relu, int64_t cfg) {
-  TORCH_CHECK(x_in.dim() == 2, "nm24_linear: x must be 2-D");
+  PRUNEKIT_CHECK(x_in.dim() == 2, "nm24_linear: x must be 2-D");
   const bool rows = (cfg >> 56) & 1;
   const at::Tensor x = rows ? x_in.t() : x_in;
   const int64_t m = cfg & 0xffffffffLL, k = x.size(0), n = x.size(1);
   const int64_t strips = (m + 15) / 16, ksteps = (k + 16 * kBatch - 1) / (16 * kBatch) * kBatch;
   const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
   const int64_t n_vals = strips * ksteps * 64, n_meta = strips * ksteps * 8, n_ws = strips * 16 * kTokens;
-  TORCH_CHECK(plan.scalar_type() == at::kInt && plan.is_contiguous() && plan.device() == x.device() &&
+  PRUNEKIT_CHECK(plan.scalar_type() == at::kInt && plan.is_contiguous() && plan.device() == x.device() &&
                   plan.numel() == n_vals + n_meta + n_ws + row_blocks &&
                   reinterpret_cast<uintptr_t>(plan.data_ptr()) % 16 == 0,
               "nm24_linear: the plan buffer does not match M = ", m, " and x's K = ", k);
@@ -800,18 +801,18 @@ at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x_in, const c10
 // Allocates Y as nm24_linear.
 at::Tensor bitmap_linear(const at::Tensor& plan, const at::Tensor& x_in, const c10::optional<at::Tensor>& bias,
                          bool relu, int64_t cfg, int64_t shape) {
-  TORCH_CHECK(x_in.dim() == 2, "bitmap_linear: x must be 2-D");
+  PRUNEKIT_CHECK(x_in.dim() == 2, "bitmap_linear: x must be 2-D");
   const bool rows = (cfg >> 56) & 1;
   const at::Tensor x = rows ? x_in.t() : x_in;
   const int64_t m = cfg & 0xffffffffLL, k = x.size(0), n = x.size(1);
   const int64_t slot_words = shape & 0xffffffffLL;
-  TORCH_CHECK(k == (shape >> 32), "bitmap_linear: x has K = ", k, ", the plan ", shape >> 32);
+  PRUNEKIT_CHECK(k == (shape >> 32), "bitmap_linear: x has K = ", k, ", the plan ", shape >> 32);
   const int64_t strips = (m + 15) / 16, ksteps = (k + 16 * kBatch - 1) / (16 * kBatch) * kBatch;
   auto pad4 = [](int64_t words) { return (words + 3) / 4 * 4; };
   const int64_t n_hdr = strips * ksteps * kHeaderWords, n_boff = pad4(strips * (ksteps / kBatch + 1));
   const int64_t n_ws = strips * 16 * kTokens, n_cnt = pad4((strips + kWarps - 1) / kWarps);
   const int64_t fixed = n_hdr + n_boff + n_ws + n_cnt;
-  TORCH_CHECK(plan.scalar_type() == at::kInt && plan.dim() == 1 && plan.is_contiguous() &&
+  PRUNEKIT_CHECK(plan.scalar_type() == at::kInt && plan.dim() == 1 && plan.is_contiguous() &&
                   plan.device() == x.device() && plan.numel() >= fixed + 4 &&
                   reinterpret_cast<uintptr_t>(plan.data_ptr()) % 16 == 0,
               "bitmap_linear: the plan buffer does not match M = ", m, " and x's K = ", k);
