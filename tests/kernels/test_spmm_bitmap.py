@@ -124,7 +124,7 @@ def test_sparse_linear_takes_the_bitmap_entry_once_per_n(monkeypatch):
     monkeypatch.setattr(gpu, "eager_bitmap_takes", takes)
     monkeypatch.setattr(gpu, "bitmap_linear_plan", plan)
     monkeypatch.setattr(gpu, "bitmap_linear", entry)
-    monkeypatch.setattr(gpu, "eager_spmm_variant", lambda values, x, variant="auto": None)
+    monkeypatch.setattr(gpu, "eager_spmm_variant", lambda values, x, variant="auto", m=None: None)
     monkeypatch.setattr(gpu, "spmm_csr", lambda *args, **kw: reference_spmm(*args, **kw))
     dense, bias, layer = _bitmap_layer()
     for tokens in (4, 4, 16, 2, 1):

@@ -40,11 +40,9 @@ def _library_loaded(request):
 # --- CPU: the decision function -------------------------------------------------------------------------------------
 
 
-def test_eager_cpp_enabled_reads_the_flag_and_defaults_off(monkeypatch):
+def test_eager_cpp_enabled_reads_the_flag_and_defaults_on(monkeypatch):
     monkeypatch.delenv(gpu.EAGER_CPP_ENV, raising=False)
-    assert (
-        gpu.eager_cpp_enabled() is gpu.EAGER_CPP_DEFAULT is False
-    )  # off: test_entry_errors_are_clear crashed on the H100
+    assert gpu.eager_cpp_enabled() is gpu.EAGER_CPP_DEFAULT is True  # on since its H100 run (2026-11-26)
     for value, expected in (("1", True), ("0", False), ("", False), ("false", False), ("true", True)):
         monkeypatch.setenv(gpu.EAGER_CPP_ENV, value)
         assert gpu.eager_cpp_enabled() is expected, value
@@ -87,8 +85,8 @@ def test_eager_spmm_code_leaves_the_scatter_and_bitmap_range_to_python(monkeypat
     monkeypatch.delenv(gpu.SCATTER_AUTO_ENV)
     assert gpu.eager_spmm_code("auto", half, half, 4, tc_auto=False) == 0  # below the scatter range
     assert gpu.eager_spmm_code("auto", half, half, 9, tc_auto=False) is None
-    classes = [gpu.eager_size_class(n) for n in (1, 2, 8, 9, 16, 17, 64, 65, 4096)]
-    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    classes = [gpu.eager_size_class(n) for n in (1, 2, 8, 9, 15, 16, 17, 64, 65, 4096)]
+    assert classes == [0, 1, 1, 2, 2, 3, 4, 4, 5, 5]
 
 
 def test_eager_spmm_code_rejects_mixed_and_unsupported_dtypes():
@@ -196,7 +194,7 @@ def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatc
 
     asked, launched = [], []
 
-    def decide(values, x, variant="auto"):
+    def decide(values, x, variant="auto", m=None):
         asked.append((x.dtype, x.shape[1]))
         return None
 
@@ -217,10 +215,11 @@ def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatc
     x = torch.randn(4, 40, requires_grad=True)
     layer(x).sum().backward()
     assert launched[-1] == 16 and x.grad is not None  # the custom op's autograd, not the launcher
-    assert asked == [(torch.float32, 1), (torch.float32, 3), (torch.float32, gpu.TC_MIN_N), (torch.float32, 12)]
+    asked_n = [(torch.float32, n) for n in (1, 3, gpu.TC_MIN_N, 12, 16)]
+    assert asked == asked_n  # N = 2 shares 3's class, TC_MIN_N + 7 TC_MIN_N's; 16 has its own (bitmap floor)
     f32 = torch.float32
     generic = [key for key in layer._eager_plans if "bitmap" not in key]
-    assert generic == [(f32, f32, 0), (f32, f32, 1), (f32, f32, 4), (f32, f32, 2)]
+    assert generic == [(f32, f32, 0), (f32, f32, 1), (f32, f32, 5), (f32, f32, 2), (f32, f32, 3)]
     # N = 2..16 also asked the bitmap entry once per N, which never takes fp32
     bitmap = {key[3]: entry for key, entry in layer._eager_plans.items() if "bitmap" in key}
     assert bitmap == {3: None, 2: None, 12: None, 16: None}
@@ -406,11 +405,16 @@ def test_sparse_linear_eager_csr_goes_through_the_cpp_entry(dtype, cpp_on, monke
         assert y.shape == (2, tokens, 96) and y.is_contiguous()
         ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
         assert relative_error(y, ref) <= TOLERANCE[dtype]
-    # N = 5 is in the bitmap rule's range, whose density floor gpu.spmm_csr reads: no C++ code there for 16-bit types
-    # (and the bitmap entry does not take K = 80 < BITMAP_MIN_K); every other class takes the entry
+    x = torch.randn(1, 80, device="cuda").to(dtype)  # N = 1
+    with torch.inference_mode():
+        y = layer(x)
+    assert relative_error(y, x.double() @ dense.double().cuda().t() + bias.double().cuda()) <= TOLERANCE[dtype]
+    # x (2, tokens, 80) gives N = 2, 10, 140, 260: N = 2 and 10 are in the bitmap rule's range, whose density floor
+    # gpu.spmm_csr reads, so 16-bit types get no C++ code there (and the bitmap entry does not take K = 80 <
+    # BITMAP_MIN_K); the large-N class takes the entry
     generic = {key[2]: code for key, code in layer._eager_plans.items() if "bitmap" not in key}
     small = None if dtype in gpu.TC_DTYPES else gpu.SPMM_VARIANT_CODES["auto"]
-    assert generic == {0: 0, 1: small, 4: 0}
+    assert generic == {0: 0, 1: small, 2: small, 4: gpu.SPMM_VARIANT_CODES["auto"]}
     assert all(entry is None for key, entry in layer._eager_plans.items() if "bitmap" in key)
 
 
@@ -431,3 +435,35 @@ def test_sparse_linear_eager_csr_falls_back_for_tc_mixed_dtypes_and_gradients(cp
     layer(xg).sum().backward()  # needs a gradient: the differentiable custom op, not the entry
     torch.testing.assert_close(xg.grad.double(), dense.double().cuda().sum(0).expand(3, 80), rtol=2e-3, atol=2e-2)
     assert list(layer._eager_plans.values()) == [None]
+
+
+@pytest.mark.cuda
+def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(monkeypatch):
+    """fp16 at N = 4 and 16 (the bitmap and scatter rules' range): a 97%-sparse layer with K >= 1024 gets rowwarp from
+    the rules, so the C++ entry runs it (neither the launcher nor the custom op); an 80%-sparse one the bitmap entry."""
+    monkeypatch.delenv(gpu.EAGER_CPP_ENV, raising=False)
+    monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("the Python launcher or the custom op ran")
+
+    for sparsity in (0.97, 0.8):
+        g = torch.Generator().manual_seed(int(sparsity * 100))
+        dense = random_sparse_weight(256, 2048, sparsity, torch.float16, "cpu", g)
+        bias = torch.randn(256, generator=g).half()
+        layer = SparseLinear(formats.encode("csr", dense), bias).cuda()
+        with monkeypatch.context() as patch:
+            patch.setattr(gpu, "spmm_csr", not_here)
+            patch.setattr(ops, "spmm_csr", not_here)
+            for n in (4, 16):
+                x = torch.randn(n, 2048, device="cuda").half()
+                with torch.inference_mode():
+                    y = layer(x)
+                ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
+                assert relative_error(y, ref) <= TOLERANCE[torch.float16], (sparsity, n)
+        bitmap = [key[3] for key, entry in layer._eager_plans.items() if "bitmap" in key and entry is not None]
+        generic = {key[2]: code for key, code in layer._eager_plans.items() if "bitmap" not in key}
+        if sparsity > 0.9:
+            assert bitmap == [] and generic == {1: 0, 3: 0}
+        else:
+            assert bitmap == [4, 16] and generic == {}

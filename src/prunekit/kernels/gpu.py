@@ -148,10 +148,11 @@ BITMAP_MIN_K = 1024
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
 BITMAP_RING = 3
 EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ entry takes (values and x alike)
-# The C++ eager entry has not run on a GPU yet: until its GPU tests (tests/kernels/test_spmm_entry.py) have passed,
-# the runtime keeps the measured Python launch path unless $PRUNEKIT_SPMM_CPP=1.
+# The C++ eager entry: on since its GPU tests (tests/kernels/test_spmm_entry.py) passed on the H100 on 2026-11-26, once
+# the C++ checks stopped building their messages with iostreams (csrc/check.h); 9.7 us per call on the host against the
+# Python launcher's 21.3 (benchmarks/results/spmm-h100-2026-11-26-s12final.json, "overhead"). $PRUNEKIT_SPMM_CPP=0: off.
 EAGER_CPP_ENV = "PRUNEKIT_SPMM_CPP"
-EAGER_CPP_DEFAULT = False
+EAGER_CPP_DEFAULT = True
 
 
 @dataclass(frozen=True)
@@ -609,7 +610,7 @@ def bitmap_linear(
 
 def eager_cpp_enabled() -> bool:
     """Whether eager CUDA calls of the runtime take the C++ entry ``prunekit_ext::spmm_csr_auto``:
-    ``$PRUNEKIT_SPMM_CPP`` (``1``/``0``), else :data:`EAGER_CPP_DEFAULT` (False until it has run on a GPU)."""
+    ``$PRUNEKIT_SPMM_CPP`` (``1``/``0``), else :data:`EAGER_CPP_DEFAULT` (True since its H100 run)."""
     env = os.environ.get(EAGER_CPP_ENV)
     return EAGER_CPP_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
 
@@ -663,32 +664,53 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
 
 def eager_size_class(n: int) -> int:
     """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < BITMAP_MIN_N, 1 below
-    SCATTER_MIN_N (bitmap's range only), 2 up to SCATTER_MAX_N (the scatter kernel's range too), 3 below TC_MIN_N, 4
-    from TC_MIN_N (the tensor-core ``tc`` range). The runtime caches one answer per layer, dtype pair and class."""
+    SCATTER_MIN_N (bitmap's range only), 2 below BITMAP_MAX_N (the scatter kernel's range too), 3 for N =
+    BITMAP_MAX_N (its own bitmap density floor), 4 below TC_MIN_N, 5 from TC_MIN_N (the tensor-core ``tc`` range).
+    The runtime caches one answer per layer, dtype pair and class."""
     if n < BITMAP_MIN_N:
         return 0
-    return 1 if n < SCATTER_MIN_N else 2 if n <= SCATTER_MAX_N else 3 if n < TC_MIN_N else 4
+    if n < SCATTER_MIN_N:
+        return 1
+    if n <= BITMAP_MAX_N:
+        return 2 if n < BITMAP_MAX_N else 3
+    return 4 if n < TC_MIN_N else 5
 
 
-def eager_spmm_variant(values: torch.Tensor, x: torch.Tensor, variant: str = "auto") -> int | None:
+def eager_spmm_variant(
+    values: torch.Tensor, x: torch.Tensor, variant: str = "auto", m: int | None = None
+) -> int | None:
     """Variant code for the C++ eager entry ``prunekit_ext::spmm_csr_auto`` (loading the library on first use), or
     None when :func:`spmm_csr` must run: :func:`eager_cpp_enabled` False, ``x`` not a 2-D CUDA tensor, or
-    :func:`eager_spmm_code` None (tensor-core plan, mixed or unsupported dtypes).
+    :func:`eager_spmm_code` None (tensor-core plan, mixed or unsupported dtypes; for the N where the scatter and bitmap
+    rules read the density, None unless ``m`` is given and :func:`plan_spmm` on this weight's stored entries chooses a
+    CUDA-core kernel, which the entry's own rule then chooses too).
 
     The answer depends on ``x`` only through its dtype, its device and :func:`eager_size_class` of N (and on
-    ``$PRUNEKIT_SPMM_CPP`` / ``$PRUNEKIT_SPMM_TC`` / ``$PRUNEKIT_SPMM_SCATTER``, read now): the runtime asks once per
-    layer, dtype pair and size class and caches the answer (``SparseLinear._eager_plans``).
+    ``$PRUNEKIT_SPMM_CPP`` / ``$PRUNEKIT_SPMM_TC`` / ``$PRUNEKIT_SPMM_SCATTER`` / ``$PRUNEKIT_SPMM_BITMAP``, read now):
+    the runtime asks once per layer, dtype pair and size class and caches the answer (``SparseLinear._eager_plans``).
 
     Args:
         values: ``(nnz_padded,)`` the weight's stored values; x: ``(K, N)`` activations; variant: one of
-            :data:`SPMM_VARIANTS`.
+            :data:`SPMM_VARIANTS`; m: the weight's rows (``out_features``), or None.
 
     Raises:
         KernelUnavailable: enabled, but no GPU/compiler. ValueError: unknown ``variant``.
     """
     if not eager_cpp_enabled() or x.dim() != 2 or not x.is_cuda:
         return None
-    code = eager_spmm_code(variant, x.dtype, values.dtype, x.shape[1], tc_auto_enabled())
+    n = x.shape[1]
+    code = eager_spmm_code(variant, x.dtype, values.dtype, n, tc_auto_enabled())
+    if (
+        code is None
+        and m is not None
+        and variant == "auto"
+        and n <= SCATTER_MAX_N
+        and x.dtype == values.dtype
+        and x.dtype in EAGER_DTYPES
+    ):
+        plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), "auto", x.dtype)
+        if plan.variant not in ("tc", "scatter", "bitmap"):
+            code = SPMM_VARIANT_CODES["auto"]
     if code is not None:
         _ensure_loaded()
     return code

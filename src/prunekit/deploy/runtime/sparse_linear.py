@@ -60,7 +60,7 @@ def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
         key = (xt.dtype, values.dtype, gpu.eager_size_class(xt.shape[1]))
         code = layer._eager_plans.get(key, _UNSET)
         if code is _UNSET:
-            code = layer._eager_plans[key] = gpu.eager_spmm_variant(values, xt)
+            code = layer._eager_plans[key] = gpu.eager_spmm_variant(values, xt, m=layer.out_features)
         args = (
             values,
             buffers["w_row_offsets"],
