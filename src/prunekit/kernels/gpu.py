@@ -192,7 +192,7 @@ def bitmap_min_density_denominator(n: int) -> int:
 
 
 def bitmap_auto_enabled() -> bool:
-    """Whether ``auto`` may choose the bitmap kernel for 9 <= N <= 16: ``$PRUNEKIT_SPMM_BITMAP`` (``1``/``0``) or
+    """Whether ``auto`` may choose the bitmap kernel for 2 <= N <= 16: ``$PRUNEKIT_SPMM_BITMAP`` (``1``/``0``) or
     :data:`BITMAP_AUTO_DEFAULT`."""
     env = os.environ.get(BITMAP_AUTO_ENV)
     return BITMAP_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")

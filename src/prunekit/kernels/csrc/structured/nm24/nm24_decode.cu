@@ -47,7 +47,10 @@
 // barrier, writes Y and waits there before leaving. Otherwise (sm_80, more than 16 chunks,
 // $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the plan's workspace with 8-byte reductions and the last
 // block of a row block (counter after a fence, the threadFenceReduction pattern of the CUDA samples) adds bias,
-// applies ReLU, writes Y and leaves the workspace and counter at zero for the next call.
+// applies ReLU, writes Y and leaves the workspace and counter at zero for the next call. On sm_90, with the cluster
+// reduction, the launch allows programmatic dependent launch: the kernel issues its first weight batches, waits for
+// the preceding kernel (griddepcontrol.wait) before it reads X or writes anything, and lets the next kernel launch
+// once its loop is done ($PRUNEKIT_NM24_PDL=0: off).
 //
 // History on the H100 (docs/PERFORMANCE_STRUCTURED.md, "2:4 decode kernel"): v1 (register double buffer, X staged
 // with plain loads, atomics) 18.9 us at 4096 x 4096, N = 16; the ring, cheaper staging and reductions, clusters and
@@ -696,7 +699,7 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   const bool cluster_env = cluster_var == nullptr || std::strcmp(cluster_var, "0") != 0;
   p.cluster = cluster_env && chunks > 1 && chunks <= kMaxCluster;  // launch() clears it below sm_90
   // Programmatic dependent launch with the cluster reduction ($PRUNEKIT_NM24_PDL=0: off; launch() clears it below
-  // sm_90). On the H100 it took 0.4-1.5 us off a call of 4.5-27 us there, but added 1-1.5 us at 4096 x 11008, whose 22
+  // sm_90). On the H100 it took 0.1-1.8 us off a call of 4-28 us there, but added 1-1.5 us at 4096 x 11008, whose 22
   // k-chunks use the atomics (benchmarks/results/{spmm-bitmap,nm24-sweep}-{pdl,nopdl}-h100-2026-11-26-s12.json).
   const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
   p.pdl = p.cluster && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0) ? 1 : 0;
