@@ -12,7 +12,7 @@ hidden`` (LLaMA-7B's MLP sizes by default), for
   where ``"auto"`` takes it, else the CSR entry);
 - ``nm``: ``SparseLinear`` on 2:4 weights (the 2:4 decode kernel's C++ entry).
 
-The sparse chains run with ``$PRUNEKIT_NM24_PDL`` unset (PDL where the kernel uses it) and ``=0``. Each chain is timed
+The sparse chains run with ``$PRUNEKIT_NM24_PDL=1`` (PDL where the kernel can use it) and ``=0`` (the default). Each chain is timed
 as a CUDA-graph replay of the whole chain (device time, median over replays) and as eager calls under
 ``torch.inference_mode`` (host overhead included); the first replay's output is checked against float64 with the same
 weights. Prints a table and writes ``--out`` JSON (device, torch version, date).
@@ -181,14 +181,14 @@ def main() -> None:
         layers = build(kind, args.hidden, args.inner, args.blocks, args.sparsity, dtype, seed=0)
         for n in (int(v) for v in args.ns.split(",")):
             x = torch.randn(n, args.hidden, generator=torch.Generator().manual_seed(n)).to(dtype).cuda()
-            for setting in (None, "0") if kind != "dense" else (None,):
+            for setting in ("1", "0") if kind != "dense" else (None,):
                 with pdl(setting):
                     result = time_chain(layers, x, args.replays, args.eager_trials)
                 rows.append(
                     {
                         "kind": kind,
                         "n": n,
-                        "pdl": "off" if setting == "0" else ("default" if kind != "dense" else "-"),
+                        "pdl": {"1": "on", "0": "off"}.get(setting, "-"),
                         "sparsity": args.sparsity if kind == "csr" else (0.5 if kind == "nm" else 0.0),
                         **result,
                     }

@@ -1,10 +1,10 @@
 """Programmatic dependent launch of the nm24 decode kernel (2:4 and bitmap; ``csrc/structured/nm24/nm24_decode.cu``).
 
-On sm_90 the kernel is launched so that it may start while the preceding kernel in the stream still runs: it loads its
-first weight batches, then waits for that kernel before it reads X or writes anything. These tests chain layers, each
-reading the output the previous launch wrote (poisoned with NaN before), with no synchronisation between the launches,
-eagerly and in a CUDA graph, and compare every stage against float64 on the input it was given; and the same with
-``$PRUNEKIT_NM24_PDL=0``. A kernel that read X early would see NaN or an older value.
+With ``$PRUNEKIT_NM24_PDL=1`` (opt-in), on sm_90 the kernel is launched so that it may start while the preceding kernel
+in the stream still runs: it loads its first weight batches, then waits for that kernel before it reads X or writes
+anything. These tests chain layers, each reading the output the previous launch wrote (poisoned with NaN before), with
+no synchronisation between the launches, eagerly and in a CUDA graph, and compare every stage against float64 on the
+input it was given, with PDL on, off and unset. A kernel that read X early would see NaN or an older value.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _chain(layers, x0: torch.Tensor, outs: list[torch.Tensor]) -> None:
 
 
 @pytest.mark.parametrize("kind", ["bitmap", "nm24"])
-@pytest.mark.parametrize("pdl", [None, "0"])
+@pytest.mark.parametrize("pdl", ["1", "0", None])
 @pytest.mark.parametrize("n", [1, 16])
 def test_chained_layers_read_the_previous_output(kind, pdl, n, monkeypatch):
     if pdl is None:
@@ -79,7 +79,9 @@ def test_chained_layers_read_the_previous_output(kind, pdl, n, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["bitmap", "nm24"])
-def test_chained_layers_in_a_cuda_graph(kind):
+@pytest.mark.parametrize("pdl", ["1", "0"])
+def test_chained_layers_in_a_cuda_graph(kind, pdl, monkeypatch):
+    monkeypatch.setenv("PRUNEKIT_NM24_PDL", pdl)
     dtype = torch.float16
     layers = _layers(kind, 3, dtype)
     x0 = torch.randn(WIDTH, 16, device="cuda").to(dtype)
