@@ -41,17 +41,11 @@ from prunekit import formats
 from prunekit.deploy.runtime.sparse_linear import SparseLinear
 from prunekit.kernels.testing import random_sparse_weight, relative_error
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from spmm import _ms_between as _ms  # noqa: E402  (CUDA-event milliseconds of one call, as the SpMM benchmark)
+
 console = Console()
 PDL_ENV = "PRUNEKIT_NM24_PDL"
-
-
-def _ms(fn) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
 
 
 def weight_24(out_f: int, in_f: int, gen: torch.Generator) -> torch.Tensor:
