@@ -120,7 +120,7 @@ SPMM_VARIANT_CODES = {
     "bitmap": 7,
 }
 # Bitmap decode kernel (nm24_decode.cu variant 2). "auto" takes it for fp16/bf16 at BITMAP_MIN_N <= N <= 16 when the
-# padded density is >= 1 / bitmap_min_density_denominator(N) and K >= BITMAP_MIN_K.
+# padded density is >= 1 / bitmap_min_density_denominator(N) and K >= BITMAP_MIN_K (BITMAP_MIN_K_SMALL_N at N <= 8).
 # Twelfth session (spmm-bitmap-grid-h100-2026-11-25-s12.json: 5 shapes, N = 1 / 2 / 4 / 8 / 12 / 16, 70-98%, one run;
 # in-sample): rowwarp falls back to element loads where N is not its tile width, and at N = 2-8 it was slower than
 # bitmap on every K >= 1024 shape at 70-80% (4096 x 4096, 70%, N = 4: 33.0 against 15.6 us), about even at 90%
@@ -143,6 +143,10 @@ BITMAP_MIN_DENSITY_DENOMINATOR = 10  # N = 2..8
 BITMAP_MIN_DENSITY_DENOMINATOR_MID_N = 50  # N = 9..15 (rowwarp's element-load tile)
 BITMAP_MIN_DENSITY_DENOMINATOR_16 = 20  # N = 16
 BITMAP_MIN_K = 1024
+# Below SCATTER_MIN_N, where scatter is not a candidate, K from 768: at 3072 x 768, N = 4 / 8, bitmap took 4.7-6.5 us
+# against rowwarp's 6.1-10.4 at 70-90% in both twelfth-session grids (spmm-bitmap-grid-...-s12.json,
+# spmm-h100-2026-11-26-s12final.json; dense 4.7 us: both slower than dense there).
+BITMAP_MIN_K_SMALL_N = 768
 # Batches of 8 k-steps per warp in the bitmap kernel's shared-memory ring: 3 (two in flight while one is multiplied), or
 # 5 (all four batches of a 32-k-step chunk in flight at once; from 3% faster to 30% slower on the H100, docs/KERNELS.md).
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
@@ -292,9 +296,9 @@ def _plan_spmm(
     ``scatter`` instead of ``rowwarp`` for ``SCATTER_MIN_N <= n <= SCATTER_MAX_N`` (9-16) at density >= 20%, or
     >= 10% when ``m * k <= 2^24`` (measured on the H100, see the constants); its k-split is
     :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`). With ``bitmap_auto``
-    (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` and the
-    density is at least ``1 / bitmap_min_density_denominator(n)`` (10% at N <= 8, 2% at N 9-15, 5% at N = 16;
-    measured on the H100, see the constants).
+    (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` (``k >=
+    BITMAP_MIN_K_SMALL_N`` below ``SCATTER_MIN_N``) and the density is at least ``1 / bitmap_min_density_denominator(n)``
+    (10% at N <= 8, 2% at N 9-15, 5% at N = 16; measured on the H100, see the constants).
 
     Raises:
         ValueError: unknown ``variant``.
@@ -319,7 +323,7 @@ def _plan_spmm(
             dtype in TC_DTYPES
             and BITMAP_MIN_N <= n <= BITMAP_MAX_N
             and bitmap_auto
-            and k >= BITMAP_MIN_K
+            and k >= (BITMAP_MIN_K_SMALL_N if n < SCATTER_MIN_N else BITMAP_MIN_K)
             and nnz_padded * bitmap_min_density_denominator(n) >= m * k
         ):
             variant = "bitmap"
