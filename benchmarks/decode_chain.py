@@ -17,6 +17,10 @@ as a CUDA-graph replay of the whole chain (device time, median over replays) and
 ``torch.inference_mode`` (host overhead included); the first replay's output is checked against float64 with the same
 weights. Prints a table and writes ``--out`` JSON (device, torch version, date).
 
+``--block qkv`` times attention-input blocks instead: ``q, k, v = Wq h, Wk h, Wv h`` (each ``hidden -> hidden``) with
+``h = layer_norm(x)``, then ``x = x + q + k + v``, so the three sparse kernels run back to back, the case where
+programmatic dependent launch can pay (no attention: only the projections' order of kernels matters here).
+
     PYTHONPATH=src python benchmarks/decode_chain.py --out benchmarks/results/decode-chain-<dev>-<date>.json
 """
 
@@ -55,13 +59,16 @@ def weight_24(out_f: int, in_f: int, gen: torch.Generator) -> torch.Tensor:
     return (w * keep).reshape(out_f, in_f)
 
 
-def build(kind: str, hidden: int, inner: int, blocks: int, sparsity: float, dtype: torch.dtype, seed: int) -> list:
-    """``blocks`` (norm weight, up, down) triples of CUDA modules, and the dense float64 weights of each."""
+def build(
+    kind: str, hidden: int, inner: int, blocks: int, sparsity: float, dtype: torch.dtype, seed: int, block: str = "mlp"
+) -> list:
+    """``blocks`` lists of (CUDA module, dense float64 weight): (up, down) for ``mlp``, (q, k, v) for ``qkv``."""
     gen = torch.Generator().manual_seed(seed)
+    shapes = ((inner, hidden), (hidden, inner)) if block == "mlp" else ((hidden, hidden),) * 3
     layers = []
     for _ in range(blocks):
         pair = []
-        for out_f, in_f in ((inner, hidden), (hidden, inner)):
+        for out_f, in_f in shapes:
             if kind == "nm":
                 w = weight_24(out_f, in_f, gen)
             elif kind == "csr":
@@ -82,17 +89,26 @@ def build(kind: str, hidden: int, inner: int, blocks: int, sparsity: float, dtyp
 
 
 def forward(layers: list, x: torch.Tensor) -> torch.Tensor:
-    for (up, _), (down, _) in layers:
+    for block in layers:
         h = F.layer_norm(x, x.shape[-1:])
-        x = x + down(torch.relu(up(h)))
+        if len(block) == 2:  # mlp
+            (up, _), (down, _) = block
+            x = x + down(torch.relu(up(h)))
+        else:  # qkv: the three projections back to back, then the adds
+            q, k, v = (module(h) for module, _ in block)
+            x = x + q + k + v
     return x
 
 
 def reference(layers: list, x: torch.Tensor) -> torch.Tensor:
     x = x.double()
-    for (_, w_up), (_, w_down) in layers:
+    for block in layers:
         h = F.layer_norm(x, x.shape[-1:])
-        x = x + torch.relu(h @ w_up.t()) @ w_down.t()
+        if len(block) == 2:
+            (_, w_up), (_, w_down) = block
+            x = x + torch.relu(h @ w_up.t()) @ w_down.t()
+        else:
+            x = x + sum(h @ w.t() for _, w in block)
     return x
 
 
@@ -166,13 +182,14 @@ def main() -> None:
     parser.add_argument("--kinds", default="dense,csr,nm")
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--eager-trials", type=int, default=7)
+    parser.add_argument("--block", choices=("mlp", "qkv"), default="mlp")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: decode_chain.py needs a CUDA GPU")
     dtype = torch.float16
     rows = []
     for kind in args.kinds.split(","):
-        layers = build(kind, args.hidden, args.inner, args.blocks, args.sparsity, dtype, seed=0)
+        layers = build(kind, args.hidden, args.inner, args.blocks, args.sparsity, dtype, seed=0, block=args.block)
         for n in (int(v) for v in args.ns.split(",")):
             x = torch.randn(n, args.hidden, generator=torch.Generator().manual_seed(n)).to(dtype).cuda()
             for setting in ("1", "0") if kind != "dense" else (None,):
@@ -194,10 +211,13 @@ def main() -> None:
         r["graph_vs_dense"] = dense[r["n"]]["graph_ms"] / r["graph_ms"] if r["n"] in dense else None
         r["eager_vs_dense"] = dense[r["n"]]["eager_ms"] / r["eager_ms"] if r["n"] in dense else None
     meta = environment()
-    meta.update(hidden=args.hidden, inner=args.inner, blocks=args.blocks, dtype="float16")
+    meta.update(hidden=args.hidden, inner=args.inner, blocks=args.blocks, block=args.block, dtype="float16")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"environment": meta, "rows": rows}, indent=1))
-    table = Table(title=f"{args.blocks} MLP blocks {args.hidden}->{args.inner}->{args.hidden}, fp16 ({meta['device']})")
+    shape = (
+        f"{args.hidden}->{args.inner}->{args.hidden}" if args.block == "mlp" else f"3 x {args.hidden}->{args.hidden}"
+    )
+    table = Table(title=f"{args.blocks} {args.block} blocks {shape}, fp16 ({meta['device']})")
     for col in ("kind", "N", "PDL", "graph us", "vs dense", "eager us", "vs dense", "rel. err"):
         table.add_column(col, justify="right")
     for r in rows:
