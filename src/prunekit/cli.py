@@ -254,6 +254,8 @@ def render_report(report, title: str | None = None) -> Table:
     table.add_column("stored", justify="right", footer=human_bytes(report.pruned_stored_nbytes))
     ratio = report.pruned_stored_nbytes / report.pruned_dense_nbytes if report.pruned_dense_nbytes else 1.0
     table.add_column("ratio", justify="right", footer=f"{ratio:.3f}")
+    plans = [r.decode_plan_nbytes for r in report.rows if r.decode_plan_nbytes is not None]
+    table.add_column("GPU decode plan", justify="right", footer=human_bytes(sum(plans)) if plans else "-")
     for r, name in zip(report.rows, short_names([r.name for r in report.rows])):
         table.add_row(
             name,
@@ -264,8 +266,13 @@ def render_report(report, title: str | None = None) -> Table:
             *(human_bytes(r.format_nbytes.get(n)) for n in REPORT_FORMATS),
             f"{r.stored_format} {human_bytes(r.stored_nbytes)}",
             f"{r.ratio:.3f}",
+            human_bytes(r.decode_plan_nbytes),
         )
-    table.caption = "bytes are exact stored sizes; '-' = the format cannot hold the layer; a format's total counts such layers dense"
+    table.caption = (
+        "bytes are exact stored sizes; '-' = the format cannot hold the layer; a format's total counts such layers "
+        "dense; GPU decode plan = what the runtime adds in GPU memory beside the stored weight once the layer runs at "
+        "decode sizes (N <= 16) on a GPU"
+    )
     return table
 
 

@@ -38,6 +38,13 @@ def encode24(dense: torch.Tensor):
 EMULATE_CASES = [(1, 4, 1), (3, 12, 2), (37, 132, 5), (16, 128, 16), (200, 1000, 9), (130, 2056, 16)]
 
 
+@pytest.mark.parametrize(("m", "k"), [(1, 4), (37, 132), (200, 1000), (130, 2056)])
+def test_plan_nbytes_is_the_built_buffer(m, k):
+    values, metadata, bits = encode24(weight24(m, k, torch.float16, seed=m))
+    plan = nm24.build_plan(values, metadata, bits, k)
+    assert nm24.plan_nbytes(m, k) == plan.buffer.numel() * 4
+
+
 @pytest.mark.parametrize(("m", "k", "n"), EMULATE_CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(("mma", "layout"), [("prmt", None), ("sp", "halves"), ("sp", "rows")])

@@ -21,6 +21,7 @@ from prunekit.kernels.spmm_bitmap_plan import (
     bitmap_bytes,
     bitmap_plan_dense,
     bitmap_plan_matmul,
+    bitmap_plan_nbytes,
     buffer_layout,
     build_bitmap_plan,
     get_bitmap_plan,
@@ -243,6 +244,17 @@ def test_plan_tensors_are_aligned_views_of_one_buffer_laid_out_from_m_and_k(m, k
     assert plan.hdr.numel() == n_hdr and plan.boff.numel() <= n_boff and plan.ws.numel() == n_ws
     assert plan.counters.numel() <= n_cnt and plan.ws.dtype == torch.float32
     assert not plan.buffer[offsets["ws"] : offsets["vals"]].any()
+
+
+@pytest.mark.parametrize(("m", "k", "sparsity"), [(1, 1, 0.0), (45, 301, 0.9), (300, 2500, 0.5), (64, 4096, 1.0)])
+def test_bitmap_plan_nbytes_is_the_built_buffer(m, k, sparsity):
+    """The memory report's count (one sort, no plan built) equals the plan's buffer, with padding entries, empty rows
+    and explicit zeros among the stored values."""
+    dense = random_sparse_weight(m, k, sparsity, torch.float16, "cpu", empty_rows=min(m, 3))
+    c = encode_csr(dense)
+    c["values"][::7] = 0  # stored zeros are not present pairs
+    plan = build_bitmap_plan(c["values"], c["row_offsets"], c["column_indices"], m, k)
+    assert bitmap_plan_nbytes(c["values"], c["row_offsets"], c["column_indices"], m, k) == plan.buffer.numel() * 4
 
 
 def test_bitmap_plan_rejects_bad_input():

@@ -3,6 +3,11 @@
 Works on a pruned checkpoint (formats chosen as ``convert --format auto`` would) or on an
 exported package (the formats it stores). Rendered as a rich table by the CLI, as Markdown
 in a package's REPORT.md, as JSON, and as a PNG plot (sparsity and bytes saved per layer).
+
+Beside the stored bytes, each row gives the bytes of the decode plan the runtime builds in GPU memory the first time
+the layer runs at decode sizes (N <= 16 tokens) on a GPU, if it does: the bitmap plan of an fp16/bf16 CSR layer where
+``"auto"`` can take the bitmap kernel, the 2:4 decode plan of an fp16/bf16 2:4 layer. It lives beside the stored
+weight, so a decoding model's GPU memory is the stored bytes plus these.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from safetensors import safe_open
 from ..errors import FormatError
 from ..formats import EncodedTensor, decode, get_format
 from ..io import open_checkpoint
+from ..kernels import gpu, nm24
+from ..kernels.spmm_bitmap_plan import bitmap_plan_nbytes
 from .convert import iter_converted, pattern_params
 from .runtime.manifest import MANIFEST, WEIGHTS, TensorEntry, read_manifest
 
@@ -34,6 +41,7 @@ class LayerRow:
     format_nbytes: dict[str, int | None]
     stored_format: str
     stored_nbytes: int
+    decode_plan_nbytes: int | None = None  # GPU memory the runtime adds at decode sizes (module docstring)
 
     @property
     def ratio(self) -> float:
@@ -84,6 +92,26 @@ def format_nbytes(weight2d: torch.Tensor, pattern: str | None) -> dict[str, int 
     return sizes
 
 
+def decode_plan_nbytes(enc: EncodedTensor) -> int | None:
+    """Bytes of the plan the runtime builds in GPU memory beside ``enc`` when the layer runs at decode sizes on a GPU,
+    or None when it builds none: an fp16/bf16 CSR weight where ``"auto"`` takes the bitmap kernel at some N in 2-16
+    (``gpu.plan_spmm`` with this weight's stored entries and the current settings; ``spmm_bitmap_plan``), an fp16/bf16
+    2:4 weight (``nm24.plan_nbytes``). Other formats run without a plan of that size."""
+    if enc.dtype not in ("float16", "bfloat16") or len(enc.shape) != 2:
+        return None
+    m, k = (int(v) for v in enc.shape)
+    if enc.format == "nm" and (int(enc.params.get("n", 0)), int(enc.params.get("m", 0))) == (2, 4):
+        return nm24.plan_nbytes(m, k)
+    if enc.format != "csr":
+        return None
+    c = enc.components
+    dtype = getattr(torch, enc.dtype)
+    nnz = c["values"].numel()
+    if not any(gpu.plan_spmm(m, k, n, nnz, 132, "auto", dtype).variant == "bitmap" for n in range(2, 17)):
+        return None
+    return bitmap_plan_nbytes(c["values"], c["row_offsets"], c["column_indices"], m, k)
+
+
 def _row(entry: TensorEntry, enc: EncodedTensor, weight2d: torch.Tensor) -> LayerRow:
     sizes = format_nbytes(weight2d, entry.pattern)
     if enc.format in sizes and sizes[enc.format] is None:  # a ks chain: only its stored factors hold it
@@ -97,6 +125,7 @@ def _row(entry: TensorEntry, enc: EncodedTensor, weight2d: torch.Tensor) -> Laye
         format_nbytes=sizes,
         stored_format=enc.format,
         stored_nbytes=enc.nbytes,
+        decode_plan_nbytes=decode_plan_nbytes(enc),
     )
 
 
@@ -148,10 +177,13 @@ def human_bytes(n: int | None) -> str:
 def render_markdown(report: Report) -> str:
     """The report as a Markdown document (REPORT.md)."""
     head = "| layer | shape | pattern | sparsity | dense | " + " | ".join(REPORT_FORMATS) + " | stored | ratio |"
+    head += " GPU decode plan |"
     lines = [
         "# Memory report",
         "",
-        f"Source: `{report.source}`. Bytes are exact stored sizes; `-` means the format cannot hold the layer.",
+        f"Source: `{report.source}`. Bytes are exact stored sizes; `-` means the format cannot hold the layer. "
+        "`GPU decode plan`: what the runtime adds in GPU memory, beside the stored weight, once the layer runs at "
+        "decode sizes (N <= 16 tokens) on a GPU (`-`: nothing of that kind).",
         "",
         head,
         "|" + "---|" * (head.count("|") - 1),
@@ -160,7 +192,8 @@ def render_markdown(report: Report) -> str:
         sizes = " | ".join(human_bytes(r.format_nbytes.get(f)) for f in REPORT_FORMATS)
         lines.append(
             f"| {r.name} | {'x'.join(map(str, r.shape))} | {r.pattern} | {r.sparsity:.1%} | {human_bytes(r.dense_nbytes)} "
-            f"| {sizes} | {r.stored_format} {human_bytes(r.stored_nbytes)} | {r.ratio:.3f} |"
+            f"| {sizes} | {r.stored_format} {human_bytes(r.stored_nbytes)} | {r.ratio:.3f} "
+            f"| {human_bytes(r.decode_plan_nbytes)} |"
         )
     totals = report.to_dict()["totals"]
     lines += [
@@ -168,8 +201,14 @@ def render_markdown(report: Report) -> str:
         f"Pruned layers: {human_bytes(report.pruned_dense_nbytes)} dense -> {human_bytes(report.pruned_stored_nbytes)} stored.",
         f"Whole model: {human_bytes(report.total_dense_nbytes)} dense -> {human_bytes(report.total_stored_nbytes)} stored "
         f"(ratio {totals['model_ratio']:.3f}).",
-        "",
     ]
+    plans = [r.decode_plan_nbytes for r in report.rows if r.decode_plan_nbytes is not None]
+    if plans:
+        lines.append(
+            f"GPU decode plans, at decode sizes on a GPU: {human_bytes(sum(plans))} more, for {len(plans)} of the "
+            f"{len(report.rows)} pruned layers."
+        )
+    lines.append("")
     return "\n".join(lines)
 
 

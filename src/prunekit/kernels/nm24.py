@@ -175,6 +175,14 @@ def plan_ring(variant: str) -> tuple[int, int]:
     return ring, batch
 
 
+def plan_nbytes(m: int, k: int) -> int:
+    """Bytes of the decode plan :func:`build_plan` builds for a 2:4 weight ``(m, k)``: its one int32 buffer (repacked
+    values, metadata, the fp32 k-split workspace and the counters), from the shape alone."""
+    strips = -(-m // 16)
+    ksteps = -(-k // (16 * KSTEP_ALIGN)) * KSTEP_ALIGN
+    return 4 * (strips * ksteps * 64 + strips * ksteps * 8 + strips * 16 * MAX_N + -(-strips // STRIPS_PER_BLOCK))
+
+
 def plan_cfg(m: int, chunk: int, variant: int, ring: int, batch: int) -> int:
     """The plan's settings packed into one int64 for ``prunekit_nm24::linear``: M in bits 0-31, chunk 32-39, variant
     40, ring 44-47, batch 48-51 (fewer arguments to convert per eager call: ``benchmarks/nm24_host.py``); bit 56

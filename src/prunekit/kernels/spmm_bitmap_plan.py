@@ -69,6 +69,7 @@ __all__ = [
     "bitmap_bytes",
     "bitmap_plan_dense",
     "bitmap_plan_matmul",
+    "bitmap_plan_nbytes",
     "buffer_layout",
     "build_bitmap_plan",
     "get_bitmap_plan",
@@ -242,6 +243,21 @@ def build_bitmap_plan(
         slot_words=slot_words,
         dtype=values.dtype,
     )
+
+
+def bitmap_plan_nbytes(
+    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+) -> int:
+    """Bytes of the plan :func:`build_bitmap_plan` would build (its one buffer, workspace included), without building
+    it: the fixed part of :func:`buffer_layout` plus one word per present pair (a row's columns ``2c, 2c + 1``, either
+    non-zero) plus the 4 tail words. Arguments as :func:`build_bitmap_plan`; cheap (one sort of the non-zeros).
+
+    Raises:
+        ValueError: as :func:`build_bitmap_plan`."""
+    rows, cols, keep = csr_entries(values, row_offsets, column_indices, m, k, "bitmap")
+    nonzero = keep & (values.to(rows.device) != 0)
+    pairs = torch.unique(rows[nonzero] * (k // 2 + 1) + cols[nonzero] // 2).numel()
+    return 4 * (sum(buffer_layout(m, k)) + pairs + TAIL_WORDS)
 
 
 def get_bitmap_plan(
