@@ -718,6 +718,16 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   }
 }
 
+// The k-split workspace and counters of a plan with `strips` strips, on x's GPU (both ops' plans hold them).
+void check_workspace(const at::Tensor& ws, const at::Tensor& counters, int64_t strips, const at::Tensor& x,
+                     const char* op) {
+  PRUNEKIT_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
+                     counters.scalar_type() == at::kInt && counters.numel() >= (strips + kWarps - 1) / kWarps,
+                 op, ": workspace or counters too small");
+  PRUNEKIT_CHECK(ws.device() == x.device() && counters.device() == x.device(), op,
+                 ": all tensors must be on one GPU");
+}
+
 // The plan as four tensors: vals / meta / ws / counters (kernels/nm24.py), Y into y.
 void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& ws, const at::Tensor& counters,
              const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, int64_t m,
@@ -729,13 +739,8 @@ void nm24_mm(const at::Tensor& vals, const at::Tensor& meta, const at::Tensor& w
   PRUNEKIT_CHECK(meta.scalar_type() == at::kInt && meta.is_contiguous() && meta.numel() == strips * ksteps * 8,
               "nm24_mm: meta must be a contiguous int32 (strips, ksteps / 4, 32), or (strips, ksteps / 2, 16) for ",
               "mma.sp");
-  const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
-  PRUNEKIT_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
-                  counters.scalar_type() == at::kInt && counters.numel() >= row_blocks,
-              "nm24_mm: workspace or counters too small");
-  PRUNEKIT_CHECK(vals.device() == x.device() && meta.device() == x.device() && ws.device() == x.device() &&
-                  counters.device() == x.device(),
-              "nm24_mm: all tensors must be on one GPU");
+  check_workspace(ws, counters, strips, x, "nm24_mm");
+  PRUNEKIT_CHECK(vals.device() == x.device() && meta.device() == x.device(), "nm24_mm: all tensors must be on one GPU");
   run(PlanView{vals.data_ptr(), meta.data_ptr(), ws.data_ptr<float>(), counters.data_ptr<int>(), strips, ksteps, m,
                chunk, variant, ring, batch},
       x, y, bias, relu);
@@ -758,13 +763,9 @@ void bitmap_mm(const at::Tensor& vals, const at::Tensor& hdr, const at::Tensor& 
                   reinterpret_cast<uintptr_t>(vals.data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(hdr.data_ptr()) % 16 == 0,
               "bitmap_mm: vals must be a contiguous 16-byte aligned int32 vector");
-  const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
-  PRUNEKIT_CHECK(ws.scalar_type() == at::kFloat && ws.numel() >= strips * 16 * kTokens &&
-                  counters.scalar_type() == at::kInt && counters.numel() >= row_blocks,
-              "bitmap_mm: workspace or counters too small");
-  PRUNEKIT_CHECK(vals.device() == x.device() && hdr.device() == x.device() && boff.device() == x.device() &&
-                  ws.device() == x.device() && counters.device() == x.device(),
-              "bitmap_mm: all tensors must be on one GPU");
+  check_workspace(ws, counters, strips, x, "bitmap_mm");
+  PRUNEKIT_CHECK(vals.device() == x.device() && hdr.device() == x.device() && boff.device() == x.device(),
+                 "bitmap_mm: all tensors must be on one GPU");
   PlanView v{vals.data_ptr(), hdr.data_ptr(), ws.data_ptr<float>(), counters.data_ptr<int>(), strips, ksteps, m,
              chunk, kBitmap, ring, 8};
   v.boff = boff.data_ptr<int>();
