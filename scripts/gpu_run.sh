@@ -2,7 +2,7 @@
 # One GPU-machine run for issue 4: build the kernels, run the kernel tests, `kernels check`, a compute-sanitizer
 # memcheck of a small case, then the SpMM benchmark. Logs and JSON go to $OUT (or ./out).
 #
-#   scripts/gpu_run.sh [all|test|bench|variants|sanitize|tc|profile|tcloop] [extra benchmark args...]
+#   scripts/gpu_run.sh [all|test|bench|variants|sanitize|tc|profile|tcloop|decode|...] [extra benchmark args...]
 #
 # `profile`: tc GPU tests at both prefetch depths, Nsight Compute reports of the tc kernel at 4096x4096, N = 4096
 # (90% at depths 2 and 6, 95%), and the tc benchmark at both depths.
@@ -13,6 +13,9 @@
 # `tc` (tensor-core SpMM, one 10-minute device call): build, the tc GPU tests, a compute-sanitizer memcheck of small
 # tc cases, and a short benchmark (4096x4096 and 11008x4096 at N = 4096, 90/95/98%, fp16; dense cuBLAS, torch.sparse,
 # auto, tc and direct in the same run) into $OUT/spmm-tc-<dev>-<date>.json.
+#
+# `decode`: decode_chain.py (q / k / v and MLP blocks, PDL on and off), spmm.py --overhead at the decode points
+# (N = 1 / 4 / 16, 80 / 90%) and a compute-sanitizer memcheck of the bitmap eager entry's tests. Build first.
 #
 # `bitmap` (decode bitmap SpMM, variant "bitmap"): build, its GPU tests, sanitizers, decode benchmark ($BITMAP_SHAPES,
 # $BITMAP_NS, $BITMAP_SPARSITIES) into $OUT/spmm-bitmap-<dev>-<date>.json.
@@ -148,6 +151,22 @@ if [[ $MODE == bitmap ]]; then
   timeout 400 python3 benchmarks/spmm.py --out "$OUT/spmm-bitmap-$DEV-$DATE.json" --dtypes float16 \
     --shapes "${BITMAP_SHAPES:-4096x4096,11008x4096}" --ns "${BITMAP_NS:-16}" \
     --sparsities "${BITMAP_SPARSITIES:-0.5,0.7,0.8,0.9,0.95}" "$@" 2>&1 | tee "$OUT/bitmap-bench.log" | tail -30
+fi
+
+if [[ $MODE == decode ]]; then
+  # decode end to end: the q / k / v and MLP chains (PDL on / off), the host overhead of each call layer at the decode
+  # points, and a compute-sanitizer memcheck of the bitmap kernel's eager C++ entry (SparseLinear -> bitmap_linear)
+  step decode chains
+  python3 benchmarks/decode_chain.py --block qkv --out "$OUT/decode-chain-qkv-$DEV-$DATE.json" "$@"
+  python3 benchmarks/decode_chain.py --block mlp --out "$OUT/decode-chain-mlp-$DEV-$DATE.json" "$@"
+  step decode overhead
+  python3 benchmarks/spmm.py --overhead --dtypes float16 --shapes 4096x4096,11008x4096,4096x11008,768x3072,3072x768 \
+    --ns 1,4,16 --sparsities 0.8,0.9 --time-budget-s 240 --out "$OUT/spmm-overhead-$DEV-$DATE.json"
+  step bitmap_linear compute-sanitizer memcheck
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_spmm_bitmap.py -k "entry" > "$OUT/bitmap-linear-memcheck.log" 2>&1
+  echo "compute-sanitizer memcheck exit code $?" | tee -a "$OUT/bitmap-linear-memcheck.log"
+  tail -3 "$OUT/bitmap-linear-memcheck.log"
 fi
 
 if [[ $MODE == bitmapsweep ]]; then

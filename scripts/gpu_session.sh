@@ -6,6 +6,8 @@
 #
 #   bash scripts/gpu_session.sh [build|tests|all]        (default all)
 #
+# `NAMESPACES="prunekit_ext prunekit_nm24"` builds only those libraries (the others build on first use).
+#
 # Outputs in $OUT (default ./out), packed at exit by out_pack.sh: logs.tgz (build-<namespace>.log, tests-<file>.log,
 # summary.txt) and prebuilt.tgz[.partNN] (prebuilt/*.so, the built libraries named by their build keys: unpack with
 # `cat prebuilt.tgz* | tar xz -C .carry` and carry .carry/prebuilt with PRUNEKIT_KERNEL_PREBUILT=$PWD/.carry/prebuilt
@@ -39,7 +41,7 @@ if [[ $MODE == all || $MODE == build ]]; then
   step build every extension in parallel
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$SUMMARY"
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$SUMMARY"
-  namespaces=$(python3 -c "from prunekit.kernels import build; print(' '.join(e.namespace for e in build.extensions()))")
+  namespaces=${NAMESPACES:-$(python3 -c "from prunekit.kernels import build; print(' '.join(e.namespace for e in build.extensions()))")}
   pids=()
   for ns in $namespaces; do
     python3 - "$ns" "$OUT/prebuilt" > "$OUT/build-$ns.log" 2>&1 <<'PY' &
