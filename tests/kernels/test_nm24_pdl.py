@@ -1,6 +1,6 @@
 """Programmatic dependent launch of the nm24 decode kernel (2:4 and bitmap; ``csrc/structured/nm24/nm24_decode.cu``).
 
-With ``$PRUNEKIT_NM24_PDL=1`` (opt-in), on sm_90 the kernel is launched so that it may start while the preceding kernel
+By default (``$PRUNEKIT_NM24_PDL=0`` turns it off), on sm_90 with the cluster reduction the kernel is launched so that it may start while the preceding kernel
 in the stream still runs: it loads its first weight batches, then waits for that kernel before it reads X or writes
 anything. These tests chain layers, each reading the output the previous launch wrote (poisoned with NaN before), with
 no synchronisation between the launches, eagerly and in a CUDA graph, and compare every stage against float64 on the

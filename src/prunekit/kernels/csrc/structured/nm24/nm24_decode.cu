@@ -47,8 +47,8 @@
 // barrier, writes Y and waits there before leaving. Otherwise (sm_80, more than 16 chunks,
 // $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the plan's workspace with 8-byte reductions and the last
 // block of a row block (counter after a fence, the threadFenceReduction pattern of the CUDA samples) adds bias,
-// applies ReLU, writes Y and leaves the workspace and counter at zero for the next call. Opt-in on sm_90 with the
-// cluster reduction ($PRUNEKIT_NM24_PDL=1), the launch allows programmatic dependent launch: the kernel issues its
+// applies ReLU, writes Y and leaves the workspace and counter at zero for the next call. On sm_90 with the cluster
+// reduction (default; $PRUNEKIT_NM24_PDL=0 turns it off), the launch allows programmatic dependent launch: the kernel issues its
 // first weight batches, waits for the preceding kernel (griddepcontrol.wait) before it reads X or writes anything, and
 // lets the next kernel launch once its loop is done.
 //
@@ -150,7 +150,7 @@ struct Params {
   int m, k, n, strips, ksteps, chunk, chunks, relu, x_vec;
   int cluster;  // 1: the grid's k-chunks are clusters, reduced through distributed shared memory (sm_90)
   int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads
-  int pdl;    // launched with programmatic stream serialization (sm_90, $PRUNEKIT_NM24_PDL=1)
+  int pdl;    // launched with programmatic stream serialization (sm_90, cluster reduction; $PRUNEKIT_NM24_PDL=0: off)
   // bitmap (V = kBitmap): vals are the present pair words, meta the tile headers (strips, ksteps, 5), boff the batch
   // offsets (strips, ksteps / 8 + 1); a ring slot is slot_bytes (headers, then words), a warp's ring wstride bytes
   const int* boff;
@@ -698,13 +698,14 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   const char* cluster_var = std::getenv("PRUNEKIT_NM24_CLUSTER");
   const bool cluster_env = cluster_var == nullptr || std::strcmp(cluster_var, "0") != 0;
   p.cluster = cluster_env && chunks > 1 && chunks <= kMaxCluster;  // launch() clears it below sm_90
-  // Programmatic dependent launch, opt-in ($PRUNEKIT_NM24_PDL=1), with the cluster reduction only (launch() clears it
-  // below sm_90). On the H100, calls of one layer back to back took 0.1-1.8 us less each (of 4-28 us), but 1-1.5 us
-  // more at 4096 x 11008, whose 22 k-chunks use the atomics (benchmarks/results/{spmm-bitmap,nm24-sweep}-{pdl,nopdl}-
-  // h100-2026-11-26-s12.json); in decode MLP blocks, where norms, activations and adds come between the sparse layers,
-  // it gained nothing and cost 2-3% at N = 16 (decode-chain-h100-2026-11-26-s12.json). Hence off by default.
+  // Programmatic dependent launch, on by default with the cluster reduction ($PRUNEKIT_NM24_PDL=0: off; launch() clears
+  // it below sm_90). On the H100, calls of one layer back to back took 0.1-1.8 us less each (of 4-28 us), but 1-1.5 us
+  // more at 4096 x 11008, whose 22 k-chunks use the atomics, hence not there (benchmarks/results/{spmm-bitmap,
+  // nm24-sweep}-{pdl,nopdl}-h100-2026-11-26-s12.json). In decode q / k / v blocks (three projections back to back) the
+  // chain took 6-10% less time (graph; 2:4 at N = 1 / 16, bitmap at N = 16: decode-chain-qkv-h100-2026-11-26-s13.json);
+  // in MLP blocks, where norms, activations and adds come between the sparse layers, -3% to +0% (decode-chain-mlp-...).
   const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
-  p.pdl = p.cluster && pdl_var != nullptr && std::strcmp(pdl_var, "1") == 0 ? 1 : 0;
+  p.pdl = p.cluster && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0) ? 1 : 0;
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   const c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
