@@ -17,6 +17,8 @@
 # `decode`: decode_chain.py (q / k / v and MLP blocks, PDL on and off), spmm.py --overhead at the decode points
 # (N = 1 / 4 / 16, 80 / 90%) and a compute-sanitizer memcheck of the bitmap eager entry's tests. Build first.
 #
+# `spmv`: the N = 1 kernel (csrc/spmv_csr.cu): tests, memcheck, spmm.py at N = 1 with it (PDL on / off) and without.
+#
 # `bitmap` (decode bitmap SpMM, variant "bitmap"): build, its GPU tests, sanitizers, decode benchmark ($BITMAP_SHAPES,
 # $BITMAP_NS, $BITMAP_SPARSITIES) into $OUT/spmm-bitmap-<dev>-<date>.json.
 #
@@ -167,6 +169,25 @@ if [[ $MODE == decode ]]; then
     tests/kernels/test_spmm_bitmap.py -k "entry" > "$OUT/bitmap-linear-memcheck.log" 2>&1
   echo "compute-sanitizer memcheck exit code $?" | tee -a "$OUT/bitmap-linear-memcheck.log"
   tail -3 "$OUT/bitmap-linear-memcheck.log"
+fi
+
+if [[ $MODE == spmv ]]; then
+  # N = 1 (csrc/spmv_csr.cu): its tests and rowwarp's, a compute-sanitizer memcheck of its small cases, then the decode
+  # benchmark at N = 1 with it ($PRUNEKIT_SPMV=1, PDL on and off) and without it (rowwarp's own kernel), one JSON each.
+  step spmv tests
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmv.py tests/kernels/test_spmm_csr_cuda.py \
+    tests/kernels/test_spmm_entry.py 2>&1 | tail -15
+  step spmv compute-sanitizer memcheck
+  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_spmv.py -k "matches_float64 or strided or several" > "$OUT/spmv-memcheck.log" 2>&1
+  echo "compute-sanitizer memcheck exit code $?" | tee -a "$OUT/spmv-memcheck.log"
+  tail -3 "$OUT/spmv-memcheck.log"
+  for cfg in "spmv:PRUNEKIT_SPMV=1" "spmvnopdl:PRUNEKIT_SPMV_PDL=0" "rowwarp:PRUNEKIT_SPMV=0"; do
+    name=${cfg%%:*}
+    step "N = 1 benchmark, $name"
+    env "${cfg#*:}" python3 benchmarks/spmm.py --dtypes float16 --ns 1 --sparsities ${SPMV_SPARSITIES:-0.7,0.8,0.9,0.95} \
+      --out "$OUT/spmm-n1-$name-$DEV-$DATE.json" "$@" | tail -${SPMV_TAIL:-3}
+  done
 fi
 
 if [[ $MODE == bitmapsweep ]]; then

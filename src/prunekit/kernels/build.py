@@ -41,6 +41,7 @@ SOURCES = (
     "bindings.cpp",
     "spmm_entry.cu",
     "spmm_rowwarp.cu",
+    "spmv_csr.cu",
     "spmm_direct.cu",
     "spmm_tiled.cu",
     "spmm_tc.cu",

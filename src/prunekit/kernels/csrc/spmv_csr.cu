@@ -1,0 +1,227 @@
+// SpMV, the N = 1 path of rowwarp: y (M) = act(A @ x + bias), A in prunekit CSR, x (K), one decode token.
+//
+// rowwarp (spmm_rowwarp.cu) gives every row its own warp and reads x from L2 per non-zero. At N = 1 on the H100 its
+// time was about 4.5-7 us plus the weight bytes at ~3.3 TB/s (benchmarks/results/spmm-bitmap-nopdl-h100-2026-11-26-
+// s12.json: 8.9 us at 4096 x 4096 80% against 6.9 us at 90%, half the bytes): the warp's chain row_indices ->
+// row_offsets -> values -> x costs three to four memory latencies before it streams, a second wave of warps pays it
+// again (11008 rows), and each x gather is one more L2 latency per vector. Here:
+// - rows in storage order, R consecutive rows per warp (R = 1, 2, 4 or 8, enough to fit one wave), read as one
+//   contiguous stream of 16-byte vectors of values and column indices (rows are padded to 16 bytes, so a vector
+//   belongs to one row; the lane finds its row among the R + 1 offsets it holds in registers), two vectors in flight
+//   per lane ahead of the one it multiplies (Sputnik's vector loads, Gale et al. SC 2020 sec. 5.2; the contiguous
+//   stream of several rows is the CSR-stream idea of Greathouse and Daga, SC 2014);
+// - the offsets and the first weight vectors are loaded before x, and with programmatic dependent launch (sm_90) before
+//   the preceding kernel has finished: the kernel waits for it (griddepcontrol.wait) only before it reads x, and every
+//   write comes after that;
+// - the block copies x into shared memory once (16-byte loads where x is contiguous and aligned), so the gathers are
+//   shared-memory reads;
+// - per row, a warp reduction of the lanes' fp32 partial sums; lane q writes row r0 + q with bias and ReLU.
+// Not taken (the caller keeps rowwarp): x larger than kSpmvMaxSmem bytes. $PRUNEKIT_SPMV=0 turns this path off,
+// $PRUNEKIT_SPMV_PDL=0 the programmatic dependent launch (both read at each call, for A/B runs).
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "common.cuh"
+#include "kernels.h"
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
+
+namespace prunekit {
+
+namespace {
+
+constexpr int kSpmvMaxSmem = 96 * 1024;  // bytes of x staged per block: fp16 K <= 49152, fp32 K <= 24576
+constexpr int kSpmvMinBlocksPerSm = 4;   // launch bounds: at most 64 registers per thread at 256 threads
+
+__device__ __forceinline__ void spmv_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void spmv_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+template <typename T, typename I, int R>
+__global__ void __launch_bounds__(256, kSpmvMinBlocksPerSm)
+spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
+                const T* __restrict__ x, int64_t xs_k, T* __restrict__ y, int64_t ys_m, const T* __restrict__ bias,
+                bool relu, int m, int k, bool x_vec) {
+  constexpr int V = 16 / sizeof(T);  // non-zeros per 16-byte vector of values
+  constexpr int kStep = 32 * V;      // non-zeros per warp step
+  extern __shared__ __align__(16) unsigned char spmv_smem[];
+  T* xs = reinterpret_cast<T*>(spmv_smem);
+  const int lane = threadIdx.x & 31;
+  const int r0 = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5) * R;
+  const int rows = max(0, min(R, m - r0));  // whole warps stay to the barrier below
+
+  // Row boundaries of this warp's rows: lane q <= rows loads row_offsets[r0 + q]; bnd[q] for q > rows is the end.
+  int off = 0;
+  if (rows > 0 && lane <= rows) off = __ldg(row_offsets + r0 + lane);
+  int bnd[R + 1];
+#pragma unroll
+  for (int q = 0; q <= R; ++q) bnd[q] = __shfl_sync(0xffffffffu, off, min(q, rows));
+  const int end = bnd[R];
+
+  // The first two vectors per lane go out before x is read (weights are never written by another kernel).
+  int j = bnd[0] + lane * V;
+  Words<16> va, vb;
+  Words<V * sizeof(I)> ia, ib;
+  if (j < end) {
+    va.load(values + j);
+    ia.load(cols + j);
+  }
+  if (j + kStep < end) {
+    vb.load(values + j + kStep);
+    ib.load(cols + j + kStep);
+  }
+
+  spmv_grid_wait();  // programmatic dependent launch: the preceding kernel (which may write x or read y) is done
+  if (x_vec) {
+    for (int i = threadIdx.x; i < k / V; i += blockDim.x) {
+      reinterpret_cast<uint4*>(xs)[i] = __ldg(reinterpret_cast<const uint4*>(x) + i);
+    }
+  } else {
+    for (int i = threadIdx.x; i < k; i += blockDim.x) xs[i] = x[static_cast<int64_t>(i) * xs_k];
+  }
+  __syncthreads();
+
+  float acc[R];
+#pragma unroll
+  for (int q = 0; q < R; ++q) acc[q] = 0.0f;
+  while (j < end) {
+    const int j2 = j + 2 * kStep;
+    Words<16> vc;
+    Words<V * sizeof(I)> ic;
+    if (j2 < end) {
+      vc.load(values + j2);
+      ic.load(cols + j2);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; ++v) s = fmaf(word_elem<T>(va.w, v), to_f(xs[word_index<I>(ia.w, v)]), s);
+    if constexpr (R == 1) {
+      acc[0] += s;
+    } else {
+      int r = 0;
+#pragma unroll
+      for (int q = 1; q < R; ++q) r += j >= bnd[q];
+#pragma unroll
+      for (int q = 0; q < R; ++q) acc[q] += q == r ? s : 0.0f;
+    }
+    va = vb;
+    ia = ib;
+    vb = vc;
+    ib = ic;
+    j += kStep;
+  }
+  spmv_launch_dependents();  // the next kernel may start its own prologue during this epilogue
+
+  float mine = 0.0f;
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+    if (lane == q) mine = acc[q];
+  }
+  if (lane < rows) {
+    const int row = r0 + lane;
+    const float b = bias != nullptr ? to_f(bias[row]) : 0.0f;
+    y[static_cast<int64_t>(row) * ys_m] = from_f<T>(epilogue(mine, b, relu));
+  }
+}
+
+struct DeviceInfo {
+  int sms = 0, major = 0, max_smem = 0;
+};
+
+DeviceInfo device_info() {
+  static DeviceInfo cache[64];
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 64 && cache[dev].sms != 0) return cache[dev];
+  DeviceInfo info;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (dev < 64) cache[dev] = info;
+  return info;
+}
+
+bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "0") == 0;
+}
+
+template <typename T, typename I, int R>
+void launch_spmv(const DeviceInfo& info, int threads, int64_t smem, const T* values, const int* row_offsets,
+                 const I* cols, const T* x, int64_t xs_k, T* y, int64_t ys_m, const T* bias, bool relu, int m, int k,
+                 bool x_vec) {
+  auto kernel = spmv_csr_kernel<T, I, R>;
+  if (smem > 48 * 1024) {
+    static bool configured[64] = {};  // per instantiation and device: raise the dynamic shared-memory limit once
+    int dev = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= 64 || !configured[dev]) {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSpmvMaxSmem));
+      if (dev < 64) configured[dev] = true;
+    }
+  }
+  const int64_t warps = (static_cast<int64_t>(m) + R - 1) / R;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>((warps * 32 + threads - 1) / threads), 1, 1);
+  cfg.blockDim = dim3(threads, 1, 1);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = c10::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = info.major >= 9 && !env_off("PRUNEKIT_SPMV_PDL") ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, values, row_offsets, cols, x, xs_k, y, ys_m, bias, relu, m, k, x_vec));
+}
+
+}  // namespace
+
+template <typename T, typename I>
+bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x, int64_t xs_k, T* y, int64_t ys_m,
+              const T* bias, bool relu, int m, int k) {
+  if (env_off("PRUNEKIT_SPMV") || k <= 0) return false;
+  const DeviceInfo info = device_info();
+  const int64_t smem = ((static_cast<int64_t>(k) * static_cast<int64_t>(sizeof(T)) + 15) / 16) * 16;
+  if (smem > std::min<int64_t>(kSpmvMaxSmem, info.max_smem)) return false;
+  constexpr int V = 16 / sizeof(T);
+  const bool x_vec = xs_k == 1 && k % V == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  // Rows per warp: the fewest that fit one wave of kSpmvMinBlocksPerSm 8-warp blocks per SM. Warps per block: 8,
+  // fewer where that leaves SMs idle (small M), at least 2.
+  const int64_t wave = static_cast<int64_t>(info.sms) * kSpmvMinBlocksPerSm * 8;
+  const int r = m <= wave ? 1 : m <= 2 * wave ? 2 : m <= 4 * wave ? 4 : 8;
+  const int64_t per_sm = (static_cast<int64_t>(m) + static_cast<int64_t>(r) * info.sms - 1) / (r * info.sms);
+  const int threads = per_sm >= 8 ? 256 : per_sm >= 4 ? 128 : 64;
+  switch (r) {
+    case 1: launch_spmv<T, I, 1>(info, threads, smem, values, row_offsets, cols, x, xs_k, y, ys_m, bias, relu, m, k, x_vec); break;
+    case 2: launch_spmv<T, I, 2>(info, threads, smem, values, row_offsets, cols, x, xs_k, y, ys_m, bias, relu, m, k, x_vec); break;
+    case 4: launch_spmv<T, I, 4>(info, threads, smem, values, row_offsets, cols, x, xs_k, y, ys_m, bias, relu, m, k, x_vec); break;
+    default: launch_spmv<T, I, 8>(info, threads, smem, values, row_offsets, cols, x, xs_k, y, ys_m, bias, relu, m, k, x_vec); break;
+  }
+  return true;
+}
+
+#define PRUNEKIT_SPMV_INSTANCE(T, I)                                                                           \
+  template bool spmv_csr<T, I>(const T*, const int*, const I*, const T*, int64_t, T*, int64_t, const T*, bool, \
+                               int, int);
+PRUNEKIT_SPMV_INSTANCE(float, int16_t)
+PRUNEKIT_SPMV_INSTANCE(float, int32_t)
+PRUNEKIT_SPMV_INSTANCE(__half, int16_t)
+PRUNEKIT_SPMV_INSTANCE(__half, int32_t)
+PRUNEKIT_SPMV_INSTANCE(__nv_bfloat16, int16_t)
+PRUNEKIT_SPMV_INSTANCE(__nv_bfloat16, int32_t)
+#undef PRUNEKIT_SPMV_INSTANCE
+
+}  // namespace prunekit

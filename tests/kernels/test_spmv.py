@@ -1,0 +1,119 @@
+"""The SpMV kernel (``csrc/spmv_csr.cu``), rowwarp's path at N = 1, against float64 with the output poisoned first.
+
+It takes 1, 2, 4 or 8 rows per warp by M (one wave of warps on the GPU), 2-8 warps per block, x from a shared-memory copy
+(16-byte loads where x is contiguous, aligned and K a multiple of the vector width, else element by element), and
+programmatic dependent launch on sm_90. These tests cover each of those by shape: M = 1 and M past every rows-per-warp
+step, empty rows and rows of one non-zero, odd K, strided x, int32 column indices (K > 32767), fp16 / bf16 / fp32, the
+fallback to rowwarp's own kernel (x over the shared-memory limit, ``$PRUNEKIT_SPMV=0``), and chained layers reading the
+previous layer's output eagerly and in a CUDA graph (a kernel that read x before the previous one finished would see
+NaN).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prunekit.kernels import gpu
+from prunekit.kernels.testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, spmm_reference64
+
+pytestmark = pytest.mark.cuda
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def _wave() -> int:
+    """Warps of one wave as spmv_csr.cu counts them (4 blocks of 8 warps per SM)."""
+    return torch.cuda.get_device_properties(0).multi_processor_count * 4 * 8
+
+
+def _check(m, k, sparsity, dtype, seed, *, x_stride=1, activation="relu", bias=True, monkeypatch=None, env=None):
+    if monkeypatch is not None:
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dense = random_sparse_weight(m, k, sparsity, dtype, "cuda", g, empty_rows=min(3, m), single_rows=min(2, m))
+    c = encode_csr(dense)
+    xfull = torch.randn(k, x_stride, generator=g, device="cuda").to(dtype)
+    x = xfull[:, :1]  # (K, 1) with stride x_stride along K
+    b = torch.randn(m, generator=g, device="cuda").to(dtype) if bias else None
+    out = torch.full((m, 1), float("nan"), dtype=dtype, device="cuda")
+    y = gpu.spmm_csr(**c, x=x, m=m, bias=b, activation=activation, variant="rowwarp", out=out)
+    torch.cuda.synchronize()
+    assert y.data_ptr() == out.data_ptr()
+    assert not torch.isnan(y).any()
+    ref = spmm_reference64(dense, x, b, activation)
+    assert relative_error(y, ref) <= TOLERANCE[dtype]
+    return c
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "m, k, sparsity",
+    [(1, 7, 0.5), (1, 4096, 0.9), (5, 33, 0.0), (77, 203, 0.8), (768, 3072, 0.9), (3000, 768, 0.8), (300, 1, 0.0)],
+)
+def test_spmv_matches_float64(dtype, m, k, sparsity):
+    _check(m, k, sparsity, dtype, seed=m + k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("factor", [1.5, 3, 6])  # 2, 4 and 8 rows per warp
+def test_spmv_several_rows_per_warp(dtype, factor):
+    _check(int(_wave() * factor) + 5, 96, 0.7, dtype, seed=int(factor * 10))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_spmv_strided_x_and_no_bias(dtype):
+    _check(129, 517, 0.8, dtype, seed=3, x_stride=3, activation="none", bias=False)
+
+
+def test_spmv_int32_indices_and_large_x():
+    c = _check(64, 40000, 0.99, torch.float16, seed=4)  # 80 KB of x in shared memory (opt-in limit)
+    assert c["column_indices"].dtype == torch.int32
+
+
+@pytest.mark.parametrize("env", [{"PRUNEKIT_SPMV": "0"}, {"PRUNEKIT_SPMV_PDL": "0"}])
+def test_spmv_switches(env, monkeypatch):
+    _check(1000, 1000, 0.9, torch.float16, seed=5, monkeypatch=monkeypatch, env=env)
+
+
+def test_x_over_the_shared_memory_limit_falls_back():
+    _check(40, 60000, 0.995, torch.float16, seed=6)  # 120 KB of x: rowwarp's own kernel
+
+
+def test_spmv_all_rows_empty():
+    _check(50, 64, 1.0, torch.float16, seed=7)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("pdl", ["1", "0"])
+def test_chained_spmv_layers_read_the_previous_output(graph, pdl, monkeypatch):
+    monkeypatch.setenv("PRUNEKIT_SPMV_PDL", pdl)
+    width, dtype = 3000, torch.float16
+    g = torch.Generator(device="cuda").manual_seed(8)
+    layers = []
+    for _ in range(4):
+        dense = (random_sparse_weight(width, width, 0.9, dtype, "cuda", g) * (3 / width**0.5)).to(dtype)
+        layers.append((dense, encode_csr(dense), (0.1 * torch.randn(width, generator=g, device="cuda")).to(dtype)))
+    x0 = torch.randn(width, 1, generator=g, device="cuda").to(dtype)
+    outs = [torch.empty(width, 1, dtype=dtype, device="cuda") for _ in layers]
+
+    def chain():
+        x = x0
+        for (_, c, b), out in zip(layers, outs, strict=True):
+            out.fill_(float("nan"))
+            x = gpu.spmm_csr(**c, x=x, m=width, bias=b, activation="relu", variant="rowwarp", out=out)
+
+    chain()
+    torch.cuda.synchronize()
+    if graph:
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            chain()
+        x0.copy_(torch.randn(width, 1, generator=g, device="cuda").to(dtype))
+        cuda_graph.replay()
+    else:
+        chain()
+    torch.cuda.synchronize()
+    for (dense, _, b), x, out in zip(layers, [x0, *outs[:-1]], outs, strict=True):
+        assert not torch.isnan(out).any()
+        assert relative_error(out, spmm_reference64(dense, x, b, "relu")) <= TOLERANCE[dtype]
