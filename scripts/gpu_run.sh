@@ -175,17 +175,17 @@ if [[ $MODE == spmv ]]; then
   # N = 1 (csrc/spmv_csr.cu): its tests and rowwarp's, a compute-sanitizer memcheck of its small cases, then the decode
   # benchmark at N = 1 with it ($PRUNEKIT_SPMV=1, PDL on and off) and without it (rowwarp's own kernel), one JSON each.
   step spmv tests
-  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmv.py tests/kernels/test_spmm_csr_cuda.py \
+  [[ -n ${SPMV_SKIP_TESTS:-} ]] || python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmv.py tests/kernels/test_spmm_csr_cuda.py \
     tests/kernels/test_spmm_entry.py 2>&1 | tail -15
   step spmv compute-sanitizer memcheck
-  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+  [[ -n ${SPMV_SKIP_TESTS:-} ]] || timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     tests/kernels/test_spmv.py -k "matches_float64 or strided or several" > "$OUT/spmv-memcheck.log" 2>&1
   echo "compute-sanitizer memcheck exit code $?" | tee -a "$OUT/spmv-memcheck.log"
   tail -3 "$OUT/spmv-memcheck.log"
-  for cfg in "spmv:PRUNEKIT_SPMV=1" "spmvnopdl:PRUNEKIT_SPMV_PDL=0" "rowwarp:PRUNEKIT_SPMV=0"; do
+  for cfg in ${SPMV_CONFIGS:-"spmv:PRUNEKIT_SPMV=1" "spmvnopdl:PRUNEKIT_SPMV_PDL=0" "rowwarp:PRUNEKIT_SPMV=0"}; do
     name=${cfg%%:*}
     step "N = 1 benchmark, $name"
-    env "${cfg#*:}" python3 benchmarks/spmm.py --dtypes float16 --ns 1 --sparsities ${SPMV_SPARSITIES:-0.7,0.8,0.9,0.95} \
+    env $(tr , " " <<< "${cfg#*:}") python3 benchmarks/spmm.py --dtypes float16 --ns 1 --sparsities ${SPMV_SPARSITIES:-0.7,0.8,0.9,0.95} \
       --out "$OUT/spmm-n1-$name-$DEV-$DATE.json" "$@" | tail -${SPMV_TAIL:-3}
   done
 fi

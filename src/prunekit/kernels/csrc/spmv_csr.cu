@@ -159,6 +159,14 @@ bool env_off(const char* name) {
   return v != nullptr && std::strcmp(v, "0") == 0;
 }
 
+// 8-warp blocks per SM that rows per warp are chosen to fit in one wave: kSpmvMinBlocksPerSm, or
+// $PRUNEKIT_SPMV_WAVE (1-4) for tuning runs (fewer leaves room on each SM for the next kernel's early launch).
+int wave_blocks_per_sm() {
+  const char* v = std::getenv("PRUNEKIT_SPMV_WAVE");
+  const int forced = v == nullptr ? 0 : std::atoi(v);
+  return forced >= 1 && forced <= kSpmvMinBlocksPerSm ? forced : kSpmvMinBlocksPerSm;
+}
+
 template <typename T, typename I, int R>
 void launch_spmv(const DeviceInfo& info, int threads, int64_t smem, const T* values, const int* row_offsets,
                  const I* cols, const T* x, int64_t xs_k, T* y, int64_t ys_m, const T* bias, bool relu, int m, int k,
@@ -200,7 +208,7 @@ bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x
   const bool x_vec = xs_k == 1 && k % V == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   // Rows per warp: the fewest that fit one wave of kSpmvMinBlocksPerSm 8-warp blocks per SM. Warps per block: 8,
   // fewer where that leaves SMs idle (small M), at least 2.
-  const int64_t wave = static_cast<int64_t>(info.sms) * kSpmvMinBlocksPerSm * 8;
+  const int64_t wave = static_cast<int64_t>(info.sms) * wave_blocks_per_sm() * 8;
   const int r = m <= wave ? 1 : m <= 2 * wave ? 2 : m <= 4 * wave ? 4 : 8;
   const int64_t per_sm = (static_cast<int64_t>(m) + static_cast<int64_t>(r) * info.sms - 1) / (r * info.sms);
   const int threads = per_sm >= 8 ? 256 : per_sm >= 4 ? 128 : 64;
