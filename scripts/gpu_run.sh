@@ -19,6 +19,9 @@
 #
 # `spmv`: the N = 1 kernel (csrc/spmv_csr.cu): tests, memcheck, spmm.py at N = 1 with it (PDL on / off) and without.
 #
+# `spmv24`: the 2:4 N = 1 kernel (csrc/structured/nm24/nm24_spmv.cu): tests, memcheck, nm.py at N = 1 with it and
+# without it, decode MLP chains at N = 1.
+#
 # `bitmap` (decode bitmap SpMM, variant "bitmap"): build, its GPU tests, sanitizers, decode benchmark ($BITMAP_SHAPES,
 # $BITMAP_NS, $BITMAP_SPARSITIES) into $OUT/spmm-bitmap-<dev>-<date>.json.
 #
@@ -188,6 +191,27 @@ if [[ $MODE == spmv ]]; then
     env $(tr , " " <<< "${cfg#*:}") python3 benchmarks/spmm.py --dtypes float16 --ns 1 --sparsities ${SPMV_SPARSITIES:-0.7,0.8,0.9,0.95} \
       --out "$OUT/spmm-n1-$name-$DEV-$DATE.json" "$@" | tail -${SPMV_TAIL:-3}
   done
+fi
+
+if [[ $MODE == spmv24 ]]; then
+  # N = 1 for 2:4 (csrc/structured/nm24/nm24_spmv.cu): its tests with the decode kernel's, a compute-sanitizer memcheck
+  # of its small cases, benchmarks/nm.py at the five N = 1 points with it and without it ($PRUNEKIT_NM24_SPMV=0: the
+  # tensor-core decode kernel), and decode MLP chains at N = 1 (dense, 2:4).
+  step spmv24 tests
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_nm24_spmv.py tests/kernels/test_nm24_decode.py \
+    tests/kernels/test_nm24_pdl.py 2>&1 | tail -15
+  step spmv24 compute-sanitizer memcheck
+  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests/kernels/test_nm24_spmv.py -k "matches_float64 or strided or several" > "$OUT/spmv24-memcheck.log" 2>&1
+  echo "compute-sanitizer memcheck exit code $?" | tee -a "$OUT/spmv24-memcheck.log"
+  tail -3 "$OUT/spmv24-memcheck.log"
+  for cfg in spmv24:1 decode:0; do
+    step "2:4 N = 1 benchmark, ${cfg%%:*}"
+    PRUNEKIT_NM24_SPMV=${cfg#*:} python3 benchmarks/nm.py --points 8,12,13,15,17 \
+      --out "$OUT/nm-n1-${cfg%%:*}-$DEV-$DATE.json" | tail -12
+  done
+  step "decode chain, N = 1"
+  python3 benchmarks/decode_chain.py --kinds dense,nm --ns 1 --out "$OUT/decode-chain-n1-$DEV-$DATE.json"
 fi
 
 if [[ $MODE == bitmapsweep ]]; then

@@ -68,6 +68,8 @@ RING_ENV = "PRUNEKIT_NM24_RING"  # the weight ring instead of plan_ring's (mma.s
 # weight rings the library is built for, "R x B": R batches of B k-steps per warp in shared memory (templates R, B;
 # the register expansion has 3 x 8 only)
 RINGS = ("3x8", "4x4", "6x4")
+SPMV_ENV = "PRUNEKIT_NM24_SPMV"  # "0": N = 1 goes to the tensor-core decode kernel too
+SPMV_MAX_K = 49152  # x in the SpMV kernel's shared memory (96 KB)
 ROWS = 1 << 56  # cfg bit of prunekit_nm24::linear: x is (N, K) and the result (N, M) (nn.Linear's layout)
 _PLAN_ATTR = "_prunekit_nm24_plan"
 _state: bool | None = None  # available(), tried once per process
@@ -78,7 +80,7 @@ EXTENSION = build.Extension(
     namespace=NAMESPACE,
     prefix=NAMESPACE,
     csrc_dir=CSRC_DIR,
-    sources=("nm24/nm24_decode.cu",),
+    sources=("nm24/nm24_decode.cu", "nm24/nm24_spmv.cu"),
     headers=("../mma.cuh", "../check.h"),
     probe="mm",
     description="2:4 decode CUDA kernel",
@@ -475,6 +477,48 @@ def decode_takes(values: torch.Tensor, x: torch.Tensor, n: int, m_group: int) ->
     )
 
 
+def spmv_takes(values: torch.Tensor, metadata: torch.Tensor, x: torch.Tensor, bits: int) -> bool:
+    """True when the 2:4 SpMV kernel (``csrc/structured/nm24/nm24_spmv.cu``) takes the stored weight ``values: (M, K /
+    2)``, ``metadata: (M, K / 8)`` uint8 and one token ``x`` (``(K, 1)`` or ``(1, K)``) as they are: 2-bit indices, a
+    GPU, fp16/bf16 in one dtype, K a multiple of 16 up to :data:`SPMV_MAX_K`, contiguous values (16-byte aligned) and
+    metadata, and ``$PRUNEKIT_NM24_SPMV`` not ``0``. Callers have checked the 2:4 pattern (:func:`decode_takes`)."""
+    k = values.shape[1] * 2
+    return (
+        bits == 2
+        and x.is_cuda
+        and x.numel() == k
+        and x.dtype in DTYPES
+        and values.dtype == x.dtype
+        and 0 < k <= SPMV_MAX_K
+        and k % 16 == 0
+        and values.is_contiguous()
+        and values.data_ptr() % 16 == 0
+        and metadata.dtype == torch.uint8
+        and metadata.is_contiguous()
+        and tuple(metadata.shape) == (values.shape[0], k // 8)
+        and os.environ.get(SPMV_ENV, "1").strip() not in ("0", "false", "False")
+    )
+
+
+def spmv(
+    values: torch.Tensor,
+    metadata: torch.Tensor,
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    relu: bool = False,
+    rows: bool = False,
+) -> torch.Tensor:
+    """One launch of the 2:4 SpMV kernel ``prunekit_nm24::spmv24`` on the stored format (no plan): ``y = act(A x +
+    bias)`` with ``values: (M, K / 2)`` fp16/bf16 and ``metadata: (M, K / 8)`` uint8 as :func:`spmv_takes` requires;
+    ``x: (K, 1)`` gives ``(M, 1)``, and with ``rows`` ``x: (1, K)`` gives ``(1, M)`` (``nn.Linear``'s layout). ``bias``:
+    contiguous ``(M,)`` of x's dtype or None. fp32 accumulation; CUDA cores, 1.25 bytes per weight read (the library
+    must be loaded: :func:`load`).
+
+    Raises:
+        RuntimeError: shapes, dtypes, alignment or devices the kernel does not take (C++ checks)."""
+    return torch.ops.prunekit_nm24.spmv24.default(values, metadata, x, bias, relu, rows)
+
+
 def decode_mm(
     values: torch.Tensor,
     metadata: torch.Tensor,
@@ -484,7 +528,7 @@ def decode_mm(
     activation: str = "none",
 ) -> torch.Tensor:
     """``Y (M, N) = act(A @ X + bias[:, None])`` for a 2:4 weight on the decode kernel (one launch; the plan is built on
-    the first call and kept on ``values``).
+    the first call and kept on ``values``), or at N = 1 on the SpMV kernel where :func:`spmv_takes` (no plan).
 
     Args:
         values: ``(M, K / 2)`` fp16/bf16; metadata: packed in-group indices (uint8, ``formats/nm.py``); x: ``(K, N)``
@@ -501,9 +545,11 @@ def decode_mm(
     if _state is not True:  # is_loaded() costs microseconds per call; after the first load a flag is enough
         load()
         _state = True
-    plan = get_plan(values, metadata, bits, x.shape[0])
     if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
+    if x.shape[1] == 1 and spmv_takes(values, metadata, x, bits):
+        return spmv(values, metadata, x, bias, activation == "relu")
+    plan = get_plan(values, metadata, bits, x.shape[0])
     return linear(plan, x, bias, activation == "relu")
 
 

@@ -6,7 +6,8 @@ kernels), as ``Y^T = W @ X^T`` on a transposed view. Storage-only formats (``bit
 ``dense`` decode to a dense weight and use ``F.linear``.
 
 Eager calls on CUDA skip the custom-op layers: BSR and 2:4 layers call one C++ operator each
-(``prunekit_structured::bsr_mm``; for 2:4 ``prunekit_nm24::linear`` at N <= 16, else ``prunekit_cslt::linear``)
+(``prunekit_structured::bsr_mm``; for 2:4 ``prunekit_nm24::spmv24`` on the stored format at N = 1,
+``prunekit_nm24::linear`` at N <= 16, else ``prunekit_cslt::linear``)
 that allocates the output and launches
 the kernel, with the per-layer decisions (kernel or reference, variant, output layout) made on the
 first call and cached per dtype. CSR layers at the N where ``"auto"`` takes the bitmap decode kernel call its C++
@@ -136,6 +137,21 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         return None
     buffers = layer._buffers
     values, metadata = buffers["w_values"], buffers["w_metadata"]
+    if x2d.shape[0] == 1:  # one token: the SpMV kernel on the stored format where it applies (no plan)
+        key = (x2d.dtype, values.dtype, "spmv")
+        stamp = (values.data_ptr(), metadata.data_ptr())
+        entry = layer._eager_plans.get(key)
+        if entry is None or entry[0] != stamp:
+            p, bias = layer.params, layer.bias
+            takes = (
+                (bias is None or (bias.dtype == x2d.dtype and bias.is_contiguous()))
+                and nm24.decode_takes(values, x2d.t(), int(p["n"]), int(p["m"]))
+                and nm24.spmv_takes(values, metadata, x2d, int(p["bits"]))
+                and nm24.available()
+            )
+            entry = layer._eager_plans[key] = (stamp, takes)
+        if entry[1]:
+            return nm24.spmv(values, metadata, x2d, layer.bias, rows=True)
     key = (x2d.dtype, values.dtype, "decode")
     entry = layer._eager_plans.get(key, _UNSET)
     stamp = (values.data_ptr(), tensor_version(values), metadata.data_ptr(), tensor_version(metadata))
