@@ -512,10 +512,15 @@ def spmv(
     bias)`` with ``values: (M, K / 2)`` fp16/bf16 and ``metadata: (M, K / 8)`` uint8 as :func:`spmv_takes` requires;
     ``x: (K, 1)`` gives ``(M, 1)``, and with ``rows`` ``x: (1, K)`` gives ``(1, M)`` (``nn.Linear``'s layout). ``bias``:
     contiguous ``(M,)`` of x's dtype or None. fp32 accumulation; CUDA cores, 1.25 bytes per weight read (the library
-    must be loaded: :func:`load`).
+    is loaded on the first call).
 
     Raises:
-        RuntimeError: shapes, dtypes, alignment or devices the kernel does not take (C++ checks)."""
+        KernelUnavailable: no GPU/compiler. RuntimeError: shapes, dtypes, alignment or devices the kernel does not take
+        (C++ checks)."""
+    global _state
+    if _state is not True:  # as decode_mm: load once, then a flag
+        load()
+        _state = True
     return torch.ops.prunekit_nm24.spmv24.default(values, metadata, x, bias, relu, rows)
 
 
