@@ -208,3 +208,16 @@ def test_arch_specific_extensions_compile_sm90a_sass_and_keep_portable_ptx():
     assert structured.EXTENSION.arch_specific and "-gencode=arch=compute_90a,code=sm_90a" in (
         structured.EXTENSION.nvcc_flags(("80", "90"))
     )
+
+
+def test_spmv_takes_mirrors_the_kernel_limits(monkeypatch):
+    """CPU: the launcher skips rowwarp's row-major copy of X exactly where the SpMV kernel runs (N <= 8, its copy of X
+    within 96 KB, $PRUNEKIT_SPMV not 0)."""
+    monkeypatch.delenv(gpu.SPMV_ENV, raising=False)
+    assert gpu.spmv_takes(49152, 1, 2) and not gpu.spmv_takes(49153, 1, 2)
+    assert gpu.spmv_takes(12288, 4, 2) and not gpu.spmv_takes(12289, 3, 2)
+    assert gpu.spmv_takes(6144, 8, 2) and not gpu.spmv_takes(6145, 5, 2)
+    assert gpu.spmv_takes(3072, 8, 4) and not gpu.spmv_takes(3073, 8, 4)
+    assert not gpu.spmv_takes(4096, 9, 2) and not gpu.spmv_takes(0, 1, 2) and not gpu.spmv_takes(4096, 0, 2)
+    monkeypatch.setenv(gpu.SPMV_ENV, "0")
+    assert not gpu.spmv_takes(4096, 1, 2)

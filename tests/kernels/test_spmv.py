@@ -1,8 +1,8 @@
-"""The SpMV kernel (``csrc/spmv_csr.cu``), rowwarp's path at N = 1, against float64 with the output poisoned first.
+"""The SpMV kernel (``csrc/spmv_csr.cu``), rowwarp's path at N <= 8, against float64 with the output poisoned first.
 
 It takes 1, 2, 4 or 8 rows per warp by M (one wave of warps on the GPU), 2-8 warps per block, x from a shared-memory copy
 (16-byte loads where x is contiguous, aligned and K a multiple of the vector width, else element by element), and
-programmatic dependent launch on sm_90. These tests cover each of those by shape: M = 1 and M past every rows-per-warp
+programmatic dependent launch on sm_90. At N = 2-8 the same kernel runs a tile of 4 or 8 tokens (X staged as [K][NT]). These tests cover each of those by shape: M = 1 and M past every rows-per-warp
 step, empty rows and rows of one non-zero, odd K, strided x, int32 column indices (K > 32767), fp16 / bf16 / fp32, the
 fallback to rowwarp's own kernel (x over the shared-memory limit, ``$PRUNEKIT_SPMV=0``), and chained layers reading the
 previous layer's output eagerly and in a CUDA graph (a kernel that read x before the previous one finished would see
@@ -26,17 +26,37 @@ def _wave() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count * 4 * 8
 
 
-def _check(m, k, sparsity, dtype, seed, *, x_stride=1, activation="relu", bias=True, monkeypatch=None, env=None):
+def _check(
+    m,
+    k,
+    sparsity,
+    dtype,
+    seed,
+    *,
+    n=1,
+    x_stride=1,
+    transposed=False,
+    activation="relu",
+    bias=True,
+    monkeypatch=None,
+    env=None,
+):
+    """One ``rowwarp`` call at ``n`` tokens against float64, the output poisoned with NaN first. ``transposed``: X is the
+    runtime's ``x2d.t()`` (each token's column contiguous) and Y the transposed view of an ``(N, M)`` buffer; else X is
+    ``(K, N)`` with row stride ``x_stride * n`` (a slice of a wider matrix) and Y a contiguous ``(M, N)``."""
     if monkeypatch is not None:
         for name, value in (env or {}).items():
             monkeypatch.setenv(name, value)
     g = torch.Generator(device="cuda").manual_seed(seed)
     dense = random_sparse_weight(m, k, sparsity, dtype, "cuda", g, empty_rows=min(3, m), single_rows=min(2, m))
     c = encode_csr(dense)
-    xfull = torch.randn(k, x_stride, generator=g, device="cuda").to(dtype)
-    x = xfull[:, :1]  # (K, 1) with stride x_stride along K
+    if transposed:
+        x = torch.randn(n, k, generator=g, device="cuda").to(dtype).t()
+        out = torch.full((n, m), float("nan"), dtype=dtype, device="cuda").t()
+    else:
+        x = torch.randn(k, n * x_stride, generator=g, device="cuda").to(dtype)[:, :n]
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
     b = torch.randn(m, generator=g, device="cuda").to(dtype) if bias else None
-    out = torch.full((m, 1), float("nan"), dtype=dtype, device="cuda")
     y = gpu.spmm_csr(**c, x=x, m=m, bias=b, activation=activation, variant="rowwarp", out=out)
     torch.cuda.synchronize()
     assert y.data_ptr() == out.data_ptr()
@@ -69,6 +89,27 @@ def test_spmv_strided_x_and_no_bias(dtype):
 def test_spmv_int32_indices_and_large_x():
     c = _check(64, 40000, 0.99, torch.float16, seed=4)  # 80 KB of x in shared memory (opt-in limit)
     assert c["column_indices"].dtype == torch.int32
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("transposed", [True, False])
+@pytest.mark.parametrize(("m", "k", "sparsity"), [(1, 40, 0.5), (77, 203, 0.8), (3000, 768, 0.9)])
+def test_token_tiles_match_float64(dtype, n, transposed, m, k, sparsity):
+    """N = 2-8: the token tiles NT = 4 / 8 (tokens >= N staged as zeros), both X and Y layouts, odd K."""
+    _check(m, k, sparsity, dtype, seed=m + k + n, n=n, transposed=transposed)
+
+
+@pytest.mark.parametrize("n", [4, 8])
+@pytest.mark.parametrize("factor", [1.5, 3])  # more rows per warp, clamped at 4 (NT = 4) and 2 (NT = 8)
+def test_token_tiles_several_rows_per_warp(n, factor):
+    _check(int(_wave() * factor) + 5, 96, 0.7, torch.float16, seed=n, n=n, transposed=True)
+
+
+def test_token_tiles_strided_x_and_large_x():
+    _check(129, 517, 0.8, torch.float16, seed=9, n=3, x_stride=2, activation="none", bias=False)
+    _check(64, 6000, 0.95, torch.float16, seed=10, n=8, transposed=True)  # 96 KB of X: the limit
+    _check(64, 6200, 0.95, torch.float16, seed=11, n=8, transposed=True)  # over it: rowwarp's own kernel
 
 
 @pytest.mark.parametrize("env", [{"PRUNEKIT_SPMV": "0"}, {"PRUNEKIT_SPMV_PDL": "0"}])

@@ -151,6 +151,9 @@ BITMAP_MIN_K_SMALL_N = 768
 # 5 (all four batches of a 32-k-step chunk in flight at once; from 3% faster to 30% slower on the H100, docs/KERNELS.md).
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
 BITMAP_RING = 3
+SPMV_ENV = "PRUNEKIT_SPMV"  # "0": rowwarp's own kernel at N <= 8 instead of the SpMV kernel (csrc/spmv_csr.cu)
+SPMV_MAX_N = 8  # the SpMV kernel's largest token tile
+SPMV_MAX_SMEM = 96 * 1024  # bytes of X it copies into shared memory per block (kSpmvMaxSmem)
 EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ entry takes (values and x alike)
 # The C++ eager entry: on since its GPU tests (tests/kernels/test_spmm_entry.py) passed on the H100 on 2026-11-26, once
 # the C++ checks stopped building their messages with iostreams (csrc/check.h); 9.7 us per call on the host against the
@@ -505,9 +508,14 @@ def spmm_csr(
     elif plan.variant == "bitmap":
         _bitmap_mm(csr_as_stored, x, y, m, bias, relu)
     elif plan.variant == "rowwarp":
-        if n > 1 and x.stride(1) != 1:
+        if (
+            n > 1
+            and x.stride(1) != 1
+            and not (plan.ntile <= SPMV_MAX_N and spmv_takes(x.shape[0], n, x.element_size()))
+        ):
             # Row-major (K, N) copy of transposed activations: N*K elements, small next to the weights at these N,
-            # and it turns N scattered loads per non-zero into one vector load.
+            # and it turns N scattered loads per non-zero into one vector load. The SpMV kernel (N <= 8) takes them
+            # as they are.
             x = x.contiguous()
         _OPS["rowwarp"](
             values, row_offsets, column_indices, row_indices, x, y, bias, relu, plan.subwarp, plan.ntile, plan.stage_x
@@ -522,6 +530,16 @@ def spmm_csr(
             x = x.contiguous()
         _OPS["tiled"](values, row_offsets, column_indices, x, y, bias, relu, plan.rows_per_warp)
     return y
+
+
+def spmv_takes(k: int, n: int, esize: int) -> bool:
+    """Whether rowwarp runs the SpMV kernel (``csrc/spmv_csr.cu``) for ``X (k, n)`` of ``esize``-byte elements: ``1 <= n
+    <= SPMV_MAX_N``, its shared copy of X (``k * NT * esize`` bytes, NT = 1, 4 or 8) within :data:`SPMV_MAX_SMEM`, and
+    ``$PRUNEKIT_SPMV`` not ``0`` (the C++ ``spmv_takes`` decides alike; it also checks the GPU's limit, which is higher
+    on sm_80 and newer)."""
+    if os.environ.get(SPMV_ENV, "").strip() == "0" or k <= 0 or not 1 <= n <= SPMV_MAX_N:
+        return False
+    return k * (1 if n == 1 else 4 if n <= 4 else 8) * esize <= SPMV_MAX_SMEM
 
 
 def bitmap_ring() -> int:

@@ -193,13 +193,14 @@ static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offse
                   (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t k = x.size(0);
-  if constexpr (NT == 1) {
-    // N = 1: the SpMV kernel (spmv_csr.cu; rows in storage order, x in shared memory), where it applies
-    if (n == 1 && k <= INT32_MAX &&
-        spmv_csr<T, I>(reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
-                       reinterpret_cast<const I*>(cols.data_ptr()), reinterpret_cast<const T*>(x.data_ptr()),
-                       x.stride(0), reinterpret_cast<T*>(y.data_ptr()), y.stride(0), bias, relu, m,
-                       static_cast<int>(k))) {
+  if constexpr (NT <= 8) {
+    // N <= 8: the SpMV kernel and its token tiles (spmv_csr.cu; rows in storage order, x in shared memory), where it
+    // applies
+    if (n <= NT && k <= INT32_MAX &&
+        spmv_csr<T, I, NT>(reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
+                           reinterpret_cast<const I*>(cols.data_ptr()), reinterpret_cast<const T*>(x.data_ptr()),
+                           x.stride(0), x.stride(1), reinterpret_cast<T*>(y.data_ptr()), y.stride(0), y.stride(1), bias,
+                           relu, m, n, static_cast<int>(k))) {
       return;
     }
   }

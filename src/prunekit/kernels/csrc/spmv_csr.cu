@@ -1,11 +1,13 @@
-// SpMV, the N = 1 path of rowwarp: y (M) = act(A @ x + bias), A in prunekit CSR, x (K), one decode token.
+// SpMV, rowwarp's path at N = 1, and the same with a tile of NT = 4 or 8 tokens at N = 2-8: Y (M, N) = act(A @ X +
+// bias), A in prunekit CSR, X (K, N) with any strides.
 //
 // rowwarp (spmm_rowwarp.cu) gives every row its own warp and reads x from L2 per non-zero. At N = 1 on the H100 its
 // time was about 4.5-7 us plus the weight bytes at ~3.3 TB/s (benchmarks/results/spmm-bitmap-nopdl-h100-2026-11-26-
 // s12.json: 8.9 us at 4096 x 4096 80% against 6.9 us at 90%, half the bytes): the warp's chain row_indices ->
 // row_offsets -> values -> x costs three to four memory latencies before it streams, a second wave of warps pays it
 // again (11008 rows), and each x gather is one more L2 latency per vector. Here:
-// - rows in storage order, R consecutive rows per warp (R = 1, 2, 4 or 8, enough to fit one wave), read as one
+// - rows in storage order, R consecutive rows per warp (R = 1, 2, 4 or 8, enough to fit one wave; at most 4 for NT = 4
+//   and 2 for NT = 8, for the registers of the R x NT sums), read as one
 //   contiguous stream of 16-byte vectors of values and column indices (rows are padded to 16 bytes, so a vector
 //   belongs to one row; the lane finds its row among the R + 1 offsets it holds in registers), two vectors in flight
 //   per lane ahead of the one it multiplies (Sputnik's vector loads, Gale et al. SC 2020 sec. 5.2; the contiguous
@@ -13,10 +15,11 @@
 // - the offsets and the first weight vectors are loaded before x, and with programmatic dependent launch (sm_90) before
 //   the preceding kernel has finished: the kernel waits for it (griddepcontrol.wait) only before it reads x, and every
 //   write comes after that;
-// - the block copies x into shared memory once (16-byte loads where x is contiguous and aligned), so the gathers are
-//   shared-memory reads;
-// - per row, a warp reduction of the lanes' fp32 partial sums; lane q writes row r0 + q with bias and ReLU.
-// Not taken (the caller keeps rowwarp): x larger than kSpmvMaxSmem bytes. $PRUNEKIT_SPMV=0 turns this path off,
+// - the block copies X into shared memory once as [K][NT] (zero for tokens >= N; 16-byte loads along K where each
+//   token's column is contiguous and aligned, as the runtime's x2d.t() is), so the gathers are shared-memory reads of
+//   NT * esize bytes per non-zero;
+// - per row and token, a warp reduction of the lanes' fp32 partial sums; lane q writes row r0 + q with bias and ReLU.
+// Not taken (the caller keeps rowwarp): X larger than kSpmvMaxSmem bytes (K * NT * esize). $PRUNEKIT_SPMV=0 turns this path off,
 // $PRUNEKIT_SPMV_PDL=0 the programmatic dependent launch (both read at each call, for A/B runs).
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
@@ -48,15 +51,39 @@ __device__ __forceinline__ void spmv_launch_dependents() {
 #endif
 }
 
-template <typename T, typename I, int R>
+// The NT values x[col][0 .. NT) from the block's shared copy (row-major [K][NT]) as floats.
+template <typename T, int NT>
+__device__ __forceinline__ void read_xrow(const T* p, float* out) {
+  constexpr int B = NT * static_cast<int>(sizeof(T));
+  if constexpr (B >= 16) {
+#pragma unroll
+    for (int q = 0; q < B / 16; ++q) {
+      const uint4 u = reinterpret_cast<const uint4*>(p)[q];
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int e = 0; e < 16 / static_cast<int>(sizeof(T)); ++e) out[q * (16 / sizeof(T)) + e] = word_elem<T>(w, e);
+    }
+  } else if constexpr (B == 8) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+    for (int e = 0; e < NT; ++e) out[e] = word_elem<T>(w, e);
+  } else {
+    static_assert(NT == 1, "x rows of 2 or 4 bytes are single elements here");
+    out[0] = to_f(p[0]);
+  }
+}
+
+// R consecutive rows per warp times NT tokens (N <= NT; NT = 1 is the SpMV).
+template <typename T, typename I, int R, int NT>
 __global__ void __launch_bounds__(256, kSpmvMinBlocksPerSm)
 spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
-                const T* __restrict__ x, int64_t xs_k, T* __restrict__ y, int64_t ys_m, const T* __restrict__ bias,
-                bool relu, int m, int k, bool x_vec) {
+                const T* __restrict__ x, int64_t xs_k, int64_t xs_n, T* __restrict__ y, int64_t ys_m, int64_t ys_n,
+                const T* __restrict__ bias, bool relu, int m, int n, int k, bool x_vec) {
   constexpr int V = 16 / sizeof(T);  // non-zeros per 16-byte vector of values
   constexpr int kStep = 32 * V;      // non-zeros per warp step
   extern __shared__ __align__(16) unsigned char spmv_smem[];
-  T* xs = reinterpret_cast<T*>(spmv_smem);
+  T* xs = reinterpret_cast<T*>(spmv_smem);  // x as [K][NT], zero for tokens >= n
   const int lane = threadIdx.x & 31;
   const int r0 = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5) * R;
   const int rows = max(0, min(R, m - r0));  // whole warps stay to the barrier below
@@ -83,18 +110,38 @@ spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offset
   }
 
   spmv_grid_wait();  // programmatic dependent launch: the preceding kernel (which may write x or read y) is done
-  if (x_vec) {
-    for (int i = threadIdx.x; i < k / V; i += blockDim.x) {
-      reinterpret_cast<uint4*>(xs)[i] = __ldg(reinterpret_cast<const uint4*>(x) + i);
+  if constexpr (NT == 1) {
+    if (x_vec) {
+      for (int i = threadIdx.x; i < k / V; i += blockDim.x) {
+        reinterpret_cast<uint4*>(xs)[i] = __ldg(reinterpret_cast<const uint4*>(x) + i);
+      }
+    } else {
+      for (int i = threadIdx.x; i < k; i += blockDim.x) xs[i] = x[static_cast<int64_t>(i) * xs_k];
+    }
+  } else if (x_vec) {
+    // each token's column of x contiguous (the runtime's x2d.t()): 16-byte loads along K, scattered into [K][NT]
+    const int vecs = k / V;
+    for (int i = threadIdx.x; i < vecs * NT; i += blockDim.x) {
+      const int t = i / vecs, kv = i - t * vecs;
+      uint4 u = make_uint4(0u, 0u, 0u, 0u);
+      if (t < n) u = __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * xs_n) + kv);
+      const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int q = 0; q < V; ++q) xs[(kv * V + q) * NT + t] = e[q];
     }
   } else {
-    for (int i = threadIdx.x; i < k; i += blockDim.x) xs[i] = x[static_cast<int64_t>(i) * xs_k];
+    for (int i = threadIdx.x; i < k * NT; i += blockDim.x) {
+      const int kk = i / NT, t = i - kk * NT;
+      xs[i] = t < n ? x[static_cast<int64_t>(kk) * xs_k + static_cast<int64_t>(t) * xs_n] : from_f<T>(0.0f);
+    }
   }
   __syncthreads();
 
-  float acc[R];
+  float acc[R][NT];
 #pragma unroll
-  for (int q = 0; q < R; ++q) acc[q] = 0.0f;
+  for (int q = 0; q < R; ++q)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[q][t] = 0.0f;
   while (j < end) {
     const int j2 = j + 2 * kStep;
     Words<16> vc;
@@ -103,17 +150,28 @@ spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offset
       vc.load(values + j2);
       ic.load(cols + j2);
     }
-    float s = 0.0f;
+    float s[NT];
 #pragma unroll
-    for (int v = 0; v < V; ++v) s = fmaf(word_elem<T>(va.w, v), to_f(xs[word_index<I>(ia.w, v)]), s);
+    for (int t = 0; t < NT; ++t) s[t] = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const float a = word_elem<T>(va.w, v);
+      float xv[NT];
+      read_xrow<T, NT>(xs + word_index<I>(ia.w, v) * NT, xv);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) s[t] = fmaf(a, xv[t], s[t]);
+    }
     if constexpr (R == 1) {
-      acc[0] += s;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[0][t] += s[t];
     } else {
       int r = 0;
 #pragma unroll
       for (int q = 1; q < R; ++q) r += j >= bnd[q];
 #pragma unroll
-      for (int q = 0; q < R; ++q) acc[q] += q == r ? s : 0.0f;
+      for (int q = 0; q < R; ++q)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[q][t] += q == r ? s[t] : 0.0f;
     }
     va = vb;
     ia = ib;
@@ -123,22 +181,32 @@ spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offset
   }
   spmv_launch_dependents();  // the next kernel may start its own prologue during this epilogue
 
-  float mine = 0.0f;
+  float mine[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) mine[t] = 0.0f;
 #pragma unroll
   for (int q = 0; q < R; ++q) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
-    if (lane == q) mine = acc[q];
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[q][t] += __shfl_xor_sync(0xffffffffu, acc[q][t], o);
+      if (lane == q) mine[t] = acc[q][t];
+    }
   }
   if (lane < rows) {
     const int row = r0 + lane;
     const float b = bias != nullptr ? to_f(bias[row]) : 0.0f;
-    y[static_cast<int64_t>(row) * ys_m] = from_f<T>(epilogue(mine, b, relu));
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t < n) {
+        y[static_cast<int64_t>(row) * ys_m + static_cast<int64_t>(t) * ys_n] = from_f<T>(epilogue(mine[t], b, relu));
+      }
+    }
   }
 }
 
 struct DeviceInfo {
-  int sms = 0, major = 0, max_smem = 0;
+  int sms = 0, major = 0, max_smem = 0, smem_per_sm = 0;
 };
 
 DeviceInfo device_info() {
@@ -150,6 +218,7 @@ DeviceInfo device_info() {
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
   if (dev < 64) cache[dev] = info;
   return info;
 }
@@ -159,19 +228,22 @@ bool env_off(const char* name) {
   return v != nullptr && std::strcmp(v, "0") == 0;
 }
 
-// 8-warp blocks per SM that rows per warp are chosen to fit in one wave: kSpmvMinBlocksPerSm, or
-// $PRUNEKIT_SPMV_WAVE (1-4) for tuning runs (fewer leaves room on each SM for the next kernel's early launch).
-int wave_blocks_per_sm() {
+// 8-warp blocks per SM that rows per warp are chosen to fit in one wave: kSpmvMinBlocksPerSm (fewer where the copy of
+// x limits the blocks per SM), or $PRUNEKIT_SPMV_WAVE (1-4) for tuning runs (fewer leaves room on each SM for the next
+// kernel's early launch).
+int wave_blocks_per_sm(int64_t smem, int smem_per_sm) {
   const char* v = std::getenv("PRUNEKIT_SPMV_WAVE");
   const int forced = v == nullptr ? 0 : std::atoi(v);
-  return forced >= 1 && forced <= kSpmvMinBlocksPerSm ? forced : kSpmvMinBlocksPerSm;
+  if (forced >= 1 && forced <= kSpmvMinBlocksPerSm) return forced;
+  const int64_t fit = smem_per_sm / (smem + 1024);  // 1 KB reserved per block
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kSpmvMinBlocksPerSm, fit)));
 }
 
-template <typename T, typename I, int R>
+template <typename T, typename I, int R, int NT>
 void launch_spmv(const DeviceInfo& info, int threads, int64_t smem, const T* values, const int* row_offsets,
-                 const I* cols, const T* x, int64_t xs_k, T* y, int64_t ys_m, const T* bias, bool relu, int m, int k,
-                 bool x_vec) {
-  auto kernel = spmv_csr_kernel<T, I, R>;
+                 const I* cols, const T* x, int64_t xs_k, int64_t xs_n, T* y, int64_t ys_m, int64_t ys_n, const T* bias,
+                 bool relu, int m, int n, int k, bool x_vec) {
+  auto kernel = spmv_csr_kernel<T, I, R, NT>;
   if (smem > 48 * 1024) {
     static bool configured[64] = {};  // per instantiation and device: raise the dynamic shared-memory limit once
     int dev = 0;
@@ -192,44 +264,64 @@ void launch_spmv(const DeviceInfo& info, int threads, int64_t smem, const T* val
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = info.major >= 9 && !env_off("PRUNEKIT_SPMV_PDL") ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, values, row_offsets, cols, x, xs_k, y, ys_m, bias, relu, m, k, x_vec));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, values, row_offsets, cols, x, xs_k, xs_n, y, ys_m, ys_n, bias, relu,
+                                    m, n, k, x_vec));
 }
 
 }  // namespace
 
-template <typename T, typename I>
-bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x, int64_t xs_k, T* y, int64_t ys_m,
-              const T* bias, bool relu, int m, int k) {
-  if (env_off("PRUNEKIT_SPMV") || k <= 0) return false;
+bool spmv_takes(int64_t k, int64_t n, int64_t esize) {
+  if (env_off("PRUNEKIT_SPMV") || k <= 0 || n < 1 || n > 8) return false;
+  const int64_t nt = n == 1 ? 1 : n <= 4 ? 4 : 8;
+  return k * nt * esize <= std::min<int64_t>(kSpmvMaxSmem, device_info().max_smem);
+}
+
+template <typename T, typename I, int NT>
+bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x, int64_t xs_k, int64_t xs_n, T* y,
+              int64_t ys_m, int64_t ys_n, const T* bias, bool relu, int m, int n, int k) {
+  static_assert(NT == 1 || NT == 4 || NT == 8, "token tiles of 1, 4 or 8");
+  if (env_off("PRUNEKIT_SPMV") || k <= 0 || n < 1 || n > NT) return false;
   const DeviceInfo info = device_info();
-  const int64_t smem = ((static_cast<int64_t>(k) * static_cast<int64_t>(sizeof(T)) + 15) / 16) * 16;
+  const int64_t smem = ((static_cast<int64_t>(k) * NT * static_cast<int64_t>(sizeof(T)) + 15) / 16) * 16;
   if (smem > std::min<int64_t>(kSpmvMaxSmem, info.max_smem)) return false;
   constexpr int V = 16 / sizeof(T);
-  const bool x_vec = xs_k == 1 && k % V == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  // Rows per warp: the fewest that fit one wave of kSpmvMinBlocksPerSm 8-warp blocks per SM. Warps per block: 8,
-  // fewer where that leaves SMs idle (small M), at least 2.
-  const int64_t wave = static_cast<int64_t>(info.sms) * wave_blocks_per_sm() * 8;
-  const int r = m <= wave ? 1 : m <= 2 * wave ? 2 : m <= 4 * wave ? 4 : 8;
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && k % V == 0;
+  const bool x_vec = aligned && xs_k == 1 && (NT == 1 || (xs_n * static_cast<int64_t>(sizeof(T))) % 16 == 0);
+  // Rows per warp: the fewest that fit one wave of 8-warp blocks (at most 8 / NT-limited, for the registers of the
+  // R x NT sums). Warps per block: 8, fewer where that leaves SMs idle (small M), at least 2.
+  const int64_t wave = static_cast<int64_t>(info.sms) * wave_blocks_per_sm(smem, info.smem_per_sm) * 8;
+  constexpr int kMaxR = NT == 1 ? 8 : NT == 4 ? 4 : 2;
+  int r = m <= wave ? 1 : m <= 2 * wave ? 2 : m <= 4 * wave ? 4 : 8;
+  r = std::min(r, kMaxR);
   const int64_t per_sm = (static_cast<int64_t>(m) + static_cast<int64_t>(r) * info.sms - 1) / (r * info.sms);
   const int threads = per_sm >= 8 ? 256 : per_sm >= 4 ? 128 : 64;
+#define PRUNEKIT_SPMV_GO(RR)                                                                                      \
+  launch_spmv<T, I, (RR <= kMaxR ? RR : kMaxR), NT>(info, threads, smem, values, row_offsets, cols, x, xs_k, xs_n, y, \
+                                                    ys_m, ys_n, bias, relu, m, n, k, x_vec)
   switch (r) {
-    case 1: launch_spmv<T, I, 1>(info, threads, smem, values, row_offsets, cols, x, xs_k, y, ys_m, bias, relu, m, k, x_vec); break;
-    case 2: launch_spmv<T, I, 2>(info, threads, smem, values, row_offsets, cols, x, xs_k, y, ys_m, bias, relu, m, k, x_vec); break;
-    case 4: launch_spmv<T, I, 4>(info, threads, smem, values, row_offsets, cols, x, xs_k, y, ys_m, bias, relu, m, k, x_vec); break;
-    default: launch_spmv<T, I, 8>(info, threads, smem, values, row_offsets, cols, x, xs_k, y, ys_m, bias, relu, m, k, x_vec); break;
+    case 1: PRUNEKIT_SPMV_GO(1); break;
+    case 2: PRUNEKIT_SPMV_GO(2); break;
+    case 4: PRUNEKIT_SPMV_GO(4); break;
+    default: PRUNEKIT_SPMV_GO(8); break;
   }
+#undef PRUNEKIT_SPMV_GO
   return true;
 }
 
-#define PRUNEKIT_SPMV_INSTANCE(T, I)                                                                           \
-  template bool spmv_csr<T, I>(const T*, const int*, const I*, const T*, int64_t, T*, int64_t, const T*, bool, \
-                               int, int);
-PRUNEKIT_SPMV_INSTANCE(float, int16_t)
-PRUNEKIT_SPMV_INSTANCE(float, int32_t)
-PRUNEKIT_SPMV_INSTANCE(__half, int16_t)
-PRUNEKIT_SPMV_INSTANCE(__half, int32_t)
-PRUNEKIT_SPMV_INSTANCE(__nv_bfloat16, int16_t)
-PRUNEKIT_SPMV_INSTANCE(__nv_bfloat16, int32_t)
+#define PRUNEKIT_SPMV_INSTANCE(T, I, NT)                                                                         \
+  template bool spmv_csr<T, I, NT>(const T*, const int*, const I*, const T*, int64_t, int64_t, T*, int64_t, int64_t, \
+                                   const T*, bool, int, int, int);
+#define PRUNEKIT_SPMV_INSTANCES(T, I) \
+  PRUNEKIT_SPMV_INSTANCE(T, I, 1)     \
+  PRUNEKIT_SPMV_INSTANCE(T, I, 4)     \
+  PRUNEKIT_SPMV_INSTANCE(T, I, 8)
+PRUNEKIT_SPMV_INSTANCES(float, int16_t)
+PRUNEKIT_SPMV_INSTANCES(float, int32_t)
+PRUNEKIT_SPMV_INSTANCES(__half, int16_t)
+PRUNEKIT_SPMV_INSTANCES(__half, int32_t)
+PRUNEKIT_SPMV_INSTANCES(__nv_bfloat16, int16_t)
+PRUNEKIT_SPMV_INSTANCES(__nv_bfloat16, int32_t)
+#undef PRUNEKIT_SPMV_INSTANCES
 #undef PRUNEKIT_SPMV_INSTANCE
 
 }  // namespace prunekit
