@@ -74,6 +74,28 @@ __device__ __forceinline__ void read_xrow(const T* p, float* out) {
   }
 }
 
+// Write NT values (exact in T: they were read from T) as one row of the [K][NT] copy: 8, 16 or 32 bytes.
+template <typename T, int NT>
+__device__ __forceinline__ void store_xrow(T* p, const float* e) {
+  constexpr int W = NT * static_cast<int>(sizeof(T)) / 4;
+  uint32_t w[W];
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = __float_as_uint(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = pack2(T{}, e[2 * i], e[2 * i + 1]);
+  }
+  if constexpr (W == 2) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  } else {
+#pragma unroll
+    for (int q = 0; q < W / 4; ++q) {
+      reinterpret_cast<uint4*>(p)[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
+    }
+  }
+}
+
 // R consecutive rows per warp times NT tokens (N <= NT; NT = 1 is the SpMV).
 template <typename T, typename I, int R, int NT>
 __global__ void __launch_bounds__(256, kSpmvMinBlocksPerSm)
@@ -119,15 +141,14 @@ spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offset
       for (int i = threadIdx.x; i < k; i += blockDim.x) xs[i] = x[static_cast<int64_t>(i) * xs_k];
     }
   } else if (x_vec) {
-    // each token's column of x contiguous (the runtime's x2d.t()): 16-byte loads along K, scattered into [K][NT]
-    const int vecs = k / V;
-    for (int i = threadIdx.x; i < vecs * NT; i += blockDim.x) {
-      const int t = i / vecs, kv = i - t * vecs;
-      uint4 u = make_uint4(0u, 0u, 0u, 0u);
-      if (t < n) u = __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * xs_n) + kv);
-      const T* e = reinterpret_cast<const T*>(&u);
+    // each token's column of x contiguous (the runtime's x2d.t()): a thread takes one k, reads its NT values (each
+    // load coalesced across the warp's consecutive k) and writes them as one NT * esize-byte vector, so the warp's
+    // stores are contiguous (16-byte loads along K scattered into [K][NT] conflicted 16-32-way: 4x slower)
+    for (int kk = threadIdx.x; kk < k; kk += blockDim.x) {
+      float e[NT];
 #pragma unroll
-      for (int q = 0; q < V; ++q) xs[(kv * V + q) * NT + t] = e[q];
+      for (int t = 0; t < NT; ++t) e[t] = t < n ? to_f(x[static_cast<int64_t>(t) * xs_n + kk]) : 0.0f;
+      store_xrow<T, NT>(xs + static_cast<int64_t>(kk) * NT, e);
     }
   } else {
     for (int i = threadIdx.x; i < k * NT; i += blockDim.x) {
@@ -286,7 +307,7 @@ bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x
   if (smem > std::min<int64_t>(kSpmvMaxSmem, info.max_smem)) return false;
   constexpr int V = 16 / sizeof(T);
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && k % V == 0;
-  const bool x_vec = aligned && xs_k == 1 && (NT == 1 || (xs_n * static_cast<int64_t>(sizeof(T))) % 16 == 0);
+  const bool x_vec = NT == 1 ? aligned && xs_k == 1 : xs_k == 1;  // NT > 1: element loads along K, coalesced
   // Rows per warp: the fewest that fit one wave of 8-warp blocks (at most 8 / NT-limited, for the registers of the
   // R x NT sums). Warps per block: 8, fewer where that leaves SMs idle (small M), at least 2.
   const int64_t wave = static_cast<int64_t>(info.sms) * wave_blocks_per_sm(smem, info.smem_per_sm) * 8;
