@@ -248,7 +248,9 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
                 "plan": dataclasses.asdict(plan),
                 "input_sets": nsets,
                 "l2_resident": l2_resident,
-                "spmv_kernel": gpu.spmv_takes(k, n, esize),  # rowwarp runs csrc/spmv_csr.cu here
+                "spmv_kernel": gpu.spmv_takes(
+                    m, k, n, esize, gpu._sm_count(torch.device("cuda"))
+                ),  # rowwarp: spmv_csr.cu
                 "rel_error": err,
                 "prunekit_gpu_ms": ours_gpu,
                 "prunekit_eager_ms": ours_eager,

@@ -211,13 +211,13 @@ def test_arch_specific_extensions_compile_sm90a_sass_and_keep_portable_ptx():
 
 
 def test_spmv_takes_mirrors_the_kernel_limits(monkeypatch):
-    """CPU: the launcher skips rowwarp's row-major copy of X exactly where the SpMV kernel runs (N <= 8, its copy of X
-    within 96 KB, $PRUNEKIT_SPMV not 0)."""
+    """CPU: the launcher skips rowwarp's row-major copy of X exactly where the SpMV kernel runs (N = 1 with X within 96
+    KB; N = 2-4 with X's 4-token copy within 48 KB and 8 rows per SM; $PRUNEKIT_SPMV not 0)."""
     monkeypatch.delenv(gpu.SPMV_ENV, raising=False)
-    assert gpu.spmv_takes(49152, 1, 2) and not gpu.spmv_takes(49153, 1, 2)
-    assert gpu.spmv_takes(12288, 4, 2) and not gpu.spmv_takes(12289, 3, 2)
-    assert gpu.spmv_takes(6144, 8, 2) and not gpu.spmv_takes(6145, 5, 2)
-    assert gpu.spmv_takes(3072, 8, 4) and not gpu.spmv_takes(3073, 8, 4)
-    assert not gpu.spmv_takes(4096, 9, 2) and not gpu.spmv_takes(0, 1, 2) and not gpu.spmv_takes(4096, 0, 2)
+    assert gpu.spmv_takes(1, 49152, 1, 2) and not gpu.spmv_takes(1, 49153, 1, 2)
+    assert gpu.spmv_takes(1056, 6144, 4, 2) and not gpu.spmv_takes(1056, 6145, 2, 2)
+    assert not gpu.spmv_takes(1055, 4096, 3, 2) and gpu.spmv_takes(528, 4096, 3, 2, num_sms=66)
+    assert gpu.spmv_takes(4096, 3072, 2, 4) and not gpu.spmv_takes(4096, 3073, 2, 4)
+    assert not gpu.spmv_takes(4096, 4096, 5, 2) and not gpu.spmv_takes(1, 0, 1, 2) and not gpu.spmv_takes(1, 64, 0, 2)
     monkeypatch.setenv(gpu.SPMV_ENV, "0")
-    assert not gpu.spmv_takes(4096, 1, 2)
+    assert not gpu.spmv_takes(4096, 4096, 1, 2)

@@ -86,8 +86,9 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
         assert [auto(m, k, 16, s) for s in sparsities] == ["bitmap"] * 5 + ["rowwarp"] * 2, (m, k)
     assert [auto(4096, 4096, n, 0.8) for n in (1, 2, 8, 9, 16, 17)] == ["rowwarp"] + ["bitmap"] * 4 + ["rowwarp"]
     assert [gpu.bitmap_min_density_denominator(n) for n in (2, 8, 9, 15, 16)] == [10, 10, 50, 50, 20]
-    # K = 768: bitmap at N <= 8 (scatter is no candidate there), the scatter rule from N = 9; K = 512: rowwarp
-    assert [auto(3072, 768, n, 0.8) for n in (2, 4, 8, 9, 16)] == ["bitmap"] * 3 + ["scatter"] * 2
+    # K = 768: rowwarp (the SpMV kernel's 4-token tile) at N <= 4, bitmap at N 5-8 (scatter is no candidate there), the
+    # scatter rule from N = 9; K = 512: rowwarp
+    assert [auto(3072, 768, n, 0.8) for n in (2, 4, 5, 8, 9, 16)] == ["rowwarp"] * 2 + ["bitmap"] * 2 + ["scatter"] * 2
     assert auto(3072, 512, 4, 0.8) == "rowwarp"
     assert auto(3072, 768, 16, 0.8) == "scatter"
     assert auto(4096, 4096, 16, 0.8, torch.float32) == "rowwarp"

@@ -85,8 +85,8 @@ def test_eager_spmm_code_leaves_the_scatter_and_bitmap_range_to_python(monkeypat
     monkeypatch.delenv(gpu.SCATTER_AUTO_ENV)
     assert gpu.eager_spmm_code("auto", half, half, 4, tc_auto=False) == 0  # below the scatter range
     assert gpu.eager_spmm_code("auto", half, half, 9, tc_auto=False) is None
-    classes = [gpu.eager_size_class(n) for n in (1, 2, 8, 9, 15, 16, 17, 64, 65, 4096)]
-    assert classes == [0, 1, 1, 2, 2, 3, 4, 4, 5, 5]
+    classes = [gpu.eager_size_class(n) for n in (1, 2, 4, 5, 8, 9, 15, 16, 17, 64, 65, 4096)]
+    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6]
 
 
 def test_eager_spmm_code_rejects_mixed_and_unsupported_dtypes():
@@ -219,7 +219,7 @@ def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatc
     assert asked == asked_n  # N = 2 shares 3's class, TC_MIN_N + 7 TC_MIN_N's; 16 has its own (bitmap floor)
     f32 = torch.float32
     generic = [key for key in layer._eager_plans if "bitmap" not in key]
-    assert generic == [(f32, f32, 0), (f32, f32, 1), (f32, f32, 5), (f32, f32, 2), (f32, f32, 3)]
+    assert generic == [(f32, f32, 0), (f32, f32, 1), (f32, f32, 6), (f32, f32, 3), (f32, f32, 4)]
     # N = 2..16 also asked the bitmap entry once per N, which never takes fp32
     bitmap = {key[3]: entry for key, entry in layer._eager_plans.items() if "bitmap" in key}
     assert bitmap == {3: None, 2: None, 12: None, 16: None}

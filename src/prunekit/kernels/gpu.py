@@ -120,7 +120,7 @@ SPMM_VARIANT_CODES = {
     "bitmap": 7,
 }
 # Bitmap decode kernel (nm24_decode.cu variant 2). "auto" takes it for fp16/bf16 at BITMAP_MIN_N <= N <= 16 when the
-# padded density is >= 1 / bitmap_min_density_denominator(N) and K >= BITMAP_MIN_K (BITMAP_MIN_K_SMALL_N at N <= 8).
+# padded density is >= 1 / bitmap_min_density_denominator(N) and K >= BITMAP_MIN_K (BITMAP_MIN_K_SMALL_N at N = 5-8).
 # Twelfth session (spmm-bitmap-grid-h100-2026-11-25-s12.json: 5 shapes, N = 1 / 2 / 4 / 8 / 12 / 16, 70-98%, one run;
 # in-sample): rowwarp falls back to element loads where N is not its tile width, and at N = 2-8 it was slower than
 # bitmap on every K >= 1024 shape at 70-80% (4096 x 4096, 70%, N = 4: 33.0 against 15.6 us), about even at 90%
@@ -143,17 +143,23 @@ BITMAP_MIN_DENSITY_DENOMINATOR = 10  # N = 2..8
 BITMAP_MIN_DENSITY_DENOMINATOR_MID_N = 50  # N = 9..15 (rowwarp's element-load tile)
 BITMAP_MIN_DENSITY_DENOMINATOR_16 = 20  # N = 16
 BITMAP_MIN_K = 1024
-# Below SCATTER_MIN_N, where scatter is not a candidate, K from 768: at 3072 x 768, N = 4 / 8, bitmap took 4.7-6.5 us
-# against rowwarp's 6.1-10.4 at 70-90% in both twelfth-session grids (spmm-bitmap-grid-...-s12.json,
-# spmm-h100-2026-11-26-s12final.json; dense 4.7 us: both slower than dense there).
+# At N = 5-8, where scatter is not a candidate, K from 768: at 3072 x 768, N = 4 / 8, bitmap took 4.7-6.5 us against
+# rowwarp's 6.1-10.4 at 70-90% in both twelfth-session grids (spmm-bitmap-grid-...-s12.json,
+# spmm-h100-2026-11-26-s12final.json; dense 4.7 us: both slower than dense there). Not at N = 2-4 since the SpMV
+# kernel's 4-token tile (thirteenth session, spmm-n248-tiles2-h100-2026-11-26-s13.json): at 3072 x 768 it took 2.7-4.2
+# us against bitmap's 4.7-5.3 at 70-95% (dense 4.7).
 BITMAP_MIN_K_SMALL_N = 768
 # Batches of 8 k-steps per warp in the bitmap kernel's shared-memory ring: 3 (two in flight while one is multiplied), or
 # 5 (all four batches of a 32-k-step chunk in flight at once; from 3% faster to 30% slower on the H100, docs/KERNELS.md).
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
 BITMAP_RING = 3
-SPMV_ENV = "PRUNEKIT_SPMV"  # "0": rowwarp's own kernel at N <= 8 instead of the SpMV kernel (csrc/spmv_csr.cu)
-SPMV_MAX_N = 8  # the SpMV kernel's largest token tile
-SPMV_MAX_SMEM = 96 * 1024  # bytes of X it copies into shared memory per block (kSpmvMaxSmem)
+SPMV_ENV = "PRUNEKIT_SPMV"  # "0": rowwarp's own kernel at N <= 4 instead of the SpMV kernel (csrc/spmv_csr.cu)
+SPMV_MAX_N = 4  # the SpMV kernel's token tile (kSpmvMaxTile)
+SPMV_MAX_SMEM = 96 * 1024  # bytes of X it copies into shared memory per block at N = 1 (kSpmvMaxSmem)
+# N = 2-4 (kSpmvTileMaxSmem, kSpmvTileMinRowsPerSm): X within 48 KB (4 blocks per SM) and 8 rows per SM; measured in
+# benchmarks/results/spmm-n248-tiles2-h100-2026-11-26-s13.json against -rowwarp-... (csrc/spmv_csr.cu has the figures).
+SPMV_TILE_MAX_SMEM = 48 * 1024
+SPMV_TILE_MIN_ROWS_PER_SM = 8
 EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ entry takes (values and x alike)
 # The C++ eager entry: on since its GPU tests (tests/kernels/test_spmm_entry.py) passed on the H100 on 2026-11-26, once
 # the C++ checks stopped building their messages with iostreams (csrc/check.h); 9.7 us per call on the host against the
@@ -300,7 +306,7 @@ def _plan_spmm(
     >= 10% when ``m * k <= 2^24`` (measured on the H100, see the constants); its k-split is
     :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`). With ``bitmap_auto``
     (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` (``k >=
-    BITMAP_MIN_K_SMALL_N`` below ``SCATTER_MIN_N``) and the density is at least ``1 / bitmap_min_density_denominator(n)``
+    BITMAP_MIN_K_SMALL_N`` for ``SPMV_MAX_N < n < SCATTER_MIN_N``) and the density is at least ``1 / bitmap_min_density_denominator(n)``
     (10% at N <= 8, 2% at N 9-15, 5% at N = 16; measured on the H100, see the constants).
 
     Raises:
@@ -326,7 +332,7 @@ def _plan_spmm(
             dtype in TC_DTYPES
             and BITMAP_MIN_N <= n <= BITMAP_MAX_N
             and bitmap_auto
-            and k >= (BITMAP_MIN_K_SMALL_N if n < SCATTER_MIN_N else BITMAP_MIN_K)
+            and k >= (BITMAP_MIN_K_SMALL_N if SPMV_MAX_N < n < SCATTER_MIN_N else BITMAP_MIN_K)
             and nnz_padded * bitmap_min_density_denominator(n) >= m * k
         ):
             variant = "bitmap"
@@ -511,10 +517,10 @@ def spmm_csr(
         if (
             n > 1
             and x.stride(1) != 1
-            and not (plan.ntile <= SPMV_MAX_N and spmv_takes(x.shape[0], n, x.element_size()))
+            and not (plan.ntile <= SPMV_MAX_N and spmv_takes(m, x.shape[0], n, x.element_size(), _sm_count(x.device)))
         ):
             # Row-major (K, N) copy of transposed activations: N*K elements, small next to the weights at these N,
-            # and it turns N scattered loads per non-zero into one vector load. The SpMV kernel (N <= 8) takes them
+            # and it turns N scattered loads per non-zero into one vector load. The SpMV kernel (N <= 4) takes them
             # as they are.
             x = x.contiguous()
         _OPS["rowwarp"](
@@ -532,14 +538,17 @@ def spmm_csr(
     return y
 
 
-def spmv_takes(k: int, n: int, esize: int) -> bool:
-    """Whether rowwarp runs the SpMV kernel (``csrc/spmv_csr.cu``) for ``X (k, n)`` of ``esize``-byte elements: ``1 <= n
-    <= SPMV_MAX_N``, its shared copy of X (``k * NT * esize`` bytes, NT = 1, 4 or 8) within :data:`SPMV_MAX_SMEM`, and
-    ``$PRUNEKIT_SPMV`` not ``0`` (the C++ ``spmv_takes`` decides alike; it also checks the GPU's limit, which is higher
-    on sm_80 and newer)."""
+def spmv_takes(m: int, k: int, n: int, esize: int, num_sms: int = 132) -> bool:
+    """Whether rowwarp runs the SpMV kernel (``csrc/spmv_csr.cu``) for ``A (m, k)`` and ``X (k, n)`` of ``esize``-byte
+    elements, as the C++ ``spmv_takes`` decides: N = 1 with X within :data:`SPMV_MAX_SMEM`, or its 4-token tile at N =
+    2-4 with ``k * 4 * esize <= SPMV_TILE_MAX_SMEM`` and ``m >= SPMV_TILE_MIN_ROWS_PER_SM * num_sms``; and
+    ``$PRUNEKIT_SPMV`` not ``0`` (the C++ side also checks the GPU's shared-memory limit, higher than these on sm_80
+    and newer)."""
     if os.environ.get(SPMV_ENV, "").strip() == "0" or k <= 0 or not 1 <= n <= SPMV_MAX_N:
         return False
-    return k * (1 if n == 1 else 4 if n <= 4 else 8) * esize <= SPMV_MAX_SMEM
+    if n == 1:
+        return k * esize <= SPMV_MAX_SMEM
+    return k * SPMV_MAX_N * esize <= SPMV_TILE_MAX_SMEM and m >= SPMV_TILE_MIN_ROWS_PER_SM * num_sms
 
 
 def bitmap_ring() -> int:
@@ -685,17 +694,20 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
 
 
 def eager_size_class(n: int) -> int:
-    """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < BITMAP_MIN_N, 1 below
-    SCATTER_MIN_N (bitmap's range only), 2 below BITMAP_MAX_N (the scatter kernel's range too), 3 for N =
-    BITMAP_MAX_N (its own bitmap density floor), 4 below TC_MIN_N, 5 from TC_MIN_N (the tensor-core ``tc`` range).
-    The runtime caches one answer per layer, dtype pair and class."""
+    """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < BITMAP_MIN_N, 1 up to
+    SPMV_MAX_N (bitmap's range, K >= BITMAP_MIN_K only), 2 below SCATTER_MIN_N (bitmap's range from
+    BITMAP_MIN_K_SMALL_N), 3 below BITMAP_MAX_N (the scatter kernel's range too), 4 for N = BITMAP_MAX_N (its own bitmap
+    density floor), 5 below TC_MIN_N, 6 from TC_MIN_N (the tensor-core ``tc`` range). The runtime caches one answer per
+    layer, dtype pair and class."""
     if n < BITMAP_MIN_N:
         return 0
-    if n < SCATTER_MIN_N:
+    if n <= SPMV_MAX_N:
         return 1
+    if n < SCATTER_MIN_N:
+        return 2
     if n <= BITMAP_MAX_N:
-        return 2 if n < BITMAP_MAX_N else 3
-    return 4 if n < TC_MIN_N else 5
+        return 3 if n < BITMAP_MAX_N else 4
+    return 5 if n < TC_MIN_N else 6
 
 
 def eager_spmm_variant(

@@ -13,17 +13,17 @@ void spmm_csr_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, c
                       const std::optional<at::Tensor>& bias, bool relu, int64_t subwarp, int64_t ntile,
                       bool stage_x);
 
-// SpMV (N = 1) and its token tiles NT = 4 / 8 (N <= NT), rowwarp's path at those N: y (M, N) with strides (ys_m, ys_n)
-// = act(A @ x + bias), x (K, N) with strides (xs_k, xs_n), T the CUDA type (float, __half, __nv_bfloat16), I int16_t
-// or int32_t. Launches on the current stream and returns true, or returns false without launching where it does not
-// apply (x over its shared-memory limit, N > NT, $PRUNEKIT_SPMV=0). See spmv_csr.cu.
-// Whether spmv_csr takes K x N of esize-byte elements (N <= 8, X within its shared-memory limit, not switched off):
-// the callers then leave transposed activations as they are (the kernel reads each token's column with 16-byte loads)
-// instead of making rowwarp's row-major copy.
-bool spmv_takes(int64_t k, int64_t n, int64_t esize);
+// SpMV (N = 1) and its token tile NT = 4 (N = 2-4), rowwarp's path at those N: y (M, N) with strides (ys_m, ys_n) =
+// act(A @ x + bias), x (K, N) with strides (xs_k, xs_n), T the CUDA type (float, __half, __nv_bfloat16), I int16_t or
+// int32_t. Launches on the current stream and returns true, or returns false without launching where spmv_takes does
+// not hold or N > NT. See spmv_csr.cu.
 template <typename T, typename I, int NT>
 bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x, int64_t xs_k, int64_t xs_n, T* y,
               int64_t ys_m, int64_t ys_n, const T* bias, bool relu, int m, int n, int k);
+// Whether spmv_csr runs for A (M, K) and X (K, N) of esize-byte elements: N = 1 with X within 96 KB, or N = 2-4 with
+// K * 4 * esize <= 48 KB and M >= 8 rows per SM; $PRUNEKIT_SPMV not 0. The callers then leave transposed activations
+// as they are (the kernel reads each token's column along K) instead of making rowwarp's row-major copy.
+bool spmv_takes(int64_t m, int64_t k, int64_t n, int64_t esize);
 
 // SpMM with X tiles staged in shared memory and shared by a block of rows, large-N path. See spmm_tiled.cu.
 void spmm_csr_tiled(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,

@@ -175,7 +175,7 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
       // Row-major copy of transposed activations (N * K elements, small next to the weights at these N), except where
       // the SpMV kernel takes them as they are (spmv_csr.cu).
       const at::Tensor xr =
-          n > 1 && x.stride(1) != 1 && !(plan[2] <= 8 && spmv_takes(k, n, x.element_size())) ? x.contiguous() : x;
+          n > 1 && x.stride(1) != 1 && !(plan[2] <= 4 && spmv_takes(m, k, n, x.element_size())) ? x.contiguous() : x;
       spmm_csr_rowwarp(values_c, offsets_c, cols_c, rows_c, xr, y, bias_c, relu, plan[1], plan[2], plan[4] != 0);
       break;
     }

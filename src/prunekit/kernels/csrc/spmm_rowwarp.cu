@@ -193,8 +193,8 @@ static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offse
                   (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t k = x.size(0);
-  if constexpr (NT <= 8) {
-    // N <= 8: the SpMV kernel and its token tiles (spmv_csr.cu; rows in storage order, x in shared memory), where it
+  if constexpr (NT <= 4) {
+    // N <= 4: the SpMV kernel and its token tile (spmv_csr.cu; rows in storage order, x in shared memory), where it
     // applies
     if (n <= NT && k <= INT32_MAX &&
         spmv_csr<T, I, NT>(reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),

@@ -1,13 +1,13 @@
-// SpMV, rowwarp's path at N = 1, and the same with a tile of NT = 4 or 8 tokens at N = 2-8: Y (M, N) = act(A @ X +
-// bias), A in prunekit CSR, X (K, N) with any strides.
+// SpMV, rowwarp's path at N = 1, and the same with a tile of NT = 4 tokens at N = 2-4 (where spmv_takes: X within 48 KB,
+// M >= 8 rows per SM): Y (M, N) = act(A @ X + bias), A in prunekit CSR, X (K, N) with any strides.
 //
 // rowwarp (spmm_rowwarp.cu) gives every row its own warp and reads x from L2 per non-zero. At N = 1 on the H100 its
 // time was about 4.5-7 us plus the weight bytes at ~3.3 TB/s (benchmarks/results/spmm-bitmap-nopdl-h100-2026-11-26-
 // s12.json: 8.9 us at 4096 x 4096 80% against 6.9 us at 90%, half the bytes): the warp's chain row_indices ->
 // row_offsets -> values -> x costs three to four memory latencies before it streams, a second wave of warps pays it
 // again (11008 rows), and each x gather is one more L2 latency per vector. Here:
-// - rows in storage order, R consecutive rows per warp (R = 1, 2, 4 or 8, enough to fit one wave; at most 4 for NT = 4
-//   and 2 for NT = 8, for the registers of the R x NT sums), read as one
+// - rows in storage order, R consecutive rows per warp (R = 1, 2, 4 or 8, enough to fit one wave; at most 4 for NT = 4,
+//   for the registers of the R x NT sums), read as one
 //   contiguous stream of 16-byte vectors of values and column indices (rows are padded to 16 bytes, so a vector
 //   belongs to one row; the lane finds its row among the R + 1 offsets it holds in registers), two vectors in flight
 //   per lane ahead of the one it multiplies (Sputnik's vector loads, Gale et al. SC 2020 sec. 5.2; the contiguous
@@ -38,6 +38,15 @@ namespace {
 
 constexpr int kSpmvMaxSmem = 96 * 1024;  // bytes of x staged per block: fp16 K <= 49152, fp32 K <= 24576
 constexpr int kSpmvMinBlocksPerSm = 4;   // launch bounds: at most 64 registers per thread at 256 threads
+// The token tile (N = 2-4) only where its copy of X leaves 4 blocks per SM (K * 4 * esize <= 48 KB) and M gives every SM
+// 8 rows: on the H100 (benchmarks/results/spmm-n248-tiles2-h100-2026-11-26-s13.json against -rowwarp-...) it was
+// slower than rowwarp's own kernel at 4096 x 11008 (88 KB of X, 2 blocks per SM: 41.0 against 37.3 us at N = 2, 70%)
+// and 768 x 3072 (M = 768: 13.2 against 10.6 us), faster at 4096 x 4096, 11008 x 4096 and 3072 x 768 (3072 x 768, 90%,
+// N = 2: 2.8 against 5.8 us). A tile of 8 tokens was slower than rowwarp's kernel at 3 of 4 shapes (4096 x 4096, 90%,
+// N = 8: 20.4 against 12.7 us), so N = 5-8 stay with it.
+constexpr int kSpmvMaxTile = 4;
+constexpr int64_t kSpmvTileMaxSmem = 48 * 1024;
+constexpr int kSpmvTileMinRowsPerSm = 8;
 
 __device__ __forceinline__ void spmv_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -291,27 +300,27 @@ void launch_spmv(const DeviceInfo& info, int threads, int64_t smem, const T* val
 
 }  // namespace
 
-bool spmv_takes(int64_t k, int64_t n, int64_t esize) {
-  if (env_off("PRUNEKIT_SPMV") || k <= 0 || n < 1 || n > 8) return false;
-  const int64_t nt = n == 1 ? 1 : n <= 4 ? 4 : 8;
-  return k * nt * esize <= std::min<int64_t>(kSpmvMaxSmem, device_info().max_smem);
+bool spmv_takes(int64_t m, int64_t k, int64_t n, int64_t esize) {
+  if (env_off("PRUNEKIT_SPMV") || k <= 0 || n < 1 || n > kSpmvMaxTile) return false;
+  const DeviceInfo info = device_info();
+  if (n == 1) return k * esize <= std::min<int64_t>(kSpmvMaxSmem, info.max_smem);
+  return k * kSpmvMaxTile * esize <= kSpmvTileMaxSmem && m >= static_cast<int64_t>(kSpmvTileMinRowsPerSm) * info.sms;
 }
 
 template <typename T, typename I, int NT>
 bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x, int64_t xs_k, int64_t xs_n, T* y,
               int64_t ys_m, int64_t ys_n, const T* bias, bool relu, int m, int n, int k) {
-  static_assert(NT == 1 || NT == 4 || NT == 8, "token tiles of 1, 4 or 8");
-  if (env_off("PRUNEKIT_SPMV") || k <= 0 || n < 1 || n > NT) return false;
+  static_assert(NT == 1 || NT == kSpmvMaxTile, "token tiles of 1 or 4");
+  if (n > NT || !spmv_takes(m, k, n, sizeof(T))) return false;
   const DeviceInfo info = device_info();
   const int64_t smem = ((static_cast<int64_t>(k) * NT * static_cast<int64_t>(sizeof(T)) + 15) / 16) * 16;
-  if (smem > std::min<int64_t>(kSpmvMaxSmem, info.max_smem)) return false;
   constexpr int V = 16 / sizeof(T);
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && k % V == 0;
   const bool x_vec = NT == 1 ? aligned && xs_k == 1 : xs_k == 1;  // NT > 1: element loads along K, coalesced
   // Rows per warp: the fewest that fit one wave of 8-warp blocks (at most 8 / NT-limited, for the registers of the
   // R x NT sums). Warps per block: 8, fewer where that leaves SMs idle (small M), at least 2.
   const int64_t wave = static_cast<int64_t>(info.sms) * wave_blocks_per_sm(smem, info.smem_per_sm) * 8;
-  constexpr int kMaxR = NT == 1 ? 8 : NT == 4 ? 4 : 2;
+  constexpr int kMaxR = NT == 1 ? 8 : 4;
   int r = m <= wave ? 1 : m <= 2 * wave ? 2 : m <= 4 * wave ? 4 : 8;
   r = std::min(r, kMaxR);
   const int64_t per_sm = (static_cast<int64_t>(m) + static_cast<int64_t>(r) * info.sms - 1) / (r * info.sms);
@@ -334,8 +343,7 @@ bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x
                                    const T*, bool, int, int, int);
 #define PRUNEKIT_SPMV_INSTANCES(T, I) \
   PRUNEKIT_SPMV_INSTANCE(T, I, 1)     \
-  PRUNEKIT_SPMV_INSTANCE(T, I, 4)     \
-  PRUNEKIT_SPMV_INSTANCE(T, I, 8)
+  PRUNEKIT_SPMV_INSTANCE(T, I, 4)
 PRUNEKIT_SPMV_INSTANCES(float, int16_t)
 PRUNEKIT_SPMV_INSTANCES(float, int32_t)
 PRUNEKIT_SPMV_INSTANCES(__half, int16_t)
