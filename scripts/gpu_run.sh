@@ -22,6 +22,9 @@
 # `spmv24`: the 2:4 N = 1 kernel (csrc/structured/nm24/nm24_spmv.cu): tests, memcheck, nm.py at N = 1 with it and
 # without it, decode MLP chains at N = 1.
 #
+# `decodegrid`: spmm.py over the decode grid (N = 1 / 2 / 4 / 8 / 16, 70-95%, --overhead) and the MLP and q / k / v
+# chains.
+#
 # `bitmap` (decode bitmap SpMM, variant "bitmap"): build, its GPU tests, sanitizers, decode benchmark ($BITMAP_SHAPES,
 # $BITMAP_NS, $BITMAP_SPARSITIES) into $OUT/spmm-bitmap-<dev>-<date>.json.
 #
@@ -212,6 +215,18 @@ if [[ $MODE == spmv24 ]]; then
   done
   step "decode chain, N = 1"
   python3 benchmarks/decode_chain.py --kinds dense,nm --ns 1 --out "$OUT/decode-chain-n1-$DEV-$DATE.json"
+fi
+
+if [[ $MODE == decodegrid ]]; then
+  # the decode grid as "auto" runs it (5 shapes x N = 1 / 2 / 4 / 8 / 16 x 70-95%, fp16, forced variants beside), then
+  # the MLP and q / k / v chains at N = 1 / 16 (dense, CSR 90%, 2:4). Build prunekit_ext, prunekit_nm24 and
+  # prunekit_structured first.
+  step decode grid
+  python3 benchmarks/spmm.py --dtypes float16 --ns ${GRID_NS:-1,2,4,8,16} --sparsities ${GRID_SPARSITIES:-0.7,0.8,0.9,0.95} \
+    --overhead --out "$OUT/spmm-decode-$DEV-$DATE.json" "$@" | tail -3
+  step decode chains
+  python3 benchmarks/decode_chain.py --block mlp --out "$OUT/decode-chain-mlp-$DEV-$DATE.json" | tail -16
+  python3 benchmarks/decode_chain.py --block qkv --out "$OUT/decode-chain-qkv-$DEV-$DATE.json" | tail -16
 fi
 
 if [[ $MODE == bitmapsweep ]]; then
