@@ -410,11 +410,11 @@ def test_sparse_linear_eager_csr_goes_through_the_cpp_entry(dtype, cpp_on, monke
         y = layer(x)
     assert relative_error(y, x.double() @ dense.double().cuda().t() + bias.double().cuda()) <= TOLERANCE[dtype]
     # x (2, tokens, 80) gives N = 2, 10, 140, 260. At N = 2 (class 1) the bitmap rule does not take K = 80 <
-    # BITMAP_MIN_K, so the rules choose rowwarp and the entry runs it; at N = 10 (class 2) 16-bit types get scatter
-    # (30% dense), which stays in Python; the large-N class (5) takes the entry
+    # BITMAP_MIN_K, so the rules choose rowwarp and the entry runs it; at N = 10 (class 3) 16-bit types get scatter
+    # (30% dense), which stays in Python; the large-N class (6) takes the entry
     generic = {key[2]: code for key, code in layer._eager_plans.items() if "bitmap" not in key}
     small = None if dtype in gpu.TC_DTYPES else gpu.SPMM_VARIANT_CODES["auto"]
-    assert generic == {0: 0, 1: 0, 2: small, 5: 0}
+    assert generic == {0: 0, 1: 0, 3: small, 6: 0}
     assert all(entry is None for key, entry in layer._eager_plans.items() if "bitmap" in key)
 
 
@@ -464,6 +464,6 @@ def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(mo
         bitmap = [key[3] for key, entry in layer._eager_plans.items() if "bitmap" in key and entry is not None]
         generic = {key[2]: code for key, code in layer._eager_plans.items() if "bitmap" not in key}
         if sparsity > 0.9:
-            assert bitmap == [] and generic == {1: 0, 3: 0}
+            assert bitmap == [] and generic == {1: 0, 4: 0}
         else:
             assert bitmap == [4, 16] and generic == {}
