@@ -30,6 +30,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "launch.cuh"  // device properties, programmatic dependent launch
 #include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
@@ -47,18 +48,6 @@ constexpr int kSpmvMinBlocksPerSm = 4;   // launch bounds: at most 64 registers 
 constexpr int kSpmvMaxTile = 4;
 constexpr int64_t kSpmvTileMaxSmem = 48 * 1024;
 constexpr int kSpmvTileMinRowsPerSm = 8;
-
-__device__ __forceinline__ void spmv_grid_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void spmv_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 // The NT values x[col][0 .. NT) from the block's shared copy (row-major [K][NT]) as floats.
 template <typename T, int NT>
@@ -140,7 +129,7 @@ spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offset
     ib.load(cols + j + kStep);
   }
 
-  spmv_grid_wait();  // programmatic dependent launch: the preceding kernel (which may write x or read y) is done
+  prunekit_launch::wait_preceding_grid();  // programmatic dependent launch: the preceding kernel (which may write x or read y) is done
   if constexpr (NT == 1) {
     if (x_vec) {
       for (int i = threadIdx.x; i < k / V; i += blockDim.x) {
@@ -209,7 +198,7 @@ spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offset
     ib = ic;
     j += kStep;
   }
-  spmv_launch_dependents();  // the next kernel may start its own prologue during this epilogue
+  prunekit_launch::allow_dependent_launch();  // the next kernel may start its own prologue during this epilogue
 
   float mine[NT];
 #pragma unroll
@@ -235,22 +224,10 @@ spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offset
   }
 }
 
-struct DeviceInfo {
-  int sms = 0, major = 0, max_smem = 0, smem_per_sm = 0;
-};
-
-DeviceInfo device_info() {
-  static DeviceInfo cache[64];
+prunekit_launch::DeviceProps device_info() {
   int dev = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64 && cache[dev].sms != 0) return cache[dev];
-  DeviceInfo info;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  if (dev < 64) cache[dev] = info;
-  return info;
+  return prunekit_launch::device_props(dev);
 }
 
 bool env_off(const char* name) {
@@ -270,7 +247,7 @@ int wave_blocks_per_sm(int64_t smem, int smem_per_sm) {
 }
 
 template <typename T, typename I, int R, int NT>
-void launch_spmv(const DeviceInfo& info, int threads, int64_t smem, const T* values, const int* row_offsets,
+void launch_spmv(const prunekit_launch::DeviceProps& info, int threads, int64_t smem, const T* values, const int* row_offsets,
                  const I* cols, const T* x, int64_t xs_k, int64_t xs_n, T* y, int64_t ys_m, int64_t ys_n, const T* bias,
                  bool relu, int m, int n, int k, bool x_vec) {
   auto kernel = spmv_csr_kernel<T, I, R, NT>;
@@ -284,25 +261,17 @@ void launch_spmv(const DeviceInfo& info, int threads, int64_t smem, const T* val
     }
   }
   const int64_t warps = (static_cast<int64_t>(m) + R - 1) / R;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((warps * 32 + threads - 1) / threads), 1, 1);
-  cfg.blockDim = dim3(threads, 1, 1);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = c10::cuda::getCurrentCUDAStream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = info.major >= 9 && !env_off("PRUNEKIT_SPMV_PDL") ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, values, row_offsets, cols, x, xs_k, xs_n, y, ys_m, ys_n, bias, relu,
-                                    m, n, k, x_vec));
+  prunekit_launch::launch(kernel, dim3(static_cast<unsigned>((warps * 32 + threads - 1) / threads)), dim3(threads),
+                          static_cast<size_t>(smem), c10::cuda::getCurrentCUDAStream(),
+                          info.major >= 9 && !env_off("PRUNEKIT_SPMV_PDL"), values, row_offsets, cols, x, xs_k, xs_n, y,
+                          ys_m, ys_n, bias, relu, m, n, k, x_vec);
 }
 
 }  // namespace
 
 bool spmv_takes(int64_t m, int64_t k, int64_t n, int64_t esize) {
   if (env_off("PRUNEKIT_SPMV") || k <= 0 || n < 1 || n > kSpmvMaxTile) return false;
-  const DeviceInfo info = device_info();
+  const prunekit_launch::DeviceProps info = device_info();
   if (n == 1) return k * esize <= std::min<int64_t>(kSpmvMaxSmem, info.max_smem);
   return k * kSpmvMaxTile * esize <= kSpmvTileMaxSmem && m >= static_cast<int64_t>(kSpmvTileMinRowsPerSm) * info.sms;
 }
@@ -312,7 +281,7 @@ bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x
               int64_t ys_m, int64_t ys_n, const T* bias, bool relu, int m, int n, int k) {
   static_assert(NT == 1 || NT == kSpmvMaxTile, "token tiles of 1 or 4");
   if (n > NT || !spmv_takes(m, k, n, sizeof(T))) return false;
-  const DeviceInfo info = device_info();
+  const prunekit_launch::DeviceProps info = device_info();
   const int64_t smem = ((static_cast<int64_t>(k) * NT * static_cast<int64_t>(sizeof(T)) + 15) / 16) * 16;
   constexpr int V = 16 / sizeof(T);
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && k % V == 0;

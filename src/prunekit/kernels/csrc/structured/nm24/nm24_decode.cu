@@ -75,6 +75,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "launch.cuh"  // programmatic dependent launch
 #include "mma.cuh"
 #include "../../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
@@ -120,18 +121,10 @@ __device__ __forceinline__ void red_add2(float* ws, float a, float b) {
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Programmatic dependent launch (sm_90): wait until the preceding kernel in the stream has finished and its writes are
-// visible; let the next kernel launch while this one finishes. Both are no-ops in a launch without the attribute.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
+// Programmatic dependent launch (sm_90; launch.cuh): wait until the preceding kernel in the stream has finished and its
+// writes are visible; let the next kernel launch while this one finishes. No-ops in a launch without the attribute.
+using prunekit_launch::allow_dependent_launch;
+using prunekit_launch::wait_preceding_grid;
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -279,7 +272,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   if (p.pdl) {
 #pragma unroll
     for (int bb = 1; bb < R - 1; ++bb) issue(bb);
-    grid_dependency_wait();
+    wait_preceding_grid();
   }
 
   // X[k0 + c][token] for c < nks * 16, tokens < 16, zero outside X: cp.async where a whole 8-byte item is in X
@@ -425,7 +418,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     }
   }
   cp_async_wait<0>();
-  if (p.pdl) launch_dependents();  // the next kernel may start its weight loads during this epilogue
+  if (p.pdl) allow_dependent_launch();  // the next kernel may start its weight loads during this epilogue
 
   if (p.probe & 1) return;
   const int g = lane >> 2, t = lane & 3;

@@ -28,7 +28,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
+#include "check.h"   // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
+#include "launch.cuh"  // device properties, programmatic dependent launch
 
 namespace prunekit_nm24 {
 namespace {
@@ -55,18 +56,6 @@ template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
-}
-
-__device__ __forceinline__ void wait_preceding_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 }
 
 template <typename T, int R>
@@ -100,7 +89,7 @@ spmv24_kernel(const uint4* __restrict__ values, const uint16_t* __restrict__ met
     mb = __ldg(meta + base + f + 32);
   }
 
-  wait_preceding_grid();  // programmatic dependent launch: the preceding kernel (which may write x or read y) is done
+  prunekit_launch::wait_preceding_grid();  // programmatic dependent launch: the preceding kernel (which may write x or read y) is done
   if (x_vec) {
     for (int i = threadIdx.x; i < k / 8; i += blockDim.x) {
       reinterpret_cast<uint4*>(xs)[i] = __ldg(reinterpret_cast<const uint4*>(x) + i);
@@ -152,7 +141,7 @@ spmv24_kernel(const uint4* __restrict__ values, const uint16_t* __restrict__ met
       ++r;
     }
   }
-  allow_dependent_launch();  // the next kernel may start its own loads during this epilogue
+  prunekit_launch::allow_dependent_launch();  // the next kernel may start its own loads during this epilogue
 
   float mine = 0.0f;
 #pragma unroll
@@ -169,23 +158,8 @@ spmv24_kernel(const uint4* __restrict__ values, const uint16_t* __restrict__ met
   }
 }
 
-struct Device {
-  int sms = 0, major = 0, max_smem = 0;
-};
-
-Device device_props(int dev) {
-  static Device cache[64];
-  if (dev < 64 && cache[dev].sms != 0) return cache[dev];
-  Device d;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (dev < 64) cache[dev] = d;
-  return d;
-}
-
 template <typename T, int R>
-void launch(const Device& d, int dev, int threads, int64_t smem, const at::Tensor& values, const at::Tensor& meta,
+void launch(const prunekit_launch::DeviceProps& d, int dev, int threads, int64_t smem, const at::Tensor& values, const at::Tensor& meta,
             const at::Tensor& x, int64_t xs_k, const at::Tensor& y, int64_t ys_m, const void* bias, bool relu, int m,
             int k, bool x_vec, bool pdl) {
   auto kernel = spmv24_kernel<T, R>;
@@ -197,20 +171,12 @@ void launch(const Device& d, int dev, int threads, int64_t smem, const at::Tenso
     }
   }
   const int64_t warps = (static_cast<int64_t>(m) + R - 1) / R;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((warps * 32 + threads - 1) / threads), 1, 1);
-  cfg.blockDim = dim3(threads, 1, 1);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = c10::cuda::getCurrentCUDAStream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl && d.major >= 9 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, reinterpret_cast<const uint4*>(values.data_ptr()),
-                                    reinterpret_cast<const uint16_t*>(meta.data_ptr()),
-                                    reinterpret_cast<const T*>(x.data_ptr()), xs_k, reinterpret_cast<T*>(y.data_ptr()),
-                                    ys_m, reinterpret_cast<const T*>(bias), relu, m, k, x_vec));
+  prunekit_launch::launch(kernel, dim3(static_cast<unsigned>((warps * 32 + threads - 1) / threads)), dim3(threads),
+                          static_cast<size_t>(smem), c10::cuda::getCurrentCUDAStream(), pdl && d.major >= 9,
+                          reinterpret_cast<const uint4*>(values.data_ptr()),
+                          reinterpret_cast<const uint16_t*>(meta.data_ptr()), reinterpret_cast<const T*>(x.data_ptr()),
+                          xs_k, reinterpret_cast<T*>(y.data_ptr()), ys_m, reinterpret_cast<const T*>(bias), relu, m, k,
+                          x_vec);
 }
 
 }  // namespace
@@ -250,7 +216,7 @@ at::Tensor spmv24(const at::Tensor& values, const at::Tensor& metadata, const at
   const bool x_vec = xs_k == 1 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
   const c10::cuda::CUDAGuard guard(x.device());
   const int dev = x.get_device();
-  const Device d = device_props(dev);
+  const prunekit_launch::DeviceProps d = prunekit_launch::device_props(dev);
   const int64_t smem = k * 2;
   PRUNEKIT_CHECK(smem <= d.max_smem, "spmv24: K = ", k, " needs ", smem, " bytes of shared memory, the GPU has ",
                  d.max_smem);
