@@ -11,7 +11,7 @@ import torch
 
 from prunekit import formats
 from prunekit.kernels import nm24, reference
-from prunekit.kernels.testing import TOLERANCE, relative_error, spmm_reference64
+from prunekit.kernels.testing import TOLERANCE, relative_error, rerun_chain, spmm_reference64
 
 from .test_nm24_decode import encode24, weight24
 
@@ -120,17 +120,7 @@ def test_chained_spmv24_layers_read_the_previous_output(graph, pdl, monkeypatch)
             out.copy_(nm24.spmv(values, metadata, x, b, True, rows=True))
             x = out
 
-    chain()
-    torch.cuda.synchronize()
-    if graph:
-        cuda_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cuda_graph):
-            chain()
-        x0.copy_(torch.randn(1, width, device="cuda", dtype=dtype))
-        cuda_graph.replay()
-    else:
-        chain()
-    torch.cuda.synchronize()
+    rerun_chain(chain, x0, graph)
     for (dense, _, _, b), x, out in zip(layers, [x0, *outs[:-1]], outs, strict=True):
         assert not torch.isnan(out).any()
         assert relative_error(out.t(), spmm_reference64(dense, x.t(), b, "relu")) <= TOLERANCE[dtype]

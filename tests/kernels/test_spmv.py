@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from prunekit.kernels import gpu
-from prunekit.kernels.testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, spmm_reference64
+from prunekit.kernels.testing import (
+    TOLERANCE,
+    encode_csr,
+    random_sparse_weight,
+    relative_error,
+    rerun_chain,
+    spmm_reference64,
+)
 
 pytestmark = pytest.mark.cuda
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -148,17 +155,7 @@ def test_chained_spmv_layers_read_the_previous_output(graph, pdl, monkeypatch):
             out.fill_(float("nan"))
             x = gpu.spmm_csr(**c, x=x, m=width, bias=b, activation="relu", variant="rowwarp", out=out)
 
-    chain()
-    torch.cuda.synchronize()
-    if graph:
-        cuda_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cuda_graph):
-            chain()
-        x0.copy_(torch.randn(width, 1, generator=g, device="cuda").to(dtype))
-        cuda_graph.replay()
-    else:
-        chain()
-    torch.cuda.synchronize()
+    rerun_chain(chain, x0, graph)
     for (dense, _, b), x, out in zip(layers, [x0, *outs[:-1]], outs, strict=True):
         assert not torch.isnan(out).any()
         assert relative_error(out, spmm_reference64(dense, x, b, "relu")) <= TOLERANCE[dtype]

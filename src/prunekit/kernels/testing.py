@@ -86,6 +86,24 @@ def encode_csr(dense: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"values": values, **index}
 
 
+def rerun_chain(chain, x0: torch.Tensor, graph: bool) -> None:
+    """Run ``chain()`` (kernel launches that read ``x0`` and each other's outputs, no synchronisation between them) once,
+    then again: with ``graph`` captured in a CUDA graph and replayed after ``x0`` got fresh N(0, 1) values, else eagerly.
+    Synchronises after each run. For tests of kernels that may start before the preceding kernel has finished
+    (programmatic dependent launch): the caller then checks every output against float64 on the input it was given."""
+    chain()
+    torch.cuda.synchronize()
+    if graph:
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            chain()
+        x0.copy_(torch.randn_like(x0))
+        cuda_graph.replay()
+    else:
+        chain()
+    torch.cuda.synchronize()
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref|| / ||ref||`` in float64 (``||out||`` when ``ref`` is all zeros); NaN/inf give ``inf``."""
     o = out.detach().double().cpu()
