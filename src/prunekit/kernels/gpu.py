@@ -306,8 +306,9 @@ def _plan_spmm(
     >= 10% when ``m * k <= 2^24`` (measured on the H100, see the constants); its k-split is
     :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`). With ``bitmap_auto``
     (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` (``k >=
-    BITMAP_MIN_K_SMALL_N`` for ``SPMV_MAX_N < n < SCATTER_MIN_N``) and the density is at least ``1 / bitmap_min_density_denominator(n)``
-    (10% at N <= 8, 2% at N 9-15, 5% at N = 16; measured on the H100, see the constants).
+    BITMAP_MIN_K_SMALL_N`` for ``SPMV_MAX_N < n < SCATTER_MIN_N``) and the density is at least ``1 /
+    bitmap_min_density_denominator(n)`` (10% at N <= 8, 2% at N 9-15, 5% at N = 16; measured on the H100, see the
+    constants). ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
 
     Raises:
         ValueError: unknown ``variant``.
