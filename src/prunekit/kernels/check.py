@@ -35,10 +35,12 @@ class KernelCheck:
 
 
 def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
-    """Check ``spmm_csr`` (every variant, ``tc`` and ``scatter`` for fp16/bf16; row-major and transposed X, bias + ReLU),
-    the 2:4 decode kernel (``nm24``, both inner products, fp16/bf16) and ``sddmm_csr`` per dtype.
+    """Check ``spmm_csr`` (every variant, ``tc`` and ``scatter`` for fp16/bf16; row-major and transposed X, bias + ReLU;
+    rowwarp's SpMV kernel at N = 1 and its 4-token tile on a taller weight), the 2:4 decode kernel (``nm24``, both inner
+    products, fp16/bf16) and 2:4 SpMV, and ``sddmm_csr`` per dtype.
 
-    M=77, K=203 (odd), N from 1 to 264 (odd and vector-aligned), with empty rows and single-entry rows.
+    M=77 (1067 for the tile), K=203 (odd), N from 1 to 264 (odd and vector-aligned), with empty rows and single-entry
+    rows.
 
     Raises:
         KernelUnavailable: the extension cannot be built or loaded here.
@@ -52,6 +54,7 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
         csr = encode_csr(dense)
         bias = torch.randn(m, generator=gen, device=device).to(dtype)
         cases = [
+            ("rowwarp", 1),  # the SpMV kernel (csrc/spmv_csr.cu)
             ("rowwarp", 5),
             ("rowwarp", 16),
             ("rowwarp_global", 16),
@@ -61,7 +64,17 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
         ]
         if dtype in gpu.TC_DTYPES:
             cases += [("tc", 37), ("tc", 264), ("scatter", 1), ("scatter", 13), ("bitmap", 1), ("bitmap", 13)]
-        for variant, n in cases:
+        # the SpMV kernel's 4-token tile needs 8 rows per SM: a taller weight of the same K
+        tall = random_sparse_weight(8 * 132 + 11, k, 0.8, dtype, device, gen, empty_rows=3, single_rows=3)
+        cases = [(dense, csr, bias, variant, n) for variant, n in cases]
+        cases.append(
+            (tall, encode_csr(tall), torch.randn(tall.shape[0], generator=gen, device=device).to(dtype), "rowwarp", 3)
+        )
+        for dense, csr, bias, variant, n in cases:
+            m = dense.shape[0]
+            label = variant
+            if variant == "rowwarp" and gpu.spmv_takes(m, k, n, dense.element_size(), gpu._sm_count(dense.device)):
+                label = "rowwarp (SpMV)" if n == 1 else "rowwarp (SpMV tile)"
             for layout in ("row-major", "transposed"):
                 x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
                 x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
@@ -77,7 +90,7 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
                 results.append(
                     KernelCheck(
                         "spmm_csr",
-                        variant,
+                        label,
                         str(dtype).removeprefix("torch."),
                         layout,
                         f"{m}x{k}x{n}",
@@ -86,6 +99,8 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
                         elapsed,
                     )
                 )
+        dense, csr, bias = cases[0][:3]
+        m = dense.shape[0]
         a = torch.randn(m, 29, generator=gen, device=device).to(dtype)
         b = torch.randn(k, 29, generator=gen, device=device).to(dtype)
         out = torch.full((csr["values"].numel(),), float("nan"), dtype=dtype, device=device)
@@ -113,7 +128,8 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
 
 def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) -> list[KernelCheck]:
     """The 2:4 decode kernel (``kernels/nm24.py``) on an ``(m, 204)`` 2:4 weight (K not a multiple of 16), N = 1 / 13 /
-    16, both X layouts, bias + ReLU, mma.sp and the register expansion."""
+    16, both X layouts, bias + ReLU, mma.sp and the register expansion; the 2:4 SpMV kernel on an ``(m, 208)`` weight,
+    both x layouts."""
     from .. import formats
 
     k = 204
@@ -165,4 +181,33 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
                         elapsed,
                     )  # fmt: skip
                 )
+    # the 2:4 SpMV kernel (N = 1, the stored format; K a multiple of 16)
+    k = 208
+    w = torch.randn(m, k // 4, 4, generator=gen, device=device)
+    keep = torch.zeros_like(w, dtype=torch.bool).scatter_(2, w.abs().topk(2, dim=2).indices, True)
+    dense = (w * keep).reshape(m, k).to(dtype)
+    enc = formats.encode("nm", dense, {"n": 2, "m": 4})
+    values, metadata, bits = enc.components["values"], enc.components["metadata"], int(enc.params["bits"])
+    for rows in (False, True):
+        x = torch.randn(k, 1, generator=gen, device=device).to(dtype)
+        torch.full((m,), float("nan"), dtype=dtype, device=device)  # freed: the output's block starts as NaN
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        y = nm24.spmv(values, metadata, x.t() if rows else x, bias, True, rows=rows)
+        torch.cuda.synchronize()
+        elapsed = (time.perf_counter() - start) * 1e3
+        error = relative_error(y.t() if rows else y, spmm_reference64(dense, x, bias, "relu"))
+        layout = "(1, K) rows" if rows else "(K, 1)"
+        results.append(
+            KernelCheck(
+                "nm_mm (2:4 SpMV)",
+                "spmv24",
+                str(dtype).removeprefix("torch."),
+                layout,
+                f"{m}x{k}x1",
+                error,
+                TOLERANCE[dtype],
+                elapsed,
+            )  # fmt: skip
+        )
     return results
