@@ -216,3 +216,15 @@ def test_export_with_kernels_needs_a_gpu(tmp_path, mlp_safetensors):
     pruned = tmp_path / "p.safetensors"
     assert invoke("prune", mlp_safetensors, "-o", pruned, "-p", "2:4").exit_code == 0
     assert_clean_failure(invoke("export", pruned, "-o", tmp_path / "out-pkg", "--kernels"), "unavailable", tmp_path)
+
+
+def test_python_dash_m_prunekit_runs_the_command():
+    """``python -m prunekit`` (no console script needed) gives the same command line as ``prunekit``."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "prunekit", "report", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Usage" in result.stdout and "report" in result.stdout
