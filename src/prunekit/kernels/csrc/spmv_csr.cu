@@ -25,7 +25,6 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <cstdlib>
 #include <cstring>
 
@@ -47,7 +46,6 @@ constexpr int kSpmvMinBlocksPerSm = 4;   // launch bounds: at most 64 registers 
 // N = 2: 2.8 against 5.8 us). A tile of 8 tokens was slower than rowwarp's kernel at 3 of 4 shapes (4096 x 4096, 90%,
 // N = 8: 20.4 against 12.7 us), so N = 5-8 stay with it.
 constexpr int kSpmvMaxTile = 4;
-constexpr int kSpmvDepth = 2;  // vectors per lane loaded ahead at N = 1 (2: one multiplied, one in flight)
 constexpr int64_t kSpmvTileMaxSmem = 48 * 1024;
 constexpr int kSpmvTileMinRowsPerSm = 8;
 
@@ -96,9 +94,8 @@ __device__ __forceinline__ void store_xrow(T* p, const float* e) {
   }
 }
 
-// R consecutive rows per warp times NT tokens (N <= NT; NT = 1 is the SpMV), D vectors per lane loaded ahead (the one
-// multiplied next and D - 1 in flight).
-template <typename T, typename I, int R, int NT, int D>
+// R consecutive rows per warp times NT tokens (N <= NT; NT = 1 is the SpMV).
+template <typename T, typename I, int R, int NT>
 __global__ void __launch_bounds__(256, kSpmvMinBlocksPerSm)
 spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
                 const T* __restrict__ x, int64_t xs_k, int64_t xs_n, T* __restrict__ y, int64_t ys_m, int64_t ys_n,
@@ -121,14 +118,15 @@ spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offset
 
   // The first two vectors per lane go out before x is read (weights are never written by another kernel).
   int j = bnd[0] + lane * V;
-  Words<16> vq[D];  // vq[0] is multiplied next; D - 1 more are in flight
-  Words<V * sizeof(I)> iq[D];
-#pragma unroll
-  for (int q = 0; q < D; ++q) {
-    if (j + q * kStep < end) {
-      vq[q].load(values + j + q * kStep);
-      iq[q].load(cols + j + q * kStep);
-    }
+  Words<16> va, vb;
+  Words<V * sizeof(I)> ia, ib;
+  if (j < end) {
+    va.load(values + j);
+    ia.load(cols + j);
+  }
+  if (j + kStep < end) {
+    vb.load(values + j + kStep);
+    ib.load(cols + j + kStep);
   }
 
   prunekit_launch::wait_preceding_grid();  // programmatic dependent launch: the preceding kernel (which may write x or read y) is done
@@ -164,15 +162,13 @@ spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offset
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[q][t] = 0.0f;
   while (j < end) {
-    const int jd = j + D * kStep;
-    Words<16> vn;
-    Words<V * sizeof(I)> in;
-    if (jd < end) {
-      vn.load(values + jd);
-      in.load(cols + jd);
+    const int j2 = j + 2 * kStep;
+    Words<16> vc;
+    Words<V * sizeof(I)> ic;
+    if (j2 < end) {
+      vc.load(values + j2);
+      ic.load(cols + j2);
     }
-    const Words<16>& va = vq[0];
-    const Words<V * sizeof(I)>& ia = iq[0];
     float s[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) s[t] = 0.0f;
@@ -196,13 +192,10 @@ spmv_csr_kernel(const T* __restrict__ values, const int* __restrict__ row_offset
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[q][t] += q == r ? s[t] : 0.0f;
     }
-#pragma unroll
-    for (int q = 0; q + 1 < D; ++q) {
-      vq[q] = vq[q + 1];
-      iq[q] = iq[q + 1];
-    }
-    vq[D - 1] = vn;
-    iq[D - 1] = in;
+    va = vb;
+    ia = ib;
+    vb = vc;
+    ib = ic;
     j += kStep;
   }
   prunekit_launch::allow_dependent_launch();  // the next kernel may start its own prologue during this epilogue
@@ -237,12 +230,6 @@ prunekit_launch::DeviceProps device_info() {
   return prunekit_launch::device_props(dev);
 }
 
-// Vectors per lane loaded ahead at N = 1: kSpmvDepth, or $PRUNEKIT_SPMV_DEPTH (2 or 3) for A/B runs.
-int spmv_depth() {
-  const char* v = std::getenv("PRUNEKIT_SPMV_DEPTH");
-  return v != nullptr && std::strcmp(v, "3") == 0 ? 3 : v != nullptr && std::strcmp(v, "2") == 0 ? 2 : kSpmvDepth;
-}
-
 bool env_off(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, "0") == 0;
@@ -259,11 +246,11 @@ int wave_blocks_per_sm(int64_t smem, int smem_per_sm) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kSpmvMinBlocksPerSm, fit)));
 }
 
-template <typename T, typename I, int R, int NT, int D>
+template <typename T, typename I, int R, int NT>
 void launch_spmv(const prunekit_launch::DeviceProps& info, int threads, int64_t smem, const T* values, const int* row_offsets,
                  const I* cols, const T* x, int64_t xs_k, int64_t xs_n, T* y, int64_t ys_m, int64_t ys_n, const T* bias,
                  bool relu, int m, int n, int k, bool x_vec) {
-  auto kernel = spmv_csr_kernel<T, I, R, NT, D>;
+  auto kernel = spmv_csr_kernel<T, I, R, NT>;
   if (smem > 48 * 1024) {
     static bool configured[64] = {};  // per instantiation and device: raise the dynamic shared-memory limit once
     int dev = 0;
@@ -307,24 +294,16 @@ bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x
   r = std::min(r, kMaxR);
   const int64_t per_sm = (static_cast<int64_t>(m) + static_cast<int64_t>(r) * info.sms - 1) / (r * info.sms);
   const int threads = per_sm >= 8 ? 256 : per_sm >= 4 ? 128 : 64;
-  const int depth = NT == 1 ? spmv_depth() : 2;
-  auto go = [&](auto rows_per_warp) {
-    constexpr int RE = decltype(rows_per_warp)::value <= kMaxR ? decltype(rows_per_warp)::value : kMaxR;
-    if constexpr (NT == 1) {
-      if (depth == 3) {
-        return launch_spmv<T, I, RE, NT, 3>(info, threads, smem, values, row_offsets, cols, x, xs_k, xs_n, y, ys_m,
-                                            ys_n, bias, relu, m, n, k, x_vec);
-      }
-    }
-    launch_spmv<T, I, RE, NT, 2>(info, threads, smem, values, row_offsets, cols, x, xs_k, xs_n, y, ys_m, ys_n, bias,
-                                 relu, m, n, k, x_vec);
-  };
+#define PRUNEKIT_SPMV_GO(RR)                                                                                      \
+  launch_spmv<T, I, (RR <= kMaxR ? RR : kMaxR), NT>(info, threads, smem, values, row_offsets, cols, x, xs_k, xs_n, y, \
+                                                    ys_m, ys_n, bias, relu, m, n, k, x_vec)
   switch (r) {
-    case 1: go(std::integral_constant<int, 1>{}); break;
-    case 2: go(std::integral_constant<int, 2>{}); break;
-    case 4: go(std::integral_constant<int, 4>{}); break;
-    default: go(std::integral_constant<int, 8>{}); break;
+    case 1: PRUNEKIT_SPMV_GO(1); break;
+    case 2: PRUNEKIT_SPMV_GO(2); break;
+    case 4: PRUNEKIT_SPMV_GO(4); break;
+    default: PRUNEKIT_SPMV_GO(8); break;
   }
+#undef PRUNEKIT_SPMV_GO
   return true;
 }
 
