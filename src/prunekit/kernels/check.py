@@ -66,41 +66,38 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
             cases += [("tc", 37), ("tc", 264), ("scatter", 1), ("scatter", 13), ("bitmap", 1), ("bitmap", 13)]
         # the SpMV kernel's 4-token tile needs 8 rows per SM: a taller weight of the same K
         tall = random_sparse_weight(8 * 132 + 11, k, 0.8, dtype, device, gen, empty_rows=3, single_rows=3)
-        cases = [(dense, csr, bias, variant, n) for variant, n in cases]
-        cases.append(
-            (tall, encode_csr(tall), torch.randn(tall.shape[0], generator=gen, device=device).to(dtype), "rowwarp", 3)
-        )
-        for dense, csr, bias, variant, n in cases:
-            m = dense.shape[0]
+        tall_bias = torch.randn(tall.shape[0], generator=gen, device=device).to(dtype)
+        weights = [(dense, csr, bias, variant, n) for variant, n in cases]
+        weights.append((tall, encode_csr(tall), tall_bias, "rowwarp", 3))
+        for w, c, b, variant, n in weights:
+            rows = w.shape[0]
             label = variant
-            if variant == "rowwarp" and gpu.spmv_takes(m, k, n, dense.element_size(), gpu._sm_count(dense.device)):
+            if variant == "rowwarp" and gpu.spmv_takes(rows, k, n, w.element_size(), gpu._sm_count(w.device)):
                 label = "rowwarp (SpMV)" if n == 1 else "rowwarp (SpMV tile)"
             for layout in ("row-major", "transposed"):
                 x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
                 x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
-                out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+                out = torch.full((rows, n), float("nan"), dtype=dtype, device=device)
                 if layout == "transposed":
-                    out = torch.full((n, m), float("nan"), dtype=dtype, device=device).t()
+                    out = torch.full((n, rows), float("nan"), dtype=dtype, device=device).t()
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                gpu.spmm_csr(**csr, x=x, m=m, bias=bias, activation="relu", variant=variant, out=out)
+                gpu.spmm_csr(**c, x=x, m=rows, bias=b, activation="relu", variant=variant, out=out)
                 torch.cuda.synchronize()
                 elapsed = (time.perf_counter() - start) * 1e3
-                ref = spmm_reference64(dense, x, bias, "relu")
+                ref = spmm_reference64(w, x, b, "relu")
                 results.append(
                     KernelCheck(
                         "spmm_csr",
                         label,
                         str(dtype).removeprefix("torch."),
                         layout,
-                        f"{m}x{k}x{n}",
+                        f"{rows}x{k}x{n}",
                         relative_error(out, ref),
                         TOLERANCE[dtype],
                         elapsed,
                     )
                 )
-        dense, csr, bias = cases[0][:3]
-        m = dense.shape[0]
         a = torch.randn(m, 29, generator=gen, device=device).to(dtype)
         b = torch.randn(k, 29, generator=gen, device=device).to(dtype)
         out = torch.full((csr["values"].numel(),), float("nan"), dtype=dtype, device=device)

@@ -56,7 +56,7 @@ SOURCES = (
     # sm_90a wgmma + TMA variant: kernel bodies only in an sm_90a image (else its probe reports it unavailable)
     + ("bsr_mm_wgmma.cu", "bsr_mm_wgmma_f16.cu", "bsr_mm_wgmma_bf16.cu")
 )
-HEADERS = ("bsr_mm.cuh", "bsr_mm_wgmma.cuh", "../check.h")
+HEADERS = ("bsr_mm.cuh", "bsr_mm_wgmma.cuh", "../check.h", "../launch.cuh")
 NAMESPACE = "prunekit_structured"
 KERNEL_BLOCK_SIZES = (16, 32, 64)  # r and c the tensor-core kernel is instantiated for
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)

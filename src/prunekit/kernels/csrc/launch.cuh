@@ -43,6 +43,35 @@ inline DeviceProps device_props(int dev) {
   return d;
 }
 
+// Let `kernel` use `bytes` of dynamic shared memory (over the 48 KB default) on the current device, once per device:
+// `configured` is the call site's own static flag array (one per kernel instantiation).
+template <typename Kernel>
+void raise_smem_limit(Kernel kernel, int bytes, bool (&configured)[64]) {
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 64 && configured[dev]) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  if (dev < 64) configured[dev] = true;
+}
+
+// Grid of a kernel that gives each warp R consecutive rows of an M-row output (the SpMV kernels): R is the fewest of
+// 1, 2, 4, 8 (at most max_r) that fit M rows into one wave of `blocks_per_sm` 8-warp blocks per SM; blocks have 8 warps,
+// or 4 or 2 where fewer rows per SM would leave SMs idle.
+struct RowGrid {
+  int rows_per_warp, threads;
+  unsigned blocks;
+};
+
+inline RowGrid row_grid(int64_t m, int sms, int blocks_per_sm, int max_r) {
+  const int64_t wave = static_cast<int64_t>(sms) * blocks_per_sm * 8;
+  int r = m <= wave ? 1 : m <= 2 * wave ? 2 : m <= 4 * wave ? 4 : 8;
+  r = r < max_r ? r : max_r;
+  const int64_t per_sm = (m + static_cast<int64_t>(r) * sms - 1) / (static_cast<int64_t>(r) * sms);
+  const int threads = per_sm >= 8 ? 256 : per_sm >= 4 ? 128 : 64;
+  const int64_t warps = (m + r - 1) / r;
+  return {r, threads, static_cast<unsigned>((warps * 32 + threads - 1) / threads)};
+}
+
 // Launch kernel<<<grid, block, smem, stream>>>(args...), allowing programmatic dependent launch when `pdl` (the caller
 // checks the device is sm_90 or newer).
 template <typename... Params, typename... Args>

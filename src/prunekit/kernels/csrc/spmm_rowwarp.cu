@@ -19,6 +19,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "launch.cuh"  // device properties, the shared-memory limit
 #include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit {
@@ -172,18 +173,6 @@ spmm_rowwarp_smem_kernel(const T* __restrict__ values, const int* __restrict__ r
   }
 }
 
-static int device_attribute(cudaDeviceAttr attr) {
-  static int cache[2][64] = {};
-  int dev = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  const int slot = attr == cudaDevAttrMultiProcessorCount ? 0 : 1;
-  if (dev < 64 && cache[slot][dev] != 0) return cache[slot][dev];
-  int value = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, dev));
-  if (dev < 64) cache[slot][dev] = value;
-  return value;
-}
-
 template <typename T, typename I, int NT, int SW>
 static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
                            const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, const T* bias,
@@ -206,19 +195,15 @@ static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offse
   }
   if constexpr (NT * sizeof(T) % 16 == 0) {
     const int64_t smem_bytes = k * NT * static_cast<int64_t>(sizeof(T));
-    if (stage_x && xv && k > 0 && smem_bytes <= device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) {
+    int dev = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&dev));
+    const prunekit_launch::DeviceProps props = prunekit_launch::device_props(dev);
+    if (stage_x && xv && k > 0 && smem_bytes <= props.max_smem) {
       auto kernel = spmm_rowwarp_smem_kernel<T, I, NT, SW>;
-      static bool configured[64] = {};  // per instantiation and device: raise the dynamic shared-memory limit once
-      int dev = 0;
-      C10_CUDA_CHECK(cudaGetDevice(&dev));
-      if (dev >= 64 || !configured[dev]) {
-        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)));
-        if (dev < 64) configured[dev] = true;
-      }
+      static bool configured[64] = {};
+      prunekit_launch::raise_smem_limit(kernel, props.max_smem, configured);
       const int64_t blocks_needed = (static_cast<int64_t>(m) * SW + 31) / 32;  // at least a warp of rows per block
-      const dim3 grid(static_cast<unsigned>(std::min<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount),
-                                                              blocks_needed)),
+      const dim3 grid(static_cast<unsigned>(std::min<int64_t>(props.sms, blocks_needed)),
                       (n + NT - 1) / NT);
       PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
       kernel<<<grid, kSmemThreads, smem_bytes, stream>>>(

@@ -235,69 +235,51 @@ bool env_off(const char* name) {
   return v != nullptr && std::strcmp(v, "0") == 0;
 }
 
-// 8-warp blocks per SM that rows per warp are chosen to fit in one wave: kSpmvMinBlocksPerSm (fewer where the copy of
-// x limits the blocks per SM), or $PRUNEKIT_SPMV_WAVE (1-4) for tuning runs (fewer leaves room on each SM for the next
-// kernel's early launch).
-int wave_blocks_per_sm(int64_t smem, int smem_per_sm) {
-  const char* v = std::getenv("PRUNEKIT_SPMV_WAVE");
-  const int forced = v == nullptr ? 0 : std::atoi(v);
-  if (forced >= 1 && forced <= kSpmvMinBlocksPerSm) return forced;
-  const int64_t fit = smem_per_sm / (smem + 1024);  // 1 KB reserved per block
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kSpmvMinBlocksPerSm, fit)));
-}
-
 template <typename T, typename I, int R, int NT>
-void launch_spmv(const prunekit_launch::DeviceProps& info, int threads, int64_t smem, const T* values, const int* row_offsets,
-                 const I* cols, const T* x, int64_t xs_k, int64_t xs_n, T* y, int64_t ys_m, int64_t ys_n, const T* bias,
-                 bool relu, int m, int n, int k, bool x_vec) {
+void launch_spmv(const prunekit_launch::DeviceProps& info, const prunekit_launch::RowGrid& g, int64_t smem,
+                 const T* values, const int* row_offsets, const I* cols, const T* x, int64_t xs_k, int64_t xs_n, T* y,
+                 int64_t ys_m, int64_t ys_n, const T* bias, bool relu, int m, int n, int k, bool x_vec) {
   auto kernel = spmv_csr_kernel<T, I, R, NT>;
   if (smem > 48 * 1024) {
-    static bool configured[64] = {};  // per instantiation and device: raise the dynamic shared-memory limit once
-    int dev = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev >= 64 || !configured[dev]) {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSpmvMaxSmem));
-      if (dev < 64) configured[dev] = true;
-    }
+    static bool configured[64] = {};
+    prunekit_launch::raise_smem_limit(kernel, kSpmvMaxSmem, configured);
   }
-  const int64_t warps = (static_cast<int64_t>(m) + R - 1) / R;
-  prunekit_launch::launch(kernel, dim3(static_cast<unsigned>((warps * 32 + threads - 1) / threads)), dim3(threads),
-                          static_cast<size_t>(smem), c10::cuda::getCurrentCUDAStream(),
-                          info.major >= 9 && !env_off("PRUNEKIT_SPMV_PDL"), values, row_offsets, cols, x, xs_k, xs_n, y,
-                          ys_m, ys_n, bias, relu, m, n, k, x_vec);
+  prunekit_launch::launch(kernel, dim3(g.blocks), dim3(g.threads), static_cast<size_t>(smem),
+                          c10::cuda::getCurrentCUDAStream(), info.major >= 9 && !env_off("PRUNEKIT_SPMV_PDL"), values,
+                          row_offsets, cols, x, xs_k, xs_n, y, ys_m, ys_n, bias, relu, m, n, k, x_vec);
+}
+
+// spmv_takes on known device properties.
+bool takes(const prunekit_launch::DeviceProps& info, int64_t m, int64_t k, int64_t n, int64_t esize) {
+  if (env_off("PRUNEKIT_SPMV") || k <= 0 || n < 1 || n > kSpmvMaxTile) return false;
+  if (n == 1) return k * esize <= std::min<int64_t>(kSpmvMaxSmem, info.max_smem);
+  return k * kSpmvMaxTile * esize <= kSpmvTileMaxSmem && m >= static_cast<int64_t>(kSpmvTileMinRowsPerSm) * info.sms;
 }
 
 }  // namespace
 
-bool spmv_takes(int64_t m, int64_t k, int64_t n, int64_t esize) {
-  if (env_off("PRUNEKIT_SPMV") || k <= 0 || n < 1 || n > kSpmvMaxTile) return false;
-  const prunekit_launch::DeviceProps info = device_info();
-  if (n == 1) return k * esize <= std::min<int64_t>(kSpmvMaxSmem, info.max_smem);
-  return k * kSpmvMaxTile * esize <= kSpmvTileMaxSmem && m >= static_cast<int64_t>(kSpmvTileMinRowsPerSm) * info.sms;
-}
+bool spmv_takes(int64_t m, int64_t k, int64_t n, int64_t esize) { return takes(device_info(), m, k, n, esize); }
 
 template <typename T, typename I, int NT>
 bool spmv_csr(const T* values, const int* row_offsets, const I* cols, const T* x, int64_t xs_k, int64_t xs_n, T* y,
               int64_t ys_m, int64_t ys_n, const T* bias, bool relu, int m, int n, int k) {
   static_assert(NT == 1 || NT == kSpmvMaxTile, "token tiles of 1 or 4");
-  if (n > NT || !spmv_takes(m, k, n, sizeof(T))) return false;
   const prunekit_launch::DeviceProps info = device_info();
+  if (n > NT || !takes(info, m, k, n, sizeof(T))) return false;
   const int64_t smem = ((static_cast<int64_t>(k) * NT * static_cast<int64_t>(sizeof(T)) + 15) / 16) * 16;
   constexpr int V = 16 / sizeof(T);
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && k % V == 0;
   const bool x_vec = NT == 1 ? aligned && xs_k == 1 : xs_k == 1;  // NT > 1: element loads along K, coalesced
-  // Rows per warp: the fewest that fit one wave of 8-warp blocks (at most 8 / NT-limited, for the registers of the
-  // R x NT sums). Warps per block: 8, fewer where that leaves SMs idle (small M), at least 2.
-  const int64_t wave = static_cast<int64_t>(info.sms) * wave_blocks_per_sm(smem, info.smem_per_sm) * 8;
+  // Blocks per SM of the wave: kSpmvMinBlocksPerSm, fewer where the copy of X limits them (1 KB reserved per block).
+  // At most 4 rows per warp with the token tile, for the registers of the R x NT sums.
+  const int blocks_per_sm = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(kSpmvMinBlocksPerSm, info.smem_per_sm / (smem + 1024))));
   constexpr int kMaxR = NT == 1 ? 8 : 4;
-  int r = m <= wave ? 1 : m <= 2 * wave ? 2 : m <= 4 * wave ? 4 : 8;
-  r = std::min(r, kMaxR);
-  const int64_t per_sm = (static_cast<int64_t>(m) + static_cast<int64_t>(r) * info.sms - 1) / (r * info.sms);
-  const int threads = per_sm >= 8 ? 256 : per_sm >= 4 ? 128 : 64;
-#define PRUNEKIT_SPMV_GO(RR)                                                                                      \
-  launch_spmv<T, I, (RR <= kMaxR ? RR : kMaxR), NT>(info, threads, smem, values, row_offsets, cols, x, xs_k, xs_n, y, \
-                                                    ys_m, ys_n, bias, relu, m, n, k, x_vec)
-  switch (r) {
+  const prunekit_launch::RowGrid g = prunekit_launch::row_grid(m, info.sms, blocks_per_sm, kMaxR);
+#define PRUNEKIT_SPMV_GO(RR)                                                                                        \
+  launch_spmv<T, I, (RR <= kMaxR ? RR : kMaxR), NT>(info, g, smem, values, row_offsets, cols, x, xs_k, xs_n, y, ys_m, \
+                                                    ys_n, bias, relu, m, n, k, x_vec)
+  switch (g.rows_per_warp) {
     case 1: PRUNEKIT_SPMV_GO(1); break;
     case 2: PRUNEKIT_SPMV_GO(2); break;
     case 4: PRUNEKIT_SPMV_GO(4); break;

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
+#include "../launch.cuh"  // the dynamic shared-memory limit
 
 namespace prunekit_structured {
 
@@ -313,13 +314,8 @@ template <typename T, int R, int C, int BN>
 void launch_bsr(const BsrArgs& args, int grid_rows, cudaStream_t stream) {
   using Cfg = BsrConfig<R, C, BN>;
   auto kernel = bsr_mm_kernel<T, R, C, BN>;
-  static bool configured[64] = {};  // per instantiation and device: the attribute is a per-device setting
-  int dev = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 64 || !configured[dev]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
-    if (dev < 64) configured[dev] = true;
-  }
+  static bool configured[64] = {};  // per instantiation: the attribute is a per-device setting
+  prunekit_launch::raise_smem_limit(kernel, Cfg::SMEM_BYTES, configured);
   const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

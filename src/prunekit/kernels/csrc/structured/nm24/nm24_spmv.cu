@@ -159,21 +159,16 @@ spmv24_kernel(const uint4* __restrict__ values, const uint16_t* __restrict__ met
 }
 
 template <typename T, int R>
-void launch(const prunekit_launch::DeviceProps& d, int dev, int threads, int64_t smem, const at::Tensor& values, const at::Tensor& meta,
+void launch(const prunekit_launch::RowGrid& g, int64_t smem, const at::Tensor& values, const at::Tensor& meta,
             const at::Tensor& x, int64_t xs_k, const at::Tensor& y, int64_t ys_m, const void* bias, bool relu, int m,
             int k, bool x_vec, bool pdl) {
   auto kernel = spmv24_kernel<T, R>;
   if (smem > 48 * 1024) {
-    static bool configured[64] = {};  // per instantiation and device: raise the dynamic shared-memory limit once
-    if (dev >= 64 || !configured[dev]) {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
-      if (dev < 64) configured[dev] = true;
-    }
+    static bool configured[64] = {};
+    prunekit_launch::raise_smem_limit(kernel, kMaxSmem, configured);
   }
-  const int64_t warps = (static_cast<int64_t>(m) + R - 1) / R;
-  prunekit_launch::launch(kernel, dim3(static_cast<unsigned>((warps * 32 + threads - 1) / threads)), dim3(threads),
-                          static_cast<size_t>(smem), c10::cuda::getCurrentCUDAStream(), pdl && d.major >= 9,
-                          reinterpret_cast<const uint4*>(values.data_ptr()),
+  prunekit_launch::launch(kernel, dim3(g.blocks), dim3(g.threads), static_cast<size_t>(smem),
+                          c10::cuda::getCurrentCUDAStream(), pdl, reinterpret_cast<const uint4*>(values.data_ptr()),
                           reinterpret_cast<const uint16_t*>(meta.data_ptr()), reinterpret_cast<const T*>(x.data_ptr()),
                           xs_k, reinterpret_cast<T*>(y.data_ptr()), ys_m, reinterpret_cast<const T*>(bias), relu, m, k,
                           x_vec);
@@ -220,22 +215,19 @@ at::Tensor spmv24(const at::Tensor& values, const at::Tensor& metadata, const at
   const int64_t smem = k * 2;
   PRUNEKIT_CHECK(smem <= d.max_smem, "spmv24: K = ", k, " needs ", smem, " bytes of shared memory, the GPU has ",
                  d.max_smem);
-  const int64_t wave = static_cast<int64_t>(d.sms) * kMinBlocksPerSm * 8;
-  const int r = m <= wave ? 1 : m <= 2 * wave ? 2 : m <= 4 * wave ? 4 : 8;
-  const int64_t per_sm = (m + static_cast<int64_t>(r) * d.sms - 1) / (static_cast<int64_t>(r) * d.sms);
-  const int threads = per_sm >= 8 ? 256 : per_sm >= 4 ? 128 : 64;
+  const prunekit_launch::RowGrid g = prunekit_launch::row_grid(m, d.sms, kMinBlocksPerSm, 8);
   const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
-  const bool pdl = pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0;
+  const bool pdl = d.major >= 9 && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0);
   const void* b = bias.has_value() ? bias->data_ptr() : nullptr;
   const int mi = static_cast<int>(m), ki = static_cast<int>(k);
   const int64_t ys_m = rows ? y.stride(1) : y.stride(0);
   auto go = [&](auto tag) {
     using T = decltype(tag);
-    switch (r) {
-      case 1: return launch<T, 1>(d, dev, threads, smem, values, metadata, x, xs_k, y, ys_m, b, relu, mi, ki, x_vec, pdl);
-      case 2: return launch<T, 2>(d, dev, threads, smem, values, metadata, x, xs_k, y, ys_m, b, relu, mi, ki, x_vec, pdl);
-      case 4: return launch<T, 4>(d, dev, threads, smem, values, metadata, x, xs_k, y, ys_m, b, relu, mi, ki, x_vec, pdl);
-      default: return launch<T, 8>(d, dev, threads, smem, values, metadata, x, xs_k, y, ys_m, b, relu, mi, ki, x_vec, pdl);
+    switch (g.rows_per_warp) {
+      case 1: return launch<T, 1>(g, smem, values, metadata, x, xs_k, y, ys_m, b, relu, mi, ki, x_vec, pdl);
+      case 2: return launch<T, 2>(g, smem, values, metadata, x, xs_k, y, ys_m, b, relu, mi, ki, x_vec, pdl);
+      case 4: return launch<T, 4>(g, smem, values, metadata, x, xs_k, y, ys_m, b, relu, mi, ki, x_vec, pdl);
+      default: return launch<T, 8>(g, smem, values, metadata, x, xs_k, y, ys_m, b, relu, mi, ki, x_vec, pdl);
     }
   };
   if (x.scalar_type() == at::kHalf) {
