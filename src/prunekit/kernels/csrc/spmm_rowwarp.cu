@@ -195,24 +195,26 @@ static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offse
   }
   if constexpr (NT * sizeof(T) % 16 == 0) {
     const int64_t smem_bytes = k * NT * static_cast<int64_t>(sizeof(T));
-    int dev = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&dev));
-    const prunekit_launch::DeviceProps props = prunekit_launch::device_props(dev);
-    if (stage_x && xv && k > 0 && smem_bytes <= props.max_smem) {
-      auto kernel = spmm_rowwarp_smem_kernel<T, I, NT, SW>;
-      static bool configured[64] = {};
-      prunekit_launch::raise_smem_limit(kernel, props.max_smem, configured);
-      const int64_t blocks_needed = (static_cast<int64_t>(m) * SW + 31) / 32;  // at least a warp of rows per block
-      const dim3 grid(static_cast<unsigned>(std::min<int64_t>(props.sms, blocks_needed)),
-                      (n + NT - 1) / NT);
-      PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
-      kernel<<<grid, kSmemThreads, smem_bytes, stream>>>(
-          reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
-          reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
-          reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<T*>(y.data_ptr()), y.stride(0),
-          y.stride(1), bias, relu, m, n, static_cast<int>(k));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return;
+    if (stage_x && xv && k > 0) {  // the device's limit is read only where the copy of X is possible
+      int dev = 0;
+      C10_CUDA_CHECK(cudaGetDevice(&dev));
+      const prunekit_launch::DeviceProps props = prunekit_launch::device_props(dev);
+      if (smem_bytes <= props.max_smem) {
+        auto kernel = spmm_rowwarp_smem_kernel<T, I, NT, SW>;
+        static bool configured[64] = {};
+        prunekit_launch::raise_smem_limit(kernel, props.max_smem, configured);
+        const int64_t blocks_needed = (static_cast<int64_t>(m) * SW + 31) / 32;  // at least a warp of rows per block
+        const dim3 grid(static_cast<unsigned>(std::min<int64_t>(props.sms, blocks_needed)),
+                        (n + NT - 1) / NT);
+        PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
+        kernel<<<grid, kSmemThreads, smem_bytes, stream>>>(
+            reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
+            reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
+            reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<T*>(y.data_ptr()), y.stride(0),
+            y.stride(1), bias, relu, m, n, static_cast<int>(k));
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        return;
+      }
     }
   }
   constexpr int kThreads = 256;
