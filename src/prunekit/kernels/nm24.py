@@ -103,6 +103,14 @@ def load(verbose: bool = False) -> Path | None:
     return build.load_extension(EXTENSION, verbose)
 
 
+def _ensure_loaded() -> None:
+    """:func:`load` on the first call; after it a flag (``is_loaded()`` costs microseconds per call)."""
+    global _state
+    if _state is not True:
+        load()
+        _state = True
+
+
 def available() -> bool:
     """True when the decode kernel loads (tried once per process; a failure is logged once and the 2:4 calls keep
     cuSPARSELt)."""
@@ -517,10 +525,7 @@ def spmv(
     Raises:
         KernelUnavailable: no GPU/compiler. RuntimeError: shapes, dtypes, alignment or devices the kernel does not take
         (C++ checks)."""
-    global _state
-    if _state is not True:  # as decode_mm: load once, then a flag
-        load()
-        _state = True
+    _ensure_loaded()
     return torch.ops.prunekit_nm24.spmv24.default(values, metadata, x, bias, relu, rows)
 
 
@@ -546,10 +551,7 @@ def decode_mm(
     Raises:
         KernelUnavailable: no GPU/compiler. RuntimeError: shapes that do not match the plan (C++ checks).
     """
-    global _state
-    if _state is not True:  # is_loaded() costs microseconds per call; after the first load a flag is enough
-        load()
-        _state = True
+    _ensure_loaded()
     if bias is not None and (bias.dtype is not x.dtype or not bias.is_contiguous()):
         bias = bias.to(dtype=x.dtype).contiguous()
     if x.shape[1] == 1 and spmv_takes(values, metadata, x, bits):

@@ -128,6 +128,18 @@ def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     return ops.bsr_mm(c("blocks"), c("crow_indices"), c("col_indices"), xt, layer.out_features, layer.bias)
 
 
+def _nm_decode_takes(layer: SparseLinear, x2d: torch.Tensor) -> bool:
+    """Whether the 2:4 decode kernels take this layer at ``x2d``'s N: its bias as the kernels read it (x's dtype,
+    contiguous), :func:`nm24.decode_takes` and the library loads."""
+    bias, p = layer.bias, layer.params
+    bias_ok = bias is None or (bias.dtype == x2d.dtype and bias.is_contiguous())
+    return (
+        bias_ok
+        and nm24.decode_takes(layer._buffers["w_values"], x2d.t(), int(p["n"]), int(p["m"]))
+        and nm24.available()
+    )
+
+
 def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     """Eager CUDA 2:4 at decode sizes: ``Y^T (N, out_features)`` from ``x2d (N, in_features)`` in one call of
     prunekit's 2:4 decode kernel (``nm24.linear`` with ``rows``: no transposes in Python), or None where it does not
@@ -142,13 +154,7 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         stamp = (values.data_ptr(), metadata.data_ptr())
         entry = layer._eager_plans.get(key)
         if entry is None or entry[0] != stamp:
-            p, bias = layer.params, layer.bias
-            takes = (
-                (bias is None or (bias.dtype == x2d.dtype and bias.is_contiguous()))
-                and nm24.decode_takes(values, x2d.t(), int(p["n"]), int(p["m"]))
-                and nm24.spmv_takes(values, metadata, x2d, int(p["bits"]))
-                and nm24.available()
-            )
+            takes = _nm_decode_takes(layer, x2d) and nm24.spmv_takes(values, metadata, x2d, int(layer.params["bits"]))
             entry = layer._eager_plans[key] = (stamp, takes)
         if entry[1]:
             return nm24.spmv(values, metadata, x2d, layer.bias, rows=True)
@@ -156,10 +162,8 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     entry = layer._eager_plans.get(key, _UNSET)
     stamp = (values.data_ptr(), tensor_version(values), metadata.data_ptr(), tensor_version(metadata))
     if entry is _UNSET or (entry is not None and entry[0] != stamp):
-        p, bias = layer.params, layer.bias
-        bias_ok = bias is None or (bias.dtype == x2d.dtype and bias.is_contiguous())
-        ok = bias_ok and nm24.decode_takes(values, x2d.t(), int(p["n"]), int(p["m"])) and nm24.available()
-        entry = (stamp, nm24.get_plan(values, metadata, int(p["bits"]), layer.in_features)) if ok else None
+        ok = _nm_decode_takes(layer, x2d)
+        entry = (stamp, nm24.get_plan(values, metadata, int(layer.params["bits"]), layer.in_features)) if ok else None
         layer._eager_plans[key] = entry
     return None if entry is None else nm24.linear(entry[1], x2d, layer.bias, rows=True)
 
