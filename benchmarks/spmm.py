@@ -11,9 +11,9 @@ layer output the way a user would call them:
 For fp16/bf16 and N <= 16 the run also times the tensor-core decode variant ``scatter`` and the CUDA-core rowwarp as
 ``auto`` runs it there, X gathered from global memory, and the bitmap decode kernel, all forced (``scatter_gpu_ms``,
 ``rowwarp_global_gpu_ms``, ``bitmap_gpu_ms``; ``scatter_gbps`` / ``bitmap_gbps`` count the plan's bytes, X and Y once).
-For fp16/bf16 and N >= TC_BENCH_MIN_N the same run also times the tensor-core variant (``variant="tc"``, transposed
-activations copied to row-major inside the call, so the copy is timed) and the CUDA-core ``direct`` variant forced
-(``tc_gpu_ms``, ``direct_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
+For fp16/bf16 and N > 16 it times the CUDA-core ``direct`` variant and the bitmap kernel (64-token blocks) forced,
+and from N >= TC_BENCH_MIN_N also the tensor-core variant (``variant="tc"``, transposed activations copied to
+row-major inside the call, so the copy is timed) (``direct_gpu_ms``, ``bitmap_gpu_ms``, ``tc_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
 build time of the plan on the GPU, first call only; later calls reuse the plan cached on the weight).
 
 Timing (docs/KERNELS.md "Measurement"): CUDA events; ``gpu_ms`` is the median over replays of a CUDA graph of many
@@ -193,9 +193,13 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
         dense_gpu = graph_time(dense)
         dense_eager = eager_time(dense)
         forced = {}
-        if tc_stats and n >= TC_BENCH_MIN_N:
-            forced.update(time_forced(("tc", "direct"), csrs, xs, m, ref, dense_gpu))
-            forced.update(tc_stats)
+        if dtype in gpu.TC_DTYPES and n > gpu.SCATTER_MAX_N:
+            # Wide N: the CUDA-core direct kernel and the bitmap kernel (64-token blocks) forced, and the tensor-core
+            # tc kernel from TC_BENCH_MIN_N
+            wide = ("tc", "direct", "bitmap") if tc_stats and n >= TC_BENCH_MIN_N else ("direct", "bitmap")
+            forced.update(time_forced(wide, csrs, xs, m, ref, dense_gpu))
+            if "tc" in wide:
+                forced.update(tc_stats)
         if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
             # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel as "auto" runs it at N <= 16
             # (X gathered from global memory: "rowwarp_global"; forced "rowwarp" would stage X in shared memory).
@@ -209,6 +213,7 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
             )
             forced["scatter_plan_mbytes"] = sc.nbytes / 1e6
             forced["scatter_gbps"] = sc_bytes / (forced["scatter_gpu_ms"] * 1e-3) / 1e9
+        if "bitmap_gpu_ms" in forced:
             bm = get_bitmap_plan(csrs[0]["values"], csrs[0]["row_offsets"], csrs[0]["column_indices"], m, k)
             forced["bitmap_plan_mbytes"] = bitmap_bytes(bm) / 1e6
             forced["bitmap_slot_words"] = bm.slot_words

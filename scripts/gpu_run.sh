@@ -22,6 +22,8 @@
 # `spmv24`: the 2:4 N = 1 kernel (csrc/structured/nm24/nm24_spmv.cu): tests, memcheck, nm.py at N = 1 with it and
 # without it, decode MLP chains at N = 1.
 #
+# `wide`: the bitmap kernel at N > 16: tests, memcheck, spmm.py at N = 32-256 (bitmap, direct, tc forced). Build first.
+#
 # `decodegrid`: spmm.py over the decode grid (N = 1 / 2 / 4 / 8 / 16, 70-95%, --overhead) and the MLP and q / k / v
 # chains.
 #
@@ -194,6 +196,25 @@ if [[ $MODE == spmv ]]; then
     env $(tr , " " <<< "${cfg#*:}") python3 benchmarks/spmm.py --dtypes float16 --ns 1 --sparsities ${SPMV_SPARSITIES:-0.7,0.8,0.9,0.95} \
       --out "$OUT/spmm-n1-$name-$DEV-$DATE.json" "$@" | tail -${SPMV_TAIL:-3}
   done
+fi
+
+if [[ $MODE == wide ]]; then
+  # The bitmap kernel at N > 16 (blocks of 64 tokens over grid z): its tests, a compute-sanitizer memcheck of the wide
+  # cases (clusters, atomics with the per-call workspace), then spmm.py at $WIDE_NS (default 32 / 64 / 128 / 256), where
+  # the bitmap, direct and tc kernels are forced beside "auto", dense cuBLAS and torch.sparse. Build both libraries first
+  # (NAMESPACES="prunekit_ext prunekit_nm24" bash scripts/gpu_session.sh build).
+  step wide tests
+  [[ -n ${WIDE_SKIP_TESTS:-} ]] || python3 -m pytest -q -p no:cacheprovider tests/kernels/test_spmm_bitmap.py 2>&1 | tail -15
+  step wide compute-sanitizer memcheck
+  [[ -n ${WIDE_SKIP_TESTS:-} ]] || timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
+    -p no:cacheprovider tests/kernels/test_spmm_bitmap.py -k "wide_n_k_chunks or (wide_n_matches and float16 and transposed)" \
+    > "$OUT/wide-memcheck.log" 2>&1
+  echo "compute-sanitizer memcheck exit code $?" | tee -a "$OUT/wide-memcheck.log"
+  tail -3 "$OUT/wide-memcheck.log"
+  step wide benchmark
+  python3 benchmarks/spmm.py --dtypes float16 --ns "${WIDE_NS:-32,64,128,256}" \
+    --sparsities "${WIDE_SPARSITIES:-0.7,0.8,0.9,0.95}" --time-budget-s "${WIDE_BUDGET_S:-300}" \
+    --out "$OUT/spmm-wide${WIDE_TAG:-}-$DEV-$DATE.json" "$@" | tail -${WIDE_TAIL:-3}
 fi
 
 if [[ $MODE == spmv24 ]]; then

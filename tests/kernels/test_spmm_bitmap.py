@@ -5,7 +5,7 @@ CPU (CI): the launcher's plan and its refusals; SparseLinear's eager route to th
 the kernel emulated from the plan. CUDA (``@pytest.mark.cuda``): the kernel against float64 with
 NaN-poisoned outputs on the edge-case shapes (empty rows, one non-zero, M = 1, odd K and N), N = 1..16, both X
 layouts, fp16/bf16, bias + ReLU, one and several k-chunks reduced in clusters and with atomics (more than 16 chunks,
-or ``$PRUNEKIT_NM24_CLUSTER=0``), repeated calls (the workspace must come back zero), a fully dense and an all-zero
+or ``$PRUNEKIT_NM24_CLUSTER=0``), N > 16 (blocks of 64 tokens over grid z) on the same cases, repeated calls (the workspace must come back zero), a fully dense and an all-zero
 weight, and CUDA-graph replay. The format's own CPU checks are in ``test_spmm_bitmap_plan.py``.
 """
 
@@ -31,6 +31,10 @@ from prunekit.kernels.testing import (
 
 DTYPES = [torch.float16, torch.bfloat16]
 SHAPES = [(m, k, n, sp, e) for (m, k, sp, e), n in zip(SPMM_EDGE_CASES, (1, 5, 3, 16, 9, 16, 1, 8, 13), strict=True)]
+# the same edge cases at N > 16 (blocks of 64 tokens; the last group partial, or exactly full at 64 and 128)
+WIDE_SHAPES = [
+    (m, k, n, sp, e) for (m, k, sp, e), n in zip(SPMM_EDGE_CASES, (17, 64, 65, 100, 128, 33, 129, 200, 71), strict=True)
+]
 
 
 def _run(c, x, m, bias, activation, out=None):
@@ -251,11 +255,84 @@ def test_bitmap_kernel_replays_in_a_cuda_graph():
 
 
 @pytest.mark.cuda
-def test_bitmap_variant_refuses_fp32_and_wide_x():
-    dense = random_sparse_weight(16, 64, 0.5, torch.float16, "cuda")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,k,n,sparsity,empty_rows", WIDE_SHAPES)
+@pytest.mark.parametrize("layout", ["transposed", "row_major"])
+def test_bitmap_kernel_wide_n_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout):
+    """N > 16: blocks of 64 tokens over grid z, the last group partial; both X layouts, a contiguous (M, N) output and
+    the launcher's own (transposed: Y's rows adjacent, written row-fastest by the cluster epilogue)."""
+    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
+    x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
+    for b, activation in ((bias, "relu"), (None, "none")):
+        ref = spmm_reference64(dense, x, b, activation)
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        for _ in range(2):
+            out.fill_(float("nan"))
+            y = _run(c, x, m, b, activation, out)
+            torch.cuda.synchronize()
+            assert relative_error(y, ref) <= TOLERANCE[dtype]
+            assert _clean(c, m, k)
+        y = _run(c, x, m, b, activation)
+        assert relative_error(y, ref) <= TOLERANCE[dtype]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("chunk,cluster", [(None, None), ("8", None), ("8", "0"), ("16", "0"), ("32", None)])
+def test_bitmap_kernel_wide_n_k_chunks_in_clusters_and_atomics(chunk, cluster, monkeypatch):
+    """N > 16 with the k-chunks reduced in clusters and with atomics (chunk 8: 20 chunks, more than a cluster; or
+    $PRUNEKIT_NM24_CLUSTER=0): the atomics add into a zeroed workspace of this call, so the plan's stays zero."""
+    if chunk is None:
+        monkeypatch.delenv(nm24.CHUNK_ENV, raising=False)
+    else:
+        monkeypatch.setenv(nm24.CHUNK_ENV, chunk)
+    if cluster is None:
+        monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
+    g = torch.Generator(device="cuda").manual_seed(13)
+    m, k = 300, 2500
+    dense = random_sparse_weight(m, k, 0.8, torch.float16, "cuda", g, empty_rows=5, single_rows=2)
     c = encode_csr(dense)
-    with pytest.raises(ValueError, match="N <= 16"):
-        _run(c, torch.randn(64, 17, device="cuda").half(), 16, None, "none")
+    bias = torch.randn(m, generator=g, device="cuda").half()
+    for n in (17, 63, 64, 65, 128, 200, 257):
+        x = torch.randn(n, k, generator=g, device="cuda").half().t()
+        ref = spmm_reference64(dense, x, bias, "relu")
+        for out in (torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda"), None):
+            y = _run(c, x, m, bias, "relu", out)
+            torch.cuda.synchronize()
+            assert relative_error(y, ref) <= TOLERANCE[torch.float16], (n, chunk, cluster)
+            assert _clean(c, m, k)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cluster", [None, "0"])
+def test_bitmap_kernel_wide_n_replays_in_a_cuda_graph(cluster, monkeypatch):
+    """N = 100 in a CUDA graph; with $PRUNEKIT_NM24_CLUSTER=0 the per-call workspace is allocated and zeroed inside
+    the capture."""
+    if cluster is None:
+        monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    m, k, n = 512, 1024, 100
+    dense = random_sparse_weight(m, k, 0.9, torch.float16, "cuda", g)
+    c = encode_csr(dense)
+    x2d = torch.randn(n, k, generator=g, device="cuda").half()
+    _run(c, x2d.t(), m, None, "none")  # warm-up: the plan exists before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = _run(c, x2d.t(), m, None, "none")
+    for _ in range(3):
+        x2d.copy_(torch.randn(n, k, generator=g, device="cuda").half())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(yg, spmm_reference64(dense, x2d.t(), None, "none")) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
+def test_bitmap_variant_refuses_fp32():
+    dense = random_sparse_weight(16, 64, 0.5, torch.float16, "cuda")
     c32 = encode_csr(dense.float())
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         _run(c32, torch.randn(64, 4, device="cuda"), 16, None, "none")

@@ -571,15 +571,14 @@ def _bitmap_mm(
 ) -> None:
     """``y (M, N) = act(A @ x + bias)`` with the bitmap decode kernel (``prunekit_nm24::bitmap_mm``, loaded on first
     use); the plan is built once per weight and cached on its values tensor. ``csr``: (values, row_offsets,
-    column_indices) as stored; ``x``: ``(K, N)`` with N <= 16, any strides.
+    column_indices) as stored; ``x``: ``(K, N)``, any strides. N <= 16 runs one block per (row block, k-chunk); N > 16
+    runs blocks of 64 tokens (grid z over token groups), each decoding the weight again.
 
     Raises:
-        ValueError: not fp16/bf16, or N > 16. KernelUnavailable: the library does not build or load here.
+        ValueError: not fp16/bf16. KernelUnavailable: the library does not build or load here.
     """
     if x.dtype not in TC_DTYPES:
         raise ValueError(f"the bitmap SpMM (variant='bitmap') takes float16 or bfloat16, got {x.dtype}")
-    if x.shape[1] > BITMAP_MAX_N:
-        raise ValueError(f"variant='bitmap' takes N <= {BITMAP_MAX_N} columns of x, got {x.shape[1]}")
     nm24.load()
     bp = get_bitmap_plan(*csr, m, x.shape[0])
     chunk = nm24.plan_chunk(bp.strips, bp.ksteps, _sm_count(x.device))

@@ -90,7 +90,8 @@ using prunekit::MmaSp;
 constexpr int kWarps = 8;             // strips per row block (= nm24.STRIPS_PER_BLOCK)
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBatch = 8;             // k-step alignment of K and of the chunks (= nm24.KSTEP_ALIGN)
-constexpr int kTokens = 16;           // N <= 16
+constexpr int kTokens = 16;           // tokens per block at N <= 16, and per row of a plan's k-split workspace
+constexpr int kWideNt = 8;            // bitmap at N > 16: mma n-tiles (8 tokens each) per block, grid z = token groups
 constexpr int kMaxChunk = 64;         // k-steps per block: 32 KB of staged X (= nm24.MAX_CHUNK)
 constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTER; over 8 is non-portable)
 // inner products (template V, the plan's variant): register expansion of 2:4 groups + mma.sync, mma.sp, and the
@@ -144,6 +145,7 @@ struct Params {
   int cluster;  // 1: the grid's k-chunks are clusters, reduced through distributed shared memory (sm_90)
   int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads
   int pdl;    // launched with programmatic stream serialization (sm_90, cluster reduction; $PRUNEKIT_NM24_PDL=0: off)
+  int ws_ld;  // floats per row of ws: kTokens (the plan's), or N rounded up to even (a per-call one at N > 16)
   // bitmap (V = kBitmap): vals are the present pair words, meta the tile headers (strips, ksteps, 5), boff the batch
   // offsets (strips, ksteps / 8 + 1); a ring slot is slot_bytes (headers, then words), a warp's ring wstride bytes
   const int* boff;
@@ -190,9 +192,13 @@ __device__ __forceinline__ uint32_t prmt0(uint32_t v, uint32_t sel) {
   return d;
 }
 
+// token tiles of 8 per k-step in the staged X: at least 2 (the 2:4 paths' layout at N <= 8 too)
+__host__ __device__ constexpr int x_tiles(int nt) { return nt > 2 ? nt : 2; }
+
+template <int NT>
 __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
   // fragment-order X: [k-step][token tile][lane], lanes XOR-swizzled by k-step (2-way store conflicts, reads free)
-  return (ks * 2 + nt) * 32 + (lane ^ ((ks & 7) << 2));
+  return (ks * x_tiles(NT) + nt) * 32 + (lane ^ ((ks & 7) << 2));
 }
 
 template <typename T, int NT, int V, int R, int B>
@@ -215,6 +221,9 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const int nks = min(p.chunk, p.ksteps - ks0);  // a multiple of kBatch, so of B
   const int batches = nks / B;
   const bool active = strip < p.strips;
+  // this block's tokens: tok0 .. tok0 + NT * 8 - 1 (grid z: groups of NT * 8 tokens, bitmap at N > 16), nloc of them
+  const int tok0 = blockIdx.z * NT * 8;
+  const int nloc = min(NT * 8, p.n - tok0);
   const int kpairs = p.ksteps / 2, kquads = p.ksteps / 4;
   const uint4* vrow = p.vals + (static_cast<int64_t>(strip) * kpairs + ks0 / 2) * 32 + lane;
   // meta: 32 words per (strip, k-quad) (prmt), or 16 words per (strip, k32) (SP: lanes t < 2 of each quad)
@@ -276,7 +285,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   }
 
   // X[k0 + c][token] for c < nks * 16, tokens < 16, zero outside X: cp.async where a whole 8-byte item is in X
-  const T* x = static_cast<const T*>(p.x);
+  const T* x = static_cast<const T*>(p.x) + static_cast<int64_t>(tok0) * p.x_sn;
   const int groups = nks * 4;
   const int kcol0 = ks0 * 16;
   const bool vec = p.x_vec;
@@ -293,11 +302,11 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       for (int tok = 0; tok < NT * 8; ++tok) {
         uint32_t* dst = xw + ((k32 * 2 + (tok >> 3)) * 32 + (tok & 7) * 4 + (q & 3)) * 4 + (q >> 2);
         const T* s_tok = src + static_cast<int64_t>(tok) * p.x_sn;
-        if (tok < p.n && full) {
+        if (tok < nloc && full) {
           cp_async4(dst, s_tok);
           continue;
         }
-        *dst = tok < p.n ? x_pair(s_tok, col, p.k, p.x_sk) : 0u;
+        *dst = tok < nloc ? x_pair(s_tok, col, p.k, p.x_sk) : 0u;
       }
     }
   }
@@ -308,13 +317,13 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     const bool full = vec && col + 3 < p.k;
 #pragma unroll
     for (int tok = 0; tok < NT * 8; ++tok) {
-      uint2* dst = xs + stage_slot(ks, tok >> 3, (tok & 7) * 4 + t);
+      uint2* dst = xs + stage_slot<NT>(ks, tok >> 3, (tok & 7) * 4 + t);
       const T* s_tok = src + static_cast<int64_t>(tok) * p.x_sn;
-      if (tok < p.n && full) {
+      if (tok < nloc && full) {
         cp_async8(dst, s_tok);
         continue;
       }
-      *dst = tok < p.n ? make_uint2(x_pair(s_tok, col, p.k, p.x_sk), x_pair(s_tok + 2 * p.x_sk, col + 2, p.k, p.x_sk))
+      *dst = tok < nloc ? make_uint2(x_pair(s_tok, col, p.k, p.x_sk), x_pair(s_tok + 2 * p.x_sk, col + 2, p.k, p.x_sk))
                        : make_uint2(0u, 0u);
     }
   }
@@ -370,7 +379,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
           const int ks = b * B + s;
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            const uint2 bx = xs[stage_slot(ks, nt, lane)];
+            const uint2 bx = xs[stage_slot<NT>(ks, nt, lane)];
             Mma<T>::run(acc[nt], a, bx.x, bx.y);
           }
         }
@@ -411,7 +420,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
         const int ks = b * B + s;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint2 bx = xs[stage_slot(ks, nt, lane)];
+          const uint2 bx = xs[stage_slot<NT>(ks, nt, lane)];
           Mma<T>::run(acc[nt], a, bx.x, bx.y);
         }
       }
@@ -423,11 +432,18 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   if (p.probe & 1) return;
   const int g = lane >> 2, t = lane & 3;
   const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y);
+  T* y = static_cast<T*>(p.y) + static_cast<int64_t>(tok0) * p.y_sn;
+  // Wide blocks (NT > 2: bitmap at N > 16) keep 16 x 64 partial sums per warp, rows padded by one float, and read them
+  // back row-fastest where Y's rows are adjacent (y_sm == 1: the transposed output of nn.Linear-shaped calls), so a
+  // warp writes 32 consecutive outputs of one token instead of 32 tokens M elements apart.
+  constexpr bool kWide = NT > 2;
+  constexpr int kTok = kWide ? NT * 8 : kTokens;   // tokens per block
+  constexpr int kPartLd = kWide ? kTok + 1 : kTok;  // floats per row of a warp's partial sums
+  const bool row_fast = kWide && p.y_sm == 1;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) {
-    // The k-chunks of this row block are one thread-block cluster: each warp leaves its 16 x 16 partial sums in its
-    // own (now idle) ring, and after the cluster barrier block rank r adds up its share of the 128 x 16 outputs from
+    // The k-chunks of this row block are one thread-block cluster: each warp leaves its 16 x kTok partial sums in its
+    // own (now idle) ring, and after the cluster barrier block rank r adds up its share of the 128 x kTok outputs from
     // every block's shared memory (distributed shared memory), with no global atomics, fences or counters.
     float* part = reinterpret_cast<float*>(BM ? wring : reinterpret_cast<unsigned char*>(ring_v));
     __syncwarp();  // other lanes' ring reads are done before this warp overwrites the ring
@@ -435,26 +451,28 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) part[(g + (i >> 1) * 8) * kTokens + nt * 8 + 2 * t + (i & 1)] = acc[nt][i];
+        for (int i = 0; i < 4; ++i) part[(g + (i >> 1) * 8) * kPartLd + nt * 8 + 2 * t + (i & 1)] = acc[nt][i];
     }
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
     // each thread's outputs (at most kMaxOuts for 2+ chunks): the sums are read from every block first, then this
     // block tells the cluster it is done reading (arrive) and writes Y while the others finish; it leaves only after
     // every block has arrived (wait), so no shared memory is read after its block left
-    constexpr int kMaxOuts = kWarps * 16 * kTokens / (2 * kThreads);
+    constexpr int kOuts = kWarps * 16 * kTok;
+    constexpr int kMaxOuts = kOuts / (2 * kThreads);
     const int rank = static_cast<int>(cluster.block_rank());
     const int stride = kThreads * p.chunks;
+    const int warp_floats = BM ? p.wstride / 4 : R * kBatchVals * 4;  // one warp's ring, in floats
     float sums[kMaxOuts];
 #pragma unroll
     for (int o = 0; o < kMaxOuts; ++o) {
       const int e = rank * kThreads + tid + o * stride;
-      const int row_local = e / kTokens, tok = e % kTokens;
+      const int row_local = row_fast ? e % (kWarps * 16) : e / kTok;
+      const int tok = row_fast ? e / (kWarps * 16) : e % kTok;
       sums[o] = 0.f;
-      if (e < kWarps * 16 * kTokens && tok < p.n) {
-        const int warp_floats = BM ? p.wstride / 4 : R * kBatchVals * 4;  // one warp's ring, in floats
+      if (e < kOuts && tok < nloc) {
         float* local =
-            reinterpret_cast<float*>(smem) + (row_local >> 4) * warp_floats + (row_local & 15) * kTokens + tok;
+            reinterpret_cast<float*>(smem) + (row_local >> 4) * warp_floats + (row_local & 15) * kPartLd + tok;
         float parts[kMaxCluster];
 #pragma unroll
         for (int r = 0; r < kMaxCluster; ++r) parts[r] = r < p.chunks ? *cluster.map_shared_rank(local, r) : 0.f;
@@ -466,8 +484,9 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
     for (int o = 0; o < kMaxOuts; ++o) {
       const int e = rank * kThreads + tid + o * stride;
-      const int row = blockIdx.x * kWarps * 16 + e / kTokens, tok = e % kTokens;
-      if (e < kWarps * 16 * kTokens && row < p.m && tok < p.n) {
+      const int row = blockIdx.x * kWarps * 16 + (row_fast ? e % (kWarps * 16) : e / kTok);
+      const int tok = row_fast ? e / (kWarps * 16) : e % kTok;
+      if (e < kOuts && row < p.m && tok < nloc) {
         float val = sums[o] + (bias ? to_float(bias[row]) : 0.f);
         if (p.relu) val = fmaxf(val, 0.f);
         y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
@@ -484,7 +503,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = strip * 16 + g + (i >> 1) * 8, tok = nt * 8 + 2 * t + (i & 1);
-        if (row < p.m && tok < p.n) {
+        if (row < p.m && tok < nloc) {
           float val = acc[nt][i] + (bias ? to_float(bias[row]) : 0.f);
           if (p.relu) val = fmaxf(val, 0.f);
           y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
@@ -492,39 +511,44 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       }
     return;
   }
+  // k-chunks added in the workspace (tokens tok0 ..: ws_ld is even, so tok0 + tok is 8-byte aligned); the last block
+  // of this row block and token group finishes
+  float* ws = p.ws + tok0;
+  int* counter = p.counters + static_cast<int64_t>(blockIdx.z) * gridDim.x + blockIdx.x;
   if (active) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // tokens 2t, 2t + 1 of one row are adjacent in ws: one 8-byte reduction
         const int row = strip * 16 + g + h * 8, tok = nt * 8 + 2 * t;
-        if (row < p.m && tok < p.n) {
-          red_add2(p.ws + static_cast<int64_t>(row) * kTokens + tok, acc[nt][2 * h], acc[nt][2 * h + 1]);
+        if (row < p.m && tok < nloc) {
+          red_add2(ws + static_cast<int64_t>(row) * p.ws_ld + tok, acc[nt][2 * h], acc[nt][2 * h + 1]);
         }
       }
   }
   __threadfence();
   __syncthreads();
-  if (tid == 0) last_flag = atomicAdd(p.counters + blockIdx.x, 1) == p.chunks - 1;
+  if (tid == 0) last_flag = atomicAdd(counter, 1) == p.chunks - 1;
   __syncthreads();
   if (!last_flag) return;
   __threadfence();
   const int row0 = blockIdx.x * kWarps * 16;
-  for (int idx = tid; idx < kWarps * 16 * kTokens; idx += kThreads) {
-    const int row = row0 + idx / kTokens, tok = idx % kTokens;
-    if (row < p.m && tok < p.n) {
-      float* cell = p.ws + static_cast<int64_t>(row) * kTokens + tok;
+  for (int idx = tid; idx < kWarps * 16 * kTok; idx += kThreads) {
+    const int row = row0 + idx / kTok, tok = idx % kTok;
+    if (row < p.m && tok < nloc) {
+      float* cell = ws + static_cast<int64_t>(row) * p.ws_ld + tok;
       float val = __ldcg(cell) + (bias ? to_float(bias[row]) : 0.f);
       *cell = 0.f;
       if (p.relu) val = fmaxf(val, 0.f);
       y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
     }
   }
-  if (tid == 0) p.counters[blockIdx.x] = 0;
+  if (tid == 0) *counter = 0;
 }
 
 template <typename T, int NT, int V, int R, int B>
 void launch(Params p, int row_blocks, cudaStream_t stream) {
+  const int token_groups = (p.n + NT * 8 - 1) / (NT * 8);  // grid z: 1 at N <= 16
   static std::atomic<uint64_t> opted_in{0};  // above the default 48 KB: opt in once per instance and device
   static std::atomic<int> optin_of[64] = {};  // the device's shared memory per block with opt-in, 0: not asked yet
   int device = 0;
@@ -541,7 +565,7 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   const size_t max_smem = V == kBitmap ? static_cast<size_t>(optin)
                                        : ring_bytes(R, B) + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
   const size_t smem = (V == kBitmap ? static_cast<size_t>(kWarps) * p.wstride : ring_bytes(R, B)) +
-                      static_cast<size_t>(p.chunk) * 2 * 32 * sizeof(uint2);
+                      static_cast<size_t>(p.chunk) * x_tiles(NT) * 32 * sizeof(uint2);
   PRUNEKIT_CHECK(smem <= max_smem, "nm24: the weight's densest batch needs ", smem, " bytes of shared memory per block, ",
               "over the device's ", max_smem, " (too dense for the bitmap decode kernel)");
   const uint64_t bit = uint64_t{1} << (device & 63);
@@ -562,7 +586,7 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   }
   if (major < 9) p.cluster = 0, p.pdl = 0;
   if (!p.cluster && !p.pdl) {
-    nm24_decode_kernel<T, NT, V, R, B><<<dim3(row_blocks, p.chunks), kThreads, smem, stream>>>(p);
+    nm24_decode_kernel<T, NT, V, R, B><<<dim3(row_blocks, p.chunks, token_groups), kThreads, smem, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -573,7 +597,7 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
     non_portable.fetch_or(bit, std::memory_order_relaxed);
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(row_blocks, p.chunks, 1);
+  cfg.gridDim = dim3(row_blocks, p.chunks, token_groups);
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -600,7 +624,9 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
 // 3 x 8 and 5 x 8
 template <typename T>
 void dispatch(const Params& p, int rb, cudaStream_t stream, int variant, bool two, int ring, int batch) {
-  if (variant == kPrmt) {
+  if (variant == kBitmap && p.n > kTokens) {
+    launch<T, kWideNt, kBitmap, 3, 8>(p, rb, stream);  // N > 16: blocks of 64 tokens, the 3-batch ring
+  } else if (variant == kPrmt) {
     two ? launch<T, 2, kPrmt, 3, 8>(p, rb, stream) : launch<T, 1, kPrmt, 3, 8>(p, rb, stream);
   } else if (variant == kBitmap && ring == 5) {
     two ? launch<T, 2, kBitmap, 5, 8>(p, rb, stream) : launch<T, 1, kBitmap, 5, 8>(p, rb, stream);
@@ -640,7 +666,9 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   PRUNEKIT_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "nm24: x must be fp16 or bf16");
   PRUNEKIT_CHECK(y.scalar_type() == x.scalar_type() && y.device() == x.device(), "nm24: y must have x's dtype and GPU");
   const int64_t k = x.size(0), n = x.size(1), m = v.m;
-  PRUNEKIT_CHECK(n >= 1 && n <= kTokens, "nm24: N must be 1..16, got ", n);
+  PRUNEKIT_CHECK(n >= 1 && (n <= kTokens || v.variant == kBitmap), "nm24: N must be 1..16 (any N >= 1 with the ",
+                 "bitmap variant), got ", n);
+  PRUNEKIT_CHECK(n <= kTokens || (n + kWideNt * 8 - 1) / (kWideNt * 8) <= 65535, "nm24: N = ", n, " is too large");
   PRUNEKIT_CHECK(v.ksteps % kBatch == 0 && k <= v.ksteps * 16 && k > (v.ksteps - kBatch) * 16,
               "nm24: x has ", k, " rows, the plan ", v.ksteps, " k-steps");
   PRUNEKIT_CHECK(m >= 1 && m <= v.strips * 16 && m > (v.strips - 1) * 16 && y.size(0) == m && y.size(1) == n,
@@ -676,11 +704,14 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   if (v.variant == kBitmap) {
     PRUNEKIT_CHECK(v.slot_words >= 4 && v.slot_words % 4 == 0 && v.slot_words <= (1 << 20) && v.boff != nullptr,
                 "nm24: bad bitmap slot size ", v.slot_words);
-    // a slot: the batch's headers, then its words; at least 1 KB per warp ring (the cluster epilogue's 16 x 16 sums)
-    const int64_t slot = std::max<int64_t>(kBatch * kHeaderWords * 4 + v.slot_words * 4, 352);
+    // a slot: the batch's headers, then its words; the warp's ring also holds the cluster epilogue's partial sums:
+    // 16 x 16 floats (1 KB) at N <= 16, 16 x 65 (the padded 64-token rows) above
+    const int64_t ring = n > kTokens ? 3 : v.ring;  // N > 16: the 3-batch ring only (dispatch)
+    const int64_t part_bytes = n > kTokens ? 16 * (kWideNt * 8 + 1) * 4 : 16 * kTokens * 4;
+    const int64_t slot = std::max<int64_t>(kBatch * kHeaderWords * 4 + v.slot_words * 4, (part_bytes + ring - 1) / ring);
     p.boff = v.boff;
     p.slot_bytes = static_cast<int>((slot + 15) / 16 * 16);
-    p.wstride = static_cast<int>(v.ring) * p.slot_bytes;
+    p.wstride = static_cast<int>(ring) * p.slot_bytes;
   }
   static const int probe = [] {
     const char* env = std::getenv("PRUNEKIT_NM24_PROBE");
@@ -690,7 +721,20 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   // k-chunks reduced in a cluster on sm_90 (2..16 chunks; $PRUNEKIT_NM24_CLUSTER=0: global atomics, as on sm_80)
   const char* cluster_var = std::getenv("PRUNEKIT_NM24_CLUSTER");
   const bool cluster_env = cluster_var == nullptr || std::strcmp(cluster_var, "0") != 0;
-  p.cluster = cluster_env && chunks > 1 && chunks <= kMaxCluster;  // launch() clears it below sm_90
+  const c10::cuda::CUDAGuard guard(x.device());
+  p.cluster = cluster_env && chunks > 1 && chunks <= kMaxCluster && prunekit_launch::device_props(x.get_device()).major >= 9;
+  // N > 16 (bitmap) with k-chunks added through global atomics: the plan's workspace holds 16 tokens per row, so this
+  // call gets its own zeroed (M, N rounded up to even) fp32 workspace and counters per (row block, token group)
+  at::Tensor call_ws, call_counters;
+  p.ws_ld = kTokens;
+  if (n > kTokens && chunks > 1 && !p.cluster) {
+    const int64_t ld = (n + 1) / 2 * 2, groups = (n + kWideNt * 8 - 1) / (kWideNt * 8);
+    call_ws = at::zeros({v.strips * 16 * ld}, x.options().dtype(at::kFloat));
+    call_counters = at::zeros({row_blocks * groups}, x.options().dtype(at::kInt));
+    p.ws = call_ws.data_ptr<float>();
+    p.counters = call_counters.data_ptr<int>();
+    p.ws_ld = static_cast<int>(ld);
+  }
   // Programmatic dependent launch, on by default with the cluster reduction ($PRUNEKIT_NM24_PDL=0: off; launch() clears
   // it below sm_90). On the H100, calls of one layer back to back took 0.1-1.8 us less each (of 4-28 us), but 1-1.5 us
   // more at 4096 x 11008, whose 22 k-chunks use the atomics, hence not there (benchmarks/results/{spmm-bitmap,
@@ -700,7 +744,6 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
   p.pdl = p.cluster && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0) ? 1 : 0;
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
-  const c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int rb = static_cast<int>(row_blocks);
   const bool two = n > 8;
