@@ -310,7 +310,26 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       }
     }
   }
-  for (int cg = tid; !SP && cg < groups; cg += kThreads) {
+  // N > 16 (NT > 2): 16-byte items, 8 columns of one token = the fragment slots of groups t and t + 1 (t even: adjacent
+  // under the swizzle), consecutive threads along K (coalesced), zero past X
+  constexpr bool kWideX = NT > 2;
+  const bool vec16 = vec && p.x_sn % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  for (int it = tid; kWideX && it < nks * 2 * NT * 8; it += kThreads) {
+    const int q = it % (nks * 2), tok = it / (nks * 2);
+    const int col = kcol0 + q * 8, ks = q >> 1, t = (q & 1) * 2;
+    uint2* dst = xs + stage_slot<NT>(ks, tok >> 3, (tok & 7) * 4 + t);
+    const T* s_tok = x + static_cast<int64_t>(col) * p.x_sk + static_cast<int64_t>(tok) * p.x_sn;
+    if (tok < nloc && vec16 && col + 7 < p.k) {
+      cp_async16(dst, s_tok);
+    } else if (tok < nloc) {
+      dst[0] = make_uint2(x_pair(s_tok, col, p.k, p.x_sk), x_pair(s_tok + 2 * p.x_sk, col + 2, p.k, p.x_sk));
+      dst[1] = make_uint2(x_pair(s_tok + 4 * p.x_sk, col + 4, p.k, p.x_sk),
+                          x_pair(s_tok + 6 * p.x_sk, col + 6, p.k, p.x_sk));
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  for (int cg = tid; !SP && !kWideX && cg < groups; cg += kThreads) {
     const int col = kcol0 + cg * 4;
     const int ks = cg >> 2, t = cg & 3;
     const T* src = x + static_cast<int64_t>(col) * p.x_sk;
@@ -343,6 +362,12 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
+  // bitmap at N > 16: X fragments of the current k-step (the loop loads the next one's ahead)
+  uint2 bx[NT > 2 ? NT : 1];
+  if constexpr (NT > 2) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) bx[nt] = xs[stage_slot<NT>(0, nt, lane)];
+  }
   if (active && !(p.probe & 2)) {
     for (int b = 0; b < batches; ++b) {
       if (SP || BM) __syncwarp();  // the lanes are done reading the ring slot the next issue refills (shared data)
@@ -363,6 +388,16 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
         // masking it 5-10% slower: benchmarks/results/spmm-bitmap-{old,base,masked}-h100-2026-11-25-s11.json).
 #pragma unroll
         for (int s = 0; s < B; ++s) {
+          const int ks = b * B + s;
+          // NT > 2: the next k-step's X fragments are loaded while this one's are multiplied (the last k-step loads
+          // its own again), so each fragment has its own registers: loaded just before its mma, the compiler reused
+          // one register pair for all eight, and each load waited for the previous mma (8 latencies per tile)
+          uint2 bxn[NT > 2 ? NT : 1];
+          if constexpr (NT > 2) {
+            const int kn = min(ks + 1, nks - 1);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) bxn[nt] = xs[stage_slot<NT>(kn, nt, lane)];
+          }
           const uint32_t mw = hb[s * kHeaderWords + w];
           const uint32_t cw = hb[s * kHeaderWords + 4];
           const uint32_t nib = (mw >> sh) & 15u;
@@ -376,11 +411,18 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
           off += (nib >> 2) & 1u;
           a.w = (nib & 8u) ? wb[off] : 0u;
           base += static_cast<int>(cw & 0xffu);
-          const int ks = b * B + s;
+          if constexpr (NT > 2) {
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint2 bx = xs[stage_slot<NT>(ks, nt, lane)];
-            Mma<T>::run(acc[nt], a, bx.x, bx.y);
+            for (int nt = 0; nt < NT; ++nt) {
+              Mma<T>::run(acc[nt], a, bx[nt].x, bx[nt].y);
+              bx[nt] = bxn[nt];
+            }
+          } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint2 bx = xs[stage_slot<NT>(ks, nt, lane)];
+              Mma<T>::run(acc[nt], a, bx.x, bx.y);
+            }
           }
         }
         continue;
@@ -433,13 +475,18 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const int g = lane >> 2, t = lane & 3;
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y) + static_cast<int64_t>(tok0) * p.y_sn;
-  // Wide blocks (NT > 2: bitmap at N > 16) keep 16 x 64 partial sums per warp, rows padded by one float, and read them
-  // back row-fastest where Y's rows are adjacent (y_sm == 1: the transposed output of nn.Linear-shaped calls), so a
-  // warp writes 32 consecutive outputs of one token instead of 32 tokens M elements apart.
+  // Wide blocks (NT > 2: bitmap at N > 16) read their outputs back row-fastest where Y's rows are adjacent (y_sm == 1:
+  // the transposed output of nn.Linear-shaped calls), so a warp writes 32 consecutive outputs of one token instead of
+  // 32 tokens M elements apart. Their warps' partial sums are then token-major (16 rows + 1 pad per token), so that
+  // those reads are contiguous too (row-major reads 260 bytes apart cost one distributed-shared-memory transaction per
+  // lane: 43 of 69 us at 4096 x 4096, N = 64 on the H100); else row-major, 64 tokens + 1 pad per row.
   constexpr bool kWide = NT > 2;
   constexpr int kTok = kWide ? NT * 8 : kTokens;   // tokens per block
-  constexpr int kPartLd = kWide ? kTok + 1 : kTok;  // floats per row of a warp's partial sums
+  constexpr int kPartLd = kWide ? kTok + 1 : kTok;  // floats per row of a warp's row-major partial sums
+  constexpr int kPartTd = 17;                       // floats per token of a warp's token-major partial sums
   const bool row_fast = kWide && p.y_sm == 1;
+  // where partial sum (row r of the warp's 16, token c) lives in the warp's buffer
+  auto part_at = [&](int r, int c) { return row_fast ? c * kPartTd + r : r * kPartLd + c; };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster) {
     // The k-chunks of this row block are one thread-block cluster: each warp leaves its 16 x kTok partial sums in its
@@ -451,7 +498,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) part[(g + (i >> 1) * 8) * kPartLd + nt * 8 + 2 * t + (i & 1)] = acc[nt][i];
+        for (int i = 0; i < 4; ++i) part[part_at(g + (i >> 1) * 8, nt * 8 + 2 * t + (i & 1))] = acc[nt][i];
     }
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
@@ -471,8 +518,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       const int tok = row_fast ? e / (kWarps * 16) : e % kTok;
       sums[o] = 0.f;
       if (e < kOuts && tok < nloc) {
-        float* local =
-            reinterpret_cast<float*>(smem) + (row_local >> 4) * warp_floats + (row_local & 15) * kPartLd + tok;
+        float* local = reinterpret_cast<float*>(smem) + (row_local >> 4) * warp_floats + part_at(row_local & 15, tok);
         float parts[kMaxCluster];
 #pragma unroll
         for (int r = 0; r < kMaxCluster; ++r) parts[r] = r < p.chunks ? *cluster.map_shared_rank(local, r) : 0.f;
@@ -705,9 +751,9 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
     PRUNEKIT_CHECK(v.slot_words >= 4 && v.slot_words % 4 == 0 && v.slot_words <= (1 << 20) && v.boff != nullptr,
                 "nm24: bad bitmap slot size ", v.slot_words);
     // a slot: the batch's headers, then its words; the warp's ring also holds the cluster epilogue's partial sums:
-    // 16 x 16 floats (1 KB) at N <= 16, 16 x 65 (the padded 64-token rows) above
+    // 16 x 16 floats (1 KB) at N <= 16, 64 x 17 above (token-major, padded; row-major needs 16 x 65)
     const int64_t ring = n > kTokens ? 3 : v.ring;  // N > 16: the 3-batch ring only (dispatch)
-    const int64_t part_bytes = n > kTokens ? 16 * (kWideNt * 8 + 1) * 4 : 16 * kTokens * 4;
+    const int64_t part_bytes = n > kTokens ? std::max(16 * (kWideNt * 8 + 1), kWideNt * 8 * 17) * 4 : 16 * kTokens * 4;
     const int64_t slot = std::max<int64_t>(kBatch * kHeaderWords * 4 + v.slot_words * 4, (part_bytes + ring - 1) / ring);
     p.boff = v.boff;
     p.slot_bytes = static_cast<int>((slot + 15) / 16 * 16);
