@@ -259,7 +259,7 @@ def test_bitmap_kernel_replays_in_a_cuda_graph():
 @pytest.mark.parametrize("m,k,n,sparsity,empty_rows", WIDE_SHAPES)
 @pytest.mark.parametrize("layout", ["transposed", "row_major"])
 def test_bitmap_kernel_wide_n_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout):
-    """N > 16: blocks of 64 tokens over grid z, the last group partial; both X layouts, a contiguous (M, N) output and
+    """N > 16: one block of 32 tokens at N <= 32, else blocks of 64 tokens over grid z, the last group partial; both X layouts, a contiguous (M, N) output and
     the launcher's own (transposed: Y's rows adjacent, written row-fastest by the cluster epilogue)."""
     dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
     x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
@@ -294,7 +294,7 @@ def test_bitmap_kernel_wide_n_k_chunks_in_clusters_and_atomics(chunk, cluster, m
     dense = random_sparse_weight(m, k, 0.8, torch.float16, "cuda", g, empty_rows=5, single_rows=2)
     c = encode_csr(dense)
     bias = torch.randn(m, generator=g, device="cuda").half()
-    for n in (17, 63, 64, 65, 128, 200, 257):
+    for n in (17, 24, 32, 33, 64, 65, 128, 200, 257):
         x = torch.randn(n, k, generator=g, device="cuda").half().t()
         ref = spmm_reference64(dense, x, bias, "relu")
         for out in (torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda"), None):

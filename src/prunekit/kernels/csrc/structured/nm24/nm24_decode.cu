@@ -91,7 +91,8 @@ constexpr int kWarps = 8;             // strips per row block (= nm24.STRIPS_PER
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBatch = 8;             // k-step alignment of K and of the chunks (= nm24.KSTEP_ALIGN)
 constexpr int kTokens = 16;           // tokens per block at N <= 16, and per row of a plan's k-split workspace
-constexpr int kWideNt = 8;            // bitmap at N > 16: mma n-tiles (8 tokens each) per block, grid z = token groups
+constexpr int kWideNt = 8;            // bitmap at N > 32: mma n-tiles (8 tokens each) per block, grid z = token groups
+                                      // (at N 17-32 half of it: one block of 32 tokens)
 constexpr int kMaxChunk = 64;         // k-steps per block: 32 KB of staged X (= nm24.MAX_CHUNK)
 constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTER; over 8 is non-portable)
 // inner products (template V, the plan's variant): register expansion of 2:4 groups + mma.sync, mma.sp, and the
@@ -670,8 +671,10 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
 // 3 x 8 and 5 x 8
 template <typename T>
 void dispatch(const Params& p, int rb, cudaStream_t stream, int variant, bool two, int ring, int batch) {
-  if (variant == kBitmap && p.n > kTokens) {
-    launch<T, kWideNt, kBitmap, 3, 8>(p, rb, stream);  // N > 16: blocks of 64 tokens, the 3-batch ring
+  if (variant == kBitmap && p.n > 2 * kTokens) {
+    launch<T, kWideNt, kBitmap, 3, 8>(p, rb, stream);  // N > 32: blocks of 64 tokens, the 3-batch ring
+  } else if (variant == kBitmap && p.n > kTokens) {
+    launch<T, kWideNt / 2, kBitmap, 3, 8>(p, rb, stream);  // N 17-32: one block of 32 tokens
   } else if (variant == kPrmt) {
     two ? launch<T, 2, kPrmt, 3, 8>(p, rb, stream) : launch<T, 1, kPrmt, 3, 8>(p, rb, stream);
   } else if (variant == kBitmap && ring == 5) {
