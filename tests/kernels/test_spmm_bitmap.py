@@ -88,7 +88,7 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
         for n in (9, 12, 15):
             assert [auto(m, k, n, s) for s in sparsities] == ["bitmap"] * 6 + ["rowwarp"], (m, k, n)
         assert [auto(m, k, 16, s) for s in sparsities] == ["bitmap"] * 5 + ["rowwarp"] * 2, (m, k)
-    assert [auto(4096, 4096, n, 0.8) for n in (1, 2, 8, 9, 16, 17)] == ["rowwarp"] + ["bitmap"] * 4 + ["rowwarp"]
+    assert [auto(4096, 4096, n, 0.8) for n in (1, 2, 8, 9, 16, 17)] == ["rowwarp"] + ["bitmap"] * 5
     assert [gpu.bitmap_min_density_denominator(n) for n in (2, 8, 9, 15, 16)] == [10, 10, 50, 50, 20]
     # K = 768: rowwarp (the SpMV kernel's 4-token tile) at N <= 4, bitmap at N 5-8 (scatter is no candidate there), the
     # scatter rule from N = 9; K = 512: rowwarp
@@ -100,6 +100,31 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
     assert gpu.eager_spmm_code("auto", torch.float16, torch.float16, 16, tc_auto=False) is None
     monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")
     assert auto(4096, 4096, 16, 0.8) == "scatter"
+
+
+def test_plan_spmm_bitmap_wide_rule(monkeypatch):
+    """N 17-256 (the H100 rule, fourteenth session): bitmap at density >= 10% with K >= 768 (K >= 1024 from N = 65);
+    rowwarp up to N = 64 and direct or tc above where it does not apply; never past N = 256, never for fp32."""
+    monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
+    monkeypatch.delenv(gpu.TC_AUTO_ENV, raising=False)
+
+    def auto(m, k, n, sparsity, dtype=torch.float16):
+        return gpu.plan_spmm(m, k, n, int((1 - sparsity) * m * k * 1.01), 132, "auto", dtype).variant
+
+    for m, k in ((4096, 4096), (11008, 4096), (4096, 11008), (768, 3072)):
+        for n in (17, 32, 64, 65, 128, 256):
+            assert [auto(m, k, n, s) for s in (0.5, 0.7, 0.8, 0.9)] == ["bitmap"] * 4, (m, k, n)
+            assert auto(m, k, n, 0.95) != "bitmap", (m, k, n)
+        assert auto(m, k, 257, 0.8) != "bitmap"
+        assert auto(m, k, 64, 0.8, torch.float32) == "rowwarp"
+        assert auto(m, k, 128, 0.8, torch.bfloat16) == "bitmap"
+    # K = 768: up to N = 64 only; K = 512: never
+    assert [auto(3072, 768, n, 0.9) for n in (17, 64, 65, 256)] == ["bitmap"] * 2 + ["direct"] * 2
+    assert auto(3072, 512, 32, 0.8) == "rowwarp"
+    assert auto(4096, 4096, 32, 0.95) == "rowwarp"
+    assert auto(4096, 4096, 128, 0.95) == "direct"
+    monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")
+    assert [auto(4096, 4096, n, 0.8) for n in (32, 128)] == ["rowwarp", "direct"]
 
 
 def _bitmap_layer(m=40, k=300, seed=0):
@@ -343,13 +368,13 @@ def test_bitmap_variant_refuses_fp32():
 @pytest.mark.parametrize(("m", "k", "sparsity"), [(1000, 2100, 0.8), (300, 4100, 0.85), (4096, 4096, 0.7)])
 def test_sparse_linear_bitmap_entry_matches_float64(dtype, m, k, sparsity):
     """SparseLinear's eager route through prunekit_nm24::bitmap_linear (the rule takes bitmap at these N and
-    densities, K >= 1024): every N of the rule's range, with and without bias, 2-D and 3-D inputs, calls in a row."""
+    densities, K >= 1024): every N up to 16 and some of the wide range up to 256, with and without bias, 2-D and 3-D inputs, calls in a row."""
     g = torch.Generator(device="cuda").manual_seed(m + k)
     dense = random_sparse_weight(m, k, sparsity, dtype, "cuda", g, empty_rows=7, single_rows=3)
     bias = torch.randn(m, generator=g, device="cuda").to(dtype)
     for b in (bias, None):
         layer = SparseLinear(formats.encode("csr", dense.cpu()), b).cuda()
-        for n in range(gpu.BITMAP_MIN_N, gpu.BITMAP_MAX_N + 1):
+        for n in (*range(gpu.BITMAP_MIN_N, gpu.BITMAP_MAX_N + 1), 17, 32, 33, 64, 100, gpu.BITMAP_WIDE_MAX_N):
             x = torch.randn(n, k, generator=g, device="cuda").to(dtype)
             with torch.inference_mode():
                 y = layer(x)

@@ -48,7 +48,8 @@ def test_eager_cpp_enabled_reads_the_flag_and_defaults_on(monkeypatch):
         assert gpu.eager_cpp_enabled() is expected, value
 
 
-def test_eager_spmm_code_never_takes_the_tensor_core_plan():
+def test_eager_spmm_code_never_takes_the_tensor_core_plan(monkeypatch):
+    monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")  # the bitmap rule's range up to BITMAP_WIDE_MAX_N: its own test below
     half = torch.float16
     assert gpu.eager_spmm_code("tc", half, half, 1, tc_auto=False) is None
     assert gpu.eager_spmm_code("auto", half, half, gpu.TC_MIN_N, tc_auto=True) is None
@@ -85,8 +86,14 @@ def test_eager_spmm_code_leaves_the_scatter_and_bitmap_range_to_python(monkeypat
     monkeypatch.delenv(gpu.SCATTER_AUTO_ENV)
     assert gpu.eager_spmm_code("auto", half, half, 4, tc_auto=False) == 0  # below the scatter range
     assert gpu.eager_spmm_code("auto", half, half, 9, tc_auto=False) is None
-    classes = [gpu.eager_size_class(n) for n in (1, 2, 4, 5, 8, 9, 15, 16, 17, 64, 65, 4096)]
-    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6]
+    classes = [gpu.eager_size_class(n) for n in (1, 2, 4, 5, 8, 9, 15, 16, 17, 64, 65, 256, 257, 4096)]
+    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7]
+    # N 17-256: the wide bitmap rule reads the density too (fp32: the entry)
+    monkeypatch.delenv(gpu.BITMAP_AUTO_ENV)
+    for n in (17, 64, 65, gpu.BITMAP_WIDE_MAX_N):
+        assert gpu.eager_spmm_code("auto", half, half, n, tc_auto=False) is None, n
+        assert gpu.eager_spmm_code("auto", torch.float32, torch.float32, n, tc_auto=False) == 0, n
+    assert gpu.eager_spmm_code("auto", half, half, gpu.BITMAP_WIDE_MAX_N + 1, tc_auto=False) == 0
 
 
 def test_eager_spmm_code_rejects_mixed_and_unsupported_dtypes():
@@ -220,9 +227,9 @@ def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatc
     f32 = torch.float32
     generic = [key for key in layer._eager_plans if "bitmap" not in key]
     assert generic == [(f32, f32, 0), (f32, f32, 1), (f32, f32, 6), (f32, f32, 3), (f32, f32, 4)]
-    # N = 2..16 also asked the bitmap entry once per N, which never takes fp32
+    # N = 2..BITMAP_WIDE_MAX_N also asked the bitmap entry once per N, which never takes fp32
     bitmap = {key[3]: entry for key, entry in layer._eager_plans.items() if "bitmap" in key}
-    assert bitmap == {3: None, 2: None, 12: None, 16: None}
+    assert bitmap == {3: None, gpu.TC_MIN_N: None, gpu.TC_MIN_N + 7: None, 2: None, 12: None, 16: None}
 
 
 # --- GPU: the entry against float64 ------------------------------------------------------------------------------

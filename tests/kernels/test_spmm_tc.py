@@ -388,6 +388,7 @@ def test_tc_kernel_replay_rejects_tiles_the_kernel_cannot_have():
 
 def test_plan_spmm_takes_tensor_cores_only_for_16_bit_large_n(monkeypatch):
     monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
+    monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")  # the bitmap rule up to N = 256: test_spmm_bitmap.py
     assert gpu.plan_spmm(4096, 4096, 4096, 2 * 10**6, 132, "auto", torch.float16) == gpu.SpmmPlan(
         "tc", ntile=128, windows_per_warp=2
     )
@@ -405,6 +406,7 @@ def test_auto_takes_tc_by_the_density_rule_read_from_the_h100_grid(monkeypatch):
     """tc from 25% density at N <= 128, 12.5% for K <= 1024, 6.25% otherwise (gpu.tc_min_density_denominator);
     below, `direct`. Points from benchmarks/results/spmm-h100-2026-11-25.json (nnz_padded as the benchmark stored it)."""
     monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
+    monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")  # the bitmap rule up to N = 256: test_spmm_bitmap.py
 
     def variant(m, k, n, density):
         return gpu.plan_spmm(m, k, n, int(density * m * k), 132, "auto", torch.float16).variant

@@ -149,6 +149,21 @@ BITMAP_MIN_K = 1024
 # kernel's 4-token tile (thirteenth session, spmm-n248-tiles2-h100-2026-11-26-s13.json): at 3072 x 768 it took 2.7-4.2
 # us against bitmap's 4.7-5.3 at 70-95% (dense 4.7).
 BITMAP_MIN_K_SMALL_N = 768
+# N > 16 (fourteenth session): the kernel runs blocks of 32 tokens (N 17-32) or 64 (grid z over token groups), each
+# decoding the weight again. "auto" takes it for fp16/bf16 at BITMAP_MAX_N < N <= BITMAP_WIDE_MAX_N when the padded
+# density is >= 1 / BITMAP_WIDE_MIN_DENSITY_DENOMINATOR and K >= BITMAP_MIN_K_SMALL_N (K >= BITMAP_MIN_K from TC_MIN_N).
+# Measured on the H100 (benchmarks/results/spmm-wide-h100-2026-11-26-s14b.json, 4 shapes, N = 32 / 64 / 128 / 256,
+# 80 / 90 / 95%, one run, in-sample; N = 32 from spmm-bitmap-wide-base-...-s14.json after its 32-token blocks): at 80
+# and 90% it was faster than what "auto" ran before (rowwarp up to N = 64, direct or tc above) at every point with K >=
+# 3072 (4096 x 4096, 90%: 20.2 / 33.0 / 52.3 / 91.0 us against 29.9 / 59.6 / 61.5 / 130.6 at N = 32 / 64 / 128 / 256;
+# dense 14.4-18.6), and on 3072 x 768 up to N = 64 (90%, N = 64: 11.3 against 20.8 us) but not from N = 128 (15.9
+# against direct's 14.7). At 95% direct or rowwarp were faster at N = 32 and from N = 128 (4096 x 4096, N = 128: 52.0
+# against 37.0 us). Still slower than dense cuBLAS at every point (0.2-0.9x): about 15 us of the 33.6 at 4096 x 4096,
+# N = 64, 90% go to staging X in shared memory (each 128-row block reads its 64 tokens of X again), 9 to the loop and
+# 9 to the cluster reduction (probes, spmm-bitmap-wide-{base,p1,p2}-h100-2026-11-26-s14.json). Not measured above
+# N = 256.
+BITMAP_WIDE_MAX_N = 256
+BITMAP_WIDE_MIN_DENSITY_DENOMINATOR = 10
 # Batches of 8 k-steps per warp in the bitmap kernel's shared-memory ring: 3 (two in flight while one is multiplied), or
 # 5 (all four batches of a 32-k-step chunk in flight at once; from 3% faster to 30% slower on the H100, docs/KERNELS.md).
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
@@ -307,8 +322,9 @@ def _plan_spmm(
     :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`). With ``bitmap_auto``
     (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` (``k >=
     BITMAP_MIN_K_SMALL_N`` for ``SPMV_MAX_N < n < SCATTER_MIN_N``) and the density is at least ``1 /
-    bitmap_min_density_denominator(n)`` (10% at N <= 8, 2% at N 9-15, 5% at N = 16; measured on the H100, see the
-    constants). ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
+    bitmap_min_density_denominator(n)`` (10% at N <= 8, 2% at N 9-15, 5% at N = 16), and for ``16 < n <=
+    BITMAP_WIDE_MAX_N`` at density >= 10% with ``k >= BITMAP_MIN_K_SMALL_N`` (``k >= BITMAP_MIN_K`` from ``TC_MIN_N``);
+    measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
 
     Raises:
         ValueError: unknown ``variant``.
@@ -335,6 +351,14 @@ def _plan_spmm(
             and bitmap_auto
             and k >= (BITMAP_MIN_K_SMALL_N if SPMV_MAX_N < n < SCATTER_MIN_N else BITMAP_MIN_K)
             and nnz_padded * bitmap_min_density_denominator(n) >= m * k
+        ):
+            variant = "bitmap"
+        if (
+            dtype in TC_DTYPES
+            and BITMAP_MAX_N < n <= BITMAP_WIDE_MAX_N
+            and bitmap_auto
+            and k >= (BITMAP_MIN_K_SMALL_N if n < TC_MIN_N else BITMAP_MIN_K)
+            and nnz_padded * BITMAP_WIDE_MIN_DENSITY_DENOMINATOR >= m * k
         ):
             variant = "bitmap"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
@@ -595,7 +619,9 @@ def eager_bitmap_takes(
     values and x of one fp16/bf16 dtype on the GPU, a bias of that dtype and contiguous (or none), and the library
     available here (:func:`nm24.available`). Depends on N through the rule's density floor."""
     n = x2d.shape[0] if x2d.dim() == 2 else 0
-    if not (BITMAP_MIN_N <= n <= BITMAP_MAX_N and x2d.is_cuda and x2d.dtype in TC_DTYPES and values.dtype == x2d.dtype):
+    if not (
+        BITMAP_MIN_N <= n <= BITMAP_WIDE_MAX_N and x2d.is_cuda and x2d.dtype in TC_DTYPES and values.dtype == x2d.dtype
+    ):
         return False
     if bias is not None and (bias.dtype != x2d.dtype or not bias.is_contiguous()):
         return False
@@ -626,7 +652,7 @@ def bitmap_linear(
     plan: tuple[torch.Tensor, int, int], x: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False
 ) -> torch.Tensor:
     """One launch of the bitmap kernel through its eager C++ entry ``prunekit_nm24::bitmap_linear``: ``x (N, K)`` (the
-    activations as ``nn.Linear`` takes them, CUDA, the plan's dtype, 1 <= N <= 16) gives ``Y^T (N, M) = act(x A^T +
+    activations as ``nn.Linear`` takes them, CUDA, the plan's dtype, N >= 1) gives ``Y^T (N, M) = act(x A^T +
     bias)``, the transposes made in C++. ``plan``: from :func:`bitmap_linear_plan`; ``bias``: contiguous ``(M,)`` of
     x's dtype or None.
 
@@ -684,7 +710,7 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
         and x_dtype in TC_DTYPES
         and (
             (scatter_auto_enabled() and SCATTER_MIN_N <= n <= SCATTER_MAX_N)
-            or (bitmap_auto_enabled() and BITMAP_MIN_N <= n <= BITMAP_MAX_N)
+            or (bitmap_auto_enabled() and BITMAP_MIN_N <= n <= BITMAP_WIDE_MAX_N)
         )
     ):
         return None  # the scatter and bitmap rules also read the density: gpu.spmm_csr decides
@@ -697,8 +723,9 @@ def eager_size_class(n: int) -> int:
     """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < BITMAP_MIN_N, 1 up to
     SPMV_MAX_N (bitmap's range, K >= BITMAP_MIN_K only), 2 below SCATTER_MIN_N (bitmap's range from
     BITMAP_MIN_K_SMALL_N), 3 below BITMAP_MAX_N (the scatter kernel's range too), 4 for N = BITMAP_MAX_N (its own bitmap
-    density floor), 5 below TC_MIN_N, 6 from TC_MIN_N (the tensor-core ``tc`` range). The runtime caches one answer per
-    layer, dtype pair and class."""
+    density floor), 5 below TC_MIN_N (bitmap's wide range from BITMAP_MIN_K_SMALL_N), 6 up to BITMAP_WIDE_MAX_N (the
+    tensor-core ``tc`` range and bitmap's from BITMAP_MIN_K), 7 above. The runtime caches one answer per layer, dtype
+    pair and class."""
     if n < BITMAP_MIN_N:
         return 0
     if n <= SPMV_MAX_N:
@@ -707,7 +734,9 @@ def eager_size_class(n: int) -> int:
         return 2
     if n <= BITMAP_MAX_N:
         return 3 if n < BITMAP_MAX_N else 4
-    return 5 if n < TC_MIN_N else 6
+    if n < TC_MIN_N:
+        return 5
+    return 6 if n <= BITMAP_WIDE_MAX_N else 7
 
 
 def eager_spmm_variant(
@@ -738,7 +767,7 @@ def eager_spmm_variant(
         code is None
         and m is not None
         and variant == "auto"
-        and n <= SCATTER_MAX_N
+        and n <= BITMAP_WIDE_MAX_N
         and x.dtype == values.dtype
         and x.dtype in EAGER_DTYPES
     ):

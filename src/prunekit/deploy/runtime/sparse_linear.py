@@ -28,13 +28,13 @@ from ...kernels.tensor_cache import tensor_version
 
 
 def _csr_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
-    """Eager CUDA CSR at decode sizes where ``"auto"`` takes the bitmap kernel: ``Y^T (N, out_features)`` from ``x2d
+    """Eager CUDA CSR at the N (2 to ``gpu.BITMAP_WIDE_MAX_N``) where ``"auto"`` takes the bitmap kernel: ``Y^T (N, out_features)`` from ``x2d
     (N, in_features)`` in one call of its C++ entry (``gpu.bitmap_linear``: no transposes or plan lookups in Python),
     or None where it does not apply (the generic path then runs). Decided once per layer, dtype and N (the rule's
     density floor depends on N); the plan is kept with the data pointers and versions of the weight it was built from.
     """
     n = x2d.shape[0]
-    if not (gpu.BITMAP_MIN_N <= n <= gpu.BITMAP_MAX_N and _eager_cuda(x2d)):
+    if not (gpu.BITMAP_MIN_N <= n <= gpu.BITMAP_WIDE_MAX_N and _eager_cuda(x2d)):
         return None
     if x2d.requires_grad and torch.is_grad_enabled():
         return None  # the differentiable custom op
