@@ -103,8 +103,9 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
 
 
 def test_plan_spmm_bitmap_wide_rule(monkeypatch):
-    """N 17-256 (the H100 rule, fourteenth session): bitmap at density >= 10% with K >= 768 (K >= 1024 from N = 65);
-    rowwarp up to N = 64 and direct or tc above where it does not apply; never past N = 256, never for fp32."""
+    """N 17-256 (the H100 rule, fourteenth session): bitmap at density >= 10% with K >= 768 (from N = 65 with K <
+    1024: density >= 1/6); rowwarp up to N = 64 and direct or tc above where it does not apply; never past N = 256,
+    never for fp32."""
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
     monkeypatch.delenv(gpu.TC_AUTO_ENV, raising=False)
 
@@ -118,8 +119,10 @@ def test_plan_spmm_bitmap_wide_rule(monkeypatch):
         assert auto(m, k, 257, 0.8) != "bitmap"
         assert auto(m, k, 64, 0.8, torch.float32) == "rowwarp"
         assert auto(m, k, 128, 0.8, torch.bfloat16) == "bitmap"
-    # K = 768: up to N = 64 only; K = 512: never
+    # K = 768: at 90% up to N = 64 only, at 80% up to 256; K = 512: never
     assert [auto(3072, 768, n, 0.9) for n in (17, 64, 65, 256)] == ["bitmap"] * 2 + ["direct"] * 2
+    assert [auto(3072, 768, n, 0.8) for n in (17, 64, 65, 256)] == ["bitmap"] * 4
+    assert [gpu.bitmap_wide_min_density_denominator(n, k) for n, k in ((64, 768), (65, 768), (65, 1024))] == [10, 6, 10]
     assert auto(3072, 512, 32, 0.8) == "rowwarp"
     assert auto(4096, 4096, 32, 0.95) == "rowwarp"
     assert auto(4096, 4096, 128, 0.95) == "direct"

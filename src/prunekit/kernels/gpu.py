@@ -150,20 +150,25 @@ BITMAP_MIN_K = 1024
 # us against bitmap's 4.7-5.3 at 70-95% (dense 4.7).
 BITMAP_MIN_K_SMALL_N = 768
 # N > 16 (fourteenth session): the kernel runs blocks of 32 tokens (N 17-32) or 64 (grid z over token groups), each
-# decoding the weight again. "auto" takes it for fp16/bf16 at BITMAP_MAX_N < N <= BITMAP_WIDE_MAX_N when the padded
-# density is >= 1 / BITMAP_WIDE_MIN_DENSITY_DENOMINATOR and K >= BITMAP_MIN_K_SMALL_N (K >= BITMAP_MIN_K from TC_MIN_N).
-# Measured on the H100 (benchmarks/results/spmm-wide-h100-2026-11-26-s14b.json, 4 shapes, N = 32 / 64 / 128 / 256,
-# 80 / 90 / 95%, one run, in-sample; N = 32 from spmm-bitmap-wide-base-...-s14.json after its 32-token blocks): at 80
-# and 90% it was faster than what "auto" ran before (rowwarp up to N = 64, direct or tc above) at every point with K >=
-# 3072 (4096 x 4096, 90%: 20.2 / 33.0 / 52.3 / 91.0 us against 29.9 / 59.6 / 61.5 / 130.6 at N = 32 / 64 / 128 / 256;
-# dense 14.4-18.6), and on 3072 x 768 up to N = 64 (90%, N = 64: 11.3 against 20.8 us) but not from N = 128 (15.9
-# against direct's 14.7). At 95% direct or rowwarp were faster at N = 32 and from N = 128 (4096 x 4096, N = 128: 52.0
-# against 37.0 us). Still slower than dense cuBLAS at every point (0.2-0.9x): about 15 us of the 33.6 at 4096 x 4096,
-# N = 64, 90% go to staging X in shared memory (each 128-row block reads its 64 tokens of X again), 9 to the loop and
-# 9 to the cluster reduction (probes, spmm-bitmap-wide-{base,p1,p2}-h100-2026-11-26-s14.json). Not measured above
-# N = 256.
+# decoding the weight again. "auto" takes it for fp16/bf16 at BITMAP_MAX_N < N <= BITMAP_WIDE_MAX_N with K >=
+# BITMAP_MIN_K_SMALL_N when the padded density is >= 1 / BITMAP_WIDE_MIN_DENSITY_DENOMINATOR, or from TC_MIN_N with K <
+# BITMAP_MIN_K >= 1 / BITMAP_WIDE_SMALL_K_MIN_DENSITY_DENOMINATOR. Measured on the H100
+# (benchmarks/results/spmm-widegrid-h100-2026-11-26-s14.json: 5 shapes, N = 16 / 32 / 64 / 128 / 256, 70-95%, one run,
+# in-sample): at 70-90% bitmap was faster than direct and tc (both forced in the same run) and than what "auto" ran at
+# 53 of 60 points with N >= 32 (4096 x 4096, 80%: 23.0 / 33.6 / 55.9 / 92.9 us at N = 32 / 64 / 128 / 256 against
+# direct's 100.0 / 100.9 / 102.9 / 170.9 and tc's 148.7 / 148.6 at N = 128 / 256; dense 14.5-18.5; rowwarp, "auto"'s
+# kernel up to N = 64 before, took 43.4 / 85.3 us at N = 32 / 64 in spmm-wide-h100-2026-11-26-s14b.json). The seven
+# exceptions: 11008 x 4096 at 70% from N = 128 (tc 145.6 / 277.4 against 179.9 / 358.3 us), 3072 x 768 at 90% from
+# N = 128 (direct 14.4 / 17.3 against 15.6 / 23.5; at 70%, and 80% at N = 128, bitmap took 17.6-30.7 us against
+# 23.4-37.9) and at 80%, N = 256 (27.9 against 29.2), and two even points (4096 x 4096 at 70%, 4096 x 11008 at 90%, N = 256). At 95% rowwarp or
+# direct were faster from N = 32 (4096 x 4096, N = 128: 54.6 against 36.3 us). Slower than dense cuBLAS from
+# N = 64 everywhere (0.11-0.81x) and at N = 32 on four of five shapes (faster on 768 x 3072: 1.11-1.17x). About 15 us of
+# the 33.6 at 4096 x 4096, N = 64, 90% go to staging X in shared memory (each 128-row block reads its 64 tokens of X),
+# 9 to the loop and 9 to the cluster reduction (probes, spmm-bitmap-wide-{base,p1,p2}-h100-2026-11-26-s14.json). Not
+# measured above N = 256.
 BITMAP_WIDE_MAX_N = 256
 BITMAP_WIDE_MIN_DENSITY_DENOMINATOR = 10
+BITMAP_WIDE_SMALL_K_MIN_DENSITY_DENOMINATOR = 6
 # Batches of 8 k-steps per warp in the bitmap kernel's shared-memory ring: 3 (two in flight while one is multiplied), or
 # 5 (all four batches of a 32-k-step chunk in flight at once; from 3% faster to 30% slower on the H100, docs/KERNELS.md).
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
@@ -217,6 +222,15 @@ def bitmap_min_density_denominator(n: int) -> int:
     if n <= 8:
         return BITMAP_MIN_DENSITY_DENOMINATOR
     return BITMAP_MIN_DENSITY_DENOMINATOR_16 if n >= 16 else BITMAP_MIN_DENSITY_DENOMINATOR_MID_N
+
+
+def bitmap_wide_min_density_denominator(n: int, k: int) -> int:
+    """``auto`` takes the bitmap kernel at ``16 < N <= BITMAP_WIDE_MAX_N`` (K >= BITMAP_MIN_K_SMALL_N) when the padded
+    density is at least one over this: 10%, or 1/6 from TC_MIN_N with K < BITMAP_MIN_K (measured on the H100, see the
+    constants)."""
+    if n >= TC_MIN_N and k < BITMAP_MIN_K:
+        return BITMAP_WIDE_SMALL_K_MIN_DENSITY_DENOMINATOR
+    return BITMAP_WIDE_MIN_DENSITY_DENOMINATOR
 
 
 def bitmap_auto_enabled() -> bool:
@@ -323,8 +337,8 @@ def _plan_spmm(
     (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` (``k >=
     BITMAP_MIN_K_SMALL_N`` for ``SPMV_MAX_N < n < SCATTER_MIN_N``) and the density is at least ``1 /
     bitmap_min_density_denominator(n)`` (10% at N <= 8, 2% at N 9-15, 5% at N = 16), and for ``16 < n <=
-    BITMAP_WIDE_MAX_N`` at density >= 10% with ``k >= BITMAP_MIN_K_SMALL_N`` (``k >= BITMAP_MIN_K`` from ``TC_MIN_N``);
-    measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
+    BITMAP_WIDE_MAX_N`` with ``k >= BITMAP_MIN_K_SMALL_N`` at density >= ``1 / bitmap_wide_min_density_denominator(n,
+    k)``; measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
 
     Raises:
         ValueError: unknown ``variant``.
@@ -357,8 +371,8 @@ def _plan_spmm(
             dtype in TC_DTYPES
             and BITMAP_MAX_N < n <= BITMAP_WIDE_MAX_N
             and bitmap_auto
-            and k >= (BITMAP_MIN_K_SMALL_N if n < TC_MIN_N else BITMAP_MIN_K)
-            and nnz_padded * BITMAP_WIDE_MIN_DENSITY_DENOMINATOR >= m * k
+            and k >= BITMAP_MIN_K_SMALL_N
+            and nnz_padded * bitmap_wide_min_density_denominator(n, k) >= m * k
         ):
             variant = "bitmap"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
