@@ -36,6 +36,12 @@
 //   16-byte boundary (the plan's batch offsets), so a slot holds the densest batch (its size is the plan's, not fixed).
 //   Same X staging, mma.sync and k-chunk reductions as prmt. "Load sparse, compute dense" as in Flash-LLM (Xia et al.,
 //   VLDB 2024) and SpInfer (Fan et al., EuroSys 2025); the layout is prunekit's own.
+//   N > 16 (bitmap only; fourteenth session): a block multiplies its tiles by 32 tokens (N 17-32, NT = 4) or 64 (NT =
+//   8, grid z over groups of 64 tokens, each decoding the weight again). X is staged in 16-byte items, the next
+//   k-step's X fragments are loaded while the current one is multiplied, and the cluster epilogue keeps token-major
+//   partial sums where Y's rows are adjacent, read and written row-fastest. With the atomics reduction the call gets
+//   its own zeroed workspace (the plan's holds 16 tokens per row). On the H100 at 4096 x 4096, 90%: 20.2 / 33.5 / 54.7
+//   us at N = 32 / 64 / 128 against dense cuBLAS's 14.5-15.1 (benchmarks/results/spmm-widegrid-h100-2026-11-26-s14.json).
 //
 // Grid: (row blocks of 8 strips, k-chunks). Each warp streams its strip's chunk through a ring of R batches of B
 // k-steps in shared memory (cp.async, R - 1 batches in flight while one is multiplied; each lane reads back only the
