@@ -40,7 +40,7 @@
 //   8, grid z over groups of 64 tokens, each decoding the weight again). X is staged in 16-byte items, the next
 //   k-step's X fragments are loaded while the current one is multiplied, and the cluster epilogue keeps token-major
 //   partial sums where Y's rows are adjacent, read and written row-fastest. With the atomics reduction the call gets
-//   its own zeroed workspace (the plan's holds 16 tokens per row). On the H100 at 4096 x 4096, 90%: 20.2 / 33.5 / 54.7
+//   its own zeroed workspace (the plan's holds 16 tokens per row). On the H100 at 4096 x 4096, 90%: 20.0 / 33.5 / 54.7
 //   us at N = 32 / 64 / 128 against dense cuBLAS's 14.5-15.1 (benchmarks/results/spmm-widegrid-h100-2026-11-26-s14.json).
 //
 // Grid: (row blocks of 8 strips, k-chunks). Each warp streams its strip's chunk through a ring of R batches of B
