@@ -150,7 +150,8 @@ struct Params {
   int* counters;           // (row blocks,), zero between calls
   int m, k, n, strips, ksteps, chunk, chunks, relu, x_vec;
   int cluster;  // 1: the grid's k-chunks are clusters, reduced through distributed shared memory (sm_90)
-  int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads
+  int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads,
+              // 8 no X staging (bitmap at N > 16)
   int pdl;    // launched with programmatic stream serialization (sm_90, cluster reduction; $PRUNEKIT_NM24_PDL=0: off)
   int ws_ld;  // floats per row of ws: kTokens (the plan's), or N rounded up to even (a per-call one at N > 16)
   // bitmap (V = kBitmap): vals are the present pair words, meta the tile headers (strips, ksteps, 5), boff the batch
@@ -321,7 +322,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   // under the swizzle), consecutive threads along K (coalesced), zero past X
   constexpr bool kWideX = NT > 2;
   const bool vec16 = vec && p.x_sn % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  for (int it = tid; kWideX && it < nks * 2 * NT * 8; it += kThreads) {
+  for (int it = tid; kWideX && !(p.probe & 8) && it < nks * 2 * NT * 8; it += kThreads) {
     const int q = it % (nks * 2), tok = it / (nks * 2);
     const int col = kcol0 + q * 8, ks = q >> 1, t = (q & 1) * 2;
     uint2* dst = xs + stage_slot<NT>(ks, tok >> 3, (tok & 7) * 4 + t);
