@@ -20,7 +20,8 @@ SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
 - ``bitmap``: tensor cores for N <= 16 (decode) on a bitmap-compressed copy of the weight (``spmm_bitmap_plan.py``:
   per 16 x 16 tile a mask of the present pairs of the mma's A registers and the pairs' words), expanded in registers
   by the 2:4 decode kernel's skeleton (``csrc/structured/nm24/nm24_decode.cu``, variant 2: k-chunks reduced in
-  thread-block clusters); fp16/bf16 only.
+  thread-block clusters); fp16/bf16 only. Any N > 16 in blocks of 32 or 64 tokens (grid z over token groups); ``auto``
+  takes it up to N = 256.
 - ``tc``: tensor cores on condensed 16-row windows ("load sparse, compute dense", ``spmm_tc.cu`` with the plan of
   ``spmm_tc_plan.py``, built once per weight and cached on its values tensor); fp16/bf16 only. Large-N path.
 
@@ -234,7 +235,7 @@ def bitmap_wide_min_density_denominator(n: int, k: int) -> int:
 
 
 def bitmap_auto_enabled() -> bool:
-    """Whether ``auto`` may choose the bitmap kernel for 2 <= N <= 16: ``$PRUNEKIT_SPMM_BITMAP`` (``1``/``0``) or
+    """Whether ``auto`` may choose the bitmap kernel for 2 <= N <= BITMAP_WIDE_MAX_N: ``$PRUNEKIT_SPMM_BITMAP`` (``1``/``0``) or
     :data:`BITMAP_AUTO_DEFAULT`."""
     env = os.environ.get(BITMAP_AUTO_ENV)
     return BITMAP_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")

@@ -1,4 +1,5 @@
-"""Bitmap plan for the decode tensor-core SpMM (variant ``"bitmap"``, ``Y (M, N) = act(A @ X + bias)``, N <= 16).
+"""Bitmap plan for the decode tensor-core SpMM (variant ``"bitmap"``, ``Y (M, N) = act(A @ X + bias)``; the kernel
+multiplies each tile by 16 tokens at N <= 16 and by 32 or 64 tokens per block above, the same plan).
 
 The idea of streaming a bitmap-compressed weight from global memory and expanding it into dense tensor-core tiles
 ("load sparse, compute dense") is from Flash-LLM (Xia et al., VLDB 2024) and SpInfer (Fan et al., EuroSys 2025). The
@@ -54,7 +55,7 @@ STRIP_ROWS = 16  # mma m: rows of A per strip (the A operand of mma.sync.m16n8k1
 K_STEP = 16  # mma k: columns of A per tile
 BATCH = 8  # k-steps per batch (one shared-memory slot of the kernel); ksteps is a multiple of it
 HEADER_WORDS = 5  # per tile: 4 mask words (8 lanes x 4 pairs each) + 1 word of prefix counts
-MAX_TOKENS = 16  # columns of X (tokens) the kernel takes: two mma n = 8 halves
+MAX_TOKENS = 16  # columns of X (tokens) per row of the plan's k-split workspace (the kernel's N <= 16 blocks)
 TAIL_WORDS = 4  # zero words after the last pair: the kernel's 16-byte copies read up to 3 words past the end
 MAX_WORDS = 2**31 - 16  # int32 word offsets, with room for the tail and the 16-byte rounding
 _CACHE_ATTR = "_prunekit_bitmap_plan"
