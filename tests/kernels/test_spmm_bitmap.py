@@ -57,6 +57,37 @@ def _clean(c, m, k) -> bool:
     return int(plan.counters.abs().sum()) == 0 and float(plan.ws.abs().sum()) == 0.0
 
 
+def _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout):
+    """One edge case against float64, with and without bias + ReLU: a NaN-poisoned (M, N) output twice (the second
+    call finds the workspace the first one left, which must be zero again), then the launcher's own output layout."""
+    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
+    x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
+    for b, activation in ((bias, "relu"), (None, "none")):
+        ref = spmm_reference64(dense, x, b, activation)
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        for _ in range(2):
+            out.fill_(float("nan"))
+            y = _run(c, x, m, b, activation, out)
+            torch.cuda.synchronize()
+            assert relative_error(y, ref) <= TOLERANCE[dtype]
+            assert _clean(c, m, k)
+        y = _run(c, x, m, b, activation)
+        assert relative_error(y, ref) <= TOLERANCE[dtype]
+
+
+def _chunk_case(monkeypatch, chunk, cluster, seed):
+    """K = 2500 (160 k-steps) and M = 300 at 80%, with $PRUNEKIT_NM24_CHUNK / $PRUNEKIT_NM24_CLUSTER set (None:
+    unset): the weight, its CSR and a bias."""
+    for var, value in ((nm24.CHUNK_ENV, chunk), (nm24.CLUSTER_ENV, cluster)):
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dense = random_sparse_weight(300, 2500, 0.8, torch.float16, "cuda", g, empty_rows=5, single_rows=2)
+    return dense, encode_csr(dense), torch.randn(300, generator=g, device="cuda").half(), g
+
+
 # ----------------------------------------------------------------------------------------------------------- CPU
 
 
@@ -201,19 +232,7 @@ def test_plan_spmm_bitmap_is_forced_only():
 @pytest.mark.parametrize("m,k,n,sparsity,empty_rows", SHAPES)
 @pytest.mark.parametrize("layout", ["transposed", "row_major"])
 def test_bitmap_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout):
-    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
-    x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
-    for b, activation in ((bias, "relu"), (None, "none")):
-        ref = spmm_reference64(dense, x, b, activation)
-        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-        for _ in range(2):  # the second call finds the workspace the first one left (must be zero again)
-            out.fill_(float("nan"))
-            y = _run(c, x, m, b, activation, out)
-            torch.cuda.synchronize()
-            assert relative_error(y, ref) <= TOLERANCE[dtype]
-            assert _clean(c, m, k)
-        y = _run(c, x, m, b, activation)  # the launcher's own output layout
-        assert relative_error(y, ref) <= TOLERANCE[dtype]
+    _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout)
 
 
 @pytest.mark.cuda
@@ -241,16 +260,8 @@ def test_bitmap_kernel_k_chunks_in_clusters_and_atomics(chunk, cluster, ring, mo
     """K = 2500 is 160 k-steps: chunk 8 gives 20 chunks (more than a cluster: atomics), 16 gives 10 (a non-portable
     cluster), 64 gives 3; $PRUNEKIT_NM24_CLUSTER=0 forces the atomics. Rings of 3 and 5 batches."""
     monkeypatch.setenv(gpu.BITMAP_RING_ENV, ring)
-    monkeypatch.setenv(nm24.CHUNK_ENV, chunk)
-    if cluster is None:
-        monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
-    else:
-        monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
-    g = torch.Generator(device="cuda").manual_seed(11)
-    m, k = 300, 2500
-    dense = random_sparse_weight(m, k, 0.8, torch.float16, "cuda", g, empty_rows=5, single_rows=2)
-    c = encode_csr(dense)
-    bias = torch.randn(m, generator=g, device="cuda").half()
+    dense, c, bias, g = _chunk_case(monkeypatch, chunk, cluster, 11)
+    m, k = dense.shape
     for n in (1, 9, 16):
         x = torch.randn(n, k, generator=g, device="cuda").half().t()
         ref = spmm_reference64(dense, x, bias, "relu")
@@ -264,9 +275,16 @@ def test_bitmap_kernel_k_chunks_in_clusters_and_atomics(chunk, cluster, ring, mo
 
 
 @pytest.mark.cuda
-def test_bitmap_kernel_replays_in_a_cuda_graph():
+@pytest.mark.parametrize("n,cluster", [(16, None), (100, None), (100, "0")])
+def test_bitmap_kernel_replays_in_a_cuda_graph(n, cluster, monkeypatch):
+    """N = 16, and N = 100 (64-token blocks; with $PRUNEKIT_NM24_CLUSTER=0 the per-call workspace is allocated and
+    zeroed inside the capture)."""
+    if cluster is None:
+        monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
     g = torch.Generator(device="cuda").manual_seed(5)
-    m, k, n = 512, 1024, 16
+    m, k = 512, 1024
     dense = random_sparse_weight(m, k, 0.9, torch.float16, "cuda", g)
     c = encode_csr(dense)
     x2d = torch.randn(n, k, generator=g, device="cuda").half()
@@ -289,19 +307,7 @@ def test_bitmap_kernel_replays_in_a_cuda_graph():
 def test_bitmap_kernel_wide_n_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout):
     """N > 16: one block of 32 tokens at N <= 32, else blocks of 64 tokens over grid z, the last group partial; both X layouts, a contiguous (M, N) output and
     the launcher's own (transposed: Y's rows adjacent, written row-fastest by the cluster epilogue)."""
-    dense, c, x2d, bias = random_spmm_case(m, k, n, sparsity, empty_rows, dtype, m + k + n, "cuda")
-    x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
-    for b, activation in ((bias, "relu"), (None, "none")):
-        ref = spmm_reference64(dense, x, b, activation)
-        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-        for _ in range(2):
-            out.fill_(float("nan"))
-            y = _run(c, x, m, b, activation, out)
-            torch.cuda.synchronize()
-            assert relative_error(y, ref) <= TOLERANCE[dtype]
-            assert _clean(c, m, k)
-        y = _run(c, x, m, b, activation)
-        assert relative_error(y, ref) <= TOLERANCE[dtype]
+    _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout)
 
 
 @pytest.mark.cuda
@@ -309,19 +315,8 @@ def test_bitmap_kernel_wide_n_matches_float64(dtype, m, k, n, sparsity, empty_ro
 def test_bitmap_kernel_wide_n_k_chunks_in_clusters_and_atomics(chunk, cluster, monkeypatch):
     """N > 16 with the k-chunks reduced in clusters and with atomics (chunk 8: 20 chunks, more than a cluster; or
     $PRUNEKIT_NM24_CLUSTER=0): the atomics add into a zeroed workspace of this call, so the plan's stays zero."""
-    if chunk is None:
-        monkeypatch.delenv(nm24.CHUNK_ENV, raising=False)
-    else:
-        monkeypatch.setenv(nm24.CHUNK_ENV, chunk)
-    if cluster is None:
-        monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
-    else:
-        monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
-    g = torch.Generator(device="cuda").manual_seed(13)
-    m, k = 300, 2500
-    dense = random_sparse_weight(m, k, 0.8, torch.float16, "cuda", g, empty_rows=5, single_rows=2)
-    c = encode_csr(dense)
-    bias = torch.randn(m, generator=g, device="cuda").half()
+    dense, c, bias, g = _chunk_case(monkeypatch, chunk, cluster, 13)
+    m, k = dense.shape
     for n in (17, 24, 32, 33, 64, 65, 128, 200, 257):
         x = torch.randn(n, k, generator=g, device="cuda").half().t()
         ref = spmm_reference64(dense, x, bias, "relu")
@@ -330,32 +325,6 @@ def test_bitmap_kernel_wide_n_k_chunks_in_clusters_and_atomics(chunk, cluster, m
             torch.cuda.synchronize()
             assert relative_error(y, ref) <= TOLERANCE[torch.float16], (n, chunk, cluster)
             assert _clean(c, m, k)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("cluster", [None, "0"])
-def test_bitmap_kernel_wide_n_replays_in_a_cuda_graph(cluster, monkeypatch):
-    """N = 100 in a CUDA graph; with $PRUNEKIT_NM24_CLUSTER=0 the per-call workspace is allocated and zeroed inside
-    the capture."""
-    if cluster is None:
-        monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
-    else:
-        monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
-    g = torch.Generator(device="cuda").manual_seed(7)
-    m, k, n = 512, 1024, 100
-    dense = random_sparse_weight(m, k, 0.9, torch.float16, "cuda", g)
-    c = encode_csr(dense)
-    x2d = torch.randn(n, k, generator=g, device="cuda").half()
-    _run(c, x2d.t(), m, None, "none")  # warm-up: the plan exists before capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        yg = _run(c, x2d.t(), m, None, "none")
-    for _ in range(3):
-        x2d.copy_(torch.randn(n, k, generator=g, device="cuda").half())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert relative_error(yg, spmm_reference64(dense, x2d.t(), None, "none")) <= TOLERANCE[torch.float16]
 
 
 @pytest.mark.cuda
