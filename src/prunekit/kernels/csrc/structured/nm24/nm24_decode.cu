@@ -318,24 +318,32 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
       }
     }
   }
-  // N > 16 (NT > 2): 16-byte items, 8 columns of one token = the fragment slots of groups t and t + 1 (t even: adjacent
-  // under the swizzle), consecutive threads along K (coalesced), zero past X
+  // N > 16 (NT > 2): X staged batch by batch, the first R - 1 batches here, each later one in the weight batch's commit
+  // group R - 1 batches ahead (the loop waits for it and syncs the block before reading it). 16-byte items, 8 columns
+  // of one token = the fragment slots of groups t and t + 1 (t even: adjacent under the swizzle), consecutive threads
+  // along K (coalesced), zero past X.
   constexpr bool kWideX = NT > 2;
   const bool vec16 = vec && p.x_sn % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  for (int it = tid; kWideX && !(p.probe & 8) && it < nks * 2 * NT * 8; it += kThreads) {
-    const int q = it % (nks * 2), tok = it / (nks * 2);
-    const int col = kcol0 + q * 8, ks = q >> 1, t = (q & 1) * 2;
-    uint2* dst = xs + stage_slot<NT>(ks, tok >> 3, (tok & 7) * 4 + t);
-    const T* s_tok = x + static_cast<int64_t>(col) * p.x_sk + static_cast<int64_t>(tok) * p.x_sn;
-    if (tok < nloc && vec16 && col + 7 < p.k) {
-      cp_async16(dst, s_tok);
-    } else if (tok < nloc) {
-      dst[0] = make_uint2(x_pair(s_tok, col, p.k, p.x_sk), x_pair(s_tok + 2 * p.x_sk, col + 2, p.k, p.x_sk));
-      dst[1] = make_uint2(x_pair(s_tok + 4 * p.x_sk, col + 4, p.k, p.x_sk),
-                          x_pair(s_tok + 6 * p.x_sk, col + 6, p.k, p.x_sk));
-    } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+  auto stage_x = [&](int bb) {  // X of batch bb (k-steps bb * B ..) of this chunk
+    if (p.probe & 8) return;
+    for (int it = tid; it < B * 2 * NT * 8; it += kThreads) {
+      const int q = it % (B * 2), tok = it / (B * 2);
+      const int ks = bb * B + (q >> 1), t = (q & 1) * 2, col = kcol0 + ks * 16 + t * 4;
+      uint2* dst = xs + stage_slot<NT>(ks, tok >> 3, (tok & 7) * 4 + t);
+      const T* s_tok = x + static_cast<int64_t>(col) * p.x_sk + static_cast<int64_t>(tok) * p.x_sn;
+      if (tok < nloc && vec16 && col + 7 < p.k) {
+        cp_async16(dst, s_tok);
+      } else if (tok < nloc) {
+        dst[0] = make_uint2(x_pair(s_tok, col, p.k, p.x_sk), x_pair(s_tok + 2 * p.x_sk, col + 2, p.k, p.x_sk));
+        dst[1] = make_uint2(x_pair(s_tok + 4 * p.x_sk, col + 4, p.k, p.x_sk),
+                            x_pair(s_tok + 6 * p.x_sk, col + 6, p.k, p.x_sk));
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+      }
     }
+  };
+  if constexpr (kWideX) {
+    for (int bb = 0; bb < R - 1 && bb < batches; ++bb) stage_x(bb);
   }
   for (int cg = tid; !SP && !kWideX && cg < groups; cg += kThreads) {
     const int col = kcol0 + cg * 4;
@@ -370,17 +378,23 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-  // bitmap at N > 16: X fragments of the current k-step (the loop loads the next one's ahead)
+  // bitmap at N > 16: X fragments of the current k-step (the loop loads the next one's ahead). Every warp runs the
+  // loop there (the block stages X and syncs per batch); inactive ones only copy and sync.
   uint2 bx[NT > 2 ? NT : 1];
-  if constexpr (NT > 2) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) bx[nt] = xs[stage_slot<NT>(0, nt, lane)];
-  }
-  if (active && !(p.probe & 2)) {
+  if (kWideX || (active && !(p.probe & 2))) {
     for (int b = 0; b < batches; ++b) {
       if (SP || BM) __syncwarp();  // the lanes are done reading the ring slot the next issue refills (shared data)
+      if constexpr (kWideX) {
+        if (b + R - 1 < batches) stage_x(b + R - 1);  // committed with the weights by issue()
+      }
       issue(b + R - 1);
-      cp_async_wait<R - 1>();  // batch b has landed: each lane's own copies (vals; prmt's meta)
+      cp_async_wait<R - 1>();  // batch b has landed: each lane's own copies (vals; prmt's meta; X at N > 16)
+      if constexpr (kWideX) {
+        __syncthreads();  // every thread's X copies of batch b
+        if (!active || (p.probe & 2)) continue;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) bx[nt] = xs[stage_slot<NT>(b * B, nt, lane)];
+      }
       if (SP || BM) __syncwarp();  // a lane reads words other lanes copied
       if (BM) {
         // lane (g, t): nibble of its four pair registers in mask word lane / 8, its first word after the pairs of
@@ -397,12 +411,13 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
 #pragma unroll
         for (int s = 0; s < B; ++s) {
           const int ks = b * B + s;
-          // NT > 2: the next k-step's X fragments are loaded while this one's are multiplied (the last k-step loads
-          // its own again), so each fragment has its own registers: loaded just before its mma, the compiler reused
-          // one register pair for all eight, and each load waited for the previous mma (8 latencies per tile)
+          // NT > 2: the next k-step's X fragments are loaded while this one's are multiplied (the batch's last
+          // k-step loads its own again: the next batch's X may not have landed), so each fragment has its own
+          // registers: loaded just before its mma, the compiler reused one register pair for all eight, and each
+          // load waited for the previous mma (8 latencies per tile)
           uint2 bxn[NT > 2 ? NT : 1];
           if constexpr (NT > 2) {
-            const int kn = min(ks + 1, nks - 1);
+            const int kn = min(ks + 1, b * B + B - 1);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) bxn[nt] = xs[stage_slot<NT>(kn, nt, lane)];
           }
