@@ -39,7 +39,7 @@
 //   N > 16 (bitmap only; fourteenth session): a block multiplies its tiles by 32 tokens (N 17-32, NT = 4) or 64 (NT =
 //   8, grid z over groups of 64 tokens, each decoding the weight again). X is staged batch by batch in 16-byte items
 //   (the first two batches before the loop, each later one with the weights two batches ahead, then a block barrier
-//   per batch: 1-7% faster than staging the whole chunk first), the next k-step's X fragments are loaded while the
+//   per batch: up to 7% faster than staging the whole chunk first), the next k-step's X fragments are loaded while the
 //   current one is multiplied, and the cluster epilogue keeps token-major
 //   partial sums where Y's rows are adjacent, read and written row-fastest. With the atomics reduction the call gets
 //   its own zeroed workspace (the plan's holds 16 tokens per row). On the H100 at 4096 x 4096, 90%: 20.0 / 33.5 / 54.7
