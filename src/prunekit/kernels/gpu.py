@@ -610,8 +610,8 @@ def _bitmap_mm(
 ) -> None:
     """``y (M, N) = act(A @ x + bias)`` with the bitmap decode kernel (``prunekit_nm24::bitmap_mm``, loaded on first
     use); the plan is built once per weight and cached on its values tensor. ``csr``: (values, row_offsets,
-    column_indices) as stored; ``x``: ``(K, N)``, any strides. N <= 16 runs one block per (row block, k-chunk); N > 16
-    runs blocks of 64 tokens (grid z over token groups), each decoding the weight again.
+    column_indices) as stored; ``x``: ``(K, N)``, any strides. N <= 16 runs one block per (row block, k-chunk); N 17-32
+    blocks of 32 tokens; above, blocks of 64 tokens (grid z over token groups), each decoding the weight again.
 
     Raises:
         ValueError: not fp16/bf16. KernelUnavailable: the library does not build or load here.
