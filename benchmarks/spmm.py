@@ -11,7 +11,9 @@ layer output the way a user would call them:
 For fp16/bf16 and N <= 16 the run also times the tensor-core decode variant ``scatter`` and the CUDA-core rowwarp as
 ``auto`` runs it there, X gathered from global memory, and the bitmap decode kernel, all forced (``scatter_gpu_ms``,
 ``rowwarp_global_gpu_ms``, ``bitmap_gpu_ms``; ``scatter_gbps`` / ``bitmap_gbps`` count the plan's bytes, X and Y once).
-For fp16/bf16 and N > 16 it times the CUDA-core ``direct`` variant and the bitmap kernel (64-token blocks) forced,
+For fp16/bf16 and N <= gpu.BITMAP_WIDE_MAX_N it also times the runtime's ``SparseLinear`` eagerly (``layer_eager_ms``,
+against F.linear and torch.sparse.mm: ``speedup_layer_vs_dense_eager``, ``speedup_layer_vs_torch_sparse``).
+For fp16/bf16 and N > 16 it times the CUDA-core ``direct`` variant and the bitmap kernel (32- or 64-token blocks) forced,
 and from N >= TC_BENCH_MIN_N also the tensor-core variant (``variant="tc"``, transposed activations copied to
 row-major inside the call, so the copy is timed) (``direct_gpu_ms``, ``bitmap_gpu_ms``, ``tc_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
 build time of the plan on the GPU, first call only; later calls reuse the plan cached on the weight).
@@ -220,7 +222,7 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
             forced["bitmap_gbps"] = (
                 (bitmap_bytes(bm) + x_bytes + n * m * esize) / (forced["bitmap_gpu_ms"] * 1e-3) / 1e9
             )
-        if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
+        if dtype in gpu.TC_DTYPES and n <= gpu.BITMAP_WIDE_MAX_N:
             # The runtime's layer, eagerly, as a user calls it: x (N, K) in, Y (N, M) out (its own eager route: the
             # bitmap entry where "auto" takes that kernel, else the generic CSR path); dense_eager_ms is F.linear.
             layers = [SparseLinear(formats.encode("csr", w.cpu())).cuda() for w in weights]
@@ -237,6 +239,8 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
             sparse_error = None
         except RuntimeError as exc:  # e.g. a dtype cuSPARSE does not take
             sparse_eager, sparse_error = None, str(exc).splitlines()[0]
+        if "layer_eager_ms" in forced and sparse_eager:
+            forced["speedup_layer_vs_torch_sparse"] = sparse_eager / forced["layer_eager_ms"]
         flops = 2.0 * nnz_real * n
         min_bytes = nnz_padded * (esize + csrs[0]["column_indices"].element_size()) + (m + 1) * 4 + x_bytes
         min_bytes += n * m * esize
