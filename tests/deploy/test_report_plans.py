@@ -26,6 +26,23 @@ def test_csr_layers_that_auto_runs_on_the_bitmap_kernel_count_its_plan():
     assert decode_plan_nbytes(_csr(256, 2048, 0.9, torch.float32)) is None  # fp32: CUDA-core kernels only
 
 
+def test_csr_plan_counted_where_only_the_wide_bitmap_rule_takes_it(monkeypatch):
+    """The column asks the rule at N > 16 too (the bitmap kernel's range up to BITMAP_WIDE_MAX_N)."""
+    from prunekit.kernels import gpu
+
+    real = gpu.plan_spmm
+    asked = []
+
+    def only_wide(m, k, n, nnz, sms, variant, dtype):
+        asked.append(n)
+        return gpu.SpmmPlan("bitmap") if n == gpu.TC_MIN_N else real(m, k, n, nnz, sms, variant, dtype)
+
+    monkeypatch.setattr(gpu, "plan_spmm", only_wide)
+    enc = _csr(256, 2048, 0.99)  # 1% dense: rowwarp at every N <= 16
+    assert decode_plan_nbytes(enc) is not None
+    assert gpu.BITMAP_MAX_N + 1 in asked and gpu.TC_MIN_N in asked
+
+
 def test_two_four_layers_count_the_decode_plan_and_others_none():
     w = torch.randn(96, 256)
     w = w * torch.zeros_like(w).view(96, 64, 4).scatter_(2, w.view(96, 64, 4).abs().topk(2, 2).indices, 1).view(96, 256)

@@ -5,8 +5,8 @@ exported package (the formats it stores). Rendered as a rich table by the CLI, a
 in a package's REPORT.md, as JSON, and as a PNG plot (sparsity and bytes saved per layer).
 
 Beside the stored bytes, each row gives the bytes of the decode plan the runtime builds in GPU memory the first time
-the layer runs at decode sizes (N <= 16 tokens) on a GPU, if it does: the bitmap plan of an fp16/bf16 CSR layer where
-``"auto"`` can take the bitmap kernel, the 2:4 decode plan of an fp16/bf16 2:4 layer. It lives beside the stored
+the layer runs at decode sizes on a GPU, if it does: the bitmap plan of an fp16/bf16 CSR layer where ``"auto"`` can
+take the bitmap kernel (at N = 2-256 tokens), the 2:4 decode plan of an fp16/bf16 2:4 layer (N = 2-16). It lives beside the stored
 weight, so a decoding model's GPU memory is the stored bytes plus these.
 """
 
@@ -94,8 +94,9 @@ def format_nbytes(weight2d: torch.Tensor, pattern: str | None) -> dict[str, int 
 
 def decode_plan_nbytes(enc: EncodedTensor) -> int | None:
     """Bytes of the plan the runtime builds in GPU memory beside ``enc`` when the layer runs at decode sizes on a GPU,
-    or None when it builds none: an fp16/bf16 CSR weight where ``"auto"`` takes the bitmap kernel at some N in 2-16
-    (``gpu.plan_spmm`` with this weight's stored entries and the current settings; ``spmm_bitmap_plan``), an fp16/bf16
+    or None when it builds none: an fp16/bf16 CSR weight where ``"auto"`` takes the bitmap kernel at some N in 2 to
+    ``gpu.BITMAP_WIDE_MAX_N`` (``gpu.plan_spmm`` with this weight's stored entries and the current settings, at every N
+    up to 16 and at the first N of each wider rule; ``spmm_bitmap_plan``), an fp16/bf16
     2:4 weight (``nm24.plan_nbytes``). Other formats run without a plan of that size."""
     if enc.dtype not in ("float16", "bfloat16") or len(enc.shape) != 2:
         return None
@@ -107,7 +108,8 @@ def decode_plan_nbytes(enc: EncodedTensor) -> int | None:
     c = enc.components
     dtype = getattr(torch, enc.dtype)
     nnz = c["values"].numel()
-    if not any(gpu.plan_spmm(m, k, n, nnz, 132, "auto", dtype).variant == "bitmap" for n in range(2, 17)):
+    sizes = (*range(gpu.BITMAP_MIN_N, gpu.BITMAP_MAX_N + 1), gpu.BITMAP_MAX_N + 1, gpu.TC_MIN_N)
+    if not any(gpu.plan_spmm(m, k, n, nnz, 132, "auto", dtype).variant == "bitmap" for n in sizes):
         return None
     return bitmap_plan_nbytes(c["values"], c["row_offsets"], c["column_indices"], m, k)
 
@@ -183,7 +185,8 @@ def render_markdown(report: Report) -> str:
         "",
         f"Source: `{report.source}`. Bytes are exact stored sizes; `-` means the format cannot hold the layer. "
         "`GPU decode plan`: what the runtime adds in GPU memory, beside the stored weight, once the layer runs at "
-        "decode sizes (N <= 16 tokens) on a GPU (`-`: nothing of that kind).",
+        "decode sizes on a GPU (CSR: N = 2-256 tokens where the bitmap kernel runs; 2:4: N = 2-16; `-`: nothing of "
+        "that kind).",
         "",
         head,
         "|" + "---|" * (head.count("|") - 1),
