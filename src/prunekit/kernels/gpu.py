@@ -761,7 +761,8 @@ def eager_spmm_variant(
     None when :func:`spmm_csr` must run: :func:`eager_cpp_enabled` False, ``x`` not a 2-D CUDA tensor, or
     :func:`eager_spmm_code` None (tensor-core plan, mixed or unsupported dtypes; for the N where the scatter and bitmap
     rules read the density, None unless ``m`` is given and :func:`plan_spmm` on this weight's stored entries chooses a
-    CUDA-core kernel, which the entry's own rule then chooses too).
+    CUDA-core kernel, which the entry's own rule then chooses too; never where ``tc`` is possible, whose density floor
+    changes within a size class).
 
     The answer depends on ``x`` only through its dtype, its device and :func:`eager_size_class` of N (and on
     ``$PRUNEKIT_SPMM_CPP`` / ``$PRUNEKIT_SPMM_TC`` / ``$PRUNEKIT_SPMM_SCATTER`` / ``$PRUNEKIT_SPMM_BITMAP``, read now):
@@ -783,6 +784,7 @@ def eager_spmm_variant(
         and m is not None
         and variant == "auto"
         and n <= BITMAP_WIDE_MAX_N
+        and (n < TC_MIN_N or not tc_auto_enabled())  # tc's density floor changes within a size class: Python decides
         and x.dtype == values.dtype
         and x.dtype in EAGER_DTYPES
     ):
