@@ -621,12 +621,12 @@ template <typename T, int NT, int V, int R, int B>
 void launch(Params p, int row_blocks, cudaStream_t stream) {
   const int token_groups = (p.n + NT * 8 - 1) / (NT * 8);  // grid z: 1 at N <= 16
   static std::atomic<uint64_t> opted_in{0};  // above the default 48 KB: opt in once per instance and device
-  static std::atomic<int> optin_of[64] = {};  // the device's shared memory per block with opt-in, 0: not asked yet
+  static std::atomic<int> optin_of[64] = {};  // dynamic shared memory this instance may opt in to, 0: not asked yet
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   int optin = optin_of[device & 63].load(std::memory_order_relaxed);
-  if (optin == 0) {  // dynamic shared memory the kernel may opt in to: the device's limit less its static arrays
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (optin == 0) {  // the device's limit (launch.cuh) less the kernel's static arrays
+    optin = prunekit_launch::device_props(device).max_smem;
     cudaFuncAttributes attrs{};
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attrs, nm24_decode_kernel<T, NT, V, R, B>));
     optin -= static_cast<int>(attrs.sharedSizeBytes);
@@ -649,14 +649,7 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
                                         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
-  static std::atomic<int> major_of[64] = {};  // compute capability major per device, 0: not asked yet
-  int major = major_of[device & 63].load(std::memory_order_relaxed);
-  if (major == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    major_of[device & 63].store(major, std::memory_order_relaxed);
-  }
-  if (major < 9) p.cluster = 0, p.pdl = 0;
-  if (!p.cluster && !p.pdl) {
+  if (!p.cluster && !p.pdl) {  // run() sets either only on sm_90 and newer
     nm24_decode_kernel<T, NT, V, R, B><<<dim3(row_blocks, p.chunks, token_groups), kThreads, smem, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
@@ -808,8 +801,8 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
     p.counters = call_counters.data_ptr<int>();
     p.ws_ld = static_cast<int>(ld);
   }
-  // Programmatic dependent launch, on by default with the cluster reduction ($PRUNEKIT_NM24_PDL=0: off; launch() clears
-  // it below sm_90). On the H100, calls of one layer back to back took 0.1-1.8 us less each (of 4-28 us), but 1-1.5 us
+  // Programmatic dependent launch, on by default with the cluster reduction, so on sm_90 and newer only
+  // ($PRUNEKIT_NM24_PDL=0: off). On the H100, calls of one layer back to back took 0.1-1.8 us less each (of 4-28 us), but 1-1.5 us
   // more at 4096 x 11008, whose 22 k-chunks use the atomics, hence not there (benchmarks/results/{spmm-bitmap,
   // nm24-sweep}-{pdl,nopdl}-h100-2026-11-26-s12.json). In decode q / k / v blocks (three projections back to back) the
   // chain took 6-10% less time (graph; 2:4 at N = 1 / 16, bitmap at N = 16: decode-chain-qkv-h100-2026-11-26-s13.json);
