@@ -300,21 +300,35 @@ def test_bitmap_kernel_replays_in_a_cuda_graph(n, cluster, monkeypatch):
     assert y.shape == yg.shape
 
 
+def _set_wide_warps(monkeypatch, warps):
+    """$PRUNEKIT_NM24_WIDE_WARPS: "8" or "16" strips per block at N > 16, None for the launcher's rule."""
+    if warps is None:
+        monkeypatch.delenv(nm24.WIDE_WARPS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(nm24.WIDE_WARPS_ENV, warps)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m,k,n,sparsity,empty_rows", WIDE_SHAPES)
 @pytest.mark.parametrize("layout", ["transposed", "row_major"])
-def test_bitmap_kernel_wide_n_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout):
-    """N > 16: one block of 32 tokens at N <= 32, else blocks of 64 tokens over grid z, the last group partial; both X layouts, a contiguous (M, N) output and
-    the launcher's own (transposed: Y's rows adjacent, written row-fastest by the cluster epilogue)."""
+@pytest.mark.parametrize("warps", ["8", "16"])
+def test_bitmap_kernel_wide_n_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout, warps, monkeypatch):
+    """N > 16: one block of 32 tokens at N <= 32, else blocks of 64 tokens over grid z, the last group partial; blocks
+    of 8 and of 16 strips; both X layouts, a contiguous (M, N) output and the launcher's own (transposed: Y's rows
+    adjacent, written row-fastest by the cluster epilogue)."""
+    _set_wide_warps(monkeypatch, warps)
     _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("chunk,cluster", [(None, None), ("8", None), ("8", "0"), ("16", "0"), ("32", None)])
-def test_bitmap_kernel_wide_n_k_chunks_in_clusters_and_atomics(chunk, cluster, monkeypatch):
+@pytest.mark.parametrize("warps", [None, "8", "16"])
+def test_bitmap_kernel_wide_n_k_chunks_in_clusters_and_atomics(chunk, cluster, warps, monkeypatch):
     """N > 16 with the k-chunks reduced in clusters and with atomics (chunk 8: 20 chunks, more than a cluster; or
-    $PRUNEKIT_NM24_CLUSTER=0): the atomics add into a zeroed workspace of this call, so the plan's stays zero."""
+    $PRUNEKIT_NM24_CLUSTER=0): the atomics add into a zeroed workspace of this call, so the plan's stays zero. Blocks
+    of 8 and 16 strips, and the launcher's choice."""
+    _set_wide_warps(monkeypatch, warps)
     dense, c, bias, g = _chunk_case(monkeypatch, chunk, cluster, 13)
     m, k = dense.shape
     for n in (17, 24, 32, 33, 64, 65, 128, 200, 257):

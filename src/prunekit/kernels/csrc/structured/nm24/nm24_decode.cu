@@ -101,6 +101,7 @@ constexpr int kBatch = 8;             // k-step alignment of K and of the chunks
 constexpr int kTokens = 16;           // tokens per block at N <= 16, and per row of a plan's k-split workspace
 constexpr int kWideNt = 8;            // bitmap at N > 32: mma n-tiles (8 tokens each) per block, grid z = token groups
                                       // (at N 17-32 half of it: one block of 32 tokens)
+constexpr int kWideWarps = 16;        // bitmap at N > 16: strips per block where the grid stays large enough (run())
 constexpr int kMaxChunk = 64;         // k-steps per block: 32 KB of staged X (= nm24.MAX_CHUNK)
 constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTER; over 8 is non-portable)
 // inner products (template V, the plan's variant): register expansion of 2:4 groups + mma.sync, mma.sp, and the
@@ -211,22 +212,24 @@ __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
   return (ks * x_tiles(NT) + nt) * 32 + (lane ^ ((ks & 7) << 2));
 }
 
-template <typename T, int NT, int V, int R, int B>
-__global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
+template <typename T, int NT, int V, int R, int B, int W>
+__global__ void __launch_bounds__(32 * W) nm24_decode_kernel(const Params p) {
+  constexpr int kThr = 32 * W;  // W warps (strips) per block: kWarps, or kWideWarps for the bitmap at N > 16 (dispatch)
+  static_assert(W == kWarps || V == kBitmap, "the 2:4 rings (ring_bytes) and plan counters are per 8 strips");
   constexpr bool SP = V == kSp, BM = V == kBitmap;
   constexpr int kBatchVals = B * 16;  // uint4 per batch and warp
   constexpr int kBatchMeta = B * 8;   // uint32 per batch and warp
   constexpr int kMetaLane = B / 4;    // metadata words each lane copies per batch
-  // dynamic shared memory: the weight ring (kWarps x R batches: vals, then meta), then X in fragment order
+  // dynamic shared memory: the weight ring (W x R batches: vals, then meta), then X in fragment order
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ uint32_t lut[16];
   __shared__ int last_flag;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   uint4* ring_v = reinterpret_cast<uint4*>(smem) + warp * R * kBatchVals;
-  uint32_t* ring_m = reinterpret_cast<uint32_t*>(smem + kWarps * R * kBatchVals * 16) + warp * R * kBatchMeta;
-  uint2* xs = reinterpret_cast<uint2*>(smem + (BM ? kWarps * p.wstride : ring_bytes(R, B)));
+  uint32_t* ring_m = reinterpret_cast<uint32_t*>(smem + W * R * kBatchVals * 16) + warp * R * kBatchMeta;
+  uint2* xs = reinterpret_cast<uint2*>(smem + (BM ? W * p.wstride : ring_bytes(R, B)));
   unsigned char* wring = smem + warp * p.wstride;  // bitmap: this warp's ring of R slots
-  const int strip = blockIdx.x * kWarps + warp;
+  const int strip = blockIdx.x * W + warp;
   const int ks0 = blockIdx.y * p.chunk;
   const int nks = min(p.chunk, p.ksteps - ks0);  // a multiple of kBatch, so of B
   const int batches = nks / B;
@@ -303,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     // B of m16n8k32 (PTX layout): lane (g, t) register i holds X[token g][k32 * 32 + 8i + 2t + {0, 1}]; staged as
     // one 16-byte item per (k32, token tile, lane), 4-byte pieces
     uint32_t* xw = reinterpret_cast<uint32_t*>(xs);
-    for (int pair = tid; pair < nks * 8; pair += kThreads) {
+    for (int pair = tid; pair < nks * 8; pair += kThr) {
       const int col = kcol0 + pair * 2;
       const int k32 = pair >> 4, q = pair & 15;
       const T* src = x + static_cast<int64_t>(col) * p.x_sk;
@@ -328,7 +331,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   const bool vec16 = vec && p.x_sn % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   auto stage_x = [&](int bb) {  // X of batch bb (k-steps bb * B ..) of this chunk
     if (p.probe & 8) return;
-    for (int it = tid; it < B * 2 * NT * 8; it += kThreads) {
+    for (int it = tid; it < B * 2 * NT * 8; it += kThr) {
       const int q = it % (B * 2), tok = it / (B * 2);
       const int ks = bb * B + (q >> 1), t = (q & 1) * 2, col = kcol0 + ks * 16 + t * 4;
       uint2* dst = xs + stage_slot<NT>(ks, tok >> 3, (tok & 7) * 4 + t);
@@ -347,7 +350,7 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   if constexpr (kWideX) {
     for (int bb = 0; bb < R - 1 && bb < batches; ++bb) stage_x(bb);
   }
-  for (int cg = tid; !SP && !kWideX && cg < groups; cg += kThreads) {
+  for (int cg = tid; !SP && !kWideX && cg < groups; cg += kThr) {
     const int col = kcol0 + cg * 4;
     const int ks = cg >> 2, t = cg & 3;
     const T* src = x + static_cast<int64_t>(col) * p.x_sk;
@@ -530,17 +533,17 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     // each thread's outputs (at most kMaxOuts for 2+ chunks): the sums are read from every block first, then this
     // block tells the cluster it is done reading (arrive) and writes Y while the others finish; it leaves only after
     // every block has arrived (wait), so no shared memory is read after its block left
-    constexpr int kOuts = kWarps * 16 * kTok;
-    constexpr int kMaxOuts = kOuts / (2 * kThreads);
+    constexpr int kOuts = W * 16 * kTok;
+    constexpr int kMaxOuts = kOuts / (2 * kThr);
     const int rank = static_cast<int>(cluster.block_rank());
-    const int stride = kThreads * p.chunks;
+    const int stride = kThr * p.chunks;
     const int warp_floats = BM ? p.wstride / 4 : R * kBatchVals * 4;  // one warp's ring, in floats
     float sums[kMaxOuts];
 #pragma unroll
     for (int o = 0; o < kMaxOuts; ++o) {
-      const int e = rank * kThreads + tid + o * stride;
-      const int row_local = row_fast ? e % (kWarps * 16) : e / kTok;
-      const int tok = row_fast ? e / (kWarps * 16) : e % kTok;
+      const int e = rank * kThr + tid + o * stride;
+      const int row_local = row_fast ? e % (W * 16) : e / kTok;
+      const int tok = row_fast ? e / (W * 16) : e % kTok;
       sums[o] = 0.f;
       if (e < kOuts && tok < nloc) {
         float* local = reinterpret_cast<float*>(smem) + (row_local >> 4) * warp_floats + part_at(row_local & 15, tok);
@@ -554,9 +557,9 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 #pragma unroll
     for (int o = 0; o < kMaxOuts; ++o) {
-      const int e = rank * kThreads + tid + o * stride;
-      const int row = blockIdx.x * kWarps * 16 + (row_fast ? e % (kWarps * 16) : e / kTok);
-      const int tok = row_fast ? e / (kWarps * 16) : e % kTok;
+      const int e = rank * kThr + tid + o * stride;
+      const int row = blockIdx.x * W * 16 + (row_fast ? e % (W * 16) : e / kTok);
+      const int tok = row_fast ? e / (W * 16) : e % kTok;
       if (e < kOuts && row < p.m && tok < nloc) {
         float val = sums[o] + (bias ? to_float(bias[row]) : 0.f);
         if (p.relu) val = fmaxf(val, 0.f);
@@ -603,8 +606,8 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   __syncthreads();
   if (!last_flag) return;
   __threadfence();
-  const int row0 = blockIdx.x * kWarps * 16;
-  for (int idx = tid; idx < kWarps * 16 * kTok; idx += kThreads) {
+  const int row0 = blockIdx.x * W * 16;
+  for (int idx = tid; idx < W * 16 * kTok; idx += kThr) {
     const int row = row0 + idx / kTok, tok = idx % kTok;
     if (row < p.m && tok < nloc) {
       float* cell = ws + static_cast<int64_t>(row) * p.ws_ld + tok;
@@ -617,8 +620,9 @@ __global__ void __launch_bounds__(kThreads) nm24_decode_kernel(const Params p) {
   if (tid == 0) *counter = 0;
 }
 
-template <typename T, int NT, int V, int R, int B>
-void launch(Params p, int row_blocks, cudaStream_t stream) {
+template <typename T, int NT, int V, int R, int B, int W = kWarps>
+void launch(Params p, cudaStream_t stream) {
+  const int row_blocks = (p.strips + W - 1) / W;
   const int token_groups = (p.n + NT * 8 - 1) / (NT * 8);  // grid z: 1 at N <= 16
   static std::atomic<uint64_t> opted_in{0};  // above the default 48 KB: opt in once per instance and device
   static std::atomic<int> optin_of[64] = {};  // dynamic shared memory this instance may opt in to, 0: not asked yet
@@ -628,41 +632,41 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   if (optin == 0) {  // the device's limit (launch.cuh) less the kernel's static arrays
     optin = prunekit_launch::device_props(device).max_smem;
     cudaFuncAttributes attrs{};
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attrs, nm24_decode_kernel<T, NT, V, R, B>));
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attrs, nm24_decode_kernel<T, NT, V, R, B, W>));
     optin -= static_cast<int>(attrs.sharedSizeBytes);
     optin_of[device & 63].store(optin, std::memory_order_relaxed);
   }
   // the bitmap ring's size depends on the weight (its densest batch): up to the device's limit
   const size_t max_smem = V == kBitmap ? static_cast<size_t>(optin)
                                        : ring_bytes(R, B) + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
-  const size_t smem = (V == kBitmap ? static_cast<size_t>(kWarps) * p.wstride : ring_bytes(R, B)) +
+  const size_t smem = (V == kBitmap ? static_cast<size_t>(W) * p.wstride : ring_bytes(R, B)) +
                       static_cast<size_t>(p.chunk) * x_tiles(NT) * 32 * sizeof(uint2);
   PRUNEKIT_CHECK(smem <= max_smem, "nm24: the weight's densest batch needs ", smem, " bytes of shared memory per block, ",
               "over the device's ", max_smem, " (too dense for the bitmap decode kernel)");
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B>,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B, W>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_smem)));
     // all of L1 as shared memory: two or three blocks of 62-122 KB per SM (the driver may otherwise size it for one)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B>,
+    C10_CUDA_CHECK(cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B, W>,
                                         cudaFuncAttributePreferredSharedMemoryCarveout,
                                         static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     opted_in.fetch_or(bit, std::memory_order_relaxed);
   }
   if (!p.cluster && !p.pdl) {  // run() sets either only on sm_90 and newer
-    nm24_decode_kernel<T, NT, V, R, B><<<dim3(row_blocks, p.chunks, token_groups), kThreads, smem, stream>>>(p);
+    nm24_decode_kernel<T, NT, V, R, B, W><<<dim3(row_blocks, p.chunks, token_groups), 32 * W, smem, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   static std::atomic<uint64_t> non_portable{0};  // clusters of 9-16 blocks: opt in once per instance and device
   if (p.cluster && p.chunks > 8 && !(non_portable.load(std::memory_order_relaxed) & bit)) {
     C10_CUDA_CHECK(
-        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        cudaFuncSetAttribute(nm24_decode_kernel<T, NT, V, R, B, W>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     non_portable.fetch_or(bit, std::memory_order_relaxed);
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(row_blocks, p.chunks, token_groups);
-  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.blockDim = dim3(32 * W, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
@@ -681,29 +685,30 @@ void launch(Params p, int row_blocks, cudaStream_t stream) {
   }
   cfg.attrs = attr;
   cfg.numAttrs = n_attrs;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, V, R, B>, p));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, V, R, B, W>, p));
 }
 
 // one instance per (token tiles, inner product, ring): the register expansion with the 3 x 8 ring only, the bitmap with
-// 3 x 8 and 5 x 8
+// 3 x 8 and 5 x 8; at N > 16 the bitmap with blocks of 8 or 16 strips
 template <typename T>
-void dispatch(const Params& p, int rb, cudaStream_t stream, int variant, bool two, int ring, int batch) {
-  if (variant == kBitmap && p.n > 2 * kTokens) {
-    launch<T, kWideNt, kBitmap, 3, 8>(p, rb, stream);  // N > 32: blocks of 64 tokens, the 3-batch ring
-  } else if (variant == kBitmap && p.n > kTokens) {
-    launch<T, kWideNt / 2, kBitmap, 3, 8>(p, rb, stream);  // N 17-32: one block of 32 tokens
+void dispatch(const Params& p, cudaStream_t stream, int variant, bool two, int ring, int batch, bool wide16) {
+  if (variant == kBitmap && p.n > 2 * kTokens) {  // N > 32: blocks of 64 tokens, the 3-batch ring
+    wide16 ? launch<T, kWideNt, kBitmap, 3, 8, kWideWarps>(p, stream) : launch<T, kWideNt, kBitmap, 3, 8>(p, stream);
+  } else if (variant == kBitmap && p.n > kTokens) {  // N 17-32: one block of 32 tokens
+    wide16 ? launch<T, kWideNt / 2, kBitmap, 3, 8, kWideWarps>(p, stream)
+           : launch<T, kWideNt / 2, kBitmap, 3, 8>(p, stream);
   } else if (variant == kPrmt) {
-    two ? launch<T, 2, kPrmt, 3, 8>(p, rb, stream) : launch<T, 1, kPrmt, 3, 8>(p, rb, stream);
+    two ? launch<T, 2, kPrmt, 3, 8>(p, stream) : launch<T, 1, kPrmt, 3, 8>(p, stream);
   } else if (variant == kBitmap && ring == 5) {
-    two ? launch<T, 2, kBitmap, 5, 8>(p, rb, stream) : launch<T, 1, kBitmap, 5, 8>(p, rb, stream);
+    two ? launch<T, 2, kBitmap, 5, 8>(p, stream) : launch<T, 1, kBitmap, 5, 8>(p, stream);
   } else if (variant == kBitmap) {
-    two ? launch<T, 2, kBitmap, 3, 8>(p, rb, stream) : launch<T, 1, kBitmap, 3, 8>(p, rb, stream);
+    two ? launch<T, 2, kBitmap, 3, 8>(p, stream) : launch<T, 1, kBitmap, 3, 8>(p, stream);
   } else if (ring == 6 && batch == 4) {
-    two ? launch<T, 2, kSp, 6, 4>(p, rb, stream) : launch<T, 1, kSp, 6, 4>(p, rb, stream);
+    two ? launch<T, 2, kSp, 6, 4>(p, stream) : launch<T, 1, kSp, 6, 4>(p, stream);
   } else if (ring == 4 && batch == 4) {
-    two ? launch<T, 2, kSp, 4, 4>(p, rb, stream) : launch<T, 1, kSp, 4, 4>(p, rb, stream);
+    two ? launch<T, 2, kSp, 4, 4>(p, stream) : launch<T, 1, kSp, 4, 4>(p, stream);
   } else {
-    two ? launch<T, 2, kSp, 3, 8>(p, rb, stream) : launch<T, 1, kSp, 3, 8>(p, rb, stream);
+    two ? launch<T, 2, kSp, 3, 8>(p, stream) : launch<T, 1, kSp, 3, 8>(p, stream);
   }
 }
 
@@ -810,14 +815,27 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
   p.pdl = p.cluster && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0) ? 1 : 0;
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
+  // Bitmap at N > 16: blocks of kWideWarps strips (256 rows) stage each token's X once per 256 rows instead of 128,
+  // where the grid still has at least half as many blocks as the device has SMs and the block's shared memory fits
+  // (the ring is sized by the weight's densest batch). $PRUNEKIT_NM24_WIDE_WARPS=8 or 16 forces one.
+  bool wide16 = false;
+  if (v.variant == kBitmap && n > kTokens) {
+    const char* warps_var = std::getenv("PRUNEKIT_NM24_WIDE_WARPS");  // per call, as the other switches (tests)
+    const int forced = warps_var == nullptr ? 0 : std::atoi(warps_var);
+    const auto& props = prunekit_launch::device_props(x.get_device());
+    const int64_t groups = (n + kWideNt * 8 - 1) / (kWideNt * 8), nt = n > 2 * kTokens ? kWideNt : kWideNt / 2;
+    const int64_t smem16 = int64_t{kWideWarps} * p.wstride + v.chunk * x_tiles(static_cast<int>(nt)) * 32 * 8;
+    const bool fits = smem16 + 1024 <= props.max_smem;  // 1 KB for the kernel's static arrays
+    const int64_t blocks16 = (v.strips + kWideWarps - 1) / kWideWarps * chunks * groups;
+    wide16 = fits && (forced == 16 || (forced != 8 && 2 * blocks16 >= props.sms));
+  }
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int rb = static_cast<int>(row_blocks);
   const bool two = n > 8;
   const int ring = static_cast<int>(v.ring), batch = static_cast<int>(v.batch);
   if (x.scalar_type() == at::kHalf) {
-    dispatch<__half>(p, rb, stream, static_cast<int>(v.variant), two, ring, batch);
+    dispatch<__half>(p, stream, static_cast<int>(v.variant), two, ring, batch, wide16);
   } else {
-    dispatch<__nv_bfloat16>(p, rb, stream, static_cast<int>(v.variant), two, ring, batch);
+    dispatch<__nv_bfloat16>(p, stream, static_cast<int>(v.variant), two, ring, batch, wide16);
   }
 }
 
