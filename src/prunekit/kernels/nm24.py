@@ -64,8 +64,8 @@ CLUSTER_ENV = "PRUNEKIT_NM24_CLUSTER"  # "0": reduce k-chunks with global atomic
 DTYPES = (torch.float16, torch.bfloat16)
 DECODE_ENV = "PRUNEKIT_NM24_DECODE"  # "0": 2:4 calls at N <= 16 go to cuSPARSELt as before
 CHUNK_ENV = "PRUNEKIT_NM24_CHUNK"  # k-steps per block instead of plan_chunk's (tuning: benchmarks/nm24_sweep.py)
-# bitmap at N > 16: "8" or "16" strips per block instead of the launcher's rule (16 where the grid keeps at least half
-# as many blocks as SMs and the ring fits; csrc/structured/nm24/nm24_decode.cu, run())
+# bitmap at N > 16: "8" or "16" strips per block instead of the launcher's rule (16 where that grid takes fewer than
+# 4 / 5 of the waves of 8-strip blocks; csrc/structured/nm24/nm24_decode.cu, launch_wide)
 WIDE_WARPS_ENV = "PRUNEKIT_NM24_WIDE_WARPS"
 RING_ENV = "PRUNEKIT_NM24_RING"  # the weight ring instead of plan_ring's (mma.sp only; tuning)
 # weight rings the library is built for, "R x B": R batches of B k-steps per warp in shared memory (templates R, B;

@@ -44,6 +44,7 @@
 //   partial sums where Y's rows are adjacent, read and written row-fastest. With the atomics reduction the call gets
 //   its own zeroed workspace (the plan's holds 16 tokens per row). On the H100 at 4096 x 4096, 90%: 20.0 / 33.5 / 54.7
 //   us at N = 32 / 64 / 128 against dense cuBLAS's 14.5-15.1 (benchmarks/results/spmm-widegrid-h100-2026-11-26-s14.json).
+//   Blocks of 16 strips where that takes fewer waves (launch_wide; fifteenth session).
 //
 // Grid: (row blocks of 8 strips, k-chunks). Each warp streams its strip's chunk through a ring of R batches of B
 // k-steps in shared memory (cp.async, R - 1 batches in flight while one is multiplied; each lane reads back only the
@@ -101,7 +102,7 @@ constexpr int kBatch = 8;             // k-step alignment of K and of the chunks
 constexpr int kTokens = 16;           // tokens per block at N <= 16, and per row of a plan's k-split workspace
 constexpr int kWideNt = 8;            // bitmap at N > 32: mma n-tiles (8 tokens each) per block, grid z = token groups
                                       // (at N 17-32 half of it: one block of 32 tokens)
-constexpr int kWideWarps = 16;        // bitmap at N > 16: strips per block where the grid stays large enough (run())
+constexpr int kWideWarps = 16;        // bitmap at N > 16: strips per block where it takes fewer waves (launch_wide)
 constexpr int kMaxChunk = 64;         // k-steps per block: 32 KB of staged X (= nm24.MAX_CHUNK)
 constexpr int kMaxCluster = 16;       // k-chunks per cluster (= nm24.MAX_CLUSTER; over 8 is non-portable)
 // inner products (template V, the plan's variant): register expansion of 2:4 groups + mma.sync, mma.sp, and the
@@ -214,7 +215,7 @@ __device__ __forceinline__ int stage_slot(int ks, int nt, int lane) {
 
 template <typename T, int NT, int V, int R, int B, int W>
 __global__ void __launch_bounds__(32 * W) nm24_decode_kernel(const Params p) {
-  constexpr int kThr = 32 * W;  // W warps (strips) per block: kWarps, or kWideWarps for the bitmap at N > 16 (dispatch)
+  constexpr int kThr = 32 * W;  // W warps (strips) per block: kWarps, or kWideWarps for the bitmap at N > 16 (launch_wide)
   static_assert(W == kWarps || V == kBitmap, "the 2:4 rings (ring_bytes) and plan counters are per 8 strips");
   constexpr bool SP = V == kSp, BM = V == kBitmap;
   constexpr int kBatchVals = B * 16;  // uint4 per batch and warp
@@ -620,6 +621,35 @@ __global__ void __launch_bounds__(32 * W) nm24_decode_kernel(const Params p) {
   if (tid == 0) *counter = 0;
 }
 
+// Dynamic shared memory of a block: the weight rings (the bitmap's sized by the weight's densest batch), then the
+// chunk's X in fragment order.
+template <int NT, int V, int R, int B, int W>
+size_t dyn_smem(const Params& p) {
+  return (V == kBitmap ? static_cast<size_t>(W) * p.wstride : ring_bytes(R, B)) +
+         static_cast<size_t>(p.chunk) * x_tiles(NT) * 32 * sizeof(uint2);
+}
+
+// Blocks of an instance resident per SM with `smem` bytes of dynamic shared memory: the least of what the registers
+// (65536 per SM, allocated per warp in units of 256), the shared memory (1 KB reserved per block on sm_80 / sm_90)
+// and 2048 threads allow; 0 if one block does not fit.
+template <typename T, int NT, int V, int R, int B, int W>
+int blocks_per_sm(size_t smem) {
+  static std::atomic<int> regs_of[64] = {};  // registers per thread of this instance, 0: not asked yet
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  int regs = regs_of[device & 63].load(std::memory_order_relaxed);
+  if (regs == 0) {
+    cudaFuncAttributes attrs{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attrs, nm24_decode_kernel<T, NT, V, R, B, W>));
+    regs = std::max(1, attrs.numRegs);
+    regs_of[device & 63].store(regs, std::memory_order_relaxed);
+  }
+  const auto& props = prunekit_launch::device_props(device);
+  const int by_regs = 65536 / ((regs * 32 + 255) / 256 * 256 * W);
+  const int by_smem = static_cast<int>(static_cast<size_t>(props.smem_per_sm) / (smem + 1024));
+  return std::min({by_regs, by_smem, 2048 / (32 * W)});
+}
+
 template <typename T, int NT, int V, int R, int B, int W = kWarps>
 void launch(Params p, cudaStream_t stream) {
   const int row_blocks = (p.strips + W - 1) / W;
@@ -639,8 +669,7 @@ void launch(Params p, cudaStream_t stream) {
   // the bitmap ring's size depends on the weight (its densest batch): up to the device's limit
   const size_t max_smem = V == kBitmap ? static_cast<size_t>(optin)
                                        : ring_bytes(R, B) + static_cast<size_t>(kMaxChunk) * 2 * 32 * sizeof(uint2);
-  const size_t smem = (V == kBitmap ? static_cast<size_t>(W) * p.wstride : ring_bytes(R, B)) +
-                      static_cast<size_t>(p.chunk) * x_tiles(NT) * 32 * sizeof(uint2);
+  const size_t smem = dyn_smem<NT, V, R, B, W>(p);
   PRUNEKIT_CHECK(smem <= max_smem, "nm24: the weight's densest batch needs ", smem, " bytes of shared memory per block, ",
               "over the device's ", max_smem, " (too dense for the bitmap decode kernel)");
   const uint64_t bit = uint64_t{1} << (device & 63);
@@ -688,15 +717,40 @@ void launch(Params p, cudaStream_t stream) {
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, nm24_decode_kernel<T, NT, V, R, B, W>, p));
 }
 
+// Bitmap at N > 16 (NT = 4 or 8 token tiles, the 3 x 8 ring): blocks of kWideWarps strips (256 rows) stage each
+// token's X once per 256 rows instead of 128, but every warp of the block waits at the per-batch barrier for the
+// slowest of 16. On the H100 (benchmarks/results/spmm-bitmap-wide-w{8,16}-h100-2026-11-26-s15.json; 4 shapes, N =
+// 32-256, 70-90%), 16 strips were 0.69-0.91x as fast where both fill the SMs in the same number of waves, and 1.07-1.30x
+// where 8-strip blocks need about twice as many (dense rings: one block of 8 warps per SM). So: 16 strips where the grid
+// of 16-strip blocks takes fewer than 4 / 5 of the waves of 8-strip ones. $PRUNEKIT_NM24_WIDE_WARPS=8 or 16 forces one
+// (16 only where a block fits).
+template <typename T, int NT>
+void launch_wide(const Params& p, cudaStream_t stream) {
+  const char* warps_var = std::getenv("PRUNEKIT_NM24_WIDE_WARPS");  // per call, as the other switches (tests)
+  const int forced = warps_var == nullptr ? 0 : std::atoi(warps_var);
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const int sms = prunekit_launch::device_props(device).sms;
+  const int64_t per_row = static_cast<int64_t>(p.chunks) * ((p.n + NT * 8 - 1) / (NT * 8));  // blocks per row block
+  constexpr int64_t kNoFit = int64_t{1} << 40;
+  auto waves = [&](int warps, int per_sm) {
+    return per_sm == 0 ? kNoFit : ((p.strips + warps - 1) / warps * per_row + sms * per_sm - 1) / (sms * per_sm);
+  };
+  const int64_t w8 = waves(kWarps, blocks_per_sm<T, NT, kBitmap, 3, 8, kWarps>(dyn_smem<NT, kBitmap, 3, 8, kWarps>(p)));
+  const int64_t w16 = waves(kWideWarps, blocks_per_sm<T, NT, kBitmap, 3, 8, kWideWarps>(
+                                            dyn_smem<NT, kBitmap, 3, 8, kWideWarps>(p)));
+  const bool sixteen = w16 != kNoFit && (forced == 16 || (forced != 8 && 5 * w16 < 4 * w8));
+  sixteen ? launch<T, NT, kBitmap, 3, 8, kWideWarps>(p, stream) : launch<T, NT, kBitmap, 3, 8>(p, stream);
+}
+
 // one instance per (token tiles, inner product, ring): the register expansion with the 3 x 8 ring only, the bitmap with
 // 3 x 8 and 5 x 8; at N > 16 the bitmap with blocks of 8 or 16 strips
 template <typename T>
-void dispatch(const Params& p, cudaStream_t stream, int variant, bool two, int ring, int batch, bool wide16) {
-  if (variant == kBitmap && p.n > 2 * kTokens) {  // N > 32: blocks of 64 tokens, the 3-batch ring
-    wide16 ? launch<T, kWideNt, kBitmap, 3, 8, kWideWarps>(p, stream) : launch<T, kWideNt, kBitmap, 3, 8>(p, stream);
-  } else if (variant == kBitmap && p.n > kTokens) {  // N 17-32: one block of 32 tokens
-    wide16 ? launch<T, kWideNt / 2, kBitmap, 3, 8, kWideWarps>(p, stream)
-           : launch<T, kWideNt / 2, kBitmap, 3, 8>(p, stream);
+void dispatch(const Params& p, cudaStream_t stream, int variant, bool two, int ring, int batch) {
+  if (variant == kBitmap && p.n > 2 * kTokens) {
+    launch_wide<T, kWideNt>(p, stream);  // N > 32: blocks of 64 tokens, the 3-batch ring
+  } else if (variant == kBitmap && p.n > kTokens) {
+    launch_wide<T, kWideNt / 2>(p, stream);  // N 17-32: one block of 32 tokens
   } else if (variant == kPrmt) {
     two ? launch<T, 2, kPrmt, 3, 8>(p, stream) : launch<T, 1, kPrmt, 3, 8>(p, stream);
   } else if (variant == kBitmap && ring == 5) {
@@ -815,27 +869,13 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
   p.pdl = p.cluster && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0) ? 1 : 0;
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
-  // Bitmap at N > 16: blocks of kWideWarps strips (256 rows) stage each token's X once per 256 rows instead of 128,
-  // where the grid still has at least half as many blocks as the device has SMs and the block's shared memory fits
-  // (the ring is sized by the weight's densest batch). $PRUNEKIT_NM24_WIDE_WARPS=8 or 16 forces one.
-  bool wide16 = false;
-  if (v.variant == kBitmap && n > kTokens) {
-    const char* warps_var = std::getenv("PRUNEKIT_NM24_WIDE_WARPS");  // per call, as the other switches (tests)
-    const int forced = warps_var == nullptr ? 0 : std::atoi(warps_var);
-    const auto& props = prunekit_launch::device_props(x.get_device());
-    const int64_t groups = (n + kWideNt * 8 - 1) / (kWideNt * 8), nt = n > 2 * kTokens ? kWideNt : kWideNt / 2;
-    const int64_t smem16 = int64_t{kWideWarps} * p.wstride + v.chunk * x_tiles(static_cast<int>(nt)) * 32 * 8;
-    const bool fits = smem16 + 1024 <= props.max_smem;  // 1 KB for the kernel's static arrays
-    const int64_t blocks16 = (v.strips + kWideWarps - 1) / kWideWarps * chunks * groups;
-    wide16 = fits && (forced == 16 || (forced != 8 && 2 * blocks16 >= props.sms));
-  }
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool two = n > 8;
   const int ring = static_cast<int>(v.ring), batch = static_cast<int>(v.batch);
   if (x.scalar_type() == at::kHalf) {
-    dispatch<__half>(p, stream, static_cast<int>(v.variant), two, ring, batch, wide16);
+    dispatch<__half>(p, stream, static_cast<int>(v.variant), two, ring, batch);
   } else {
-    dispatch<__nv_bfloat16>(p, stream, static_cast<int>(v.variant), two, ring, batch, wide16);
+    dispatch<__nv_bfloat16>(p, stream, static_cast<int>(v.variant), two, ring, batch);
   }
 }
 
