@@ -155,7 +155,7 @@ struct Params {
   int m, k, n, strips, ksteps, chunk, chunks, relu, x_vec;
   int cluster;  // 1: the grid's k-chunks are clusters, reduced through distributed shared memory (sm_90)
   int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads,
-              // 8 no X staging (bitmap at N > 16)
+              // 8 no X staging (bitmap at N > 16), 16 X staged with per-item addresses (the fourteenth session's loop)
   int pdl;    // launched with programmatic stream serialization (sm_90, cluster reduction; $PRUNEKIT_NM24_PDL=0: off)
   int ws_ld;  // floats per row of ws: kTokens (the plan's), or N rounded up to even (a per-call one at N > 16)
   // bitmap (V = kBitmap): vals are the present pair words, meta the tile headers (strips, ksteps, 5), boff the batch
@@ -330,8 +330,33 @@ __global__ void __launch_bounds__(32 * W) nm24_decode_kernel(const Params p) {
   // along K (coalesced), zero past X.
   constexpr bool kWideX = NT > 2;
   const bool vec16 = vec && p.x_sn % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  // A thread's items are the same in every batch: item i is q = tid % kXq (k-step q / 2 of the batch, 8 columns at
+  // (q % 2) * 8) of token tid / kXq + i * kXTokStep. With B = 8 the swizzle ((ks & 7) << 2) is (q / 2) << 2 in every
+  // batch, so batch bb's slots are batch 0's plus bb * B k-steps, and its source batch 0's plus bb * B * 16 columns:
+  // the addresses are computed once (in the loop they took about 60 instructions per item).
+  constexpr int kXq = B * 2, kXTokStep = kThr / kXq, kXItems = NT * 8 / kXTokStep;
+  static_assert(!kWideX || (B == 8 && kThr % kXq == 0 && (NT * 8) % kXTokStep == 0 && kXTokStep % 8 == 0),
+                "wide X staging: 8-k-step batches, whole items per thread");
+  const int xq = tid % kXq, xtok = tid / kXq;
+  const T* xsrc = x + static_cast<int64_t>(kcol0 + (xq >> 1) * 16 + (xq & 1) * 8) * p.x_sk +
+                  static_cast<int64_t>(xtok) * p.x_sn;
+  uint2* xdst = xs + stage_slot<NT>(xq >> 1, xtok >> 3, (xtok & 7) * 4 + (xq & 1) * 2);
   auto stage_x = [&](int bb) {  // X of batch bb (k-steps bb * B ..) of this chunk
     if (p.probe & 8) return;
+    if (vec16 && !(p.probe & 16) && kcol0 + (bb + 1) * B * 16 <= p.k) {  // the whole batch inside X along K
+      const T* src = xsrc + static_cast<int64_t>(bb) * (B * 16) * p.x_sk;
+      uint2* dst = xdst + bb * B * x_tiles(NT) * 32;
+#pragma unroll
+      for (int i = 0; i < kXItems; ++i) {
+        uint2* d = dst + i * (kXTokStep / 8) * 32;
+        if (xtok + i * kXTokStep < nloc) {
+          cp_async16(d, src + static_cast<int64_t>(i) * kXTokStep * p.x_sn);
+        } else {
+          *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+      return;
+    }
     for (int it = tid; it < B * 2 * NT * 8; it += kThr) {
       const int q = it % (B * 2), tok = it / (B * 2);
       const int ks = bb * B + (q >> 1), t = (q & 1) * 2, col = kcol0 + ks * 16 + t * 4;
