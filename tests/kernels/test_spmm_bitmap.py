@@ -134,9 +134,9 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
 
 
 def test_plan_spmm_bitmap_wide_rule(monkeypatch):
-    """N 17-256 (the H100 rule, fourteenth session): bitmap at density >= 10% with K >= 768 (from N = 65 with K <
-    1024: density >= 1/6); rowwarp up to N = 64 and direct or tc above where it does not apply; never past N = 256,
-    never for fp32."""
+    """N 17-256 (the H100 rule, fourteenth and fifteenth sessions): bitmap at density >= 10% with K >= 768 (N 17-64
+    with K >= 1024: >= 5%; from N = 65 with K < 1024: >= 1/6); rowwarp up to N = 64 and direct or tc above where it
+    does not apply; never past N = 256, never for fp32."""
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
     monkeypatch.delenv(gpu.TC_AUTO_ENV, raising=False)
 
@@ -146,16 +146,20 @@ def test_plan_spmm_bitmap_wide_rule(monkeypatch):
     for m, k in ((4096, 4096), (11008, 4096), (4096, 11008), (768, 3072)):
         for n in (17, 32, 64, 65, 128, 256):
             assert [auto(m, k, n, s) for s in (0.5, 0.7, 0.8, 0.9)] == ["bitmap"] * 4, (m, k, n)
-            assert auto(m, k, n, 0.95) != "bitmap", (m, k, n)
+            assert (auto(m, k, n, 0.95) == "bitmap") == (n < gpu.TC_MIN_N), (m, k, n)
+            assert auto(m, k, n, 0.98) != "bitmap", (m, k, n)
         assert auto(m, k, 257, 0.8) != "bitmap"
         assert auto(m, k, 64, 0.8, torch.float32) == "rowwarp"
         assert auto(m, k, 128, 0.8, torch.bfloat16) == "bitmap"
     # K = 768: at 90% up to N = 64 only, at 80% up to 256; K = 512: never
     assert [auto(3072, 768, n, 0.9) for n in (17, 64, 65, 256)] == ["bitmap"] * 2 + ["direct"] * 2
     assert [auto(3072, 768, n, 0.8) for n in (17, 64, 65, 256)] == ["bitmap"] * 4
-    assert [gpu.bitmap_wide_min_density_denominator(n, k) for n, k in ((64, 768), (65, 768), (65, 1024))] == [10, 6, 10]
+    assert [auto(3072, 768, n, 0.95) for n in (17, 64)] == ["rowwarp"] * 2
+    pairs = ((64, 768), (65, 768), (65, 1024), (17, 1024), (64, 4096))
+    assert [gpu.bitmap_wide_min_density_denominator(n, k) for n, k in pairs] == [10, 6, 10, 20, 20]
     assert auto(3072, 512, 32, 0.8) == "rowwarp"
-    assert auto(4096, 4096, 32, 0.95) == "rowwarp"
+    assert auto(4096, 4096, 32, 0.95) == "bitmap"
+    assert auto(4096, 4096, 32, 0.98) == "rowwarp"
     assert auto(4096, 4096, 128, 0.95) == "direct"
     monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")
     assert [auto(4096, 4096, n, 0.8) for n in (32, 128)] == ["rowwarp", "direct"]

@@ -170,6 +170,12 @@ BITMAP_MIN_K_SMALL_N = 768
 BITMAP_WIDE_MAX_N = 256
 BITMAP_WIDE_MIN_DENSITY_DENOMINATOR = 10
 BITMAP_WIDE_SMALL_K_MIN_DENSITY_DENOMINATOR = 6
+# At 95% and N = 32 / 64 with K >= BITMAP_MIN_K, bitmap (forced) was faster than rowwarp ("auto"'s kernel there) at 7 of
+# 8 points of the same grid and even at the eighth (4096 x 4096: 19.4 / 33.2 against 23.4 / 43.0 us; 11008 x 4096:
+# 38.4 / 64.2 against 47.6 / 89.0; 4096 x 11008: 46.4 / 74.2 against 46.3 / 94.2; 768 x 3072: 6.8 / 10.0 against 7.9 /
+# 10.8), so there the floor is 5% (fifteenth session). At 3072 x 768 (K < BITMAP_MIN_K), N = 64, rowwarp was faster
+# (10.8 against 11.4 us), and from N = 128 direct was faster except on 768 x 3072: 10% stays. Not measured at 98%.
+BITMAP_WIDE_LOW_N_MIN_DENSITY_DENOMINATOR = 20
 # Batches of 8 k-steps per warp in the bitmap kernel's shared-memory ring: 3 (two in flight while one is multiplied), or
 # 5 (all four batches of a 32-k-step chunk in flight at once; from 3% faster to 30% slower on the H100, docs/KERNELS.md).
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
@@ -227,10 +233,12 @@ def bitmap_min_density_denominator(n: int) -> int:
 
 def bitmap_wide_min_density_denominator(n: int, k: int) -> int:
     """``auto`` takes the bitmap kernel at ``16 < N <= BITMAP_WIDE_MAX_N`` (K >= BITMAP_MIN_K_SMALL_N) when the padded
-    density is at least one over this: 10%, or 1/6 from TC_MIN_N with K < BITMAP_MIN_K (measured on the H100, see the
-    constants)."""
+    density is at least one over this: 10%; 5% below TC_MIN_N with K >= BITMAP_MIN_K; 1/6 from TC_MIN_N with K <
+    BITMAP_MIN_K (measured on the H100, see the constants)."""
     if n >= TC_MIN_N and k < BITMAP_MIN_K:
         return BITMAP_WIDE_SMALL_K_MIN_DENSITY_DENOMINATOR
+    if n < TC_MIN_N and k >= BITMAP_MIN_K:
+        return BITMAP_WIDE_LOW_N_MIN_DENSITY_DENOMINATOR
     return BITMAP_WIDE_MIN_DENSITY_DENOMINATOR
 
 
