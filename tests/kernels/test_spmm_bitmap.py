@@ -17,7 +17,8 @@ import torch
 from prunekit import formats
 from prunekit.deploy.runtime import sparse_linear
 from prunekit.deploy.runtime.sparse_linear import SparseLinear
-from prunekit.kernels import gpu, nm24
+from prunekit.kernels import gpu, nm24, ops
+from prunekit.kernels.layout import new_spmm_output
 from prunekit.kernels.spmm_bitmap_plan import bitmap_plan_matmul, build_bitmap_plan, get_bitmap_plan
 from prunekit.kernels.testing import (
     SPMM_EDGE_CASES,
@@ -377,6 +378,36 @@ def test_sparse_linear_bitmap_entry_matches_float64(dtype, m, k, sparsity):
         plan = get_bitmap_plan(values, layer.w_row_offsets, layer.w_column_indices, m, k)
         torch.cuda.synchronize()
         assert int(plan.counters.abs().sum()) == 0 and float(plan.ws.abs().sum()) == 0.0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_custom_op_takes_the_cpp_entries_once_per_n(dtype):
+    """prunekit::spmm_csr on CUDA (gpu.spmm_csr_op): the bitmap entry at the N where "auto" takes bitmap, spmm_csr_auto
+    or gpu.spmm_csr elsewhere, each matching float64 in both X layouts and the layout rule; one decision per (dtype,
+    bias, M, N) kept on the values tensor, dropped by an in-place edit of the values."""
+    g = torch.Generator(device="cuda").manual_seed(21)
+    m, k = 1000, 2100
+    dense = random_sparse_weight(m, k, 0.8, dtype, "cuda", g, empty_rows=5, single_rows=2)
+    c = encode_csr(dense)
+    bias = torch.randn(m, generator=g, device="cuda").to(dtype)
+    for n in (1, 4, 9, 16, 40, 128, 300):
+        x2d = torch.randn(n, k, generator=g, device="cuda").to(dtype)
+        for x in (x2d.t(), x2d.t().contiguous()):
+            for b, act in ((bias, "relu"), (None, "none")):
+                with torch.inference_mode():
+                    y = ops.spmm_csr(**c, x=x, m=m, bias=b, activation=act)
+                assert relative_error(y, spmm_reference64(dense, x, b, act)) <= TOLERANCE[dtype], (n, act)
+                assert y.stride() == new_spmm_output(x, m).stride(), n
+        entries = getattr(c["values"], gpu.OP_ENTRY_ATTR)[1]
+        kind = entries[(dtype, False, m, n if n <= gpu.BITMAP_WIDE_MAX_N else -gpu.eager_size_class(n))][0]
+        takes_bitmap = gpu.plan_spmm(m, k, n, c["values"].numel(), 132, "auto", dtype).variant == "bitmap"
+        assert (kind == "bitmap") == takes_bitmap, n
+    x = torch.randn(16, k, generator=g, device="cuda").to(dtype).t()
+    before = ops.spmm_csr(**c, x=x, m=m)
+    c["values"].mul_(2)  # a new version: the decision and the bitmap plan are made again
+    after = ops.spmm_csr(**c, x=x, m=m)
+    assert relative_error(after, 2 * before.double()) <= TOLERANCE[dtype]
 
 
 @pytest.mark.cuda

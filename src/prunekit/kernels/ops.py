@@ -58,7 +58,7 @@ def _spmm_csr_fake(values, row_offsets, column_indices, row_indices, x, m, bias=
 def _spmm_csr_cuda(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none"):
     from . import gpu
 
-    return gpu.spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+    return gpu.spmm_csr_op(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
 
 
 def _spmm_csr_setup_context(ctx, inputs, output):
@@ -180,7 +180,8 @@ spmm_csr = _define(
 )
 """``prunekit::spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none")``:
 ``Y (M, N) = act(A @ X + bias[:, None])`` with A in prunekit CSR (Sputnik SpMM, Gale et al. 2020). A column-major
-``x`` (``x2d.t()``) gives a column-major Y (``layout.py``). CPU: reference; CUDA: ``gpu.spmm_csr``. Differentiable in
+``x`` (``x2d.t()``) gives a column-major Y (``layout.py``). CPU: reference; CUDA: ``gpu.spmm_csr_op`` (its C++ entries, else
+``gpu.spmm_csr``). Differentiable in
 ``values`` (SDDMM), ``x`` and ``bias``."""
 bsr_mm = _define("bsr_mm", _bsr_mm, _bsr_mm_fake)
 nm_mm = _define("nm_mm", _nm_mm, _nm_mm_fake)
