@@ -86,8 +86,8 @@ def test_eager_spmm_code_leaves_the_scatter_and_bitmap_range_to_python(monkeypat
     monkeypatch.delenv(gpu.SCATTER_AUTO_ENV)
     assert gpu.eager_spmm_code("auto", half, half, 4, tc_auto=False) == 0  # below the scatter range
     assert gpu.eager_spmm_code("auto", half, half, 9, tc_auto=False) is None
-    classes = [gpu.eager_size_class(n) for n in (1, 2, 4, 5, 8, 9, 15, 16, 17, 64, 65, 256, 257, 4096)]
-    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7]
+    classes = [gpu.eager_size_class(n) for n in (1, 2, 4, 5, 8, 9, 15, 16, 17, 64, 65, 128, 129, 256, 257, 4096)]
+    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7, 8, 8]
     # N 17-256: the wide bitmap rule reads the density too (fp32: the entry)
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV)
     for n in (17, 64, 65, gpu.BITMAP_WIDE_MAX_N):
@@ -418,12 +418,36 @@ def test_sparse_linear_eager_csr_goes_through_the_cpp_entry(dtype, cpp_on, monke
     assert relative_error(y, x.double() @ dense.double().cuda().t() + bias.double().cuda()) <= TOLERANCE[dtype]
     # x (2, tokens, 80) gives N = 2, 10, 140, 260. At N = 2 (class 1) the bitmap rule does not take K = 80 <
     # BITMAP_MIN_K, so the rules choose rowwarp and the entry runs it; at N = 10 (class 3) 16-bit types get scatter
-    # (30% dense), which stays in Python; N = 140 (class 6: bitmap's wide range, K too small for it) and 260 (class 7)
+    # (30% dense), which stays in Python; N = 140 (class 7: bitmap's wide range, K too small for it) and 260 (class 8)
     # take the entry
     generic = {key[2]: code for key, code in layer._eager_plans.items() if "bitmap" not in key}
     small = None if dtype in gpu.TC_DTYPES else gpu.SPMM_VARIANT_CODES["auto"]
-    assert generic == {0: 0, 1: 0, 3: small, 6: 0, 7: 0}
+    assert generic == {0: 0, 1: 0, 3: small, 7: 0, 8: 0}
     assert all(entry is None for key, entry in layer._eager_plans.items() if "bitmap" in key)
+
+
+@pytest.mark.cuda
+def test_entry_takes_direct_where_tc_is_possible_but_not_chosen(monkeypatch):
+    """fp16 with tc on, N >= TC_MIN_N: given M, the weight's own plan decides. At 95% (below tc's and bitmap's density
+    floors) it is direct, so the entry gets the call at N = 70, 128 (class 6), 130, 256 (class 7) and 300 (class 8);
+    at 70% tc or bitmap is chosen and the call stays in Python. The entry's result matches float64."""
+    monkeypatch.delenv(gpu.EAGER_CPP_ENV, raising=False)
+    monkeypatch.delenv(gpu.TC_AUTO_ENV, raising=False)
+    monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
+    g = torch.Generator(device="cuda").manual_seed(8)
+    m, k = 256, 2048
+    for sparsity, takes in ((0.95, True), (0.7, False)):
+        dense = random_sparse_weight(m, k, sparsity, torch.float16, "cuda", g)
+        c = encode_csr(dense)
+        for n in (70, 128, 130, 256, 300):
+            x = torch.randn(n, k, generator=g, device="cuda").half().t()
+            plan = gpu.plan_spmm(m, k, n, c["values"].numel(), 132, "auto", torch.float16)
+            code = gpu.eager_spmm_variant(c["values"], x, m=m)
+            assert (code is not None) == takes == (plan.variant == "direct"), (sparsity, n, plan.variant)
+            if code is not None:
+                csr = (c["values"], c["row_offsets"], c["column_indices"], c["row_indices"])
+                y = torch.ops.prunekit_ext.spmm_csr_auto.default(*csr, x, m, None, False, code)
+                assert relative_error(y, spmm_reference64(dense, x, None, "none")) <= TOLERANCE[torch.float16], n
 
 
 @pytest.mark.cuda

@@ -747,9 +747,10 @@ def eager_size_class(n: int) -> int:
     """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < BITMAP_MIN_N, 1 up to
     SPMV_MAX_N (bitmap's range, K >= BITMAP_MIN_K only), 2 below SCATTER_MIN_N (bitmap's range from
     BITMAP_MIN_K_SMALL_N), 3 below BITMAP_MAX_N (the scatter kernel's range too), 4 for N = BITMAP_MAX_N (its own bitmap
-    density floor), 5 below TC_MIN_N (bitmap's wide range from BITMAP_MIN_K_SMALL_N), 6 up to BITMAP_WIDE_MAX_N (the
-    tensor-core ``tc`` range and bitmap's from BITMAP_MIN_K), 7 above. The runtime caches one answer per layer, dtype
-    pair and class."""
+    density floor), 5 below TC_MIN_N (bitmap's wide range from BITMAP_MIN_K_SMALL_N), 6 up to TC_SMALL_N (the
+    tensor-core ``tc`` range at its N <= TC_SMALL_N density floor, and bitmap's from BITMAP_MIN_K), 7 up to
+    BITMAP_WIDE_MAX_N (``tc``'s other floors), 8 above. Within a class, the rules' density floors do not change. The
+    runtime caches one answer per layer, dtype pair and class."""
     if n < BITMAP_MIN_N:
         return 0
     if n <= SPMV_MAX_N:
@@ -760,7 +761,9 @@ def eager_size_class(n: int) -> int:
         return 3 if n < BITMAP_MAX_N else 4
     if n < TC_MIN_N:
         return 5
-    return 6 if n <= BITMAP_WIDE_MAX_N else 7
+    if n <= TC_SMALL_N:
+        return 6
+    return 7 if n <= BITMAP_WIDE_MAX_N else 8
 
 
 def eager_spmm_variant(
@@ -768,10 +771,11 @@ def eager_spmm_variant(
 ) -> int | None:
     """Variant code for the C++ eager entry ``prunekit_ext::spmm_csr_auto`` (loading the library on first use), or
     None when :func:`spmm_csr` must run: :func:`eager_cpp_enabled` False, ``x`` not a 2-D CUDA tensor, or
-    :func:`eager_spmm_code` None (tensor-core plan, mixed or unsupported dtypes; for the N where the scatter and bitmap
-    rules read the density, None unless ``m`` is given and :func:`plan_spmm` on this weight's stored entries chooses a
-    CUDA-core kernel, which the entry's own rule then chooses too; never where ``tc`` is possible, whose density floor
-    changes within a size class).
+    :func:`eager_spmm_code` None (a possible tensor-core plan, mixed or unsupported dtypes, the N where the scatter and
+    bitmap rules read the density) unless ``m`` is given and :func:`plan_spmm` on this weight's stored entries chooses
+    a CUDA-core kernel, which the entry's own rule then chooses too. Within a size class the tc, scatter and bitmap
+    density floors do not change, so the answer holds for the whole class (since the fifteenth session also where
+    ``tc`` is possible but not chosen: ``direct`` from TC_MIN_N through the entry).
 
     The answer depends on ``x`` only through its dtype, its device and :func:`eager_size_class` of N (and on
     ``$PRUNEKIT_SPMM_CPP`` / ``$PRUNEKIT_SPMM_TC`` / ``$PRUNEKIT_SPMM_SCATTER`` / ``$PRUNEKIT_SPMM_BITMAP``, read now):
@@ -788,15 +792,7 @@ def eager_spmm_variant(
         return None
     n = x.shape[1]
     code = eager_spmm_code(variant, x.dtype, values.dtype, n, tc_auto_enabled())
-    if (
-        code is None
-        and m is not None
-        and variant == "auto"
-        and n <= BITMAP_WIDE_MAX_N
-        and (n < TC_MIN_N or not tc_auto_enabled())  # tc's density floor changes within a size class: Python decides
-        and x.dtype == values.dtype
-        and x.dtype in EAGER_DTYPES
-    ):
+    if code is None and m is not None and variant == "auto" and x.dtype == values.dtype and x.dtype in EAGER_DTYPES:
         plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), "auto", x.dtype)
         if plan.variant not in ("tc", "scatter", "bitmap"):
             code = SPMM_VARIANT_CODES["auto"]
