@@ -162,8 +162,8 @@ BITMAP_MIN_K_SMALL_N = 768
 # kernel up to N = 64 before, took 43.4 / 85.3 us at N = 32 / 64 in spmm-wide-h100-2026-11-26-s14b.json). The seven
 # exceptions: 11008 x 4096 at 70% from N = 128 (tc 145.6 / 277.4 against 179.9 / 358.3 us), 3072 x 768 at 90% from
 # N = 128 (direct 14.4 / 17.3 against 15.6 / 23.5; at 70%, and 80% at N = 128, bitmap took 17.6-30.7 us against
-# 23.4-37.9) and at 80%, N = 256 (27.9 against 29.2), and two even points (4096 x 4096 at 70%, 4096 x 11008 at 90%, N = 256). At 95% rowwarp or
-# direct were faster from N = 32 (4096 x 4096, N = 128: 54.6 against 36.3 us). Slower than dense cuBLAS from
+# 23.4-37.9) and at 80%, N = 256 (27.9 against 29.2), and two even points (4096 x 4096 at 70%, 4096 x 11008 at 90%, N = 256). At 95% direct was
+# faster from N = 128 (4096 x 4096: 54.6 against 36.3 us); at N = 32 / 64 bitmap was (below). Slower than dense cuBLAS from
 # N = 64 everywhere (0.11-0.81x) and at N = 32 on four of five shapes (faster on 768 x 3072: 1.11-1.17x). About 15 us of
 # the 33.6 at 4096 x 4096, N = 64, 90% go to staging X in shared memory (each 128-row block reads its 64 tokens of X),
 # 9 to the loop and 9 to the cluster reduction (probes, spmm-bitmap-wide-{base,p1,p2}-h100-2026-11-26-s14.json). Not
