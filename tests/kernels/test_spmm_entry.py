@@ -501,3 +501,51 @@ def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(mo
             assert bitmap == [] and generic == {1: 0, 4: 0}
         else:
             assert bitmap == [4, 16] and generic == {}
+
+
+def test_size_classes_hold_the_density_floors_constant():
+    """The runtime and the custom op cache one eager decision per size class (gpu.eager_size_class), so inside a class
+    none of the rules' density floors may change: tc's (from TC_MIN_N), bitmap's at N <= 16 and its wide one, and
+    scatter's range."""
+    for k in (512, 768, 1024, 3072, 4096, 11008):
+        seen: dict[int, tuple] = {}
+        for n in range(1, 600):
+            floors = (
+                gpu.tc_min_density_denominator(n, k) if n >= gpu.TC_MIN_N else None,
+                gpu.bitmap_min_density_denominator(n) if gpu.BITMAP_MIN_N <= n <= gpu.BITMAP_MAX_N else None,
+                gpu.bitmap_wide_min_density_denominator(n, k)
+                if gpu.BITMAP_MAX_N < n <= gpu.BITMAP_WIDE_MAX_N
+                else None,
+                gpu.SCATTER_MIN_N <= n <= gpu.SCATTER_MAX_N,
+                n <= gpu.SPMV_MAX_N,
+                n <= gpu.ROWWARP_MAX_N,
+            )
+            assert seen.setdefault(gpu.eager_size_class(n), floors) == floors, (k, n)
+
+
+def test_custom_op_cuda_impl_sends_other_calls_to_the_launcher(monkeypatch):
+    """gpu.spmm_csr_op (prunekit::spmm_csr's CUDA implementation) passes to gpu.spmm_csr, untouched, every call it
+    cannot give a C++ entry: x not on CUDA, mixed dtypes, a bias of another dtype or not contiguous, an unknown
+    activation, N = 0."""
+    calls = []
+
+    def launcher(*args):
+        calls.append(args)
+        return "launcher"
+
+    monkeypatch.setattr(gpu, "spmm_csr", launcher)
+    c = encode_csr(random_sparse_weight(8, 32, 0.7, torch.float16, "cpu"))
+    csr = (c["values"], c["row_offsets"], c["column_indices"], c["row_indices"])
+    x = torch.randn(32, 4).half()
+    cases = [
+        (x, None, "none"),  # CPU x
+        (x.float(), None, "none"),
+        (x, torch.randn(8), "relu"),
+        (x, torch.randn(16).half()[::2], "relu"),
+        (x, None, "gelu"),
+        (x[:, :0], None, "none"),
+    ]
+    for xi, bias, act in cases:
+        assert gpu.spmm_csr_op(*csr, xi, 8, bias, act) == "launcher"
+    assert len(calls) == len(cases)
+    assert not hasattr(c["values"], gpu.OP_ENTRY_ATTR)
