@@ -399,7 +399,7 @@ def test_custom_op_takes_the_cpp_entries_once_per_n(dtype):
                     y = ops.spmm_csr(**c, x=x, m=m, bias=b, activation=act)
                 assert relative_error(y, spmm_reference64(dense, x, b, act)) <= TOLERANCE[dtype], (n, act)
                 assert y.stride() == new_spmm_output(x, m).stride(), n
-        entries = getattr(c["values"], gpu.OP_ENTRY_ATTR)[1]
+        entries = getattr(c["values"], gpu.OP_ENTRY_ATTR)[2]  # tensor_cache.cached: (key, storages, value)
         kind = entries[(dtype, False, m, n if n <= gpu.BITMAP_WIDE_MAX_N else -gpu.eager_size_class(n))][0]
         takes_bitmap = gpu.plan_spmm(m, k, n, c["values"].numel(), 132, "auto", dtype).variant == "bitmap"
         assert (kind == "bitmap") == takes_bitmap, n

@@ -47,7 +47,7 @@ from .spmm_bitmap_plan import get_bitmap_plan
 from .spmm_scatter_plan import MAX_TOKENS as SCATTER_MAX_N
 from .spmm_scatter_plan import get_scatter_plan
 from .spmm_tc_plan import get_tc_plan
-from .tensor_cache import tensor_version
+from .tensor_cache import cached
 
 log = logging.getLogger(__name__)
 
@@ -801,31 +801,6 @@ def eager_spmm_variant(
     return code
 
 
-def spmm_csr_eager(
-    values: torch.Tensor,
-    row_offsets: torch.Tensor,
-    column_indices: torch.Tensor,
-    row_indices: torch.Tensor,
-    x: torch.Tensor,
-    m: int,
-    bias: torch.Tensor | None = None,
-    activation: str = "none",
-    *,
-    variant: str = "auto",
-) -> torch.Tensor:
-    """:func:`spmm_csr` through the C++ entry ``prunekit_ext::spmm_csr_auto`` where :func:`eager_spmm_variant` allows
-    (output allocation, X layout, variant and tiling chosen in C++), else :func:`spmm_csr`. Same arguments (no
-    ``out``), result and layout; shape and dtype errors of the C++ checks raise RuntimeError."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
-    code = eager_spmm_variant(values, x, variant)
-    if code is None:
-        return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation, variant=variant)
-    return torch.ops.prunekit_ext.spmm_csr_auto.default(
-        values, row_offsets, column_indices, row_indices, x, m, bias, activation == "relu", code
-    )
-
-
 # prunekit::spmm_csr's CUDA implementation keeps its per-weight eager decisions on the values tensor under this name
 OP_ENTRY_ATTR = "_prunekit_spmm_op_entries"
 
@@ -843,8 +818,9 @@ def spmm_csr_op(
     """The CUDA implementation of ``prunekit::spmm_csr`` (``ops.spmm_csr``): :func:`spmm_csr`'s ``"auto"`` result and
     layout, through a C++ entry where one applies. The bitmap kernel's ``prunekit_nm24::bitmap_linear`` where ``"auto"``
     takes it (:func:`eager_bitmap_takes`), else ``prunekit_ext::spmm_csr_auto`` where :func:`eager_spmm_variant` gives a
-    code, else :func:`spmm_csr` (always with ``$PRUNEKIT_SPMM_CPP=0``). Decided once per weight, dtype and N (a dict on ``values``, dropped when the data
-    pointer or version of the values, column indices or row offsets change), so an eager call skips
+    code, else :func:`spmm_csr` (always with ``$PRUNEKIT_SPMM_CPP=0``). Decided once per weight, dtype and N (a dict
+    kept on ``values`` by ``tensor_cache.cached``, dropped when the data pointer or version of the values, column
+    indices or row offsets change), so an eager call skips
     :func:`spmm_csr`'s checks, rule and plan lookups: those cost 29-76 us per eager call on the H100 host at small
     kernels (docs/PERFORMANCE.md, "Fifteenth session").
 
@@ -866,21 +842,10 @@ def spmm_csr_op(
     ):
         return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
     relu = activation == "relu"
-    stamp = (
-        values.data_ptr(),
-        tensor_version(values),
-        column_indices.data_ptr(),
-        tensor_version(column_indices),
-        row_offsets.data_ptr(),
-        tensor_version(row_offsets),
-    )
-    entries = getattr(values, OP_ENTRY_ATTR, None)
-    if entries is None or entries[0] != stamp:
-        entries = (stamp, {})
-        setattr(values, OP_ENTRY_ATTR, entries)
+    decisions = cached(values, OP_ENTRY_ATTR, (values, column_indices, row_offsets), None, dict)
     # bitmap's density floor depends on N itself up to BITMAP_WIDE_MAX_N; above, the size class decides
     key = (x.dtype, bias is None, m, n if n <= BITMAP_WIDE_MAX_N else -eager_size_class(n))
-    entry = entries[1].get(key)
+    entry = decisions.get(key)
     if entry is None:
         k = x.shape[0]
         if not eager_cpp_enabled():  # $PRUNEKIT_SPMM_CPP=0: the Python launcher for every call (read per decision)
@@ -889,7 +854,7 @@ def spmm_csr_op(
             entry = ("bitmap", bitmap_linear_plan((values, row_offsets, column_indices), m, k, x.device))
         else:
             entry = ("auto", eager_spmm_variant(values, x, "auto", m))
-        entries[1][key] = entry
+        decisions[key] = entry
     kind, plan = entry
     if kind == "bitmap":
         buffer, cfg, shape = plan

@@ -656,7 +656,9 @@ size_t dyn_smem(const Params& p) {
 
 // Blocks of an instance resident per SM with `smem` bytes of dynamic shared memory: the least of what the registers
 // (65536 per SM, allocated per warp in units of 256), the shared memory (1 KB reserved per block on sm_80 / sm_90)
-// and 2048 threads allow; 0 if one block does not fit.
+// and 2048 threads allow; 0 if one block does not fit. Not cudaOccupancyMaxActiveBlocksPerMultiprocessor: over 48 KB
+// it may check the request against the instance's opt-in attribute, which launch() sets only when the instance first
+// runs, and the 16-strip instance is asked before it ever has.
 template <typename T, int NT, int V, int R, int B, int W>
 int blocks_per_sm(size_t smem) {
   static std::atomic<int> regs_of[64] = {};  // registers per thread of this instance, 0: not asked yet
