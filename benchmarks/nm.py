@@ -7,8 +7,9 @@ matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user 
 - prunekit: ``structured.nm_mm_cuda(values, metadata, x2d.t(), 2, 4, bits, output=...)`` on the stored ``nm``
   format through prunekit's own cuSPARSELt binding (weight compressed and plan built once; C++ entry
   ``prunekit_cslt::linear``, ``backend="cslt"``), in both output layouts in the same run: ``prunekit_row_*`` (cuSPARSELt writes a
-  row-major (M, N), then the layout rule's transposing copy) and ``prunekit_col_*`` (column-major Y written
-  directly); ``prunekit_*`` (no suffix) is the default layout (``structured.cslt_output()``, in the JSON's meta);
+  row-major (M, N), then the layout rule's transposing copy), ``prunekit_col_*`` (column-major Y written
+  directly) and ``prunekit_view_*`` (the row-major Y returned as it is: the runtime layer's default, whose output is
+  then a non-contiguous view as torch's 2:4 F.linear returns); ``prunekit_*`` (no suffix) is the default layout (``structured.cslt_output()``, in the JSON's meta);
   ``prunekit_decode_*`` (N <= 16) prunekit's own 2:4 decode kernel (``kernels/nm24.py``, ``backend="decode"``), which
   ``backend="auto"`` takes at N <= 16 (``default_path`` in each row; ``prunekit_*`` without suffix follows it);
   ``prunekit_torchpath_*`` the same with ``backend="torch"`` (``torch._cslt_sparse_mm``, plan set up per call; its
@@ -123,7 +124,7 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
     res["output_default"] = structured.cslt_output()
     decode = n <= nm24.MAX_N and nm24.available()
     res["default_path"] = "decode" if decode else res["output_default"]  # what backend="auto" runs at this point
-    for output in ("row", "col"):
+    for output in ("row", "col", "view"):
         res[f"prunekit_{output}_err"] = relative_error(ours(sets[0], output)(), ref)
     if decode:
         res["prunekit_decode_err"] = relative_error(ours_decode(sets[0])(), ref)
@@ -135,6 +136,7 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
     contenders = [
         ("prunekit_row", lambda s: ours(s, "row"), True),
         ("prunekit_col", lambda s: ours(s, "col"), True),
+        ("prunekit_view", lambda s: ours(s, "view"), True),
         ("prunekit_torchpath", ours_torch, args.torch_path_eager),
         ("dense", dense, True),
     ] + ([("prunekit_decode", ours_decode, True)] if decode else [])
@@ -179,7 +181,7 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
     if decode:  # bytes the kernel must move at least: its weight copy, X and Y once
         moved = res["decode_plan_bytes"] + (k * n + m * n) * torch.finfo(dtype).bits // 8
         res["decode_gbs"] = moved / (res["prunekit_decode_gpu_ms"] * 1e-3) / 1e9
-    for output in ("row", "col") + (("decode",) if decode else ()):
+    for output in ("row", "col", "view") + (("decode",) if decode else ()):
         res[f"speedup_{output}_gpu"] = res["dense_gpu_ms"] / res[f"prunekit_{output}_gpu_ms"]
         res[f"speedup_{output}_eager"] = res["dense_eager_ms"] / res[f"prunekit_{output}_eager_ms"]
     res["speedup_gpu"] = res["dense_gpu_ms"] / res["prunekit_gpu_ms"]

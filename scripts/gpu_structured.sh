@@ -161,7 +161,7 @@ if structured.native_cslt_available():
         layer24 = SparseLinear(e24).cuda()
         layer24(x2d)
         rows[f"2:4 SparseLinear.forward (eager, binding, {output})"] = lambda l=layer24: l(x2d)
-        rows[f"2:4 prunekit_cslt.linear alone ({output})"] = lambda o=output: torch.ops.prunekit_cslt.linear.default(wid, x2d.t(), None, False, o == "row")
+        rows[f"2:4 prunekit_cslt.linear alone ({output})"] = lambda o=output: torch.ops.prunekit_cslt.linear.default(wid, x2d.t(), None, False, structured.CSLT_OUTPUTS[o])
         rows[f"2:4 structured.nm_mm_cuda ({output})"] = lambda o=output: structured.nm_mm_cuda(v, md, x2d.t(), 2, 4, bits, output=o)
 before = structured.compress_calls
 for name, fn in rows.items():

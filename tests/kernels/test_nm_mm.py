@@ -106,6 +106,31 @@ def test_nm24_cuda_with_the_plan_search_matches_float64(monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("x_row", [False, True])
+@pytest.mark.parametrize("y_row", [False, True])
+@pytest.mark.parametrize("env", [{}, {"PRUNEKIT_CSLT_ALG": "1"}, {"PRUNEKIT_CSLT_SPLIT_K": "1"}])
+def test_cslt_mm_operand_layouts_and_configurations(x_row, y_row, env, monkeypatch):
+    """``prunekit_cslt::mm`` with X (K, N) and Y (M, N) in either order, and plans built with an explicit algorithm
+    configuration or split-K (``benchmarks/nm_configs.py``): Y poisoned first, checked against float64."""
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    assert structured.native_cslt_available()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    m, k, n_tokens = 256, 512, 48
+    dense = nm_weight(m, k, 2, 4, torch.float16, seed=31).cuda()
+    values, metadata, bits = (t.cuda() if isinstance(t, torch.Tensor) else t for t in _encode(dense.cpu(), 2, 4))
+    state = structured.native_weight_24(values, metadata, bits, k)
+    x2d = torch.randn(n_tokens, k, device="cuda").half()
+    x = x2d.t().contiguous() if x_row else x2d.t()
+    y = torch.empty(m, n_tokens, device="cuda").half() if y_row else torch.empty(n_tokens, m, device="cuda").half().t()
+    y.fill_(float("nan"))
+    torch.ops.prunekit_cslt.mm(state.id, x, y, None, False)
+    torch.cuda.synchronize()
+    assert relative_error(y, spmm_reference64(dense, x, None, "none")) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
 def test_nm_cuda_other_patterns_fall_back_correctly():
     dense = nm_weight(64, 128, 1, 4, torch.float16, seed=9)
     values, metadata, bits = _encode(dense, 1, 4)
@@ -126,10 +151,11 @@ def test_opcheck_nm24_cuda():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("output", ["row", "col"])
+@pytest.mark.parametrize("output", ["row", "col", "view"])
 def test_sparse_linear_eager_24_through_the_binding_both_output_layouts(output, monkeypatch):
+    """The runtime's eager 2:4 call (prunekit_cslt::linear) in each output layout, odd token counts: "view" returns
+    cuSPARSELt's row-major output as a non-contiguous view where the binding runs (N > 16)."""
     monkeypatch.setenv(structured.EAGER_CPP_ENV, "1")
-    """The runtime's eager 2:4 call (prunekit_cslt::linear) in both cuSPARSELt output layouts, odd token counts."""
     if not structured.cusparselt_available():
         pytest.skip("this torch has no cuSPARSELt")
     from prunekit.deploy.runtime.sparse_linear import SparseLinear
@@ -141,9 +167,36 @@ def test_sparse_linear_eager_24_through_the_binding_both_output_layouts(output, 
     for tokens in (1, 16, 37, 300):
         x = torch.randn(2, tokens, 512, device="cuda", dtype=torch.float16)
         y = layer(x)
-        assert y.shape == (2, tokens, 256) and y.is_contiguous()
+        assert y.shape == (2, tokens, 256)
+        assert y.is_contiguous() == (output != "view" or 2 * tokens <= 16), tokens
         ref = x.double().reshape(-1, 512) @ dense.double().cuda().t() + bias.double().cuda()
         assert relative_error(y.reshape(-1, 256), ref) < TOLERANCE[torch.float16], tokens
     # the binding's C++ entry in this layout for N > 16; the decode kernel at N <= 16
-    assert layer._eager_plans[(torch.float16, torch.float16)] == (output == "row")
+    assert layer._eager_plans[(torch.float16, torch.float16)] == structured.CSLT_OUTPUTS[output]
     assert layer._eager_plans[(torch.float16, torch.float16, "decode")] is not None  # (weight stamp, plan)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [48, 37, 300])
+def test_sparse_linear_24_chain_reads_the_view_in_place(tokens, monkeypatch):
+    """Two 2:4 layers in a row with the default eager output ("view"): the second reads the first's non-contiguous
+    output (a row-major X) in place where N is a multiple of 16, else through the padded copy; both right vs float64."""
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    monkeypatch.delenv(structured.CSLT_OUTPUT_ENV, raising=False)
+    monkeypatch.setenv(structured.EAGER_CPP_ENV, "1")
+    w1 = nm_weight(256, 512, 2, 4, torch.float16, seed=41)
+    w2 = nm_weight(128, 256, 2, 4, torch.float16, seed=42)
+    b1, b2 = torch.randn(256).half(), torch.randn(128).half()
+    l1 = SparseLinear(formats.encode("nm", w1, {"n": 2, "m": 4}), b1).cuda()
+    l2 = SparseLinear(formats.encode("nm", w2, {"n": 2, "m": 4}), b2).cuda()
+    x = torch.randn(tokens, 512, device="cuda", dtype=torch.float16)
+    h = l1(x)
+    assert h.stride(0) == 1 and not h.is_contiguous()  # cuSPARSELt's row-major (256, tokens), viewed
+    y = l2(h)
+    h64 = x.double() @ w1.double().cuda().t() + b1.double().cuda()
+    ref = h64 @ w2.double().cuda().t() + b2.double().cuda()
+    assert relative_error(y, ref) < 2 * TOLERANCE[torch.float16]
+    assert l2._eager_plans[(torch.float16, torch.float16)] == structured.CSLT_OUTPUTS["view"]

@@ -25,7 +25,8 @@ allocates the output, picks the N tile and launches (:func:`bsr_mm_eager`, the r
 Hopper's sparse tensor cores through cuSPARSELt: prunekit's own binding (``csrc/structured/cslt/``, C++ entry
 ``prunekit_cslt::linear``; weight compressed and plan built once) or ``torch._cslt_sparse_mm`` on a cached
 compressed copy; no per-call search or compression. The binding writes a row-major output and transposes it into the
-layer's layout by default (:data:`CSLT_DEFAULT_OUTPUT`, measured, see docs/PERFORMANCE_STRUCTURED.md). Other
+layout rule's order for the custom op (:data:`CSLT_DEFAULT_OUTPUT`, measured, see docs/PERFORMANCE_STRUCTURED.md);
+the runtime's eager layer returns that row-major output as a view instead (:data:`CSLT_LAYER_DEFAULT_OUTPUT`). Other
 N:M patterns run the reference on the GPU.
 
 The extension (``prunekit_structured`` operator namespace) is separate from ``build.py``'s ``prunekit_ext`` and is
@@ -69,10 +70,19 @@ WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128
 BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and the runtime ("auto", "mma", "wgmma")
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
 CSLT_BACKEND_ENV = "PRUNEKIT_CSLT_BACKEND"  # "torch" forces torch._cslt_sparse_mm instead of prunekit's own binding
-CSLT_OUTPUT_ENV = "PRUNEKIT_CSLT_OUTPUT"  # the binding's output layout, "row" (default) or "col"
+CSLT_OUTPUT_ENV = "PRUNEKIT_CSLT_OUTPUT"  # the binding's output layout: "row", "col" or "view" (CSLT_OUTPUTS)
+# prunekit_cslt::linear's `output` argument (csrc/structured/cslt/cslt_mm.cpp): "col" cuSPARSELt writes the layout
+# rule's Y directly; "row" it writes a row-major Y, then the rule's transposing copy; "view" the row-major Y is
+# returned as it is (no copy: the layer's output is then a non-contiguous (tokens, out_features) view, as torch's own
+# 2:4 F.linear returns; it breaks the layout rule, so the custom op never takes it).
+CSLT_OUTPUTS = {"col": 0, "row": 1, "view": 2}
 # Row-major output measured faster on the H100 at 10 of 12 points (1.9x at 16384 x 16384 x 8192, 2x at decode shapes;
 # col faster only at N = 128 on 768 x 3072 and 3072 x 768): benchmarks/results/nm-h100-2026-11-25.json.
 CSLT_DEFAULT_OUTPUT = "row"
+# SparseLinear's eager 2:4 calls: the transposing copy took 1.0 ms of 5.0 at 16384 x 16384 x 8192 and 0.18 of 0.36 at
+# 11008 x 4096 x 2048 (benchmarks/results/nm-configs-h100-2026-11-26-s16.json, `copy_t`), so the layer returns the
+# view.
+CSLT_LAYER_DEFAULT_OUTPUT = "view"
 # The C++ eager entries (prunekit_structured::bsr_mm, prunekit_cslt::linear) passed their H100 tests (2026-11-25) and
 # cost 13-23 us less per decode-shaped call than the custom-op path (bsr-h100-2026-11-25.json: static_eager_ms vs
 # static_op_eager_ms): CUDA calls take them unless $PRUNEKIT_STRUCTURED_CPP=0.
@@ -493,18 +503,19 @@ def compressed_24(values: torch.Tensor, metadata: torch.Tensor, bits: int, k: in
     return cached(values, _CACHE_ATTR, (values,), (), build)
 
 
-def cslt_output(output: str | None = None) -> str:
-    """The binding's output layout: ``output``, else ``$PRUNEKIT_CSLT_OUTPUT``, else :data:`CSLT_DEFAULT_OUTPUT`.
+def cslt_output(output: str | None = None, default: str = CSLT_DEFAULT_OUTPUT) -> str:
+    """The binding's output layout (:data:`CSLT_OUTPUTS`): ``output``, else ``$PRUNEKIT_CSLT_OUTPUT``, else
+    ``default``.
 
     Raises:
-        ValueError: not ``"row"`` or ``"col"``.
+        ValueError: not ``"row"``, ``"col"`` or ``"view"``.
     """
-    return build.setting(output, CSLT_OUTPUT_ENV, CSLT_DEFAULT_OUTPUT, ("row", "col"), "cuSPARSELt output layout")
+    return build.setting(output, CSLT_OUTPUT_ENV, default, tuple(CSLT_OUTPUTS), "cuSPARSELt output layout")
 
 
 def _nm24_native(values, metadata, x, bits, bias, activation, output) -> torch.Tensor:
     state = native_weight_24(values, metadata, bits, x.shape[0])
-    return torch.ops.prunekit_cslt.linear.default(state.id, x, bias, activation == "relu", output == "row")
+    return torch.ops.prunekit_cslt.linear.default(state.id, x, bias, activation == "relu", CSLT_OUTPUTS[output])
 
 
 def nm24_fast(values: torch.Tensor, x: torch.Tensor, n: int, m_group: int) -> bool:
@@ -553,12 +564,13 @@ def nm_mm_cuda(
             backend: ``"auto"`` (decode kernel at N <= 16, else own binding when it loads), ``"cslt"`` (own
             binding, never the decode kernel), ``"torch"`` (``torch._cslt_sparse_mm``) or ``"decode"`` (the decode
             kernel where it applies, else as ``"auto"``); output: the binding's output layout,
-            ``"row"`` (cuSPARSELt's faster configuration on the H100, then the layout rule's transposing copy; the
-            a-priori default, not yet run on a GPU) or ``"col"`` (measured, 2.4x slower device time); default
+            ``"row"`` (cuSPARSELt's faster configuration on the H100, then the layout rule's transposing copy),
+            ``"col"`` (measured, 2.4x slower device time) or ``"view"`` (the row-major Y, no copy); default
             :func:`cslt_output`.
 
     Returns:
-        ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output``.
+        ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output``; with ``output="view"`` on the binding's
+        path a row-major ``(M, N)`` (the custom op never asks for it).
 
     Raises:
         ValueError: bad activation, backend or output layout.
@@ -666,12 +678,13 @@ def bsr_mm_eager(
     )
 
 
-def eager_nm24_output(values: torch.Tensor, x: torch.Tensor, n: int, m_group: int) -> bool | None:
-    """For the runtime's eager 2:4 call: True (row-major binding output) / False (column-major) when prunekit's
-    cuSPARSELt binding takes ``values`` and ``x``, or None when :func:`nm_mm_cuda` must run. Asked once per layer."""
+def eager_nm24_output(values: torch.Tensor, x: torch.Tensor, n: int, m_group: int) -> int | None:
+    """For the runtime's eager 2:4 call: the binding's ``output`` code (:data:`CSLT_OUTPUTS`; ``$PRUNEKIT_CSLT_OUTPUT``,
+    else :data:`CSLT_LAYER_DEFAULT_OUTPUT`) when prunekit's cuSPARSELt binding takes ``values`` and ``x``, or None when
+    :func:`nm_mm_cuda` must run. Asked once per layer."""
     if not eager_cpp_enabled() or x.dim() != 2 or not nm24_fast(values, x, n, m_group) or not native_cslt_available():
         return None
-    return cslt_output() == "row"
+    return CSLT_OUTPUTS[cslt_output(default=CSLT_LAYER_DEFAULT_OUTPUT)]
 
 
 # --- op registration ---------------------------------------------------------------------------------------------

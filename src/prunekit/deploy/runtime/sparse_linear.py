@@ -174,13 +174,13 @@ def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
         buffers = layer._buffers
         values = buffers["w_values"]
         key = (xt.dtype, values.dtype)
-        row_output = layer._eager_plans.get(key, _UNSET)
-        if row_output is _UNSET:
-            row_output = layer._eager_plans[key] = structured.eager_nm24_output(values, xt, int(p["n"]), int(p["m"]))
-        if row_output is not None:
+        output = layer._eager_plans.get(key, _UNSET)
+        if output is _UNSET:
+            output = layer._eager_plans[key] = structured.eager_nm24_output(values, xt, int(p["n"]), int(p["m"]))
+        if output is not None:  # structured.CSLT_OUTPUTS: by default "view", a non-contiguous layer output
             weight = structured.native_weight_24(values, buffers["w_metadata"], int(p["bits"]), layer.in_features)
             try:
-                return torch.ops.prunekit_cslt.linear.default(weight.id, xt, layer.bias, False, row_output)
+                return torch.ops.prunekit_cslt.linear.default(weight.id, xt, layer.bias, False, output)
             except RuntimeError:  # a cuSPARSELt error: nm_mm_cuda reports it and switches to torch's path for good
                 layer._eager_plans[key] = None
     matmul = structured.nm_mm_cuda if _eager_cuda(xt) else ops.nm_mm

@@ -37,6 +37,15 @@ bool search_plans() {
   return env != nullptr && std::strcmp(env, "1") == 0;
 }
 
+// $PRUNEKIT_CSLT_ALG / $PRUNEKIT_CSLT_SPLIT_K (integers; read when a plan is built and part of its key): the
+// algorithm configuration id (CUSPARSELT_MATMUL_ALG_CONFIG_ID, 0 = the default's) and split-K factor (1 = none) of new
+// plans, so that benchmarks/nm_configs.py can time configurations one by one without cusparseLtMatmulSearch (which
+// failed on the H100 at large GEMMs). -1 (unset) leaves cuSPARSELt's default choice.
+int64_t env_int(const char* name) {
+  const char* env = std::getenv(name);
+  return env == nullptr || *env == '\0' ? -1 : std::strtoll(env, nullptr, 10);
+}
+
 cusparseLtHandle_t* handle() {
   static cusparseLtHandle_t h;
   static std::once_flag once;
@@ -61,7 +70,19 @@ struct Plan {
   }
 };
 
-using PlanKey = std::tuple<int64_t, int64_t, int64_t, bool, uintptr_t, bool>;  // n, ld X, ld Y, Y row-major, bias, relu
+// How X (K, N) is described to cuSPARSELt: as itself with opB = N (`false`), or as the (N, K) matrix it is the
+// transpose of, in the other storage order, with opB = T (`true`; what torch._cslt_sparse_mm does for the transposed
+// view of nn.Linear activations). Same bytes, same product; cuSPARSELt picks other kernels for the two. $PRUNEKIT_CSLT_B_T
+// (0 / 1) overrides kDescribeXTransposed, read when a plan is built.
+constexpr bool kDescribeXTransposed = true;
+
+bool describe_x_transposed() {
+  const int64_t env = env_int("PRUNEKIT_CSLT_B_T");
+  return env < 0 ? kDescribeXTransposed : env != 0;
+}
+
+// n, ld X, X row-major, X described transposed, ld Y, Y row-major, bias, relu, algorithm configuration id, split-K
+using PlanKey = std::tuple<int64_t, int64_t, bool, bool, int64_t, bool, uintptr_t, bool, int64_t, int64_t>;
 
 struct Weight {
   int64_t m = 0, k = 0;
@@ -107,9 +128,9 @@ int64_t cslt_prepare(const at::Tensor& dense) {
   return id;
 }
 
-// y (M, N) = act(W @ x + bias); x: (K, N) column-major (x.stride(0) == 1); y: (M, N) column-major (y.stride(0) == 1)
-// or row-major (y.stride(1) == 1; on the H100 with cuSPARSELt 0.8 torch's row-major-output configuration ran 2.4x
-// faster than the column-major one, see docs/PERFORMANCE_STRUCTURED.md).
+// y (M, N) = act(W @ x + bias); x: (K, N) column-major (x.stride(0) == 1) or row-major (x.stride(1) == 1, N > 1);
+// y: (M, N) column-major (y.stride(0) == 1) or row-major (y.stride(1) == 1; on the H100 with cuSPARSELt 0.8 torch's
+// row-major-output configuration ran 2.4x faster than the column-major one, see docs/PERFORMANCE_STRUCTURED.md).
 void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu) {
   Weight* w = nullptr;
   {
@@ -120,12 +141,14 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
   }
   PRUNEKIT_CHECK(x.is_cuda() && y.is_cuda() && x.scalar_type() == w->dtype && y.scalar_type() == w->dtype,
               "cslt_mm: x and y must be GPU tensors of the weight's dtype");
-  PRUNEKIT_CHECK(x.dim() == 2 && x.size(0) == w->k && x.stride(0) == 1, "cslt_mm: x must be a column-major (K, N)");
+  PRUNEKIT_CHECK(x.dim() == 2 && x.size(0) == w->k, "cslt_mm: x must be (K, N)");
   PRUNEKIT_CHECK(y.dim() == 2 && y.size(0) == w->m && y.size(1) == x.size(1), "cslt_mm: y must be (M, N)");
   const int64_t n = x.size(1);
+  const bool x_row = x.stride(0) != 1 && x.stride(1) == 1 && x.stride(0) >= n;
+  PRUNEKIT_CHECK(x_row || x.stride(0) == 1, "cslt_mm: x must be column-major or row-major");
   const bool y_row = y.stride(1) == 1 && y.stride(0) >= n && !(y.stride(0) == 1 && n > 1);
   PRUNEKIT_CHECK(y_row || y.stride(0) == 1, "cslt_mm: y must be column-major or row-major");
-  const int64_t ldx = std::max<int64_t>(x.stride(1), w->k);
+  const int64_t ldx = x_row ? x.stride(0) : std::max<int64_t>(x.stride(1), w->k);
   const int64_t ldy = y_row ? std::max<int64_t>(y.stride(0), n) : std::max<int64_t>(y.stride(1), w->m);
   void* bias_ptr = nullptr;
   if (bias.has_value()) {
@@ -134,7 +157,9 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
     bias_ptr = bias->data_ptr();
   }
   const c10::cuda::CUDAGuard guard(x.device());
-  const PlanKey key{n, ldx, ldy, y_row, reinterpret_cast<uintptr_t>(bias_ptr), relu};
+  const int64_t alg_id = env_int("PRUNEKIT_CSLT_ALG"), split_k = env_int("PRUNEKIT_CSLT_SPLIT_K");
+  const bool x_t = describe_x_transposed();
+  const PlanKey key{n, ldx, x_row, x_t, ldy, y_row, reinterpret_cast<uintptr_t>(bias_ptr), relu, alg_id, split_k};
   Plan* p = nullptr;
   {
     const std::lock_guard<std::mutex> lock(registry_mutex);
@@ -142,11 +167,15 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
     if (!slot) {
       auto plan = std::make_unique<Plan>();
       const cudaDataType t = cuda_type(w->dtype);
-      PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_b, w->k, n, ldx, 16, t, CUSPARSE_ORDER_COL));
+      // X (K, N) in its order, or the (N, K) it is the transpose of in the other order (then opB = T)
+      const cusparseOrder_t x_order = x_row != x_t ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL;
+      PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_b, x_t ? n : w->k, x_t ? w->k : n, ldx, 16, t,
+                                                  x_order));
       PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_c, w->m, n, ldy, 16, t,
                                                   y_row ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL));
       PK_CSLT_CHECK(cusparseLtMatmulDescriptorInit(handle(), &plan->matmul, CUSPARSE_OPERATION_NON_TRANSPOSE,
-                                                   CUSPARSE_OPERATION_NON_TRANSPOSE, &w->mat_a, &plan->mat_b,
+                                                   x_t ? CUSPARSE_OPERATION_TRANSPOSE : CUSPARSE_OPERATION_NON_TRANSPOSE,
+                                                   &w->mat_a, &plan->mat_b,
                                                    &plan->mat_c, &plan->mat_c, CUSPARSE_COMPUTE_32F));
       if (relu) {
         const int on = 1;
@@ -159,6 +188,16 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
       }
       PK_CSLT_CHECK(cusparseLtMatmulAlgSelectionInit(handle(), &plan->alg, &plan->matmul,
                                                      CUSPARSELT_MATMUL_ALG_DEFAULT));
+      if (alg_id >= 0) {
+        const int id32 = static_cast<int>(alg_id);
+        PK_CSLT_CHECK(cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg, CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id32,
+                                                      sizeof(id32)));
+      }
+      if (split_k >= 1) {
+        const int k32 = static_cast<int>(split_k);
+        PK_CSLT_CHECK(cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg, CUSPARSELT_MATMUL_SPLIT_K, &k32,
+                                                      sizeof(k32)));
+      }
       PK_CSLT_CHECK(cusparseLtMatmulPlanInit(handle(), &plan->plan, &plan->matmul, &plan->alg));
       plan->ready = true;
       PK_CSLT_CHECK(cusparseLtMatmulGetWorkspace(handle(), &plan->plan, &plan->workspace));
@@ -191,14 +230,22 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
                                  y.data_ptr(), y.data_ptr(), ws_ptr, &stream, 1));
 }
 
-// The eager entry (one dispatcher call per layer call, no Python tensor work): Y (M, N) = act(W @ x + bias) laid out
-// by layout.py's rule (x (K, N) with unit stride along K and N > 1: Y is the transposed view of a contiguous (N, M);
-// else a contiguous (M, N)). N is padded to a multiple of 16 (a zero-filled copy of x, only for such N). With
-// row_output cuSPARSELt writes a row-major (M, N_pad) (its fast configuration on the H100) and the layout rule's
-// copy follows; else it writes the column-major Y directly.
+// The eager entry (one dispatcher call per layer call, no Python tensor work): Y (M, N) = act(W @ x + bias). N is
+// padded to a multiple of 16 (a zero-filled copy of x, only for such N). `output` says how Y is laid out:
+//  - kOutputCol: layout.py's rule (x (K, N) with unit stride along K and N > 1: Y is the transposed view of a
+//    contiguous (N, M); else a contiguous (M, N)); cuSPARSELt writes the column-major Y directly;
+//  - kOutputRowCopy: the same rule, but cuSPARSELt writes a row-major (M, N_pad) (its fast configuration on the H100)
+//    and a transposing copy follows where the rule wants the other order;
+//  - kOutputRow: cuSPARSELt's row-major Y is returned as it is, no copy: for the transposed view of nn.Linear
+//    activations the layer's output Y.t() is then a non-contiguous (N, M) view, as torch's own 2:4 F.linear returns.
+//    A row-major x (such a view, passed on by the next layer) is read in place, not copied.
+constexpr int64_t kOutputCol = 0, kOutputRowCopy = 1, kOutputRow = 2;
+
 at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::Tensor>& bias, bool relu,
-                       bool row_output) {
+                       int64_t output) {
   PRUNEKIT_CHECK(x.dim() == 2, "cslt_linear: x must be (K, N)");
+  PRUNEKIT_CHECK(output == kOutputCol || output == kOutputRowCopy || output == kOutputRow,
+                 "cslt_linear: output must be 0 (column-major), 1 (row-major, then the layout copy) or 2 (row-major)");
   int64_t m = 0;
   {
     const std::lock_guard<std::mutex> lock(registry_mutex);
@@ -208,17 +255,22 @@ at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::
   }
   const int64_t k = x.size(0), n = x.size(1);
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
+  const bool row_major = n > 1 && x.stride(1) == 1 && x.stride(0) != 1;
   const int64_t n_pad = (n + 15) / 16 * 16;
+  const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && n_pad == n;
   at::Tensor xb = x;
-  const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
-  if (!(transposed && n_pad == n && x.stride(1) % 8 == 0 && aligned)) {
+  if (row_major && aligned && x.stride(0) % 8 == 0) {
+    // read in place: the (K, N) row-major view another layer's kOutputRow output gives
+  } else if (!(transposed && aligned && x.stride(1) % 8 == 0)) {
     at::Tensor buf = at::zeros({n_pad, k}, x.options());
     buf.narrow(0, 0, n).copy_(x.t());
     xb = buf.t();
   }
+  const bool row_output = output != kOutputCol;
   at::Tensor y = row_output ? at::empty({m, n_pad}, x.options()) : at::empty({n_pad, m}, x.options()).t();
   cslt_mm(id, xb, y, bias, relu);
   if (n_pad != n) y = y.narrow(1, 0, n);
+  if (output == kOutputRow) return y;
   if (transposed) {
     if (!row_output) return y;  // already the transposed view of a contiguous (N, M)
     at::Tensor out = at::empty({n, m}, x.options());
@@ -239,7 +291,7 @@ void cslt_release(int64_t id) {
 TORCH_LIBRARY(prunekit_cslt, m) {
   m.def("prepare(Tensor dense) -> int");
   m.def("mm(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
-  m.def("linear(int id, Tensor x, Tensor? bias, bool relu, bool row_output) -> Tensor");
+  m.def("linear(int id, Tensor x, Tensor? bias, bool relu, int output) -> Tensor");
   m.def("release(int id) -> ()", &prunekit_cslt::cslt_release);  // no tensor argument: a catch-all kernel
 }
 

@@ -1,0 +1,201 @@
+"""2:4 at large N (issue 5): which operand layouts and cuSPARSELt configurations of prunekit's binding are fast.
+
+``benchmarks/nm.py`` found the binding's default (cuSPARSELt writes a row-major ``Y (M, N)``, then the layout rule's
+transposing copy) at 0.69-1.25x of dense where torch's ``to_sparse_semi_structured`` reached 1.28-1.64x (graph) in the
+same run. torch returns the transposed view of cuSPARSELt's row-major output and copies nothing. This script times,
+per large GEMM and in one run (CUDA-graph replays, median; rotating input sets as in ``benchmarks/bsr.py``):
+
+- ``dense``: ``F.linear(x2d, W)`` (cuBLAS); ``torch24``: ``F.linear(x2d, to_sparse_semi_structured(W))``;
+- ``mm_<x>_<y>_bt<0|1>``: one ``prunekit_cslt::mm`` call (no copy) with X ``(K, N)`` column-major (``xc``, the
+  transposed view of nn.Linear activations) or row-major (``xr``), and Y ``(M, N)`` row-major (``yr``) or
+  column-major (``yc``, the transposed view of a contiguous ``(N, M)``, the layer's output layout); ``bt1``: X described
+  to cuSPARSELt as the transpose of an ``(N, K)`` with opB = T (``$PRUNEKIT_CSLT_B_T=1``, what torch does), ``bt0`` as
+  itself;
+- ``linear``: the binding's entry as the custom op calls it (``structured.nm_mm_cuda(..., backend="cslt")``, layout
+  rule); ``linear_view`` the same with ``output="view"`` (row-major Y returned as it is, the runtime layer's default);
+- ``copy_t``: the transposing copy alone (``(N, M)`` buffer from a row-major ``(M, N)``), torch's ``copy_``;
+- ``alg<i>`` / ``splitk1``: ``mm_xc_yr`` (the default X description) with ``$PRUNEKIT_CSLT_ALG=i`` /
+  ``$PRUNEKIT_CSLT_SPLIT_K=1`` (plans built by those settings; an id cuSPARSELt refuses is recorded as an error; split-K
+  2 and 4 were refused with "invalid value" on the H100).
+
+Writes ``--out`` JSON (device, torch, date) and prints a table. GPU machine:
+``PYTHONPATH=src python benchmarks/nm_configs.py --out $OUT/nm-configs-h100-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bsr import L2_BYTES, graph_time, relative_error  # noqa: E402
+from nm import nm24_weight  # noqa: E402
+
+from prunekit import formats  # noqa: E402
+from prunekit.kernels import structured  # noqa: E402
+
+POINTS = [(16384, 16384, 8192), (8192, 8192, 8192), (4096, 4096, 4096), (11008, 4096, 2048), (4096, 11008, 2048)]
+LAYOUTS = ("xc_yr", "xc_yc", "xr_yr", "xr_yc")
+console = Console()
+
+
+def _operands(x2d: torch.Tensor, m: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """X ``(K, N)`` and Y ``(M, N)`` in ``layout`` (``x2d: (N, K)`` row-major)."""
+    n = x2d.shape[0]
+    x = x2d.t() if layout.startswith("xc") else x2d.t().contiguous()
+    y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+    if layout.endswith("yc"):
+        y = torch.empty(n, m, dtype=x2d.dtype, device=x2d.device).t()
+    return x, y
+
+
+def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Generator) -> dict:
+    from torch.sparse import to_sparse_semi_structured
+
+    elem = torch.finfo(dtype).bits // 8
+    set_bytes = (m * k // 2 + k * n + 2 * m * n) * elem
+    n_sets = max(2, min(args.max_sets, math.ceil(2 * L2_BYTES / set_bytes)))
+    sets = []
+    for _ in range(n_sets):
+        w = nm24_weight(m, k, dtype, gen)
+        enc = formats.encode("nm", w, {"n": 2, "m": 4})
+        c, bits = enc.components, int(enc.params["bits"])
+        x2d = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
+        state = structured.native_weight_24(c["values"], c["metadata"], bits, k)
+        sets.append((w, c, bits, x2d, state))
+    res: dict = {"m": m, "k": k, "n": n, "dtype": str(dtype).removeprefix("torch."), "n_sets": n_sets}
+    w0, _, _, x0, _ = sets[0]
+    ref = F.linear(x0.float(), w0.float()).t()
+
+    def mm_calls(layout: str) -> tuple[list, list]:
+        ops, outs = [], []
+        for _, _, _, x2d, state in sets:
+            x, y = _operands(x2d, m, layout)
+            ops.append(lambda s=state, x=x, y=y: torch.ops.prunekit_cslt.mm(s.id, x, y, None, False))
+            outs.append(y)
+        return ops, outs
+
+    def timed(name: str, calls: list, check=None) -> None:
+        try:
+            res[f"{name}_gpu_ms"] = graph_time(calls)
+            if check is not None:
+                res[f"{name}_err"] = relative_error(check(), ref)
+        except RuntimeError as exc:  # a configuration cuSPARSELt refuses
+            res[f"{name}_error"] = str(exc).splitlines()[0][:200]
+            torch.cuda.synchronize()
+
+    timed("dense", [lambda w=w, x=x: F.linear(x, w) for w, _, _, x, _ in sets])
+    try:
+        semis = [(to_sparse_semi_structured(w), x) for w, _, _, x, _ in sets]
+        timed(
+            "torch24",
+            [lambda s=s, x=x: F.linear(x, s) for s, x in semis],
+            lambda: F.linear(semis[0][1], semis[0][0]).t(),
+        )
+    except Exception as exc:  # record why the baseline could not run
+        res["torch24_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    for layout in LAYOUTS:
+        for b_t in ("0", "1"):  # X described as itself (opB = N) or as the transpose of an (N, K) (opB = T)
+            os.environ["PRUNEKIT_CSLT_B_T"] = b_t
+            try:
+                calls, outs = mm_calls(layout)
+                timed(f"mm_{layout}_bt{b_t}", calls, lambda c=calls, o=outs: (c[0](), o[0])[1])
+            finally:
+                del os.environ["PRUNEKIT_CSLT_B_T"]
+    timed(
+        "linear_view",
+        [
+            lambda c=c, b=b, x=x: structured.nm_mm_cuda(
+                c["values"], c["metadata"], x.t(), 2, 4, b, backend="cslt", output="view"
+            )
+            for _, c, b, x, _ in sets
+        ],
+        lambda: structured.nm_mm_cuda(
+            sets[0][1]["values"], sets[0][1]["metadata"], x0.t(), 2, 4, sets[0][2], backend="cslt", output="view"
+        ),
+    )
+    timed(
+        "linear",
+        [
+            lambda c=c, b=b, x=x: structured.nm_mm_cuda(c["values"], c["metadata"], x.t(), 2, 4, b, backend="cslt")
+            for _, c, b, x, _ in sets
+        ],
+        lambda: structured.nm_mm_cuda(
+            sets[0][1]["values"], sets[0][1]["metadata"], x0.t(), 2, 4, sets[0][2], backend="cslt"
+        ),
+    )
+    ys = [torch.randn(m, n, device="cuda", generator=gen).to(dtype) for _ in range(n_sets)]
+    outs = [torch.empty(n, m, dtype=dtype, device="cuda") for _ in range(n_sets)]
+    timed("copy_t", [lambda o=o, y=y: o.copy_(y.t()) for o, y in zip(outs, ys, strict=True)])
+    del ys, outs
+    for env, values, prefix in (
+        ("PRUNEKIT_CSLT_ALG", range(args.algs), "alg"),
+        ("PRUNEKIT_CSLT_SPLIT_K", (1,), "splitk"),
+    ):
+        for v in values:
+            os.environ[env] = str(v)
+            try:
+                calls, outs = mm_calls("xc_yr")
+                timed(f"{prefix}{v}", calls, lambda c=calls, o=outs: (c[0](), o[0])[1])
+            finally:
+                del os.environ[env]
+    for key in [k for k in res if k.endswith("_gpu_ms") and k != "dense_gpu_ms"]:
+        res[key.replace("_gpu_ms", "_x_dense")] = res["dense_gpu_ms"] / res[key]
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--points", default="", help="comma-separated indices into POINTS (default all)")
+    parser.add_argument("--algs", type=int, default=8, help="time algorithm configuration ids 0 .. ALGS-1")
+    parser.add_argument("--max-sets", type=int, default=4)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("nm_configs.py needs a CUDA GPU")
+    structured.load_cslt()
+    points = [POINTS[int(i)] for i in args.points.split(",")] if args.points else POINTS
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for m, k, n in points:
+        rows.append(run_point(m, k, n, torch.float16, args, gen))
+        torch.cuda.empty_cache()
+        console.print(f"{m}x{k} N={n} done")
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "command": " ".join(sys.argv),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"environment": meta, "rows": rows}, indent=1))
+    tmp.replace(args.out)
+    names = sorted({k[: -len("_x_dense")] for r in rows for k in r if k.endswith("_x_dense")})
+    table = Table(title=f"2:4 configurations, x dense (graph) on {meta['device']} ({meta['date']})")
+    table.add_column("M x K, N")
+    for name in names:
+        table.add_column(name)
+    for r in rows:
+        table.add_row(
+            f"{r['m']}x{r['k']}, {r['n']}",
+            *(f"{r[name + '_x_dense']:.2f}" if name + "_x_dense" in r else "-" for name in names),
+        )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
