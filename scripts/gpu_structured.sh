@@ -8,6 +8,8 @@
 #                                          # host time per call of each layer of the eager paths
 #   scripts/gpu_structured.sh bsr [args]   # benchmarks/bsr.py (quick grid, --time-limit-s 420 unless given)
 #   scripts/gpu_structured.sh nm [args]    # benchmarks/nm.py (all points, --time-limit-s 420 unless given)
+#   scripts/gpu_structured.sh nmconfigs    # the cuSPARSELt binding alone: test_nm_mm.py, benchmarks/nm_configs.py
+#                                          # (layouts, X description, copy, $NM_ALGS algorithm ids), nm.py points 0-4
 #   scripts/gpu_structured.sh nm24 [args]  # the 2:4 decode kernel (kernels/nm24.py) alone: build it and the cuSPARSELt
 #                                          # binding (not the BSR library), its tests and test_nm_mm.py, memcheck and
 #                                          # racecheck of small decode cases, probes (no epilogue; atomics instead of
@@ -187,6 +189,22 @@ bench_nm() {
   echo "nm benchmark exit code $?"; tail -30 "$OUT/bench_nm.log"
 }
 
+# The cuSPARSELt binding at the large 2:4 GEMMs: build it alone, test_nm_mm.py, benchmarks/nm_configs.py (operand
+# layouts, X description, output copy, algorithm ids $NM_ALGS) and benchmarks/nm.py at the large points (0-4).
+nmconfigs() {
+  step build the cuSPARSELt binding
+  timeout 200 python3 -c "from prunekit.kernels import structured; structured.load_cslt(); print('cslt ok')" \
+    > "$OUT/build-cslt.log" 2>&1 || { tail -30 "$OUT/build-cslt.log"; return 1; }
+  step 2:4 tests
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_nm_mm.py > "$OUT/tests-nm.log" 2>&1
+  echo "tests exit code $?"; tail -3 "$OUT/tests-nm.log"
+  step cuSPARSELt configurations
+  timeout 240 python3 benchmarks/nm_configs.py --out "$OUT/nm-configs-$DEV-$DATE.json" --algs "${NM_ALGS:-0}" \
+    > "$OUT/nm-configs.log" 2>&1
+  echo "nm_configs exit code $?"; tail -12 "$OUT/nm-configs.log"
+  bench_nm --points 0,1,2,3,4 "$@"
+}
+
 nm24() {
   step build nm24 + cuSPARSELt binding
   timeout 300 python3 -c "
@@ -340,7 +358,8 @@ case $MODE in
   nm24) nm24 "$@" ;;
   bsr) build; bench_bsr "$@" ;;
   nm) build; bench_nm "$@" ;;
+  nmconfigs) nmconfigs "$@" ;;
   all) build; build_test; bench_bsr "$@"; bench_nm ;;
-  *) echo "usage: $0 build-test|bsr|nm|nm24|nm24sp|nm24ring|nm24prof|all [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: $0 build-test|bsr|nm|nmconfigs|nm24|nm24sp|nm24ring|nm24prof|all [benchmark args]" >&2; exit 2 ;;
 esac
 step done
