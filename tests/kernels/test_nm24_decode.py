@@ -117,6 +117,12 @@ def test_plan_chunk_rule(monkeypatch):
     assert nm24.plan_chunk(192, 48, 132) == 16  # 3072 x 768
     assert nm24.plan_chunk(4, 16, 132) == 8
     assert nm24.plan_chunk(1, 8, 132) == 8
+    # the bitmap kernel's token groups (grid z: 64 tokens each above N = 32) count as blocks
+    assert [nm24.token_groups(n) for n in (1, 16, 32, 33, 64, 65, 128, 256)] == [1, 1, 1, 1, 1, 2, 2, 4]
+    assert nm24.plan_chunk(48, 192, 132, 64) == 16  # 768 x 3072, N = 64: one group, 6 x 6 blocks with 32 is too few
+    assert nm24.plan_chunk(48, 192, 132, 128) == 32  # two groups: 6 x 6 x 2 = 72 blocks
+    assert nm24.plan_chunk(48, 192, 132, 256) == 32
+    assert nm24.plan_chunk(256, 256, 132, 256) == 32  # never above 32 by the rule
     monkeypatch.setenv(nm24.CHUNK_ENV, "60")
     assert nm24.plan_chunk(256, 256, 132) == 64
     monkeypatch.setenv(nm24.CHUNK_ENV, "200")

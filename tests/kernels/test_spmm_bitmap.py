@@ -183,7 +183,7 @@ def test_sparse_linear_takes_the_bitmap_entry_once_per_n(monkeypatch):
         asked.append(x2d.shape[0])
         return True
 
-    def plan(csr, m, k, device):
+    def plan(csr, m, k, device, n=1):
         built.append(m)
         return build_bitmap_plan(*csr, m, k), 0, 0
 

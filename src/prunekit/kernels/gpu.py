@@ -629,7 +629,7 @@ def _bitmap_mm(
         raise ValueError(f"the bitmap SpMM (variant='bitmap') takes float16 or bfloat16, got {x.dtype}")
     nm24.load()
     bp = get_bitmap_plan(*csr, m, x.shape[0])
-    chunk = nm24.plan_chunk(bp.strips, bp.ksteps, _sm_count(x.device))
+    chunk = nm24.plan_chunk(bp.strips, bp.ksteps, _sm_count(x.device), x.shape[1])
     torch.ops.prunekit_nm24.bitmap_mm(
         bp.vals, bp.hdr, bp.boff, bp.ws, bp.counters, x, y, bias, relu, m, chunk, bp.slot_words, bitmap_ring()
     )
@@ -654,21 +654,23 @@ def eager_bitmap_takes(
 
 
 def bitmap_linear_plan(
-    csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor], m: int, k: int, device: torch.device
+    csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor], m: int, k: int, device: torch.device, n: int = 1
 ) -> tuple[torch.Tensor, int, int]:
-    """What the runtime keeps per CSR layer for the eager bitmap entry (:func:`bitmap_linear`): the plan's one buffer
-    (``spmm_bitmap_plan.BitmapPlan.buffer``; the plan is built once and cached on the values tensor), its packed
-    settings (M, the k-chunk :func:`nm24.plan_chunk` for this device's SMs, the ring :func:`bitmap_ring`; the layout
-    of ``nm24.plan_cfg``) and its slot size in words with K in bits 32-62 (checked against x by the entry).
+    """What the runtime keeps per CSR layer and N for the eager bitmap entry (:func:`bitmap_linear`): the plan's one
+    buffer (``spmm_bitmap_plan.BitmapPlan.buffer``; the plan is built once and cached on the values tensor), its packed
+    settings (M, the k-chunk :func:`nm24.plan_chunk` for this device's SMs and ``n`` tokens, the ring
+    :func:`bitmap_ring`; the layout of ``nm24.plan_cfg``) and its slot size in words with K in bits 32-62 (checked
+    against x by the entry).
 
     Args:
-        csr: (values, row_offsets, column_indices) as stored, fp16/bf16 on ``device``; m, k: the weight's shape.
+        csr: (values, row_offsets, column_indices) as stored, fp16/bf16 on ``device``; m, k: the weight's shape;
+            n: the tokens of the calls it serves (the k-chunk depends on their groups of 64 above 32).
 
     Raises:
         KernelUnavailable: the library does not build or load here. ValueError: as :func:`build_bitmap_plan`."""
     nm24.load()
     bp = get_bitmap_plan(*csr, m, k)
-    chunk = nm24.plan_chunk(bp.strips, bp.ksteps, _sm_count(device))
+    chunk = nm24.plan_chunk(bp.strips, bp.ksteps, _sm_count(device), n)
     return bp.buffer, nm24.plan_cfg(m, chunk, 0, bitmap_ring(), 8), bp.slot_words | k << 32
 
 
@@ -851,7 +853,7 @@ def spmm_csr_op(
         if not eager_cpp_enabled():  # $PRUNEKIT_SPMM_CPP=0: the Python launcher for every call (read per decision)
             entry = ("auto", None)
         elif eager_bitmap_takes(values, x.t(), m, k, bias):
-            entry = ("bitmap", bitmap_linear_plan((values, row_offsets, column_indices), m, k, x.device))
+            entry = ("bitmap", bitmap_linear_plan((values, row_offsets, column_indices), m, k, x.device, n))
         else:
             entry = ("auto", eager_spmm_variant(values, x, "auto", m))
         decisions[key] = entry

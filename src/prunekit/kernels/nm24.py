@@ -50,6 +50,7 @@ STRIPS_PER_BLOCK = 8  # warps per block, one 16-row strip each (kWarps)
 KSTEP_ALIGN = 8  # k-steps per register batch (kBatch): the plan pads K to a multiple of 8 * 16 columns
 MAX_CHUNK = 64  # k-steps per block (kMaxChunk: 32 KB of staged X next to the 54 KB weight ring)
 MAX_N = 16  # tokens per call (kTokens)
+WIDE_GROUP_TOKENS = 64  # bitmap at N > 32: tokens per block (kWideNt n-tiles of 8), grid z over such groups
 MAX_CLUSTER = 16  # k-chunks the kernel reduces in one thread-block cluster on sm_90 (kMaxCluster); more: atomics
 MMA_ENV = "PRUNEKIT_NM24_MMA"  # "sp": sparse tensor cores (mma.sp.m16n8k32); "prmt": register expansion + mma.sync
 DEFAULT_MMA = "sp"
@@ -157,18 +158,27 @@ class Nm24Plan(NamedTuple):
     cfg: int = 0  # m, chunk, variant, ring, batch packed for the eager entry (plan_cfg)
 
 
-def plan_chunk(strips: int, ksteps: int, num_sms: int) -> int:
-    """k-steps per block: 32, unless that leaves fewer than ``num_sms / 2`` blocks, then 16, then 8 (never more than
-    ``ksteps``). Chosen from the H100 k-chunk sweep (``benchmarks/results/nm24-sweep-h100-2026-11-25-v5.json``: 32
-    was fastest on the three large decode shapes, 16 on 768 x 3072 and 3072 x 768; in-sample). Up to
-    :data:`MAX_CLUSTER` k-chunks are reduced in one thread-block cluster on sm_90, more with global atomics.
-    ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning, at most :data:`MAX_CHUNK`)."""
-    row_blocks = -(-strips // STRIPS_PER_BLOCK)
+def token_groups(n: int) -> int:
+    """Grid z of the decode kernel for ``n`` tokens: 1 up to 32 (one block of 16 or 32 tokens), else groups of
+    :data:`WIDE_GROUP_TOKENS` (the bitmap kernel at N > 32, each group decoding the weight again)."""
+    return 1 if n <= 2 * MAX_N else -(-n // WIDE_GROUP_TOKENS)
+
+
+def plan_chunk(strips: int, ksteps: int, num_sms: int, n: int = 1) -> int:
+    """k-steps per block: 32, unless that leaves fewer than ``num_sms / 2`` blocks (row blocks x k-chunks x
+    :func:`token_groups` of ``n``), then 16, then 8 (never more than ``ksteps``). Chosen from the H100 k-chunk sweep
+    (``benchmarks/results/nm24-sweep-h100-2026-11-25-v5.json``: 32 was fastest on the three large decode shapes, 16 on
+    768 x 3072 and 3072 x 768; in-sample). The token groups count since the sixteenth session: at 768 x 3072 the
+    bitmap kernel took 13.5 / 20.3 us with chunks of 32 against 14.8 / 27.0 with 16 at N = 128 / 256 (2 / 4 groups),
+    and 13.0 against 10.0 at N = 64 (one group; ``benchmarks/results/spmm-bitmap-{c32,base}-h100-2026-11-26-s16.json``,
+    90%). Up to :data:`MAX_CLUSTER` k-chunks are reduced in one thread-block cluster on sm_90, more with global
+    atomics. ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning, at most :data:`MAX_CHUNK`)."""
+    blocks = -(-strips // STRIPS_PER_BLOCK) * token_groups(n)
     forced = os.environ.get(CHUNK_ENV)
     if forced:
         chunk = -(-int(forced) // KSTEP_ALIGN) * KSTEP_ALIGN
     else:
-        chunk = next((c for c in (32, 16) if row_blocks * -(-ksteps // c) >= num_sms / 2), KSTEP_ALIGN)
+        chunk = next((c for c in (32, 16) if blocks * -(-ksteps // c) >= num_sms / 2), KSTEP_ALIGN)
     return max(KSTEP_ALIGN, min(chunk, MAX_CHUNK, ksteps))
 
 

@@ -46,7 +46,7 @@ def _csr_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     if entry is _UNSET or (entry is not None and entry[0] != stamp):
         m, k = layer.out_features, layer.in_features
         ok = gpu.eager_bitmap_takes(values, x2d, m, k, layer.bias)
-        entry = (stamp, gpu.bitmap_linear_plan((values, offsets, cols), m, k, x2d.device)) if ok else None
+        entry = (stamp, gpu.bitmap_linear_plan((values, offsets, cols), m, k, x2d.device, n=n)) if ok else None
         layer._eager_plans[key] = entry
     return None if entry is None else gpu.bitmap_linear(entry[1], x2d, layer.bias)
 
