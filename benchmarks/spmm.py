@@ -138,7 +138,16 @@ def time_forced(variants: tuple[str, ...], csrs: list, xs: list, m: int, ref: to
     return out
 
 
-def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int], l2_bytes: int, seed: int) -> list:
+def bench_config(
+    dtype_name: str,
+    m: int,
+    k: int,
+    sparsity: float,
+    ns: list[int],
+    l2_bytes: int,
+    seed: int,
+    forced_only: tuple[str, ...] | None = None,
+) -> list:
     dtype = getattr(torch, dtype_name)
     esize = torch.empty((), dtype=dtype).element_size()
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -161,7 +170,7 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
     nnz_real = int((weights[0] != 0).sum())
     nnz_padded = csrs[0]["values"].numel()
     tc_stats = {}
-    if dtype in gpu.TC_DTYPES and max(ns) >= TC_BENCH_MIN_N:
+    if dtype in gpu.TC_DTYPES and max(ns) >= TC_BENCH_MIN_N and (forced_only is None or "tc" in forced_only):
         c0 = csrs[0]
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -199,13 +208,17 @@ def bench_config(dtype_name: str, m: int, k: int, sparsity: float, ns: list[int]
             # Wide N: the CUDA-core direct kernel and the bitmap kernel (64-token blocks) forced, and the tensor-core
             # tc kernel from TC_BENCH_MIN_N
             wide = ("tc", "direct", "bitmap") if tc_stats and n >= TC_BENCH_MIN_N else ("direct", "bitmap")
+            wide = tuple(v for v in wide if forced_only is None or v in forced_only)
             forced.update(time_forced(wide, csrs, xs, m, ref, dense_gpu))
             if "tc" in wide:
                 forced.update(tc_stats)
         if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
             # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel as "auto" runs it at N <= 16
             # (X gathered from global memory: "rowwarp_global"; forced "rowwarp" would stage X in shared memory).
-            forced.update(time_forced(("scatter", "rowwarp_global", "bitmap"), csrs, xs, m, ref, dense_gpu))
+            decode = tuple(
+                v for v in ("scatter", "rowwarp_global", "bitmap") if forced_only is None or v in forced_only
+            )
+            forced.update(time_forced(decode, csrs, xs, m, ref, dense_gpu))
             strip = gpu.scatter_strip_rows()
             sc = get_scatter_plan(csrs[0]["values"], csrs[0]["row_offsets"], csrs[0]["column_indices"], m, k, strip)
             sc_bytes = sc.nbytes + x_bytes + n * m * esize
@@ -413,7 +426,11 @@ def main() -> None:
     )
     parser.add_argument("--time-budget-s", type=float, default=float("inf"), help="start no config after this")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--forced", default="", help="comma-separated variants to time forced (default: all of tc, direct, bitmap, ...)"
+    )
     args = parser.parse_args()
+    forced_only = tuple(args.forced.split(",")) if args.forced else None
 
     build.load()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -448,7 +465,7 @@ def main() -> None:
         if args.variants:
             rows = bench_variants(dtype_name, m, k, sparsity, ns, args.seed + i)
         else:
-            rows = bench_config(dtype_name, m, k, sparsity, ns, l2, args.seed + i)
+            rows = bench_config(dtype_name, m, k, sparsity, ns, l2, args.seed + i, forced_only)
         result["rows"].extend(rows)
         result["elapsed_s"] = time.monotonic() - started
         args.out.parent.mkdir(parents=True, exist_ok=True)

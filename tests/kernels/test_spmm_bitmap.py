@@ -327,12 +327,15 @@ def test_bitmap_kernel_wide_n_matches_float64(dtype, m, k, n, sparsity, empty_ro
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("chunk,cluster", [(None, None), ("8", None), ("8", "0"), ("16", "0"), ("32", None)])
+@pytest.mark.parametrize(
+    "chunk,cluster", [(None, None), ("8", None), ("8", "0"), ("16", "0"), ("32", None), ("64", None), ("64", "0")]
+)
 @pytest.mark.parametrize("warps", [None, "8", "16"])
 def test_bitmap_kernel_wide_n_k_chunks_in_clusters_and_atomics(chunk, cluster, warps, monkeypatch):
     """N > 16 with the k-chunks reduced in clusters and with atomics (chunk 8: 20 chunks, more than a cluster; or
-    $PRUNEKIT_NM24_CLUSTER=0): the atomics add into a zeroed workspace of this call, so the plan's stays zero. Blocks
-    of 8 and 16 strips, and the launcher's choice."""
+    $PRUNEKIT_NM24_CLUSTER=0): the atomics add into a zeroed workspace of this call, so the plan's stays zero. Chunks
+    of 64 k-steps (the rule's at N > 32 on large grids: 3 chunks here, the last partial). Blocks of 8 and 16 strips,
+    and the launcher's choice."""
     _set_wide_warps(monkeypatch, warps)
     dense, c, bias, g = _chunk_case(monkeypatch, chunk, cluster, 13)
     m, k = dense.shape
