@@ -125,6 +125,7 @@ def test_plan_chunk_rule(monkeypatch):
     assert nm24.plan_chunk(256, 256, 132, 256) == 32  # 4096 x 4096: 32 x 4 x 4 = 512 blocks at 64, under 4 per SM
     assert nm24.plan_chunk(688, 256, 132, 128) == 64  # 11008 x 4096, N = 128: 86 x 4 x 2 = 688 blocks at 64
     assert nm24.plan_chunk(688, 256, 132, 64) == 32  # one token group: 344 blocks at 64
+    assert nm24.plan_chunk(256, 688, 132, 256) == 32  # 4096 x 11008: 11 chunks at 64, more than a portable cluster
     assert nm24.plan_chunk(1024, 1024, 132, 16) == 32  # never 64 at N <= 32 (the decode shapes' sweeps)
     monkeypatch.setenv(nm24.CHUNK_ENV, "60")
     assert nm24.plan_chunk(256, 256, 132) == 64

@@ -52,6 +52,7 @@ MAX_CHUNK = 64  # k-steps per block (kMaxChunk: 32 KB of staged X next to the 54
 MAX_N = 16  # tokens per call (kTokens)
 WIDE_GROUP_TOKENS = 64  # bitmap at N > 32: tokens per block (kWideNt n-tiles of 8), grid z over such groups
 WIDE_CHUNK64_MIN_BLOCKS_PER_SM = 4  # bitmap at N > 32: chunks of MAX_CHUNK k-steps where the grid keeps this many
+PORTABLE_CLUSTER = 8  # thread-block cluster size every sm_90 launch may take without the non-portable attribute
 MAX_CLUSTER = 16  # k-chunks the kernel reduces in one thread-block cluster on sm_90 (kMaxCluster); more: atomics
 MMA_ENV = "PRUNEKIT_NM24_MMA"  # "sp": sparse tensor cores (mma.sp.m16n8k32); "prmt": register expansion + mma.sync
 DEFAULT_MMA = "sp"
@@ -173,15 +174,21 @@ def plan_chunk(strips: int, ksteps: int, num_sms: int, n: int = 1) -> int:
     bitmap kernel took 13.5 / 20.3 us with chunks of 32 against 14.8 / 27.0 with 16 at N = 128 / 256 (2 / 4 groups),
     and 13.0 against 10.0 at N = 64 (one group; ``benchmarks/results/spmm-bitmap-{c32,base}-h100-2026-11-26-s16.json``,
     90%). At N > 32, chunks of :data:`MAX_CHUNK` where they still leave
-    :data:`WIDE_CHUNK64_MIN_BLOCKS_PER_SM` blocks per SM: at 11008 x 4096, N = 128 / 256 (688 / 1376 blocks) 1.12-1.22x
-    faster than 32, at 4096 x 4096 (256 / 512 blocks) 0.80-0.93x (``spmm-chunk-large-{c64,c32}-h100-2026-11-26-s16.json``,
-    80-90%). Up to :data:`MAX_CLUSTER` k-chunks are reduced in one thread-block cluster on sm_90, more with global
+    :data:`WIDE_CHUNK64_MIN_BLOCKS_PER_SM` blocks per SM and at most :data:`PORTABLE_CLUSTER` k-chunks: at 11008 x
+    4096, N = 128 / 256 (688 / 1376 blocks, 4 chunks) 1.12-1.22x faster than 32; at 4096 x 4096 (256 / 512 blocks)
+    0.80-0.93x (``spmm-chunk-large-{c64,c32}-h100-2026-11-26-s16.json``, 80-90%); at 4096 x 11008 (704 / 1408 blocks,
+    11 chunks in a non-portable cluster against 22 with atomics) 0.80-0.90x (``spmm-chunk-k11008-{new,c32}-...``).
+    In-sample, three shapes. Up to :data:`MAX_CLUSTER` k-chunks are reduced in one thread-block cluster on sm_90, more with global
     atomics. ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning, at most :data:`MAX_CHUNK`)."""
     blocks = -(-strips // STRIPS_PER_BLOCK) * token_groups(n)
     forced = os.environ.get(CHUNK_ENV)
     if forced:
         chunk = -(-int(forced) // KSTEP_ALIGN) * KSTEP_ALIGN
-    elif n > 2 * MAX_N and blocks * -(-ksteps // MAX_CHUNK) >= WIDE_CHUNK64_MIN_BLOCKS_PER_SM * num_sms:
+    elif (
+        n > 2 * MAX_N
+        and blocks * -(-ksteps // MAX_CHUNK) >= WIDE_CHUNK64_MIN_BLOCKS_PER_SM * num_sms
+        and -(-ksteps // MAX_CHUNK) <= PORTABLE_CLUSTER
+    ):
         chunk = MAX_CHUNK
     else:
         chunk = next((c for c in (32, 16) if blocks * -(-ksteps // c) >= num_sms / 2), KSTEP_ALIGN)
