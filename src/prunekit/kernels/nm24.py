@@ -176,7 +176,7 @@ def plan_chunk(strips: int, ksteps: int, num_sms: int, n: int = 1) -> int:
     90%). At N > 32, chunks of :data:`MAX_CHUNK` where they still leave
     :data:`WIDE_CHUNK64_MIN_BLOCKS_PER_SM` blocks per SM and at most :data:`PORTABLE_CLUSTER` k-chunks: at 11008 x
     4096, N = 128 / 256 (688 / 1376 blocks, 4 chunks) 1.12-1.22x faster than 32; at 4096 x 4096 (256 / 512 blocks)
-    0.80-0.93x (``spmm-chunk-large-{c64,c32}-h100-2026-11-26-s16.json``, 80-90%); at 4096 x 11008 (704 / 1408 blocks,
+    0.81-0.94x (``spmm-chunk-large-{c64,c32}-h100-2026-11-26-s16.json``, 80-90%); at 4096 x 11008 (704 / 1408 blocks,
     11 chunks in a non-portable cluster against 22 with atomics) 0.80-0.90x (``spmm-chunk-k11008-{new,c32}-...``).
     In-sample, three shapes. Up to :data:`MAX_CLUSTER` k-chunks are reduced in one thread-block cluster on sm_90, more with global
     atomics. ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning, at most :data:`MAX_CHUNK`)."""
