@@ -6,6 +6,7 @@ same run. torch returns the transposed view of cuSPARSELt's row-major output and
 per large GEMM and in one run (CUDA-graph replays, median; rotating input sets as in ``benchmarks/bsr.py``):
 
 - ``dense``: ``F.linear(x2d, W)`` (cuBLAS); ``torch24``: ``F.linear(x2d, to_sparse_semi_structured(W))``;
+  ``torch_cslt_mm``: ``torch._cslt_sparse_mm(torch._cslt_compress(W), x2d.t())`` (the same call without the subclass);
 - ``mm_<x>_<y>_bt<0|1>``: one ``prunekit_cslt::mm`` call (no copy) with X ``(K, N)`` column-major (``xc``, the
   transposed view of nn.Linear activations) or row-major (``xr``), and Y ``(M, N)`` row-major (``yr``) or
   column-major (``yc``, the transposed view of a contiguous ``(N, M)``, the layer's output layout); ``bt1``: X described
@@ -105,6 +106,27 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Gener
         )
     except Exception as exc:  # record why the baseline could not run
         res["torch24_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    # torch's own cuSPARSELt call without the tensor subclass, on torch's compressed weight (what F.linear on a
+    # to_sparse_semi_structured weight runs): row-major (M, N) output
+    packed = [torch._cslt_compress(w) for w, _, _, _, _ in sets]
+    timed(
+        "torch_cslt_mm",
+        [lambda p=p, x=x: torch._cslt_sparse_mm(p, x.t()) for p, (_, _, _, x, _) in zip(packed, sets, strict=True)],
+        lambda: torch._cslt_sparse_mm(packed[0], x0.t()),
+    )
+    # prunekit's binding (plan built once) on torch's compressed bytes: tells a compression difference from a plan one
+    ids = [int(torch.ops.prunekit_cslt.prepare_with(w, p)) for p, (w, _, _, _, _) in zip(packed, sets, strict=True)]
+    outs_tp = [torch.empty(m, n, dtype=dtype, device="cuda") for _ in ids]
+    timed(
+        "mm_torch_packed",
+        [
+            lambda i=i, x=x, y=y: torch.ops.prunekit_cslt.mm(i, x.t(), y, None, False)
+            for i, (_, _, _, x, _), y in zip(ids, sets, outs_tp, strict=True)
+        ],
+        lambda: (torch.ops.prunekit_cslt.mm(ids[0], x0.t(), outs_tp[0], None, False), outs_tp[0])[1],
+    )
+    for i in ids:
+        torch.ops.prunekit_cslt.release(i)
     for layout in LAYOUTS:
         for b_t in ("0", "1"):  # X described as itself (opB = N) or as the transpose of an (N, K) (opB = T)
             os.environ["PRUNEKIT_CSLT_B_T"] = b_t

@@ -106,7 +106,9 @@ cudaDataType cuda_type(at::ScalarType t) {
 }
 
 // Compress a 2:4 weight (M, K) (row-major, every group of 4 along K holding at most 2 non-zeros); returns its id.
-int64_t cslt_prepare(const at::Tensor& dense) {
+// With `compressed` (benchmarks/nm_configs.py: torch._cslt_compress's output of the same weight) that buffer is used
+// as it is instead, after a size check.
+int64_t cslt_prepare_with(const at::Tensor& dense, const c10::optional<at::Tensor>& compressed) {
   PRUNEKIT_CHECK(dense.is_cuda() && dense.dim() == 2 && dense.is_contiguous(), "cslt_prepare: contiguous 2-D GPU tensor");
   const c10::cuda::CUDAGuard guard(dense.device());
   auto w = std::make_unique<Weight>();
@@ -117,11 +119,19 @@ int64_t cslt_prepare(const at::Tensor& dense) {
                                                    CUSPARSE_ORDER_ROW, CUSPARSELT_SPARSITY_50_PERCENT));
   size_t compressed_size = 0, buffer_size = 0;
   PK_CSLT_CHECK(cusparseLtSpMMACompressedSize2(handle(), &w->mat_a, &compressed_size, &buffer_size));
-  w->compressed = at::empty({static_cast<int64_t>(compressed_size)}, dense.options().dtype(at::kByte));
-  at::Tensor buffer = at::empty({static_cast<int64_t>(std::max<size_t>(buffer_size, 16))}, dense.options().dtype(at::kByte));
-  PK_CSLT_CHECK(cusparseLtSpMMACompress2(handle(), &w->mat_a, 1, CUSPARSE_OPERATION_NON_TRANSPOSE, dense.data_ptr(),
-                                         w->compressed.data_ptr(), buffer.data_ptr(),
-                                         c10::cuda::getCurrentCUDAStream()));
+  if (compressed.has_value()) {
+    PRUNEKIT_CHECK(compressed->is_cuda() && compressed->is_contiguous() &&
+                       static_cast<size_t>(compressed->nbytes()) >= compressed_size,
+                   "cslt_prepare: the compressed buffer is smaller than cuSPARSELt's ", compressed_size, " bytes");
+    w->compressed = *compressed;
+  } else {
+    w->compressed = at::empty({static_cast<int64_t>(compressed_size)}, dense.options().dtype(at::kByte));
+    at::Tensor buffer =
+        at::empty({static_cast<int64_t>(std::max<size_t>(buffer_size, 16))}, dense.options().dtype(at::kByte));
+    PK_CSLT_CHECK(cusparseLtSpMMACompress2(handle(), &w->mat_a, 1, CUSPARSE_OPERATION_NON_TRANSPOSE, dense.data_ptr(),
+                                           w->compressed.data_ptr(), buffer.data_ptr(),
+                                           c10::cuda::getCurrentCUDAStream()));
+  }
   const std::lock_guard<std::mutex> lock(registry_mutex);
   const int64_t id = next_id++;
   registry[id] = std::move(w);
@@ -281,6 +291,8 @@ at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::
   return at::empty({m, n}, x.options()).copy_(y);       // (a size-1 N keeps stride 1, so torch's checks agree)
 }
 
+int64_t cslt_prepare(const at::Tensor& dense) { return cslt_prepare_with(dense, c10::nullopt); }
+
 void cslt_release(int64_t id) {
   const std::lock_guard<std::mutex> lock(registry_mutex);
   registry.erase(id);
@@ -290,6 +302,7 @@ void cslt_release(int64_t id) {
 
 TORCH_LIBRARY(prunekit_cslt, m) {
   m.def("prepare(Tensor dense) -> int");
+  m.def("prepare_with(Tensor dense, Tensor? compressed) -> int");
   m.def("mm(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
   m.def("linear(int id, Tensor x, Tensor? bias, bool relu, int output) -> Tensor");
   m.def("release(int id) -> ()", &prunekit_cslt::cslt_release);  // no tensor argument: a catch-all kernel
@@ -297,6 +310,7 @@ TORCH_LIBRARY(prunekit_cslt, m) {
 
 TORCH_LIBRARY_IMPL(prunekit_cslt, CUDA, m) {
   m.impl("prepare", &prunekit_cslt::cslt_prepare);
+  m.impl("prepare_with", &prunekit_cslt::cslt_prepare_with);
   m.impl("mm", &prunekit_cslt::cslt_mm);
   m.impl("linear", &prunekit_cslt::cslt_linear);
 }
