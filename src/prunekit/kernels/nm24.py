@@ -178,8 +178,8 @@ def plan_chunk(strips: int, ksteps: int, num_sms: int, n: int = 1) -> int:
     4096, N = 128 / 256 (688 / 1376 blocks, 4 chunks) 1.12-1.22x faster than 32; at 4096 x 4096 (256 / 512 blocks)
     0.81-0.94x (``spmm-chunk-large-{c64,c32}-h100-2026-11-26-s16.json``, 80-90%); at 4096 x 11008 (704 / 1408 blocks,
     11 chunks in a non-portable cluster against 22 with atomics) 0.80-0.90x (``spmm-chunk-k11008-{new,c32}-...``).
-    In-sample, three shapes. Up to :data:`MAX_CLUSTER` k-chunks are reduced in one thread-block cluster on sm_90, more with global
-    atomics. ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning, at most :data:`MAX_CHUNK`)."""
+    In-sample, three shapes. Up to :data:`MAX_CLUSTER` k-chunks are reduced in one thread-block cluster on sm_90,
+    more with global atomics. ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning, at most :data:`MAX_CHUNK`)."""
     blocks = -(-strips // STRIPS_PER_BLOCK) * token_groups(n)
     forced = os.environ.get(CHUNK_ENV)
     if forced:

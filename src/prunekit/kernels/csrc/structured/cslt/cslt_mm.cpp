@@ -72,8 +72,9 @@ struct Plan {
 
 // How X (K, N) is described to cuSPARSELt: as itself with opB = N (`false`), or as the (N, K) matrix it is the
 // transpose of, in the other storage order, with opB = T (`true`; what torch._cslt_sparse_mm does for the transposed
-// view of nn.Linear activations). Same bytes, same product; cuSPARSELt picks other kernels for the two. $PRUNEKIT_CSLT_B_T
-// (0 / 1) overrides kDescribeXTransposed, read when a plan is built.
+// view of nn.Linear activations). Same bytes, same product; on the H100 the two ran at the same speed at four of five
+// large GEMMs and `true` 8% faster at 16384 x 16384 x 8192 (benchmarks/results/nm-configs-bt-h100-2026-11-26-s16.json).
+// $PRUNEKIT_CSLT_B_T (0 / 1) overrides kDescribeXTransposed, read when a plan is built.
 constexpr bool kDescribeXTransposed = true;
 
 bool describe_x_transposed() {
