@@ -135,9 +135,9 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
 
 
 def test_plan_spmm_bitmap_wide_rule(monkeypatch):
-    """N 17-256 (the H100 rule, fourteenth and fifteenth sessions): bitmap at density >= 10% with K >= 768 (N 17-64
-    with K >= 1024: >= 5%; from N = 65 with K < 1024: >= 1/6); rowwarp up to N = 64 and direct or tc above where it
-    does not apply; never past N = 256, never for fp32."""
+    """N 17-256 (the H100 rule, fourteenth to sixteenth sessions): bitmap at density >= 10% with K >= 768 (N 17-64
+    with K >= 1024: >= 5%, and from N = 65 where M gives fewer than 16 rows per SM; from N = 65 with K < 1024: >= 1/6);
+    rowwarp up to N = 64 and direct or tc above where it does not apply; never past N = 256, never for fp32."""
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
     monkeypatch.delenv(gpu.TC_AUTO_ENV, raising=False)
 
@@ -147,7 +147,7 @@ def test_plan_spmm_bitmap_wide_rule(monkeypatch):
     for m, k in ((4096, 4096), (11008, 4096), (4096, 11008), (768, 3072)):
         for n in (17, 32, 64, 65, 128, 256):
             assert [auto(m, k, n, s) for s in (0.5, 0.7, 0.8, 0.9)] == ["bitmap"] * 4, (m, k, n)
-            assert (auto(m, k, n, 0.95) == "bitmap") == (n < gpu.TC_MIN_N), (m, k, n)
+            assert (auto(m, k, n, 0.95) == "bitmap") == (n < gpu.TC_MIN_N or m == 768), (m, k, n)
             assert auto(m, k, n, 0.98) != "bitmap", (m, k, n)
         assert auto(m, k, 257, 0.8) != "bitmap"
         assert auto(m, k, 64, 0.8, torch.float32) == "rowwarp"
@@ -162,6 +162,12 @@ def test_plan_spmm_bitmap_wide_rule(monkeypatch):
     assert auto(4096, 4096, 32, 0.95) == "bitmap"
     assert auto(4096, 4096, 32, 0.98) == "rowwarp"
     assert auto(4096, 4096, 128, 0.95) == "direct"
+    # few rows per SM (768 / 132): bitmap at 95% from TC_MIN_N too, not at 98%; K < BITMAP_MIN_K keeps its floor
+    assert [auto(768, 3072, n, 0.95) for n in (128, 256)] == ["bitmap"] * 2
+    assert auto(768, 3072, 128, 0.98) != "bitmap"
+    assert gpu.bitmap_wide_min_density_denominator(128, 3072, 768) == 20
+    assert gpu.bitmap_wide_min_density_denominator(128, 3072, 4096) == 10
+    assert gpu.bitmap_wide_min_density_denominator(128, 768, 768) == 6
     monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")
     assert [auto(4096, 4096, n, 0.8) for n in (32, 128)] == ["rowwarp", "direct"]
 

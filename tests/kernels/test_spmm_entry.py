@@ -435,7 +435,7 @@ def test_entry_takes_direct_where_tc_is_possible_but_not_chosen(monkeypatch):
     monkeypatch.delenv(gpu.TC_AUTO_ENV, raising=False)
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
     g = torch.Generator(device="cuda").manual_seed(8)
-    m, k = 256, 2048
+    m, k = 2304, 2048  # 17 rows per SM on the H100: at 95% bitmap's floor stays 10% (gpu.BITMAP_WIDE_FEW_ROWS_PER_SM)
     for sparsity, takes in ((0.95, True), (0.7, False)):
         dense = random_sparse_weight(m, k, sparsity, torch.float16, "cuda", g)
         c = encode_csr(dense)

@@ -177,6 +177,13 @@ BITMAP_WIDE_SMALL_K_MIN_DENSITY_DENOMINATOR = 6
 # 10.8), so there the floor is 5% (fifteenth session). At 3072 x 768 (K < BITMAP_MIN_K), N = 64, rowwarp was faster
 # (10.8 against 11.4 us), and from N = 128 direct was faster except on 768 x 3072: 10% stays. Not measured at 98%.
 BITMAP_WIDE_LOW_N_MIN_DENSITY_DENOMINATOR = 20
+# From TC_MIN_N with K >= BITMAP_MIN_K, the same 5% floor where M gives fewer than BITMAP_WIDE_FEW_ROWS_PER_SM rows per
+# SM: `direct` parallelizes over rows only, and at 768 x 3072 (5.8 rows per SM), 95% it took 23.6 / 26.6 us at N = 128 /
+# 256 (spmm-eager-direct-h100-2026-11-26-s16.json) against bitmap's 13.2 / 20.1 forced with the sixteenth session's
+# k-chunk (spmm-bitmap-c32-h100-2026-11-26-s16.json; another call, same machine kind). The other shapes (31+ rows per
+# SM) keep direct there: at 4096 x 4096, 95%, N = 128 it took 36.3 us against bitmap's 48.4 (s15 grid). One shape,
+# in-sample.
+BITMAP_WIDE_FEW_ROWS_PER_SM = 16
 # Batches of 8 k-steps per warp in the bitmap kernel's shared-memory ring: 3 (two in flight while one is multiplied), or
 # 5 (all four batches of a 32-k-step chunk in flight at once; from 3% faster to 30% slower on the H100, docs/KERNELS.md).
 BITMAP_RING_ENV = "PRUNEKIT_BITMAP_RING"
@@ -232,13 +239,14 @@ def bitmap_min_density_denominator(n: int) -> int:
     return BITMAP_MIN_DENSITY_DENOMINATOR_16 if n >= 16 else BITMAP_MIN_DENSITY_DENOMINATOR_MID_N
 
 
-def bitmap_wide_min_density_denominator(n: int, k: int) -> int:
+def bitmap_wide_min_density_denominator(n: int, k: int, m: int | None = None, num_sms: int = 132) -> int:
     """``auto`` takes the bitmap kernel at ``16 < N <= BITMAP_WIDE_MAX_N`` (K >= BITMAP_MIN_K_SMALL_N) when the padded
-    density is at least one over this: 10%; 5% below TC_MIN_N with K >= BITMAP_MIN_K; 1/6 from TC_MIN_N with K <
-    BITMAP_MIN_K (measured on the H100, see the constants)."""
+    density is at least one over this: 10%; 5% with K >= BITMAP_MIN_K below TC_MIN_N, or from TC_MIN_N where ``m``
+    (when given) leaves fewer than BITMAP_WIDE_FEW_ROWS_PER_SM rows per SM; 1/6 from TC_MIN_N with K < BITMAP_MIN_K
+    (measured on the H100, see the constants)."""
     if n >= TC_MIN_N and k < BITMAP_MIN_K:
         return BITMAP_WIDE_SMALL_K_MIN_DENSITY_DENOMINATOR
-    if n < TC_MIN_N and k >= BITMAP_MIN_K:
+    if k >= BITMAP_MIN_K and (n < TC_MIN_N or (m is not None and m < BITMAP_WIDE_FEW_ROWS_PER_SM * num_sms)):
         return BITMAP_WIDE_LOW_N_MIN_DENSITY_DENOMINATOR
     return BITMAP_WIDE_MIN_DENSITY_DENOMINATOR
 
@@ -348,7 +356,7 @@ def _plan_spmm(
     BITMAP_MIN_K_SMALL_N`` for ``SPMV_MAX_N < n < SCATTER_MIN_N``) and the density is at least ``1 /
     bitmap_min_density_denominator(n)`` (10% at N <= 8, 2% at N 9-15, 5% at N = 16), and for ``16 < n <=
     BITMAP_WIDE_MAX_N`` with ``k >= BITMAP_MIN_K_SMALL_N`` at density >= ``1 / bitmap_wide_min_density_denominator(n,
-    k)``; measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
+    k, m, num_sms)``; measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
 
     Raises:
         ValueError: unknown ``variant``.
@@ -382,7 +390,7 @@ def _plan_spmm(
             and BITMAP_MAX_N < n <= BITMAP_WIDE_MAX_N
             and bitmap_auto
             and k >= BITMAP_MIN_K_SMALL_N
-            and nnz_padded * bitmap_wide_min_density_denominator(n, k) >= m * k
+            and nnz_padded * bitmap_wide_min_density_denominator(n, k, m, num_sms) >= m * k
         ):
             variant = "bitmap"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
