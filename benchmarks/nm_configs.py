@@ -17,7 +17,8 @@ per large GEMM and in one run (CUDA-graph replays, median; rotating input sets a
 - ``copy_t``: the transposing copy alone (``(N, M)`` buffer from a row-major ``(M, N)``), torch's ``copy_``;
 - ``alg<i>`` / ``splitk1``: ``mm_xc_yr`` (the default X description) with ``$PRUNEKIT_CSLT_ALG=i`` /
   ``$PRUNEKIT_CSLT_SPLIT_K=1`` (plans built by those settings; an id cuSPARSELt refuses is recorded as an error; split-K
-  2 and 4 were refused with "invalid value" on the H100).
+  2 and 4 were refused with "invalid value" on the H100); ``fresh_plan1``: ``$PRUNEKIT_CSLT_FRESH_PLAN=1``, a new
+  plan in every call, as ``torch._cslt_sparse_mm`` builds one (device time only: the graph replays the kernels).
 
 Writes ``--out`` JSON (device, torch, date) and prints a table. GPU machine:
 ``PYTHONPATH=src python benchmarks/nm_configs.py --out $OUT/nm-configs-h100-<date>.json``.
@@ -164,6 +165,7 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Gener
     for env, values, prefix in (
         ("PRUNEKIT_CSLT_ALG", range(args.algs), "alg"),
         ("PRUNEKIT_CSLT_SPLIT_K", (1,), "splitk"),
+        ("PRUNEKIT_CSLT_FRESH_PLAN", (1,), "fresh_plan"),
     ):
         for v in values:
             os.environ[env] = str(v)

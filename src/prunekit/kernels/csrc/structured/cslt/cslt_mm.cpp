@@ -239,6 +239,12 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   PK_CSLT_CHECK(cusparseLtMatmul(handle(), &p->plan, &alpha, w->compressed.data_ptr(), x.data_ptr(), &beta,
                                  y.data_ptr(), y.data_ptr(), ws_ptr, &stream, 1));
+  if (env_int("PRUNEKIT_CSLT_FRESH_PLAN") == 1) {
+    // diagnostics (benchmarks/nm_configs.py): drop the plan, so that every call builds its own, as
+    // torch._cslt_sparse_mm does (it destroys its plan right after cusparseLtMatmul too)
+    const std::lock_guard<std::mutex> lock(registry_mutex);
+    w->plans.erase(key);
+  }
 }
 
 // The eager entry (one dispatcher call per layer call, no Python tensor work): Y (M, N) = act(W @ x + bias). N is
