@@ -299,7 +299,7 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "cusparselt": structured.cusparselt_available(),
-        "command": f"PYTHONPATH=src python benchmarks/nm.py --dtypes {args.dtypes}",
+        "command": "PYTHONPATH=src python benchmarks/nm.py " + " ".join(sys.argv[1:]),
         "argv": sys.argv[1:],
         "output_default": structured.cslt_output(),
         "cslt_plan_search": os.environ.get("PRUNEKIT_CSLT_SEARCH", "0") == "1",  # cusparseLtMatmulSearch per plan

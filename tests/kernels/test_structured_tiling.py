@@ -422,6 +422,11 @@ def test_variant_names_resolve_and_unknown_names_raise(monkeypatch):
     assert structured.cslt_output() == structured.CSLT_DEFAULT_OUTPUT
     with pytest.raises(ValueError, match="row"):
         structured.cslt_output("diagonal")
+    # the runtime layer's default is the view (no transposing copy); the custom op keeps the layout rule's "row"
+    assert structured.cslt_output(default=structured.CSLT_LAYER_DEFAULT_OUTPUT) == "view"
+    assert structured.CSLT_OUTPUTS == {"col": 0, "row": 1, "view": 2}  # prunekit_cslt::linear's output codes
+    monkeypatch.setenv(structured.CSLT_OUTPUT_ENV, "row")
+    assert structured.cslt_output(default=structured.CSLT_LAYER_DEFAULT_OUTPUT) == "row"
 
 
 def test_wgmma_env_default_falls_back_to_mma_but_an_explicit_request_raises(monkeypatch, caplog):
