@@ -27,6 +27,7 @@ Writes ``--out`` JSON (device, torch, date) and prints a table. GPU machine:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -50,6 +51,16 @@ from prunekit.kernels import structured  # noqa: E402
 POINTS = [(16384, 16384, 8192), (8192, 8192, 8192), (4096, 4096, 4096), (11008, 4096, 2048), (4096, 11008, 2048)]
 LAYOUTS = ("xc_yr", "xc_yc", "xr_yr", "xr_yc")
 console = Console()
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    """``$name`` set to ``value`` inside the block (the binding reads it when a plan is built), unset after."""
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        del os.environ[name]
 
 
 def _operands(x2d: torch.Tensor, m: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,14 +91,6 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Gener
     w0, _, _, x0, _ = sets[0]
     ref = F.linear(x0.float(), w0.float()).t()
 
-    def mm_calls(layout: str) -> tuple[list, list]:
-        ops, outs = [], []
-        for _, _, _, x2d, state in sets:
-            x, y = _operands(x2d, m, layout)
-            ops.append(lambda s=state, x=x, y=y: torch.ops.prunekit_cslt.mm(s.id, x, y, None, False))
-            outs.append(y)
-        return ops, outs
-
     def timed(name: str, calls: list, check=None) -> None:
         try:
             res[f"{name}_gpu_ms"] = graph_time(calls)
@@ -96,6 +99,27 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Gener
         except RuntimeError as exc:  # a configuration cuSPARSELt refuses
             res[f"{name}_error"] = str(exc).splitlines()[0][:200]
             torch.cuda.synchronize()
+
+    def timed_mm(name: str, layout: str = "xc_yr", ids: list[int] | None = None) -> None:
+        """One ``prunekit_cslt::mm`` per set (weight ids: the sets' own, or ``ids``), operands in ``layout``; the
+        first set's output checked."""
+        calls, outs = [], []
+        for i, (_, _, _, x2d, state) in enumerate(sets):
+            x, y = _operands(x2d, m, layout)
+            wid = state.id if ids is None else ids[i]
+            calls.append(lambda wid=wid, x=x, y=y: torch.ops.prunekit_cslt.mm(wid, x, y, None, False))
+            outs.append(y)
+        timed(name, calls, lambda: (calls[0](), outs[0])[1])
+
+    def timed_linear(name: str, output: str | None) -> None:
+        """The binding's entry as ``structured.nm_mm_cuda`` calls it, in ``output`` (None: the op's default)."""
+        calls = [
+            lambda c=c, b=b, x=x: structured.nm_mm_cuda(
+                c["values"], c["metadata"], x.t(), 2, 4, b, backend="cslt", output=output
+            )
+            for _, c, b, x, _ in sets
+        ]
+        timed(name, calls, calls[0])
 
     timed("dense", [lambda w=w, x=x: F.linear(x, w) for w, _, _, x, _ in sets])
     try:
@@ -117,47 +141,15 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Gener
     )
     # prunekit's binding (plan built once) on torch's compressed bytes: tells a compression difference from a plan one
     ids = [int(torch.ops.prunekit_cslt.prepare_with(w, p)) for p, (w, _, _, _, _) in zip(packed, sets, strict=True)]
-    outs_tp = [torch.empty(m, n, dtype=dtype, device="cuda") for _ in ids]
-    timed(
-        "mm_torch_packed",
-        [
-            lambda i=i, x=x, y=y: torch.ops.prunekit_cslt.mm(i, x.t(), y, None, False)
-            for i, (_, _, _, x, _), y in zip(ids, sets, outs_tp, strict=True)
-        ],
-        lambda: (torch.ops.prunekit_cslt.mm(ids[0], x0.t(), outs_tp[0], None, False), outs_tp[0])[1],
-    )
+    timed_mm("mm_torch_packed", ids=ids)
     for i in ids:
         torch.ops.prunekit_cslt.release(i)
     for layout in LAYOUTS:
         for b_t in ("0", "1"):  # X described as itself (opB = N) or as the transpose of an (N, K) (opB = T)
-            os.environ["PRUNEKIT_CSLT_B_T"] = b_t
-            try:
-                calls, outs = mm_calls(layout)
-                timed(f"mm_{layout}_bt{b_t}", calls, lambda c=calls, o=outs: (c[0](), o[0])[1])
-            finally:
-                del os.environ["PRUNEKIT_CSLT_B_T"]
-    timed(
-        "linear_view",
-        [
-            lambda c=c, b=b, x=x: structured.nm_mm_cuda(
-                c["values"], c["metadata"], x.t(), 2, 4, b, backend="cslt", output="view"
-            )
-            for _, c, b, x, _ in sets
-        ],
-        lambda: structured.nm_mm_cuda(
-            sets[0][1]["values"], sets[0][1]["metadata"], x0.t(), 2, 4, sets[0][2], backend="cslt", output="view"
-        ),
-    )
-    timed(
-        "linear",
-        [
-            lambda c=c, b=b, x=x: structured.nm_mm_cuda(c["values"], c["metadata"], x.t(), 2, 4, b, backend="cslt")
-            for _, c, b, x, _ in sets
-        ],
-        lambda: structured.nm_mm_cuda(
-            sets[0][1]["values"], sets[0][1]["metadata"], x0.t(), 2, 4, sets[0][2], backend="cslt"
-        ),
-    )
+            with _env("PRUNEKIT_CSLT_B_T", b_t):
+                timed_mm(f"mm_{layout}_bt{b_t}", layout)
+    timed_linear("linear_view", "view")
+    timed_linear("linear", None)
     ys = [torch.randn(m, n, device="cuda", generator=gen).to(dtype) for _ in range(n_sets)]
     outs = [torch.empty(n, m, dtype=dtype, device="cuda") for _ in range(n_sets)]
     timed("copy_t", [lambda o=o, y=y: o.copy_(y.t()) for o, y in zip(outs, ys, strict=True)])
@@ -168,12 +160,8 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Gener
         ("PRUNEKIT_CSLT_FRESH_PLAN", (1,), "fresh_plan"),
     ):
         for v in values:
-            os.environ[env] = str(v)
-            try:
-                calls, outs = mm_calls("xc_yr")
-                timed(f"{prefix}{v}", calls, lambda c=calls, o=outs: (c[0](), o[0])[1])
-            finally:
-                del os.environ[env]
+            with _env(env, str(v)):
+                timed_mm(f"{prefix}{v}")
     for key in [k for k in res if k.endswith("_gpu_ms") and k != "dense_gpu_ms"]:
         res[key.replace("_gpu_ms", "_x_dense")] = res["dense_gpu_ms"] / res[key]
     return res

@@ -181,13 +181,14 @@ def plan_chunk(strips: int, ksteps: int, num_sms: int, n: int = 1) -> int:
     In-sample, three shapes. Up to :data:`MAX_CLUSTER` k-chunks are reduced in one thread-block cluster on sm_90,
     more with global atomics. ``$PRUNEKIT_NM24_CHUNK`` overrides it (tuning, at most :data:`MAX_CHUNK`)."""
     blocks = -(-strips // STRIPS_PER_BLOCK) * token_groups(n)
+    wide_chunks = -(-ksteps // MAX_CHUNK)
     forced = os.environ.get(CHUNK_ENV)
     if forced:
         chunk = -(-int(forced) // KSTEP_ALIGN) * KSTEP_ALIGN
     elif (
         n > 2 * MAX_N
-        and blocks * -(-ksteps // MAX_CHUNK) >= WIDE_CHUNK64_MIN_BLOCKS_PER_SM * num_sms
-        and -(-ksteps // MAX_CHUNK) <= PORTABLE_CLUSTER
+        and blocks * wide_chunks >= WIDE_CHUNK64_MIN_BLOCKS_PER_SM * num_sms
+        and wide_chunks <= PORTABLE_CLUSTER
     ):
         chunk = MAX_CHUNK
     else:
