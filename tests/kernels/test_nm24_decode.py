@@ -234,14 +234,22 @@ def _run_mm(plan, x, bias, relu, y_layout):
     return y
 
 
+def _set_reduction(monkeypatch, reduction: str) -> None:
+    """How the kernel adds its k-chunks: "cluster" (sm_90 default), "atomics" (fence, counter, last block) or "finish"
+    (atomics, then the finishing kernel)."""
+    monkeypatch.setenv(nm24.CLUSTER_ENV, "1" if reduction == "cluster" else "0")
+    monkeypatch.setenv(nm24.FINISH_ENV, "1" if reduction == "finish" else "0")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize(("mma", "ring"), [("prmt", "3x8"), ("sp", "3x8"), ("sp", "4x4"), ("sp", "6x4")])
-@pytest.mark.parametrize("cluster", ["1", "0"])
+@pytest.mark.parametrize("reduction", ["cluster", "atomics", "finish"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decode_kernel_matches_float64(dtype, cluster, mma, ring, monkeypatch):
-    """Both inner products (register expansion + mma.sync, mma.sp), every ring depth and both k-chunk reductions
-    (thread-block clusters on sm_90, the default, and global atomics with counters)."""
-    monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
+def test_decode_kernel_matches_float64(dtype, reduction, mma, ring, monkeypatch):
+    """Both inner products (register expansion + mma.sync, mma.sp), every ring depth and the three k-chunk reductions
+    (thread-block clusters on sm_90, the default; global atomics with counters; global atomics finished by a second
+    kernel)."""
+    _set_reduction(monkeypatch, reduction)
     monkeypatch.setenv(nm24.MMA_ENV, mma)
     monkeypatch.setenv(nm24.RING_ENV, ring)
     assert nm24.available()
@@ -267,9 +275,9 @@ def test_decode_kernel_matches_float64(dtype, cluster, mma, ring, monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("mma", ["prmt", "sp"])
-@pytest.mark.parametrize("cluster", ["1", "0"])
-def test_decode_kernel_calls_in_a_row_and_graph_replay(cluster, mma, monkeypatch):
-    monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
+@pytest.mark.parametrize("reduction", ["cluster", "atomics", "finish"])
+def test_decode_kernel_calls_in_a_row_and_graph_replay(reduction, mma, monkeypatch):
+    _set_reduction(monkeypatch, reduction)
     monkeypatch.setenv(nm24.MMA_ENV, mma)
     dense, values, metadata, bits = _cuda24(512, 4096, torch.float16, seed=7)  # several k-chunks
     plan = nm24.get_plan(values, metadata, bits, 4096)

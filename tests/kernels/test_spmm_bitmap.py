@@ -76,10 +76,21 @@ def _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout):
         assert relative_error(y, ref) <= TOLERANCE[dtype]
 
 
+def _set_cluster(monkeypatch, cluster):
+    """$PRUNEKIT_NM24_CLUSTER as given (None: unset); "finish": "0" and $PRUNEKIT_NM24_FINISH=1."""
+    monkeypatch.setenv(nm24.FINISH_ENV, "1" if cluster == "finish" else "0")
+    if cluster is None:
+        monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(nm24.CLUSTER_ENV, "0" if cluster == "finish" else cluster)
+
+
 def _chunk_case(monkeypatch, chunk, cluster, seed):
     """K = 2500 (160 k-steps) and M = 300 at 80%, with $PRUNEKIT_NM24_CHUNK / $PRUNEKIT_NM24_CLUSTER set (None:
-    unset): the weight, its CSR and a bias."""
-    for var, value in ((nm24.CHUNK_ENV, chunk), (nm24.CLUSTER_ENV, cluster)):
+    unset; "finish": atomics finished by the second kernel, $PRUNEKIT_NM24_FINISH=1): the weight, its CSR and a
+    bias."""
+    _set_cluster(monkeypatch, cluster)
+    for var, value in ((nm24.CHUNK_ENV, chunk),):
         if value is None:
             monkeypatch.delenv(var, raising=False)
         else:
@@ -266,7 +277,10 @@ def test_bitmap_kernel_every_n_and_density(dtype, density):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("ring", ["3", "5"])
-@pytest.mark.parametrize("chunk,cluster", [("8", None), ("8", "0"), ("16", None), ("16", "0"), ("64", None)])
+@pytest.mark.parametrize(
+    "chunk,cluster",
+    [("8", None), ("8", "0"), ("8", "finish"), ("16", None), ("16", "0"), ("16", "finish"), ("64", None)],
+)
 def test_bitmap_kernel_k_chunks_in_clusters_and_atomics(chunk, cluster, ring, monkeypatch):
     """K = 2500 is 160 k-steps: chunk 8 gives 20 chunks (more than a cluster: atomics), 16 gives 10 (a non-portable
     cluster), 64 gives 3; $PRUNEKIT_NM24_CLUSTER=0 forces the atomics. Rings of 3 and 5 batches."""
@@ -286,14 +300,11 @@ def test_bitmap_kernel_k_chunks_in_clusters_and_atomics(chunk, cluster, ring, mo
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("n,cluster", [(16, None), (100, None), (100, "0")])
+@pytest.mark.parametrize("n,cluster", [(16, None), (16, "finish"), (100, None), (100, "0"), (100, "finish")])
 def test_bitmap_kernel_replays_in_a_cuda_graph(n, cluster, monkeypatch):
     """N = 16, and N = 100 (64-token blocks; with $PRUNEKIT_NM24_CLUSTER=0 the per-call workspace is allocated and
-    zeroed inside the capture)."""
-    if cluster is None:
-        monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
-    else:
-        monkeypatch.setenv(nm24.CLUSTER_ENV, cluster)
+    zeroed inside the capture); "finish": the atomics finished by the second kernel."""
+    _set_cluster(monkeypatch, cluster)
     g = torch.Generator(device="cuda").manual_seed(5)
     m, k = 512, 1024
     dense = random_sparse_weight(m, k, 0.9, torch.float16, "cuda", g)
@@ -334,7 +345,8 @@ def test_bitmap_kernel_wide_n_matches_float64(dtype, m, k, n, sparsity, empty_ro
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "chunk,cluster", [(None, None), ("8", None), ("8", "0"), ("16", "0"), ("32", None), ("64", None), ("64", "0")]
+    "chunk,cluster",
+    [(None, None), ("8", None), ("8", "0"), ("8", "finish"), ("16", "0"), ("32", None), ("64", None), ("64", "0")],
 )
 @pytest.mark.parametrize("warps", [None, "8", "16"])
 def test_bitmap_kernel_wide_n_k_chunks_in_clusters_and_atomics(chunk, cluster, warps, monkeypatch):

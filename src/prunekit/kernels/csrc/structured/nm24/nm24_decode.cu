@@ -157,6 +157,7 @@ struct Params {
   int probe;  // diagnostics only ($PRUNEKIT_NM24_PROBE, wrong results): 1 no epilogue, 2 no math, 4 no weight loads,
               // 8 no X staging (bitmap at N > 16), 16 X staged with per-item addresses (the fourteenth session's loop)
   int pdl;    // launched with programmatic stream serialization (sm_90, cluster reduction; $PRUNEKIT_NM24_PDL=0: off)
+  int finish;  // k-chunks added through global atomics, finished by nm24_finish_kernel (sm_90; no fence or counter)
   int ws_ld;  // floats per row of ws: kTokens (the plan's), or N rounded up to even (a per-call one at N > 16)
   // bitmap (V = kBitmap): vals are the present pair words, meta the tile headers (strips, ksteps, 5), boff the batch
   // offsets (strips, ksteps / 8 + 1); a ring slot is slot_bytes (headers, then words), a warp's ring wstride bytes
@@ -523,7 +524,8 @@ __global__ void __launch_bounds__(32 * W) nm24_decode_kernel(const Params p) {
     }
   }
   cp_async_wait<0>();
-  if (p.pdl) allow_dependent_launch();  // the next kernel may start its weight loads during this epilogue
+  // the next kernel (the finishing one, or the next layer's) may start during this epilogue
+  if (p.pdl || p.finish) allow_dependent_launch();
 
   if (p.probe & 1) return;
   const int g = lane >> 2, t = lane & 3;
@@ -626,6 +628,8 @@ __global__ void __launch_bounds__(32 * W) nm24_decode_kernel(const Params p) {
         }
       }
   }
+  // nm24_finish_kernel adds bias and writes Y once this grid has ended: the block leaves with its reductions in flight
+  if (p.finish) return;
   __threadfence();
   __syncthreads();
   if (tid == 0) last_flag = atomicAdd(counter, 1) == p.chunks - 1;
@@ -644,6 +648,39 @@ __global__ void __launch_bounds__(32 * W) nm24_decode_kernel(const Params p) {
     }
   }
   if (tid == 0) *counter = 0;
+}
+
+// The last step of the k-chunk sums where a second kernel takes it (Params::finish; sm_90): Y = act(ws + bias), and ws
+// back to zero for the next call. It is launched with programmatic dependent launch and waits for the decode grid
+// (griddepcontrol.wait: that grid has ended and its reductions are visible), so the decode blocks need no fence, no
+// counter and no last-block pass, and leave right after issuing their reductions. Y is written row-fastest where its
+// rows are adjacent (y_sm == 1, nn.Linear's transposed output).
+template <typename T>
+__global__ void __launch_bounds__(256) nm24_finish_kernel(Params p) {
+  wait_preceding_grid();
+  allow_dependent_launch();
+  const bool row_fast = p.y_sm == 1;
+  const int64_t total = static_cast<int64_t>(p.m) * p.n;
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = row_fast ? e % p.m : e / p.n, tok = row_fast ? e / p.m : e % p.n;
+    float* cell = p.ws + row * p.ws_ld + tok;
+    float val = __ldcg(cell) + (bias ? to_float(bias[row]) : 0.f);
+    __stcg(cell, 0.f);
+    if (p.relu) val = fmaxf(val, 0.f);
+    y[row * p.y_sm + tok * p.y_sn] = from_float<T>(val);
+  }
+}
+
+template <typename T>
+void launch_finish(const Params& p, cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const int64_t total = static_cast<int64_t>(p.m) * p.n;
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, 4 * prunekit_launch::device_props(device).sms);
+  prunekit_launch::launch(nm24_finish_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, true, p);
 }
 
 // Dynamic shared memory of a block: the weight rings (the bitmap's sized by the weight's densest batch), then the
@@ -893,16 +930,23 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   // nm24-sweep}-{pdl,nopdl}-h100-2026-11-26-s12.json). In decode q / k / v blocks (three projections back to back) the
   // chain took 6-10% less time (graph; 2:4 at N = 1 / 16, bitmap at N = 16: decode-chain-qkv-h100-2026-11-26-s13.json);
   // in MLP blocks, where norms, activations and adds come between the sparse layers, -3% to +0% (decode-chain-mlp-...).
+  // $PRUNEKIT_NM24_FINISH=1: k-chunks added with atomics end in a second kernel instead of fences, counters and the
+  // last block (sm_90)
+  const char* finish_var = std::getenv("PRUNEKIT_NM24_FINISH");
+  p.finish = chunks > 1 && !p.cluster && prunekit_launch::device_props(x.get_device()).major >= 9 &&
+             finish_var != nullptr && std::strcmp(finish_var, "1") == 0;
   const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
-  p.pdl = p.cluster && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0) ? 1 : 0;
+  p.pdl = (p.cluster || p.finish) && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0) ? 1 : 0;
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool two = n > 8;
   const int ring = static_cast<int>(v.ring), batch = static_cast<int>(v.batch);
   if (x.scalar_type() == at::kHalf) {
     dispatch<__half>(p, stream, static_cast<int>(v.variant), two, ring, batch);
+    if (p.finish) launch_finish<__half>(p, stream);
   } else {
     dispatch<__nv_bfloat16>(p, stream, static_cast<int>(v.variant), two, ring, batch);
+    if (p.finish) launch_finish<__nv_bfloat16>(p, stream);
   }
 }
 
