@@ -219,6 +219,7 @@ def bench_config(
                 v for v in ("scatter", "rowwarp_global", "bitmap") if forced_only is None or v in forced_only
             )
             forced.update(time_forced(decode, csrs, xs, m, ref, dense_gpu))
+        if "scatter_gpu_ms" in forced:
             strip = gpu.scatter_strip_rows()
             sc = get_scatter_plan(csrs[0]["values"], csrs[0]["row_offsets"], csrs[0]["column_indices"], m, k, strip)
             sc_bytes = sc.nbytes + x_bytes + n * m * esize

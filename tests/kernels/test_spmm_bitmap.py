@@ -77,18 +77,19 @@ def _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout):
 
 
 def _set_cluster(monkeypatch, cluster):
-    """$PRUNEKIT_NM24_CLUSTER as given (None: unset); "finish": "0" and $PRUNEKIT_NM24_FINISH=1."""
-    monkeypatch.setenv(nm24.FINISH_ENV, "1" if cluster == "finish" else "0")
-    if cluster is None:
-        monkeypatch.delenv(nm24.CLUSTER_ENV, raising=False)
-    else:
-        monkeypatch.setenv(nm24.CLUSTER_ENV, "0" if cluster == "finish" else cluster)
+    """None: the defaults (clusters up to 16 k-chunks, more: atomics finished by the second kernel on sm_90); "0":
+    atomics with fences and counters ($PRUNEKIT_NM24_CLUSTER=0, $PRUNEKIT_NM24_FINISH=0); "finish": atomics finished by
+    the second kernel ($PRUNEKIT_NM24_CLUSTER=0, $PRUNEKIT_NM24_FINISH=1)."""
+    for var in (nm24.CLUSTER_ENV, nm24.FINISH_ENV):
+        monkeypatch.delenv(var, raising=False)
+    if cluster is not None:
+        monkeypatch.setenv(nm24.CLUSTER_ENV, "0")
+        monkeypatch.setenv(nm24.FINISH_ENV, "1" if cluster == "finish" else "0")
 
 
 def _chunk_case(monkeypatch, chunk, cluster, seed):
-    """K = 2500 (160 k-steps) and M = 300 at 80%, with $PRUNEKIT_NM24_CHUNK / $PRUNEKIT_NM24_CLUSTER set (None:
-    unset; "finish": atomics finished by the second kernel, $PRUNEKIT_NM24_FINISH=1): the weight, its CSR and a
-    bias."""
+    """K = 2500 (160 k-steps) and M = 300 at 80%, with $PRUNEKIT_NM24_CHUNK set (None: unset) and the k-chunk
+    reduction as :func:`_set_cluster` takes it: the weight, its CSR and a bias."""
     _set_cluster(monkeypatch, cluster)
     for var, value in ((nm24.CHUNK_ENV, chunk),):
         if value is None:

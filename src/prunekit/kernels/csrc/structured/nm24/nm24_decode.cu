@@ -54,12 +54,13 @@
 // thread-block cluster: each warp leaves its partial sums in its idle ring, and after the cluster barrier each block
 // reads its share of the outputs from all blocks' shared memory (distributed shared memory), arrives at a second
 // barrier, writes Y and waits there before leaving. Otherwise (sm_80, more than 16 chunks,
-// $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the plan's workspace with 8-byte reductions and the last
-// block of a row block (counter after a fence, the threadFenceReduction pattern of the CUDA samples) adds bias,
-// applies ReLU, writes Y and leaves the workspace and counter at zero for the next call. On sm_90 with the cluster
-// reduction (default; $PRUNEKIT_NM24_PDL=0 turns it off), the launch allows programmatic dependent launch: the kernel issues its
-// first weight batches, waits for the preceding kernel (griddepcontrol.wait) before it reads X or writes anything, and
-// lets the next kernel launch once its loop is done.
+// $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the plan's workspace with 8-byte reductions. On sm_90 the
+// blocks then leave, and a second kernel (nm24_finish_kernel, after the whole grid) adds bias, applies ReLU, writes Y
+// and zeroes the workspace; on sm_80 (or $PRUNEKIT_NM24_FINISH=0) the last block of a row block does that (counter
+// after a fence, the threadFenceReduction pattern of the CUDA samples) and leaves the counter at zero. On sm_90 with
+// the cluster reduction or the finishing kernel (default; $PRUNEKIT_NM24_PDL=0 turns it off), the launch allows
+// programmatic dependent launch: the kernel issues its first weight batches, waits for the preceding kernel
+// (griddepcontrol.wait) before it reads X or writes anything, and lets the next kernel launch once its loop is done.
 //
 // History on the H100 (docs/PERFORMANCE_STRUCTURED.md, "2:4 decode kernel"): v1 (register double buffer, X staged
 // with plain loads, atomics) 18.9 us at 4096 x 4096, N = 16; the ring, cheaper staging and reductions, clusters and
@@ -924,17 +925,20 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
     p.counters = call_counters.data_ptr<int>();
     p.ws_ld = static_cast<int>(ld);
   }
-  // Programmatic dependent launch, on by default with the cluster reduction, so on sm_90 and newer only
-  // ($PRUNEKIT_NM24_PDL=0: off). On the H100, calls of one layer back to back took 0.1-1.8 us less each (of 4-28 us), but 1-1.5 us
-  // more at 4096 x 11008, whose 22 k-chunks use the atomics, hence not there (benchmarks/results/{spmm-bitmap,
-  // nm24-sweep}-{pdl,nopdl}-h100-2026-11-26-s12.json). In decode q / k / v blocks (three projections back to back) the
-  // chain took 6-10% less time (graph; 2:4 at N = 1 / 16, bitmap at N = 16: decode-chain-qkv-h100-2026-11-26-s13.json);
-  // in MLP blocks, where norms, activations and adds come between the sparse layers, -3% to +0% (decode-chain-mlp-...).
-  // $PRUNEKIT_NM24_FINISH=1: k-chunks added with atomics end in a second kernel instead of fences, counters and the
-  // last block (sm_90)
+  // On sm_90, k-chunks added with atomics end in a second kernel (nm24_finish_kernel) instead of fences, counters and
+  // the last block ($PRUNEKIT_NM24_FINISH=0: the latter). On the H100 at 4096 x 11008 (22 k-chunks), 2:4, N = 16:
+  // 26.5 against 28.7 us (benchmarks/results/nm24-sweep-{fin,base}-h100-2026-11-26-s17.json). Where the k-chunks fit
+  // a cluster, the cluster reduction stays faster (4096 x 4096: 11.6 against 14.7 us, nm24-sweep-c0fin-...).
   const char* finish_var = std::getenv("PRUNEKIT_NM24_FINISH");
   p.finish = chunks > 1 && !p.cluster && prunekit_launch::device_props(x.get_device()).major >= 9 &&
-             finish_var != nullptr && std::strcmp(finish_var, "1") == 0;
+             !(finish_var != nullptr && std::strcmp(finish_var, "0") == 0);
+  // Programmatic dependent launch, on by default with the cluster reduction and the finishing kernel, so on sm_90 and
+  // newer only ($PRUNEKIT_NM24_PDL=0: off). On the H100, calls of one layer back to back took 0.1-1.8 us less each (of
+  // 4-28 us) with clusters (benchmarks/results/{spmm-bitmap,nm24-sweep}-{pdl,nopdl}-h100-2026-11-26-s12.json), but
+  // 1-1.5 us more with the fence-and-counter atomics; with the finishing kernel 26.4 against 26.7 us at 4096 x 11008
+  // (nm24-sweep-c0fin{,nopdl}-h100-2026-11-26-s17.json). In decode q / k / v blocks (three projections back to back)
+  // the chain took 6-10% less time (graph; 2:4 at N = 1 / 16, bitmap at N = 16: decode-chain-qkv-h100-2026-11-26-s13.json);
+  // in MLP blocks, where norms, activations and adds come between the sparse layers, -3% to +0% (decode-chain-mlp-...).
   const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
   p.pdl = (p.cluster || p.finish) && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0) ? 1 : 0;
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
