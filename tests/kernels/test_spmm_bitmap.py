@@ -77,9 +77,9 @@ def _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout):
 
 
 def _set_cluster(monkeypatch, cluster):
-    """None: the defaults (clusters up to 16 k-chunks, more: atomics finished by the second kernel on sm_90); "0":
-    atomics with fences and counters ($PRUNEKIT_NM24_CLUSTER=0, $PRUNEKIT_NM24_FINISH=0); "finish": atomics finished by
-    the second kernel ($PRUNEKIT_NM24_CLUSTER=0, $PRUNEKIT_NM24_FINISH=1)."""
+    """None: the defaults (clusters up to 16 k-chunks; more: atomics, finished by the second kernel on sm_90 at
+    N <= 16); "0": atomics with fences and counters ($PRUNEKIT_NM24_CLUSTER=0, $PRUNEKIT_NM24_FINISH=0); "finish":
+    atomics finished by the second kernel at N <= 16 ($PRUNEKIT_NM24_CLUSTER=0, $PRUNEKIT_NM24_FINISH=1)."""
     for var in (nm24.CLUSTER_ENV, nm24.FINISH_ENV):
         monkeypatch.delenv(var, raising=False)
     if cluster is not None:
@@ -301,7 +301,7 @@ def test_bitmap_kernel_k_chunks_in_clusters_and_atomics(chunk, cluster, ring, mo
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("n,cluster", [(16, None), (16, "finish"), (100, None), (100, "0"), (100, "finish")])
+@pytest.mark.parametrize("n,cluster", [(16, None), (16, "finish"), (100, None), (100, "0")])
 def test_bitmap_kernel_replays_in_a_cuda_graph(n, cluster, monkeypatch):
     """N = 16, and N = 100 (64-token blocks; with $PRUNEKIT_NM24_CLUSTER=0 the per-call workspace is allocated and
     zeroed inside the capture); "finish": the atomics finished by the second kernel."""
@@ -347,7 +347,7 @@ def test_bitmap_kernel_wide_n_matches_float64(dtype, m, k, n, sparsity, empty_ro
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "chunk,cluster",
-    [(None, None), ("8", None), ("8", "0"), ("8", "finish"), ("16", "0"), ("32", None), ("64", None), ("64", "0")],
+    [(None, None), ("8", None), ("8", "0"), ("16", "0"), ("32", None), ("64", None), ("64", "0")],
 )
 @pytest.mark.parametrize("warps", [None, "8", "16"])
 def test_bitmap_kernel_wide_n_k_chunks_in_clusters_and_atomics(chunk, cluster, warps, monkeypatch):

@@ -64,9 +64,9 @@ DEFAULT_SP_LAYOUT = "halves"
 #   "rows":   lane t holds groups 0 .. 7 of row g + 8t.
 SP_LAYOUTS = ("halves", "rows")
 CLUSTER_ENV = "PRUNEKIT_NM24_CLUSTER"  # "0": reduce k-chunks with global atomics and counters (as on sm_80)
-# "0": where k-chunks are added with global atomics on sm_90, the decode blocks fence, count and the last one writes Y
-# (as on sm_80), instead of the default second kernel that adds the bias and writes Y once the decode grid has ended
-# (nm24_decode.cu, nm24_finish_kernel)
+# "0": where k-chunks are added with global atomics on sm_90 at N <= 16, the decode blocks fence, count and the last one
+# writes Y (as on sm_80 and at N > 16), instead of the default second kernel that adds the bias and writes Y once the
+# decode grid has ended (nm24_decode.cu, nm24_finish_kernel)
 FINISH_ENV = "PRUNEKIT_NM24_FINISH"
 DTYPES = (torch.float16, torch.bfloat16)
 DECODE_ENV = "PRUNEKIT_NM24_DECODE"  # "0": 2:4 calls at N <= 16 go to cuSPARSELt as before

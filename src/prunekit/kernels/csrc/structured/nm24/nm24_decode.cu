@@ -54,9 +54,9 @@
 // thread-block cluster: each warp leaves its partial sums in its idle ring, and after the cluster barrier each block
 // reads its share of the outputs from all blocks' shared memory (distributed shared memory), arrives at a second
 // barrier, writes Y and waits there before leaving. Otherwise (sm_80, more than 16 chunks,
-// $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the plan's workspace with 8-byte reductions. On sm_90 the
-// blocks then leave, and a second kernel (nm24_finish_kernel, after the whole grid) adds bias, applies ReLU, writes Y
-// and zeroes the workspace; on sm_80 (or $PRUNEKIT_NM24_FINISH=0) the last block of a row block does that (counter
+// $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the plan's workspace with 8-byte reductions. On sm_90 at
+// N <= 16 the blocks then leave, and a second kernel (nm24_finish_kernel, after the whole grid) adds bias, applies
+// ReLU, writes Y and zeroes the workspace; else (or $PRUNEKIT_NM24_FINISH=0) the last block of a row block does that (counter
 // after a fence, the threadFenceReduction pattern of the CUDA samples) and leaves the counter at zero. On sm_90 with
 // the cluster reduction or the finishing kernel (default; $PRUNEKIT_NM24_PDL=0 turns it off), the launch allows
 // programmatic dependent launch: the kernel issues its first weight batches, waits for the preceding kernel
@@ -928,9 +928,12 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   // On sm_90, k-chunks added with atomics end in a second kernel (nm24_finish_kernel) instead of fences, counters and
   // the last block ($PRUNEKIT_NM24_FINISH=0: the latter). On the H100 at 4096 x 11008 (22 k-chunks), 2:4, N = 16:
   // 26.5 against 28.7 us (benchmarks/results/nm24-sweep-{fin,base}-h100-2026-11-26-s17.json). Where the k-chunks fit
-  // a cluster, the cluster reduction stays faster (4096 x 4096: 11.6 against 14.7 us, nm24-sweep-c0fin-...).
+  // a cluster, the cluster reduction stays faster (4096 x 4096: 11.6 against 14.7 us, nm24-sweep-c0fin-...). The
+  // bitmap at 4096 x 11008, N = 16: 25.9 / 23.4 against 27.3 / 25.0 us at 80 / 90% (spmm-bitmap16-{fin,nofin}-...).
+  // N <= 16 only: at N = 128 / 256 (bitmap, 90%) it was 2% / 10% slower (spmm-bitmapwide-{fin,nofin}-...-s17.json),
+  // its workspace reads being a row apart.
   const char* finish_var = std::getenv("PRUNEKIT_NM24_FINISH");
-  p.finish = chunks > 1 && !p.cluster && prunekit_launch::device_props(x.get_device()).major >= 9 &&
+  p.finish = chunks > 1 && !p.cluster && n <= kTokens && prunekit_launch::device_props(x.get_device()).major >= 9 &&
              !(finish_var != nullptr && std::strcmp(finish_var, "0") == 0);
   // Programmatic dependent launch, on by default with the cluster reduction and the finishing kernel, so on sm_90 and
   // newer only ($PRUNEKIT_NM24_PDL=0: off). On the H100, calls of one layer back to back took 0.1-1.8 us less each (of
