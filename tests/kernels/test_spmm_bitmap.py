@@ -1,8 +1,8 @@
 """Decode bitmap SpMM on the GPU (``spmm_bitmap_plan.py`` + ``csrc/structured/nm24/nm24_decode.cu`` variant 2,
 ``gpu.spmm_csr(..., variant="bitmap")``).
 
-CPU (CI): the launcher's plan and its refusals; SparseLinear's eager route to the C++ entry ``bitmap_linear`` with
-the kernel emulated from the plan. CUDA (``@pytest.mark.cuda``): the kernel against float64 with
+CPU (CI): the launcher's plan and its refusals (the runtime's eager route to the C++ entry ``bitmap_linear``, through
+``gpu.spmm_op_entry``, is tested on the CPU in ``test_spmm_entry.py``). CUDA (``@pytest.mark.cuda``): the kernel against float64 with
 NaN-poisoned outputs on the edge-case shapes (empty rows, one non-zero, M = 1, odd K and N), N = 1..16, both X
 layouts, fp16/bf16, bias + ReLU, one and several k-chunks reduced in clusters and with atomics (more than 16 chunks,
 or ``$PRUNEKIT_NM24_CLUSTER=0``), N > 16 (blocks of 64 tokens over grid z) on the same cases, repeated calls (the workspace must come back zero), a fully dense and an all-zero
@@ -15,11 +15,10 @@ import pytest
 import torch
 
 from prunekit import formats
-from prunekit.deploy.runtime import sparse_linear
 from prunekit.deploy.runtime.sparse_linear import SparseLinear
 from prunekit.kernels import gpu, nm24, ops
 from prunekit.kernels.layout import new_spmm_output
-from prunekit.kernels.spmm_bitmap_plan import bitmap_plan_matmul, build_bitmap_plan, get_bitmap_plan
+from prunekit.kernels.spmm_bitmap_plan import get_bitmap_plan
 from prunekit.kernels.testing import (
     SPMM_EDGE_CASES,
     TOLERANCE,
@@ -184,62 +183,6 @@ def test_plan_spmm_bitmap_wide_rule(monkeypatch):
     assert [auto(4096, 4096, n, 0.8) for n in (32, 128)] == ["rowwarp", "direct"]
 
 
-def _bitmap_layer(m=40, k=300, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    dense = random_sparse_weight(m, k, 0.8, torch.float16, "cpu", g, empty_rows=2, single_rows=2)
-    bias = torch.randn(m, generator=g).half()
-    return dense, bias, SparseLinear(formats.encode("csr", dense), bias)
-
-
-def test_sparse_linear_takes_the_bitmap_entry_once_per_n(monkeypatch):
-    """The eager CSR route at N = 2..16 (exercised on the CPU with the entry emulated from the plan): the decision and
-    the plan are made once per (dtype, N), the entry gets the activations (N, K) as given and returns Y^T; N = 1 and
-    inputs that need a gradient take the generic path; an in-place edit of the values rebuilds the plan."""
-    asked, built, calls = [], [], []
-
-    def takes(values, x2d, m, k, bias=None):
-        asked.append(x2d.shape[0])
-        return True
-
-    def plan(csr, m, k, device, n=1):
-        built.append(m)
-        return build_bitmap_plan(*csr, m, k), 0, 0
-
-    def entry(p, x, bias=None, relu=False):
-        calls.append(tuple(x.shape))
-        return bitmap_plan_matmul(p[0], x.t(), bias, "relu" if relu else "none").t().to(x.dtype)
-
-    monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda x: True)
-    monkeypatch.setattr(gpu, "eager_bitmap_takes", takes)
-    monkeypatch.setattr(gpu, "bitmap_linear_plan", plan)
-    monkeypatch.setattr(gpu, "bitmap_linear", entry)
-    monkeypatch.setattr(gpu, "eager_spmm_variant", lambda values, x, variant="auto", m=None: None)
-    monkeypatch.setattr(gpu, "spmm_csr", lambda *args, **kw: reference_spmm(*args, **kw))
-    dense, bias, layer = _bitmap_layer()
-    for tokens in (4, 4, 16, 2, 1):
-        x = torch.randn(tokens, 300).half()
-        y = layer(x)
-        assert y.shape == (tokens, 40) and y.dtype == torch.float16
-        ref = spmm_reference64(dense, x.t(), bias, "none").t()
-        assert relative_error(y, ref) <= TOLERANCE[torch.float16]
-    assert asked == [4, 16, 2] and built == [40] * 3 and calls == [(4, 300), (4, 300), (16, 300), (2, 300)]
-    y = layer(torch.randn(3, 5, 300).half())  # leading dimensions: 15 tokens
-    assert y.shape == (3, 5, 40) and calls[-1] == (15, 300)
-    with torch.no_grad():
-        layer.w_values.mul_(2)
-    layer(torch.randn(4, 300).half())
-    assert built == [40] * 5  # N = 15 is new; N = 4 rebuilt after the edit
-    x = torch.randn(4, 300).half().requires_grad_()
-    layer(x)
-    assert calls[-1] == (4, 300) and len(calls) == 6  # the gradient-needing call went elsewhere
-
-
-def reference_spmm(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none"):
-    from prunekit.kernels import reference
-
-    return reference.spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
-
-
 def test_plan_spmm_bitmap_is_forced_only():
     plan = gpu.plan_spmm(4096, 4096, 16, 1 << 22, 132, "bitmap", torch.float16)
     assert plan.variant == "bitmap"
@@ -395,7 +338,8 @@ def test_sparse_linear_bitmap_entry_matches_float64(dtype, m, k, sparsity):
             ref = spmm_reference64(dense, x.t(), b, "none").t()
             assert relative_error(y, ref) <= TOLERANCE[dtype], n
             assert relative_error(y3.view(n, m), ref) <= TOLERANCE[dtype], n
-            assert layer._eager_plans[(dtype, dtype, "bitmap", n)] is not None, n
+            entries = getattr(layer.w_values, gpu.OP_ENTRY_ATTR)[2]  # tensor_cache.cached: (key, storages, value)
+            assert entries[(dtype, b is None, m, n)][0] == "bitmap", n
         values = layer.w_values
         plan = get_bitmap_plan(values, layer.w_row_offsets, layer.w_column_indices, m, k)
         torch.cuda.synchronize()

@@ -182,7 +182,7 @@ def test_sparse_linear_csr_on_cpu_keeps_the_custom_op(cpp_on):
         y = layer(x)
         ref = (x.double() @ dense.double().t() + bias.double()).float()
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
-    assert layer._eager_plans == {}  # CPU calls never ask for (or cache) an eager plan
+    assert not hasattr(layer.w_values, gpu.OP_ENTRY_ATTR)  # CPU calls never ask for (or cache) an eager decision
 
 
 def test_sparse_linear_csr_on_cpu_stays_differentiable(cpp_on):
@@ -192,44 +192,83 @@ def test_sparse_linear_csr_on_cpu_stays_differentiable(cpp_on):
     torch.testing.assert_close(x.grad, dense.sum(0).expand(3, 40), rtol=1e-5, atol=1e-5)
 
 
-def test_sparse_linear_csr_asks_once_per_dtype_and_size_class(cpp_on, monkeypatch):
-    """The eager branch's cache, exercised on the CPU: with the decision forced to None (the Python path), the layer
-    asks once per (x dtype, weight dtype, gpu.eager_size_class(N)), never for an input that needs a gradient, and
-    calls the op's CUDA implementation (gpu.spmm_csr, stood in for by the reference here) directly, skipping the
-    custom-op dispatch; an input that needs a gradient goes through the differentiable custom op."""
+def test_sparse_linear_csr_eager_calls_the_op_cuda_implementation(cpp_on, monkeypatch):
+    """Eager CUDA inference (faked on the CPU) calls prunekit::spmm_csr's CUDA implementation gpu.spmm_csr_op directly
+    with X^T (K, N) as a view, M and the bias, skipping the custom-op dispatch; an input that needs a gradient goes
+    through the differentiable custom op instead."""
     from prunekit.deploy.runtime import sparse_linear
 
-    asked, launched = [], []
+    calls = []
 
-    def decide(values, x, variant="auto", m=None):
-        asked.append((x.dtype, x.shape[1]))
-        return None
-
-    def launcher(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none"):
-        launched.append(x.shape[1])
+    def op_cuda(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none"):
+        calls.append((tuple(x.shape), x.stride(0), m, bias is not None))
         return reference.spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
 
     monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda xt: True)
-    monkeypatch.setattr(gpu, "eager_spmm_variant", decide)
-    monkeypatch.setattr(gpu, "spmm_csr", launcher)
+    monkeypatch.setattr(gpu, "spmm_csr_op", op_cuda)
     dense, bias, layer = _csr_layer(dtype=torch.float32)
-    for tokens in (1, 3, gpu.TC_MIN_N, gpu.TC_MIN_N + 7, 2, 12, 16):
+    for tokens in (1, 3, gpu.TC_MIN_N):
         x = torch.randn(tokens, 40)
         y = layer(x)
         assert y.shape == (tokens, 48)
         torch.testing.assert_close(y, x @ dense.t() + bias, rtol=1e-5, atol=1e-5)
-    assert launched == [1, 3, gpu.TC_MIN_N, gpu.TC_MIN_N + 7, 2, 12, 16]
+    assert calls == [((40, n), 1, 48, True) for n in (1, 3, gpu.TC_MIN_N)]
+    y = layer(torch.randn(2, 5, 40))  # leading dimensions: 10 tokens
+    assert y.shape == (2, 5, 48) and calls[-1][0] == (40, 10)
     x = torch.randn(4, 40, requires_grad=True)
     layer(x).sum().backward()
-    assert launched[-1] == 16 and x.grad is not None  # the custom op's autograd, not the launcher
-    asked_n = [(torch.float32, n) for n in (1, 3, gpu.TC_MIN_N, 12, 16)]
-    assert asked == asked_n  # N = 2 shares 3's class, TC_MIN_N + 7 TC_MIN_N's; 16 has its own (bitmap floor)
-    f32 = torch.float32
-    generic = [key for key in layer._eager_plans if "bitmap" not in key]
-    assert generic == [(f32, f32, 0), (f32, f32, 1), (f32, f32, 6), (f32, f32, 3), (f32, f32, 4)]
-    # N = 2..BITMAP_WIDE_MAX_N also asked the bitmap entry once per N, which never takes fp32
-    bitmap = {key[3]: entry for key, entry in layer._eager_plans.items() if "bitmap" in key}
-    assert bitmap == {3: None, gpu.TC_MIN_N: None, gpu.TC_MIN_N + 7: None, 2: None, 12: None, 16: None}
+    assert len(calls) == 4 and x.grad is not None  # the custom op's autograd, not the CUDA implementation
+
+
+def test_spmm_op_entry_decides_once_per_key(cpp_on, monkeypatch):
+    """gpu.spmm_op_entry, exercised on the CPU with its rules stood in for: one decision per (x dtype, bias or not, M,
+    N), N's size class above BITMAP_WIDE_MAX_N; the bitmap entry and its plan where the bitmap rule takes the call,
+    else spmm_csr_auto's code; kept on the values tensor and made again after an in-place edit of the weight;
+    $PRUNEKIT_SPMM_CPP=0 gives the Python launcher."""
+    asked, built = [], []
+
+    def takes(values, x2d, m, k, bias=None):
+        asked.append(("bitmap", x2d.shape[0]))
+        return 2 <= x2d.shape[0] <= 16
+
+    def plan(csr, m, k, device, n=1):
+        built.append(n)
+        return f"plan{n}"
+
+    def variant(values, x, variant="auto", m=None):
+        asked.append(("auto", x.shape[1]))
+        return gpu.SPMM_VARIANT_CODES["auto"]
+
+    monkeypatch.setattr(gpu, "eager_bitmap_takes", takes)
+    monkeypatch.setattr(gpu, "bitmap_linear_plan", plan)
+    monkeypatch.setattr(gpu, "eager_spmm_variant", variant)
+    c = encode_csr(random_sparse_weight(48, 40, 0.7, torch.float16, "cpu"))
+    values, offsets, cols = c["values"], c["row_offsets"], c["column_indices"]
+    bias = torch.randn(48).half()
+
+    def entry(n, b=None, m=48):
+        return gpu.spmm_op_entry(values, offsets, cols, torch.randn(n, 40).half().t(), m, b)
+
+    wide = gpu.BITMAP_WIDE_MAX_N
+    got = [entry(n) for n in (1, 4, 4, 16, 100, wide + 10, wide + 20)]
+    auto = ("auto", gpu.SPMM_VARIANT_CODES["auto"])
+    assert got == [auto, ("bitmap", "plan4"), ("bitmap", "plan4"), ("bitmap", "plan16"), auto, auto, auto]
+    assert built == [4, 16]  # N = 4 decided once; wide + 10 and wide + 20 share a size class
+    assert [a for a in asked if a[0] == "auto"] == [("auto", 1), ("auto", 100), ("auto", wide + 10)]
+    entries = getattr(values, gpu.OP_ENTRY_ATTR)[2]  # tensor_cache.cached: (key, storages, value)
+    assert (torch.float16, True, 48, 4) in entries and (
+        torch.float16,
+        True,
+        48,
+        -gpu.eager_size_class(wide + 10),
+    ) in entries
+    assert entry(4, bias) == ("bitmap", "plan4") and entry(4, m=40) == ("bitmap", "plan4")
+    assert built == [4, 16, 4, 4]  # a bias and another M are keys of their own
+    values.mul_(2)  # a new version: every decision is made again
+    assert entry(4) == ("bitmap", "plan4") and built[-1] == 4 and len(built) == 5
+    monkeypatch.setenv(gpu.EAGER_CPP_ENV, "0")
+    values.mul_(0.5)
+    assert entry(4) == ("auto", None) and len(built) == 5
 
 
 # --- GPU: the entry against float64 ------------------------------------------------------------------------------
@@ -416,14 +455,15 @@ def test_sparse_linear_eager_csr_goes_through_the_cpp_entry(dtype, cpp_on, monke
     with torch.inference_mode():
         y = layer(x)
     assert relative_error(y, x.double() @ dense.double().cuda().t() + bias.double().cuda()) <= TOLERANCE[dtype]
-    # x (2, tokens, 80) gives N = 2, 10, 140, 260. At N = 2 (class 1) the bitmap rule does not take K = 80 <
-    # BITMAP_MIN_K, so the rules choose rowwarp and the entry runs it; at N = 10 (class 3) 16-bit types get scatter
-    # (30% dense), which stays in Python; N = 140 (class 7: bitmap's wide range, K too small for it) and 260 (class 8)
-    # take the entry
-    generic = {key[2]: code for key, code in layer._eager_plans.items() if "bitmap" not in key}
+    # x (2, tokens, 80) gives N = 2, 10, 140, 260. At N = 2 the bitmap rule does not take K = 80 < BITMAP_MIN_K, so the
+    # rules choose rowwarp and the entry runs it; at N = 10 16-bit types get scatter (30% dense), which stays in
+    # Python; N = 140 (bitmap's wide range, K too small for it) and 260 (size class 8) take the entry
+    entries = getattr(layer.w_values, gpu.OP_ENTRY_ATTR)[2]  # tensor_cache.cached: (key, storages, value)
+    assert {key[3] for key in entries} == {1, 2, 10, 140, -8}
     small = None if dtype in gpu.TC_DTYPES else gpu.SPMM_VARIANT_CODES["auto"]
-    assert generic == {0: 0, 1: 0, 3: small, 7: 0, 8: 0}
-    assert all(entry is None for key, entry in layer._eager_plans.items() if "bitmap" in key)
+    assert {key[3]: entry for key, entry in entries.items()} == {
+        n: ("auto", small if n == 10 else 0) for n in (1, 2, 10, 140, -8)
+    }
 
 
 @pytest.mark.cuda
@@ -462,13 +502,11 @@ def test_sparse_linear_eager_csr_falls_back_for_tc_mixed_dtypes_and_gradients(cp
     y = layer(x.float())  # fp32 activations, fp16 weights: mixed precision through gpu.spmm_csr
     assert y.dtype == torch.float32
     assert relative_error(y, x.double() @ dense.double().cuda().t() + bias.double().cuda()) <= TOLERANCE[torch.float16]
-    # neither the C++ entry nor (N = 70 is in its wide range, but fp32 activations) the bitmap entry
-    plans = dict(layer._eager_plans)
-    assert plans and set(plans.values()) == {None}
+    # mixed dtypes go to gpu.spmm_csr unasked: no decision is kept
+    assert not hasattr(layer.w_values, gpu.OP_ENTRY_ATTR)
     xg = x[:3].clone().requires_grad_()
     layer(xg).sum().backward()  # needs a gradient: the differentiable custom op, not the entry
     torch.testing.assert_close(xg.grad.double(), dense.double().cuda().sum(0).expand(3, 80), rtol=2e-3, atol=2e-2)
-    assert layer._eager_plans == plans
 
 
 @pytest.mark.cuda
@@ -495,12 +533,12 @@ def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(mo
                     y = layer(x)
                 ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
                 assert relative_error(y, ref) <= TOLERANCE[torch.float16], (sparsity, n)
-        bitmap = [key[3] for key, entry in layer._eager_plans.items() if "bitmap" in key and entry is not None]
-        generic = {key[2]: code for key, code in layer._eager_plans.items() if "bitmap" not in key}
+        entries = getattr(layer.w_values, gpu.OP_ENTRY_ATTR)[2]  # tensor_cache.cached: (key, storages, value)
+        kinds = {key[3]: (kind, plan if kind == "auto" else "plan") for key, (kind, plan) in entries.items()}
         if sparsity > 0.9:
-            assert bitmap == [] and generic == {1: 0, 4: 0}
+            assert kinds == {4: ("auto", 0), 16: ("auto", 0)}
         else:
-            assert bitmap == [4, 16] and generic == {}
+            assert kinds == {4: ("bitmap", "plan"), 16: ("bitmap", "plan")}
 
 
 def test_size_classes_hold_the_density_floors_constant():

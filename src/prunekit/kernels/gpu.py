@@ -789,7 +789,8 @@ def eager_spmm_variant(
 
     The answer depends on ``x`` only through its dtype, its device and :func:`eager_size_class` of N (and on
     ``$PRUNEKIT_SPMM_CPP`` / ``$PRUNEKIT_SPMM_TC`` / ``$PRUNEKIT_SPMM_SCATTER`` / ``$PRUNEKIT_SPMM_BITMAP``, read now):
-    the runtime asks once per layer, dtype pair and size class and caches the answer (``SparseLinear._eager_plans``).
+    :func:`spmm_op_entry` asks once per weight, dtype, bias, M and N (size class above BITMAP_WIDE_MAX_N) and keeps
+    the answer on the weight's values.
 
     Args:
         values: ``(nnz_padded,)`` the weight's stored values; x: ``(K, N)`` activations; variant: one of
@@ -828,11 +829,10 @@ def spmm_csr_op(
     """The CUDA implementation of ``prunekit::spmm_csr`` (``ops.spmm_csr``): :func:`spmm_csr`'s ``"auto"`` result and
     layout, through a C++ entry where one applies. The bitmap kernel's ``prunekit_nm24::bitmap_linear`` where ``"auto"``
     takes it (:func:`eager_bitmap_takes`), else ``prunekit_ext::spmm_csr_auto`` where :func:`eager_spmm_variant` gives a
-    code, else :func:`spmm_csr` (always with ``$PRUNEKIT_SPMM_CPP=0``). Decided once per weight, dtype and N (a dict
-    kept on ``values`` by ``tensor_cache.cached``, dropped when the data pointer or version of the values, column
-    indices or row offsets change), so an eager call skips
-    :func:`spmm_csr`'s checks, rule and plan lookups: those cost 29-76 us per eager call on the H100 host at small
-    kernels (docs/PERFORMANCE.md, "Fifteenth session").
+    code, else :func:`spmm_csr` (always with ``$PRUNEKIT_SPMM_CPP=0``). Decided once per weight, dtype and N
+    (:func:`spmm_op_entry`), so an eager call skips :func:`spmm_csr`'s checks, rule and plan lookups: those cost 29-76
+    us per eager call on the H100 host at small kernels (docs/PERFORMANCE.md, "Fifteenth session"). The runtime's
+    ``SparseLinear`` calls this function directly in eager CUDA inference (no custom-op dispatch).
 
     Args and result: as :func:`spmm_csr` with ``variant="auto"`` (values ``(nnz_padded,)``, x ``(K, N)``, Y ``(M,
     N)`` in ``x.dtype``). Mixed dtypes, a bias of another dtype or not contiguous, and 0-sized calls go to
@@ -851,21 +851,8 @@ def spmm_csr_op(
         and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
     ):
         return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+    kind, plan = spmm_op_entry(values, row_offsets, column_indices, x, m, bias)
     relu = activation == "relu"
-    decisions = cached(values, OP_ENTRY_ATTR, (values, column_indices, row_offsets), None, dict)
-    # bitmap's density floor depends on N itself up to BITMAP_WIDE_MAX_N; above, the size class decides
-    key = (x.dtype, bias is None, m, n if n <= BITMAP_WIDE_MAX_N else -eager_size_class(n))
-    entry = decisions.get(key)
-    if entry is None:
-        k = x.shape[0]
-        if not eager_cpp_enabled():  # $PRUNEKIT_SPMM_CPP=0: the Python launcher for every call (read per decision)
-            entry = ("auto", None)
-        elif eager_bitmap_takes(values, x.t(), m, k, bias):
-            entry = ("bitmap", bitmap_linear_plan((values, row_offsets, column_indices), m, k, x.device, n))
-        else:
-            entry = ("auto", eager_spmm_variant(values, x, "auto", m))
-        decisions[key] = entry
-    kind, plan = entry
     if kind == "bitmap":
         buffer, cfg, shape = plan
         return torch.ops.prunekit_nm24.bitmap_linear.default(buffer, x, bias, relu, cfg, shape)
@@ -874,6 +861,48 @@ def spmm_csr_op(
             values, row_offsets, column_indices, row_indices, x, m, bias, relu, plan
         )
     return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+
+
+def spmm_op_key(x: torch.Tensor, m: int, bias: torch.Tensor | None) -> tuple:
+    """The key of :func:`spmm_op_entry`'s decisions: ``(x dtype, bias is None, M, N)``, N replaced by minus its
+    :func:`eager_size_class` above :data:`BITMAP_WIDE_MAX_N` (bitmap's density floor depends on N itself up to there;
+    above, the class decides)."""
+    n = x.shape[1]
+    return (x.dtype, bias is None, m, n if n <= BITMAP_WIDE_MAX_N else -eager_size_class(n))
+
+
+def spmm_op_entry(
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    x: torch.Tensor,
+    m: int,
+    bias: torch.Tensor | None = None,
+) -> tuple[str, object]:
+    """:func:`spmm_csr_op`'s decision for this weight and call: ``("bitmap", plan)`` (the bitmap kernel's C++ entry
+    with its :func:`bitmap_linear_plan`), ``("auto", code)`` (``prunekit_ext::spmm_csr_auto`` with this variant code)
+    or ``("auto", None)`` (:func:`spmm_csr`). Made once per :func:`spmm_op_key` and kept on ``values`` (a dict under
+    :data:`OP_ENTRY_ATTR`, ``tensor_cache.cached``) while the data pointers and versions of the values, column indices
+    and row offsets stay the same; ``$PRUNEKIT_SPMM_CPP=0`` (read per decision) gives ``("auto", None)``.
+
+    Args: as :func:`spmm_csr_op` (``x (K, N)`` with N >= 1, of the values' dtype).
+
+    Raises:
+        KernelUnavailable: a C++ entry is chosen but its library cannot be built or loaded.
+    """
+    decisions = cached(values, OP_ENTRY_ATTR, (values, column_indices, row_offsets), None, dict)
+    key = spmm_op_key(x, m, bias)
+    entry = decisions.get(key)
+    if entry is None:
+        k, n = x.shape
+        if not eager_cpp_enabled():  # $PRUNEKIT_SPMM_CPP=0: the Python launcher for every call
+            entry = ("auto", None)
+        elif eager_bitmap_takes(values, x.t(), m, k, bias):
+            entry = ("bitmap", bitmap_linear_plan((values, row_offsets, column_indices), m, k, x.device, n))
+        else:
+            entry = ("auto", eager_spmm_variant(values, x, "auto", m))
+        decisions[key] = entry
+    return entry
 
 
 def sddmm_csr(

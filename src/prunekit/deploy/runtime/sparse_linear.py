@@ -10,10 +10,11 @@ Eager calls on CUDA skip the custom-op layers: BSR and 2:4 layers call one C++ o
 ``prunekit_nm24::linear`` at N <= 16, else ``prunekit_cslt::linear``)
 that allocates the output and launches
 the kernel, with the per-layer decisions (kernel or reference, variant, output layout) made on the
-first call and cached per dtype. CSR layers at the N where ``"auto"`` takes the bitmap decode kernel call its C++
-entry ``prunekit_nm24::bitmap_linear``; otherwise ``prunekit_ext::spmm_csr_auto`` where
-``gpu.eager_spmm_variant`` allows, else the op's CUDA implementation ``gpu.spmm_csr`` directly. Traced,
-compiled and CPU calls, and inputs that need a gradient, go through the custom ops.
+first call and cached per dtype. CSR layers call the op's CUDA implementation ``gpu.spmm_csr_op`` directly: the
+bitmap decode kernel's C++ entry ``prunekit_nm24::bitmap_linear`` at the N where ``"auto"`` takes it, else
+``prunekit_ext::spmm_csr_auto`` where ``gpu.eager_spmm_variant`` allows, else ``gpu.spmm_csr``, decided once per
+weight, dtype and N and kept with the weight's values. Traced, compiled and CPU calls, and inputs that need a
+gradient, go through the custom ops.
 """
 
 from __future__ import annotations
@@ -27,59 +28,15 @@ from ...kernels import gpu, nm24, ops, structured
 from ...kernels.tensor_cache import tensor_version
 
 
-def _csr_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
-    """Eager CUDA CSR at the N (2 to ``gpu.BITMAP_WIDE_MAX_N``) where ``"auto"`` takes the bitmap kernel: ``Y^T (N, out_features)`` from ``x2d
-    (N, in_features)`` in one call of its C++ entry (``gpu.bitmap_linear``: no transposes or plan lookups in Python),
-    or None where it does not apply (the generic path then runs). Decided once per layer, dtype and N (the rule's
-    density floor depends on N); the plan is kept with the data pointers and versions of the weight it was built from.
-    """
-    n = x2d.shape[0]
-    if not (gpu.BITMAP_MIN_N <= n <= gpu.BITMAP_WIDE_MAX_N and _eager_cuda(x2d)):
-        return None
-    if x2d.requires_grad and torch.is_grad_enabled():
-        return None  # the differentiable custom op
-    buffers = layer._buffers
-    values, cols, offsets = buffers["w_values"], buffers["w_column_indices"], buffers["w_row_offsets"]
-    key = (x2d.dtype, values.dtype, "bitmap", n)
-    entry = layer._eager_plans.get(key, _UNSET)
-    stamp = (values.data_ptr(), tensor_version(values), cols.data_ptr(), tensor_version(cols))
-    if entry is _UNSET or (entry is not None and entry[0] != stamp):
-        m, k = layer.out_features, layer.in_features
-        ok = gpu.eager_bitmap_takes(values, x2d, m, k, layer.bias)
-        entry = (stamp, gpu.bitmap_linear_plan((values, offsets, cols), m, k, x2d.device, n=n)) if ok else None
-        layer._eager_plans[key] = entry
-    return None if entry is None else gpu.bitmap_linear(entry[1], x2d, layer.bias)
-
-
 def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
-    # Eager CUDA inference: one C++ operator call (prunekit_ext::spmm_csr_auto) when gpu.eager_spmm_variant allows,
-    # else gpu.spmm_csr; an input that needs a gradient keeps the differentiable custom op.
+    # Eager CUDA inference: prunekit::spmm_csr's CUDA implementation called directly (gpu.spmm_csr_op: the bitmap or
+    # CUDA-core C++ entry where one applies, decided once per weight, dtype and N), skipping the custom-op dispatch;
+    # traced, compiled and CPU calls, and an input that needs a gradient, go through the differentiable custom op.
+    b = layer._buffers  # the dict itself: four Module.__getattr__ calls cost microseconds per eager call
+    args = (b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"], xt, layer.out_features)
     if _eager_cuda(xt) and not (xt.requires_grad and torch.is_grad_enabled()):
-        buffers = layer._buffers
-        values = buffers["w_values"]
-        # The decision depends on N only through its size class (gpu.eager_size_class: where a tensor-core plan is possible).
-        key = (xt.dtype, values.dtype, gpu.eager_size_class(xt.shape[1]))
-        code = layer._eager_plans.get(key, _UNSET)
-        if code is _UNSET:
-            code = layer._eager_plans[key] = gpu.eager_spmm_variant(values, xt, m=layer.out_features)
-        args = (
-            values,
-            buffers["w_row_offsets"],
-            buffers["w_column_indices"],
-            buffers["w_row_indices"],
-            xt,
-            layer.out_features,
-            layer.bias,
-        )
-        if code is not None:
-            return torch.ops.prunekit_ext.spmm_csr_auto.default(*args, False, code)
-        # No C++ entry for this call (a tensor-core plan, or the entry off): the op's CUDA implementation, called
-        # directly, skips the custom-op dispatch (29.9 against 18.5 us per call on the H100 host, docs/PERFORMANCE.md).
-        return gpu.spmm_csr(*args)
-    c = layer.component
-    return ops.spmm_csr(
-        c("values"), c("row_offsets"), c("column_indices"), c("row_indices"), xt, layer.out_features, layer.bias
-    )
+        return gpu.spmm_csr_op(*args, layer.bias)
+    return ops.spmm_csr(*args, layer.bias)
 
 
 def _eager_cuda(xt: torch.Tensor) -> bool:
@@ -237,9 +194,8 @@ class SparseLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.dim() == 2  # (tokens, in_features) as given: no reshapes, a few microseconds less per eager call
         x2d = x if flat else x.reshape(-1, self.in_features)
-        decode_call = _nm_decode if self.format == "nm" else _csr_decode if self.format == "csr" else None
-        if decode_call is not None:
-            y = decode_call(self, x2d)
+        if self.format == "nm":
+            y = _nm_decode(self, x2d)
             if y is not None:
                 return y if flat else y.reshape(*x.shape[:-1], self.out_features)
         matmul = SPARSE_MATMULS.get(self.format)
