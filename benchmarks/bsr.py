@@ -162,8 +162,11 @@ def host_time_us(calls: list, burst: int = 200, trials: int = 5) -> float:
     return statistics.median(samples)
 
 
-def block_weight(m: int, k: int, r: int, c: int, sparsity: float, dtype: torch.dtype, gen: torch.Generator):
-    """Dense W with r x c tiles kept with probability 1 - sparsity, and its BSR components (built on the GPU)."""
+def block_weight(
+    m: int, k: int, r: int, c: int, sparsity: float, dtype: torch.dtype, gen: torch.Generator, chunk: int | None = None
+):
+    """Dense W with r x c tiles kept with probability 1 - sparsity, and its BSR components (built on the GPU); the
+    static schedule with at most ``chunk`` blocks per item (None: ``formats.bsr.schedule_chunk``'s)."""
     keep = torch.rand(m // r, k // c, device="cuda", generator=gen) >= sparsity
     w = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.float32).to(dtype)
     w.mul_(keep.repeat_interleave(r, 0).repeat_interleave(c, 1))
@@ -171,7 +174,7 @@ def block_weight(m: int, k: int, r: int, c: int, sparsity: float, dtype: torch.d
     rows, cols = torch.nonzero(keep, as_tuple=True)
     crow = torch.zeros(m // r + 1, dtype=torch.int64, device="cuda")
     crow[1:] = torch.cumsum(keep.sum(1), 0)
-    schedule, split_rows = static_schedule(crow.cpu())
+    schedule, split_rows = static_schedule(crow.cpu(), chunk)
     comp = {
         "blocks": tiles[rows, cols].contiguous(),
         "crow_indices": crow.to(torch.int32),
@@ -198,13 +201,14 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
     n_sets = max(1, min(n_sets, int(0.35 * free / (set_bytes + m * k * elem))))
     sets = []
     for _ in range(n_sets):
-        w, comp = block_weight(m, k, r, r, sparsity, dtype, gen)
+        w, comp = block_weight(m, k, r, r, sparsity, dtype, gen, args.schedule_chunk)
         x2d = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.float32).to(dtype)
         sets.append((w, comp, x2d))
     res = {
         "m": m, "k": k, "n": n, "block": r, "sparsity": sparsity, "dtype": str(dtype).removeprefix("torch."),
         "n_sets": n_sets, "l2_resident": n_sets * set_bytes < 2 * L2_BYTES,
         "nblocks": int(sets[0][1]["crow_indices"][-1]), "split_rows": int(sets[0][1]["split_rows"].numel()),
+        "schedule_items": int(sets[0][1]["schedule"].shape[0]), "schedule_chunk_arg": args.schedule_chunk,
     }  # fmt: skip
 
     def static_call(s, tile_n=None, variant=None):
@@ -350,6 +354,11 @@ def main() -> None:
     parser.add_argument("--blocks", help="comma-separated block sizes (default: the grid's)")
     parser.add_argument("--sparsities", help="comma-separated block sparsities (default: the grid's)")
     parser.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new configurations after this")
+    parser.add_argument("--shapes", help="comma-separated MxK of the grid to run (default: all of the grid's)")
+    parser.add_argument("--ns", help="comma-separated N to run, among the grid's for each shape (default: all)")
+    parser.add_argument(
+        "--schedule-chunk", type=int, help="most blocks per static-schedule item (default: formats.bsr.schedule_chunk)"
+    )
     args = parser.parse_args()
     if args.render:
         print(markdown(args.render))
@@ -361,6 +370,9 @@ def main() -> None:
         grid["blocks"] = [int(b) for b in args.blocks.split(",")]
     if args.sparsities:
         grid["sparsities"] = [float(v) for v in args.sparsities.split(",")]
+    if args.shapes:
+        grid["shapes"] = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    only_ns = None if not args.ns else {int(v) for v in args.ns.split(",")}
     structured.load()
     t0 = time.time()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -382,6 +394,8 @@ def main() -> None:
         dtype = getattr(torch, dtype_name)
         for m, k in grid["shapes"]:
             for n in grid["ns"].get((m, k), grid.get("default_ns", [])):
+                if only_ns is not None and n not in only_ns:
+                    continue
                 for r in grid["blocks"]:
                     for sparsity in grid["sparsities"]:
                         if time.time() - t0 > args.time_limit_s:
