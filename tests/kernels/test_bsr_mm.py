@@ -94,6 +94,36 @@ def test_bsr_format_stores_schedule_and_still_round_trips():
     assert enc.nbytes == sum(t.numel() * t.element_size() for t in enc.components.values())
 
 
+def test_decode_schedule_splits_32_row_blocks_at_decode_n(monkeypatch):
+    """structured.decode_schedule: static mode, 32-row blocks, N <= DECODE_MAX_N: every block row in items of at most
+    DECODE_SCHEDULE_CHUNK blocks (every block once), built once per crow_indices version; the given schedule
+    elsewhere (larger N, 64-row blocks, dynamic mode, $PRUNEKIT_BSR_DECODE_SCHEDULE=0)."""
+    monkeypatch.delenv(structured.DECODE_SCHEDULE_ENV, raising=False)
+    dense = block_sparse_weight(512, 512, 32, 32, 0.5, torch.float16, seed=3, heavy_rows=1)
+    comp = formats.encode("bsr", dense, {"block_rows": 32, "block_cols": 32}).components
+    blocks, crow, sched, split = comp["blocks"], comp["crow_indices"], comp["schedule"], comp["split_rows"]
+    items, rows = structured.decode_schedule(blocks, crow, sched, split, 16)
+    assert items.dtype == torch.int32 and rows.dtype == torch.int32 and items.shape[0] > sched.shape[0]
+    covered = torch.zeros(int(crow[-1]), dtype=torch.int64)
+    for row, start, end, slot in items.tolist():
+        assert int(crow[row]) <= start <= end <= int(crow[row + 1]) and end - start <= structured.DECODE_SCHEDULE_CHUNK
+        covered[start:end] += 1
+        assert (slot >= 0) == (int(crow[row + 1] - crow[row]) > structured.DECODE_SCHEDULE_CHUNK)
+    assert bool((covered == 1).all())
+    assert structured.decode_schedule(blocks, crow, sched, split, 1)[0] is items  # kept on crow_indices
+    for n in (structured.DECODE_MAX_N + 1, 4096):
+        assert structured.decode_schedule(blocks, crow, sched, split, n) == (sched, split)
+    assert structured.decode_schedule(blocks, crow, None, None, 16) == (None, None)  # dynamic mode
+    wide = formats.encode("bsr", dense, {"block_rows": 64, "block_cols": 64}).components
+    given = (wide["schedule"], wide["split_rows"])
+    assert structured.decode_schedule(wide["blocks"], wide["crow_indices"], *given, 16) == given
+    crow.add_(0)  # a new version: built again
+    again = structured.decode_schedule(blocks, crow, sched, split, 16)[0]
+    assert again is not items and torch.equal(again, items)
+    monkeypatch.setenv(structured.DECODE_SCHEDULE_ENV, "0")
+    assert structured.decode_schedule(blocks, crow, sched, split, 16) == (sched, split)
+
+
 # --- CPU reference and opcheck -------------------------------------------------------------------------------------
 
 
@@ -356,6 +386,33 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
     expected = auto if structured.bsr_variant() == "auto" else structured.VARIANTS[structured.bsr_variant()]
     assert list(layer._eager_plans.values()) == [expected]
     assert expected != structured.VARIANTS["auto"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("decode_schedule", ["1", "0"])
+def test_static_bsr_decode_schedule_matches_float64(decode_schedule, monkeypatch):
+    """Static mode with 32-row blocks at N <= 32 (the decode schedule: block rows split, an fp32 reduction and the
+    finishing kernel) and above, through the static op (bias + ReLU) and SparseLinear (bias); N = 1, 5, 16, 32, 33.
+    (The kernel's split rows on NaN-poisoned outputs: test_bsr_cuda_matches_float64's chunk-1 schedules.)"""
+    monkeypatch.setenv(structured.DECODE_SCHEDULE_ENV, decode_schedule)
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    dense = block_sparse_weight(640, 384, 32, 32, 0.4, torch.float16, seed=11, heavy_rows=2)
+    enc = formats.encode("bsr", dense, {"block_rows": 32, "block_cols": 32})
+    comp = {k: v.cuda() for k, v in enc.components.items()}
+    bias = torch.randn(640, device="cuda").half()
+    layer = SparseLinear(enc, bias.cpu()).cuda()
+    for n in (1, 5, 16, 32, 33):
+        x2d = torch.randn(n, 384, device="cuda").half()
+        y = structured.bsr_mm_static(
+            comp["blocks"], comp["crow_indices"], comp["col_indices"], comp["schedule"], comp["split_rows"],
+            x2d.t(), 640, bias, "relu",
+        )  # fmt: skip
+        assert relative_error(y, spmm_reference64(dense.cuda(), x2d.t(), bias, "relu")) < TOLERANCE[torch.float16], n
+        ref = x2d.double() @ dense.double().cuda().t() + bias.double()
+        assert relative_error(layer(x2d), ref) < TOLERANCE[torch.float16], n
+    kept = hasattr(comp["crow_indices"], "_prunekit_bsr_decode_schedule")
+    assert kept == (decode_schedule == "1")
 
 
 @pytest.mark.cuda

@@ -68,6 +68,17 @@ VARIANTS = {"auto": 0, "mma": 1, "wgmma": 2}  # csrc/structured/bsr_mm.cu VARIAN
 WGMMA_BLOCKS = ((64, 16), (64, 32), (64, 64))  # r x c the wgmma variant takes (wgmma M = 64; c = the swizzle width)
 WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128
 BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and the runtime ("auto", "mma", "wgmma")
+# Static mode at decode N (up to DECODE_MAX_N, the 32-wide tile) with 32-row blocks: the stored schedule gives one CTA
+# per block row (split only past twice the median row), too few to keep the SMs' loads in flight. decode_schedule cuts
+# every block row into items of at most DECODE_SCHEDULE_CHUNK blocks instead (fp32 reduction of the split rows). On the
+# H100, N = 16, fp16 (benchmarks/results/bsr-decode-c{default,1,2,4}-h100-2026-11-26-s17.json; chunks 1, 2, 4 against
+# the stored schedule): 32-row blocks at 4096 x 4096 90 / 95% 11.0 / 9.9 -> 8.0 / 7.2 us with 4, 11008 x 4096 14.2 /
+# 11.1 -> 13.7 / 9.5 us; 64-row blocks (the wgmma variant) were slower with every chunk (8.2 -> 9.1-11.1 us at 4096 x
+# 4096, 90%), so they keep the stored schedule. In-sample: two shapes, two sparsities, one run.
+DECODE_SCHEDULE_CHUNK = 4
+DECODE_SCHEDULE_BLOCK_ROWS = (32,)
+DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule at every N
+_DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
 CSLT_BACKEND_ENV = "PRUNEKIT_CSLT_BACKEND"  # "torch" forces torch._cslt_sparse_mm instead of prunekit's own binding
 CSLT_OUTPUT_ENV = "PRUNEKIT_CSLT_OUTPUT"  # the binding's output layout: "row", "col" or "view" (CSLT_OUTPUTS)
@@ -654,6 +665,43 @@ def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None
     return VARIANTS[name]
 
 
+def decode_schedule(
+    blocks: torch.Tensor,
+    crow_indices: torch.Tensor,
+    schedule: torch.Tensor | None,
+    split_rows: torch.Tensor | None,
+    n: int,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The static schedule for a call with ``n`` tokens: ``(schedule, split_rows)`` as given, except in static mode
+    (``schedule`` given) at ``n <= DECODE_MAX_N`` with block rows in :data:`DECODE_SCHEDULE_BLOCK_ROWS`, where it is
+    ``formats.bsr.static_schedule(crow_indices, DECODE_SCHEDULE_CHUNK)`` (every block row in items of at most that many
+    blocks; PopSparse's static mode, Li et al. 2023, with a finer split for small N), built once (one copy of
+    ``crow_indices`` to the host) and kept on ``crow_indices`` while its data pointer and version stay the same.
+    ``$PRUNEKIT_BSR_DECODE_SCHEDULE=0`` keeps the given schedule. Dynamic mode (no schedule) is left as it is: it
+    must not synchronize with the host.
+
+    Args:
+        blocks: ``(nblocks, r, c)``; crow_indices: ``(M / r + 1,)`` int32; schedule: ``(n_items, 4)`` int32 or None;
+            split_rows: ``(n_split,)`` int32 or None; n: N (tokens) of the call.
+    """
+    if (
+        schedule is None
+        or n > DECODE_MAX_N
+        or blocks.dim() != 3
+        or blocks.shape[1] not in DECODE_SCHEDULE_BLOCK_ROWS
+        or os.environ.get(DECODE_SCHEDULE_ENV, "1").strip() == "0"
+    ):
+        return schedule, split_rows
+
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
+        from ..formats.bsr import static_schedule
+
+        items, rows = static_schedule(crow_indices.cpu(), DECODE_SCHEDULE_CHUNK)
+        return items.to(crow_indices.device), rows.to(crow_indices.device)
+
+    return cached(crow_indices, _DECODE_SCHEDULE_ATTR, (crow_indices,), DECODE_SCHEDULE_CHUNK, build)
+
+
 def bsr_mm_eager(
     blocks: torch.Tensor,
     crow_indices: torch.Tensor,
@@ -670,6 +718,7 @@ def bsr_mm_eager(
     CUDA implementation of the custom ops. Same arguments, result and errors (shape mismatches raise RuntimeError from
     the C++ checks)."""
     _check_activation(activation)
+    schedule, split_rows = decode_schedule(blocks, crow_indices, schedule, split_rows, x.shape[-1] if x.dim() else 0)
     number = eager_bsr_variant(blocks, x, variant)
     if number is None:
         return bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias, activation, schedule, split_rows)

@@ -54,20 +54,21 @@ def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
         plan = layer._eager_plans.get(key, _UNSET)
         if plan is _UNSET:
             plan = layer._eager_plans[key] = structured.eager_bsr_variant(buffers["w_blocks"], xt)
+        sched = buffers.get("w_schedule"), buffers.get("w_split_rows")
+        if static and xt.shape[1] <= structured.DECODE_MAX_N:  # static mode at decode N: finer items where they pay
+            sched = structured.decode_schedule(buffers["w_blocks"], buffers["w_crow_indices"], *sched, xt.shape[1])
         if plan is not None:
             return torch.ops.prunekit_structured.bsr_mm.default(
                 buffers["w_blocks"],
                 buffers["w_crow_indices"],
                 buffers["w_col_indices"],
-                buffers.get("w_schedule"),
-                buffers.get("w_split_rows"),
+                *sched,
                 xt,
                 layer.out_features,
                 layer.bias,
                 False,
                 plan,
             )
-        sched = (c("schedule"), c("split_rows")) if static else (None, None)
         return structured.bsr_mm_cuda(
             c("blocks"), c("crow_indices"), c("col_indices"), xt, layer.out_features, layer.bias, "none", *sched
         )
