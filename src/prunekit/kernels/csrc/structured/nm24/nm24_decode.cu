@@ -56,10 +56,10 @@
 // barrier, writes Y and waits there before leaving. Otherwise (sm_80, more than 16 chunks,
 // $PRUNEKIT_NM24_CLUSTER=0) warps add fp32 partial sums into the plan's workspace with 8-byte reductions. On sm_90 at
 // N <= 16 the blocks then leave, and a second kernel (nm24_finish_kernel, after the whole grid) adds bias, applies
-// ReLU, writes Y and zeroes the workspace; else (or $PRUNEKIT_NM24_FINISH=0) the last block of a row block does that (counter
-// after a fence, the threadFenceReduction pattern of the CUDA samples) and leaves the counter at zero. On sm_90 with
-// the cluster reduction or the finishing kernel (default; $PRUNEKIT_NM24_PDL=0 turns it off), the launch allows
-// programmatic dependent launch: the kernel issues its first weight batches, waits for the preceding kernel
+// ReLU, writes Y and zeroes the workspace; else (or $PRUNEKIT_NM24_FINISH=0) the last block of a row block does that
+// (counter after a fence, the threadFenceReduction pattern of the CUDA samples) and leaves the counter at zero. On
+// sm_90 with the cluster reduction or the finishing kernel (default; $PRUNEKIT_NM24_PDL=0 turns it off), the launch
+// allows programmatic dependent launch: the kernel issues its first weight batches, waits for the preceding kernel
 // (griddepcontrol.wait) before it reads X or writes anything, and lets the next kernel launch once its loop is done.
 //
 // History on the H100 (docs/PERFORMANCE_STRUCTURED.md, "2:4 decode kernel"): v1 (register double buffer, X staged
@@ -939,9 +939,10 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   // newer only ($PRUNEKIT_NM24_PDL=0: off). On the H100, calls of one layer back to back took 0.1-1.8 us less each (of
   // 4-28 us) with clusters (benchmarks/results/{spmm-bitmap,nm24-sweep}-{pdl,nopdl}-h100-2026-11-26-s12.json), but
   // 1-1.5 us more with the fence-and-counter atomics; with the finishing kernel 26.4 against 26.7 us at 4096 x 11008
-  // (nm24-sweep-c0fin{,nopdl}-h100-2026-11-26-s17.json). In decode q / k / v blocks (three projections back to back)
-  // the chain took 6-10% less time (graph; 2:4 at N = 1 / 16, bitmap at N = 16: decode-chain-qkv-h100-2026-11-26-s13.json);
-  // in MLP blocks, where norms, activations and adds come between the sparse layers, -3% to +0% (decode-chain-mlp-...).
+  // (nm24-sweep-c0fin{,nopdl}-h100-2026-11-26-s17.json; the finishing kernel itself always waits through
+  // griddepcontrol). In decode q / k / v blocks (three projections back to back) the chain took 6-10% less time (graph;
+  // 2:4 at N = 1 / 16, bitmap at N = 16: decode-chain-qkv-h100-2026-11-26-s13.json); in MLP blocks, where norms,
+  // activations and adds come between the sparse layers, -3% to +0% (decode-chain-mlp-...).
   const char* pdl_var = std::getenv("PRUNEKIT_NM24_PDL");
   p.pdl = (p.cluster || p.finish) && (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0) ? 1 : 0;
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
