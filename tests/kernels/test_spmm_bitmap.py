@@ -338,7 +338,7 @@ def test_sparse_linear_bitmap_entry_matches_float64(dtype, m, k, sparsity):
             ref = spmm_reference64(dense, x.t(), b, "none").t()
             assert relative_error(y, ref) <= TOLERANCE[dtype], n
             assert relative_error(y3.view(n, m), ref) <= TOLERANCE[dtype], n
-            entries = getattr(layer.w_values, gpu.OP_ENTRY_ATTR)[2]  # tensor_cache.cached: (key, storages, value)
+            entries = gpu.spmm_op_entries(layer.w_values)
             assert entries[(dtype, b is None, m, n)][0] == "bitmap", n
         values = layer.w_values
         plan = get_bitmap_plan(values, layer.w_row_offsets, layer.w_column_indices, m, k)
@@ -365,7 +365,7 @@ def test_custom_op_takes_the_cpp_entries_once_per_n(dtype):
                     y = ops.spmm_csr(**c, x=x, m=m, bias=b, activation=act)
                 assert relative_error(y, spmm_reference64(dense, x, b, act)) <= TOLERANCE[dtype], (n, act)
                 assert y.stride() == new_spmm_output(x, m).stride(), n
-        entries = getattr(c["values"], gpu.OP_ENTRY_ATTR)[2]  # tensor_cache.cached: (key, storages, value)
+        entries = gpu.spmm_op_entries(c["values"])
         kind = entries[(dtype, False, m, n if n <= gpu.BITMAP_WIDE_MAX_N else -gpu.eager_size_class(n))][0]
         takes_bitmap = gpu.plan_spmm(m, k, n, c["values"].numel(), 132, "auto", dtype).variant == "bitmap"
         assert (kind == "bitmap") == takes_bitmap, n

@@ -255,7 +255,7 @@ def test_spmm_op_entry_decides_once_per_key(cpp_on, monkeypatch):
     assert got == [auto, ("bitmap", "plan4"), ("bitmap", "plan4"), ("bitmap", "plan16"), auto, auto, auto]
     assert built == [4, 16]  # N = 4 decided once; wide + 10 and wide + 20 share a size class
     assert [a for a in asked if a[0] == "auto"] == [("auto", 1), ("auto", 100), ("auto", wide + 10)]
-    entries = getattr(values, gpu.OP_ENTRY_ATTR)[2]  # tensor_cache.cached: (key, storages, value)
+    entries = gpu.spmm_op_entries(values)
     assert (torch.float16, True, 48, 4) in entries and (
         torch.float16,
         True,
@@ -458,7 +458,7 @@ def test_sparse_linear_eager_csr_goes_through_the_cpp_entry(dtype, cpp_on, monke
     # x (2, tokens, 80) gives N = 2, 10, 140, 260. At N = 2 the bitmap rule does not take K = 80 < BITMAP_MIN_K, so the
     # rules choose rowwarp and the entry runs it; at N = 10 16-bit types get scatter (30% dense), which stays in
     # Python; N = 140 (bitmap's wide range, K too small for it) and 260 (size class 8) take the entry
-    entries = getattr(layer.w_values, gpu.OP_ENTRY_ATTR)[2]  # tensor_cache.cached: (key, storages, value)
+    entries = gpu.spmm_op_entries(layer.w_values)
     assert {key[3] for key in entries} == {1, 2, 10, 140, -8}
     small = None if dtype in gpu.TC_DTYPES else gpu.SPMM_VARIANT_CODES["auto"]
     assert {key[3]: entry for key, entry in entries.items()} == {
@@ -533,7 +533,7 @@ def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(mo
                     y = layer(x)
                 ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
                 assert relative_error(y, ref) <= TOLERANCE[torch.float16], (sparsity, n)
-        entries = getattr(layer.w_values, gpu.OP_ENTRY_ATTR)[2]  # tensor_cache.cached: (key, storages, value)
+        entries = gpu.spmm_op_entries(layer.w_values)
         kinds = {key[3]: (kind, plan if kind == "auto" else "plan") for key, (kind, plan) in entries.items()}
         if sparsity > 0.9:
             assert kinds == {4: ("auto", 0), 16: ("auto", 0)}

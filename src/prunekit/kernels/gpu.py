@@ -863,12 +863,12 @@ def spmm_csr_op(
     return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
 
 
-def spmm_op_key(x: torch.Tensor, m: int, bias: torch.Tensor | None) -> tuple:
-    """The key of :func:`spmm_op_entry`'s decisions: ``(x dtype, bias is None, M, N)``, N replaced by minus its
-    :func:`eager_size_class` above :data:`BITMAP_WIDE_MAX_N` (bitmap's density floor depends on N itself up to there;
-    above, the class decides)."""
-    n = x.shape[1]
-    return (x.dtype, bias is None, m, n if n <= BITMAP_WIDE_MAX_N else -eager_size_class(n))
+def spmm_op_entries(values: torch.Tensor) -> dict:
+    """The decisions :func:`spmm_op_entry` keeps on ``values`` (key ``(x dtype, bias is None, M, N)``, N replaced by
+    minus its :func:`eager_size_class` above :data:`BITMAP_WIDE_MAX_N`; value as :func:`spmm_op_entry` returns), or
+    an empty dict when none were made; for tests and diagnostics."""
+    hit = getattr(values, OP_ENTRY_ATTR, None)
+    return {} if hit is None else hit[2]  # tensor_cache.cached keeps (key, storages, value)
 
 
 def spmm_op_entry(
@@ -881,7 +881,7 @@ def spmm_op_entry(
 ) -> tuple[str, object]:
     """:func:`spmm_csr_op`'s decision for this weight and call: ``("bitmap", plan)`` (the bitmap kernel's C++ entry
     with its :func:`bitmap_linear_plan`), ``("auto", code)`` (``prunekit_ext::spmm_csr_auto`` with this variant code)
-    or ``("auto", None)`` (:func:`spmm_csr`). Made once per :func:`spmm_op_key` and kept on ``values`` (a dict under
+    or ``("auto", None)`` (:func:`spmm_csr`). Made once per (x dtype, bias or not, M, N) and kept on ``values`` (a dict under
     :data:`OP_ENTRY_ATTR`, ``tensor_cache.cached``) while the data pointers and versions of the values, column indices
     and row offsets stay the same; ``$PRUNEKIT_SPMM_CPP=0`` (read per decision) gives ``("auto", None)``.
 
@@ -891,10 +891,11 @@ def spmm_op_entry(
         KernelUnavailable: a C++ entry is chosen but its library cannot be built or loaded.
     """
     decisions = cached(values, OP_ENTRY_ATTR, (values, column_indices, row_offsets), None, dict)
-    key = spmm_op_key(x, m, bias)
+    k, n = x.shape
+    # bitmap's density floor depends on N itself up to BITMAP_WIDE_MAX_N; above, the size class decides
+    key = (x.dtype, bias is None, m, n if n <= BITMAP_WIDE_MAX_N else -eager_size_class(n))
     entry = decisions.get(key)
     if entry is None:
-        k, n = x.shape
         if not eager_cpp_enabled():  # $PRUNEKIT_SPMM_CPP=0: the Python launcher for every call
             entry = ("auto", None)
         elif eager_bitmap_takes(values, x.t(), m, k, bias):

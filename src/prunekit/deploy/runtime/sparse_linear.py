@@ -54,9 +54,11 @@ def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
         plan = layer._eager_plans.get(key, _UNSET)
         if plan is _UNSET:
             plan = layer._eager_plans[key] = structured.eager_bsr_variant(buffers["w_blocks"], xt)
-        sched = buffers.get("w_schedule"), buffers.get("w_split_rows")
-        if static and xt.shape[1] <= structured.DECODE_MAX_N:  # static mode at decode N: finer items where they pay
-            sched = structured.decode_schedule(buffers["w_blocks"], buffers["w_crow_indices"], *sched, xt.shape[1])
+        # static mode: the stored schedule, or at decode N a finer one where that pays (structured.decode_schedule)
+        sched = structured.decode_schedule(
+            buffers["w_blocks"], buffers["w_crow_indices"], buffers.get("w_schedule"), buffers.get("w_split_rows"),
+            xt.shape[1],
+        )  # fmt: skip
         if plan is not None:
             return torch.ops.prunekit_structured.bsr_mm.default(
                 buffers["w_blocks"],
