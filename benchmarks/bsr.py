@@ -210,6 +210,10 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
         "nblocks": int(sets[0][1]["crow_indices"][-1]), "split_rows": int(sets[0][1]["split_rows"].numel()),
         "schedule_items": int(sets[0][1]["schedule"].shape[0]), "schedule_chunk_arg": args.schedule_chunk,
     }  # fmt: skip
+    # the schedule the static eager calls run at this N: the stored one, or structured.decode_schedule's finer one
+    c0 = sets[0][1]
+    used, _ = structured.decode_schedule(c0["blocks"], c0["crow_indices"], c0["schedule"], c0["split_rows"], n)
+    res["decode_schedule_items"] = int(used.shape[0])
 
     def static_call(s, tile_n=None, variant=None):
         w, c, x2d = s

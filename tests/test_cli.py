@@ -218,13 +218,14 @@ def test_export_with_kernels_needs_a_gpu(tmp_path, mlp_safetensors):
     assert_clean_failure(invoke("export", pruned, "-o", tmp_path / "out-pkg", "--kernels"), "unavailable", tmp_path)
 
 
-def test_python_dash_m_prunekit_runs_the_command():
-    """``python -m prunekit`` (no console script needed) gives the same command line as ``prunekit``."""
+@pytest.mark.parametrize("module", ["prunekit", "prunekit.cli"])
+def test_python_dash_m_prunekit_runs_the_command(module):
+    """``python -m prunekit`` (no console script needed) gives the same command line as ``prunekit``; so does
+    ``python -m prunekit.cli``, sub-command groups included (it once failed with a circular import)."""
     import subprocess
     import sys
 
-    result = subprocess.run(
-        [sys.executable, "-m", "prunekit", "report", "--help"], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert "Usage" in result.stdout and "report" in result.stdout
+    for args in (["report", "--help"], ["kernels", "--help"]):
+        result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "Usage" in result.stdout and args[0] in result.stdout

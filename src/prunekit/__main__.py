@@ -1,6 +1,6 @@
 """``python -m prunekit ...``: the ``prunekit`` command without its console script (e.g. from a source tree with
-``PYTHONPATH=src`` on a machine where the package is not installed). ``python -m prunekit.cli`` would run ``cli.py``
-as ``__main__`` beside the ``prunekit.cli`` module its sub-command modules import, a circular import."""
+``PYTHONPATH=src`` on a machine where the package is not installed). ``python -m prunekit.cli`` works too: run as
+``__main__``, cli.py hands the call over to the ``prunekit.cli`` module."""
 
 from prunekit.cli import main
 

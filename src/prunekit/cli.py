@@ -20,6 +20,14 @@ from rich.table import Table
 
 from .errors import PrunekitError
 
+if __name__ == "__main__":  # pragma: no cover - `python -m prunekit.cli`
+    # Run as a script, this file is `__main__`, not the `prunekit.cli` module that the sub-command modules import
+    # (a circular import once they mount): hand the call over to that module, as `python -m prunekit` does.
+    from prunekit.cli import main as _main
+
+    _main()
+    sys.exit(0)
+
 app = typer.Typer(
     help="Prune neural networks, convert them to kernel-ready sparse formats, export, run and report.",
     no_args_is_help=True,
