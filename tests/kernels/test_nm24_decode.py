@@ -274,6 +274,77 @@ def test_decode_kernel_matches_float64(dtype, reduction, mma, ring, monkeypatch)
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("dtype", "warps"),
+    [(torch.float16, None), (torch.bfloat16, None)] + [(torch.float16, w) for w in ("1", "2", "4", "8")],
+)
+@pytest.mark.parametrize("pdl", ["1", "0"])
+def test_lean_kernel_matches_float64(dtype, warps, pdl, monkeypatch):
+    """The lean decode kernel ($PRUNEKIT_NM24_LEAN=1): one strip per block, its warps splitting K (the launcher's
+    choice, or 1, 2, 4, 8 forced), with and without programmatic dependent launch, on the ring kernel's cases (odd M
+    and K, empty rows, one value per group, N 1..16, three X layouts, bias + ReLU) into NaN-poisoned outputs."""
+    monkeypatch.setenv(nm24.LEAN_ENV, "1")
+    monkeypatch.setenv(nm24.MMA_ENV, "sp")
+    monkeypatch.setenv("PRUNEKIT_NM24_PDL", pdl)
+    if warps is None:
+        monkeypatch.delenv(nm24.LEAN_WARPS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(nm24.LEAN_WARPS_ENV, warps)
+    for i, (m, k, _) in enumerate(CUDA_CASES):
+        dense, values, metadata, bits = _cuda24(m, k, dtype, seed=100 + i)
+        plan = nm24.get_plan(values, metadata, bits, k)
+        bias = torch.randn(m, device="cuda").to(dtype)
+        for n in (1, 2, 7, 8, 9, 16):
+            for layout in ("nk", "kn", "strided"):
+                x2d = torch.randn(n, k, device="cuda").to(dtype)
+                x = {
+                    "nk": x2d.t(),
+                    "kn": x2d.t().contiguous(),
+                    "strided": torch.randn(n, k + 3, device="cuda").to(dtype)[:, 1 : k + 1].t(),
+                }[layout]
+                for b, relu in ((None, False), (bias, True)):
+                    y = _run_mm(plan, x, b, relu, "t" if layout == "nk" else "mn")
+                    err = relative_error(y, spmm_reference64(dense, x, b, "relu" if relu else "none"))
+                    assert err < TOLERANCE[dtype], (m, k, n, layout, relu, warps, err)
+        assert int(plan.counters.abs().sum()) == 0 and float(plan.ws.abs().sum()) == 0.0  # the workspace is not used
+
+
+@pytest.mark.cuda
+def test_lean_kernel_in_the_layer_and_graph_replay(monkeypatch):
+    """SparseLinear's eager 2:4 decode call and a captured CUDA graph of it on the lean kernel."""
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    monkeypatch.setenv(nm24.LEAN_ENV, "1")
+    monkeypatch.setenv(nm24.MMA_ENV, "sp")
+    dense = weight24(3072, 768, torch.float16, seed=11)
+    bias = torch.randn(3072).half()
+    layer = SparseLinear(formats.encode("nm", dense, {"n": 2, "m": 4}), bias).cuda()
+    ref_w, ref_b = dense.double().cuda(), bias.double().cuda()
+    for lead in ((2,), (16,), (2, 5)):
+        x = torch.randn(*lead, 768, device="cuda", dtype=torch.float16)
+        with torch.inference_mode():
+            y = layer(x)
+        assert y.shape == (*lead, 3072)
+        assert relative_error(y, x.double() @ ref_w.t() + ref_b) < TOLERANCE[torch.float16], lead
+    static_x = torch.randn(16, 768, device="cuda", dtype=torch.float16)
+    stream = torch.cuda.Stream()
+    with torch.inference_mode():
+        with torch.cuda.stream(stream):
+            layer(static_x)  # warm-up off the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = layer(static_x)
+        for _ in range(3):
+            x = torch.randn(16, 768, device="cuda", dtype=torch.float16)
+            static_x.copy_(x)
+            static_y.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert relative_error(static_y, x.double() @ ref_w.t() + ref_b) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("mma", ["prmt", "sp"])
 @pytest.mark.parametrize("reduction", ["cluster", "atomics", "finish"])
 def test_decode_kernel_calls_in_a_row_and_graph_replay(reduction, mma, monkeypatch):

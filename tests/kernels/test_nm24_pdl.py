@@ -4,7 +4,8 @@ By default (``$PRUNEKIT_NM24_PDL=0`` turns it off), on sm_90 with the cluster re
 in the stream still runs: it loads its first weight batches, then waits for that kernel before it reads X or writes
 anything. These tests chain layers, each reading the output the previous launch wrote (poisoned with NaN before), with
 no synchronisation between the launches, eagerly and in a CUDA graph, and compare every stage against float64 on the
-input it was given, with PDL on, off and unset. A kernel that read X early would see NaN or an older value.
+input it was given, with PDL on, off and unset. A kernel that read X early would see NaN or an older value. The 2:4
+layers run on the ring kernel and, opt-in, on the lean one (``nm24lean``: ``$PRUNEKIT_NM24_LEAN=1``).
 """
 
 from __future__ import annotations
@@ -55,10 +56,18 @@ def _chain(layers, x0: torch.Tensor, outs: list[torch.Tensor]) -> None:
         x = call(x, out)
 
 
-@pytest.mark.parametrize("kind", ["bitmap", "nm24"])
+def _set_kind(kind: str, monkeypatch) -> None:
+    """ "nm24lean": the 2:4 layers on the lean decode kernel ($PRUNEKIT_NM24_LEAN=1, mma.sp)."""
+    if kind == "nm24lean":
+        monkeypatch.setenv(nm24.LEAN_ENV, "1")
+        monkeypatch.setenv(nm24.MMA_ENV, "sp")
+
+
+@pytest.mark.parametrize("kind", ["bitmap", "nm24", "nm24lean"])
 @pytest.mark.parametrize("pdl", ["1", "0", None])
 @pytest.mark.parametrize("n", [1, 16])
 def test_chained_layers_read_the_previous_output(kind, pdl, n, monkeypatch):
+    _set_kind(kind, monkeypatch)
     if pdl is None:
         monkeypatch.delenv("PRUNEKIT_NM24_PDL", raising=False)
     else:
@@ -78,9 +87,10 @@ def test_chained_layers_read_the_previous_output(kind, pdl, n, monkeypatch):
             assert relative_error(out, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[dtype], i
 
 
-@pytest.mark.parametrize("kind", ["bitmap", "nm24"])
+@pytest.mark.parametrize("kind", ["bitmap", "nm24", "nm24lean"])
 @pytest.mark.parametrize("pdl", ["1", "0"])
 def test_chained_layers_in_a_cuda_graph(kind, pdl, monkeypatch):
+    _set_kind(kind, monkeypatch)
     monkeypatch.setenv("PRUNEKIT_NM24_PDL", pdl)
     dtype = torch.float16
     layers = _layers(kind, 3, dtype)

@@ -684,6 +684,169 @@ void launch_finish(const Params& p, cudaStream_t stream) {
   prunekit_launch::launch(nm24_finish_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, true, p);
 }
 
+// Lean decode kernel (eighteenth session; opt-in, $PRUNEKIT_NM24_LEAN=1: mma.sp plans at N <= 16). The ring kernel
+// gives 8 strips (128 rows) to a block and splits K into chunks of up to 64 k-steps, so a small weight makes a small
+// grid: 3072 x 768 is 24 row blocks x 3 chunks = 72 blocks of 8 warps on 132 SMs, 0.88-0.90x of dense cuBLAS at N = 16
+// on the H100 (benchmarks/results/nm24-sweep-base-h100-2026-11-26-s17.json), where the 2:4 SpMV kernel, whose warps
+// each take a few rows, reaches 1.71x at N = 1. Here a block is one strip (16 rows) and its KW warps split the strip's
+// k32 steps into KW contiguous ranges; a warp keeps no ring and no staged X: it loads kLeanBatch k32 steps of weights
+// (one uint4 of values and one metadata word per lane, the plan's mma.sp layout) and of X (m16n8k32's B fragments,
+// read from X in global memory: four 4-byte pairs per token tile, L1 / L2 hits after the first warp) into registers,
+// issues the next batch's loads before it multiplies the current one, and runs one mma.sp per k32 step and token tile.
+// The KW partial sums meet in shared memory; the block adds them, adds bias, applies ReLU and writes Y (row-fastest
+// where Y's rows are adjacent). No workspace, counters, clusters or second kernel. With programmatic dependent launch
+// (sm_90; $PRUNEKIT_NM24_PDL=0: off) the first weight batch is loaded before the kernel waits for the preceding one.
+constexpr int kLeanBatch = 4;  // k32 steps whose loads go out together
+
+template <typename T, int NT, int KW>
+__global__ void __launch_bounds__(32 * KW) nm24_lean_kernel(const Params p) {
+  __shared__ float part[KW][16][kTokens + 1];  // each warp's 16 x (NT * 8) partial sums (KW > 1)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int strip = blockIdx.x;
+  const int kpairs = p.ksteps / 2;  // k32 steps of the strip
+  const int per = (kpairs + KW - 1) / KW;
+  const int kp0 = min(warp * per, kpairs), kp1 = min(kp0 + per, kpairs);
+  const uint4* vsrc = p.vals + static_cast<int64_t>(strip) * kpairs * 32 + lane;
+  // lanes t >= 2 read their neighbour's word (selector 0 ignores it), as the ring kernel does
+  const uint32_t* msrc = p.meta + static_cast<int64_t>(strip) * kpairs * 16 + g * 2 + (t & 1);
+  const T* x = static_cast<const T*>(p.x);
+
+  uint4 a[kLeanBatch], an[kLeanBatch];
+  uint32_t e[kLeanBatch], en[kLeanBatch];
+  uint4 b[kLeanBatch][NT], bn[kLeanBatch][NT];
+  auto load_w = [&](int kp, uint4 (&av)[kLeanBatch], uint32_t (&ev)[kLeanBatch]) {
+#pragma unroll
+    for (int u = 0; u < kLeanBatch; ++u) {
+      const int q = kp + u;
+      av[u] = q < kp1 ? __ldg(vsrc + static_cast<int64_t>(q) * 32) : make_uint4(0u, 0u, 0u, 0u);
+      ev[u] = q < kp1 ? __ldg(msrc + static_cast<int64_t>(q) * 16) : 0u;
+    }
+  };
+  // B of m16n8k32 (PTX layout): lane (g, t) register i holds X[token nt * 8 + g][32 q + 8i + 2t + {0, 1}], zero past
+  // K and N (the plan's padded columns hold zero weights, but 0 x NaN is not 0)
+  auto load_x = [&](int kp, uint4 (&bv)[kLeanBatch][NT]) {
+#pragma unroll
+    for (int u = 0; u < kLeanBatch; ++u) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int q = kp + u, tok = nt * 8 + g;
+        uint32_t r[4] = {0u, 0u, 0u, 0u};
+        if (q < kp1 && tok < p.n) {
+          const T* row = x + static_cast<int64_t>(tok) * p.x_sn;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int col = q * 32 + 8 * i + 2 * t;
+            const T* src = row + static_cast<int64_t>(col) * p.x_sk;
+            // x_vec: unit stride along K, 8-byte aligned base and rows: (col, col + 1) is one aligned 4-byte word
+            r[i] = p.x_vec && col + 1 < p.k ? __ldg(reinterpret_cast<const uint32_t*>(src)) : x_pair(src, col, p.k, p.x_sk);
+          }
+        }
+        bv[u][nt] = make_uint4(r[0], r[1], r[2], r[3]);
+      }
+    }
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+  load_w(kp0, a, e);
+  wait_preceding_grid();  // programmatic dependent launch: the preceding kernel (which may write X or read Y) is done
+  load_x(kp0, b);
+  for (int kp = kp0; kp < kp1; kp += kLeanBatch) {
+    const bool more = kp + kLeanBatch < kp1;  // warp-uniform
+    if (more) {
+      load_w(kp + kLeanBatch, an, en);
+      load_x(kp + kLeanBatch, bn);
+    }
+#pragma unroll
+    for (int u = 0; u < kLeanBatch; ++u) {
+      if (kp + u < kp1) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) MmaSp<T>::run(acc[nt], a[u], b[u][nt], e[u]);
+      }
+    }
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < kLeanBatch; ++u) {
+        a[u] = an[u];
+        e[u] = en[u];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) b[u][nt] = bn[u][nt];
+      }
+    }
+  }
+  if (p.pdl) allow_dependent_launch();  // the next kernel may start during this epilogue
+
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+  if constexpr (KW == 1) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = strip * 16 + g + (i >> 1) * 8, tok = nt * 8 + 2 * t + (i & 1);
+        if (row < p.m && tok < p.n) {
+          float val = acc[nt][i] + (bias ? to_float(bias[row]) : 0.f);
+          if (p.relu) val = fmaxf(val, 0.f);
+          y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
+        }
+      }
+    return;
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[warp][g + (i >> 1) * 8][nt * 8 + 2 * t + (i & 1)] = acc[nt][i];
+  __syncthreads();
+  constexpr int kTok = NT * 8;
+  const bool row_fast = p.y_sm == 1;
+  for (int o = tid; o < 16 * kTok; o += 32 * KW) {
+    const int r = row_fast ? o & 15 : o / kTok, tok = row_fast ? o >> 4 : o % kTok;
+    const int row = strip * 16 + r;
+    if (row < p.m && tok < p.n) {
+      float val = bias ? to_float(bias[row]) : 0.f;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) val += part[w][r][tok];
+      if (p.relu) val = fmaxf(val, 0.f);
+      y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
+    }
+  }
+}
+
+// Warps per block of the lean kernel: $PRUNEKIT_NM24_LEAN_WARPS (1, 2, 4 or 8) if set, else the fewest of 1, 2, 4, 8
+// that give the grid at least 4 warps per SM, while each warp keeps at least 2 k32 steps. Not yet measured.
+inline int lean_warps(int strips, int kpairs, int sms) {
+  const char* var = std::getenv("PRUNEKIT_NM24_LEAN_WARPS");
+  const int forced = var == nullptr ? 0 : std::atoi(var);
+  if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return forced;
+  int kw = 1;
+  while (kw < 8 && static_cast<int64_t>(strips) * kw < 4LL * sms && kpairs >= 4 * kw) kw *= 2;
+  return kw;
+}
+
+template <typename T, int NT>
+void launch_lean(const Params& p, cudaStream_t stream, int kw) {
+  const dim3 grid(static_cast<unsigned>(p.strips));
+  switch (kw) {
+    case 1:
+      prunekit_launch::launch(nm24_lean_kernel<T, NT, 1>, grid, dim3(32), 0, stream, p.pdl != 0, p);
+      break;
+    case 2:
+      prunekit_launch::launch(nm24_lean_kernel<T, NT, 2>, grid, dim3(64), 0, stream, p.pdl != 0, p);
+      break;
+    case 4:
+      prunekit_launch::launch(nm24_lean_kernel<T, NT, 4>, grid, dim3(128), 0, stream, p.pdl != 0, p);
+      break;
+    default:
+      prunekit_launch::launch(nm24_lean_kernel<T, NT, 8>, grid, dim3(256), 0, stream, p.pdl != 0, p);
+      break;
+  }
+}
+
 // Dynamic shared memory of a block: the weight rings (the bitmap's sized by the weight's densest batch), then the
 // chunk's X in fragment order.
 template <int NT, int V, int R, int B, int W>
@@ -948,6 +1111,24 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool two = n > 8;
+  // The lean kernel (opt-in, $PRUNEKIT_NM24_LEAN=1, read per call): mma.sp plans at N <= 16, no workspace or second
+  // kernel; programmatic dependent launch on sm_90 unless $PRUNEKIT_NM24_PDL=0.
+  const char* lean_var = std::getenv("PRUNEKIT_NM24_LEAN");
+  if (sp && n <= kTokens && lean_var != nullptr && std::strcmp(lean_var, "1") == 0) {
+    p.cluster = 0;
+    p.finish = 0;
+    p.pdl = prunekit_launch::device_props(x.get_device()).major >= 9 &&
+                    (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0)
+                ? 1
+                : 0;
+    const int kw = lean_warps(p.strips, p.ksteps / 2, prunekit_launch::device_props(x.get_device()).sms);
+    if (x.scalar_type() == at::kHalf) {
+      two ? launch_lean<__half, 2>(p, stream, kw) : launch_lean<__half, 1>(p, stream, kw);
+    } else {
+      two ? launch_lean<__nv_bfloat16, 2>(p, stream, kw) : launch_lean<__nv_bfloat16, 1>(p, stream, kw);
+    }
+    return;
+  }
   const int ring = static_cast<int>(v.ring), batch = static_cast<int>(v.batch);
   if (x.scalar_type() == at::kHalf) {
     dispatch<__half>(p, stream, static_cast<int>(v.variant), two, ring, batch);
