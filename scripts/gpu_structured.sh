@@ -21,6 +21,8 @@
 #                                          # probes at ring $NM24_PROBE_RING, host time per call (benchmarks/nm24_host.py)
 #   scripts/gpu_structured.sh nm24prof     # Nsight Compute of the decode kernel ($NM24_PROFILE_CASES "M K N;..."), then
 #                                          # the k-chunk sweep ($NM24_CHUNKS)
+#   scripts/gpu_structured.sh nm24lean     # the lean decode kernel ($PRUNEKIT_NM24_LEAN=1): tests, memcheck, racecheck,
+#                                          # sweep against the ring kernel ($NM24_LEAN_WARPS, $NM24_LEAN_NS)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -350,8 +352,49 @@ print(nm24.load()); structured.load_cslt()" > "$OUT/build_nm24.log" 2>&1 || { ta
   PRUNEKIT_NM24_MMA=sp bench_nm --points 5,6,7,8,12,13,14,15,16,17
 }
 
+# The lean 2:4 decode kernel (opt-in, $PRUNEKIT_NM24_LEAN=1; written in the eighteenth session without a GPU): build
+# nm24, its tests (float64, layer, graph, PDL chains), memcheck and racecheck of small cases, then the sweep of the ring
+# kernel against the lean one at $NM24_LEAN_WARPS warps per block, N in $NM24_LEAN_NS, the five decode shapes.
+nm24lean() {
+  step build nm24
+  timeout 300 python3 -c "import time; from prunekit.kernels import nm24; t = time.time(); print(nm24.load(verbose=False), f'{time.time() - t:.1f}s')" \
+    > "$OUT/build_nm24.log" 2>&1 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
+  tail -1 "$OUT/build_nm24.log"
+  step lean kernel tests
+  timeout 240 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -k lean tests/kernels/test_nm24_decode.py \
+    tests/kernels/test_nm24_pdl.py > "$OUT/tests_lean.log" 2>&1
+  echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests_lean.log" | tail -2
+  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests_lean.log" | head -20
+  step compute-sanitizer memcheck and racecheck, lean kernel
+  cat > /tmp/sanitize_lean.py <<'PY'
+import os, sys, torch
+sys.path.insert(0, "tests/kernels")
+from test_nm24_decode import _cuda24, _run_mm
+from prunekit.kernels import nm24
+os.environ[nm24.LEAN_ENV] = "1"
+nm24.load()
+for warps in ("1", "4", "8"):
+    os.environ[nm24.LEAN_WARPS_ENV] = warps
+    for m, k, n in ((37, 132, 5), (64, 4096, 16), (300, 1000, 9)):
+        dense, values, metadata, bits = _cuda24(m, k, torch.float16, 1)
+        plan = nm24.get_plan(values, metadata, bits, k)
+        x = torch.randn(n, k, device="cuda").half().t()
+        _run_mm(plan, x, torch.randn(m, device="cuda").half(), True, "t")
+print("sanitize run done")
+PY
+  for tool in memcheck racecheck; do
+    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/sanitize_lean.py > "$OUT/${tool}_lean.log" 2>&1
+    echo "$tool exit code $?"; tail -2 "$OUT/${tool}_lean.log"
+  done
+  step lean vs ring sweep
+  timeout 300 python3 benchmarks/nm24_sweep.py --chunks auto --ns "${NM24_LEAN_NS:-2,8,16}" \
+    --lean-warps "${NM24_LEAN_WARPS:-auto,2,4,8}" --out "$OUT/nm24-sweep-lean-$DEV-$DATE.json" > "$OUT/nm24_sweep_lean.log" 2>&1
+  echo "sweep exit code $?"; tail -70 "$OUT/nm24_sweep_lean.log"
+}
+
 case $MODE in
   build-test) build; build_test ;;
+  nm24lean) nm24lean ;;
   nm24sp) nm24sp ;;
   nm24ring) nm24ring ;;
   nm24prof) nm24prof ;;
@@ -360,6 +403,6 @@ case $MODE in
   nm) build; bench_nm "$@" ;;
   nmconfigs) nmconfigs "$@" ;;
   all) build; build_test; bench_bsr "$@"; bench_nm ;;
-  *) echo "usage: $0 build-test|bsr|nm|nmconfigs|nm24|nm24sp|nm24ring|nm24prof|all [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: $0 build-test|bsr|nm|nmconfigs|nm24|nm24sp|nm24ring|nm24prof|nm24lean|all [benchmark args]" >&2; exit 2 ;;
 esac
 step done
