@@ -122,8 +122,9 @@ def main() -> None:
     parser.add_argument(
         "--lean-warps",
         default="",
-        help="also time the lean kernel ($PRUNEKIT_NM24_LEAN=1) with these warps per block: auto,1,2,4,8 "
-        "(at N = 1 the SpMV kernel takes the call where it applies)",
+        help="also time the lean kernel ($PRUNEKIT_NM24_LEAN=1) at these $PRUNEKIT_NM24_LEAN_WARPS settings: auto, "
+        "KW (warps per strip: 1, 2, 4, 8) or KWxSB (SB strips per block: 1, 2), e.g. auto,2,4,8,4x2 (at N = 1 the "
+        "SpMV kernel takes the call where it applies)",
     )
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES

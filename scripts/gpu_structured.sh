@@ -373,7 +373,7 @@ from test_nm24_decode import _cuda24, _run_mm
 from prunekit.kernels import nm24
 os.environ[nm24.LEAN_ENV] = "1"
 nm24.load()
-for warps in ("1", "4", "8"):
+for warps in ("1", "4", "8", "4x2"):
     os.environ[nm24.LEAN_WARPS_ENV] = warps
     for m, k, n in ((37, 132, 5), (64, 4096, 16), (300, 1000, 9)):
         dense, values, metadata, bits = _cuda24(m, k, torch.float16, 1)
@@ -388,7 +388,7 @@ PY
   done
   step lean vs ring sweep
   timeout 300 python3 benchmarks/nm24_sweep.py --chunks auto --ns "${NM24_LEAN_NS:-2,8,16}" \
-    --lean-warps "${NM24_LEAN_WARPS:-auto,2,4,8}" --out "$OUT/nm24-sweep-lean-$DEV-$DATE.json" > "$OUT/nm24_sweep_lean.log" 2>&1
+    --lean-warps "${NM24_LEAN_WARPS:-auto,2,4,8,2x2,4x2}" --out "$OUT/nm24-sweep-lean-$DEV-$DATE.json" > "$OUT/nm24_sweep_lean.log" 2>&1
   echo "sweep exit code $?"; tail -70 "$OUT/nm24_sweep_lean.log"
 }
 

@@ -276,13 +276,14 @@ def test_decode_kernel_matches_float64(dtype, reduction, mma, ring, monkeypatch)
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     ("dtype", "warps"),
-    [(torch.float16, None), (torch.bfloat16, None)] + [(torch.float16, w) for w in ("1", "2", "4", "8")],
+    [(torch.float16, None), (torch.bfloat16, None)] + [(torch.float16, w) for w in ("1", "2", "4", "8", "1x2", "4x2")],
 )
 @pytest.mark.parametrize("pdl", ["1", "0"])
 def test_lean_kernel_matches_float64(dtype, warps, pdl, monkeypatch):
-    """The lean decode kernel ($PRUNEKIT_NM24_LEAN=1): one strip per block, its warps splitting K (the launcher's
-    choice, or 1, 2, 4, 8 forced), with and without programmatic dependent launch, on the ring kernel's cases (odd M
-    and K, empty rows, one value per group, N 1..16, three X layouts, bias + ReLU) into NaN-poisoned outputs."""
+    """The lean decode kernel ($PRUNEKIT_NM24_LEAN=1): KW warps per strip splitting K and SB strips per block (the
+    launcher's choice, or "KW" / "KWxSB" forced; SB = 2 leaves the last block half empty where the strips are odd),
+    with and without programmatic dependent launch, on the ring kernel's cases (odd M and K, empty rows, one value per
+    group, N 1..16, three X layouts, bias + ReLU) into NaN-poisoned outputs."""
     monkeypatch.setenv(nm24.LEAN_ENV, "1")
     monkeypatch.setenv(nm24.MMA_ENV, "sp")
     monkeypatch.setenv("PRUNEKIT_NM24_PDL", pdl)
@@ -307,6 +308,19 @@ def test_lean_kernel_matches_float64(dtype, warps, pdl, monkeypatch):
                     err = relative_error(y, spmm_reference64(dense, x, b, "relu" if relu else "none"))
                     assert err < TOLERANCE[dtype], (m, k, n, layout, relu, warps, err)
         assert int(plan.counters.abs().sum()) == 0 and float(plan.ws.abs().sum()) == 0.0  # the workspace is not used
+
+
+@pytest.mark.cuda
+def test_lean_kernel_rejects_a_bad_shape_setting(monkeypatch):
+    monkeypatch.setenv(nm24.LEAN_ENV, "1")
+    monkeypatch.setenv(nm24.MMA_ENV, "sp")
+    dense, values, metadata, bits = _cuda24(64, 256, torch.float16, seed=1)
+    plan = nm24.get_plan(values, metadata, bits, 256)
+    x = torch.randn(4, 256, device="cuda").half().t()
+    for bad in ("3", "8x2", "2x3"):
+        monkeypatch.setenv(nm24.LEAN_WARPS_ENV, bad)
+        with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN_WARPS"):
+            _run_mm(plan, x, None, False, "t")
 
 
 @pytest.mark.cuda

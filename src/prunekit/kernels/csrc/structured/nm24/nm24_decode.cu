@@ -688,25 +688,27 @@ void launch_finish(const Params& p, cudaStream_t stream) {
 // gives 8 strips (128 rows) to a block and splits K into chunks of up to 64 k-steps, so a small weight makes a small
 // grid: 3072 x 768 is 24 row blocks x 3 chunks = 72 blocks of 8 warps on 132 SMs, 0.88-0.90x of dense cuBLAS at N = 16
 // on the H100 (benchmarks/results/nm24-sweep-base-h100-2026-11-26-s17.json), where the 2:4 SpMV kernel, whose warps
-// each take a few rows, reaches 1.71x at N = 1. Here a block is one strip (16 rows) and its KW warps split the strip's
-// k32 steps into KW contiguous ranges; a warp keeps no ring and no staged X: it loads kLeanBatch k32 steps of weights
-// (one uint4 of values and one metadata word per lane, the plan's mma.sp layout) and of X (m16n8k32's B fragments,
-// read from X in global memory: four 4-byte pairs per token tile, L1 / L2 hits after the first warp) into registers,
-// issues the next batch's loads before it multiplies the current one, and runs one mma.sp per k32 step and token tile.
-// The KW partial sums meet in shared memory; the block adds them, adds bias, applies ReLU and writes Y (row-fastest
-// where Y's rows are adjacent). No workspace, counters, clusters or second kernel. With programmatic dependent launch
-// (sm_90; $PRUNEKIT_NM24_PDL=0: off) the first weight batch is loaded before the kernel waits for the preceding one.
+// each take a few rows, reaches 1.71x at N = 1. Here a block holds SB strips (16 rows each) and KW warps per strip,
+// which split the strip's k32 steps into KW contiguous ranges (the warps of the SB strips with the same range read the
+// same X, so L1 serves all but the first). A warp keeps no ring and no staged X: it loads kLeanBatch k32 steps of
+// weights (one uint4 of values and one metadata word per lane, the plan's mma.sp layout) and of X (m16n8k32's B
+// fragments, read from X in global memory as 4-byte pairs) into registers, issues the next batch's loads before it
+// multiplies the current one, and runs one mma.sp per k32 step and token tile. The KW partial sums of a strip meet in
+// shared memory; the block adds them, adds bias, applies ReLU and writes Y (row-fastest where Y's rows are adjacent).
+// No workspace, counters, clusters or second kernel. With programmatic dependent launch (sm_90; $PRUNEKIT_NM24_PDL=0:
+// off) the first weight batch is loaded before the kernel waits for the preceding one.
 constexpr int kLeanBatch = 4;  // k32 steps whose loads go out together
 
-template <typename T, int NT, int KW>
-__global__ void __launch_bounds__(32 * KW) nm24_lean_kernel(const Params p) {
-  __shared__ float part[KW][16][kTokens + 1];  // each warp's 16 x (NT * 8) partial sums (KW > 1)
+template <typename T, int NT, int KW, int SB>
+__global__ void __launch_bounds__(32 * KW * SB) nm24_lean_kernel(const Params p) {
+  __shared__ float part[KW > 1 ? SB * KW : 1][16][kTokens + 1];  // each warp's 16 x (NT * 8) partial sums (KW > 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int strip = blockIdx.x;
-  const int kpairs = p.ksteps / 2;  // k32 steps of the strip
+  const int strip = blockIdx.x * SB + warp / KW, kpart = warp % KW;
+  const int kpairs = p.ksteps / 2;  // k32 steps of a strip
   const int per = (kpairs + KW - 1) / KW;
-  const int kp0 = min(warp * per, kpairs), kp1 = min(kp0 + per, kpairs);
+  const int kp0 = min(kpart * per, kpairs);
+  const int kp1 = strip < p.strips ? min(kp0 + per, kpairs) : kp0;  // a strip past M: no loads, zero sums
   const uint4* vsrc = p.vals + static_cast<int64_t>(strip) * kpairs * 32 + lane;
   // lanes t >= 2 read their neighbour's word (selector 0 ignores it), as the ring kernel does
   const uint32_t* msrc = p.meta + static_cast<int64_t>(strip) * kpairs * 16 + g * 2 + (t & 1);
@@ -783,7 +785,7 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_kernel(const Params p) {
 
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
-  if constexpr (KW == 1) {
+  if constexpr (KW == 1) {  // one warp per strip: its sums are final
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -802,49 +804,63 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_kernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) part[warp][g + (i >> 1) * 8][nt * 8 + 2 * t + (i & 1)] = acc[nt][i];
   __syncthreads();
-  constexpr int kTok = NT * 8;
+  constexpr int kTok = NT * 8, kRows = SB * 16;
   const bool row_fast = p.y_sm == 1;
-  for (int o = tid; o < 16 * kTok; o += 32 * KW) {
-    const int r = row_fast ? o & 15 : o / kTok, tok = row_fast ? o >> 4 : o % kTok;
-    const int row = strip * 16 + r;
+  for (int o = tid; o < kRows * kTok; o += 32 * KW * SB) {
+    const int r = row_fast ? o % kRows : o / kTok, tok = row_fast ? o / kRows : o % kTok;
+    const int row = blockIdx.x * kRows + r;
     if (row < p.m && tok < p.n) {
       float val = bias ? to_float(bias[row]) : 0.f;
 #pragma unroll
-      for (int w = 0; w < KW; ++w) val += part[w][r][tok];
+      for (int w = 0; w < KW; ++w) val += part[(r >> 4) * KW + w][r & 15][tok];
       if (p.relu) val = fmaxf(val, 0.f);
       y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
     }
   }
 }
 
-// Warps per block of the lean kernel: $PRUNEKIT_NM24_LEAN_WARPS (1, 2, 4 or 8) if set, else the fewest of 1, 2, 4, 8
-// that give the grid at least 4 warps per SM, while each warp keeps at least 2 k32 steps. Not yet measured.
-inline int lean_warps(int strips, int kpairs, int sms) {
+// The lean kernel's shape: KW warps per strip and SB strips per block. $PRUNEKIT_NM24_LEAN_WARPS = "KW" or "KWxSB"
+// (KW 1, 2, 4 or 8; SB 1 or 2, SB = 2 with KW <= 4: a block stays within 256 threads at ~150 registers) forces it; else
+// SB = 1 and the fewest KW of 1, 2, 4, 8 that give the grid at least 4 warps per SM while each warp keeps at least 2
+// k32 steps. Not yet measured.
+struct LeanShape {
+  int kw, sb;
+};
+
+inline LeanShape lean_shape(int strips, int kpairs, int sms) {
   const char* var = std::getenv("PRUNEKIT_NM24_LEAN_WARPS");
-  const int forced = var == nullptr ? 0 : std::atoi(var);
-  if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return forced;
+  if (var != nullptr) {
+    const int kw = std::atoi(var);
+    const char* cross = std::strchr(var, 'x');
+    const int sb = cross == nullptr ? 1 : std::atoi(cross + 1);
+    PRUNEKIT_CHECK((kw == 1 || kw == 2 || kw == 4 || kw == 8) && (sb == 1 || (sb == 2 && kw <= 4)),
+                   "nm24: $PRUNEKIT_NM24_LEAN_WARPS must be KW or KWxSB with KW 1, 2, 4 or 8 and SB 1 or 2 (SB 2 with KW "
+                   "<= 4), got ", var);
+    return {kw, sb};
+  }
   int kw = 1;
   while (kw < 8 && static_cast<int64_t>(strips) * kw < 4LL * sms && kpairs >= 4 * kw) kw *= 2;
-  return kw;
+  return {kw, 1};
+}
+
+template <typename T, int NT, int KW, int SB>
+void launch_lean_as(const Params& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.strips + SB - 1) / SB));
+  prunekit_launch::launch(nm24_lean_kernel<T, NT, KW, SB>, grid, dim3(32 * KW * SB), 0, stream, p.pdl != 0, p);
 }
 
 template <typename T, int NT>
-void launch_lean(const Params& p, cudaStream_t stream, int kw) {
-  const dim3 grid(static_cast<unsigned>(p.strips));
-  switch (kw) {
-    case 1:
-      prunekit_launch::launch(nm24_lean_kernel<T, NT, 1>, grid, dim3(32), 0, stream, p.pdl != 0, p);
-      break;
-    case 2:
-      prunekit_launch::launch(nm24_lean_kernel<T, NT, 2>, grid, dim3(64), 0, stream, p.pdl != 0, p);
-      break;
-    case 4:
-      prunekit_launch::launch(nm24_lean_kernel<T, NT, 4>, grid, dim3(128), 0, stream, p.pdl != 0, p);
-      break;
-    default:
-      prunekit_launch::launch(nm24_lean_kernel<T, NT, 8>, grid, dim3(256), 0, stream, p.pdl != 0, p);
-      break;
+void launch_lean(const Params& p, cudaStream_t stream, LeanShape shape) {
+  if (shape.sb == 2) {
+    shape.kw == 1   ? launch_lean_as<T, NT, 1, 2>(p, stream)
+    : shape.kw == 2 ? launch_lean_as<T, NT, 2, 2>(p, stream)
+                    : launch_lean_as<T, NT, 4, 2>(p, stream);
+    return;
   }
+  shape.kw == 1   ? launch_lean_as<T, NT, 1, 1>(p, stream)
+  : shape.kw == 2 ? launch_lean_as<T, NT, 2, 1>(p, stream)
+  : shape.kw == 4 ? launch_lean_as<T, NT, 4, 1>(p, stream)
+                  : launch_lean_as<T, NT, 8, 1>(p, stream);
 }
 
 // Dynamic shared memory of a block: the weight rings (the bitmap's sized by the weight's densest batch), then the
@@ -1121,11 +1137,11 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
                     (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0)
                 ? 1
                 : 0;
-    const int kw = lean_warps(p.strips, p.ksteps / 2, prunekit_launch::device_props(x.get_device()).sms);
+    const LeanShape shape = lean_shape(p.strips, p.ksteps / 2, prunekit_launch::device_props(x.get_device()).sms);
     if (x.scalar_type() == at::kHalf) {
-      two ? launch_lean<__half, 2>(p, stream, kw) : launch_lean<__half, 1>(p, stream, kw);
+      two ? launch_lean<__half, 2>(p, stream, shape) : launch_lean<__half, 1>(p, stream, shape);
     } else {
-      two ? launch_lean<__nv_bfloat16, 2>(p, stream, kw) : launch_lean<__nv_bfloat16, 1>(p, stream, kw);
+      two ? launch_lean<__nv_bfloat16, 2>(p, stream, shape) : launch_lean<__nv_bfloat16, 1>(p, stream, shape);
     }
     return;
   }
