@@ -241,22 +241,14 @@ def _set_reduction(monkeypatch, reduction: str) -> None:
     monkeypatch.setenv(nm24.FINISH_ENV, "1" if reduction == "finish" else "0")
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize(("mma", "ring"), [("prmt", "3x8"), ("sp", "3x8"), ("sp", "4x4"), ("sp", "6x4")])
-@pytest.mark.parametrize("reduction", ["cluster", "atomics", "finish"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decode_kernel_matches_float64(dtype, reduction, mma, ring, monkeypatch):
-    """Both inner products (register expansion + mma.sync, mma.sp), every ring depth and the three k-chunk reductions
-    (thread-block clusters on sm_90, the default; global atomics with counters; global atomics finished by a second
-    kernel)."""
-    _set_reduction(monkeypatch, reduction)
-    monkeypatch.setenv(nm24.MMA_ENV, mma)
-    monkeypatch.setenv(nm24.RING_ENV, ring)
+def _check_cases(dtype: torch.dtype, seed0: int):
+    """The decode kernel (as the environment selects it) against float64 on every CUDA_CASES weight: N 1, 2, 7, 8, 9, 16;
+    X as ``(N, K)`` transposed, ``(K, N)`` contiguous and a strided view; with and without bias + ReLU; NaN-poisoned
+    outputs. Yields each case's plan after its calls."""
     assert nm24.available()
     for i, (m, k, _) in enumerate(CUDA_CASES):
-        dense, values, metadata, bits = _cuda24(m, k, dtype, seed=i)
+        dense, values, metadata, bits = _cuda24(m, k, dtype, seed=seed0 + i)
         plan = nm24.get_plan(values, metadata, bits, k)
-        assert f"{plan.ring}x{plan.batch}" == ring
         bias = torch.randn(m, device="cuda").to(dtype)
         for n in (1, 2, 7, 8, 9, 16):
             for layout in ("nk", "kn", "strided"):
@@ -270,6 +262,22 @@ def test_decode_kernel_matches_float64(dtype, reduction, mma, ring, monkeypatch)
                     y = _run_mm(plan, x, b, relu, "t" if layout == "nk" else "mn")
                     err = relative_error(y, spmm_reference64(dense, x, b, "relu" if relu else "none"))
                     assert err < TOLERANCE[dtype], (m, k, n, layout, relu, err)
+        yield plan
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("mma", "ring"), [("prmt", "3x8"), ("sp", "3x8"), ("sp", "4x4"), ("sp", "6x4")])
+@pytest.mark.parametrize("reduction", ["cluster", "atomics", "finish"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_kernel_matches_float64(dtype, reduction, mma, ring, monkeypatch):
+    """Both inner products (register expansion + mma.sync, mma.sp), every ring depth and the three k-chunk reductions
+    (thread-block clusters on sm_90, the default; global atomics with counters; global atomics finished by a second
+    kernel)."""
+    _set_reduction(monkeypatch, reduction)
+    monkeypatch.setenv(nm24.MMA_ENV, mma)
+    monkeypatch.setenv(nm24.RING_ENV, ring)
+    for plan in _check_cases(dtype, seed0=0):
+        assert f"{plan.ring}x{plan.batch}" == ring
         assert int(plan.counters.abs().sum()) == 0 and float(plan.ws.abs().sum()) == 0.0  # left clean
 
 
@@ -291,22 +299,7 @@ def test_lean_kernel_matches_float64(dtype, warps, pdl, monkeypatch):
         monkeypatch.delenv(nm24.LEAN_WARPS_ENV, raising=False)
     else:
         monkeypatch.setenv(nm24.LEAN_WARPS_ENV, warps)
-    for i, (m, k, _) in enumerate(CUDA_CASES):
-        dense, values, metadata, bits = _cuda24(m, k, dtype, seed=100 + i)
-        plan = nm24.get_plan(values, metadata, bits, k)
-        bias = torch.randn(m, device="cuda").to(dtype)
-        for n in (1, 2, 7, 8, 9, 16):
-            for layout in ("nk", "kn", "strided"):
-                x2d = torch.randn(n, k, device="cuda").to(dtype)
-                x = {
-                    "nk": x2d.t(),
-                    "kn": x2d.t().contiguous(),
-                    "strided": torch.randn(n, k + 3, device="cuda").to(dtype)[:, 1 : k + 1].t(),
-                }[layout]
-                for b, relu in ((None, False), (bias, True)):
-                    y = _run_mm(plan, x, b, relu, "t" if layout == "nk" else "mn")
-                    err = relative_error(y, spmm_reference64(dense, x, b, "relu" if relu else "none"))
-                    assert err < TOLERANCE[dtype], (m, k, n, layout, relu, warps, err)
+    for plan in _check_cases(dtype, seed0=100):
         assert int(plan.counters.abs().sum()) == 0 and float(plan.ws.abs().sum()) == 0.0  # the workspace is not used
 
 
