@@ -34,6 +34,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -392,6 +393,8 @@ def main() -> None:
         "wgmma_available": structured.wgmma_available(),
         "timing": "median of CUDA-graph replays (gpu_ms) and of eager loops (eager_ms), rotating input sets",
         "autograd_mode": "grad",  # torch's 2:4 subclass and Triton BSR are not run under inference mode here
+        # e.g. $PRUNEKIT_BSR_LEAN=1: every prunekit call at N <= 16 on the lean decode kernel
+        "env": {key: value for key, value in sorted(os.environ.items()) if key.startswith("PRUNEKIT_")},
     }
     results: list[dict] = []
     for dtype_name in grid["dtypes"]:

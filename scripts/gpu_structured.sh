@@ -23,6 +23,8 @@
 #                                          # the k-chunk sweep ($NM24_CHUNKS)
 #   scripts/gpu_structured.sh nm24lean     # the lean decode kernel ($PRUNEKIT_NM24_LEAN=1): tests, memcheck, racecheck,
 #                                          # sweep against the ring kernel ($NM24_LEAN_WARPS, $NM24_LEAN_NS)
+#   scripts/gpu_structured.sh bsrlean      # the lean BSR decode kernel ($PRUNEKIT_BSR_LEAN=1): tests, memcheck,
+#                                          # racecheck, bsr.py at N = 16 with and without it ($BSR_LEAN_SHAPES, ...)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -392,9 +394,56 @@ PY
   echo "sweep exit code $?"; tail -70 "$OUT/nm24_sweep_lean.log"
 }
 
+# The lean BSR decode kernel (opt-in, $PRUNEKIT_BSR_LEAN=1; written in the eighteenth session without a GPU): build,
+# its tests, memcheck and racecheck of small cases, then benchmarks/bsr.py at N = 16 on the two decode shapes with the
+# lean kernel (torch's Triton BSR in the same run) and without it.
+bsrlean() {
+  step build the BSR library
+  timeout 300 python3 -c "import time; from prunekit.kernels import structured; t = time.time(); print(structured.load(verbose=False), f'{time.time() - t:.1f}s')" \
+    > "$OUT/build_bsr.log" 2>&1 || { tail -40 "$OUT/build_bsr.log"; exit 1; }
+  tail -1 "$OUT/build_bsr.log"
+  step lean BSR tests
+  timeout 240 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -k lean tests/kernels/test_bsr_mm.py \
+    > "$OUT/tests_bsr_lean.log" 2>&1
+  echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests_bsr_lean.log" | tail -2
+  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests_bsr_lean.log" | head -20
+  step compute-sanitizer memcheck and racecheck, lean BSR kernel
+  cat > /tmp/sanitize_bsr_lean.py <<'PY'
+import os, sys, torch
+sys.path.insert(0, "tests/kernels")
+from test_bsr_mm import _components, block_sparse_weight
+from prunekit.kernels import structured
+os.environ[structured.LEAN_ENV] = "1"
+for r, c in ((16, 16), (32, 32), (64, 64), (32, 16)):
+    dense = block_sparse_weight(192, 256, r, c, 0.4, torch.float16, "cuda", seed=1, heavy_rows=1)
+    comp = {k: v.cuda() for k, v in _components(dense.cpu(), r, c).items()}
+    for n in (3, 16):
+        x = torch.randn(n, 256, device="cuda").half().t()
+        structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 192,
+                               torch.randn(192, device="cuda").half(), "relu")
+torch.cuda.synchronize()
+print("sanitize run done")
+PY
+  for tool in memcheck racecheck; do
+    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/sanitize_bsr_lean.py > "$OUT/${tool}_bsr_lean.log" 2>&1
+    echo "$tool exit code $?"; tail -2 "$OUT/${tool}_bsr_lean.log"
+  done
+  local grid=(--shapes "${BSR_LEAN_SHAPES:-4096x4096,11008x4096}" --ns "${BSR_LEAN_NS:-16}" --blocks "${BSR_LEAN_BLOCKS:-16,32,64}"
+    --sparsities 0.9,0.95)
+  step bsr.py with the lean kernel
+  PRUNEKIT_BSR_LEAN=1 timeout 240 python3 benchmarks/bsr.py "${grid[@]}" --out "$OUT/bsr-decode-lean-$DEV-$DATE.json" \
+    > "$OUT/bench_bsr_lean.log" 2>&1
+  echo "bsr (lean) exit code $?"; grep -v "^\s*$" "$OUT/bench_bsr_lean.log" | tail -20
+  step bsr.py without it
+  PRUNEKIT_BSR_LEAN=0 timeout 200 python3 benchmarks/bsr.py "${grid[@]}" --no-torch-bsr \
+    --out "$OUT/bsr-decode-tiled-$DEV-$DATE.json" > "$OUT/bench_bsr_tiled.log" 2>&1
+  echo "bsr (tiled) exit code $?"; grep -v "^\s*$" "$OUT/bench_bsr_tiled.log" | tail -20
+}
+
 case $MODE in
   build-test) build; build_test ;;
   nm24lean) nm24lean ;;
+  bsrlean) bsrlean ;;
   nm24sp) nm24sp ;;
   nm24ring) nm24ring ;;
   nm24prof) nm24prof ;;
@@ -403,6 +452,6 @@ case $MODE in
   nm) build; bench_nm "$@" ;;
   nmconfigs) nmconfigs "$@" ;;
   all) build; build_test; bench_bsr "$@"; bench_nm ;;
-  *) echo "usage: $0 build-test|bsr|nm|nmconfigs|nm24|nm24sp|nm24ring|nm24prof|nm24lean|all [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: $0 build-test|bsr|nm|nmconfigs|nm24|nm24sp|nm24ring|nm24prof|nm24lean|bsrlean|all [benchmark args]" >&2; exit 2 ;;
 esac
 step done

@@ -226,6 +226,81 @@ def test_bsr_cuda_matches_float64(dtype, r, c, mode):
                         assert err < TOLERANCE[dtype], (m, k, n, transposed, activation, tile_n, staged, err)
 
 
+LEAN_SHAPES = [(128, 192), (192, 256), (256, 128), (64, 512)]  # (M, K): divisible by every block of BLOCKS
+
+
+def _set_lean(monkeypatch, warps: str | None) -> None:
+    """The lean decode kernel ($PRUNEKIT_BSR_LEAN=1) with its warps per CTA forced, or the launcher's choice."""
+    monkeypatch.setenv(structured.LEAN_ENV, "1")
+    if warps is None:
+        monkeypatch.delenv(structured.LEAN_WARPS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(structured.LEAN_WARPS_ENV, warps)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("r", "c"), BLOCKS)
+@pytest.mark.parametrize("warps", [None, "4", "8"])
+def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
+    """The lean decode kernel at N = 1, 5, 8, 9, 16, dynamic and static mode (it ignores the schedule), both X and Y
+    layouts, bias + ReLU, empty / single-block / dense block rows, NaN-poisoned outputs; and the tiled kernel again at
+    N = 17 with the switch on (N over 16 is not the lean kernel's)."""
+    _set_lean(monkeypatch, warps)
+    for i, (m, k) in enumerate(LEAN_SHAPES):
+        dense = block_sparse_weight(m, k, r, c, 0.35, dtype, "cuda", seed=20 + i, heavy_rows=1 if m // r > 3 else 0)
+        comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
+        bias = torch.randn(m, device="cuda").to(dtype)
+        for n in (1, 5, 8, 9, 16, 17):
+            for transposed in (True, False):
+                x2d = torch.randn(n, k, device="cuda").to(dtype)
+                x = x2d.t() if transposed else x2d.t().contiguous()
+                for activation, b in (("none", None), ("relu", bias)):
+                    ref = spmm_reference64(dense, x, b, activation)
+                    for sched in ((None, None), (comp["schedule"], comp["split_rows"])):
+                        out = _poisoned(m, n, dtype, transposed)
+                        structured.bsr_mm_cuda(
+                            comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, b, activation, *sched,
+                            out=out,
+                        )  # fmt: skip
+                        torch.cuda.synchronize()
+                        err = relative_error(out, ref)
+                        assert err < TOLERANCE[dtype], (m, k, n, transposed, activation, sched[0] is None, err)
+
+
+@pytest.mark.cuda
+def test_bsr_lean_decode_dynamic_reads_only_up_to_crow_end_and_rejects_bad_warps(monkeypatch):
+    """Dynamic mode with a declared maximum (tail of NaN blocks and out-of-range columns) on the lean kernel; the eager
+    entry and SparseLinear (static) on it; a bad $PRUNEKIT_BSR_LEAN_WARPS raises."""
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    _set_lean(monkeypatch, None)
+    dense = block_sparse_weight(128, 256, 32, 32, 0.4, torch.float16, "cuda", seed=3)
+    comp = _components(dense.cpu(), 32, 32)
+    cap = comp["blocks"].shape[0] + 7
+    blocks = torch.full((cap, 32, 32), float("nan"), dtype=torch.float16, device="cuda")
+    blocks[: comp["blocks"].shape[0]] = comp["blocks"].cuda()
+    cols = torch.full((cap,), 10**6, dtype=torch.int32, device="cuda")
+    cols[: comp["col_indices"].numel()] = comp["col_indices"].cuda()
+    crow = comp["crow_indices"].cuda()
+    for n in (1, 16):
+        x2d = torch.randn(n, 256, device="cuda", dtype=torch.float16)
+        ref = spmm_reference64(dense, x2d.t(), None, "none")
+        assert relative_error(ops.bsr_mm(blocks, crow, cols, x2d.t(), 128), ref) < TOLERANCE[torch.float16], n
+        y = structured.bsr_mm_eager(blocks, crow, cols, x2d.t(), 128)
+        assert relative_error(y, ref) < TOLERANCE[torch.float16], n
+    bias = torch.randn(128, dtype=torch.float16)
+    layer = SparseLinear(formats.encode("bsr", dense.cpu(), {"block_rows": 32, "block_cols": 32}), bias).cuda()
+    x = torch.randn(2, 5, 256, device="cuda", dtype=torch.float16)
+    with torch.inference_mode():
+        y = layer(x)
+    ref = x.double().reshape(-1, 256) @ dense.double().t() + bias.double().cuda()
+    assert relative_error(y.reshape(-1, 128), ref) < TOLERANCE[torch.float16]
+    monkeypatch.setenv(structured.LEAN_WARPS_ENV, "6")
+    with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_LEAN_WARPS"):
+        ops.bsr_mm(blocks, crow, cols, torch.randn(256, 4, device="cuda", dtype=torch.float16), 128)
+
+
 @pytest.mark.cuda
 def test_bsr_cuda_dynamic_reads_only_up_to_crow_end():
     """Dynamic mode with a declared maximum: buffers larger than the pattern, tail filled with garbage."""

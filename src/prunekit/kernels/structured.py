@@ -56,6 +56,7 @@ SOURCES = (
     + tuple(f"bsr_mm_{t}_n{bn}.cu" for t in ("f16", "bf16") for bn in (32, 128, 256))
     # sm_90a wgmma + TMA variant: kernel bodies only in an sm_90a image (else its probe reports it unavailable)
     + ("bsr_mm_wgmma.cu", "bsr_mm_wgmma_f16.cu", "bsr_mm_wgmma_bf16.cu")
+    + ("bsr_decode_lean.cu",)
 )
 HEADERS = ("bsr_mm.cuh", "bsr_mm_wgmma.cuh", "../check.h", "../launch.cuh")
 NAMESPACE = "prunekit_structured"
@@ -78,6 +79,13 @@ BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and t
 DECODE_SCHEDULE_CHUNK = 4
 DECODE_SCHEDULE_BLOCK_ROWS = (32,)
 DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule at every N
+# "1": calls at 1 <= N <= LEAN_MAX_N (static and dynamic, blocks 16 / 32 / 64, fp16 / bf16) run the lean decode kernel
+# (csrc/structured/bsr_decode_lean.cu: a CTA per 16-row strip, its warps taking the block row's blocks in turn, blocks
+# and X loaded straight into mma fragments; one launch, no schedule or workspace) instead of the tiled kernel. Opt-in
+# (eighteenth session): written without a GPU, not yet timed. LEAN_WARPS_ENV forces its warps per CTA (4 or 8).
+LEAN_ENV = "PRUNEKIT_BSR_LEAN"
+LEAN_WARPS_ENV = "PRUNEKIT_BSR_LEAN_WARPS"
+LEAN_MAX_N = 16
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
 CSLT_BACKEND_ENV = "PRUNEKIT_CSLT_BACKEND"  # "torch" forces torch._cslt_sparse_mm instead of prunekit's own binding

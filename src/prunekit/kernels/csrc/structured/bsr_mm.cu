@@ -25,6 +25,10 @@ bool bsr_wgmma_available();
 void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrArgs& args, int grid_rows, int tile_n,
                       cudaStream_t stream);
 
+// bsr_decode_lean.cu: the lean decode kernel where it takes the call (opt-in, $PRUNEKIT_BSR_LEAN=1, N <= 16)
+bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
+                  const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream);
+
 // Kernel variants (the `variant` argument; structured.py VARIANTS holds the same numbers).
 constexpr int64_t VARIANT_AUTO = 0;   // wgmma where it takes the block shape on sm_90a, else mma.sync
 constexpr int64_t VARIANT_MMA = 1;    // bsr_mm.cuh, sm_80+
@@ -93,6 +97,8 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
                 "bsr_mm: bias must be a contiguous (M,) tensor of x's dtype");
     args.bias = bias->data_ptr();
   }
+  // the lean decode kernel (opt-in) reads crow_indices and col_indices only: schedule, tile and variant do not apply
+  if (bsr_lean_run(blocks, crow, cols, x, y, bias, relu, stream)) return;
   int grid_rows = static_cast<int>(m / r);
   at::Tensor ws;
   int64_t n_split = 0;

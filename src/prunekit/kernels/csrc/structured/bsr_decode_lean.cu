@@ -1,0 +1,199 @@
+// Lean BSR decode kernel (eighteenth session; opt-in, $PRUNEKIT_BSR_LEAN=1): Y (M, N) = act(A @ X + bias) for
+// 1 <= N <= 16, A in BSR with r x c blocks (r, c in {16, 32, 64}), fp16/bf16 with fp32 accumulation; static and dynamic
+// mode alike (it reads crow_indices and col_indices only, never past crow_indices[M / r]).
+//
+// Why: at N = 16 the tiled kernel (bsr_mm.cuh) stages each block and a 32-token slab of X through a cp.async pipeline
+// in shared memory, one CTA per block row or schedule item, and ends split rows in a second kernel after a zeroed fp32
+// workspace (a third launch). On the H100 (benchmarks/results/bsr-decode-final-h100-2026-11-26-s17.json) it took
+// 7.4 us at 4096 x 4096, 32 x 32 blocks, 95% (809 blocks: 1.7 MB, 0.55 us of HBM bandwidth) against 6.5 us for torch's
+// Triton BSR kernel: the time is latency, not bytes.
+//
+// Here one CTA computes a 16-row strip of Y (rows 16 s .. 16 s + 15 of one block row) and its W warps take the block
+// row's blocks in turn (warp w: blocks crow[row] + w, + W, ...). A warp loads a block's 16 x c slice straight into
+// m16n8k16 A fragments (lane (g, t): rows g and g + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each 16-column k-tile,
+// 4-byte loads) and X's c x N slab as B fragments (token g of each 8-token tile, the same column pairs; X is
+// K-contiguous, as bsr_mm_out requires), issues the next block's loads before it multiplies the current one, and
+// takes its blocks' column indices 32 at a time (one load per lane, then shuffles), so only the first block waits for
+// an index. The W partial sums meet in shared memory; the CTA adds bias, applies ReLU and writes its 16 x N outputs
+// (row-fastest where Y's rows are adjacent). One launch, no workspace, no schedule: a block row much longer than the
+// others (a static schedule's reason to exist) is walked by one CTA's W warps. Not yet run on a GPU.
+#include <cstdlib>
+#include <cstring>
+
+#include "bsr_mm.cuh"
+
+namespace prunekit_structured {
+namespace {
+
+constexpr int kLeanMaxTokens = 16;
+
+__device__ __forceinline__ uint32_t ldg32(const void* p) { return __ldg(static_cast<const uint32_t*>(p)); }
+
+template <typename T, int NT, int C, int W>
+__global__ void __launch_bounds__(32 * W)
+    bsr_lean_kernel(const T* __restrict__ blocks, const int* __restrict__ crow, const int* __restrict__ cols,
+                    const T* __restrict__ x, int64_t ldx, T* __restrict__ y, int64_t sym, int64_t syn,
+                    const T* __restrict__ bias, int relu, int r, int n) {
+  constexpr int KT = C / 16;  // 16-column k-tiles of a block
+  __shared__ float part[W][16][kLeanMaxTokens + 1];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int strip = blockIdx.x;
+  const int strips_per_row = r / 16;
+  const int brow = strip / strips_per_row, row0 = (strip % strips_per_row) * 16;  // block row; first row in its blocks
+  const int j1 = __ldg(crow + brow + 1);
+  const int jfirst = __ldg(crow + brow) + warp;  // this warp's first block; then every W-th
+  const int64_t block_elems = static_cast<int64_t>(r) * C;
+
+  // column index of the warp's blocks it, it + 1, ..., 32 at a time: lane l holds that of block jfirst + (base + l) W
+  int my_col = 0;
+  auto fetch_cols = [&](int base) {
+    const int j = jfirst + (base + lane) * W;
+    my_col = j < j1 ? __ldg(cols + j) : 0;
+  };
+  uint32_t a[KT][4], an[KT][4];
+  uint32_t b[KT][NT][2], bn[KT][NT][2];
+  // block j's 16 x C slice (rows row0 .. row0 + 15) as A fragments and X's rows col * C .. col * C + C - 1 as B
+  // fragments; zeros for j past the block row (warp-uniform) and for tokens past N
+  auto load = [&](int j, int col, uint32_t (&av)[KT][4], uint32_t (&bv)[KT][NT][2]) {
+    const bool on = j < j1;
+    const T* blk = blocks + static_cast<int64_t>(j) * block_elems + static_cast<int64_t>(row0 + g) * C + 2 * t;
+    const T* xk = x + static_cast<int64_t>(col) * C + 2 * t;
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) {
+      av[kt][0] = on ? ldg32(blk + kt * 16) : 0u;
+      av[kt][1] = on ? ldg32(blk + 8 * C + kt * 16) : 0u;
+      av[kt][2] = on ? ldg32(blk + kt * 16 + 8) : 0u;
+      av[kt][3] = on ? ldg32(blk + 8 * C + kt * 16 + 8) : 0u;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int tok = nt * 8 + g;
+        const bool live = on && tok < n;
+        const T* src = xk + static_cast<int64_t>(tok) * ldx + kt * 16;
+        bv[kt][nt][0] = live ? ldg32(src) : 0u;
+        bv[kt][nt][1] = live ? ldg32(src + 8) : 0u;
+      }
+    }
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+  fetch_cols(0);
+  load(jfirst, __shfl_sync(0xffffffffu, my_col, 0), a, b);
+  int it = 0;
+  for (int j = jfirst; j < j1; j += W) {
+    ++it;
+    const bool more = j + W < j1;  // warp-uniform
+    if (more) {
+      if ((it & 31) == 0) fetch_cols(it);
+      load(j + W, __shfl_sync(0xffffffffu, my_col, it & 31), an, bn);
+    }
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) Mma<T>::run(acc[nt], a[kt], b[kt][nt][0], b[kt][nt][1]);
+    if (more) {
+#pragma unroll
+      for (int kt = 0; kt < KT; ++kt) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) a[kt][q] = an[kt][q];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          b[kt][nt][0] = bn[kt][nt][0];
+          b[kt][nt][1] = bn[kt][nt][1];
+        }
+      }
+    }
+  }
+
+  // accumulator (PTX m16n8k16 D): register i of tile nt is row g + (i / 2) * 8, token nt * 8 + 2t + i % 2
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[warp][g + (i >> 1) * 8][nt * 8 + 2 * t + (i & 1)] = acc[nt][i];
+  __syncthreads();
+  constexpr int kTok = NT * 8;
+  const bool row_fast = sym == 1;
+  for (int o = tid; o < 16 * kTok; o += 32 * W) {
+    const int rr = row_fast ? o & 15 : o / kTok, tok = row_fast ? o >> 4 : o % kTok;
+    if (tok < n) {
+      const int64_t row = static_cast<int64_t>(strip) * 16 + rr;
+      float val = bias != nullptr ? to_f(bias[row]) : 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) val += part[w][rr][tok];
+      if (relu) val = fmaxf(val, 0.f);
+      y[row * sym + tok * syn] = from_f<T>(val);
+    }
+  }
+}
+
+template <typename T, int NT, int C, int W>
+void launch_lean(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
+                 const at::Tensor& y, const T* bias, bool relu, cudaStream_t stream) {
+  const int64_t m = y.size(0);
+  bsr_lean_kernel<T, NT, C, W><<<static_cast<unsigned>(m / 16), 32 * W, 0, stream>>>(
+      static_cast<const T*>(blocks.data_ptr()), crow.data_ptr<int>(), cols.data_ptr<int>(),
+      static_cast<const T*>(x.data_ptr()), x.stride(1), static_cast<T*>(y.data_ptr()), y.stride(0), y.stride(1), bias,
+      relu ? 1 : 0, static_cast<int>(blocks.size(1)), static_cast<int>(y.size(1)));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int NT>
+void dispatch_lean(int c, int w, const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols,
+                   const at::Tensor& x, const at::Tensor& y, const T* bias, bool relu, cudaStream_t stream) {
+  if (c == 16) {
+    w == 8 ? launch_lean<T, NT, 16, 8>(blocks, crow, cols, x, y, bias, relu, stream)
+           : launch_lean<T, NT, 16, 4>(blocks, crow, cols, x, y, bias, relu, stream);
+  } else if (c == 32) {
+    w == 8 ? launch_lean<T, NT, 32, 8>(blocks, crow, cols, x, y, bias, relu, stream)
+           : launch_lean<T, NT, 32, 4>(blocks, crow, cols, x, y, bias, relu, stream);
+  } else {
+    w == 8 ? launch_lean<T, NT, 64, 8>(blocks, crow, cols, x, y, bias, relu, stream)
+           : launch_lean<T, NT, 64, 4>(blocks, crow, cols, x, y, bias, relu, stream);
+  }
+}
+
+}  // namespace
+
+// Runs the lean kernel and returns true where it takes the call: $PRUNEKIT_BSR_LEAN=1 (read per call), 1 <= N <= 16,
+// r and c in {16, 32, 64}, fp16/bf16. Warps per CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8), else 8 where the blocks give
+// more than 8 per block row on average (about two per warp), else 4. Not yet measured. Arguments as bsr_mm_out has
+// checked them (x K-contiguous with an even leading dimension, 16-byte aligned; bias contiguous, x's dtype).
+bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
+                  const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream) {
+  const char* on = std::getenv("PRUNEKIT_BSR_LEAN");
+  if (on == nullptr || std::strcmp(on, "1") != 0) return false;
+  const int64_t m = y.size(0), n = y.size(1);
+  const int64_t r = blocks.size(1), c = blocks.size(2);
+  const bool half = x.scalar_type() == at::kHalf;
+  if (n < 1 || n > kLeanMaxTokens || !(r == 16 || r == 32 || r == 64) || !(c == 16 || c == 32 || c == 64) ||
+      !(half || x.scalar_type() == at::kBFloat16)) {
+    return false;
+  }
+  const char* warps_var = std::getenv("PRUNEKIT_BSR_LEAN_WARPS");
+  int w = 0;
+  if (warps_var != nullptr) {
+    w = std::atoi(warps_var);
+    PRUNEKIT_CHECK(w == 4 || w == 8, "bsr_mm: $PRUNEKIT_BSR_LEAN_WARPS must be 4 or 8, got ", warps_var);
+  } else {
+    w = blocks.size(0) > 8 * std::max<int64_t>(1, m / r) ? 8 : 4;
+  }
+  const void* bptr = bias.has_value() ? bias->data_ptr() : nullptr;
+  const bool two = n > 8;
+  if (half) {
+    const auto* b = static_cast<const __half*>(bptr);
+    two ? dispatch_lean<__half, 2>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, stream)
+        : dispatch_lean<__half, 1>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, stream);
+  } else {
+    const auto* b = static_cast<const __nv_bfloat16*>(bptr);
+    two ? dispatch_lean<__nv_bfloat16, 2>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, stream)
+        : dispatch_lean<__nv_bfloat16, 1>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, stream);
+  }
+  return true;
+}
+
+}  // namespace prunekit_structured
