@@ -296,9 +296,10 @@ def test_bsr_lean_decode_dynamic_reads_only_up_to_crow_end_and_rejects_bad_warps
         y = layer(x)
     ref = x.double().reshape(-1, 256) @ dense.double().t() + bias.double().cuda()
     assert relative_error(y.reshape(-1, 128), ref) < TOLERANCE[torch.float16]
-    monkeypatch.setenv(structured.LEAN_WARPS_ENV, "6")
-    with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_LEAN_WARPS"):
-        ops.bsr_mm(blocks, crow, cols, torch.randn(256, 4, device="cuda", dtype=torch.float16), 128)
+    for bad in ("6", "4junk", "x"):
+        monkeypatch.setenv(structured.LEAN_WARPS_ENV, bad)
+        with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_LEAN_WARPS"):
+            ops.bsr_mm(blocks, crow, cols, torch.randn(256, 4, device="cuda", dtype=torch.float16), 128)
 
 
 @pytest.mark.cuda

@@ -304,16 +304,20 @@ def test_lean_kernel_matches_float64(dtype, warps, pdl, monkeypatch):
 
 
 @pytest.mark.cuda
-def test_lean_kernel_rejects_a_bad_shape_setting(monkeypatch):
+def test_lean_kernel_shape_setting(monkeypatch):
     monkeypatch.setenv(nm24.LEAN_ENV, "1")
     monkeypatch.setenv(nm24.MMA_ENV, "sp")
     dense, values, metadata, bits = _cuda24(64, 256, torch.float16, seed=1)
     plan = nm24.get_plan(values, metadata, bits, 256)
     x = torch.randn(4, 256, device="cuda").half().t()
-    for bad in ("3", "8x2", "2x3"):
+    for bad in ("3", "8x2", "2x3", "4junk", "4x2x", "4X2", "x2"):
         monkeypatch.setenv(nm24.LEAN_WARPS_ENV, bad)
         with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN_WARPS"):
             _run_mm(plan, x, None, False, "t")
+    for unset in ("", "auto"):  # the launcher's rule
+        monkeypatch.setenv(nm24.LEAN_WARPS_ENV, unset)
+        y = _run_mm(plan, x, None, False, "t")
+        assert relative_error(y, spmm_reference64(dense, x, None, "none")) < TOLERANCE[torch.float16], unset
 
 
 @pytest.mark.cuda

@@ -57,10 +57,12 @@ def _chain(layers, x0: torch.Tensor, outs: list[torch.Tensor]) -> None:
 
 
 def _set_kind(kind: str, monkeypatch) -> None:
-    """ "nm24lean": the 2:4 layers on the lean decode kernel ($PRUNEKIT_NM24_LEAN=1, mma.sp)."""
+    """The kind's settings: for "nm24lean" the 2:4 layers on the lean decode kernel ($PRUNEKIT_NM24_LEAN=1, mma.sp),
+    at N = 1 too (the SpMV kernel, which takes N = 1 by default, switched off)."""
     if kind == "nm24lean":
         monkeypatch.setenv(nm24.LEAN_ENV, "1")
         monkeypatch.setenv(nm24.MMA_ENV, "sp")
+        monkeypatch.setenv(nm24.SPMV_ENV, "0")
 
 
 @pytest.mark.parametrize("kind", ["bitmap", "nm24", "nm24lean"])

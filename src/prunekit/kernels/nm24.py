@@ -359,10 +359,14 @@ def build_plan(
     chunk = plan_chunk(strips, ksteps, num_sms)
     ring, batch = plan_ring(variant)
     sizes = (vals.numel(), meta.numel(), strips * 16 * MAX_N, row_blocks)
-    buffer = torch.zeros(sum(sizes), dtype=torch.int32, device=dev)  # ws and counters start (and stay) zero
+    buffer = torch.empty(sum(sizes), dtype=torch.int32, device=dev)
     parts = buffer.split(sizes)
     parts[0].copy_(vals.reshape(-1))
     parts[1].copy_(meta.reshape(-1))
+    # ws and counters start (and stay) zero. Zeroed last: the decode kernels, launched with programmatic dependent
+    # launch, read the weights before they wait for the preceding kernel, and touch ws and counters only after it.
+    parts[2].zero_()
+    parts[3].zero_()
     code = 1 if variant == "sp" else 0
     return Nm24Plan(
         parts[0].view(vals.shape),

@@ -160,7 +160,7 @@ void dispatch_lean(int c, int w, const at::Tensor& blocks, const at::Tensor& cro
 }  // namespace
 
 // Runs the lean kernel and returns true where it takes the call: $PRUNEKIT_BSR_LEAN=1 (read per call), 1 <= N <= 16,
-// r and c in {16, 32, 64}, fp16/bf16. Warps per CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8), else 8 where the blocks give
+// r and c in {16, 32, 64}, fp16/bf16. Warps per CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else 8 where the blocks give
 // more than 8 per block row on average (about two per warp), else 4. Not yet measured. Arguments as bsr_mm_out has
 // checked them (x K-contiguous with an even leading dimension, 16-byte aligned; bias contiguous, x's dtype).
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
@@ -176,9 +176,12 @@ bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   }
   const char* warps_var = std::getenv("PRUNEKIT_BSR_LEAN_WARPS");
   int w = 0;
-  if (warps_var != nullptr) {
-    w = std::atoi(warps_var);
-    PRUNEKIT_CHECK(w == 4 || w == 8, "bsr_mm: $PRUNEKIT_BSR_LEAN_WARPS must be 4 or 8, got ", warps_var);
+  if (warps_var != nullptr && *warps_var != '\0' && std::strcmp(warps_var, "auto") != 0) {  // "", "auto": the rule
+    char* end = nullptr;
+    const long forced = std::strtol(warps_var, &end, 10);
+    PRUNEKIT_CHECK(end != warps_var && *end == '\0' && (forced == 4 || forced == 8),
+                   "bsr_mm: $PRUNEKIT_BSR_LEAN_WARPS must be auto, 4 or 8, got '", warps_var, "'");
+    w = static_cast<int>(forced);
   } else {
     w = blocks.size(0) > 8 * std::max<int64_t>(1, m / r) ? 8 : 4;
   }

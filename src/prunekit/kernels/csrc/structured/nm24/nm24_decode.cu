@@ -740,7 +740,7 @@ __global__ void __launch_bounds__(32 * KW * SB) nm24_lean_kernel(const Params p)
           for (int i = 0; i < 4; ++i) {
             const int col = q * 32 + 8 * i + 2 * t;
             const T* src = row + static_cast<int64_t>(col) * p.x_sk;
-            // x_vec: unit stride along K, 8-byte aligned base and rows: (col, col + 1) is one aligned 4-byte word
+            // x_vec (the lean launcher's: unit stride along K, even row stride, 4-byte aligned base): one aligned word
             r[i] = p.x_vec && col + 1 < p.k ? __ldg(reinterpret_cast<const uint32_t*>(src)) : x_pair(src, col, p.k, p.x_sk);
           }
         }
@@ -820,23 +820,29 @@ __global__ void __launch_bounds__(32 * KW * SB) nm24_lean_kernel(const Params p)
 }
 
 // The lean kernel's shape: KW warps per strip and SB strips per block. $PRUNEKIT_NM24_LEAN_WARPS = "KW" or "KWxSB"
-// (KW 1, 2, 4 or 8; SB 1 or 2, SB = 2 with KW <= 4: a block stays within 256 threads at ~150 registers) forces it; else
-// SB = 1 and the fewest KW of 1, 2, 4, 8 that give the grid at least 4 warps per SM while each warp keeps at least 2
-// k32 steps. Not yet measured.
+// (KW 1, 2, 4 or 8; SB 1 or 2, SB = 2 with KW <= 4: a block stays within 256 threads at ~150 registers) forces it;
+// unset, "" or "auto": SB = 1 and the fewest KW of 1, 2, 4, 8 that give the grid at least 4 warps per SM while each
+// warp keeps at least 2 k32 steps. Not yet measured.
 struct LeanShape {
   int kw, sb;
 };
 
 inline LeanShape lean_shape(int strips, int kpairs, int sms) {
   const char* var = std::getenv("PRUNEKIT_NM24_LEAN_WARPS");
-  if (var != nullptr) {
-    const int kw = std::atoi(var);
-    const char* cross = std::strchr(var, 'x');
-    const int sb = cross == nullptr ? 1 : std::atoi(cross + 1);
-    PRUNEKIT_CHECK((kw == 1 || kw == 2 || kw == 4 || kw == 8) && (sb == 1 || (sb == 2 && kw <= 4)),
-                   "nm24: $PRUNEKIT_NM24_LEAN_WARPS must be KW or KWxSB with KW 1, 2, 4 or 8 and SB 1 or 2 (SB 2 with KW "
-                   "<= 4), got ", var);
-    return {kw, sb};
+  if (var != nullptr && *var != '\0' && std::strcmp(var, "auto") != 0) {  // "" and "auto": the rule below
+    char* end = nullptr;
+    const long kw = std::strtol(var, &end, 10);
+    long sb = 1;
+    bool ok = end != var;
+    if (ok && *end == 'x') {
+      const char* sb_text = end + 1;
+      sb = std::strtol(sb_text, &end, 10);
+      ok = end != sb_text;
+    }
+    ok = ok && *end == '\0' && (kw == 1 || kw == 2 || kw == 4 || kw == 8) && (sb == 1 || (sb == 2 && kw <= 4));
+    PRUNEKIT_CHECK(ok, "nm24: $PRUNEKIT_NM24_LEAN_WARPS must be auto, KW or KWxSB with KW 1, 2, 4 or 8 and SB 1 or 2 ",
+                   "(SB 2 with KW <= 4), got '", var, "'");
+    return {static_cast<int>(kw), static_cast<int>(sb)};
   }
   int kw = 1;
   while (kw < 8 && static_cast<int64_t>(strips) * kw < 4LL * sms && kpairs >= 4 * kw) kw *= 2;
@@ -1133,6 +1139,8 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   if (sp && n <= kTokens && lean_var != nullptr && std::strcmp(lean_var, "1") == 0) {
     p.cluster = 0;
     p.finish = 0;
+    // its X loads are 4-byte pairs: unit stride along K, even row stride and a 4-byte aligned base suffice
+    p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 2 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
     p.pdl = prunekit_launch::device_props(x.get_device()).major >= 9 &&
                     (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0)
                 ? 1
