@@ -414,13 +414,14 @@ sys.path.insert(0, "tests/kernels")
 from test_bsr_mm import _components, block_sparse_weight
 from prunekit.kernels import structured
 os.environ[structured.LEAN_ENV] = "1"
-for r, c in ((16, 16), (32, 32), (64, 64), (32, 16)):
-    dense = block_sparse_weight(192, 256, r, c, 0.4, torch.float16, "cuda", seed=1, heavy_rows=1)
-    comp = {k: v.cuda() for k, v in _components(dense.cpu(), r, c).items()}
+for m, k, r, c, density in ((192, 256, 16, 16, 0.4), (192, 256, 32, 32, 0.4), (192, 256, 64, 64, 0.4),
+                            (192, 256, 32, 16, 0.4), (256, 4800, 16, 16, 0.05)):  # the last: a 300-block row
+    dense = block_sparse_weight(m, k, r, c, density, torch.float16, "cuda", seed=1, heavy_rows=1)
+    comp = {key: v.cuda() for key, v in _components(dense.cpu(), r, c).items()}
     for n in (3, 16):
-        x = torch.randn(n, 256, device="cuda").half().t()
-        structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 192,
-                               torch.randn(192, device="cuda").half(), "relu")
+        x = torch.randn(n, k, device="cuda").half().t()
+        structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m,
+                               torch.randn(m, device="cuda").half(), "relu")
 torch.cuda.synchronize()
 print("sanitize run done")
 PY

@@ -122,6 +122,26 @@ def test_decode_schedule_splits_32_row_blocks_at_decode_n(monkeypatch):
     assert again is not items and torch.equal(again, items)
     monkeypatch.setenv(structured.DECODE_SCHEDULE_ENV, "0")
     assert structured.decode_schedule(blocks, crow, sched, split, 16) == (sched, split)
+    monkeypatch.setenv(structured.DECODE_SCHEDULE_ENV, "1")
+    monkeypatch.setenv(structured.LEAN_ENV, "1")  # the lean kernel takes N <= 16 and reads no schedule
+    assert structured.decode_schedule(blocks, crow, sched, split, 16) == (sched, split)
+    assert structured.decode_schedule(blocks, crow, sched, split, 17)[0].shape[0] > sched.shape[0]
+
+
+def test_lean_takes_rule(monkeypatch):
+    """structured.lean_takes (the C++ bsr_lean_run's rule): $PRUNEKIT_BSR_LEAN=1, 1 <= N <= 16, fp16/bf16 blocks with
+    r and c in (16, 32, 64)."""
+    blocks = torch.zeros(3, 32, 16, dtype=torch.float16)
+    monkeypatch.delenv(structured.LEAN_ENV, raising=False)
+    assert not structured.lean_takes(blocks, 16)
+    monkeypatch.setenv(structured.LEAN_ENV, "1")
+    assert structured.lean_takes(blocks, 1) and structured.lean_takes(blocks, 16)
+    assert structured.lean_takes(blocks.bfloat16(), 8)
+    assert not structured.lean_takes(blocks, 0) and not structured.lean_takes(blocks, 17)
+    assert not structured.lean_takes(blocks.float(), 8)
+    assert not structured.lean_takes(torch.zeros(3, 8, 16, dtype=torch.float16), 8)
+    monkeypatch.setenv(structured.LEAN_ENV, "0")
+    assert not structured.lean_takes(blocks, 8)
 
 
 # --- CPU reference and opcheck -------------------------------------------------------------------------------------
@@ -244,11 +264,28 @@ def _set_lean(monkeypatch, warps: str | None) -> None:
 @pytest.mark.parametrize("warps", [None, "4", "8"])
 def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
     """The lean decode kernel at N = 1, 5, 8, 9, 16, dynamic and static mode (it ignores the schedule), both X and Y
-    layouts, bias + ReLU, empty / single-block / dense block rows, NaN-poisoned outputs; and the tiled kernel again at
-    N = 17 with the switch on (N over 16 is not the lean kernel's)."""
+    layouts, bias + ReLU, empty / single-block / dense block rows (one of 300 blocks), NaN-poisoned outputs; and the
+    tiled kernel again at N = 17 with the switch on (N over 16 is not the lean kernel's). First, that the lean kernel
+    does take the N <= 16 calls of this block shape and dtype, and not N = 17 (an invalid warps setting raises only
+    in it)."""
+    _set_lean(monkeypatch, "6")  # an invalid setting, read only by the lean kernel: shows which calls it takes
+    dense = block_sparse_weight(64, 256, r, c, 0.5, dtype, "cuda", seed=1)
+    comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
+    for n in (1, 16, 17):
+        x = torch.randn(n, 256, device="cuda").to(dtype).t()
+        if n <= structured.LEAN_MAX_N:
+            with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_LEAN_WARPS"):
+                structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 64)
+        else:
+            structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 64)
     _set_lean(monkeypatch, warps)
-    for i, (m, k) in enumerate(LEAN_SHAPES):
-        dense = block_sparse_weight(m, k, r, c, 0.35, dtype, "cuda", seed=20 + i, heavy_rows=1 if m // r > 3 else 0)
+    # LEAN_SHAPES, then one whose dense block row has 300 blocks (K = 300 c): over 32 blocks per warp, so the column
+    # indices are fetched in several batches of 32
+    for i, (m, k) in enumerate(LEAN_SHAPES + [(256, 300 * c)]):
+        long_row = k == 300 * c
+        density = 0.05 if long_row else 0.35
+        heavy = 1 if long_row or m // r > 3 else 0
+        dense = block_sparse_weight(m, k, r, c, density, dtype, "cuda", seed=20 + i, heavy_rows=heavy)
         comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
         bias = torch.randn(m, device="cuda").to(dtype)
         for n in (1, 5, 8, 9, 16, 17):

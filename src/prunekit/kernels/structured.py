@@ -673,6 +673,24 @@ def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None
     return VARIANTS[name]
 
 
+def lean_takes(blocks: torch.Tensor, n: int) -> bool:
+    """Whether the lean BSR decode kernel takes a call with ``n`` tokens (csrc/structured/bsr_decode_lean.cu,
+    ``bsr_lean_run``, the same rule): ``$PRUNEKIT_BSR_LEAN=1``, ``1 <= n <= LEAN_MAX_N``, fp16/bf16 blocks of
+    ``r x c`` with r and c in (16, 32, 64).
+
+    Args:
+        blocks: ``(nblocks, r, c)``; n: N (tokens) of the call.
+    """
+    return (
+        os.environ.get(LEAN_ENV, "").strip() == "1"
+        and 1 <= n <= LEAN_MAX_N
+        and blocks.dim() == 3
+        and blocks.dtype in (torch.float16, torch.bfloat16)
+        and blocks.shape[1] in KERNEL_BLOCK_SIZES
+        and blocks.shape[2] in KERNEL_BLOCK_SIZES
+    )
+
+
 def decode_schedule(
     blocks: torch.Tensor,
     crow_indices: torch.Tensor,
@@ -685,8 +703,9 @@ def decode_schedule(
     ``formats.bsr.static_schedule(crow_indices, DECODE_SCHEDULE_CHUNK)`` (every block row in items of at most that many
     blocks; PopSparse's static mode, Li et al. 2023, with a finer split for small N), built once (one copy of
     ``crow_indices`` to the host) and kept on ``crow_indices`` while its data pointer and version stay the same.
-    ``$PRUNEKIT_BSR_DECODE_SCHEDULE=0`` keeps the given schedule. Dynamic mode (no schedule) is left as it is: it
-    must not synchronize with the host.
+    ``$PRUNEKIT_BSR_DECODE_SCHEDULE=0`` keeps the given schedule, and so does a call the lean decode kernel takes
+    (:func:`lean_takes`: it reads no schedule). Dynamic mode (no schedule) is left as it is: it must not synchronize
+    with the host.
 
     Args:
         blocks: ``(nblocks, r, c)``; crow_indices: ``(M / r + 1,)`` int32; schedule: ``(n_items, 4)`` int32 or None;
@@ -698,6 +717,7 @@ def decode_schedule(
         or blocks.dim() != 3
         or blocks.shape[1] not in DECODE_SCHEDULE_BLOCK_ROWS
         or os.environ.get(DECODE_SCHEDULE_ENV, "1").strip() == "0"
+        or lean_takes(blocks, n)
     ):
         return schedule, split_rows
 

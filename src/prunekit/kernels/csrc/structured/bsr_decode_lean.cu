@@ -13,8 +13,8 @@
 // m16n8k16 A fragments (lane (g, t): rows g and g + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9 of each 16-column k-tile,
 // 4-byte loads) and X's c x N slab as B fragments (token g of each 8-token tile, the same column pairs; X is
 // K-contiguous, as bsr_mm_out requires), issues the next block's loads before it multiplies the current one, and
-// takes its blocks' column indices 32 at a time (one load per lane, then shuffles), so only the first block waits for
-// an index. The W partial sums meet in shared memory; the CTA adds bias, applies ReLU and writes its 16 x N outputs
+// takes its blocks' column indices 32 at a time (one load per lane, then shuffles; the next 32 loaded half a batch
+// ahead), so only the first block waits for an index. The W partial sums meet in shared memory; the CTA adds bias, applies ReLU and writes its 16 x N outputs
 // (row-fastest where Y's rows are adjacent). One launch, no workspace, no schedule: a block row much longer than the
 // others (a static schedule's reason to exist) is walked by one CTA's W warps. Not yet run on a GPU.
 #include <cstdlib>
@@ -45,12 +45,13 @@ __global__ void __launch_bounds__(32 * W)
   const int jfirst = __ldg(crow + brow) + warp;  // this warp's first block; then every W-th
   const int64_t block_elems = static_cast<int64_t>(r) * C;
 
-  // column index of the warp's blocks it, it + 1, ..., 32 at a time: lane l holds that of block jfirst + (base + l) W
-  int my_col = 0;
+  // column indices of the warp's blocks 32 at a time: lane l of batch q holds that of block jfirst + (32 q + l) W; the
+  // next batch is loaded half a batch ahead (iteration 32 q + 16) into my_col_next
   auto fetch_cols = [&](int base) {
     const int j = jfirst + (base + lane) * W;
-    my_col = j < j1 ? __ldg(cols + j) : 0;
+    return j < j1 ? __ldg(cols + j) : 0;
   };
+  int my_col = fetch_cols(0), my_col_next = 0;
   uint32_t a[KT][4], an[KT][4];
   uint32_t b[KT][NT][2], bn[KT][NT][2];
   // block j's 16 x C slice (rows row0 .. row0 + 15) as A fragments and X's rows col * C .. col * C + C - 1 as B
@@ -82,14 +83,14 @@ __global__ void __launch_bounds__(32 * W)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-  fetch_cols(0);
   load(jfirst, __shfl_sync(0xffffffffu, my_col, 0), a, b);
-  int it = 0;
+  int it = 0;  // the warp's iteration; block jfirst + it W is the one loaded ahead
   for (int j = jfirst; j < j1; j += W) {
     ++it;
     const bool more = j + W < j1;  // warp-uniform
     if (more) {
-      if ((it & 31) == 0) fetch_cols(it);
+      if ((it & 31) == 16) my_col_next = fetch_cols((it & ~31) + 32);
+      if ((it & 31) == 0) my_col = my_col_next;
       load(j + W, __shfl_sync(0xffffffffu, my_col, it & 31), an, bn);
     }
 #pragma unroll
@@ -160,8 +161,10 @@ void dispatch_lean(int c, int w, const at::Tensor& blocks, const at::Tensor& cro
 }  // namespace
 
 // Runs the lean kernel and returns true where it takes the call: $PRUNEKIT_BSR_LEAN=1 (read per call), 1 <= N <= 16,
-// r and c in {16, 32, 64}, fp16/bf16. Warps per CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else 8 where the blocks give
-// more than 8 per block row on average (about two per warp), else 4. Not yet measured. Arguments as bsr_mm_out has
+// r and c in {16, 32, 64}, fp16/bf16. Warps per CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else 8 where blocks.size(0)
+// gives more than 8 blocks per block row on average, else 4 (in dynamic mode that counts the declared capacity, not
+// the blocks in use: the exact count would need a host synchronisation). Not yet measured. The schedule, N tile and
+// variant arguments of bsr_mm_out do not apply to it. Arguments as bsr_mm_out has
 // checked them (x K-contiguous with an even leading dimension, 16-byte aligned; bias contiguous, x's dtype).
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
                   const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream) {

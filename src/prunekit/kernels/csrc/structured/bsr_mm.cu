@@ -97,8 +97,6 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
                 "bsr_mm: bias must be a contiguous (M,) tensor of x's dtype");
     args.bias = bias->data_ptr();
   }
-  // the lean decode kernel (opt-in) reads crow_indices and col_indices only: schedule, tile and variant do not apply
-  if (bsr_lean_run(blocks, crow, cols, x, y, bias, relu, stream)) return;
   int grid_rows = static_cast<int>(m / r);
   at::Tensor ws;
   int64_t n_split = 0;
@@ -109,10 +107,16 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
     args.schedule = reinterpret_cast<const int4*>(schedule->data_ptr<int>());
     grid_rows = static_cast<int>(schedule->size(0));
     n_split = split_rows.has_value() ? split_rows->numel() : 0;
-    if (n_split > 0) {
-      ws = at::zeros({n_split, r, n}, x.options().dtype(at::kFloat));
-      args.ws = ws.data_ptr<float>();
-    }
+  }
+  if (n_split > 0) {
+    PRUNEKIT_CHECK(split_rows->scalar_type() == at::kInt && split_rows->is_contiguous(), "bsr_mm: split_rows int32");
+  }
+  // the lean decode kernel (opt-in) reads crow_indices and col_indices only: the (checked) schedule, the N tile and the
+  // variant do not apply to it
+  if (bsr_lean_run(blocks, crow, cols, x, y, bias, relu, stream)) return;
+  if (n_split > 0) {
+    ws = at::zeros({n_split, r, n}, x.options().dtype(at::kFloat));
+    args.ws = ws.data_ptr<float>();
   }
   const bool wgmma = variant == VARIANT_WGMMA && blocks.size(0) > 0;
   if (grid_rows > 0 && wgmma) {
@@ -135,7 +139,6 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
     }
   }
   if (n_split > 0) {
-    PRUNEKIT_CHECK(split_rows->scalar_type() == at::kInt && split_rows->is_contiguous(), "bsr_mm: split_rows int32");
     const int64_t per_slot = static_cast<int64_t>(r) * n;
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((per_slot + 255) / 256, 1024)),
                     static_cast<unsigned>(n_split));
