@@ -358,6 +358,14 @@ print(nm24.load()); structured.load_cslt()" > "$OUT/build_nm24.log" 2>&1 || { ta
 # nm24, its tests (float64, layer, graph, PDL chains), memcheck and racecheck of small cases, then the sweep of the ring
 # kernel against the lean one at $NM24_LEAN_WARPS warps per block, N in $NM24_LEAN_NS, the five decode shapes.
 nm24lean() {
+  # the BSR library builds beside it (bsrlean, the next call on the warm machine, then finds it in the kernel cache;
+  # NM24LEAN_PREBUILD_BSR=0: not)
+  local bsr_pid=""
+  if [[ ${NM24LEAN_PREBUILD_BSR:-1} == 1 ]]; then
+    timeout 400 python3 -c "from prunekit.kernels import structured; print(structured.load(verbose=False))" \
+      > "$OUT/build_bsr.log" 2>&1 &
+    bsr_pid=$!
+  fi
   step build nm24
   timeout 300 python3 -c "import time; from prunekit.kernels import nm24; t = time.time(); print(nm24.load(verbose=False), f'{time.time() - t:.1f}s')" \
     > "$OUT/build_nm24.log" 2>&1 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
@@ -392,6 +400,9 @@ PY
   timeout 300 python3 benchmarks/nm24_sweep.py --chunks auto --ns "${NM24_LEAN_NS:-2,8,16}" \
     --lean-warps "${NM24_LEAN_WARPS:-auto,2,4,8,2x2,4x2}" --out "$OUT/nm24-sweep-lean-$DEV-$DATE.json" > "$OUT/nm24_sweep_lean.log" 2>&1
   echo "sweep exit code $?"; tail -70 "$OUT/nm24_sweep_lean.log"
+  if [[ -n $bsr_pid ]]; then
+    wait "$bsr_pid"; echo "BSR library build (for bsrlean) exit code $?"; tail -1 "$OUT/build_bsr.log"
+  fi
 }
 
 # The lean BSR decode kernel (opt-in, $PRUNEKIT_BSR_LEAN=1; written in the eighteenth session without a GPU): build,
