@@ -23,3 +23,19 @@ def test_kernels_check_passes_on_gpu():
     result = CliRunner().invoke(app, ["check"])
     assert result.exit_code == 0, result.output
     assert "checks passed" in result.output
+
+
+def test_check_env_switch_is_restored(monkeypatch):
+    """check._env: a per-call switch (the lean 2:4 kernel's) is set inside the block only, also when it raises."""
+    import os
+
+    from prunekit.kernels import check
+
+    monkeypatch.delenv("PRUNEKIT_TEST_SWITCH", raising=False)
+    with check._env("PRUNEKIT_TEST_SWITCH", "1"):
+        assert os.environ["PRUNEKIT_TEST_SWITCH"] == "1"
+    assert "PRUNEKIT_TEST_SWITCH" not in os.environ
+    monkeypatch.setenv("PRUNEKIT_TEST_SWITCH", "0")
+    with pytest.raises(RuntimeError), check._env("PRUNEKIT_TEST_SWITCH", "1"):
+        raise RuntimeError("inside")
+    assert os.environ["PRUNEKIT_TEST_SWITCH"] == "0"

@@ -5,7 +5,10 @@ Each case poisons the output (NaN) first, so an unwritten element fails the chec
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -123,10 +126,24 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
     return results
 
 
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` inside the block, the previous state restored after it."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
 def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) -> list[KernelCheck]:
     """The 2:4 decode kernel (``kernels/nm24.py``) on an ``(m, 204)`` 2:4 weight (K not a multiple of 16), N = 1 / 13 /
-    16, both X layouts, bias + ReLU, mma.sp and the register expansion; the 2:4 SpMV kernel on an ``(m, 208)`` weight,
-    both x layouts."""
+    16, both X layouts, bias + ReLU, mma.sp, the register expansion and the lean kernel (``$PRUNEKIT_NM24_LEAN=1`` for
+    its calls only); the 2:4 SpMV kernel on an ``(m, 208)`` weight, both x layouts."""
     from .. import formats
 
     k = 204
@@ -138,8 +155,8 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
     values, metadata, bits = enc.components["values"], enc.components["metadata"], int(enc.params["bits"])
     bias = torch.randn(m, generator=gen, device=device).to(dtype)
     results = []
-    for mma in ("sp", "prmt"):
-        plan = nm24.build_plan(values, metadata, bits, k, mma=mma)
+    for variant in ("sp", "prmt", "sp-lean"):  # sp-lean: the opt-in lean kernel on the mma.sp plan
+        plan = nm24.build_plan(values, metadata, bits, k, mma=variant.removesuffix("-lean"))
         for n in (1, 13, 16):
             for layout in ("row-major", "transposed"):
                 x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
@@ -148,28 +165,29 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
                 out = out.t() if layout == "transposed" else out
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                torch.ops.prunekit_nm24.mm.default(
-                    plan.vals,
-                    plan.meta,
-                    plan.ws,
-                    plan.counters,
-                    x,
-                    out,
-                    bias,
-                    True,
-                    m,
-                    plan.chunk,
-                    plan.variant,
-                    plan.ring,
-                    plan.batch,
-                )
+                with _env(nm24.LEAN_ENV, "1" if variant == "sp-lean" else "0"):  # read by the launcher per call
+                    torch.ops.prunekit_nm24.mm.default(
+                        plan.vals,
+                        plan.meta,
+                        plan.ws,
+                        plan.counters,
+                        x,
+                        out,
+                        bias,
+                        True,
+                        m,
+                        plan.chunk,
+                        plan.variant,
+                        plan.ring,
+                        plan.batch,
+                    )
                 torch.cuda.synchronize()
                 elapsed = (time.perf_counter() - start) * 1e3
                 error = relative_error(out, spmm_reference64(dense, x, bias, "relu"))
                 results.append(
                     KernelCheck(
                         "nm_mm (2:4 decode)",
-                        mma,
+                        variant,
                         str(dtype).removeprefix("torch."),
                         layout,
                         f"{m}x{k}x{n}",
