@@ -259,11 +259,12 @@ def _set_lean(monkeypatch, warps: str | None) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("dtype", "warps"), [(torch.float16, None), (torch.bfloat16, None), (torch.float16, "4"), (torch.float16, "8")]
+)
 @pytest.mark.parametrize(("r", "c"), BLOCKS)
-@pytest.mark.parametrize("warps", [None, "4", "8"])
 def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
-    """The lean decode kernel at N = 1, 5, 8, 9, 16, dynamic and static mode (it ignores the schedule), both X and Y
+    """The lean decode kernel at N = 1, 5, 9, 16, dynamic and static mode (it ignores the schedule), both X and Y
     layouts, bias + ReLU, empty / single-block / dense block rows (one of 300 blocks), NaN-poisoned outputs; and the
     tiled kernel again at N = 17 with the switch on (N over 16 is not the lean kernel's). First, that the lean kernel
     does take the N <= 16 calls of this block shape and dtype, and not N = 17 (an invalid warps setting raises only
@@ -288,7 +289,7 @@ def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
         dense = block_sparse_weight(m, k, r, c, density, dtype, "cuda", seed=20 + i, heavy_rows=heavy)
         comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
         bias = torch.randn(m, device="cuda").to(dtype)
-        for n in (1, 5, 8, 9, 16, 17):
+        for n in (1, 5, 9, 16, 17):
             for transposed in (True, False):
                 x2d = torch.randn(n, k, device="cuda").to(dtype)
                 x = x2d.t() if transposed else x2d.t().contiguous()
