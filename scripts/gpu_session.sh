@@ -6,6 +6,9 @@
 #
 #   bash scripts/gpu_session.sh [build|tests|all]        (default all)
 #
+# `TEST_K="not lean"` passes `-k "not lean"` to every test file (e.g. to leave out tests a dedicated call already ran).
+# A file that selects no test then exits 5 ("no tests ran").
+#
 # `NAMESPACES="prunekit_ext prunekit_nm24"` builds only those libraries (the others build on first use).
 #
 # Outputs in $OUT (default ./out), packed at exit by out_pack.sh: logs.tgz (build-<namespace>.log, tests-<file>.log,
@@ -82,7 +85,8 @@ if [[ $MODE == all || $MODE == tests ]]; then
       continue
     fi
     start=$(date +%s)
-    timeout $(( deadline - SECONDS > 30 ? deadline - SECONDS : 30 )) python3 -m pytest -q -p no:cacheprovider --maxfail=10 "$f" > "$OUT/tests-$name.log" 2>&1
+    timeout $(( deadline - SECONDS > 30 ? deadline - SECONDS : 30 )) python3 -m pytest -q -p no:cacheprovider --maxfail=10 \
+      ${TEST_K:+-k "$TEST_K"} "$f" > "$OUT/tests-$name.log" 2>&1
     rc=$?
     tail_line=$(grep -E "passed|failed|error|skipped" "$OUT/tests-$name.log" | tail -1)
     echo "tests $f: rc=$rc $(( $(date +%s) - start ))s ${tail_line}" | tee -a "$SUMMARY"
