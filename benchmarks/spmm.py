@@ -370,6 +370,8 @@ def environment() -> dict:
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "kernel_build_key": build.current_key()[:16],
+        # e.g. $PRUNEKIT_NM24_LEAN=1: the bitmap calls at N <= 16 on the lean decode kernel
+        "env": {key: value for key, value in sorted(os.environ.items()) if key.startswith("PRUNEKIT_")},
         "method": "CUDA events; gpu_ms = median of CUDA-graph replays, eager_ms = median of eager loops under "
         "torch.inference_mode (as the runtime's run); inputs rotated over input_sets independent (W, X) sets",
     }

@@ -21,10 +21,13 @@
 #                                          # probes at ring $NM24_PROBE_RING, host time per call (benchmarks/nm24_host.py)
 #   scripts/gpu_structured.sh nm24prof     # Nsight Compute of the decode kernel ($NM24_PROFILE_CASES "M K N;..."), then
 #                                          # the k-chunk sweep ($NM24_CHUNKS)
-#   scripts/gpu_structured.sh nm24lean     # the lean decode kernel ($PRUNEKIT_NM24_LEAN=1): tests, memcheck, racecheck,
-#                                          # sweep against the ring kernel ($NM24_LEAN_WARPS, $NM24_LEAN_NS)
+#   scripts/gpu_structured.sh nm24lean     # the lean decode kernels ($PRUNEKIT_NM24_LEAN=1; 2:4 and bitmap): tests,
+#                                          # memcheck, racecheck, the 2:4 sweep against the ring kernel
+#                                          # ($NM24_LEAN_WARPS, $NM24_LEAN_NS)
 #   scripts/gpu_structured.sh bsrlean      # the lean BSR decode kernel ($PRUNEKIT_BSR_LEAN=1): tests, memcheck,
 #                                          # racecheck, bsr.py at N = 16 with and without it ($BSR_LEAN_SHAPES, ...)
+#   scripts/gpu_structured.sh bitmaplean   # the lean bitmap decode kernel: spmm.py, forced bitmap, with and without
+#                                          # $PRUNEKIT_NM24_LEAN=1 ($BITMAP_LEAN_SHAPES, _NS, _SPARSITIES)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -354,25 +357,30 @@ print(nm24.load()); structured.load_cslt()" > "$OUT/build_nm24.log" 2>&1 || { ta
   PRUNEKIT_NM24_MMA=sp bench_nm --points 5,6,7,8,12,13,14,15,16,17
 }
 
-# The lean 2:4 decode kernel (opt-in, $PRUNEKIT_NM24_LEAN=1; written in the eighteenth session without a GPU): build
-# nm24, its tests (float64, layer, graph, PDL chains), memcheck and racecheck of small cases, then the sweep of the ring
-# kernel against the lean one at $NM24_LEAN_WARPS warps per block, N in $NM24_LEAN_NS, the five decode shapes.
+# The lean 2:4 and bitmap decode kernels (opt-in, $PRUNEKIT_NM24_LEAN=1; written in the eighteenth session without a
+# GPU): build nm24 (and the SpMM and BSR libraries beside it), their tests (float64, layer, graph, PDL chains), memcheck
+# and racecheck of small cases, then the 2:4 sweep of the ring kernel against the lean one at $NM24_LEAN_WARPS, N in
+# $NM24_LEAN_NS, the five decode shapes (the bitmap timings: bitmaplean).
 nm24lean() {
   # the BSR library builds beside it (bsrlean, the next call on the warm machine, then finds it in the kernel cache;
   # NM24LEAN_PREBUILD_BSR=0: not)
-  local bsr_pid=""
+  local bsr_pid="" ext_pid=""
   if [[ ${NM24LEAN_PREBUILD_BSR:-1} == 1 ]]; then
     timeout 400 python3 -c "from prunekit.kernels import structured; print(structured.load(verbose=False))" \
       > "$OUT/build_bsr.log" 2>&1 &
     bsr_pid=$!
   fi
+  # the SpMM library: the bitmap tests go through gpu.spmm_csr, which loads it
+  timeout 400 python3 -c "from prunekit.kernels import build; print(build.load())" > "$OUT/build_ext.log" 2>&1 &
+  ext_pid=$!
   step build nm24
   timeout 300 python3 -c "import time; from prunekit.kernels import nm24; t = time.time(); print(nm24.load(verbose=False), f'{time.time() - t:.1f}s')" \
     > "$OUT/build_nm24.log" 2>&1 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
   tail -1 "$OUT/build_nm24.log"
+  wait "$ext_pid"; echo "SpMM library build exit code $?"; tail -1 "$OUT/build_ext.log"
   step lean kernel tests
-  timeout 240 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -k lean tests/kernels/test_nm24_decode.py \
-    tests/kernels/test_nm24_pdl.py > "$OUT/tests_lean.log" 2>&1
+  timeout 300 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -k lean tests/kernels/test_nm24_decode.py \
+    tests/kernels/test_nm24_pdl.py tests/kernels/test_spmm_bitmap.py > "$OUT/tests_lean.log" 2>&1
   echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests_lean.log" | tail -2
   grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests_lean.log" | head -20
   step compute-sanitizer memcheck and racecheck, lean kernel
@@ -383,6 +391,8 @@ from test_nm24_decode import _cuda24, _run_mm
 from prunekit.kernels import nm24
 os.environ[nm24.LEAN_ENV] = "1"
 nm24.load()
+from prunekit.kernels import gpu
+from prunekit.kernels.testing import random_spmm_case
 for warps in ("1", "4", "8", "4x2"):
     os.environ[nm24.LEAN_WARPS_ENV] = warps
     for m, k, n in ((37, 132, 5), (64, 4096, 16), (300, 1000, 9)):
@@ -390,6 +400,9 @@ for warps in ("1", "4", "8", "4x2"):
         plan = nm24.get_plan(values, metadata, bits, k)
         x = torch.randn(n, k, device="cuda").half().t()
         _run_mm(plan, x, torch.randn(m, device="cuda").half(), True, "t")
+        _, c, x2d, bias = random_spmm_case(m, k, n, 0.85, 2, torch.float16, m + k, "cuda")  # the bitmap kernel
+        gpu.spmm_csr(**c, x=x2d.t(), m=m, bias=bias, activation="relu", variant="bitmap")
+torch.cuda.synchronize()
 print("sanitize run done")
 PY
   for tool in memcheck racecheck; do
@@ -452,10 +465,24 @@ PY
   echo "bsr (tiled) exit code $?"; grep -v "^\s*$" "$OUT/bench_bsr_tiled.log" | tail -20
 }
 
+# The lean bitmap decode kernel against the ring kernel: benchmarks/spmm.py, forced bitmap, with $PRUNEKIT_NM24_LEAN=1
+# and without (tests: nm24lean). Builds prunekit_ext and nm24 (cache hits after nm24lean on the warm machine).
+bitmaplean() {
+  local grid=(--shapes "${BITMAP_LEAN_SHAPES:-4096x4096,11008x4096,4096x11008,768x3072,3072x768}" --ns "${BITMAP_LEAN_NS:-2,8,16}"
+    --sparsities "${BITMAP_LEAN_SPARSITIES:-0.8,0.9}" --dtypes float16 --forced bitmap)
+  for lean in 1 0; do
+    step "spmm.py, forced bitmap, PRUNEKIT_NM24_LEAN=$lean"
+    PRUNEKIT_NM24_LEAN=$lean timeout 270 python3 benchmarks/spmm.py "${grid[@]}" \
+      --out "$OUT/spmm-bitmap-lean$lean-$DEV-$DATE.json" > "$OUT/bench_bitmap_lean$lean.log" 2>&1
+    echo "spmm.py exit code $?"; grep -v "^\s*$" "$OUT/bench_bitmap_lean$lean.log" | tail -25
+  done
+}
+
 case $MODE in
   build-test) build; build_test ;;
   nm24lean) nm24lean ;;
   bsrlean) bsrlean ;;
+  bitmaplean) bitmaplean ;;
   nm24sp) nm24sp ;;
   nm24ring) nm24ring ;;
   nm24prof) nm24prof ;;
@@ -464,6 +491,6 @@ case $MODE in
   nm) build; bench_nm "$@" ;;
   nmconfigs) nmconfigs "$@" ;;
   all) build; build_test; bench_bsr "$@"; bench_nm ;;
-  *) echo "usage: $0 build-test|bsr|nm|nmconfigs|nm24|nm24sp|nm24ring|nm24prof|nm24lean|bsrlean|all [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: $0 build-test|bsr|nm|nmconfigs|nm24|nm24sp|nm24ring|nm24prof|nm24lean|bsrlean|bitmaplean|all [benchmark args]" >&2; exit 2 ;;
 esac
 step done

@@ -4,8 +4,9 @@ By default (``$PRUNEKIT_NM24_PDL=0`` turns it off), on sm_90 with the cluster re
 in the stream still runs: it loads its first weight batches, then waits for that kernel before it reads X or writes
 anything. These tests chain layers, each reading the output the previous launch wrote (poisoned with NaN before), with
 no synchronisation between the launches, eagerly and in a CUDA graph, and compare every stage against float64 on the
-input it was given, with PDL on, off and unset. A kernel that read X early would see NaN or an older value. The 2:4
-layers run on the ring kernel and, opt-in, on the lean one (``nm24lean``: ``$PRUNEKIT_NM24_LEAN=1``).
+input it was given, with PDL on, off and unset. A kernel that read X early would see NaN or an older value. The
+bitmap and 2:4 layers run on the ring kernel and, opt-in, on the lean one (``bitmaplean``, ``nm24lean``:
+``$PRUNEKIT_NM24_LEAN=1``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _layers(kind: str, count: int, dtype: torch.dtype):
     layers = []
     for i in range(count):
         bias = (0.1 * torch.randn(WIDTH, generator=g, device="cuda")).to(dtype)
-        if kind == "bitmap":
+        if kind.startswith("bitmap"):
             dense = (random_sparse_weight(WIDTH, WIDTH, 0.85, dtype, "cuda", g) * WIDTH**-0.5 * 3).to(dtype)
             c = encode_csr(dense)
 
@@ -57,15 +58,16 @@ def _chain(layers, x0: torch.Tensor, outs: list[torch.Tensor]) -> None:
 
 
 def _set_kind(kind: str, monkeypatch) -> None:
-    """The kind's settings: for "nm24lean" the 2:4 layers on the lean decode kernel ($PRUNEKIT_NM24_LEAN=1, mma.sp),
-    at N = 1 too (the SpMV kernel, which takes N = 1 by default, switched off)."""
-    if kind == "nm24lean":
+    """The kind's settings: "...lean" runs the lean decode kernels ($PRUNEKIT_NM24_LEAN=1); for "nm24lean" (mma.sp) at
+    N = 1 too (the SpMV kernel, which takes N = 1 by default, switched off)."""
+    if kind.endswith("lean"):
         monkeypatch.setenv(nm24.LEAN_ENV, "1")
+    if kind == "nm24lean":
         monkeypatch.setenv(nm24.MMA_ENV, "sp")
         monkeypatch.setenv(nm24.SPMV_ENV, "0")
 
 
-@pytest.mark.parametrize("kind", ["bitmap", "nm24", "nm24lean"])
+@pytest.mark.parametrize("kind", ["bitmap", "nm24", "bitmaplean", "nm24lean"])
 @pytest.mark.parametrize("pdl", ["1", "0", None])
 @pytest.mark.parametrize("n", [1, 16])
 def test_chained_layers_read_the_previous_output(kind, pdl, n, monkeypatch):
@@ -89,7 +91,7 @@ def test_chained_layers_read_the_previous_output(kind, pdl, n, monkeypatch):
             assert relative_error(out, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[dtype], i
 
 
-@pytest.mark.parametrize("kind", ["bitmap", "nm24", "nm24lean"])
+@pytest.mark.parametrize("kind", ["bitmap", "nm24", "bitmaplean", "nm24lean"])
 @pytest.mark.parametrize("pdl", ["1", "0"])
 def test_chained_layers_in_a_cuda_graph(kind, pdl, monkeypatch):
     _set_kind(kind, monkeypatch)

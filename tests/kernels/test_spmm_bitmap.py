@@ -202,6 +202,52 @@ def test_bitmap_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, lay
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("dtype", "warps"), [(torch.float16, None), (torch.bfloat16, None), (torch.float16, "1"), (torch.float16, "2"),
+                         (torch.float16, "8")],
+)  # fmt: skip
+def test_lean_bitmap_kernel_matches_float64(dtype, warps, monkeypatch):
+    """The lean decode kernel on bitmap plans ($PRUNEKIT_NM24_LEAN=1; warps per strip from the launcher's rule or
+    forced): first that it takes the N <= 16 calls (an invalid warps setting, read only by the lean kernels, raises),
+    then the edge cases in both X layouts (NaN-poisoned outputs, bias + ReLU, the workspace left untouched), every N
+    1..16 at densities 1.0 / 0.2 / 0.02 / 0.0, and the runtime's layer."""
+    monkeypatch.setenv(nm24.LEAN_ENV, "1")
+    monkeypatch.setenv(nm24.LEAN_WARPS_ENV, "3")
+    dense, c, x2d, bias = random_spmm_case(200, 1000, 16, 0.8, 3, dtype, 7, "cuda")
+    with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN_WARPS"):
+        _run(c, x2d.t(), 200, bias, "relu")
+    if warps is None:
+        monkeypatch.delenv(nm24.LEAN_WARPS_ENV)
+    else:
+        monkeypatch.setenv(nm24.LEAN_WARPS_ENV, warps)
+    for m, k, n, sparsity, empty_rows in SHAPES:
+        for layout in ("transposed", "row_major"):
+            _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    m, k = 1000, 2100
+    for density in (1.0, 0.2, 0.02, 0.0):
+        dense = random_sparse_weight(m, k, 1.0 - density, dtype, "cuda", g, empty_rows=9, single_rows=3)
+        c = encode_csr(dense)
+        bias = torch.randn(m, generator=g, device="cuda").to(dtype)
+        for n in range(1, 17):
+            x = torch.randn(n, k, generator=g, device="cuda").to(dtype).t()
+            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            y = _run(c, x, m, bias, "relu", out)
+            torch.cuda.synchronize()
+            assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[dtype], (density, n)
+            assert _clean(c, m, k)
+    dense = random_sparse_weight(300, 4100, 0.85, dtype, "cpu", torch.Generator().manual_seed(2))
+    layer = SparseLinear(formats.encode("csr", dense), torch.randn(300).to(dtype)).cuda()
+    for n in (2, 16):
+        x = torch.randn(n, 4100, device="cuda").to(dtype)
+        with torch.inference_mode():
+            y = layer(x)
+        ref = x.double() @ dense.double().cuda().t() + layer.bias.double()
+        assert relative_error(y, ref) <= TOLERANCE[dtype], n
+        assert gpu.spmm_op_entries(layer.w_values)[(dtype, False, 300, n)][0] == "bitmap", n
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("density", [1.0, 0.5, 0.2, 0.1, 0.02, 0.0])
 def test_bitmap_kernel_every_n_and_density(dtype, density):

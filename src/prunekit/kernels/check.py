@@ -38,9 +38,10 @@ class KernelCheck:
 
 
 def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
-    """Check ``spmm_csr`` (every variant, ``tc`` and ``scatter`` for fp16/bf16; row-major and transposed X, bias + ReLU;
-    rowwarp's SpMV kernel at N = 1 and its 4-token tile on a taller weight), the 2:4 decode kernel (``nm24``, both inner
-    products, fp16/bf16) and 2:4 SpMV, and ``sddmm_csr`` per dtype.
+    """Check ``spmm_csr`` (every variant, ``tc``, ``scatter``, ``bitmap`` and the lean bitmap kernel for fp16/bf16;
+    row-major and transposed X, bias + ReLU; rowwarp's SpMV kernel at N = 1 and its 4-token tile on a taller weight),
+    the 2:4 decode kernel (``nm24``: both inner products and the lean kernel, fp16/bf16) and 2:4 SpMV, and
+    ``sddmm_csr`` per dtype. The lean kernels' switch (``$PRUNEKIT_NM24_LEAN``) is set for each call as its case asks.
 
     M=77 (1067 for the tile), K=203 (odd), N from 1 to 264 (odd and vector-aligned), with empty rows and single-entry
     rows.
@@ -67,6 +68,7 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
         ]
         if dtype in gpu.TC_DTYPES:
             cases += [("tc", 37), ("tc", 264), ("scatter", 1), ("scatter", 13), ("bitmap", 1), ("bitmap", 13)]
+            cases += [("bitmap-lean", 1), ("bitmap-lean", 13)]  # the opt-in lean kernel on the bitmap plan
         # the SpMV kernel's 4-token tile needs 8 rows per SM: a taller weight of the same K
         tall = random_sparse_weight(8 * 132 + 11, k, 0.8, dtype, device, gen, empty_rows=3, single_rows=3)
         tall_bias = torch.randn(tall.shape[0], generator=gen, device=device).to(dtype)
@@ -85,7 +87,10 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
                     out = torch.full((n, rows), float("nan"), dtype=dtype, device=device).t()
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                gpu.spmm_csr(**c, x=x, m=rows, bias=b, activation="relu", variant=variant, out=out)
+                lean = variant.endswith("-lean")
+                with _env(nm24.LEAN_ENV, "1" if lean else "0"):  # read by the nm24 launcher at each call
+                    kernel = variant.removesuffix("-lean")
+                    gpu.spmm_csr(**c, x=x, m=rows, bias=b, activation="relu", variant=kernel, out=out)
                 torch.cuda.synchronize()
                 elapsed = (time.perf_counter() - start) * 1e3
                 ref = spmm_reference64(w, x, b, "relu")

@@ -78,10 +78,11 @@ RING_ENV = "PRUNEKIT_NM24_RING"  # the weight ring instead of plan_ring's (mma.s
 # weight rings the library is built for, "R x B": R batches of B k-steps per warp in shared memory (templates R, B;
 # the register expansion has 3 x 8 only)
 RINGS = ("3x8", "4x4", "6x4")
-# "1": mma.sp plans at N <= 16 run the lean decode kernel (one or two 16-row strips per block, warps splitting K, weights
-# and X loaded straight into registers, no workspace; nm24_decode.cu, nm24_lean_kernel) instead of the ring kernel.
-# Opt-in (eighteenth session): written without a GPU, not yet timed. LEAN_WARPS_ENV forces its shape: "KW" warps per
-# strip (1, 2, 4, 8) or "KWxSB" with SB strips per block (1, 2; SB = 2 with KW <= 4).
+# "1": mma.sp and bitmap plans at N <= 16 run the lean decode kernels (one or two 16-row strips per block, warps
+# splitting K, weights and X loaded straight into registers, no workspace; nm24_decode.cu, nm24_lean_kernel and
+# nm24_lean_bitmap_kernel) instead of the ring kernel. Opt-in (eighteenth session): written without a GPU, not yet
+# timed. LEAN_WARPS_ENV forces the shape: "KW" warps per strip (1, 2, 4, 8) or "KWxSB" with SB strips per block (1, 2;
+# SB = 2 with KW <= 4; the bitmap kernel takes KW only).
 LEAN_ENV = "PRUNEKIT_NM24_LEAN"
 LEAN_WARPS_ENV = "PRUNEKIT_NM24_LEAN_WARPS"
 SPMV_ENV = "PRUNEKIT_NM24_SPMV"  # "0": N = 1 goes to the tensor-core decode kernel too

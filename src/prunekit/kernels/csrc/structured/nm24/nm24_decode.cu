@@ -699,6 +699,52 @@ void launch_finish(const Params& p, cudaStream_t stream) {
 // off) the first weight batch is loaded before the kernel waits for the preceding one.
 constexpr int kLeanBatch = 4;  // k32 steps whose loads go out together
 
+// The lean kernels' epilogue: the warps' 16 x (NT * 8) sums (acc: m16n8 D fragments, register i of tile nt = row g + (i
+// / 2) * 8, token nt * 8 + 2t + i % 2) of strip `strip`; KW warps per strip (K ranges) and SB strips per block (warp =
+// strip in block * KW + K range). KW == 1: written directly; else added up in `part` (every thread of the block must
+// call this: it synchronises) and written row-fastest where Y's rows are adjacent. Bias, then ReLU.
+template <typename T, int NT, int KW, int SB>
+__device__ __forceinline__ void lean_epilogue(const Params& p, const float (&acc)[NT][4],
+                                              float (&part)[KW > 1 ? SB * KW : 1][16][kTokens + 1], int strip) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+  if constexpr (KW == 1) {  // one warp per strip: its sums are final
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = strip * 16 + g + (i >> 1) * 8, tok = nt * 8 + 2 * t + (i & 1);
+        if (row < p.m && tok < p.n) {
+          float val = acc[nt][i] + (bias ? to_float(bias[row]) : 0.f);
+          if (p.relu) val = fmaxf(val, 0.f);
+          y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
+        }
+      }
+    return;
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[warp][g + (i >> 1) * 8][nt * 8 + 2 * t + (i & 1)] = acc[nt][i];
+    __syncthreads();
+    constexpr int kTok = NT * 8, kRows = SB * 16;
+    const bool row_fast = p.y_sm == 1;
+    for (int o = tid; o < kRows * kTok; o += 32 * KW * SB) {
+      const int r = row_fast ? o % kRows : o / kTok, tok = row_fast ? o / kRows : o % kTok;
+      const int row = blockIdx.x * kRows + r;
+      if (row < p.m && tok < p.n) {
+        float val = bias ? to_float(bias[row]) : 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; ++w) val += part[(r >> 4) * KW + w][r & 15][tok];
+        if (p.relu) val = fmaxf(val, 0.f);
+        y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
+      }
+    }
+  }
+}
+
 template <typename T, int NT, int KW, int SB>
 __global__ void __launch_bounds__(32 * KW * SB) nm24_lean_kernel(const Params p) {
   __shared__ float part[KW > 1 ? SB * KW : 1][16][kTokens + 1];  // each warp's 16 x (NT * 8) partial sums (KW > 1)
@@ -782,52 +828,114 @@ __global__ void __launch_bounds__(32 * KW * SB) nm24_lean_kernel(const Params p)
     }
   }
   if (p.pdl) allow_dependent_launch();  // the next kernel may start during this epilogue
+  lean_epilogue<T, NT, KW, SB>(p, acc, part, strip);
+}
 
-  const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y);
-  if constexpr (KW == 1) {  // one warp per strip: its sums are final
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = strip * 16 + g + (i >> 1) * 8, tok = nt * 8 + 2 * t + (i & 1);
-        if (row < p.m && tok < p.n) {
-          float val = acc[nt][i] + (bias ? to_float(bias[row]) : 0.f);
-          if (p.relu) val = fmaxf(val, 0.f);
-          y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
-        }
-      }
-    return;
-  }
+// Lean bitmap decode kernel (eighteenth session; opt-in with the same switch, $PRUNEKIT_NM24_LEAN=1: bitmap plans at
+// N <= 16): the lean 2:4 kernel's structure on the bitmap format (kernels/spmm_bitmap_plan.py). A block is one strip;
+// its KW warps split the strip's batches of 8 k-steps into contiguous ranges. Per batch a warp loads the 8 tiles'
+// headers (40 words: lane l word l, lanes 0-7 also word 32 + l) and the batch's first word index (boff), one batch
+// ahead. Per tile each lane then takes its mask word and the tile's count word by shuffles and finds its words as
+// spmm_bitmap_plan documents (the batch's first word, plus the earlier tiles' totals, plus the prefix count of its
+// lane group, plus the popcount of the lower lanes' nibbles), loads its present pairs from global memory (absent ones
+// are zero), and loads X as m16n8k16 B fragments in the permuted column order (lane (g, t): X[token g][4t .. 4t + 3],
+// one 8-byte load where X allows). The batch's 8 tiles' loads go out before its mma.sync. SB is 1.
+template <typename T, int NT, int KW>
+__global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params p) {
+  __shared__ float part[KW > 1 ? KW : 1][16][kTokens + 1];  // each warp's partial sums (KW > 1)
+  constexpr int kHdr = kBatch * kHeaderWords;                // 40 header words per batch
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3, grp = lane >> 3, sh = 4 * (lane & 7);
+  const int strip = blockIdx.x;
+  const int nb = p.ksteps / kBatch;  // batches of a strip
+  const int per = (nb + KW - 1) / KW;
+  const int b0 = min(warp * per, nb), b1 = min(b0 + per, nb);
+  const uint32_t* hdr = p.meta + static_cast<int64_t>(strip) * p.ksteps * kHeaderWords;
+  const int* boff = p.boff + static_cast<int64_t>(strip) * (nb + 1);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(p.vals);
+  const T* x = static_cast<const T*>(p.x);
+  const uint32_t lower = (1u << sh) - 1u;  // the nibbles of the lanes before this one in its mask word
+
+  // batch b's headers and first word index (zeros at and past the warp's end)
+  auto load_hdr = [&](int b, uint32_t& h0, uint32_t& h1, int& first) {
+    const bool on = b < b1;
+    const uint32_t* hb = hdr + static_cast<int64_t>(b) * kHdr;
+    h0 = on ? __ldg(hb + lane) : 0u;
+    h1 = on && lane < kHdr - 32 ? __ldg(hb + 32 + lane) : 0u;
+    first = on ? __ldg(boff + b) : 0;
+  };
+
+  float acc[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) part[warp][g + (i >> 1) * 8][nt * 8 + 2 * t + (i & 1)] = acc[nt][i];
-  __syncthreads();
-  constexpr int kTok = NT * 8, kRows = SB * 16;
-  const bool row_fast = p.y_sm == 1;
-  for (int o = tid; o < kRows * kTok; o += 32 * KW * SB) {
-    const int r = row_fast ? o % kRows : o / kTok, tok = row_fast ? o / kRows : o % kTok;
-    const int row = blockIdx.x * kRows + r;
-    if (row < p.m && tok < p.n) {
-      float val = bias ? to_float(bias[row]) : 0.f;
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+  uint32_t h0 = 0u, h1 = 0u;
+  int first = 0;
+  load_hdr(b0, h0, h1, first);
+  wait_preceding_grid();  // programmatic dependent launch: the preceding kernel (which may write X or read Y) is done
+  for (int b = b0; b < b1; ++b) {
+    uint32_t n0 = 0u, n1 = 0u;
+    int nfirst = 0;
+    if (b + 1 < b1) load_hdr(b + 1, n0, n1, nfirst);  // the next batch's headers, while this one's words load
+    uint4 a[kBatch];
+    uint2 bx[kBatch][NT];
+    int tile_first = first;
 #pragma unroll
-      for (int w = 0; w < KW; ++w) val += part[(r >> 4) * KW + w][r & 15][tok];
-      if (p.relu) val = fmaxf(val, 0.f);
-      y[static_cast<int64_t>(row) * p.y_sm + static_cast<int64_t>(tok) * p.y_sn] = from_float<T>(val);
+    for (int s = 0; s < kBatch; ++s) {
+      const int ci = s * kHeaderWords + 4;  // the tile's count word (a constant: s is unrolled)
+      const uint32_t cw = __shfl_sync(0xffffffffu, ci < 32 ? h0 : h1, ci & 31);
+      const int mi = s * kHeaderWords + grp;  // this lane's mask word
+      const uint32_t m0 = __shfl_sync(0xffffffffu, h0, mi & 31), m1 = __shfl_sync(0xffffffffu, h1, mi & 31);
+      const uint32_t mw = mi < 32 ? m0 : m1;
+      const uint32_t nib = (mw >> sh) & 15u;
+      int off = tile_first + static_cast<int>((grp ? (cw >> (8 * grp)) & 0xffu : 0u) + __popc(mw & lower));
+      a[s].x = (nib & 1u) ? __ldg(words + off) : 0u;
+      off += nib & 1u;
+      a[s].y = (nib & 2u) ? __ldg(words + off) : 0u;
+      off += (nib >> 1) & 1u;
+      a[s].z = (nib & 4u) ? __ldg(words + off) : 0u;
+      off += (nib >> 2) & 1u;
+      a[s].w = (nib & 8u) ? __ldg(words + off) : 0u;
+      tile_first += static_cast<int>(cw & 0xffu);
+      const int col = (b * kBatch + s) * 16 + 4 * t;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int tok = nt * 8 + g;
+        uint2 v = make_uint2(0u, 0u);
+        if (tok < p.n) {
+          const T* src = x + static_cast<int64_t>(tok) * p.x_sn + static_cast<int64_t>(col) * p.x_sk;
+          // x_vec (8-byte aligned base, unit stride along K, row stride a multiple of 4): one aligned 8-byte load
+          v = p.x_vec && col + 3 < p.k ? __ldg(reinterpret_cast<const uint2*>(src))
+                                       : make_uint2(x_pair(src, col, p.k, p.x_sk),
+                                                    x_pair(src + 2 * p.x_sk, col + 2, p.k, p.x_sk));
+        }
+        bx[s][nt] = v;
+      }
     }
+#pragma unroll
+    for (int s = 0; s < kBatch; ++s)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) Mma<T>::run(acc[nt], a[s], bx[s][nt].x, bx[s][nt].y);
+    h0 = n0;
+    h1 = n1;
+    first = nfirst;
   }
+  if (p.pdl) allow_dependent_launch();  // the next kernel may start during this epilogue
+  lean_epilogue<T, NT, KW, 1>(p, acc, part, strip);
 }
 
 // The lean kernel's shape: KW warps per strip and SB strips per block. $PRUNEKIT_NM24_LEAN_WARPS = "KW" or "KWxSB"
 // (KW 1, 2, 4 or 8; SB 1 or 2, SB = 2 with KW <= 4: a block stays within 256 threads at ~150 registers) forces it;
 // unset, "" or "auto": SB = 1 and the fewest KW of 1, 2, 4, 8 that give the grid at least 4 warps per SM while each
-// warp keeps at least 2 k32 steps. Not yet measured.
+// warp keeps at least min_per_warp of the strip's units (2:4: 2 k32 steps; bitmap: 1 batch of 8 k-steps). The bitmap
+// kernel takes KW only (SB is 1 there). Not yet measured.
 struct LeanShape {
   int kw, sb;
 };
 
-inline LeanShape lean_shape(int strips, int kpairs, int sms) {
+inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms) {
   const char* var = std::getenv("PRUNEKIT_NM24_LEAN_WARPS");
   if (var != nullptr && *var != '\0' && std::strcmp(var, "auto") != 0) {  // "" and "auto": the rule below
     char* end = nullptr;
@@ -845,7 +953,7 @@ inline LeanShape lean_shape(int strips, int kpairs, int sms) {
     return {static_cast<int>(kw), static_cast<int>(sb)};
   }
   int kw = 1;
-  while (kw < 8 && static_cast<int64_t>(strips) * kw < 4LL * sms && kpairs >= 4 * kw) kw *= 2;
+  while (kw < 8 && static_cast<int64_t>(strips) * kw < 4LL * sms && units >= 2 * kw * min_per_warp) kw *= 2;
   return {kw, 1};
 }
 
@@ -853,6 +961,16 @@ template <typename T, int NT, int KW, int SB>
 void launch_lean_as(const Params& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.strips + SB - 1) / SB));
   prunekit_launch::launch(nm24_lean_kernel<T, NT, KW, SB>, grid, dim3(32 * KW * SB), 0, stream, p.pdl != 0, p);
+}
+
+template <typename T, int NT>
+void launch_lean_bitmap(const Params& p, cudaStream_t stream, int kw) {
+  const dim3 grid(static_cast<unsigned>(p.strips));
+  const bool pdl = p.pdl != 0;
+  kw == 1   ? prunekit_launch::launch(nm24_lean_bitmap_kernel<T, NT, 1>, grid, dim3(32), 0, stream, pdl, p)
+  : kw == 2 ? prunekit_launch::launch(nm24_lean_bitmap_kernel<T, NT, 2>, grid, dim3(64), 0, stream, pdl, p)
+  : kw == 4 ? prunekit_launch::launch(nm24_lean_bitmap_kernel<T, NT, 4>, grid, dim3(128), 0, stream, pdl, p)
+            : prunekit_launch::launch(nm24_lean_bitmap_kernel<T, NT, 8>, grid, dim3(256), 0, stream, pdl, p);
 }
 
 template <typename T, int NT>
@@ -1133,19 +1251,30 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool two = n > 8;
-  // The lean kernel (opt-in, $PRUNEKIT_NM24_LEAN=1, read per call): mma.sp plans at N <= 16, no workspace or second
-  // kernel; programmatic dependent launch on sm_90 unless $PRUNEKIT_NM24_PDL=0.
+  // The lean kernels (opt-in, $PRUNEKIT_NM24_LEAN=1, read per call): mma.sp and bitmap plans at N <= 16, no workspace
+  // or second kernel; programmatic dependent launch on sm_90 unless $PRUNEKIT_NM24_PDL=0.
   const char* lean_var = std::getenv("PRUNEKIT_NM24_LEAN");
-  if (sp && n <= kTokens && lean_var != nullptr && std::strcmp(lean_var, "1") == 0) {
+  const bool bitmap = v.variant == kBitmap;
+  if ((sp || bitmap) && n <= kTokens && lean_var != nullptr && std::strcmp(lean_var, "1") == 0) {
     p.cluster = 0;
     p.finish = 0;
-    // its X loads are 4-byte pairs: unit stride along K, even row stride and a 4-byte aligned base suffice
-    p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 2 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
     p.pdl = prunekit_launch::device_props(x.get_device()).major >= 9 &&
                     (pdl_var == nullptr || std::strcmp(pdl_var, "0") != 0)
                 ? 1
                 : 0;
-    const LeanShape shape = lean_shape(p.strips, p.ksteps / 2, prunekit_launch::device_props(x.get_device()).sms);
+    const int sms = prunekit_launch::device_props(x.get_device()).sms;
+    if (bitmap) {  // X as 8-byte pieces: the x_vec above
+      const int kw = lean_shape(p.strips, p.ksteps / kBatch, 1, sms).kw;
+      if (x.scalar_type() == at::kHalf) {
+        two ? launch_lean_bitmap<__half, 2>(p, stream, kw) : launch_lean_bitmap<__half, 1>(p, stream, kw);
+      } else {
+        two ? launch_lean_bitmap<__nv_bfloat16, 2>(p, stream, kw) : launch_lean_bitmap<__nv_bfloat16, 1>(p, stream, kw);
+      }
+      return;
+    }
+    // 2:4: X as 4-byte pairs; unit stride along K, an even row stride and a 4-byte aligned base suffice
+    p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 2 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
+    const LeanShape shape = lean_shape(p.strips, p.ksteps / 2, 2, sms);
     if (x.scalar_type() == at::kHalf) {
       two ? launch_lean<__half, 2>(p, stream, shape) : launch_lean<__half, 1>(p, stream, shape);
     } else {
