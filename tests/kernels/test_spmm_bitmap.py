@@ -204,18 +204,26 @@ def test_bitmap_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, lay
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     ("dtype", "warps"), [(torch.float16, None), (torch.bfloat16, None), (torch.float16, "1"), (torch.float16, "2"),
-                         (torch.float16, "8")],
+                         (torch.float16, "4"), (torch.float16, "8")],
 )  # fmt: skip
 def test_lean_bitmap_kernel_matches_float64(dtype, warps, monkeypatch):
     """The lean decode kernel on bitmap plans ($PRUNEKIT_NM24_LEAN=1; warps per strip from the launcher's rule or
-    forced): first that it takes the N <= 16 calls (an invalid warps setting, read only by the lean kernels, raises),
-    then the edge cases in both X layouts (NaN-poisoned outputs, bias + ReLU, the workspace left untouched), every N
-    1..16 at densities 1.0 / 0.2 / 0.02 / 0.0, and the runtime's layer."""
+    forced): first that it takes the N <= 16 calls, through the op and the layer's C++ entry (an invalid warps
+    setting, read only by the lean kernels, raises; so does a forced two strips per block, which it does not have),
+    then the edge cases in both X layouts and an X whose base is 4- but not 8-byte aligned (NaN-poisoned outputs,
+    bias + ReLU, the workspace left untouched), every N 1..16 at densities 1.0 / 0.2 / 0.02 / 0.0, and the runtime's
+    layer."""
     monkeypatch.setenv(nm24.LEAN_ENV, "1")
-    monkeypatch.setenv(nm24.LEAN_WARPS_ENV, "3")
     dense, c, x2d, bias = random_spmm_case(200, 1000, 16, 0.8, 3, dtype, 7, "cuda")
-    with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN_WARPS"):
-        _run(c, x2d.t(), 200, bias, "relu")
+    layer = SparseLinear(formats.encode("csr", dense.cpu()), bias.cpu()).cuda()
+    for bad in ("3", "4x2"):
+        monkeypatch.setenv(nm24.LEAN_WARPS_ENV, bad)
+        for n in (1, 16):
+            with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN_WARPS"):
+                _run(c, x2d[:n].t(), 200, bias, "relu")
+        with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN_WARPS"), torch.inference_mode():
+            layer(x2d[:8])  # the layer's bitmap entry (prunekit_nm24::bitmap_linear) at N = 8
+        assert gpu.spmm_op_entries(layer.w_values)[(dtype, False, 200, 8)][0] == "bitmap"
     if warps is None:
         monkeypatch.delenv(nm24.LEAN_WARPS_ENV)
     else:
@@ -223,6 +231,11 @@ def test_lean_bitmap_kernel_matches_float64(dtype, warps, monkeypatch):
     for m, k, n, sparsity, empty_rows in SHAPES:
         for layout in ("transposed", "row_major"):
             _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout)
+    x4 = torch.randn(16, 1000 + 4, device="cuda").to(dtype)[:, 2:1002]  # base 4 bytes past an 8-byte boundary
+    assert x4.data_ptr() % 8 == 4
+    out = torch.full((200, 16), float("nan"), dtype=dtype, device="cuda")
+    y = _run(c, x4.t(), 200, bias, "relu", out)
+    assert relative_error(y, spmm_reference64(dense, x4.t(), bias, "relu")) <= TOLERANCE[dtype]
     g = torch.Generator(device="cuda").manual_seed(5)
     m, k = 1000, 2100
     for density in (1.0, 0.2, 0.02, 0.0):

@@ -787,7 +787,9 @@ __global__ void __launch_bounds__(32 * KW * SB) nm24_lean_kernel(const Params p)
             const int col = q * 32 + 8 * i + 2 * t;
             const T* src = row + static_cast<int64_t>(col) * p.x_sk;
             // x_vec (the lean launcher's: unit stride along K, even row stride, 4-byte aligned base): one aligned word
-            r[i] = p.x_vec && col + 1 < p.k ? __ldg(reinterpret_cast<const uint32_t*>(src)) : x_pair(src, col, p.k, p.x_sk);
+            // a plain load, not __ldg: with programmatic dependent launch the preceding kernel may have written X
+            // while this grid ran (the read-only path is for data read-only for the kernel's whole lifetime)
+            r[i] = p.x_vec && col + 1 < p.k ? *reinterpret_cast<const uint32_t*>(src) : x_pair(src, col, p.k, p.x_sk);
           }
         }
         bv[u][nt] = make_uint4(r[0], r[1], r[2], r[3]);
@@ -839,7 +841,9 @@ __global__ void __launch_bounds__(32 * KW * SB) nm24_lean_kernel(const Params p)
 // spmm_bitmap_plan documents (the batch's first word, plus the earlier tiles' totals, plus the prefix count of its
 // lane group, plus the popcount of the lower lanes' nibbles), loads its present pairs from global memory (absent ones
 // are zero), and loads X as m16n8k16 B fragments in the permuted column order (lane (g, t): X[token g][4t .. 4t + 3],
-// one 8-byte load where X allows). The batch's 8 tiles' loads go out before its mma.sync. SB is 1.
+// one 8-byte load where X allows). The batch's 8 tiles' loads go out before its mma.sync (the next batch's words and X
+// only after it: not double-buffered, unlike the 2:4 kernel; occupancy hides that latency, or not: to be measured).
+// SB is 1.
 template <typename T, int NT, int KW>
 __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params p) {
   __shared__ float part[KW > 1 ? KW : 1][16][kTokens + 1];  // each warp's partial sums (KW > 1)
@@ -882,6 +886,7 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
     uint4 a[kBatch];
     uint2 bx[kBatch][NT];
     int tile_first = first;
+    // the tiles' present pairs first (warp-uniform: every lane takes part in the shuffles), then X
 #pragma unroll
     for (int s = 0; s < kBatch; ++s) {
       const int ci = s * kHeaderWords + 4;  // the tile's count word (a constant: s is unrolled)
@@ -899,6 +904,9 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
       off += (nib >> 2) & 1u;
       a[s].w = (nib & 8u) ? __ldg(words + off) : 0u;
       tile_first += static_cast<int>(cw & 0xffu);
+    }
+#pragma unroll
+    for (int s = 0; s < kBatch; ++s) {
       const int col = (b * kBatch + s) * 16 + 4 * t;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -906,8 +914,9 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
         uint2 v = make_uint2(0u, 0u);
         if (tok < p.n) {
           const T* src = x + static_cast<int64_t>(tok) * p.x_sn + static_cast<int64_t>(col) * p.x_sk;
-          // x_vec (8-byte aligned base, unit stride along K, row stride a multiple of 4): one aligned 8-byte load
-          v = p.x_vec && col + 3 < p.k ? __ldg(reinterpret_cast<const uint2*>(src))
+          // x_vec (8-byte aligned base, unit stride along K, row stride a multiple of 4): one aligned 8-byte load; a
+          // plain load, not __ldg (with programmatic dependent launch the preceding kernel may have written X)
+          v = p.x_vec && col + 3 < p.k ? *reinterpret_cast<const uint2*>(src)
                                        : make_uint2(x_pair(src, col, p.k, p.x_sk),
                                                     x_pair(src + 2 * p.x_sk, col + 2, p.k, p.x_sk));
         }
@@ -929,13 +938,13 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
 // The lean kernel's shape: KW warps per strip and SB strips per block. $PRUNEKIT_NM24_LEAN_WARPS = "KW" or "KWxSB"
 // (KW 1, 2, 4 or 8; SB 1 or 2, SB = 2 with KW <= 4: a block stays within 256 threads at ~150 registers) forces it;
 // unset, "" or "auto": SB = 1 and the fewest KW of 1, 2, 4, 8 that give the grid at least 4 warps per SM while each
-// warp keeps at least min_per_warp of the strip's units (2:4: 2 k32 steps; bitmap: 1 batch of 8 k-steps). The bitmap
-// kernel takes KW only (SB is 1 there). Not yet measured.
+// warp keeps at least min_per_warp of the strip's units (2:4: 2 k32 steps; bitmap: 1 batch of 8 k-steps). Without
+// strips_per_block (the bitmap kernel) a forced SB other than 1 raises. Not yet measured.
 struct LeanShape {
   int kw, sb;
 };
 
-inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms) {
+inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms, bool strips_per_block = true) {
   const char* var = std::getenv("PRUNEKIT_NM24_LEAN_WARPS");
   if (var != nullptr && *var != '\0' && std::strcmp(var, "auto") != 0) {  // "" and "auto": the rule below
     char* end = nullptr;
@@ -950,6 +959,8 @@ inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms) {
     ok = ok && *end == '\0' && (kw == 1 || kw == 2 || kw == 4 || kw == 8) && (sb == 1 || (sb == 2 && kw <= 4));
     PRUNEKIT_CHECK(ok, "nm24: $PRUNEKIT_NM24_LEAN_WARPS must be auto, KW or KWxSB with KW 1, 2, 4 or 8 and SB 1 or 2 ",
                    "(SB 2 with KW <= 4), got '", var, "'");
+    PRUNEKIT_CHECK(sb == 1 || strips_per_block, "nm24: the lean bitmap kernel takes one strip per block: ",
+                   "$PRUNEKIT_NM24_LEAN_WARPS must be KW (or KWx1), got '", var, "'");
     return {static_cast<int>(kw), static_cast<int>(sb)};
   }
   int kw = 1;
@@ -1264,7 +1275,7 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
                 : 0;
     const int sms = prunekit_launch::device_props(x.get_device()).sms;
     if (bitmap) {  // X as 8-byte pieces: the x_vec above
-      const int kw = lean_shape(p.strips, p.ksteps / kBatch, 1, sms).kw;
+      const int kw = lean_shape(p.strips, p.ksteps / kBatch, 1, sms, false).kw;
       if (x.scalar_type() == at::kHalf) {
         two ? launch_lean_bitmap<__half, 2>(p, stream, kw) : launch_lean_bitmap<__half, 1>(p, stream, kw);
       } else {
