@@ -357,6 +357,15 @@ print(nm24.load()); structured.load_cslt()" > "$OUT/build_nm24.log" 2>&1 || { ta
   PRUNEKIT_NM24_MMA=sp bench_nm --points 5,6,7,8,12,13,14,15,16,17
 }
 
+# compute-sanitizer memcheck and racecheck of one script: logs $OUT/{memcheck,racecheck}_NAME.log
+sanitize() {
+  local name=$1 script=$2
+  for tool in memcheck racecheck; do
+    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 "$script" > "$OUT/${tool}_$name.log" 2>&1
+    echo "$tool exit code $?"; tail -2 "$OUT/${tool}_$name.log"
+  done
+}
+
 # The lean 2:4 and bitmap decode kernels (opt-in, $PRUNEKIT_NM24_LEAN=1; written in the eighteenth session without a
 # GPU): build nm24 (and the SpMM and BSR libraries beside it), their tests (float64, layer, graph, PDL chains), memcheck
 # and racecheck of small cases, then the 2:4 sweep of the ring kernel against the lean one at $NM24_LEAN_WARPS, N in
@@ -405,10 +414,7 @@ for warps in ("1", "4", "8", "4x2"):
 torch.cuda.synchronize()
 print("sanitize run done")
 PY
-  for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/sanitize_lean.py > "$OUT/${tool}_lean.log" 2>&1
-    echo "$tool exit code $?"; tail -2 "$OUT/${tool}_lean.log"
-  done
+  sanitize lean /tmp/sanitize_lean.py
   step lean vs ring sweep
   timeout 300 python3 benchmarks/nm24_sweep.py --chunks auto --ns "${NM24_LEAN_NS:-2,8,16}" \
     --lean-warps "${NM24_LEAN_WARPS:-auto,2,4,8,2x2,4x2}" --out "$OUT/nm24-sweep-lean-$DEV-$DATE.json" > "$OUT/nm24_sweep_lean.log" 2>&1
@@ -449,10 +455,7 @@ for m, k, r, c, density in ((192, 256, 16, 16, 0.4), (192, 256, 32, 32, 0.4), (1
 torch.cuda.synchronize()
 print("sanitize run done")
 PY
-  for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 /tmp/sanitize_bsr_lean.py > "$OUT/${tool}_bsr_lean.log" 2>&1
-    echo "$tool exit code $?"; tail -2 "$OUT/${tool}_bsr_lean.log"
-  done
+  sanitize bsr_lean /tmp/sanitize_bsr_lean.py
   local grid=(--shapes "${BSR_LEAN_SHAPES:-4096x4096,11008x4096}" --ns "${BSR_LEAN_NS:-16}" --blocks "${BSR_LEAN_BLOCKS:-16,32,64}"
     --sparsities 0.9,0.95)
   step bsr.py with the lean kernel

@@ -246,6 +246,20 @@ def test_bsr_cuda_matches_float64(dtype, r, c, mode):
                         assert err < TOLERANCE[dtype], (m, k, n, transposed, activation, tile_n, staged, err)
 
 
+def _declared_maximum_case():
+    """Dynamic mode with a declared maximum: a (128, 256) weight of 32 x 32 blocks whose blocks and col_indices buffers
+    are 7 entries longer than the pattern, the tail NaN blocks and out-of-range columns. Returns (dense, blocks,
+    crow_indices, col_indices) on the GPU."""
+    dense = block_sparse_weight(128, 256, 32, 32, 0.4, torch.float16, "cuda", seed=3)
+    comp = _components(dense.cpu(), 32, 32)
+    cap = comp["blocks"].shape[0] + 7
+    blocks = torch.full((cap, 32, 32), float("nan"), dtype=torch.float16, device="cuda")
+    blocks[: comp["blocks"].shape[0]] = comp["blocks"].cuda()
+    cols = torch.full((cap,), 10**6, dtype=torch.int32, device="cuda")
+    cols[: comp["col_indices"].numel()] = comp["col_indices"].cuda()
+    return dense, blocks, comp["crow_indices"].cuda(), cols
+
+
 LEAN_SHAPES = [(128, 192), (192, 256), (256, 128), (64, 512)]  # (M, K): divisible by every block of BLOCKS
 
 
@@ -313,14 +327,7 @@ def test_bsr_lean_decode_dynamic_reads_only_up_to_crow_end_and_rejects_bad_warps
     from prunekit.deploy.runtime.sparse_linear import SparseLinear
 
     _set_lean(monkeypatch, None)
-    dense = block_sparse_weight(128, 256, 32, 32, 0.4, torch.float16, "cuda", seed=3)
-    comp = _components(dense.cpu(), 32, 32)
-    cap = comp["blocks"].shape[0] + 7
-    blocks = torch.full((cap, 32, 32), float("nan"), dtype=torch.float16, device="cuda")
-    blocks[: comp["blocks"].shape[0]] = comp["blocks"].cuda()
-    cols = torch.full((cap,), 10**6, dtype=torch.int32, device="cuda")
-    cols[: comp["col_indices"].numel()] = comp["col_indices"].cuda()
-    crow = comp["crow_indices"].cuda()
+    dense, blocks, crow, cols = _declared_maximum_case()
     for n in (1, 16):
         x2d = torch.randn(n, 256, device="cuda", dtype=torch.float16)
         ref = spmm_reference64(dense, x2d.t(), None, "none")
@@ -343,15 +350,9 @@ def test_bsr_lean_decode_dynamic_reads_only_up_to_crow_end_and_rejects_bad_warps
 @pytest.mark.cuda
 def test_bsr_cuda_dynamic_reads_only_up_to_crow_end():
     """Dynamic mode with a declared maximum: buffers larger than the pattern, tail filled with garbage."""
-    dense = block_sparse_weight(128, 256, 32, 32, 0.4, torch.float16, "cuda", seed=3)
-    comp = _components(dense.cpu(), 32, 32)
-    cap = comp["blocks"].shape[0] + 7
-    blocks = torch.full((cap, 32, 32), float("nan"), dtype=torch.float16, device="cuda")
-    blocks[: comp["blocks"].shape[0]] = comp["blocks"].cuda()
-    cols = torch.full((cap,), 10**6, dtype=torch.int32, device="cuda")
-    cols[: comp["col_indices"].numel()] = comp["col_indices"].cuda()
+    dense, blocks, crow, cols = _declared_maximum_case()
     x2d = torch.randn(40, 256, device="cuda", dtype=torch.float16)
-    y = ops.bsr_mm(blocks, comp["crow_indices"].cuda(), cols, x2d.t(), 128)
+    y = ops.bsr_mm(blocks, crow, cols, x2d.t(), 128)
     assert relative_error(y, spmm_reference64(dense, x2d.t(), None, "none")) < TOLERANCE[torch.float16]
 
 

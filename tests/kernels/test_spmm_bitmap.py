@@ -75,6 +75,23 @@ def _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout):
         assert relative_error(y, ref) <= TOLERANCE[dtype]
 
 
+def _check_every_n(dtype, density, seed):
+    """A (1000, 2100) weight of this density (63 strips: idle warps in the last block of 8; 136 k-steps) against
+    float64 at every N from 1 to 16, bias + ReLU, NaN-poisoned outputs; the workspace left zero."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    m, k = 1000, 2100
+    dense = random_sparse_weight(m, k, 1.0 - density, dtype, "cuda", g, empty_rows=9, single_rows=3)
+    c = encode_csr(dense)
+    bias = torch.randn(m, generator=g, device="cuda").to(dtype)
+    for n in range(1, 17):
+        x = torch.randn(n, k, generator=g, device="cuda").to(dtype).t()
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        y = _run(c, x, m, bias, "relu", out)
+        torch.cuda.synchronize()
+        assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[dtype], (density, n)
+        assert _clean(c, m, k)
+
+
 def _set_cluster(monkeypatch, cluster):
     """None: the defaults (clusters up to 16 k-chunks; more: atomics, finished by the second kernel on sm_90 at
     N <= 16); "0": atomics with fences and counters ($PRUNEKIT_NM24_CLUSTER=0, $PRUNEKIT_NM24_FINISH=0); "finish":
@@ -236,19 +253,8 @@ def test_lean_bitmap_kernel_matches_float64(dtype, warps, monkeypatch):
     out = torch.full((200, 16), float("nan"), dtype=dtype, device="cuda")
     y = _run(c, x4.t(), 200, bias, "relu", out)
     assert relative_error(y, spmm_reference64(dense, x4.t(), bias, "relu")) <= TOLERANCE[dtype]
-    g = torch.Generator(device="cuda").manual_seed(5)
-    m, k = 1000, 2100
-    for density in (1.0, 0.2, 0.02, 0.0):
-        dense = random_sparse_weight(m, k, 1.0 - density, dtype, "cuda", g, empty_rows=9, single_rows=3)
-        c = encode_csr(dense)
-        bias = torch.randn(m, generator=g, device="cuda").to(dtype)
-        for n in range(1, 17):
-            x = torch.randn(n, k, generator=g, device="cuda").to(dtype).t()
-            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-            y = _run(c, x, m, bias, "relu", out)
-            torch.cuda.synchronize()
-            assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[dtype], (density, n)
-            assert _clean(c, m, k)
+    for i, density in enumerate((1.0, 0.2, 0.02, 0.0)):
+        _check_every_n(dtype, density, seed=5 + i)
     dense = random_sparse_weight(300, 4100, 0.85, dtype, "cpu", torch.Generator().manual_seed(2))
     layer = SparseLinear(formats.encode("csr", dense), torch.randn(300).to(dtype)).cuda()
     for n in (2, 16):
@@ -264,18 +270,7 @@ def test_lean_bitmap_kernel_matches_float64(dtype, warps, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("density", [1.0, 0.5, 0.2, 0.1, 0.02, 0.0])
 def test_bitmap_kernel_every_n_and_density(dtype, density):
-    g = torch.Generator(device="cuda").manual_seed(3)
-    m, k = 1000, 2100  # 63 strips (idle warps in the last block), 136 k-steps
-    dense = random_sparse_weight(m, k, 1.0 - density, dtype, "cuda", g, empty_rows=9, single_rows=3)
-    c = encode_csr(dense)
-    bias = torch.randn(m, generator=g, device="cuda").to(dtype)
-    for n in range(1, 17):
-        x = torch.randn(n, k, generator=g, device="cuda").to(dtype).t()
-        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-        y = _run(c, x, m, bias, "relu", out)
-        torch.cuda.synchronize()
-        assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[dtype], n
-        assert _clean(c, m, k)
+    _check_every_n(dtype, density, seed=3)
 
 
 @pytest.mark.cuda
