@@ -27,10 +27,8 @@ programmatic dependent launch can pay (no attention: only the projections' order
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
-import os
 import platform
 import statistics
 import sys
@@ -43,7 +41,7 @@ from rich.table import Table
 
 from prunekit import formats
 from prunekit.deploy.runtime.sparse_linear import SparseLinear
-from prunekit.kernels.testing import random_sparse_weight, relative_error
+from prunekit.kernels.testing import env_setting, random_sparse_weight, relative_error
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from spmm import _ms_between as _ms  # noqa: E402  (CUDA-event milliseconds of one call, as the SpMM benchmark)
@@ -140,22 +138,6 @@ def time_chain(layers: list, x: torch.Tensor, replays: int, eager_trials: int) -
     return {"graph_ms": graph_ms, "eager_ms": eager_ms, "rel_error": err}
 
 
-@contextlib.contextmanager
-def pdl(value: str | None):
-    old = os.environ.get(PDL_ENV)
-    if value is None:
-        os.environ.pop(PDL_ENV, None)
-    else:
-        os.environ[PDL_ENV] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(PDL_ENV, None)
-        else:
-            os.environ[PDL_ENV] = old
-
-
 def environment() -> dict:
     props = torch.cuda.get_device_properties(0)
     return {
@@ -193,7 +175,7 @@ def main() -> None:
         for n in (int(v) for v in args.ns.split(",")):
             x = torch.randn(n, args.hidden, generator=torch.Generator().manual_seed(n)).to(dtype).cuda()
             for setting in ("1", "0") if kind != "dense" else (None,):
-                with pdl(setting):
+                with env_setting(PDL_ENV, setting):
                     result = time_chain(layers, x, args.replays, args.eager_trials)
                 rows.append(
                     {

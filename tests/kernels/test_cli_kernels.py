@@ -25,17 +25,21 @@ def test_kernels_check_passes_on_gpu():
     assert "checks passed" in result.output
 
 
-def test_check_env_switch_is_restored(monkeypatch):
-    """check._env: a per-call switch (the lean 2:4 kernel's) is set inside the block only, also when it raises."""
+def test_env_setting_is_scoped(monkeypatch):
+    """testing.env_setting (the kernels' per-call switches in `kernels check` and the benchmarks): set, or unset with
+    None, inside the block only, also when it raises."""
     import os
 
-    from prunekit.kernels import check
+    from prunekit.kernels.testing import env_setting
 
     monkeypatch.delenv("PRUNEKIT_TEST_SWITCH", raising=False)
-    with check._env("PRUNEKIT_TEST_SWITCH", "1"):
+    with env_setting("PRUNEKIT_TEST_SWITCH", "1"):
         assert os.environ["PRUNEKIT_TEST_SWITCH"] == "1"
     assert "PRUNEKIT_TEST_SWITCH" not in os.environ
     monkeypatch.setenv("PRUNEKIT_TEST_SWITCH", "0")
-    with pytest.raises(RuntimeError), check._env("PRUNEKIT_TEST_SWITCH", "1"):
+    with pytest.raises(RuntimeError), env_setting("PRUNEKIT_TEST_SWITCH", "1"):
         raise RuntimeError("inside")
+    assert os.environ["PRUNEKIT_TEST_SWITCH"] == "0"
+    with env_setting("PRUNEKIT_TEST_SWITCH", None):
+        assert "PRUNEKIT_TEST_SWITCH" not in os.environ
     assert os.environ["PRUNEKIT_TEST_SWITCH"] == "0"

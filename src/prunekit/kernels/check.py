@@ -5,16 +5,21 @@ Each case poisons the output (NaN) first, so an unwritten element fails the chec
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from . import build, gpu, nm24
-from .testing import TOLERANCE, encode_csr, random_sparse_weight, relative_error, sddmm_reference64, spmm_reference64
+from .testing import (
+    TOLERANCE,
+    encode_csr,
+    env_setting,
+    random_sparse_weight,
+    relative_error,
+    sddmm_reference64,
+    spmm_reference64,
+)
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -88,7 +93,7 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 lean = variant.endswith("-lean")
-                with _env(nm24.LEAN_ENV, "1" if lean else "0"):  # read by the nm24 launcher at each call
+                with env_setting(nm24.LEAN_ENV, "1" if lean else "0"):  # read by the nm24 launcher at each call
                     kernel = variant.removesuffix("-lean")
                     gpu.spmm_csr(**c, x=x, m=rows, bias=b, activation="relu", variant=kernel, out=out)
                 torch.cuda.synchronize()
@@ -131,20 +136,6 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
     return results
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    """``os.environ[name] = value`` inside the block, the previous state restored after it."""
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
-
-
 def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) -> list[KernelCheck]:
     """The 2:4 decode kernel (``kernels/nm24.py``) on an ``(m, 204)`` 2:4 weight (K not a multiple of 16), N = 1 / 13 /
     16, both X layouts, bias + ReLU, mma.sp, the register expansion and the lean kernel (``$PRUNEKIT_NM24_LEAN=1`` for
@@ -170,7 +161,7 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
                 out = out.t() if layout == "transposed" else out
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                with _env(nm24.LEAN_ENV, "1" if variant == "sp-lean" else "0"):  # read by the launcher per call
+                with env_setting(nm24.LEAN_ENV, "1" if variant == "sp-lean" else "0"):  # read by the launcher per call
                     torch.ops.prunekit_nm24.mm.default(
                         plan.vals,
                         plan.meta,

@@ -1,8 +1,13 @@
 """Helpers shared by the kernel tests, ``prunekit kernels check`` and the benchmarks: random sparse weights, a
-device-side CSR encoder, and the error metric against a float64 reference. torch only.
+device-side CSR encoder, the error metric against a float64 reference, and a scoped environment switch (the kernels'
+``$PRUNEKIT_*`` switches are read at each call). torch only.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
 
 import torch
 
@@ -133,3 +138,21 @@ def sddmm_reference64(dense_pattern: dict[str, torch.Tensor], a: torch.Tensor, b
     out = (a.double().cpu()[rows] * b.double().cpu()[ci.long()]).sum(-1)
     out[csr_padding_mask(ro, ci)] = 0
     return out
+
+
+@contextlib.contextmanager
+def env_setting(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name] = value`` (``None``: unset) inside the block; the previous state is restored after it, also
+    when the block raises."""
+    previous = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
