@@ -14,9 +14,10 @@
 // 4-byte loads) and X's c x N slab as B fragments (token g of each 8-token tile, the same column pairs; X is
 // K-contiguous, as bsr_mm_out requires), issues the next block's loads before it multiplies the current one, and
 // takes its blocks' column indices 32 at a time (one load per lane, then shuffles; the next 32 loaded half a batch
-// ahead), so only the first block waits for an index. The W partial sums meet in shared memory; the CTA adds bias, applies ReLU and writes its 16 x N outputs
-// (row-fastest where Y's rows are adjacent). One launch, no workspace, no schedule: a block row much longer than the
-// others (a static schedule's reason to exist) is walked by one CTA's W warps. Not yet run on a GPU.
+// ahead), so only the first block waits for an index. The W partial sums meet in shared memory; the CTA adds bias,
+// applies ReLU and writes its 16 x N outputs (row-fastest where Y's rows are adjacent). One launch, no workspace, no
+// schedule: a block row much longer than the others (a static schedule's reason to exist) is walked by one CTA's W
+// warps. Not yet run on a GPU.
 #include <cstdlib>
 #include <cstring>
 
@@ -161,10 +162,10 @@ void dispatch_lean(int c, int w, const at::Tensor& blocks, const at::Tensor& cro
 }  // namespace
 
 // Runs the lean kernel and returns true where it takes the call: $PRUNEKIT_BSR_LEAN=1 (read per call), 1 <= N <= 16,
-// r and c in {16, 32, 64}, fp16/bf16. Warps per CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else 8 where blocks.size(0)
-// gives more than 8 blocks per block row on average, else 4 (in dynamic mode that counts the declared capacity, not
-// the blocks in use: the exact count would need a host synchronisation). Not yet measured. The schedule, N tile and
-// variant arguments of bsr_mm_out do not apply to it. Arguments as bsr_mm_out has
+// r and c in {16, 32, 64}, fp16/bf16. Warps per CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else 8 where
+// blocks.size(0) gives more than 8 blocks per block row on average, else 4 (in dynamic mode that counts the declared
+// capacity, not the blocks in use: the exact count would need a host synchronisation). Not yet measured. The
+// schedule, N tile and variant arguments of bsr_mm_out do not apply to it. Arguments as bsr_mm_out has
 // checked them (x K-contiguous with an even leading dimension, 16-byte aligned; bias contiguous, x's dtype).
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
                   const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream) {

@@ -1284,7 +1284,8 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
       return;
     }
     // 2:4: X as 4-byte pairs; unit stride along K, an even row stride and a 4-byte aligned base suffice
-    p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 2 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
+    p.x_vec =
+        x.stride(0) == 1 && (n == 1 || x.stride(1) % 2 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
     const LeanShape shape = lean_shape(p.strips, p.ksteps / 2, 2, sms);
     if (x.scalar_type() == at::kHalf) {
       two ? launch_lean<__half, 2>(p, stream, shape) : launch_lean<__half, 1>(p, stream, shape);
