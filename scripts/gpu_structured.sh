@@ -419,6 +419,7 @@ PY
   timeout 300 python3 benchmarks/nm24_sweep.py --chunks auto --ns "${NM24_LEAN_NS:-2,8,16}" \
     --lean-warps "${NM24_LEAN_WARPS:-auto,2,4,8,2x2,4x2}" --out "$OUT/nm24-sweep-lean-$DEV-$DATE.json" > "$OUT/nm24_sweep_lean.log" 2>&1
   echo "sweep exit code $?"; tail -70 "$OUT/nm24_sweep_lean.log"
+  python3 benchmarks/lean_compare.py nm24 "$OUT/nm24-sweep-lean-$DEV-$DATE.json" 2>&1 | tail -30
   if [[ -n $bsr_pid ]]; then
     wait "$bsr_pid"; echo "BSR library build (for bsrlean) exit code $?"; tail -1 "$OUT/build_bsr.log"
   fi
@@ -466,6 +467,7 @@ PY
   PRUNEKIT_BSR_LEAN=0 timeout 200 python3 benchmarks/bsr.py "${grid[@]}" --no-torch-bsr \
     --out "$OUT/bsr-decode-tiled-$DEV-$DATE.json" > "$OUT/bench_bsr_tiled.log" 2>&1
   echo "bsr (tiled) exit code $?"; grep -v "^\s*$" "$OUT/bench_bsr_tiled.log" | tail -20
+  python3 benchmarks/lean_compare.py bsr "$OUT/bsr-decode-lean-$DEV-$DATE.json" "$OUT/bsr-decode-tiled-$DEV-$DATE.json" 2>&1 | tail -30
 }
 
 # The lean bitmap decode kernel against the ring kernel: benchmarks/spmm.py, forced bitmap, with $PRUNEKIT_NM24_LEAN=1
@@ -479,6 +481,7 @@ bitmaplean() {
       --out "$OUT/spmm-bitmap-lean$lean-$DEV-$DATE.json" > "$OUT/bench_bitmap_lean$lean.log" 2>&1
     echo "spmm.py exit code $?"; grep -v "^\s*$" "$OUT/bench_bitmap_lean$lean.log" | tail -25
   done
+  python3 benchmarks/lean_compare.py bitmap "$OUT/spmm-bitmap-lean1-$DEV-$DATE.json" "$OUT/spmm-bitmap-lean0-$DEV-$DATE.json" 2>&1 | tail -40
 }
 
 case $MODE in
