@@ -26,8 +26,8 @@
 #                                          # ($NM24_LEAN_WARPS, $NM24_LEAN_NS)
 #   scripts/gpu_structured.sh bsrlean      # the lean BSR decode kernel ($PRUNEKIT_BSR_LEAN=1): tests, memcheck,
 #                                          # racecheck, bsr.py at N = 16 with and without it ($BSR_LEAN_SHAPES, ...)
-#   scripts/gpu_structured.sh bitmaplean   # the lean bitmap decode kernel: spmm.py, forced bitmap, with and without
-#                                          # $PRUNEKIT_NM24_LEAN=1 ($BITMAP_LEAN_SHAPES, _NS, _SPARSITIES)
+#   scripts/gpu_structured.sh bitmaplean   # the lean bitmap decode kernel: spmm.py, forced bitmap, without and with
+#                                          # $PRUNEKIT_NM24_LEAN=1 ($BITMAP_LEAN_WARPS, _SHAPES, _NS, _SPARSITIES)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -475,13 +475,21 @@ PY
 bitmaplean() {
   local grid=(--shapes "${BITMAP_LEAN_SHAPES:-4096x4096,11008x4096,4096x11008,768x3072,3072x768}" --ns "${BITMAP_LEAN_NS:-2,8,16}"
     --sparsities "${BITMAP_LEAN_SPARSITIES:-0.8,0.9}" --dtypes float16 --forced bitmap)
-  for lean in 1 0; do
-    step "spmm.py, forced bitmap, PRUNEKIT_NM24_LEAN=$lean"
-    PRUNEKIT_NM24_LEAN=$lean timeout 270 python3 benchmarks/spmm.py "${grid[@]}" \
-      --out "$OUT/spmm-bitmap-lean$lean-$DEV-$DATE.json" > "$OUT/bench_bitmap_lean$lean.log" 2>&1
-    echo "spmm.py exit code $?"; grep -v "^\s*$" "$OUT/bench_bitmap_lean$lean.log" | tail -25
+  # the ring kernel (lean0), then the lean kernel at each warps setting of $BITMAP_LEAN_WARPS (lean1-<warps>)
+  local runs=("0:auto")
+  for warps in ${BITMAP_LEAN_WARPS:-auto 8}; do runs+=("1:$warps"); done
+  for run in "${runs[@]}"; do
+    local lean=${run%%:*} warps=${run#*:} tag
+    tag=lean$lean$([[ $lean == 1 ]] && echo "-$warps")
+    step "spmm.py, forced bitmap, PRUNEKIT_NM24_LEAN=$lean, warps $warps"
+    PRUNEKIT_NM24_LEAN=$lean PRUNEKIT_NM24_LEAN_WARPS=$warps timeout 200 python3 benchmarks/spmm.py "${grid[@]}" \
+      --out "$OUT/spmm-bitmap-$tag-$DEV-$DATE.json" > "$OUT/bench_bitmap_$tag.log" 2>&1
+    echo "spmm.py exit code $?"; grep -v "^\s*$" "$OUT/bench_bitmap_$tag.log" | tail -12
+    if [[ $lean == 1 ]]; then
+      python3 benchmarks/lean_compare.py bitmap "$OUT/spmm-bitmap-$tag-$DEV-$DATE.json" \
+        "$OUT/spmm-bitmap-lean0-$DEV-$DATE.json" 2>&1 | tail -40
+    fi
   done
-  python3 benchmarks/lean_compare.py bitmap "$OUT/spmm-bitmap-lean1-$DEV-$DATE.json" "$OUT/spmm-bitmap-lean0-$DEV-$DATE.json" 2>&1 | tail -40
 }
 
 case $MODE in
