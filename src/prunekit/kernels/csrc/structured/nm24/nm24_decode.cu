@@ -836,14 +836,14 @@ __global__ void __launch_bounds__(32 * KW * SB) nm24_lean_kernel(const Params p)
 // Lean bitmap decode kernel (eighteenth session; opt-in with the same switch, $PRUNEKIT_NM24_LEAN=1: bitmap plans at
 // N <= 16): the lean 2:4 kernel's structure on the bitmap format (kernels/spmm_bitmap_plan.py). A block is one strip;
 // its KW warps split the strip's batches of 8 k-steps into contiguous ranges. Per batch a warp loads the 8 tiles'
-// headers (40 words: lane l word l, lanes 0-7 also word 32 + l) and the batch's first word index (boff), one batch
+// headers (40 words: lane l word l, lanes 0-7 also word 32 + l) and the batch's first word index (boff), two batches
 // ahead. Per tile each lane then takes its mask word and the tile's count word by shuffles and finds its words as
 // spmm_bitmap_plan documents (the batch's first word, plus the earlier tiles' totals, plus the prefix count of its
 // lane group, plus the popcount of the lower lanes' nibbles), loads its present pairs from global memory (absent ones
 // are zero), and loads X as m16n8k16 B fragments in the permuted column order (lane (g, t): X[token g][4t .. 4t + 3],
-// one 8-byte load where X allows). The batch's 8 tiles' loads go out before its mma.sync (the next batch's words and X
-// only after it: not double-buffered, unlike the 2:4 kernel; occupancy hides that latency, or not: to be measured).
-// SB is 1.
+// one 8-byte load where X allows). Two-deep pipeline: while a batch is multiplied, the next one's pairs and X are in
+// flight and the one after's headers are loading, so a warp with two batches waits about two dependent round trips
+// (headers, then words), not three. SB is 1.
 template <typename T, int NT, int KW>
 __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params p) {
   __shared__ float part[KW > 1 ? KW : 1][16][kTokens + 1];  // each warp's partial sums (KW > 1)
@@ -875,18 +875,10 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-  uint32_t h0 = 0u, h1 = 0u;
-  int first = 0;
-  load_hdr(b0, h0, h1, first);
-  wait_preceding_grid();  // programmatic dependent launch: the preceding kernel (which may write X or read Y) is done
-  for (int b = b0; b < b1; ++b) {
-    uint32_t n0 = 0u, n1 = 0u;
-    int nfirst = 0;
-    if (b + 1 < b1) load_hdr(b + 1, n0, n1, nfirst);  // the next batch's headers, while this one's words load
-    uint4 a[kBatch];
-    uint2 bx[kBatch][NT];
+  // batch b's present pairs (A registers) and X (B registers) from its headers: the pairs first (warp-uniform: every
+  // lane takes part in the shuffles), then X; zeros for a batch at or past the warp's end (its headers are zero)
+  auto load_batch = [&](int b, uint32_t h0, uint32_t h1, int first, uint4 (&a)[kBatch], uint2 (&bx)[kBatch][NT]) {
     int tile_first = first;
-    // the tiles' present pairs first (warp-uniform: every lane takes part in the shuffles), then X
 #pragma unroll
     for (int s = 0; s < kBatch; ++s) {
       const int ci = s * kHeaderWords + 4;  // the tile's count word (a constant: s is unrolled)
@@ -905,6 +897,7 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
       a[s].w = (nib & 8u) ? __ldg(words + off) : 0u;
       tile_first += static_cast<int>(cw & 0xffu);
     }
+    const bool on = b < b1;  // warp-uniform
 #pragma unroll
     for (int s = 0; s < kBatch; ++s) {
       const int col = (b * kBatch + s) * 16 + 4 * t;
@@ -912,7 +905,7 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
       for (int nt = 0; nt < NT; ++nt) {
         const int tok = nt * 8 + g;
         uint2 v = make_uint2(0u, 0u);
-        if (tok < p.n) {
+        if (on && tok < p.n) {
           const T* src = x + static_cast<int64_t>(tok) * p.x_sn + static_cast<int64_t>(col) * p.x_sk;
           // x_vec (8-byte aligned base, unit stride along K, row stride a multiple of 4): one aligned 8-byte load; a
           // plain load, not __ldg (with programmatic dependent launch the preceding kernel may have written X)
@@ -923,13 +916,41 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
         bx[s][nt] = v;
       }
     }
+  };
+
+  // Two-deep pipeline: while batch b is multiplied, batch b + 1's pairs and X are in flight (issued from its headers,
+  // loaded one iteration earlier) and batch b + 2's headers are loading.
+  uint32_t h0 = 0u, h1 = 0u, n0 = 0u, n1 = 0u;
+  int first = 0, nfirst = 0;
+  load_hdr(b0, h0, h1, first);
+  load_hdr(b0 + 1, n0, n1, nfirst);
+  uint4 a[kBatch], an[kBatch];
+  uint2 bx[kBatch][NT], bxn[kBatch][NT];
+  wait_preceding_grid();  // programmatic dependent launch: the preceding kernel (which may write X or read Y) is done
+  load_batch(b0, h0, h1, first, a, bx);
+  for (int b = b0; b < b1; ++b) {
+    const bool more = b + 1 < b1;  // warp-uniform
+    if (more) {
+      uint32_t f0 = 0u, f1 = 0u;
+      int ffirst = 0;
+      load_hdr(b + 2, f0, f1, ffirst);  // zeros past the warp's end
+      load_batch(b + 1, n0, n1, nfirst, an, bxn);
+      n0 = f0;
+      n1 = f1;
+      nfirst = ffirst;
+    }
 #pragma unroll
     for (int s = 0; s < kBatch; ++s)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) Mma<T>::run(acc[nt], a[s], bx[s][nt].x, bx[s][nt].y);
-    h0 = n0;
-    h1 = n1;
-    first = nfirst;
+    if (more) {
+#pragma unroll
+      for (int s = 0; s < kBatch; ++s) {
+        a[s] = an[s];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) bx[s][nt] = bxn[s][nt];
+      }
+    }
   }
   if (p.pdl) allow_dependent_launch();  // the next kernel may start during this epilogue
   lean_epilogue<T, NT, KW, 1>(p, acc, part, strip);
