@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -141,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                     for line in output.splitlines():
                         if "Compiling entry function" in line:
                             print("  " + demangle(line.split("'")[1]))
-                        elif "registers" in line or "spill" in line and "0 bytes spill" not in line:
+                        elif "registers" in line or (
+                            "bytes stack frame" in line and any(int(v) for v in re.findall(r"(\d+) bytes", line))
+                        ):  # a stack frame or spills that are not all zero
                             print("    " + line.strip())
     print(f"{len(jobs) - failed} of {len(jobs)} sources compiled for sm_{',sm_'.join(archs)}")
     return 1 if failed else 0
