@@ -27,7 +27,8 @@ SpMM variants (Sputnik, Gale et al. SC 2020; see ``csrc/`` and docs/KERNELS.md):
 
 The C++ operator ``prunekit_ext::spmm_csr_auto`` (``csrc/spmm_entry.cu``) repeats :func:`spmm_csr` for the
 CUDA-core variants in one dispatcher call (its plan is :func:`plan_spmm` ported to C++); the runtime's eager CSR
-layers take it when :func:`eager_spmm_variant` says so (opt-in, ``$PRUNEKIT_SPMM_CPP=1``, until it has run on a GPU).
+layers take it when :func:`eager_spmm_variant` says so (on by default since its H100 tests passed; ``$PRUNEKIT_SPMM_CPP=0``
+turns it off).
 """
 
 from __future__ import annotations
