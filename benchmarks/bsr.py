@@ -34,7 +34,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import platform
 import statistics
 import sys
@@ -50,6 +49,7 @@ from prunekit.deploy.runtime.sparse_linear import SparseLinear
 from prunekit.formats import EncodedTensor
 from prunekit.formats.bsr import static_schedule
 from prunekit.kernels import structured
+from prunekit.kernels.testing import prunekit_settings
 
 QUICK = {
     "shapes": [(16384, 16384), (4096, 4096), (11008, 4096)],
@@ -394,7 +394,7 @@ def main() -> None:
         "timing": "median of CUDA-graph replays (gpu_ms) and of eager loops (eager_ms), rotating input sets",
         "autograd_mode": "grad",  # torch's 2:4 subclass and Triton BSR are not run under inference mode here
         # e.g. $PRUNEKIT_BSR_LEAN=1: every prunekit call at N <= 16 on the lean decode kernel
-        "env": {key: value for key, value in sorted(os.environ.items()) if key.startswith("PRUNEKIT_")},
+        "env": prunekit_settings(),
     }
     results: list[dict] = []
     for dtype_name in grid["dtypes"]:

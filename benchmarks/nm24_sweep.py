@@ -33,6 +33,7 @@ from nm import nm24_weight  # noqa: E402
 
 from prunekit import formats  # noqa: E402
 from prunekit.kernels import nm24  # noqa: E402
+from prunekit.kernels.testing import prunekit_settings  # noqa: E402
 
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (768, 3072), (3072, 768)]
 
@@ -107,7 +108,7 @@ def run_meta() -> dict:
         "cuda": torch.version.cuda,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "argv": sys.argv[1:],
-        "env": {key: value for key, value in sorted(os.environ.items()) if key.startswith("PRUNEKIT_")},
+        "env": prunekit_settings(),
     }
 
 

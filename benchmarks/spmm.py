@@ -53,7 +53,7 @@ from prunekit.kernels import build, gpu, ops
 from prunekit.kernels.spmm_bitmap_plan import bitmap_bytes, get_bitmap_plan
 from prunekit.kernels.spmm_scatter_plan import get_scatter_plan
 from prunekit.kernels.spmm_tc_plan import build_tc_plan
-from prunekit.kernels.testing import encode_csr, random_sparse_weight, relative_error
+from prunekit.kernels.testing import encode_csr, prunekit_settings, random_sparse_weight, relative_error
 
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (768, 3072), (3072, 768)]
 NS = [1, 16, 128, 2048, 4096]
@@ -371,7 +371,7 @@ def environment() -> dict:
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "kernel_build_key": build.current_key()[:16],
         # e.g. $PRUNEKIT_NM24_LEAN=1: the bitmap calls at N <= 16 on the lean decode kernel
-        "env": {key: value for key, value in sorted(os.environ.items()) if key.startswith("PRUNEKIT_")},
+        "env": prunekit_settings(),
         "method": "CUDA events; gpu_ms = median of CUDA-graph replays, eager_ms = median of eager loops under "
         "torch.inference_mode (as the runtime's run); inputs rotated over input_sets independent (W, X) sets",
     }

@@ -357,6 +357,22 @@ print(nm24.load()); structured.load_cslt()" > "$OUT/build_nm24.log" 2>&1 || { ta
   PRUNEKIT_NM24_MMA=sp bench_nm --points 5,6,7,8,12,13,14,15,16,17
 }
 
+# Build (or find in the kernel cache) one library: prunekit.kernels.MODULE.load() (build: SpMM, structured: BSR, nm24).
+# Log: $OUT/build_NAME.log, whose last line is the library and the seconds taken. Exit status: the load's.
+load_lib() {
+  local name=$1 module=$2
+  timeout 400 python3 -c "import time; from prunekit.kernels import $module; t = time.time(); print($module.load(), f'{time.time() - t:.1f}s')" \
+    > "$OUT/build_$name.log" 2>&1
+}
+
+# The tests of FILES whose names contain "lean": log $OUT/tests_NAME.log, the counts and the first failures printed.
+lean_tests() {
+  local name=$1; shift
+  timeout 300 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -k lean "$@" > "$OUT/tests_$name.log" 2>&1
+  echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests_$name.log" | tail -2
+  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests_$name.log" | head -20
+}
+
 # compute-sanitizer memcheck and racecheck of one script: logs $OUT/{memcheck,racecheck}_NAME.log
 sanitize() {
   local name=$1 script=$2
@@ -375,23 +391,17 @@ nm24lean() {
   # NM24LEAN_PREBUILD_BSR=0: not)
   local bsr_pid="" ext_pid=""
   if [[ ${NM24LEAN_PREBUILD_BSR:-1} == 1 ]]; then
-    timeout 400 python3 -c "from prunekit.kernels import structured; print(structured.load(verbose=False))" \
-      > "$OUT/build_bsr.log" 2>&1 &
+    load_lib bsr structured &
     bsr_pid=$!
   fi
-  # the SpMM library: the bitmap tests go through gpu.spmm_csr, which loads it
-  timeout 400 python3 -c "from prunekit.kernels import build; print(build.load())" > "$OUT/build_ext.log" 2>&1 &
+  load_lib ext build &  # the SpMM library: the bitmap tests go through gpu.spmm_csr, which loads it
   ext_pid=$!
   step build nm24
-  timeout 300 python3 -c "import time; from prunekit.kernels import nm24; t = time.time(); print(nm24.load(verbose=False), f'{time.time() - t:.1f}s')" \
-    > "$OUT/build_nm24.log" 2>&1 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
+  load_lib nm24 nm24 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
   tail -1 "$OUT/build_nm24.log"
   wait "$ext_pid"; echo "SpMM library build exit code $?"; tail -1 "$OUT/build_ext.log"
   step lean kernel tests
-  timeout 300 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -k lean tests/kernels/test_nm24_decode.py \
-    tests/kernels/test_nm24_pdl.py tests/kernels/test_spmm_bitmap.py > "$OUT/tests_lean.log" 2>&1
-  echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests_lean.log" | tail -2
-  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests_lean.log" | head -20
+  lean_tests lean tests/kernels/test_nm24_decode.py tests/kernels/test_nm24_pdl.py tests/kernels/test_spmm_bitmap.py
   step compute-sanitizer memcheck and racecheck, lean kernel
   cat > /tmp/sanitize_lean.py <<'PY'
 import os, sys, torch
@@ -430,14 +440,10 @@ PY
 # lean kernel (torch's Triton BSR in the same run) and without it.
 bsrlean() {
   step build the BSR library
-  timeout 300 python3 -c "import time; from prunekit.kernels import structured; t = time.time(); print(structured.load(verbose=False), f'{time.time() - t:.1f}s')" \
-    > "$OUT/build_bsr.log" 2>&1 || { tail -40 "$OUT/build_bsr.log"; exit 1; }
+  load_lib bsr structured || { tail -40 "$OUT/build_bsr.log"; exit 1; }
   tail -1 "$OUT/build_bsr.log"
   step lean BSR tests
-  timeout 240 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -k lean tests/kernels/test_bsr_mm.py \
-    > "$OUT/tests_bsr_lean.log" 2>&1
-  echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests_bsr_lean.log" | tail -2
-  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests_bsr_lean.log" | head -20
+  lean_tests bsr_lean tests/kernels/test_bsr_mm.py
   step compute-sanitizer memcheck and racecheck, lean BSR kernel
   cat > /tmp/sanitize_bsr_lean.py <<'PY'
 import os, sys, torch

@@ -92,8 +92,7 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
                     out = torch.full((n, rows), float("nan"), dtype=dtype, device=device).t()
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                lean = variant.endswith("-lean")
-                with env_setting(nm24.LEAN_ENV, "1" if lean else "0"):  # read by the nm24 launcher at each call
+                with _lean_switch(variant):
                     kernel = variant.removesuffix("-lean")
                     gpu.spmm_csr(**c, x=x, m=rows, bias=b, activation="relu", variant=kernel, out=out)
                 torch.cuda.synchronize()
@@ -136,6 +135,12 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
     return results
 
 
+def _lean_switch(variant: str):
+    """``$PRUNEKIT_NM24_LEAN`` for one check's calls (the nm24 launcher reads it at each call): on for the variants
+    named ``...-lean``, off for the others."""
+    return env_setting(nm24.LEAN_ENV, "1" if variant.endswith("-lean") else "0")
+
+
 def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) -> list[KernelCheck]:
     """The 2:4 decode kernel (``kernels/nm24.py``) on an ``(m, 204)`` 2:4 weight (K not a multiple of 16), N = 1 / 13 /
     16, both X layouts, bias + ReLU, mma.sp, the register expansion and the lean kernel (``$PRUNEKIT_NM24_LEAN=1`` for
@@ -161,7 +166,7 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
                 out = out.t() if layout == "transposed" else out
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                with env_setting(nm24.LEAN_ENV, "1" if variant == "sp-lean" else "0"):  # read by the launcher per call
+                with _lean_switch(variant):
                     torch.ops.prunekit_nm24.mm.default(
                         plan.vals,
                         plan.meta,

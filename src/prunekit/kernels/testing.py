@@ -156,3 +156,9 @@ def env_setting(name: str, value: str | None) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = previous
+
+
+def prunekit_settings() -> dict[str, str]:
+    """The ``PRUNEKIT_*`` environment variables of this process (name -> value, sorted): what a benchmark records in
+    its result file's meta so that a run with a kernel switch set can be told from one without."""
+    return {key: value for key, value in sorted(os.environ.items()) if key.startswith("PRUNEKIT_")}
