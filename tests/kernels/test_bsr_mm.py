@@ -12,6 +12,8 @@ from prunekit.formats.bsr import SCHEDULE_MIN_CHUNK, schedule_chunk, static_sche
 from prunekit.kernels import ops, structured
 from prunekit.kernels.testing import TOLERANCE, relative_error, spmm_reference64
 
+pytestmark = pytest.mark.usefixtures("tiled_bsr_kernel")  # conftest.py: the lean kernel only where a test sets it
+
 BLOCKS = [(16, 16), (32, 32), (64, 64), (16, 64), (64, 16), (32, 16)]
 
 
@@ -129,13 +131,14 @@ def test_decode_schedule_splits_32_row_blocks_at_decode_n(monkeypatch):
 
 
 def test_lean_takes_rule(monkeypatch):
-    """structured.lean_takes (the C++ bsr_lean_run's rule): $PRUNEKIT_BSR_LEAN=1, 1 <= N <= 16, fp16/bf16 blocks with
-    r and c in (16, 32, 64)."""
+    """structured.lean_takes (the C++ bsr_lean_run's rule): on unless $PRUNEKIT_BSR_LEAN=0, 1 <= N <= 16, fp16/bf16
+    blocks with r and c in (16, 32, 64)."""
     blocks = torch.zeros(3, 32, 16, dtype=torch.float16)
     monkeypatch.delenv(structured.LEAN_ENV, raising=False)
-    assert not structured.lean_takes(blocks, 16)
-    monkeypatch.setenv(structured.LEAN_ENV, "1")
-    assert structured.lean_takes(blocks, 1) and structured.lean_takes(blocks, 16)
+    assert structured.lean_takes(blocks, 16)
+    for on in ("", "1"):
+        monkeypatch.setenv(structured.LEAN_ENV, on)
+        assert structured.lean_takes(blocks, 1) and structured.lean_takes(blocks, 16)
     assert structured.lean_takes(blocks.bfloat16(), 8)
     assert not structured.lean_takes(blocks, 0) and not structured.lean_takes(blocks, 17)
     assert not structured.lean_takes(blocks.float(), 8)
@@ -318,6 +321,37 @@ def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
                         torch.cuda.synchronize()
                         err = relative_error(out, ref)
                         assert err < TOLERANCE[dtype], (m, k, n, transposed, activation, sched[0] is None, err)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("static", [True, False])
+def test_bsr_lean_decode_is_the_default(static, monkeypatch):
+    """$PRUNEKIT_BSR_LEAN unset, "" or "1": the lean kernel takes the calls at N <= 16 (not 17), in both modes; "0"
+    none; another value raises. (An invalid $PRUNEKIT_BSR_LEAN_WARPS raises only in the lean kernel.)"""
+    dense = block_sparse_weight(128, 256, 32, 32, 0.5, torch.float16, "cuda", seed=4)
+    comp = {key: t.cuda() for key, t in _components(dense.cpu(), 32, 32).items()}
+    sched = (comp["schedule"], comp["split_rows"]) if static else (None, None)
+
+    def call(n):
+        x = torch.randn(n, 256, device="cuda", dtype=torch.float16).t()
+        return structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 128, None,
+                                      "none", *sched)  # fmt: skip
+
+    monkeypatch.setenv(structured.LEAN_WARPS_ENV, "6")
+    for setting in (None, "", "1", "0"):
+        if setting is None:
+            monkeypatch.delenv(structured.LEAN_ENV, raising=False)
+        else:
+            monkeypatch.setenv(structured.LEAN_ENV, setting)
+        for n in (1, 16, 17):
+            if setting != "0" and n <= structured.LEAN_MAX_N:
+                with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_LEAN_WARPS"):
+                    call(n)
+            else:
+                call(n)
+    monkeypatch.setenv(structured.LEAN_ENV, "yes")
+    with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_LEAN must"):
+        call(8)
 
 
 @pytest.mark.cuda

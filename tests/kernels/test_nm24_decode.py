@@ -15,6 +15,8 @@ from prunekit import formats
 from prunekit.kernels import nm24, ops, reference, structured
 from prunekit.kernels.testing import TOLERANCE, relative_error, spmm_reference64
 
+pytestmark = pytest.mark.usefixtures("ring_kernel")  # conftest.py: the lean kernel only where a test sets it
+
 
 def weight24(m: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     """``(m, k)`` 2:4 weight (the 2 largest of every 4 N(0, 1) entries), row 1 empty, row 2 with one value per group."""
@@ -318,6 +320,40 @@ def test_lean_kernel_shape_setting(monkeypatch):
         monkeypatch.setenv(nm24.LEAN_WARPS_ENV, unset)
         y = _run_mm(plan, x, None, False, "t")
         assert relative_error(y, spmm_reference64(dense, x, None, "none")) < TOLERANCE[torch.float16], unset
+
+
+@pytest.mark.cuda
+def test_lean_kernel_default_rule(monkeypatch):
+    """$PRUNEKIT_NM24_LEAN unset or "auto": the lean kernel takes the 2:4 calls with K <= nm24.LEAN_MAX_K at N <= 16,
+    and none at larger K; "1" takes those too, "0" none; another value raises. (An invalid $PRUNEKIT_NM24_LEAN_WARPS
+    raises only in the lean kernels: it shows which calls they take.)"""
+    monkeypatch.setenv(nm24.MMA_ENV, "sp")
+    plans = {}
+    for k in (nm24.LEAN_MAX_K - 24, nm24.LEAN_MAX_K + 76):
+        _, values, metadata, bits = _cuda24(64, k, torch.float16, seed=2)
+        plans[k] = nm24.get_plan(values, metadata, bits, k)
+    for setting in (None, "", "auto", "1", "0"):
+        if setting is None:
+            monkeypatch.delenv(nm24.LEAN_ENV, raising=False)
+        else:
+            monkeypatch.setenv(nm24.LEAN_ENV, setting)
+        for k, plan in plans.items():
+            takes = setting != "0" and (setting == "1" or k <= nm24.LEAN_MAX_K)
+            for n in (2, 16):
+                x = torch.randn(n, k, device="cuda").half().t()
+                monkeypatch.setenv(nm24.LEAN_WARPS_ENV, "3")
+                if takes:
+                    with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN_WARPS"):
+                        _run_mm(plan, x, None, False, "t")
+                else:
+                    _run_mm(plan, x, None, False, "t")
+                monkeypatch.delenv(nm24.LEAN_WARPS_ENV)
+                y = _run_mm(plan, x, None, False, "t")  # and right, either kernel
+                assert not torch.isnan(y).any(), (setting, k, n)
+    monkeypatch.setenv(nm24.LEAN_ENV, "yes")
+    with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN must"):
+        _run_mm(plans[nm24.LEAN_MAX_K - 24], torch.randn(8, nm24.LEAN_MAX_K - 24, device="cuda").half().t(), None,
+                False, "t")  # fmt: skip
 
 
 @pytest.mark.cuda

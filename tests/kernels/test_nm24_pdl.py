@@ -58,10 +58,10 @@ def _chain(layers, x0: torch.Tensor, outs: list[torch.Tensor]) -> None:
 
 
 def _set_kind(kind: str, monkeypatch) -> None:
-    """The kind's settings: "...lean" runs the lean decode kernels ($PRUNEKIT_NM24_LEAN=1); for "nm24lean" (mma.sp) at
+    """The kind's settings: "...lean" runs the lean decode kernels ($PRUNEKIT_NM24_LEAN=1), the others the ring kernel
+    (0); for "nm24lean" (mma.sp) at
     N = 1 too (the SpMV kernel, which takes N = 1 by default, switched off)."""
-    if kind.endswith("lean"):
-        monkeypatch.setenv(nm24.LEAN_ENV, "1")
+    monkeypatch.setenv(nm24.LEAN_ENV, "1" if kind.endswith("lean") else "0")
     if kind == "nm24lean":
         monkeypatch.setenv(nm24.MMA_ENV, "sp")
         monkeypatch.setenv(nm24.SPMV_ENV, "0")

@@ -29,6 +29,8 @@ from prunekit.kernels.testing import (
     spmm_reference64,
 )
 
+pytestmark = pytest.mark.usefixtures("ring_kernel")  # conftest.py: the lean kernel only where a test sets it
+
 DTYPES = [torch.float16, torch.bfloat16]
 SHAPES = [(m, k, n, sp, e) for (m, k, sp, e), n in zip(SPMM_EDGE_CASES, (1, 5, 3, 16, 9, 16, 1, 8, 13), strict=True)]
 # the same edge cases at N > 16 (blocks of 64 tokens; the last group partial, or exactly full at 64 and 128)
@@ -216,6 +218,31 @@ def test_plan_spmm_bitmap_is_forced_only():
 @pytest.mark.parametrize("layout", ["transposed", "row_major"])
 def test_bitmap_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, layout):
     _check_edge_case(dtype, m, k, n, sparsity, empty_rows, layout)
+
+
+@pytest.mark.cuda
+def test_lean_bitmap_kernel_default_rule(monkeypatch):
+    """$PRUNEKIT_NM24_LEAN unset: the lean kernel takes bitmap calls with K <= nm24.LEAN_MAX_K at N <= 8 (not N = 9 or
+    16, nor larger K); "0" none. (An invalid $PRUNEKIT_NM24_LEAN_WARPS raises only in the lean kernels.) Then each
+    call again with the launcher's warps, against float64."""
+    for k in (nm24.LEAN_MAX_K - 24, nm24.LEAN_MAX_K + 76):
+        dense, c, x2d, bias = random_spmm_case(96, k, 16, 0.85, 4, torch.float16, 9, "cuda")
+        for setting in (None, "0"):
+            if setting is None:
+                monkeypatch.delenv(nm24.LEAN_ENV, raising=False)
+            else:
+                monkeypatch.setenv(nm24.LEAN_ENV, setting)
+            for n in (2, 8, 9, 16):
+                monkeypatch.setenv(nm24.LEAN_WARPS_ENV, "3")
+                if setting is None and k <= nm24.LEAN_MAX_K and n <= 8:
+                    with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN_WARPS"):
+                        _run(c, x2d[:n].t(), 96, bias, "relu")
+                else:
+                    _run(c, x2d[:n].t(), 96, bias, "relu")
+                monkeypatch.delenv(nm24.LEAN_WARPS_ENV)
+                y = _run(c, x2d[:n].t(), 96, bias, "relu")
+                ref = spmm_reference64(dense, x2d[:n].t(), bias, "relu")
+                assert relative_error(y, ref) <= TOLERANCE[torch.float16], (k, setting, n)
 
 
 @pytest.mark.cuda

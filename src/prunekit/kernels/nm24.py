@@ -78,13 +78,17 @@ RING_ENV = "PRUNEKIT_NM24_RING"  # the weight ring instead of plan_ring's (mma.s
 # weight rings the library is built for, "R x B": R batches of B k-steps per warp in shared memory (templates R, B;
 # the register expansion has 3 x 8 only)
 RINGS = ("3x8", "4x4", "6x4")
-# "1": mma.sp and bitmap plans at N <= 16 run the lean decode kernels (one or two 16-row strips per block, warps
-# splitting K, weights and X loaded straight into registers, no workspace; nm24_decode.cu, nm24_lean_kernel and
-# nm24_lean_bitmap_kernel) instead of the ring kernel. Opt-in (eighteenth session): written without a GPU, not yet
-# timed. LEAN_WARPS_ENV forces the shape: "KW" warps per strip (1, 2, 4, 8) or "KWxSB" with SB strips per block (1, 2;
-# SB = 2 with KW <= 4; the bitmap kernel takes KW only).
+# The lean decode kernels (one or two 16-row strips per block, warps splitting K, weights and X loaded straight into
+# registers, no workspace; nm24_decode.cu, nm24_lean_kernel and nm24_lean_bitmap_kernel) instead of the ring kernel:
+# unset / "auto", the measured rule (nineteenth session, H100): K <= LEAN_MAX_K at N <= 16 (2:4) or N <= 8 (bitmap);
+# 3072 x 768 2:4 at N = 2 / 8 / 16 2.22 / 2.62 / 3.64 against 4.00 / 4.23 / 4.81 us, bitmap at N = 2 / 8 3.15-3.56
+# against 4.98-5.22 (benchmarks/results/nm24-sweep-lean-h100-2026-11-26-s19.json,
+# spmm-bitmap-lean{0,1-8}-h100-2026-11-26-s19.json). "1": every mma.sp and bitmap call at N <= 16; "0": none.
+# LEAN_WARPS_ENV forces the shape: "KW" warps per strip (1, 2, 4, 8) or "KWxSB" with SB strips per block (1, 2; SB = 2
+# with KW <= 4; the bitmap kernel takes KW only); unset, the launcher's measured rule (nm24_decode.cu, lean_shape).
 LEAN_ENV = "PRUNEKIT_NM24_LEAN"
 LEAN_WARPS_ENV = "PRUNEKIT_NM24_LEAN_WARPS"
+LEAN_MAX_K = 1024  # kLeanMaxK
 SPMV_ENV = "PRUNEKIT_NM24_SPMV"  # "0": N = 1 goes to the tensor-core decode kernel too
 SPMV_MAX_K = 49152  # x in the SpMV kernel's shared memory (96 KB)
 ROWS = 1 << 56  # cfg bit of prunekit_nm24::linear: x is (N, K) and the result (N, M) (nn.Linear's layout)

@@ -79,10 +79,14 @@ BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and t
 DECODE_SCHEDULE_CHUNK = 4
 DECODE_SCHEDULE_BLOCK_ROWS = (32,)
 DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule at every N
-# "1": calls at 1 <= N <= LEAN_MAX_N (static and dynamic, blocks 16 / 32 / 64, fp16 / bf16) run the lean decode kernel
+# Calls at 1 <= N <= LEAN_MAX_N (static and dynamic, blocks 16 / 32 / 64, fp16 / bf16) run the lean decode kernel
 # (csrc/structured/bsr_decode_lean.cu: a CTA per 16-row strip, its warps taking the block row's blocks in turn, blocks
-# and X loaded straight into mma fragments; one launch, no schedule or workspace) instead of the tiled kernel. Opt-in
-# (eighteenth session): written without a GPU, not yet timed. LEAN_WARPS_ENV forces its warps per CTA (4 or 8).
+# and X loaded straight into mma fragments; one launch, no schedule or workspace) instead of the tiled kernel, unless
+# $PRUNEKIT_BSR_LEAN=0. On by default since the nineteenth session: on the H100 at N = 16, static mode, 0.26-0.93x of
+# the tiled kernel's time at all 12 points of 4096 x 4096 and 11008 x 4096 (blocks 16 / 32 / 64, 90 / 95%), and ahead
+# of torch's Triton BSR at all 12 (1.00-3.09x; a tie, 7.62 against 7.63 us, at 11008 x 4096 b64 95%):
+# benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json. LEAN_WARPS_ENV forces its warps per CTA (4
+# or 8).
 LEAN_ENV = "PRUNEKIT_BSR_LEAN"
 LEAN_WARPS_ENV = "PRUNEKIT_BSR_LEAN_WARPS"
 LEAN_MAX_N = 16
@@ -675,14 +679,14 @@ def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None
 
 def lean_takes(blocks: torch.Tensor, n: int) -> bool:
     """Whether the lean BSR decode kernel takes a call with ``n`` tokens (csrc/structured/bsr_decode_lean.cu,
-    ``bsr_lean_run``, the same rule): ``$PRUNEKIT_BSR_LEAN=1``, ``1 <= n <= LEAN_MAX_N``, fp16/bf16 blocks of
-    ``r x c`` with r and c in (16, 32, 64).
+    ``bsr_lean_run``, the same rule): ``$PRUNEKIT_BSR_LEAN`` not ``0`` (unset, empty or ``1``: on; another value
+    raises in the kernel), ``1 <= n <= LEAN_MAX_N``, fp16/bf16 blocks of ``r x c`` with r and c in (16, 32, 64).
 
     Args:
         blocks: ``(nblocks, r, c)``; n: N (tokens) of the call.
     """
     return (
-        os.environ.get(LEAN_ENV, "").strip() == "1"
+        os.environ.get(LEAN_ENV) != "0"
         and 1 <= n <= LEAN_MAX_N
         and blocks.dim() == 3
         and blocks.dtype in (torch.float16, torch.bfloat16)

@@ -161,16 +161,22 @@ void dispatch_lean(int c, int w, const at::Tensor& blocks, const at::Tensor& cro
 
 }  // namespace
 
-// Runs the lean kernel and returns true where it takes the call: $PRUNEKIT_BSR_LEAN=1 (read per call), 1 <= N <= 16,
-// r and c in {16, 32, 64}, fp16/bf16. Warps per CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else 8 where
-// blocks.size(0) gives more than 8 blocks per block row on average, else 4 (in dynamic mode that counts the declared
-// capacity, not the blocks in use: the exact count would need a host synchronisation). Not yet measured. The
-// schedule, N tile and variant arguments of bsr_mm_out do not apply to it. Arguments as bsr_mm_out has
-// checked them (x K-contiguous with an even leading dimension, 16-byte aligned; bias contiguous, x's dtype).
+// Runs the lean kernel and returns true where it takes the call: 1 <= N <= 16, r and c in {16, 32, 64}, fp16/bf16,
+// unless $PRUNEKIT_BSR_LEAN=0 (read per call; unset, "" or "1": on). On by default since the nineteenth session: on
+// the H100 at N = 16 it took 0.26-0.93x of the tiled kernel's time in static mode at all 12 points of 4096 x 4096 and
+// 11008 x 4096, blocks 16 / 32 / 64, 90 / 95% (benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json),
+// and in dynamic mode at 10 of 12 (at 11008 x 4096 with 64-row blocks 11.61 / 7.62 against 10.50 / 7.46 us). Warps per
+// CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else 8 where blocks.size(0) gives more than 8 blocks per block row on
+// average, else 4 (in dynamic mode that counts the declared capacity, not the blocks in use: the exact count would need
+// a host synchronisation). The schedule, N tile and variant arguments of bsr_mm_out do not apply to it. Arguments as
+// bsr_mm_out has checked them (x K-contiguous with an even leading dimension, 16-byte aligned; bias contiguous, x's
+// dtype).
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
                   const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream) {
   const char* on = std::getenv("PRUNEKIT_BSR_LEAN");
-  if (on == nullptr || std::strcmp(on, "1") != 0) return false;
+  if (on != nullptr && std::strcmp(on, "0") == 0) return false;
+  PRUNEKIT_CHECK(on == nullptr || *on == '\0' || std::strcmp(on, "1") == 0,
+                 "bsr_mm: $PRUNEKIT_BSR_LEAN must be 0 or 1, got '", on, "'");
   const int64_t m = y.size(0), n = y.size(1);
   const int64_t r = blocks.size(1), c = blocks.size(2);
   const bool half = x.scalar_type() == at::kHalf;

@@ -958,14 +958,41 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
 
 // The lean kernel's shape: KW warps per strip and SB strips per block. $PRUNEKIT_NM24_LEAN_WARPS = "KW" or "KWxSB"
 // (KW 1, 2, 4 or 8; SB 1 or 2, SB = 2 with KW <= 4: a block stays within 256 threads at ~150 registers) forces it;
-// unset, "" or "auto": SB = 1 and the fewest KW of 1, 2, 4, 8 that give the grid at least 4 warps per SM while each
-// warp keeps at least min_per_warp of the strip's units (2:4: 2 k32 steps; bitmap: 1 batch of 8 k-steps). Without
-// strips_per_block (the bitmap kernel) a forced SB other than 1 raises. Not yet measured.
+// unset, "" or "auto": the rule measured on the H100 (nineteenth session; benchmarks/results/
+// nm24-sweep-lean-h100-2026-11-26-s19.json, spmm-bitmap-lean1-{auto,8}-h100-2026-11-26-s19.json):
+// - 2:4 with K <= kLeanMaxK at N > 2: 4 x 2 (3072 x 768: 2.62 / 3.64 us at N = 8 / 16, against 3.02 / 3.76 with 4
+//   warps and 2.77 / 4.73 with 8);
+// - otherwise at N <= 8: 8 warps, one strip (3072 x 768 N = 2: 2.22 against 2.60 us with 4; 4096 x 4096 N = 2: 8.82
+//   against 12.10; bitmap 3072 x 768 N = 2 / 8: 3.15-3.56 against 4.16-5.06);
+// - at N > 8 and K > kLeanMaxK (taken only when $PRUNEKIT_NM24_LEAN=1 forces it): SB = 1 and the fewest KW of 1, 2, 4, 8
+//   that give the grid at least 4 warps per SM while each warp keeps at least min_per_warp of the strip's units (2:4:
+//   2 k32 steps; bitmap: 1 batch of 8 k-steps). Unmeasured beyond the five shapes of the sweep.
+// Without strips_per_block (the bitmap kernel) a forced SB other than 1 raises.
+// Whether the lean kernels take a call at N <= 16. $PRUNEKIT_NM24_LEAN (read per call): "1" every such call of an mma.sp
+// or bitmap plan, "0" none; unset, "" or "auto": the measured rule, K <= kLeanMaxK, and for bitmap plans N <= 8 too.
+// On the H100 (nineteenth session, the files above, same-run ring kernel), at 3072 x 768 (K = 768):
+// - 2:4 at N = 2 / 8 / 16: 2.22 / 2.62 / 3.64 us against 4.00 / 4.23 / 4.81 (1.91 / 1.58 / 1.16x of dense);
+// - bitmap at N = 2 / 8, 80 and 90%: 3.15-3.56 us against 4.98-5.22; at N = 16 5.54-5.86 against 5.62-5.64 (not taken).
+// At K >= 3072 (768 x 3072, 4096 x 4096, 11008 x 4096, 4096 x 11008) the lean 2:4 kernel is within 2% of the ring one
+// at N = 2 / 8 with 8 warps (but 0.91x at 4096 x 4096, N = 2) and 1.3-1.7x slower at N = 16; the bitmap one 1.0-1.6x
+// slower. One shape in the rule's range: in-sample.
+constexpr int64_t kLeanMaxK = 1024;
+
+inline bool lean_takes(bool bitmap, int64_t k, int64_t n) {
+  const char* var = std::getenv("PRUNEKIT_NM24_LEAN");
+  if (var != nullptr && std::strcmp(var, "1") == 0) return n <= kTokens;
+  if (var != nullptr && std::strcmp(var, "0") == 0) return false;
+  PRUNEKIT_CHECK(var == nullptr || *var == '\0' || std::strcmp(var, "auto") == 0,
+                 "nm24: $PRUNEKIT_NM24_LEAN must be 0, 1 or auto, got '", var, "'");
+  return k <= kLeanMaxK && n <= (bitmap ? 8 : kTokens);
+}
+
 struct LeanShape {
   int kw, sb;
 };
 
-inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms, bool strips_per_block = true) {
+inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms, int n, bool small_k,
+                            bool strips_per_block = true) {
   const char* var = std::getenv("PRUNEKIT_NM24_LEAN_WARPS");
   if (var != nullptr && *var != '\0' && std::strcmp(var, "auto") != 0) {  // "" and "auto": the rule below
     char* end = nullptr;
@@ -984,6 +1011,8 @@ inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms, bo
                    "$PRUNEKIT_NM24_LEAN_WARPS must be KW (or KWx1), got '", var, "'");
     return {static_cast<int>(kw), static_cast<int>(sb)};
   }
+  if (strips_per_block && small_k && n > 2) return {4, 2};
+  if (n <= 8) return {8, 1};
   int kw = 1;
   while (kw < 8 && static_cast<int64_t>(strips) * kw < 4LL * sms && units >= 2 * kw * min_per_warp) kw *= 2;
   return {kw, 1};
@@ -1283,11 +1312,10 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   p.x_vec = x.stride(0) == 1 && (n == 1 || x.stride(1) % 4 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool two = n > 8;
-  // The lean kernels (opt-in, $PRUNEKIT_NM24_LEAN=1, read per call): mma.sp and bitmap plans at N <= 16, no workspace
-  // or second kernel; programmatic dependent launch on sm_90 unless $PRUNEKIT_NM24_PDL=0.
-  const char* lean_var = std::getenv("PRUNEKIT_NM24_LEAN");
+  // The lean kernels (mma.sp and bitmap plans at N <= 16 where lean_takes: no workspace or second kernel);
+  // programmatic dependent launch on sm_90 unless $PRUNEKIT_NM24_PDL=0.
   const bool bitmap = v.variant == kBitmap;
-  if ((sp || bitmap) && n <= kTokens && lean_var != nullptr && std::strcmp(lean_var, "1") == 0) {
+  if ((sp || bitmap) && lean_takes(bitmap, k, n)) {
     p.cluster = 0;
     p.finish = 0;
     p.pdl = prunekit_launch::device_props(x.get_device()).major >= 9 &&
@@ -1296,7 +1324,7 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
                 : 0;
     const int sms = prunekit_launch::device_props(x.get_device()).sms;
     if (bitmap) {  // X as 8-byte pieces: the x_vec above
-      const int kw = lean_shape(p.strips, p.ksteps / kBatch, 1, sms, false).kw;
+      const int kw = lean_shape(p.strips, p.ksteps / kBatch, 1, sms, p.n, k <= kLeanMaxK, false).kw;
       if (x.scalar_type() == at::kHalf) {
         two ? launch_lean_bitmap<__half, 2>(p, stream, kw) : launch_lean_bitmap<__half, 1>(p, stream, kw);
       } else {
@@ -1307,7 +1335,7 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
     // 2:4: X as 4-byte pairs; unit stride along K, an even row stride and a 4-byte aligned base suffice
     p.x_vec =
         x.stride(0) == 1 && (n == 1 || x.stride(1) % 2 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
-    const LeanShape shape = lean_shape(p.strips, p.ksteps / 2, 2, sms);
+    const LeanShape shape = lean_shape(p.strips, p.ksteps / 2, 2, sms, p.n, k <= kLeanMaxK);
     if (x.scalar_type() == at::kHalf) {
       two ? launch_lean<__half, 2>(p, stream, shape) : launch_lean<__half, 1>(p, stream, shape);
     } else {
