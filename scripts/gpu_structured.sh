@@ -28,6 +28,8 @@
 #                                          # racecheck, bsr.py at N = 16 with and without it ($BSR_LEAN_SHAPES, ...)
 #   scripts/gpu_structured.sh bitmaplean   # the lean bitmap decode kernel: spmm.py, forced bitmap, without and with
 #                                          # $PRUNEKIT_NM24_LEAN=1 ($BITMAP_LEAN_WARPS, _SHAPES, _NS, _SPARSITIES)
+#   scripts/gpu_structured.sh leandefaults # the lean kernels as defaults: memcheck, racecheck, bsr.py at N = 1 / 16 and
+#                                          # 50 / 70%, spmm.py at 3072 x 768, nm.py decode points
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -382,27 +384,9 @@ sanitize() {
   done
 }
 
-# The lean 2:4 and bitmap decode kernels (opt-in, $PRUNEKIT_NM24_LEAN=1; written in the eighteenth session without a
-# GPU): build nm24 (and the SpMM and BSR libraries beside it), their tests (float64, layer, graph, PDL chains), memcheck
-# and racecheck of small cases, then the 2:4 sweep of the ring kernel against the lean one at $NM24_LEAN_WARPS, N in
-# $NM24_LEAN_NS, the five decode shapes (the bitmap timings: bitmaplean).
-nm24lean() {
-  # the BSR library builds beside it (bsrlean, the next call on the warm machine, then finds it in the kernel cache;
-  # NM24LEAN_PREBUILD_BSR=0: not)
-  local bsr_pid="" ext_pid=""
-  if [[ ${NM24LEAN_PREBUILD_BSR:-1} == 1 ]]; then
-    load_lib bsr structured &
-    bsr_pid=$!
-  fi
-  load_lib ext build &  # the SpMM library: the bitmap tests go through gpu.spmm_csr, which loads it
-  ext_pid=$!
-  step build nm24
-  load_lib nm24 nm24 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
-  tail -1 "$OUT/build_nm24.log"
-  wait "$ext_pid"; echo "SpMM library build exit code $?"; tail -1 "$OUT/build_ext.log"
-  step lean kernel tests
-  lean_tests lean tests/kernels/test_nm24_decode.py tests/kernels/test_nm24_pdl.py tests/kernels/test_spmm_bitmap.py
-  step compute-sanitizer memcheck and racecheck, lean kernel
+# Writes /tmp/sanitize_lean.py: small lean 2:4 and bitmap decode calls at every forced shape (the bitmap kernel at the
+# one-strip shapes), for sanitize.
+lean_sanitize_script() {
   cat > /tmp/sanitize_lean.py <<'PY'
 import os, sys, torch
 sys.path.insert(0, "tests/kernels")
@@ -425,6 +409,30 @@ for warps in ("1", "4", "8", "4x2"):
 torch.cuda.synchronize()
 print("sanitize run done")
 PY
+}
+
+# The lean 2:4 and bitmap decode kernels (opt-in, $PRUNEKIT_NM24_LEAN=1; written in the eighteenth session without a
+# GPU): build nm24 (and the SpMM and BSR libraries beside it), their tests (float64, layer, graph, PDL chains), memcheck
+# and racecheck of small cases, then the 2:4 sweep of the ring kernel against the lean one at $NM24_LEAN_WARPS, N in
+# $NM24_LEAN_NS, the five decode shapes (the bitmap timings: bitmaplean).
+nm24lean() {
+  # the BSR library builds beside it (bsrlean, the next call on the warm machine, then finds it in the kernel cache;
+  # NM24LEAN_PREBUILD_BSR=0: not)
+  local bsr_pid="" ext_pid=""
+  if [[ ${NM24LEAN_PREBUILD_BSR:-1} == 1 ]]; then
+    load_lib bsr structured &
+    bsr_pid=$!
+  fi
+  load_lib ext build &  # the SpMM library: the bitmap tests go through gpu.spmm_csr, which loads it
+  ext_pid=$!
+  step build nm24
+  load_lib nm24 nm24 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
+  tail -1 "$OUT/build_nm24.log"
+  wait "$ext_pid"; echo "SpMM library build exit code $?"; tail -1 "$OUT/build_ext.log"
+  step lean kernel tests
+  lean_tests lean tests/kernels/test_nm24_decode.py tests/kernels/test_nm24_pdl.py tests/kernels/test_spmm_bitmap.py
+  step compute-sanitizer memcheck and racecheck, lean kernel
+  lean_sanitize_script
   sanitize lean /tmp/sanitize_lean.py
   step lean vs ring sweep
   timeout 300 python3 benchmarks/nm24_sweep.py --chunks auto --ns "${NM24_LEAN_NS:-2,8,16}" \
@@ -499,11 +507,49 @@ bitmaplean() {
   done
 }
 
+# The lean kernels' measured defaults (nineteenth session: BSR lean at N <= 16; 2:4 lean at K <= 1024; bitmap lean at
+# K <= 1024, N <= 8): builds the three libraries, memcheck and racecheck of the lean 2:4 and bitmap kernels at every
+# forced shape, bsr.py at N = 1 / 16 and 50 / 70% block sparsity with and without the lean BSR kernel (the rule's
+# unmeasured range), spmm.py's own choice at 3072 x 768 (N 2-16), then nm.py at the decode points, all as users get them.
+leandefaults() {
+  local bsr_pid ext_pid
+  load_lib bsr structured &
+  bsr_pid=$!
+  load_lib ext build &
+  ext_pid=$!
+  step build nm24, SpMM, BSR
+  load_lib nm24 nm24 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
+  wait "$ext_pid"; echo "SpMM library build exit code $?"
+  wait "$bsr_pid"; echo "BSR library build exit code $?"
+  step compute-sanitizer memcheck and racecheck, lean 2:4 and bitmap kernels
+  lean_sanitize_script
+  sanitize lean /tmp/sanitize_lean.py
+  local grid=(--shapes "${LEAN_DEFAULTS_BSR_SHAPES:-4096x4096,3072x768}" --ns 1,16 --blocks 16,32,64 --sparsities 0.5,0.7)
+  step bsr.py, N = 1 / 16, 50 / 70%, lean and tiled
+  PRUNEKIT_BSR_LEAN=1 timeout 150 python3 benchmarks/bsr.py "${grid[@]}" --out "$OUT/bsr-decode-lowsp-lean-$DEV-$DATE.json" \
+    > "$OUT/bench_bsr_lowsp_lean.log" 2>&1
+  echo "bsr (lean) exit code $?"
+  PRUNEKIT_BSR_LEAN=0 timeout 120 python3 benchmarks/bsr.py "${grid[@]}" --no-torch-bsr \
+    --out "$OUT/bsr-decode-lowsp-tiled-$DEV-$DATE.json" > "$OUT/bench_bsr_lowsp_tiled.log" 2>&1
+  echo "bsr (tiled) exit code $?"
+  python3 benchmarks/lean_compare.py bsr "$OUT/bsr-decode-lowsp-lean-$DEV-$DATE.json" \
+    "$OUT/bsr-decode-lowsp-tiled-$DEV-$DATE.json" 2>&1 | tail -30
+  step "spmm.py at 3072 x 768, the launcher's own choice"
+  timeout 120 python3 benchmarks/spmm.py --shapes 3072x768 --ns 2,4,8,16 --sparsities 0.8,0.9 --dtypes float16 \
+    --out "$OUT/spmm-decode3072-$DEV-$DATE.json" > "$OUT/bench_spmm_3072.log" 2>&1
+  echo "spmm.py exit code $?"; grep -v "^\s*$" "$OUT/bench_spmm_3072.log" | tail -14
+  step nm.py at the decode points
+  timeout 150 python3 benchmarks/nm.py --points "${LEAN_DEFAULTS_NM_POINTS:-5,6,7,8,12,13,14,15,16,17}" \
+    --time-limit-s 120 --out "$OUT/nm-decode-$DEV-$DATE.json" > "$OUT/bench_nm_decode.log" 2>&1
+  echo "nm.py exit code $?"; grep -v "^\s*$" "$OUT/bench_nm_decode.log" | tail -16
+}
+
 case $MODE in
   build-test) build; build_test ;;
   nm24lean) nm24lean ;;
   bsrlean) bsrlean ;;
   bitmaplean) bitmaplean ;;
+  leandefaults) leandefaults ;;
   nm24sp) nm24sp ;;
   nm24ring) nm24ring ;;
   nm24prof) nm24prof ;;
@@ -512,6 +558,6 @@ case $MODE in
   nm) build; bench_nm "$@" ;;
   nmconfigs) nmconfigs "$@" ;;
   all) build; build_test; bench_bsr "$@"; bench_nm ;;
-  *) echo "usage: $0 build-test|bsr|nm|nmconfigs|nm24|nm24sp|nm24ring|nm24prof|nm24lean|bsrlean|bitmaplean|all [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: $0 build-test|bsr|nm|nmconfigs|nm24|nm24sp|nm24ring|nm24prof|nm24lean|bsrlean|bitmaplean|leandefaults|all [benchmark args]" >&2; exit 2 ;;
 esac
 step done
