@@ -396,7 +396,7 @@ os.environ[nm24.LEAN_ENV] = "1"
 nm24.load()
 from prunekit.kernels import gpu
 from prunekit.kernels.testing import random_spmm_case
-for warps in ("1", "4", "8", "4x2"):
+for warps in ("1", "4", "6", "8", "4x2"):
     os.environ[nm24.LEAN_WARPS_ENV] = warps
     for m, k, n in ((37, 132, 5), (64, 4096, 16), (300, 1000, 9)):
         dense, values, metadata, bits = _cuda24(m, k, torch.float16, 1)

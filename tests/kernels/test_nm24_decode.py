@@ -287,7 +287,7 @@ def test_decode_kernel_matches_float64(dtype, reduction, mma, ring, monkeypatch)
 @pytest.mark.parametrize(
     ("dtype", "warps", "pdl"),
     [(torch.float16, None, "1"), (torch.bfloat16, None, "1"), (torch.float16, None, "0")]
-    + [(torch.float16, w, "1") for w in ("1", "2", "4", "8", "1x2", "4x2")],
+    + [(torch.float16, w, "1") for w in ("1", "2", "4", "6", "8", "1x2", "4x2")],
 )
 def test_lean_kernel_matches_float64(dtype, warps, pdl, monkeypatch):
     """The lean decode kernel ($PRUNEKIT_NM24_LEAN=1): KW warps per strip splitting K and SB strips per block (the

@@ -248,7 +248,7 @@ def test_lean_bitmap_kernel_default_rule(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     ("dtype", "warps"), [(torch.float16, None), (torch.bfloat16, None), (torch.float16, "1"), (torch.float16, "2"),
-                         (torch.float16, "4"), (torch.float16, "8")],
+                         (torch.float16, "4"), (torch.float16, "6"), (torch.float16, "8")],
 )  # fmt: skip
 def test_lean_bitmap_kernel_matches_float64(dtype, warps, monkeypatch):
     """The lean decode kernel on bitmap plans ($PRUNEKIT_NM24_LEAN=1; warps per strip from the launcher's rule or

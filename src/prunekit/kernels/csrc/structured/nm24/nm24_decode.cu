@@ -957,7 +957,7 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
 }
 
 // The lean kernel's shape: KW warps per strip and SB strips per block. $PRUNEKIT_NM24_LEAN_WARPS = "KW" or "KWxSB"
-// (KW 1, 2, 4 or 8; SB 1 or 2, SB = 2 with KW <= 4: a block stays within 256 threads at ~150 registers) forces it;
+// (KW 1, 2, 4, 6 or 8; SB 1 or 2, SB = 2 with KW <= 4: a block stays within 256 threads at ~150 registers) forces it;
 // unset, "" or "auto": the rule measured on the H100 (nineteenth session; benchmarks/results/
 // nm24-sweep-lean-h100-2026-11-26-s19.json, spmm-bitmap-lean1-{auto,8}-h100-2026-11-26-s19.json):
 // - 2:4 with K <= kLeanMaxK at N > 2: 4 x 2 (3072 x 768: 2.62 / 3.64 us at N = 8 / 16, against 3.02 / 3.76 with 4
@@ -1004,8 +1004,9 @@ inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms, in
       sb = std::strtol(sb_text, &end, 10);
       ok = end != sb_text;
     }
-    ok = ok && *end == '\0' && (kw == 1 || kw == 2 || kw == 4 || kw == 8) && (sb == 1 || (sb == 2 && kw <= 4));
-    PRUNEKIT_CHECK(ok, "nm24: $PRUNEKIT_NM24_LEAN_WARPS must be auto, KW or KWxSB with KW 1, 2, 4 or 8 and SB 1 or 2 ",
+    ok = ok && *end == '\0' && (kw == 1 || kw == 2 || kw == 4 || kw == 6 || kw == 8) &&
+         (sb == 1 || (sb == 2 && kw <= 4));
+    PRUNEKIT_CHECK(ok, "nm24: $PRUNEKIT_NM24_LEAN_WARPS must be auto, KW or KWxSB with KW 1, 2, 4, 6 or 8 and SB 1 or 2 ",
                    "(SB 2 with KW <= 4), got '", var, "'");
     PRUNEKIT_CHECK(sb == 1 || strips_per_block, "nm24: the lean bitmap kernel takes one strip per block: ",
                    "$PRUNEKIT_NM24_LEAN_WARPS must be KW (or KWx1), got '", var, "'");
@@ -1031,6 +1032,7 @@ void launch_lean_bitmap(const Params& p, cudaStream_t stream, int kw) {
   kw == 1   ? prunekit_launch::launch(nm24_lean_bitmap_kernel<T, NT, 1>, grid, dim3(32), 0, stream, pdl, p)
   : kw == 2 ? prunekit_launch::launch(nm24_lean_bitmap_kernel<T, NT, 2>, grid, dim3(64), 0, stream, pdl, p)
   : kw == 4 ? prunekit_launch::launch(nm24_lean_bitmap_kernel<T, NT, 4>, grid, dim3(128), 0, stream, pdl, p)
+  : kw == 6 ? prunekit_launch::launch(nm24_lean_bitmap_kernel<T, NT, 6>, grid, dim3(192), 0, stream, pdl, p)
             : prunekit_launch::launch(nm24_lean_bitmap_kernel<T, NT, 8>, grid, dim3(256), 0, stream, pdl, p);
 }
 
@@ -1045,6 +1047,7 @@ void launch_lean(const Params& p, cudaStream_t stream, LeanShape shape) {
   shape.kw == 1   ? launch_lean_as<T, NT, 1, 1>(p, stream)
   : shape.kw == 2 ? launch_lean_as<T, NT, 2, 1>(p, stream)
   : shape.kw == 4 ? launch_lean_as<T, NT, 4, 1>(p, stream)
+  : shape.kw == 6 ? launch_lean_as<T, NT, 6, 1>(p, stream)
                   : launch_lean_as<T, NT, 8, 1>(p, stream);
 }
 
