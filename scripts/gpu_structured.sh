@@ -511,19 +511,32 @@ bitmaplean() {
 # K <= 1024, N <= 8): builds the three libraries, memcheck and racecheck of the lean 2:4 and bitmap kernels at every
 # forced shape, bsr.py at N = 1 / 16 and 50 / 70% block sparsity with and without the lean BSR kernel (the rule's
 # unmeasured range), spmm.py's own choice at 3072 x 768 (N 2-16), then nm.py at the decode points, all as users get them.
+# LEAN_DEFAULTS_BSR=0 leaves out the BSR library and bsr.py; LEAN_DEFAULTS_TESTS=1 adds the lean 2:4 / bitmap tests.
 leandefaults() {
-  local bsr_pid ext_pid
-  load_lib bsr structured &
-  bsr_pid=$!
+  local bsr=${LEAN_DEFAULTS_BSR:-1} bsr_pid="" ext_pid
+  if [[ $bsr == 1 ]]; then
+    load_lib bsr structured &
+    bsr_pid=$!
+  fi
   load_lib ext build &
   ext_pid=$!
   step build nm24, SpMM, BSR
   load_lib nm24 nm24 || { tail -40 "$OUT/build_nm24.log"; exit 1; }
   wait "$ext_pid"; echo "SpMM library build exit code $?"
-  wait "$bsr_pid"; echo "BSR library build exit code $?"
+  if [[ ${LEAN_DEFAULTS_TESTS:-0} == 1 ]]; then
+    step lean kernel tests
+    lean_tests lean tests/kernels/test_nm24_decode.py tests/kernels/test_nm24_pdl.py tests/kernels/test_spmm_bitmap.py
+  fi
   step compute-sanitizer memcheck and racecheck, lean 2:4 and bitmap kernels
   lean_sanitize_script
   sanitize lean /tmp/sanitize_lean.py
+  [[ $bsr == 1 ]] && leandefaults_bsr "$bsr_pid"
+  leandefaults_spmm_nm
+}
+
+# leandefaults' BSR part: bsr.py at N = 1 / 16 and 50 / 70%, lean and tiled, after the BSR build (pid $1).
+leandefaults_bsr() {
+  wait "$1"; echo "BSR library build exit code $?"
   local grid=(--shapes "${LEAN_DEFAULTS_BSR_SHAPES:-4096x4096,3072x768}" --ns 1,16 --blocks 16,32,64 --sparsities 0.5,0.7)
   step bsr.py, N = 1 / 16, 50 / 70%, lean and tiled
   PRUNEKIT_BSR_LEAN=1 timeout 150 python3 benchmarks/bsr.py "${grid[@]}" --out "$OUT/bsr-decode-lowsp-lean-$DEV-$DATE.json" \
@@ -534,8 +547,13 @@ leandefaults() {
   echo "bsr (tiled) exit code $?"
   python3 benchmarks/lean_compare.py bsr "$OUT/bsr-decode-lowsp-lean-$DEV-$DATE.json" \
     "$OUT/bsr-decode-lowsp-tiled-$DEV-$DATE.json" 2>&1 | tail -30
+}
+
+# leandefaults' SpMM and 2:4 part: spmm.py at 3072 x 768 ("auto"), nm.py at the decode points.
+leandefaults_spmm_nm() {
   step "spmm.py at 3072 x 768, the launcher's own choice"
-  timeout 120 python3 benchmarks/spmm.py --shapes 3072x768 --ns 2,4,8,16 --sparsities 0.8,0.9 --dtypes float16 \
+  timeout 120 python3 benchmarks/spmm.py --shapes 3072x768 --ns "${LEAN_DEFAULTS_SPMM_NS:-2,4,8,16}" \
+    --sparsities "${LEAN_DEFAULTS_SPMM_SPARSITIES:-0.8,0.9}" --dtypes float16 \
     --out "$OUT/spmm-decode3072-$DEV-$DATE.json" > "$OUT/bench_spmm_3072.log" 2>&1
   echo "spmm.py exit code $?"; grep -v "^\s*$" "$OUT/bench_spmm_3072.log" | tail -14
   step nm.py at the decode points

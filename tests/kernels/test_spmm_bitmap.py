@@ -152,11 +152,12 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
         assert [auto(m, k, 16, s) for s in sparsities] == ["bitmap"] * 5 + ["rowwarp"] * 2, (m, k)
     assert [auto(4096, 4096, n, 0.8) for n in (1, 2, 8, 9, 16, 17)] == ["rowwarp"] + ["bitmap"] * 5
     assert [gpu.bitmap_min_density_denominator(n) for n in (2, 8, 9, 15, 16)] == [10, 10, 50, 50, 20]
-    # K = 768: rowwarp (the SpMV kernel's 4-token tile) at N <= 4, bitmap at N 5-8 (scatter is no candidate there), the
-    # scatter rule from N = 9; K = 512: rowwarp
-    assert [auto(3072, 768, n, 0.8) for n in (2, 4, 5, 8, 9, 16)] == ["rowwarp"] * 2 + ["bitmap"] * 2 + ["scatter"] * 2
+    # K = 768: rowwarp (the SpMV kernel's 4-token tile) at N <= 4, bitmap from N = 5 (the lean kernel from N = 9 too);
+    # K = 512: rowwarp, and the scatter rule from N = 9
+    assert [auto(3072, 768, n, 0.8) for n in (2, 4, 5, 8, 9, 16)] == ["rowwarp"] * 2 + ["bitmap"] * 4
+    assert [auto(3072, 768, n, 0.98) for n in (9, 16)] == ["bitmap", "rowwarp"]  # the density floors as at K >= 1024
     assert auto(3072, 512, 4, 0.8) == "rowwarp"
-    assert auto(3072, 768, 16, 0.8) == "scatter"
+    assert auto(3072, 512, 16, 0.8) == "scatter"
     assert auto(4096, 4096, 16, 0.8, torch.float32) == "rowwarp"
     assert auto(4096, 4096, 16, 0.8, torch.bfloat16) == "bitmap"
     assert gpu.eager_spmm_code("auto", torch.float16, torch.float16, 16, tc_auto=False) is None
@@ -222,8 +223,8 @@ def test_bitmap_kernel_matches_float64(dtype, m, k, n, sparsity, empty_rows, lay
 
 @pytest.mark.cuda
 def test_lean_bitmap_kernel_default_rule(monkeypatch):
-    """$PRUNEKIT_NM24_LEAN unset: the lean kernel takes bitmap calls with K <= nm24.LEAN_MAX_K at N <= 8 (not N = 9 or
-    16, nor larger K); "0" none. (An invalid $PRUNEKIT_NM24_LEAN_WARPS raises only in the lean kernels.) Then each
+    """$PRUNEKIT_NM24_LEAN unset: the lean kernel takes bitmap calls with K <= nm24.LEAN_MAX_K at N <= 16 (not at
+    larger K); "0" none. (An invalid $PRUNEKIT_NM24_LEAN_WARPS raises only in the lean kernels.) Then each
     call again with the launcher's warps, against float64."""
     for k in (nm24.LEAN_MAX_K - 24, nm24.LEAN_MAX_K + 76):
         dense, c, x2d, bias = random_spmm_case(96, k, 16, 0.85, 4, torch.float16, 9, "cuda")
@@ -234,7 +235,7 @@ def test_lean_bitmap_kernel_default_rule(monkeypatch):
                 monkeypatch.setenv(nm24.LEAN_ENV, setting)
             for n in (2, 8, 9, 16):
                 monkeypatch.setenv(nm24.LEAN_WARPS_ENV, "3")
-                if setting is None and k <= nm24.LEAN_MAX_K and n <= 8:
+                if setting is None and k <= nm24.LEAN_MAX_K:
                     with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN_WARPS"):
                         _run(c, x2d[:n].t(), 96, bias, "relu")
                 else:

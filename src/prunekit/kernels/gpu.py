@@ -123,7 +123,7 @@ SPMM_VARIANT_CODES = {
     "bitmap": 7,
 }
 # Bitmap decode kernel (nm24_decode.cu variant 2). "auto" takes it for fp16/bf16 at BITMAP_MIN_N <= N <= 16 when the
-# padded density is >= 1 / bitmap_min_density_denominator(N) and K >= BITMAP_MIN_K (BITMAP_MIN_K_SMALL_N at N = 5-8).
+# padded density is >= 1 / bitmap_min_density_denominator(N) and K >= BITMAP_MIN_K (BITMAP_MIN_K_SMALL_N at N = 5-16).
 # Twelfth session (spmm-bitmap-grid-h100-2026-11-25-s12.json: 5 shapes, N = 1 / 2 / 4 / 8 / 12 / 16, 70-98%, one run;
 # in-sample): rowwarp falls back to element loads where N is not its tile width, and at N = 2-8 it was slower than
 # bitmap on every K >= 1024 shape at 70-80% (4096 x 4096, 70%, N = 4: 33.0 against 15.6 us), about even at 90%
@@ -150,7 +150,10 @@ BITMAP_MIN_K = 1024
 # rowwarp's 6.1-10.4 at 70-90% in both twelfth-session grids (spmm-bitmap-grid-...-s12.json,
 # spmm-h100-2026-11-26-s12final.json; dense 4.7 us: both slower than dense there). Not at N = 2-4 since the SpMV
 # kernel's 4-token tile (thirteenth session, spmm-n248-tiles2-h100-2026-11-26-s13.json): at 3072 x 768 it took 2.7-4.2
-# us against bitmap's 4.7-5.3 at 70-95% (dense 4.7).
+# us against bitmap's 4.7-5.3 at 70-95% (dense 4.7). At N = 9-16 too since the nineteenth session, where the lean decode
+# kernel takes bitmap plans with K <= 1024 (nm24_decode.cu, lean_takes): at 3072 x 768, N = 16, 80 / 90% it took 3.89 /
+# 3.53 us (spmm-bitmap6-lean1-6-h100-2026-11-26-s19.json) against scatter's 6.08 / 5.68, what "auto" ran there
+# (spmm-decode3072-h100-2026-11-26-s19.json; dense 4.8-5.0 us). One shape, two sparsities: in-sample.
 BITMAP_MIN_K_SMALL_N = 768
 # N > 16 (fourteenth session): the kernel runs blocks of 32 tokens (N 17-32) or 64 (grid z over token groups), each
 # decoding the weight again. "auto" takes it for fp16/bf16 at BITMAP_MAX_N < N <= BITMAP_WIDE_MAX_N with K >=
@@ -354,7 +357,7 @@ def _plan_spmm(
     >= 10% when ``m * k <= 2^24`` (measured on the H100, see the constants); its k-split is
     :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`). With ``bitmap_auto``
     (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` (``k >=
-    BITMAP_MIN_K_SMALL_N`` for ``SPMV_MAX_N < n < SCATTER_MIN_N``) and the density is at least ``1 /
+    BITMAP_MIN_K_SMALL_N`` for ``n > SPMV_MAX_N``) and the density is at least ``1 /
     bitmap_min_density_denominator(n)`` (10% at N <= 8, 2% at N 9-15, 5% at N = 16), and for ``16 < n <=
     BITMAP_WIDE_MAX_N`` with ``k >= BITMAP_MIN_K_SMALL_N`` at density >= ``1 / bitmap_wide_min_density_denominator(n,
     k, m, num_sms)``; measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
@@ -382,7 +385,7 @@ def _plan_spmm(
             dtype in TC_DTYPES
             and BITMAP_MIN_N <= n <= BITMAP_MAX_N
             and bitmap_auto
-            and k >= (BITMAP_MIN_K_SMALL_N if SPMV_MAX_N < n < SCATTER_MIN_N else BITMAP_MIN_K)
+            and k >= (BITMAP_MIN_K_SMALL_N if SPMV_MAX_N < n else BITMAP_MIN_K)
             and nnz_padded * bitmap_min_density_denominator(n) >= m * k
         ):
             variant = "bitmap"
@@ -757,7 +760,7 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
 def eager_size_class(n: int) -> int:
     """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < BITMAP_MIN_N, 1 up to
     SPMV_MAX_N (bitmap's range, K >= BITMAP_MIN_K only), 2 below SCATTER_MIN_N (bitmap's range from
-    BITMAP_MIN_K_SMALL_N), 3 below BITMAP_MAX_N (the scatter kernel's range too), 4 for N = BITMAP_MAX_N (its own bitmap
+    BITMAP_MIN_K_SMALL_N, no scatter), 3 below BITMAP_MAX_N (the scatter kernel's range too), 4 for N = BITMAP_MAX_N (its own bitmap
     density floor), 5 below TC_MIN_N (bitmap's wide range from BITMAP_MIN_K_SMALL_N), 6 up to TC_SMALL_N (the
     tensor-core ``tc`` range at its N <= TC_SMALL_N density floor, and bitmap's from BITMAP_MIN_K), 7 up to
     BITMAP_WIDE_MAX_N (``tc``'s other floors), 8 above. Within a class, the rules' density floors do not change. The

@@ -956,37 +956,38 @@ __global__ void __launch_bounds__(32 * KW) nm24_lean_bitmap_kernel(const Params 
   lean_epilogue<T, NT, KW, 1>(p, acc, part, strip);
 }
 
-// The lean kernel's shape: KW warps per strip and SB strips per block. $PRUNEKIT_NM24_LEAN_WARPS = "KW" or "KWxSB"
-// (KW 1, 2, 4, 6 or 8; SB 1 or 2, SB = 2 with KW <= 4: a block stays within 256 threads at ~150 registers) forces it;
-// unset, "" or "auto": the rule measured on the H100 (nineteenth session; benchmarks/results/
-// nm24-sweep-lean-h100-2026-11-26-s19.json, spmm-bitmap-lean1-{auto,8}-h100-2026-11-26-s19.json):
-// - 2:4 with K <= kLeanMaxK at N > 2: 4 x 2 (3072 x 768: 2.62 / 3.64 us at N = 8 / 16, against 3.02 / 3.76 with 4
-//   warps and 2.77 / 4.73 with 8);
-// - otherwise at N <= 8: 8 warps, one strip (3072 x 768 N = 2: 2.22 against 2.60 us with 4; 4096 x 4096 N = 2: 8.82
-//   against 12.10; bitmap 3072 x 768 N = 2 / 8: 3.15-3.56 against 4.16-5.06);
-// - at N > 8 and K > kLeanMaxK (taken only when $PRUNEKIT_NM24_LEAN=1 forces it): SB = 1 and the fewest KW of 1, 2, 4, 8
-//   that give the grid at least 4 warps per SM while each warp keeps at least min_per_warp of the strip's units (2:4:
-//   2 k32 steps; bitmap: 1 batch of 8 k-steps). Unmeasured beyond the five shapes of the sweep.
-// Without strips_per_block (the bitmap kernel) a forced SB other than 1 raises.
 // Whether the lean kernels take a call at N <= 16. $PRUNEKIT_NM24_LEAN (read per call): "1" every such call of an mma.sp
-// or bitmap plan, "0" none; unset, "" or "auto": the measured rule, K <= kLeanMaxK, and for bitmap plans N <= 8 too.
-// On the H100 (nineteenth session, the files above, same-run ring kernel), at 3072 x 768 (K = 768):
-// - 2:4 at N = 2 / 8 / 16: 2.22 / 2.62 / 3.64 us against 4.00 / 4.23 / 4.81 (1.91 / 1.58 / 1.16x of dense);
-// - bitmap at N = 2 / 8, 80 and 90%: 3.15-3.56 us against 4.98-5.22; at N = 16 5.54-5.86 against 5.62-5.64 (not taken).
+// or bitmap plan, "0" none; unset, "" or "auto": the measured rule, K <= kLeanMaxK. On the H100 (nineteenth session,
+// benchmarks/results/nm24-sweep-lean{,6}-h100-2026-11-26-s19.json and spmm-bitmap6-lean{0,1-6,1-8}-...-s19.json, the
+// ring kernel in the same run), at 3072 x 768 (K = 768), with lean_shape's warps:
+// - 2:4 at N = 2 / 8 / 16: 2.24 / 2.38 / 3.56 us against 4.06 / 4.21 / 4.91 (1.83 / 1.75 / 1.24x of dense);
+// - bitmap at N = 2 / 8 / 16, 80 and 90%: 2.86-3.89 us against 5.10-5.81.
 // At K >= 3072 (768 x 3072, 4096 x 4096, 11008 x 4096, 4096 x 11008) the lean 2:4 kernel is within 2% of the ring one
-// at N = 2 / 8 with 8 warps (but 0.91x at 4096 x 4096, N = 2) and 1.3-1.7x slower at N = 16; the bitmap one 1.0-1.6x
+// at N = 2 / 8 with 8 warps (but 0.91x at 4096 x 4096, N = 2) and 1.3-1.7x slower at N = 16; the bitmap one up to 2x
 // slower. One shape in the rule's range: in-sample.
 constexpr int64_t kLeanMaxK = 1024;
 
-inline bool lean_takes(bool bitmap, int64_t k, int64_t n) {
+inline bool lean_takes(int64_t k, int64_t n) {
   const char* var = std::getenv("PRUNEKIT_NM24_LEAN");
   if (var != nullptr && std::strcmp(var, "1") == 0) return n <= kTokens;
   if (var != nullptr && std::strcmp(var, "0") == 0) return false;
   PRUNEKIT_CHECK(var == nullptr || *var == '\0' || std::strcmp(var, "auto") == 0,
                  "nm24: $PRUNEKIT_NM24_LEAN must be 0, 1 or auto, got '", var, "'");
-  return k <= kLeanMaxK && n <= (bitmap ? 8 : kTokens);
+  return k <= kLeanMaxK && n <= kTokens;
 }
 
+// The lean kernel's shape: KW warps per strip and SB strips per block. $PRUNEKIT_NM24_LEAN_WARPS = "KW" or "KWxSB"
+// (KW 1, 2, 4, 6 or 8; SB 1 or 2, SB = 2 with KW <= 4: a block stays within 256 threads at ~150 registers) forces it;
+// unset, "" or "auto": the rule measured on the H100 (the files above):
+// - K <= kLeanMaxK: 6 warps (at K = 768 one batch of 4 k32 steps each, and at N > 8 two 192-thread blocks fit an SM
+//   where one 256-thread block does), except 2:4 at N <= 2: 8. 3072 x 768, 2:4 at N = 8 / 16: 2.38 / 3.56 us against
+//   3.14 / 3.70 with 4 x 2 and 2.77 / 4.58 with 8; at N = 2 2.24 with 8, 2.29 with 6. Bitmap at N = 2 / 8 / 16:
+//   2.86-3.89 us against 3.21-5.98 with 8;
+// - otherwise at N <= 8: 8 warps, one strip (4096 x 4096, 2:4, N = 2: 8.82 against 12.10 us with 4);
+// - at N > 8 and K > kLeanMaxK (taken only when $PRUNEKIT_NM24_LEAN=1 forces it): SB = 1 and the fewest KW of 1, 2, 4, 8
+//   that give the grid at least 4 warps per SM while each warp keeps at least min_per_warp of the strip's units (2:4:
+//   2 k32 steps; bitmap: 1 batch of 8 k-steps). Unmeasured beyond the five shapes of the sweep.
+// Without strips_per_block (the bitmap kernel) a forced SB other than 1 raises.
 struct LeanShape {
   int kw, sb;
 };
@@ -1012,7 +1013,7 @@ inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms, in
                    "$PRUNEKIT_NM24_LEAN_WARPS must be KW (or KWx1), got '", var, "'");
     return {static_cast<int>(kw), static_cast<int>(sb)};
   }
-  if (strips_per_block && small_k && n > 2) return {4, 2};
+  if (small_k) return {strips_per_block && n <= 2 ? 8 : 6, 1};
   if (n <= 8) return {8, 1};
   int kw = 1;
   while (kw < 8 && static_cast<int64_t>(strips) * kw < 4LL * sms && units >= 2 * kw * min_per_warp) kw *= 2;
@@ -1318,7 +1319,7 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
   // The lean kernels (mma.sp and bitmap plans at N <= 16 where lean_takes: no workspace or second kernel);
   // programmatic dependent launch on sm_90 unless $PRUNEKIT_NM24_PDL=0.
   const bool bitmap = v.variant == kBitmap;
-  if ((sp || bitmap) && lean_takes(bitmap, k, n)) {
+  if ((sp || bitmap) && lean_takes(k, n)) {
     p.cluster = 0;
     p.finish = 0;
     p.pdl = prunekit_launch::device_props(x.get_device()).major >= 9 &&
