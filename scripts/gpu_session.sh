@@ -6,6 +6,7 @@
 #
 #   bash scripts/gpu_session.sh [build|tests|all]        (default all)
 #
+# `TEST_FILES="tests/a.py tests/b.py"` runs those files only (e.g. the ones a change touched, on a warm machine).
 # `TEST_K="not lean"` passes `-k "not lean"` to every test file (e.g. to leave out tests a dedicated call already ran).
 # A file that selects no test then exits 5 ("no tests ran").
 #
@@ -76,7 +77,7 @@ fi
 
 if [[ $MODE == all || $MODE == tests ]]; then
   step GPU test files, one process each
-  files=$(grep -l "pytest.mark.cuda\|cuda_only\|requires_cuda\|torch.cuda.is_available" -r tests --include="test_*.py" | sort)
+  files=${TEST_FILES:-$(grep -l "pytest.mark.cuda\|cuda_only\|requires_cuda\|torch.cuda.is_available" -r tests --include="test_*.py" | sort)}
   deadline=$(( SECONDS + ${TEST_BUDGET_S:-420} ))
   for f in $files; do
     name=$(basename "$f" .py)
