@@ -156,6 +156,10 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
     # K = 512: rowwarp, and the scatter rule from N = 9
     assert [auto(3072, 768, n, 0.8) for n in (2, 4, 5, 8, 9, 16)] == ["rowwarp"] * 2 + ["bitmap"] * 4
     assert [auto(3072, 768, n, 0.98) for n in (9, 16)] == ["bitmap", "rowwarp"]  # the density floors as at K >= 1024
+    assert [auto(3072, 768, n, 0.95) for n in (4, 5, 8)] == ["rowwarp", "bitmap", "bitmap"]  # 5% at N 5-8, K < 1024
+    assert [auto(3072, 768, 8, s) for s in (0.96, 0.98)] == ["rowwarp"] * 2
+    assert [auto(4096, 4096, 8, s) for s in (0.9, 0.95)] == ["bitmap", "rowwarp"]
+    assert gpu.bitmap_min_density_denominator(8, 768) == 20 and gpu.bitmap_min_density_denominator(4, 768) == 10
     assert auto(3072, 512, 4, 0.8) == "rowwarp"
     assert auto(3072, 512, 16, 0.8) == "scatter"
     assert auto(4096, 4096, 16, 0.8, torch.float32) == "rowwarp"

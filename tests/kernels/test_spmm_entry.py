@@ -550,7 +550,7 @@ def test_size_classes_hold_the_density_floors_constant():
         for n in range(1, 600):
             floors = (
                 gpu.tc_min_density_denominator(n, k) if n >= gpu.TC_MIN_N else None,
-                gpu.bitmap_min_density_denominator(n) if gpu.BITMAP_MIN_N <= n <= gpu.BITMAP_MAX_N else None,
+                gpu.bitmap_min_density_denominator(n, k) if gpu.BITMAP_MIN_N <= n <= gpu.BITMAP_MAX_N else None,
                 gpu.bitmap_wide_min_density_denominator(n, k)
                 if gpu.BITMAP_MAX_N < n <= gpu.BITMAP_WIDE_MAX_N
                 else None,

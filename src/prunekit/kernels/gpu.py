@@ -153,7 +153,10 @@ BITMAP_MIN_K = 1024
 # us against bitmap's 4.7-5.3 at 70-95% (dense 4.7). At N = 9-16 too since the nineteenth session, where the lean decode
 # kernel takes bitmap plans with K <= 1024 (nm24_decode.cu, lean_takes): at 3072 x 768, N = 16, 80 / 90% it took 3.89 /
 # 3.53 us (spmm-bitmap6-lean1-6-h100-2026-11-26-s19.json) against scatter's 6.08 / 5.68, what "auto" ran there
-# (spmm-decode3072-h100-2026-11-26-s19.json; dense 4.8-5.0 us). One shape, two sparsities: in-sample.
+# (spmm-decode3072-h100-2026-11-26-s19.json; dense 4.8-5.0 us). One shape, two sparsities: in-sample. With the lean
+# kernel's 6 warps, at 3072 x 768 and 70-95% (spmm-decode3072-lean6-h100-2026-11-26-s19.json, the bitmap column timed
+# forced beside "auto"), bitmap took 3.17-4.06 us at N = 8-16 (1.19-1.50x of dense) and 3.18 against rowwarp's 5.71 at
+# N = 8, 95%; so at N = 5-8 with K < BITMAP_MIN_K its density floor is 5% (bitmap_min_density_denominator).
 BITMAP_MIN_K_SMALL_N = 768
 # N > 16 (fourteenth session): the kernel runs blocks of 32 tokens (N 17-32) or 64 (grid z over token groups), each
 # decoding the weight again. "auto" takes it for fp16/bf16 at BITMAP_MAX_N < N <= BITMAP_WIDE_MAX_N with K >=
@@ -235,10 +238,13 @@ def scatter_auto_enabled() -> bool:
     return SCATTER_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
 
 
-def bitmap_min_density_denominator(n: int) -> int:
+def bitmap_min_density_denominator(n: int, k: int | None = None) -> int:
     """``auto`` takes the bitmap kernel at ``N`` (2..16) when the padded density is at least one over this (measured on
-    the H100, see the constants)."""
+    the H100, see the constants): 10% at N <= 8 (5% at N 5-8 with ``k`` below BITMAP_MIN_K, where the lean decode
+    kernel runs it), 2% at N 9-15, 5% at N = 16."""
     if n <= 8:
+        if k is not None and k < BITMAP_MIN_K and n > SPMV_MAX_N:
+            return BITMAP_MIN_DENSITY_DENOMINATOR_16
         return BITMAP_MIN_DENSITY_DENOMINATOR
     return BITMAP_MIN_DENSITY_DENOMINATOR_16 if n >= 16 else BITMAP_MIN_DENSITY_DENOMINATOR_MID_N
 
@@ -358,7 +364,8 @@ def _plan_spmm(
     :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`). With ``bitmap_auto``
     (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` (``k >=
     BITMAP_MIN_K_SMALL_N`` for ``n > SPMV_MAX_N``) and the density is at least ``1 /
-    bitmap_min_density_denominator(n)`` (10% at N <= 8, 2% at N 9-15, 5% at N = 16), and for ``16 < n <=
+    bitmap_min_density_denominator(n, k)`` (10% at N <= 8, 5% at N 5-8 with K < BITMAP_MIN_K, 2% at N 9-15, 5% at
+    N = 16), and for ``16 < n <=
     BITMAP_WIDE_MAX_N`` with ``k >= BITMAP_MIN_K_SMALL_N`` at density >= ``1 / bitmap_wide_min_density_denominator(n,
     k, m, num_sms)``; measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
 
@@ -386,7 +393,7 @@ def _plan_spmm(
             and BITMAP_MIN_N <= n <= BITMAP_MAX_N
             and bitmap_auto
             and k >= (BITMAP_MIN_K_SMALL_N if SPMV_MAX_N < n else BITMAP_MIN_K)
-            and nnz_padded * bitmap_min_density_denominator(n) >= m * k
+            and nnz_padded * bitmap_min_density_denominator(n, k) >= m * k
         ):
             variant = "bitmap"
         if (
