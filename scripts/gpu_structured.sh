@@ -507,8 +507,8 @@ bitmaplean() {
   done
 }
 
-# The lean kernels' measured defaults (nineteenth session: BSR lean at N <= 16; 2:4 lean at K <= 1024; bitmap lean at
-# K <= 1024, N <= 8): builds the three libraries, memcheck and racecheck of the lean 2:4 and bitmap kernels at every
+# The lean kernels' measured defaults (nineteenth session: BSR lean at N <= 16; 2:4 and bitmap lean at K <= 1024):
+# builds the three libraries, memcheck and racecheck of the lean 2:4 and bitmap kernels at every
 # forced shape, bsr.py at N = 1 / 16 and 50 / 70% block sparsity with and without the lean BSR kernel (the rule's
 # unmeasured range), spmm.py's own choice at 3072 x 768 (N 2-16), then nm.py at the decode points, all as users get them.
 # LEAN_DEFAULTS_BSR=0 leaves out the BSR library and bsr.py; LEAN_DEFAULTS_TESTS=1 adds the lean 2:4 / bitmap tests.

@@ -80,11 +80,11 @@ RING_ENV = "PRUNEKIT_NM24_RING"  # the weight ring instead of plan_ring's (mma.s
 RINGS = ("3x8", "4x4", "6x4")
 # The lean decode kernels (one or two 16-row strips per block, warps splitting K, weights and X loaded straight into
 # registers, no workspace; nm24_decode.cu, nm24_lean_kernel and nm24_lean_bitmap_kernel) instead of the ring kernel:
-# unset / "auto", the measured rule (nineteenth session, H100): K <= LEAN_MAX_K at N <= 16 (2:4) or N <= 8 (bitmap);
-# 3072 x 768 2:4 at N = 2 / 8 / 16 2.22 / 2.62 / 3.64 against 4.00 / 4.23 / 4.81 us, bitmap at N = 2 / 8 3.15-3.56
-# against 4.98-5.22 (benchmarks/results/nm24-sweep-lean-h100-2026-11-26-s19.json,
-# spmm-bitmap-lean{0,1-8}-h100-2026-11-26-s19.json). "1": every mma.sp and bitmap call at N <= 16; "0": none.
-# LEAN_WARPS_ENV forces the shape: "KW" warps per strip (1, 2, 4, 8) or "KWxSB" with SB strips per block (1, 2; SB = 2
+# unset / "auto", the measured rule (nineteenth session, H100): mma.sp and bitmap plans with K <= LEAN_MAX_K at N <= 16,
+# 6 warps per strip (8 for 2:4 at N <= 2). At 3072 x 768 2:4 N = 2 / 8 / 16 took 2.24 / 2.38 / 3.56 us against the ring
+# kernel's 4.06 / 4.21 / 4.91, bitmap 2.86-3.89 against 5.10-5.81 (benchmarks/results/nm24-sweep-lean6-h100-2026-11-26-
+# s19.json, spmm-bitmap6-lean{0,1-6}-h100-2026-11-26-s19.json). "1": every mma.sp and bitmap call at N <= 16; "0": none.
+# LEAN_WARPS_ENV forces the shape: "KW" warps per strip (1, 2, 4, 6, 8) or "KWxSB" with SB strips per block (1, 2; SB = 2
 # with KW <= 4; the bitmap kernel takes KW only); unset, the launcher's measured rule (nm24_decode.cu, lean_shape).
 LEAN_ENV = "PRUNEKIT_NM24_LEAN"
 LEAN_WARPS_ENV = "PRUNEKIT_NM24_LEAN_WARPS"
