@@ -328,9 +328,9 @@ def test_lean_kernel_default_rule(monkeypatch):
     and none at larger K; "1" takes those too, "0" none; another value raises. (An invalid $PRUNEKIT_NM24_LEAN_WARPS
     raises only in the lean kernels: it shows which calls they take.)"""
     monkeypatch.setenv(nm24.MMA_ENV, "sp")
-    plans = {}
+    plans, weights = {}, {}
     for k in (nm24.LEAN_MAX_K - 24, nm24.LEAN_MAX_K + 76):
-        _, values, metadata, bits = _cuda24(64, k, torch.float16, seed=2)
+        weights[k], values, metadata, bits = _cuda24(64, k, torch.float16, seed=2)
         plans[k] = nm24.get_plan(values, metadata, bits, k)
     for setting in (None, "", "auto", "1", "0"):
         if setting is None:
@@ -348,8 +348,9 @@ def test_lean_kernel_default_rule(monkeypatch):
                 else:
                     _run_mm(plan, x, None, False, "t")
                 monkeypatch.delenv(nm24.LEAN_WARPS_ENV)
-                y = _run_mm(plan, x, None, False, "t")  # and right, either kernel
-                assert not torch.isnan(y).any(), (setting, k, n)
+                y = _run_mm(plan, x, None, False, "t")  # and right, either kernel (NaN-poisoned output)
+                err = relative_error(y, spmm_reference64(weights[k], x, None, "none"))
+                assert err < TOLERANCE[torch.float16], (setting, k, n, err)
     monkeypatch.setenv(nm24.LEAN_ENV, "yes")
     with pytest.raises(RuntimeError, match="PRUNEKIT_NM24_LEAN must"):
         _run_mm(plans[nm24.LEAN_MAX_K - 24], torch.randn(8, nm24.LEAN_MAX_K - 24, device="cuda").half().t(), None,
