@@ -411,8 +411,8 @@ print("sanitize run done")
 PY
 }
 
-# The lean 2:4 and bitmap decode kernels (opt-in, $PRUNEKIT_NM24_LEAN=1; written in the eighteenth session without a
-# GPU): build nm24 (and the SpMM and BSR libraries beside it), their tests (float64, layer, graph, PDL chains), memcheck
+# The lean 2:4 and bitmap decode kernels (forced on with $PRUNEKIT_NM24_LEAN=1, as in their tests; the default at
+# K <= 1024 since the nineteenth session): build nm24 (and the SpMM and BSR libraries beside it), their tests (float64, layer, graph, PDL chains), memcheck
 # and racecheck of small cases, then the 2:4 sweep of the ring kernel against the lean one at $NM24_LEAN_WARPS, N in
 # $NM24_LEAN_NS, the five decode shapes (the bitmap timings: bitmaplean).
 nm24lean() {
@@ -444,7 +444,7 @@ nm24lean() {
   fi
 }
 
-# The lean BSR decode kernel (opt-in, $PRUNEKIT_BSR_LEAN=1; written in the eighteenth session without a GPU): build,
+# The lean BSR decode kernel (the default at N <= 16 since the nineteenth session; $PRUNEKIT_BSR_LEAN=1 / 0): build,
 # its tests, memcheck and racecheck of small cases, then benchmarks/bsr.py at N = 16 on the two decode shapes with the
 # lean kernel (torch's Triton BSR in the same run) and without it.
 bsrlean() {

@@ -5,8 +5,8 @@ in the stream still runs: it loads its first weight batches, then waits for that
 anything. These tests chain layers, each reading the output the previous launch wrote (poisoned with NaN before), with
 no synchronisation between the launches, eagerly and in a CUDA graph, and compare every stage against float64 on the
 input it was given, with PDL on, off and unset. A kernel that read X early would see NaN or an older value. The
-bitmap and 2:4 layers run on the ring kernel and, opt-in, on the lean one (``bitmaplean``, ``nm24lean``:
-``$PRUNEKIT_NM24_LEAN=1``).
+bitmap and 2:4 layers run on the ring kernel (``$PRUNEKIT_NM24_LEAN=0``) and on the lean one, forced on
+(``bitmaplean``, ``nm24lean``: ``$PRUNEKIT_NM24_LEAN=1``).
 """
 
 from __future__ import annotations

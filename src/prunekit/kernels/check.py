@@ -73,7 +73,7 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
         ]
         if dtype in gpu.TC_DTYPES:
             cases += [("tc", 37), ("tc", 264), ("scatter", 1), ("scatter", 13), ("bitmap", 1), ("bitmap", 13)]
-            cases += [("bitmap-lean", 1), ("bitmap-lean", 13)]  # the opt-in lean kernel on the bitmap plan
+            cases += [("bitmap-lean", 1), ("bitmap-lean", 13)]  # the lean kernel on the bitmap plan, forced on
         # the SpMV kernel's 4-token tile needs 8 rows per SM: a taller weight of the same K
         tall = random_sparse_weight(8 * 132 + 11, k, 0.8, dtype, device, gen, empty_rows=3, single_rows=3)
         tall_bias = torch.randn(tall.shape[0], generator=gen, device=device).to(dtype)
@@ -156,7 +156,7 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
     values, metadata, bits = enc.components["values"], enc.components["metadata"], int(enc.params["bits"])
     bias = torch.randn(m, generator=gen, device=device).to(dtype)
     results = []
-    for variant in ("sp", "prmt", "sp-lean"):  # sp-lean: the opt-in lean kernel on the mma.sp plan
+    for variant in ("sp", "prmt", "sp-lean"):  # sp-lean: the lean kernel on the mma.sp plan, forced on
         plan = nm24.build_plan(values, metadata, bits, k, mma=variant.removesuffix("-lean"))
         for n in (1, 13, 16):
             for layout in ("row-major", "transposed"):

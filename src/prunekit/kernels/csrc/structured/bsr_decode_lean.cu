@@ -1,4 +1,4 @@
-// Lean BSR decode kernel (eighteenth session; opt-in, $PRUNEKIT_BSR_LEAN=1): Y (M, N) = act(A @ X + bias) for
+// Lean BSR decode kernel (eighteenth session; the default at N <= 16, $PRUNEKIT_BSR_LEAN=0: off): Y (M, N) = act(A @ X + bias) for
 // 1 <= N <= 16, A in BSR with r x c blocks (r, c in {16, 32, 64}), fp16/bf16 with fp32 accumulation; static and dynamic
 // mode alike (it reads crow_indices and col_indices only, never past crow_indices[M / r]).
 //

@@ -25,7 +25,7 @@ bool bsr_wgmma_available();
 void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrArgs& args, int grid_rows, int tile_n,
                       cudaStream_t stream);
 
-// bsr_decode_lean.cu: the lean decode kernel where it takes the call (opt-in, $PRUNEKIT_BSR_LEAN=1, N <= 16)
+// bsr_decode_lean.cu: the lean decode kernel where it takes the call (N <= 16 unless $PRUNEKIT_BSR_LEAN=0)
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
                   const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream);
 
@@ -111,7 +111,7 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
   if (n_split > 0) {
     PRUNEKIT_CHECK(split_rows->scalar_type() == at::kInt && split_rows->is_contiguous(), "bsr_mm: split_rows int32");
   }
-  // the lean decode kernel (opt-in) reads crow_indices and col_indices only: the (checked) schedule, the N tile and the
+  // the lean decode kernel reads crow_indices and col_indices only: the (checked) schedule, the N tile and the
   // variant do not apply to it
   if (bsr_lean_run(blocks, crow, cols, x, y, bias, relu, stream)) return;
   if (n_split > 0) {

@@ -684,7 +684,7 @@ void launch_finish(const Params& p, cudaStream_t stream) {
   prunekit_launch::launch(nm24_finish_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, true, p);
 }
 
-// Lean decode kernel (eighteenth session; opt-in, $PRUNEKIT_NM24_LEAN=1: mma.sp plans at N <= 16). The ring kernel
+// Lean decode kernel (eighteenth session; mma.sp plans at N <= 16 where lean_takes, below). The ring kernel
 // gives 8 strips (128 rows) to a block and splits K into chunks of up to 64 k-steps, so a small weight makes a small
 // grid: 3072 x 768 is 24 row blocks x 3 chunks = 72 blocks of 8 warps on 132 SMs, 0.88-0.90x of dense cuBLAS at N = 16
 // on the H100 (benchmarks/results/nm24-sweep-base-h100-2026-11-26-s17.json), where the 2:4 SpMV kernel, whose warps
@@ -833,8 +833,7 @@ __global__ void __launch_bounds__(32 * KW * SB) nm24_lean_kernel(const Params p)
   lean_epilogue<T, NT, KW, SB>(p, acc, part, strip);
 }
 
-// Lean bitmap decode kernel (eighteenth session; opt-in with the same switch, $PRUNEKIT_NM24_LEAN=1: bitmap plans at
-// N <= 16): the lean 2:4 kernel's structure on the bitmap format (kernels/spmm_bitmap_plan.py). A block is one strip;
+// Lean bitmap decode kernel (eighteenth session; bitmap plans at N <= 16 where lean_takes, below, the same rule): the lean 2:4 kernel's structure on the bitmap format (kernels/spmm_bitmap_plan.py). A block is one strip;
 // its KW warps split the strip's batches of 8 k-steps into contiguous ranges. Per batch a warp loads the 8 tiles'
 // headers (40 words: lane l word l, lanes 0-7 also word 32 + l) and the batch's first word index (boff), two batches
 // ahead. Per tile each lane then takes its mask word and the tile's count word by shuffles and finds its words as
@@ -992,7 +991,7 @@ struct LeanShape {
   int kw, sb;
 };
 
-inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms, int n, bool small_k,
+inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms, int64_t k, int n,
                             bool strips_per_block = true) {
   const char* var = std::getenv("PRUNEKIT_NM24_LEAN_WARPS");
   if (var != nullptr && *var != '\0' && std::strcmp(var, "auto") != 0) {  // "" and "auto": the rule below
@@ -1013,7 +1012,7 @@ inline LeanShape lean_shape(int strips, int units, int min_per_warp, int sms, in
                    "$PRUNEKIT_NM24_LEAN_WARPS must be KW (or KWx1), got '", var, "'");
     return {static_cast<int>(kw), static_cast<int>(sb)};
   }
-  if (small_k) return {strips_per_block && n <= 2 ? 8 : 6, 1};
+  if (k <= kLeanMaxK) return {strips_per_block && n <= 2 ? 8 : 6, 1};
   if (n <= 8) return {8, 1};
   int kw = 1;
   while (kw < 8 && static_cast<int64_t>(strips) * kw < 4LL * sms && units >= 2 * kw * min_per_warp) kw *= 2;
@@ -1328,7 +1327,7 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
                 : 0;
     const int sms = prunekit_launch::device_props(x.get_device()).sms;
     if (bitmap) {  // X as 8-byte pieces: the x_vec above
-      const int kw = lean_shape(p.strips, p.ksteps / kBatch, 1, sms, p.n, k <= kLeanMaxK, false).kw;
+      const int kw = lean_shape(p.strips, p.ksteps / kBatch, 1, sms, k, p.n, false).kw;
       if (x.scalar_type() == at::kHalf) {
         two ? launch_lean_bitmap<__half, 2>(p, stream, kw) : launch_lean_bitmap<__half, 1>(p, stream, kw);
       } else {
@@ -1339,7 +1338,7 @@ void run(const PlanView& v, const at::Tensor& x, const at::Tensor& y, const c10:
     // 2:4: X as 4-byte pairs; unit stride along K, an even row stride and a 4-byte aligned base suffice
     p.x_vec =
         x.stride(0) == 1 && (n == 1 || x.stride(1) % 2 == 0) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
-    const LeanShape shape = lean_shape(p.strips, p.ksteps / 2, 2, sms, p.n, k <= kLeanMaxK);
+    const LeanShape shape = lean_shape(p.strips, p.ksteps / 2, 2, sms, k, p.n);
     if (x.scalar_type() == at::kHalf) {
       two ? launch_lean<__half, 2>(p, stream, shape) : launch_lean<__half, 1>(p, stream, shape);
     } else {
