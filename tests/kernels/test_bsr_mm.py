@@ -9,7 +9,7 @@ import torch
 
 from prunekit import formats
 from prunekit.formats.bsr import SCHEDULE_MIN_CHUNK, schedule_chunk, static_schedule
-from prunekit.kernels import ops, structured
+from prunekit.kernels import ops, reference, structured
 from prunekit.kernels.testing import TOLERANCE, relative_error, spmm_reference64
 
 pytestmark = pytest.mark.usefixtures("tiled_bsr_kernel")  # conftest.py: the lean kernel only where a test sets it
@@ -145,6 +145,68 @@ def test_lean_takes_rule(monkeypatch):
     assert not structured.lean_takes(torch.zeros(3, 8, 16, dtype=torch.float16), 8)
     monkeypatch.setenv(structured.LEAN_ENV, "0")
     assert not structured.lean_takes(blocks, 8)
+
+
+def test_sparse_linear_bsr_eager_calls_the_cpp_entry_with_rows(monkeypatch):
+    """SparseLinear's eager CUDA BSR call (faked on the CPU): the C++ entry gets the activations (N, K) as given and
+    the variant with structured.ROWS, and its result (N, M) is returned as it is; the decision (the op, the variant,
+    the finer decode schedule in static mode) is made once per x dtype, weight dtype and N class. The finer schedule
+    is taken only where the lean kernel does not take the call; dynamic mode passes no schedule; a layer the entry
+    does not take goes to the Python launcher."""
+    from prunekit.deploy.runtime import sparse_linear
+    from prunekit.formats.base import EncodedTensor
+
+    asked, calls, launched = [], [], []
+
+    def variant(blocks, x, name=None):
+        asked.append(tuple(x.shape))
+        return structured.VARIANTS["mma"]
+
+    def entry(blocks, crow, cols, sched, split, x, m, bias, relu, number):
+        calls.append((x, sched, number))
+        assert not relu
+        return reference.bsr_mm(blocks, crow, cols, x.t(), m, bias).t().contiguous()
+
+    def launcher(blocks, crow, cols, x, m, bias, activation, sched=None, split=None):
+        launched.append(tuple(x.shape))
+        return reference.bsr_mm(blocks, crow, cols, x, m, bias, activation)
+
+    monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda x: True)
+    monkeypatch.setattr(structured, "eager_bsr_variant", variant)
+    monkeypatch.setattr(structured, "bsr_mm_entry", lambda: entry)
+    monkeypatch.setattr(structured, "bsr_mm_cuda", launcher)
+    monkeypatch.delenv(structured.DECODE_SCHEDULE_ENV, raising=False)
+    monkeypatch.setenv(structured.LEAN_ENV, "0")
+    dense = block_sparse_weight(128, 96, 32, 32, 0.5, torch.float16, seed=5, heavy_rows=1)
+    bias = torch.randn(128, dtype=torch.float16)
+    enc = formats.encode("bsr", dense, {"block_rows": 32, "block_cols": 32})
+    stored = enc.components["schedule"]
+    layer = sparse_linear.SparseLinear(enc, bias)
+    for n in (16, 16, 33, 33):
+        x = torch.randn(n, 96, dtype=torch.float16)
+        y = layer(x)
+        assert y.shape == (n, 128)
+        assert relative_error(y, spmm_reference64(dense, x.t(), bias, "none").t()) < TOLERANCE[torch.float16]
+        assert calls[-1][0] is x and calls[-1][2] == structured.VARIANTS["mma"] | structured.ROWS
+        # N = 16 with the lean kernel off: the finer decode schedule; N = 33: the stored one
+        assert (calls[-1][1] is stored) == (n == 33), n
+    assert asked == [(96, 16), (96, 33)]  # one decision per N class
+    y = layer(torch.randn(2, 5, 96, dtype=torch.float16))  # leading dimensions: 10 tokens
+    assert y.shape == (2, 5, 128) and calls[-1][0].shape == (10, 96)
+    monkeypatch.setenv(structured.LEAN_ENV, "1")
+    lean = sparse_linear.SparseLinear(enc, bias)
+    lean(torch.randn(16, 96, dtype=torch.float16))
+    assert calls[-1][1] is stored  # the lean kernel takes N = 16 and reads no schedule
+    comps = {k: v for k, v in enc.components.items() if k not in ("schedule", "split_rows")}
+    dynamic = sparse_linear.SparseLinear(EncodedTensor("bsr", enc.shape, enc.dtype, enc.params, comps), bias)
+    dynamic(torch.randn(16, 96, dtype=torch.float16))
+    assert calls[-1][1] is None
+    assert not launched
+    monkeypatch.setattr(structured, "eager_bsr_variant", lambda blocks, x, name=None: None)
+    other = sparse_linear.SparseLinear(enc, bias)
+    x = torch.randn(3, 96, dtype=torch.float16)
+    assert relative_error(other(x), spmm_reference64(dense, x.t(), bias, "none").t()) < TOLERANCE[torch.float16]
+    assert launched == [(96, 3)]
 
 
 # --- CPU reference and opcheck -------------------------------------------------------------------------------------

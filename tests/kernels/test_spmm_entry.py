@@ -194,15 +194,16 @@ def test_sparse_linear_csr_on_cpu_stays_differentiable(cpp_on):
 
 def test_sparse_linear_csr_eager_calls_the_op_cuda_implementation(cpp_on, monkeypatch):
     """Eager CUDA inference (faked on the CPU) calls prunekit::spmm_csr's CUDA implementation gpu.spmm_csr_op directly
-    with X^T (K, N) as a view, M and the bias, skipping the custom-op dispatch; an input that needs a gradient goes
-    through the differentiable custom op instead."""
+    with the activations (N, K) as given and rows=True (no transposes in Python), M and the bias, skipping the
+    custom-op dispatch; an input that needs a gradient goes through the differentiable custom op instead."""
     from prunekit.deploy.runtime import sparse_linear
 
     calls = []
 
-    def op_cuda(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none"):
-        calls.append((tuple(x.shape), x.stride(0), m, bias is not None))
-        return reference.spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+    def op_cuda(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none", *, rows=False):
+        assert rows
+        calls.append((tuple(x.t().shape), x.t().stride(0), m, bias is not None))
+        return reference.spmm_csr(values, row_offsets, column_indices, row_indices, x.t(), m, bias, activation).t()
 
     monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda xt: True)
     monkeypatch.setattr(gpu, "spmm_csr_op", op_cuda)
@@ -334,6 +335,14 @@ def test_entry_matches_float64_for_every_variant(dtype, shape_index, cpp_on):
             assert y.stride() == new_spmm_output(x, m).stride(), (layout, variant)
             err = relative_error(y, ref)
             assert err <= TOLERANCE[dtype], f"{variant} {layout} {activation} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
+            if layout == "xT":  # the same call on the activations (N, K) with SPMM_ROWS: Y^T (N, M) as it is
+                _poison_allocator(m * n, dtype)
+                code = gpu.SPMM_VARIANT_CODES[variant] | gpu.SPMM_ROWS
+                y = entry(*c.values(), x2d, m, b, activation == "relu", code)
+                torch.cuda.synchronize()
+                assert y.shape == (n, m) and y.is_contiguous(), variant
+                err = relative_error(y.t(), ref)
+                assert err <= TOLERANCE[dtype], f"{variant} rows {activation} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
 
 
 @pytest.mark.cuda

@@ -122,6 +122,9 @@ SPMM_VARIANT_CODES = {
     "scatter": 6,
     "bitmap": 7,
 }
+# Flag or-ed into a variant code of prunekit_ext::spmm_csr_auto (spmm_entry.cu kRowsFlag): x is the activations (N, K)
+# and the result Y^T (N, M), nn.Linear's layout, with the transposes made in C++ (spmm_csr_op with rows=True)
+SPMM_ROWS = 1 << 8
 # Bitmap decode kernel (nm24_decode.cu variant 2). "auto" takes it for fp16/bf16 at BITMAP_MIN_N <= N <= 16 when the
 # padded density is >= 1 / bitmap_min_density_denominator(N) and K >= BITMAP_MIN_K (BITMAP_MIN_K_SMALL_N at N = 5-16).
 # Twelfth session (spmm-bitmap-grid-h100-2026-11-25-s12.json: 5 shapes, N = 1 / 2 / 4 / 8 / 12 / 16, 70-98%, one run;
@@ -836,6 +839,8 @@ def spmm_csr_op(
     m: int,
     bias: torch.Tensor | None = None,
     activation: str = "none",
+    *,
+    rows: bool = False,
 ) -> torch.Tensor:
     """The CUDA implementation of ``prunekit::spmm_csr`` (``ops.spmm_csr``): :func:`spmm_csr`'s ``"auto"`` result and
     layout, through a C++ entry where one applies. The bitmap kernel's ``prunekit_nm24::bitmap_linear`` where ``"auto"``
@@ -847,12 +852,14 @@ def spmm_csr_op(
 
     Args and result: as :func:`spmm_csr` with ``variant="auto"`` (values ``(nnz_padded,)``, x ``(K, N)``, Y ``(M,
     N)`` in ``x.dtype``). Mixed dtypes, a bias of another dtype or not contiguous, and 0-sized calls go to
-    :func:`spmm_csr` unchanged.
+    :func:`spmm_csr` unchanged. With ``rows``, ``x`` is the activations ``(N, K)`` and the result ``Y^T (N, M)``, the
+    transposes made in C++ where a C++ entry runs (``SparseLinear``'s eager call: each transpose made in Python costs
+    about a microsecond of host time).
 
     Raises:
         As :func:`spmm_csr`; shape errors found by a C++ entry raise RuntimeError.
     """
-    n = x.shape[1] if x.dim() == 2 else 0
+    n = (x.shape[0] if rows else x.shape[1]) if x.dim() == 2 else 0
     if not (
         n > 0
         and m > 0
@@ -861,16 +868,22 @@ def spmm_csr_op(
         and x.dtype == values.dtype
         and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
     ):
+        if rows:
+            return spmm_csr(values, row_offsets, column_indices, row_indices, x.t(), m, bias, activation).t()
         return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
-    kind, plan = spmm_op_entry(values, row_offsets, column_indices, x, m, bias)
+    kind, plan = spmm_op_entry(values, row_offsets, column_indices, x, m, bias, rows=rows)
     relu = activation == "relu"
     if kind == "bitmap":
         buffer, cfg, shape = plan
-        return torch.ops.prunekit_nm24.bitmap_linear.default(buffer, x, bias, relu, cfg, shape)
+        return torch.ops.prunekit_nm24.bitmap_linear.default(
+            buffer, x, bias, relu, cfg | nm24.ROWS if rows else cfg, shape
+        )
     if plan is not None:
         return torch.ops.prunekit_ext.spmm_csr_auto.default(
-            values, row_offsets, column_indices, row_indices, x, m, bias, relu, plan
+            values, row_offsets, column_indices, row_indices, x, m, bias, relu, plan | SPMM_ROWS if rows else plan
         )
+    if rows:
+        return spmm_csr(values, row_offsets, column_indices, row_indices, x.t(), m, bias, activation).t()
     return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
 
 
@@ -889,6 +902,8 @@ def spmm_op_entry(
     x: torch.Tensor,
     m: int,
     bias: torch.Tensor | None = None,
+    *,
+    rows: bool = False,
 ) -> tuple[str, object]:
     """:func:`spmm_csr_op`'s decision for this weight and call: ``("bitmap", plan)`` (the bitmap kernel's C++ entry
     with its :func:`bitmap_linear_plan`), ``("auto", code)`` (``prunekit_ext::spmm_csr_auto`` with this variant code)
@@ -896,17 +911,18 @@ def spmm_op_entry(
     :data:`OP_ENTRY_ATTR`, ``tensor_cache.cached``) while the data pointers and versions of the values, column indices
     and row offsets stay the same; ``$PRUNEKIT_SPMM_CPP=0`` (read per decision) gives ``("auto", None)``.
 
-    Args: as :func:`spmm_csr_op` (``x (K, N)`` with N >= 1, of the values' dtype).
+    Args: as :func:`spmm_csr_op` (``x (K, N)`` with N >= 1, of the values' dtype; ``(N, K)`` with ``rows``).
 
     Raises:
         KernelUnavailable: a C++ entry is chosen but its library cannot be built or loaded.
     """
     decisions = cached(values, OP_ENTRY_ATTR, (values, column_indices, row_offsets), None, dict)
-    k, n = x.shape
+    n, k = x.shape if rows else x.shape[::-1]
     # bitmap's density floor depends on N itself up to BITMAP_WIDE_MAX_N; above, the size class decides
     key = (x.dtype, bias is None, m, n if n <= BITMAP_WIDE_MAX_N else -eager_size_class(n))
     entry = decisions.get(key)
     if entry is None:
+        x = x.t() if rows else x  # (K, N)
         if not eager_cpp_enabled():  # $PRUNEKIT_SPMM_CPP=0: the Python launcher for every call
             entry = ("auto", None)
         elif eager_bitmap_takes(values, x.t(), m, k, bias):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -66,6 +67,9 @@ TILE_NS = (32, 128, 256)  # N tiles the kernel is instantiated for (csrc/structu
 DECODE_MAX_N = 32  # N up to this takes the 32-wide tile: less wasted tensor-core work at decode shapes
 WIDE_TILE_MIN_BLOCKS_PER_ROW = 10  # 64-row blocks: the 256 tile paid off from ~13 blocks per row, lost at <= 6.4
 VARIANTS = {"auto": 0, "mma": 1, "wgmma": 2}  # csrc/structured/bsr_mm.cu VARIANT_*; "auto": wgmma where it applies
+# Flag or-ed into a variant number of prunekit_structured::bsr_mm (bsr_mm.cu ROWS_FLAG): x is the activations (N, K) and
+# the result Y^T (N, M), nn.Linear's layout, with the transposes made in C++ (the runtime's SparseLinear call)
+ROWS = 1 << 8
 WGMMA_BLOCKS = ((64, 16), (64, 32), (64, 64))  # r x c the wgmma variant takes (wgmma M = 64; c = the swizzle width)
 WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128
 BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and the runtime ("auto", "mma", "wgmma")
@@ -677,6 +681,18 @@ def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None
     return VARIANTS[name]
 
 
+def bsr_mm_entry() -> Callable[..., torch.Tensor]:
+    """The C++ eager entry ``prunekit_structured::bsr_mm`` (its ``OpOverload``; the library is loaded on first use),
+    for callers that keep it: the runtime's ``SparseLinear`` holds it in its per-layer plan, sparing the attribute
+    lookups on every call.
+
+    Raises:
+        KernelUnavailable: no GPU/compiler."""
+    if not is_loaded():
+        load()
+    return torch.ops.prunekit_structured.bsr_mm.default
+
+
 def lean_takes(blocks: torch.Tensor, n: int) -> bool:
     """Whether the lean BSR decode kernel takes a call with ``n`` tokens (csrc/structured/bsr_decode_lean.cu,
     ``bsr_lean_run``, the same rule): ``$PRUNEKIT_BSR_LEAN`` not ``0`` (unset, empty or ``1``: on; another value
@@ -692,6 +708,23 @@ def lean_takes(blocks: torch.Tensor, n: int) -> bool:
         and blocks.dtype in (torch.float16, torch.bfloat16)
         and blocks.shape[1] in KERNEL_BLOCK_SIZES
         and blocks.shape[2] in KERNEL_BLOCK_SIZES
+    )
+
+
+def finer_decode_schedule(blocks: torch.Tensor, n: int) -> bool:
+    """Whether a static-mode call with ``n`` tokens runs :func:`decode_schedule`'s finer schedule instead of the stored
+    one: ``n <= DECODE_MAX_N``, block rows in :data:`DECODE_SCHEDULE_BLOCK_ROWS`, ``$PRUNEKIT_BSR_DECODE_SCHEDULE`` not
+    ``0``, and the lean decode kernel does not take the call (:func:`lean_takes`). Reads the two settings.
+
+    Args:
+        blocks: ``(nblocks, r, c)``; n: N (tokens) of the call.
+    """
+    return (
+        n <= DECODE_MAX_N
+        and blocks.dim() == 3
+        and blocks.shape[1] in DECODE_SCHEDULE_BLOCK_ROWS
+        and os.environ.get(DECODE_SCHEDULE_ENV, "1").strip() != "0"
+        and not lean_takes(blocks, n)
     )
 
 
@@ -715,14 +748,7 @@ def decode_schedule(
         blocks: ``(nblocks, r, c)``; crow_indices: ``(M / r + 1,)`` int32; schedule: ``(n_items, 4)`` int32 or None;
             split_rows: ``(n_split,)`` int32 or None; n: N (tokens) of the call.
     """
-    if (
-        schedule is None
-        or n > DECODE_MAX_N
-        or blocks.dim() != 3
-        or blocks.shape[1] not in DECODE_SCHEDULE_BLOCK_ROWS
-        or os.environ.get(DECODE_SCHEDULE_ENV, "1").strip() == "0"
-        or lean_takes(blocks, n)
-    ):
+    if schedule is None or not finer_decode_schedule(blocks, n):
         return schedule, split_rows
 
     def build() -> tuple[torch.Tensor, torch.Tensor]:

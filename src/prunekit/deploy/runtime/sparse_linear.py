@@ -29,13 +29,11 @@ from ...kernels.tensor_cache import tensor_version
 
 
 def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
-    # Eager CUDA inference: prunekit::spmm_csr's CUDA implementation called directly (gpu.spmm_csr_op: the bitmap or
-    # CUDA-core C++ entry where one applies, decided once per weight, dtype and N), skipping the custom-op dispatch;
-    # traced, compiled and CPU calls, and an input that needs a gradient, go through the differentiable custom op.
+    # Traced, compiled and CPU calls, and an input that needs a gradient, go through the differentiable custom op.
+    # (Eager CUDA inference was taken in forward: prunekit::spmm_csr's CUDA implementation called directly,
+    # gpu.spmm_csr_op with rows=True, skipping the custom-op dispatch.)
     b = layer._buffers  # the dict itself: four Module.__getattr__ calls cost microseconds per eager call
     args = (b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"], xt, layer.out_features)
-    if _eager_cuda(xt) and not (xt.requires_grad and torch.is_grad_enabled()):
-        return gpu.spmm_csr_op(*args, layer.bias)
     return ops.spmm_csr(*args, layer.bias)
 
 
@@ -48,29 +46,12 @@ def _eager_cuda(xt: torch.Tensor) -> bool:
 def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     c = layer.component
     static = "schedule" in layer._names  # static mode: the load-balanced schedule stored at export (formats/bsr.py)
-    if _eager_cuda(xt):
+    if _eager_cuda(xt):  # what _bsr_rows left: the Python launcher (reference shapes and dtypes, C++ entries off)
         buffers = layer._buffers
-        key = (xt.dtype, buffers["w_blocks"].dtype)
-        plan = layer._eager_plans.get(key, _UNSET)
-        if plan is _UNSET:
-            plan = layer._eager_plans[key] = structured.eager_bsr_variant(buffers["w_blocks"], xt)
-        # static mode: the stored schedule, or at decode N a finer one where that pays (structured.decode_schedule)
         sched = structured.decode_schedule(
             buffers["w_blocks"], buffers["w_crow_indices"], buffers.get("w_schedule"), buffers.get("w_split_rows"),
             xt.shape[1],
         )  # fmt: skip
-        if plan is not None:
-            return torch.ops.prunekit_structured.bsr_mm.default(
-                buffers["w_blocks"],
-                buffers["w_crow_indices"],
-                buffers["w_col_indices"],
-                *sched,
-                xt,
-                layer.out_features,
-                layer.bias,
-                False,
-                plan,
-            )
         return structured.bsr_mm_cuda(
             c("blocks"), c("crow_indices"), c("col_indices"), xt, layer.out_features, layer.bias, "none", *sched
         )
@@ -86,6 +67,39 @@ def _bsr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
             layer.bias,
         )
     return ops.bsr_mm(c("blocks"), c("crow_indices"), c("col_indices"), xt, layer.out_features, layer.bias)
+
+
+def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
+    """Eager CUDA BSR: ``Y^T (N, out_features)`` from ``x2d (N, in_features)`` in one call of the C++ entry
+    ``prunekit_structured::bsr_mm`` with :data:`structured.ROWS` (the transposes made in C++), or None where that entry
+    does not take the layer (the generic path then runs). What the call runs is decided on the first call per x dtype,
+    weight dtype and N (N above ``structured.DECODE_MAX_N`` as one class) and kept on the layer: the variant, and whether
+    static mode takes :func:`structured.decode_schedule`'s finer schedule (so ``$PRUNEKIT_BSR_DECODE_SCHEDULE`` and
+    ``$PRUNEKIT_BSR_LEAN`` are read by Python on that first call; the kernel still reads ``$PRUNEKIT_BSR_LEAN`` on
+    every call), with the op itself. Each call then costs a dictionary lookup in Python besides the op call: the
+    layer's host time per call is the eager overhead that issue 5 bounds."""
+    buffers = layer._buffers
+    blocks = buffers["w_blocks"]
+    n = x2d.shape[0]
+    key = (x2d.dtype, blocks.dtype, n if n <= structured.DECODE_MAX_N else 0)
+    entry = layer._eager_plans.get(key, _UNSET)
+    if entry is _UNSET:
+        variant = structured.eager_bsr_variant(blocks, x2d.t())
+        if variant is None:
+            entry = None
+        else:
+            finer = buffers.get("w_schedule") is not None and structured.finer_decode_schedule(blocks, n)
+            entry = (structured.bsr_mm_entry(), variant | structured.ROWS, finer)
+        layer._eager_plans[key] = entry
+    if entry is None:
+        return None
+    op, variant, finer = entry
+    crow = buffers["w_crow_indices"]
+    if finer:  # static mode at a decode N the lean kernel does not take: the finer schedule, kept on crow_indices
+        sched = structured.decode_schedule(blocks, crow, buffers["w_schedule"], buffers["w_split_rows"], n)
+    else:
+        sched = (buffers.get("w_schedule"), buffers.get("w_split_rows"))
+    return op(blocks, crow, buffers["w_col_indices"], *sched, x2d, layer.out_features, layer.bias, False, variant)
 
 
 def _nm_decode_takes(layer: SparseLinear, x2d: torch.Tensor) -> bool:
@@ -197,10 +211,20 @@ class SparseLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.dim() == 2  # (tokens, in_features) as given: no reshapes, a few microseconds less per eager call
         x2d = x if flat else x.reshape(-1, self.in_features)
+        y = None
         if self.format == "nm":
             y = _nm_decode(self, x2d)
-            if y is not None:
-                return y if flat else y.reshape(*x.shape[:-1], self.out_features)
+        elif _eager_cuda(x2d):  # the C++ entries take the activations (N, K) and give Y^T (N, M) as they are
+            if self.format == "bsr":
+                y = _bsr_rows(self, x2d)
+            elif self.format == "csr" and not (x2d.requires_grad and torch.is_grad_enabled()):
+                b = self._buffers
+                y = gpu.spmm_csr_op(
+                    b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"], x2d,
+                    self.out_features, self.bias, rows=True,
+                )  # fmt: skip
+        if y is not None:
+            return y if flat else y.reshape(*x.shape[:-1], self.out_features)
         matmul = SPARSE_MATMULS.get(self.format)
         if matmul is None:
             y = F.linear(x2d, decode(self.encoded()).to(x.dtype), self.bias)

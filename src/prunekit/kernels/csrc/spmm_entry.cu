@@ -32,6 +32,9 @@ constexpr int64_t kTiled = 4;
 constexpr int64_t kTc = 5;
 constexpr int64_t kScatter = 6;  // decode tensor-core variant (spmm_scatter.cu): planned here, run by gpu.spmm_csr
 constexpr int64_t kBitmap = 7;   // decode bitmap variant (structured/nm24/nm24_decode.cu): likewise
+// Flag or-ed into spmm_csr_auto's variant (gpu.SPMM_ROWS): x is the activations (N, K) and the result Y^T (N, M),
+// nn.Linear's layout; the transposes are made here (each costs about a microsecond of host time when made in Python).
+constexpr int64_t kRowsFlag = int64_t{1} << 8;
 
 // gpu.py's tiling constants (same names there).
 constexpr int64_t ROWWARP_MAX_N = 64;
@@ -122,6 +125,11 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
                          const at::Tensor& row_indices, const at::Tensor& x, int64_t m,
                          const std::optional<at::Tensor>& bias, bool relu, int64_t variant) {
   constexpr const char* op = "spmm_csr_auto";
+  if (variant & kRowsFlag) {
+    PRUNEKIT_CHECK(x.dim() == 2, op, ": x must be 2-D (N, K), got shape ", x.sizes());
+    return spmm_csr_auto(values, row_offsets, column_indices, row_indices, x.t(), m, bias, relu, variant & ~kRowsFlag)
+        .t();
+  }
   PRUNEKIT_CHECK(x.dim() == 2, op, ": x must be 2-D (K, N), got shape ", x.sizes());
   PRUNEKIT_CHECK(values.dim() == 1 && column_indices.dim() == 1 && row_offsets.dim() == 1 && row_indices.dim() == 1, op,
               ": values, column_indices, row_offsets and row_indices must be 1-D");

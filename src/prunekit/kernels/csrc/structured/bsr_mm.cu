@@ -33,6 +33,9 @@ bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
 constexpr int64_t VARIANT_AUTO = 0;   // wgmma where it takes the block shape on sm_90a, else mma.sync
 constexpr int64_t VARIANT_MMA = 1;    // bsr_mm.cuh, sm_80+
 constexpr int64_t VARIANT_WGMMA = 2;  // bsr_mm_wgmma.cu, sm_90a, blocks 64 x {16, 32, 64}
+// Flag or-ed into bsr_mm's variant (structured.ROWS): x is the activations (N, K) and the result Y^T (N, M), nn.Linear's
+// layout; the transposes are made here (each costs about a microsecond of host time when made in Python).
+constexpr int64_t ROWS_FLAG = int64_t{1} << 8;
 constexpr int DECODE_MAX_N = 32;                // structured.DECODE_MAX_N
 constexpr int WIDE_TILE_MIN_BLOCKS_PER_ROW = 10;  // structured.WIDE_TILE_MIN_BLOCKS_PER_ROW
 
@@ -161,10 +164,15 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
 // The eager entry: Y (M, N) = act(A @ X + bias), allocated here by layout.py's rule (X (K, N) with unit stride along
 // K and N > 1: Y is the transposed view of a contiguous (N, M); else a contiguous (M, N)). X is read in place when
 // K-contiguous with a leading dimension that is a multiple of 8 (the runtime's x2d.t()), else copied once. variant:
-// VARIANT_AUTO / _MMA / _WGMMA. No host synchronisation, one kernel launch (two for static schedules with split rows).
+// VARIANT_AUTO / _MMA / _WGMMA, or-ed with ROWS_FLAG for x (N, K) and the result (N, M). No host synchronisation,
+// one kernel launch (two for static schedules with split rows).
 at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols,
                   const c10::optional<at::Tensor>& schedule, const c10::optional<at::Tensor>& split_rows,
                   const at::Tensor& x, int64_t m, const c10::optional<at::Tensor>& bias, bool relu, int64_t variant) {
+  if (variant & ROWS_FLAG) {
+    PRUNEKIT_CHECK(x.dim() == 2, "bsr_mm: x must be (N, K)");
+    return bsr_mm(blocks, crow, cols, schedule, split_rows, x.t(), m, bias, relu, variant & ~ROWS_FLAG).t();
+  }
   PRUNEKIT_CHECK(x.dim() == 2 && blocks.dim() == 3, "bsr_mm: x must be (K, N) and blocks (nblocks, r, c)");
   const int64_t k = x.size(0), n = x.size(1);
   const bool transposed_io = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;

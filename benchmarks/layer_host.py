@@ -1,0 +1,163 @@
+"""Eager host time and eager overhead of ``SparseLinear`` per format at decode shapes, next to dense in the same run.
+
+Issue 5 bounds the eager overhead of a BSR layer (wall-clock time of an eager call minus its kernel's device time) at
+10 us, and at decode sizes the host time of one eager call, not the kernel, often sets what a user sees. For each
+point (format, M x K, N) this times, on the same weights and inputs:
+
+- ``kernel us``: the layer's device time, median over replays of a CUDA graph holding many calls (``bsr.graph_time``);
+- ``wall us``: wall-clock per eager call over many back-to-back calls with one synchronize at the end
+  (``bsr.wall_time``), and ``overhead us`` = wall - kernel, the target's number;
+- ``host us``: host time to issue one call in a burst shorter than the launch queue (``bsr.host_time_us``);
+- the same wall and host times for ``nn.Linear`` on the dense weight, and, with ``--base-module``, for the
+  ``SparseLinear`` of another tree (its ``sparse_linear.py``, imported in place of this one's, on this tree's kernels):
+  a before/after of a change to the layer's Python in one run.
+
+Inputs rotate over several independent weight/input sets sized past twice the L2 (as ``bsr.py``). Formats: ``bsr``
+(static, ``--blocks``), ``nm`` (2:4), ``csr`` (the eager ``"auto"`` path). Prints a table and writes ``--out`` JSON
+(device, torch version, date, settings).
+
+    PYTHONPATH=src python benchmarks/layer_host.py --out benchmarks/results/layer-host-<dev>-<date>.json \
+        [--formats bsr,nm,csr] [--shapes 4096x4096,3072x768] [--ns 1,16] [--base-module OLD/sparse_linear.py]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bsr import L2_BYTES, graph_time, host_time_us, wall_time  # noqa: E402
+from nm24_sweep import run_meta  # noqa: E402
+
+from prunekit import formats  # noqa: E402
+from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
+
+
+def load_base(path: Path) -> type:
+    """``SparseLinear`` from another tree's ``sparse_linear.py``, imported as a sibling module of this one (its relative
+    imports resolve to this tree's formats and kernels)."""
+    name = "prunekit.deploy.runtime._base_sparse_linear"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module.SparseLinear
+
+
+def weight(fmt: str, m: int, k: int, sparsity: float, block: int, gen: torch.Generator) -> torch.Tensor:
+    """``(m, k)`` fp16 weight on the GPU: ``block x block`` tiles kept with probability 1 - sparsity (bsr), the two
+    largest of every four (nm), or elements kept with probability 1 - sparsity (csr)."""
+    w = torch.randn(m, k, device="cuda", generator=gen)
+    if fmt == "bsr":
+        keep = torch.rand(m // block, k // block, device="cuda", generator=gen) >= sparsity
+        w = w * keep.repeat_interleave(block, 0).repeat_interleave(block, 1)
+    elif fmt == "nm":
+        g = w.reshape(m, k // 4, 4)
+        w = (g * torch.zeros_like(g, dtype=torch.bool).scatter_(2, g.abs().topk(2, dim=2).indices, True)).reshape(m, k)
+    else:
+        w = w * (torch.rand(m, k, device="cuda", generator=gen) >= sparsity)
+    return w.half()
+
+
+def run_point(fmt, m, k, n, sparsity, block, base_cls, gen) -> dict:
+    params = {"block_rows": block, "block_cols": block} if fmt == "bsr" else {"n": 2, "m": 4} if fmt == "nm" else {}
+    density = 0.5 if fmt == "nm" else 1 - sparsity
+    set_bytes = (m * k * density * (3 if fmt == "csr" else 2) + 2 * k * n + 2 * m * n) * 1.0
+    n_sets = max(2, min(16, math.ceil(2 * L2_BYTES / set_bytes)))
+    sets = []
+    for _ in range(n_sets):
+        w = weight(fmt, m, k, sparsity, block, gen)
+        enc = formats.encode(fmt, w.cpu(), params)
+        x2d = torch.randn(n, k, device="cuda", generator=gen).half()
+        dense = torch.nn.Linear(k, m, bias=False, device="cuda", dtype=torch.float16)
+        dense.weight.data.copy_(w)
+        base = base_cls(enc).cuda() if base_cls is not None else None
+        sets.append((SparseLinear(enc).cuda(), base, dense, x2d))
+    res = {"format": fmt, "m": m, "k": k, "n": n, "sparsity": 0.5 if fmt == "nm" else sparsity, "n_sets": n_sets}
+    if fmt == "bsr":
+        res["block"] = block
+    with torch.inference_mode():
+        layer0, _, dense0, x0 = sets[0]
+        ref = dense0(x0).float()
+        res["rel_err"] = float((layer0(x0).float() - ref).norm() / ref.norm().clamp_min(1e-30))
+        calls = {
+            "layer": [lambda s=s: s[0](s[3]) for s in sets],
+            "dense": [lambda s=s: s[2](s[3]) for s in sets],
+        }
+        if base_cls is not None:
+            calls["base"] = [lambda s=s: s[1](s[3]) for s in sets]
+        res["kernel_us"] = 1e3 * graph_time(calls["layer"])
+        res["dense_kernel_us"] = 1e3 * graph_time(calls["dense"])
+        for name, fns in calls.items():
+            res[f"{name}_wall_us"] = 1e3 * wall_time(fns)
+            res[f"{name}_host_us"] = host_time_us(fns)
+    res["overhead_us"] = res["layer_wall_us"] - res["kernel_us"]
+    if base_cls is not None:
+        res["base_overhead_us"] = res["base_wall_us"] - res["kernel_us"]
+    res["vs_dense_eager"] = res["dense_wall_us"] / res["layer_wall_us"]
+    del sets
+    torch.cuda.empty_cache()
+    return res
+
+
+def table(results: list[dict], base: bool) -> Table:
+    t = Table(title="SparseLinear eager: host time and overhead per call (us), fp16")
+    cols = ["format", "M x K", "N", "sp", "kernel", "wall", "overhead", "host"]
+    cols += ["base wall", "base overhead", "base host"] if base else []
+    cols += ["dense kernel", "dense wall", "dense host", "x dense (eager)", "err"]
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in results:
+        name = f"bsr b{r['block']}" if r["format"] == "bsr" else r["format"]
+        row = [name, f"{r['m']}x{r['k']}", str(r["n"]), f"{r['sparsity']:.2f}", f"{r['kernel_us']:.2f}"]
+        row += [f"{r['layer_wall_us']:.2f}", f"{r['overhead_us']:.2f}", f"{r['layer_host_us']:.2f}"]
+        if base:
+            row += [f"{r['base_wall_us']:.2f}", f"{r['base_overhead_us']:.2f}", f"{r['base_host_us']:.2f}"]
+        row += [f"{r['dense_kernel_us']:.2f}", f"{r['dense_wall_us']:.2f}", f"{r['dense_host_us']:.2f}"]
+        row += [f"{r['vs_dense_eager']:.2f}", f"{r['rel_err']:.1e}"]
+        t.add_row(*row)
+    return t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--formats", default="bsr,nm,csr")
+    parser.add_argument("--shapes", default="4096x4096,11008x4096,3072x768")
+    parser.add_argument("--ns", default="1,16")
+    parser.add_argument("--sparsity", type=float, default=0.9, help="bsr and csr (nm is 2:4)")
+    parser.add_argument("--blocks", default="32,64", help="bsr block sizes (square)")
+    parser.add_argument("--base-module", type=Path, help="another tree's sparse_linear.py, timed beside this one")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("layer_host.py needs a CUDA GPU")
+    base_cls = load_base(args.base_module) if args.base_module else None
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    results = []
+    for fmt in args.formats.split(","):
+        for shape in args.shapes.split(","):
+            m, k = (int(v) for v in shape.split("x"))
+            for n in (int(v) for v in args.ns.split(",")):
+                for block in (int(b) for b in args.blocks.split(",")) if fmt == "bsr" else (0,):
+                    res = run_point(fmt, m, k, n, args.sparsity, block, base_cls, gen)
+                    results.append(res)
+                    print(json.dumps(res), flush=True)
+    Console().print(table(results, base_cls is not None))
+    meta = run_meta() | {"base_module": str(args.base_module) if args.base_module else None}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
