@@ -595,7 +595,12 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
     blocks = layer._buffers["w_blocks"]
     auto = structured.VARIANTS["wgmma"] if structured.auto_takes_wgmma(blocks) else structured.VARIANTS["mma"]
     expected = auto if structured.bsr_variant() == "auto" else structured.VARIANTS[structured.bsr_variant()]
-    assert list(layer._eager_plans.values()) == [expected]
+    # one decision per N class, each the entry, the variant with ROWS, and the finer schedule in static mode at N <=
+    # DECODE_MAX_N where the lean kernel does not take the call (this file turns it off: conftest.tiled_bsr_kernel)
+    assert sorted(key[2] for key in layer._eager_plans) == [0, 1, 5]  # N = 70: the class above DECODE_MAX_N
+    for key, (op, variant, finer) in layer._eager_plans.items():
+        assert op is torch.ops.prunekit_structured.bsr_mm.default and variant == expected | structured.ROWS
+        assert finer == (static and 0 < key[2] and not structured.lean_takes(blocks, key[2])), (key, finer)
     assert expected != structured.VARIANTS["auto"]
 
 
