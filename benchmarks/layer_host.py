@@ -17,7 +17,8 @@ Inputs rotate over several independent weight/input sets sized past twice the L2
 (device, torch version, date, settings).
 
     PYTHONPATH=src python benchmarks/layer_host.py --out benchmarks/results/layer-host-<dev>-<date>.json \
-        [--formats bsr,nm,csr] [--shapes 4096x4096,3072x768] [--ns 1,16] [--base-module OLD/sparse_linear.py]
+        [--formats bsr,nm,csr] [--shapes 4096x4096,3072x768] [--ns 1,16] [--base-module OLD/sparse_linear.py] \
+        [--breakdown]   (each layer of one eager call at the first shape and the last N)
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import argparse
 import importlib.util
 import json
 import math
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -34,11 +37,40 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bsr import L2_BYTES, graph_time, host_time_us, wall_time  # noqa: E402
+from bsr import L2_BYTES, graph_time  # noqa: E402
 from nm24_sweep import run_meta  # noqa: E402
 
 from prunekit import formats  # noqa: E402
 from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
+
+
+def interleaved(calls: dict[str, list], trials: int = 15, burst: int = 100) -> dict[str, dict[str, float]]:
+    """Host and wall microseconds per call of each entry of ``calls`` (name -> calls to rotate over), the candidates
+    taking turns within every trial so that slow phases of the host hit them alike. ``host``: perf_counter around a
+    burst of calls shorter than the launch queue, the GPU not waited for (the host never blocks); ``wall``: the same
+    burst with a synchronize before and after it, so device time counts where the GPU is the bottleneck. Median and
+    minimum over ``trials``."""
+    samples = {name: {"host": [], "wall": []} for name in calls}
+    for fns in calls.values():
+        for f in fns:
+            f()
+    torch.cuda.synchronize()
+    for _ in range(trials):
+        for name, fns in calls.items():
+            for kind in ("host", "wall"):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for i in range(burst):
+                    fns[i % len(fns)]()
+                if kind == "wall":
+                    torch.cuda.synchronize()
+                samples[name][kind].append((time.perf_counter() - start) / burst * 1e6)
+                torch.cuda.synchronize()
+    return {
+        name: {f"{kind}_us": statistics.median(v) for kind, v in s.items()}
+        | {f"{kind}_min_us": min(v) for kind, v in s.items()}
+        for name, s in samples.items()
+    }
 
 
 def load_base(path: Path) -> type:
@@ -67,7 +99,7 @@ def weight(fmt: str, m: int, k: int, sparsity: float, block: int, gen: torch.Gen
     return w.half()
 
 
-def run_point(fmt, m, k, n, sparsity, block, base_cls, gen) -> dict:
+def run_point(fmt, m, k, n, sparsity, block, base_cls, gen, trials) -> dict:
     params = {"block_rows": block, "block_cols": block} if fmt == "bsr" else {"n": 2, "m": 4} if fmt == "nm" else {}
     density = 0.5 if fmt == "nm" else 1 - sparsity
     set_bytes = (m * k * density * (3 if fmt == "csr" else 2) + 2 * k * n + 2 * m * n) * 1.0
@@ -96,9 +128,9 @@ def run_point(fmt, m, k, n, sparsity, block, base_cls, gen) -> dict:
             calls["base"] = [lambda s=s: s[1](s[3]) for s in sets]
         res["kernel_us"] = 1e3 * graph_time(calls["layer"])
         res["dense_kernel_us"] = 1e3 * graph_time(calls["dense"])
-        for name, fns in calls.items():
-            res[f"{name}_wall_us"] = 1e3 * wall_time(fns)
-            res[f"{name}_host_us"] = host_time_us(fns)
+        for name, times in interleaved(calls, trials).items():
+            for key, value in times.items():
+                res[f"{name}_{key}"] = value
     res["overhead_us"] = res["layer_wall_us"] - res["kernel_us"]
     if base_cls is not None:
         res["base_overhead_us"] = res["base_wall_us"] - res["kernel_us"]
@@ -106,6 +138,69 @@ def run_point(fmt, m, k, n, sparsity, block, base_cls, gen) -> dict:
     del sets
     torch.cuda.empty_cache()
     return res
+
+
+def breakdown(m: int, k: int, n: int, sparsity: float, base_cls, gen, trials: int) -> dict[str, dict[str, float]]:
+    """Host (and wall) us per call of each layer of the eager path at one point (fp16), all candidates interleaved:
+    Python floors (a view op, ``torch.empty``, a C++ op with no arguments), dense ``F.linear`` / ``nn.Linear``, and
+    for each format (bsr with 32 x 32 blocks, nm, csr) the C++ entry alone (arguments prepared), the layer's
+    ``forward`` and the layer called as a module (and the base tree's layer, if given)."""
+    from prunekit.kernels import gpu, nm24, structured
+
+    x = torch.randn(n, k, device="cuda", generator=gen).half()
+    dense = torch.nn.Linear(k, m, bias=False, device="cuda", dtype=torch.float16)
+    rows = {
+        "x.t() (a Python view op)": [lambda: x.t()],
+        "torch.empty(N, M) on the GPU": [lambda: torch.empty(n, m, device="cuda", dtype=torch.float16)],
+        "C++ op without arguments (prunekit_structured::wgmma_available)": [
+            lambda: torch.ops.prunekit_structured.wgmma_available()
+        ],
+        "F.linear (dense)": [lambda: torch.nn.functional.linear(x, dense.weight)],
+        "nn.Linear (dense)": [lambda: dense(x)],
+    }
+    for fmt in ("bsr", "nm", "csr"):
+        w = weight(fmt, m, k, sparsity, 32, gen)
+        params = {"block_rows": 32, "block_cols": 32} if fmt == "bsr" else {"n": 2, "m": 4} if fmt == "nm" else {}
+        enc = formats.encode(fmt, w.cpu(), params)
+        layer = SparseLinear(enc).cuda()
+        layer(x)  # the per-layer decisions
+        b = layer._buffers
+        if fmt == "bsr":
+            op, variant, _ = layer._eager_plans[(x.dtype, torch.float16, n if n <= structured.DECODE_MAX_N else 0)]
+            args = (b["w_blocks"], b["w_crow_indices"], b["w_col_indices"], b["w_schedule"], b["w_split_rows"], x, m)
+            rows["bsr: C++ entry alone (10 arguments)"] = [lambda op=op, a=args, v=variant: op(*a, None, False, v)]
+        elif fmt == "nm" and n > 1:
+            plan = layer._eager_plans[(x.dtype, torch.float16, "decode")][1]
+            cfg = plan.cfg | nm24.ROWS
+            rows["nm: C++ entry alone (5 arguments)"] = [
+                lambda p=plan, c=cfg: torch.ops.prunekit_nm24.linear.default(p.buffer, x, None, False, c)
+            ]
+        elif fmt == "csr":
+            v, o, c, r = b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"]
+            kind, plan = gpu.spmm_op_entry(v, o, c, x, m, None, rows=True)
+            if kind == "bitmap":
+                buffer, cfg, shape = plan
+                rows["csr: C++ entry alone (bitmap_linear, 6 arguments)"] = [
+                    lambda bu=buffer, cf=cfg | nm24.ROWS, sh=shape: torch.ops.prunekit_nm24.bitmap_linear.default(
+                        bu, x, None, False, cf, sh
+                    )
+                ]
+            elif plan is not None:
+                rows["csr: C++ entry alone (spmm_csr_auto, 9 arguments)"] = [
+                    lambda a=(v, o, c, r), p=plan | gpu.SPMM_ROWS: torch.ops.prunekit_ext.spmm_csr_auto.default(
+                        *a, x, m, None, False, p
+                    )
+                ]
+            rows["csr: gpu.spmm_csr_op(rows=True)"] = [
+                lambda a=(v, o, c, r): gpu.spmm_csr_op(*a, x, m, None, rows=True)
+            ]
+        rows[f"{fmt}: SparseLinear.forward(x)"] = [lambda la=layer: la.forward(x)]
+        rows[f"{fmt}: SparseLinear(x)"] = [lambda la=layer: la(x)]
+        if base_cls is not None:
+            base = base_cls(enc).cuda()
+            rows[f"{fmt}: base SparseLinear(x)"] = [lambda la=base: la(x)]
+    with torch.inference_mode():
+        return interleaved(rows, trials)
 
 
 def table(results: list[dict], base: bool) -> Table:
@@ -130,31 +225,47 @@ def table(results: list[dict], base: bool) -> Table:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--formats", default="bsr,nm,csr")
+    parser.add_argument("--formats", default="bsr,nm,csr", help="empty: only the breakdown")
     parser.add_argument("--shapes", default="4096x4096,11008x4096,3072x768")
     parser.add_argument("--ns", default="1,16")
     parser.add_argument("--sparsity", type=float, default=0.9, help="bsr and csr (nm is 2:4)")
     parser.add_argument("--blocks", default="32,64", help="bsr block sizes (square)")
     parser.add_argument("--base-module", type=Path, help="another tree's sparse_linear.py, timed beside this one")
+    parser.add_argument("--trials", type=int, default=15, help="interleaved trials per point (medians reported)")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also time each layer of one eager call (breakdown() below)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("layer_host.py needs a CUDA GPU")
     base_cls = load_base(args.base_module) if args.base_module else None
     gen = torch.Generator(device="cuda").manual_seed(0)
     results = []
-    for fmt in args.formats.split(","):
+    for fmt in filter(None, args.formats.split(",")):
         for shape in args.shapes.split(","):
             m, k = (int(v) for v in shape.split("x"))
             for n in (int(v) for v in args.ns.split(",")):
                 for block in (int(b) for b in args.blocks.split(",")) if fmt == "bsr" else (0,):
-                    res = run_point(fmt, m, k, n, args.sparsity, block, base_cls, gen)
+                    res = run_point(fmt, m, k, n, args.sparsity, block, base_cls, gen, args.trials)
                     results.append(res)
                     print(json.dumps(res), flush=True)
     Console().print(table(results, base_cls is not None))
-    meta = run_meta() | {"base_module": str(args.base_module) if args.base_module else None}
+    out = {"meta": run_meta() | {"base_module": str(args.base_module) if args.base_module else None}}
+    out["results"] = results
+    if args.breakdown:
+        m, k = (int(v) for v in args.shapes.split(",")[0].split("x"))
+        n = int(args.ns.split(",")[-1])
+        rows = breakdown(m, k, n, args.sparsity, base_cls, gen, max(args.trials, 21))
+        t = Table(title=f"host us per eager call, {m}x{k}, N = {n}, fp16 (median / min over interleaved trials)")
+        for c in ("call", "host us", "host min", "wall us"):
+            t.add_column(c, justify="right")
+        for name, r in rows.items():
+            t.add_row(name, f"{r['host_us']:.2f}", f"{r['host_min_us']:.2f}", f"{r['wall_us']:.2f}")
+        Console().print(t)
+        out["breakdown"] = {"m": m, "k": k, "n": n, "sparsity": args.sparsity, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    tmp.write_text(json.dumps(out, indent=1))
     tmp.replace(args.out)
     print(f"wrote {args.out}")
 

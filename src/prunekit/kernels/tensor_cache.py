@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["tensor_version", "cached"]
+__all__ = ["tensor_version", "stamp", "cached"]
 
 T = TypeVar("T")
 
@@ -18,6 +18,16 @@ def tensor_version(t: torch.Tensor) -> int:
     (reading it raises); such a tensor is matched by its data pointer alone (it cannot be modified in place outside
     inference mode)."""
     return -1 if t.is_inference() else t._version
+
+
+def stamp(inputs: Sequence[torch.Tensor]) -> tuple[tuple[int, int], ...]:
+    """``(data pointer, version)`` of each tensor of ``inputs`` (:func:`tensor_version`): the key of a derived result.
+    Called on every eager call of the runtime's layers, so the common case (no inference tensor) reads ``_version``
+    directly (an inference tensor raises there, and the slower path runs)."""
+    try:
+        return tuple([(t.data_ptr(), t._version) for t in inputs])
+    except RuntimeError:  # an inference tensor keeps no version counter
+        return tuple([(t.data_ptr(), tensor_version(t)) for t in inputs])
 
 
 def cached(
@@ -30,7 +40,7 @@ def cached(
     data at the same address while the entry lives (e.g. after ``t.data = ...``): a data-pointer key alone could then
     return a stale result. The entry lives and dies with ``owner``.
     """
-    key = (tuple((t.data_ptr(), tensor_version(t)) for t in inputs), extra)
+    key = (stamp(inputs), extra)
     hit = getattr(owner, attr, None)
     if hit is not None and hit[0] == key:
         return hit[2]

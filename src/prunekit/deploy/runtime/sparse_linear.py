@@ -25,7 +25,7 @@ from torch import nn
 
 from ...formats import EncodedTensor, decode
 from ...kernels import gpu, nm24, ops, structured
-from ...kernels.tensor_cache import tensor_version
+from ...kernels.tensor_cache import stamp as tensor_stamp
 
 
 def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
@@ -134,10 +134,10 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
             return nm24.spmv(values, metadata, x2d, layer.bias, rows=True)
     key = (x2d.dtype, values.dtype, "decode")
     entry = layer._eager_plans.get(key, _UNSET)
-    stamp = (values.data_ptr(), tensor_version(values), metadata.data_ptr(), tensor_version(metadata))
-    if entry is _UNSET or (entry is not None and entry[0] != stamp):
+    now = tensor_stamp((values, metadata))
+    if entry is _UNSET or (entry is not None and entry[0] != now):
         ok = _nm_decode_takes(layer, x2d)
-        entry = (stamp, nm24.get_plan(values, metadata, int(layer.params["bits"]), layer.in_features)) if ok else None
+        entry = (now, nm24.get_plan(values, metadata, int(layer.params["bits"]), layer.in_features)) if ok else None
         layer._eager_plans[key] = entry
     return None if entry is None else nm24.linear(entry[1], x2d, layer.bias, rows=True)
 
