@@ -200,7 +200,32 @@ def breakdown(m: int, k: int, n: int, sparsity: float, base_cls, gen, trials: in
             base = base_cls(enc).cuda()
             rows[f"{fmt}: base SparseLinear(x)"] = [lambda la=base: la(x)]
     with torch.inference_mode():
-        return interleaved(rows, trials)
+        return interleaved(rows, trials), profiles(rows)
+
+
+def profiles(rows: dict[str, list], calls: int = 50) -> dict[str, list[dict]]:
+    """torch.profiler's CPU-side view of ``calls`` eager calls of each layer-level candidate of :func:`breakdown`
+    (SparseLinear and nn.Linear): per event (ATen op, our ops, CUDA runtime calls such as ``cudaLaunchKernel``), its
+    count and self CPU us per call, the ten largest. The profiler adds its own cost to each event: read the shares, not
+    the sums."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for name, fns in rows.items():
+        if not (name.endswith("SparseLinear(x)") or name.startswith("nn.Linear")):
+            continue
+        fns[0]()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fns[0]()
+            torch.cuda.synchronize()
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:10]
+        out[name] = [
+            {"event": e.key, "count_per_call": e.count / calls, "self_cpu_us_per_call": e.self_cpu_time_total / calls}
+            for e in events
+        ]
+    return out
 
 
 def table(results: list[dict], base: bool) -> Table:
@@ -255,14 +280,18 @@ def main() -> None:
     if args.breakdown:
         m, k = (int(v) for v in args.shapes.split(",")[0].split("x"))
         n = int(args.ns.split(",")[-1])
-        rows = breakdown(m, k, n, args.sparsity, base_cls, gen, max(args.trials, 21))
+        rows, profiled = breakdown(m, k, n, args.sparsity, base_cls, gen, max(args.trials, 21))
         t = Table(title=f"host us per eager call, {m}x{k}, N = {n}, fp16 (median / min over interleaved trials)")
         for c in ("call", "host us", "host min", "wall us"):
             t.add_column(c, justify="right")
         for name, r in rows.items():
             t.add_row(name, f"{r['host_us']:.2f}", f"{r['host_min_us']:.2f}", f"{r['wall_us']:.2f}")
         Console().print(t)
-        out["breakdown"] = {"m": m, "k": k, "n": n, "sparsity": args.sparsity, "rows": rows}
+        for name, events in profiled.items():
+            print(f"profile of {name}: self CPU us per call")
+            for e in events:
+                print(f"  {e['self_cpu_us_per_call']:8.2f}  x{e['count_per_call']:.0f}  {e['event']}")
+        out["breakdown"] = {"m": m, "k": k, "n": n, "sparsity": args.sparsity, "rows": rows, "profiles": profiled}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1))
