@@ -466,14 +466,20 @@ def test_sparse_linear_decode_route_on_cpu(monkeypatch):
     monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda xt: True)
     monkeypatch.setattr(nm24, "decode_takes", lambda values, x, n, m_group: True)
     monkeypatch.setattr(nm24, "available", lambda: True)
-    monkeypatch.setattr(nm24, "build_plan", lambda *a, **k: builds.append(1) or real_build(*a, **k))
 
-    def launch(plan, x, b=None, relu=False, rows=False):
-        assert rows  # SparseLinear hands the activations (N, K) over as they are
+    def build(*a, **k):
+        builds.append(real_build(*a, **k))
+        return builds[-1]
+
+    monkeypatch.setattr(nm24, "build_plan", build)
+
+    def launch(buffer, x, b, relu, cfg):  # prunekit_nm24::linear's arguments, as SparseLinear keeps them
+        assert cfg == builds[-1].cfg | nm24.ROWS  # the activations (N, K) handed over as they are
+        plan = next(p for p in builds if p.buffer is buffer)
         launches.append(x.shape)
         return nm24.emulate(plan, x.t(), b, relu).to(x.dtype).t()
 
-    monkeypatch.setattr(nm24, "linear", launch)
+    monkeypatch.setattr(nm24, "linear_entry", lambda: launch)
     for lead in ((1,), (7,), (2, 8)):
         x = torch.randn(*lead, 64).half()
         y = layer(x)

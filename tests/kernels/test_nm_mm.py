@@ -173,7 +173,7 @@ def test_sparse_linear_eager_24_through_the_binding_both_output_layouts(output, 
         assert relative_error(y.reshape(-1, 256), ref) < TOLERANCE[torch.float16], tokens
     # the binding's C++ entry in this layout for N > 16; the decode kernel at N <= 16
     assert layer._eager_plans[(torch.float16, torch.float16)] == structured.CSLT_OUTPUTS[output]
-    assert layer._eager_plans[(torch.float16, torch.float16, "decode")] is not None  # (weight stamp, plan)
+    assert layer._eager_plans[(torch.float16, torch.float16, "decode")] is not None  # (weight stamp, op, buffer, cfg)
 
 
 @pytest.mark.cuda

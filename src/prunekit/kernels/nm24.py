@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -604,6 +605,14 @@ def decode_mm(
         return spmv(values, metadata, x, bias, activation == "relu")
     plan = get_plan(values, metadata, bits, x.shape[0])
     return linear(plan, x, bias, activation == "relu")
+
+
+def linear_entry() -> Callable[..., torch.Tensor]:
+    """The C++ entry ``prunekit_nm24::linear`` (its ``OpOverload``: ``(plan.buffer, x, bias, relu, cfg)``, as
+    :func:`linear` calls it), for callers that keep it with a plan: the runtime's ``SparseLinear`` holds it in its
+    per-layer decision, sparing the attribute lookups and this module's wrapper on every call (the library must be
+    loaded: :func:`load`)."""
+    return torch.ops.prunekit_nm24.linear.default
 
 
 def linear(

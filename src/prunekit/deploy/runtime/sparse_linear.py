@@ -99,7 +99,8 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         sched = structured.decode_schedule(blocks, crow, buffers["w_schedule"], buffers["w_split_rows"], n)
     else:
         sched = (buffers.get("w_schedule"), buffers.get("w_split_rows"))
-    return op(blocks, crow, buffers["w_col_indices"], *sched, x2d, layer.out_features, layer.bias, False, variant)
+    bias = layer._parameters.get("bias")  # layer.bias, without Module.__getattr__ (a registered bias is a parameter)
+    return op(blocks, crow, buffers["w_col_indices"], *sched, x2d, layer.out_features, bias, False, variant)
 
 
 def _nm_decode_takes(layer: SparseLinear, x2d: torch.Tensor) -> bool:
@@ -119,11 +120,12 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     prunekit's 2:4 decode kernel (``nm24.linear`` with ``rows``: no transposes in Python), or None where it does not
     apply (the generic path then runs). Decided once per layer and dtype; the kernel's plan is kept with the data
     pointers and versions of the weight it was built from."""
-    if not (0 < x2d.shape[0] <= nm24.MAX_N and _eager_cuda(x2d)):
+    n = x2d.shape[0]
+    if not (0 < n <= nm24.MAX_N and _eager_cuda(x2d)):
         return None
     buffers = layer._buffers
     values, metadata = buffers["w_values"], buffers["w_metadata"]
-    if x2d.shape[0] == 1:  # one token: the SpMV kernel on the stored format where it applies (no plan)
+    if n == 1:  # one token: the SpMV kernel on the stored format where it applies (no plan)
         key = (x2d.dtype, values.dtype, "spmv")
         stamp = (values.data_ptr(), metadata.data_ptr())
         entry = layer._eager_plans.get(key)
@@ -134,12 +136,20 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
             return nm24.spmv(values, metadata, x2d, layer.bias, rows=True)
     key = (x2d.dtype, values.dtype, "decode")
     entry = layer._eager_plans.get(key, _UNSET)
-    now = tensor_stamp((values, metadata))
+    try:  # the stamp of the weight the plan was built from, written out: this runs on every eager call
+        now = (values.data_ptr(), values._version, metadata.data_ptr(), metadata._version)
+    except RuntimeError:  # inference tensors keep no version counter (tensor_cache.tensor_version)
+        now = sum(tensor_stamp((values, metadata)), ())
     if entry is _UNSET or (entry is not None and entry[0] != now):
-        ok = _nm_decode_takes(layer, x2d)
-        entry = (now, nm24.get_plan(values, metadata, int(layer.params["bits"]), layer.in_features)) if ok else None
+        entry = None
+        if _nm_decode_takes(layer, x2d):
+            plan = nm24.get_plan(values, metadata, int(layer.params["bits"]), layer.in_features)
+            # nm24.linear(plan, x2d, bias, rows=True), its parts kept: the C++ entry, the plan's buffer, its settings
+            entry = (now, nm24.linear_entry(), plan.buffer, plan.cfg | nm24.ROWS)
         layer._eager_plans[key] = entry
-    return None if entry is None else nm24.linear(entry[1], x2d, layer.bias, rows=True)
+    if entry is None:
+        return None
+    return entry[1](entry[2], x2d, layer._parameters.get("bias"), False, entry[3])
 
 
 def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
@@ -221,7 +231,7 @@ class SparseLinear(nn.Module):
                 b = self._buffers
                 y = gpu.spmm_csr_op(
                     b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"], x2d,
-                    self.out_features, self.bias, rows=True,
+                    self.out_features, self._parameters.get("bias"), rows=True,
                 )  # fmt: skip
         if y is not None:
             return y if flat else y.reshape(*x.shape[:-1], self.out_features)

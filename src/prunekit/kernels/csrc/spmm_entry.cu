@@ -122,15 +122,13 @@ std::vector<int64_t> plan_spmm_code(int64_t m, int64_t k, int64_t n, int64_t nnz
 }
 
 at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
-                         const at::Tensor& row_indices, const at::Tensor& x, int64_t m,
+                         const at::Tensor& row_indices, const at::Tensor& x_in, int64_t m,
                          const std::optional<at::Tensor>& bias, bool relu, int64_t variant) {
   constexpr const char* op = "spmm_csr_auto";
-  if (variant & kRowsFlag) {
-    PRUNEKIT_CHECK(x.dim() == 2, op, ": x must be 2-D (N, K), got shape ", x.sizes());
-    return spmm_csr_auto(values, row_offsets, column_indices, row_indices, x.t(), m, bias, relu, variant & ~kRowsFlag)
-        .t();
-  }
-  PRUNEKIT_CHECK(x.dim() == 2, op, ": x must be 2-D (K, N), got shape ", x.sizes());
+  const bool rows = variant & kRowsFlag;
+  variant &= ~kRowsFlag;
+  PRUNEKIT_CHECK(x_in.dim() == 2, op, ": x must be 2-D (", rows ? "N, K" : "K, N", "), got shape ", x_in.sizes());
+  const at::Tensor x = rows ? x_in.t() : x_in;
   PRUNEKIT_CHECK(values.dim() == 1 && column_indices.dim() == 1 && row_offsets.dim() == 1 && row_indices.dim() == 1, op,
               ": values, column_indices, row_offsets and row_indices must be 1-D");
   PRUNEKIT_CHECK(x.is_cuda(), op, ": x must be on the GPU, got ", x.device());
@@ -161,8 +159,11 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
   // contiguous (N, M) buffer, anything else a contiguous (M, N).
   const int64_t k = x.size(0), n = x.size(1);
   const bool transposed_io = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
-  at::Tensor y = transposed_io ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
-  if (m == 0 || n == 0) return y;
+  const at::Tensor buf = transposed_io ? at::empty({n, m}, x.options()) : at::empty({m, n}, x.options());
+  const at::Tensor y = transposed_io ? buf.t() : buf;
+  // rows: the (N, M) buffer itself where Y is its transposed view (one view op fewer per call)
+  const at::Tensor out = rows ? (transposed_io ? buf : y.t()) : y;
+  if (m == 0 || n == 0) return out;
 
   std::optional<at::Tensor> bias_c = bias;
   if (bias.has_value() && (bias->scalar_type() != dtype || !bias->is_contiguous()))
@@ -201,7 +202,7 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
     default:
       PRUNEKIT_CHECK(false, op, ": internal error, plan chose variant code ", plan[0]);
   }
-  return y;
+  return out;
 }
 
 }  // namespace prunekit

@@ -168,16 +168,18 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
 // one kernel launch (two for static schedules with split rows).
 at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols,
                   const c10::optional<at::Tensor>& schedule, const c10::optional<at::Tensor>& split_rows,
-                  const at::Tensor& x, int64_t m, const c10::optional<at::Tensor>& bias, bool relu, int64_t variant) {
-  if (variant & ROWS_FLAG) {
-    PRUNEKIT_CHECK(x.dim() == 2, "bsr_mm: x must be (N, K)");
-    return bsr_mm(blocks, crow, cols, schedule, split_rows, x.t(), m, bias, relu, variant & ~ROWS_FLAG).t();
-  }
-  PRUNEKIT_CHECK(x.dim() == 2 && blocks.dim() == 3, "bsr_mm: x must be (K, N) and blocks (nblocks, r, c)");
+                  const at::Tensor& x_in, int64_t m, const c10::optional<at::Tensor>& bias, bool relu, int64_t variant) {
+  const bool rows = variant & ROWS_FLAG;
+  variant &= ~ROWS_FLAG;
+  PRUNEKIT_CHECK(x_in.dim() == 2 && blocks.dim() == 3, "bsr_mm: x must be 2-D and blocks (nblocks, r, c)");
+  const at::Tensor x = rows ? x_in.t() : x_in;
   const int64_t k = x.size(0), n = x.size(1);
   const bool transposed_io = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
-  at::Tensor y = transposed_io ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
-  if (m == 0 || n == 0) return y;
+  const at::Tensor buf = transposed_io ? at::empty({n, m}, x.options()) : at::empty({m, n}, x.options());
+  const at::Tensor y = transposed_io ? buf.t() : buf;
+  // rows: the (N, M) buffer itself where Y is its transposed view (one view op fewer per call)
+  const at::Tensor out = rows ? (transposed_io ? buf : y.t()) : y;
+  if (m == 0 || n == 0) return out;
   at::Tensor xk = x;
   const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
   if (n == 1 && x.stride(0) == 1 && aligned && k % 8 == 0) {
@@ -213,7 +215,7 @@ at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
     tile_n = plan_tile_n(m, r, n, sms, blocks.size(0));
   }
   bsr_mm_out(blocks_c, as_int(crow), as_int(cols), sched_c, split_c, xk, y, bias_c, relu, tile_n, true, variant);
-  return y;
+  return out;
 }
 
 bool wgmma_available_op() { return bsr_wgmma_available(); }

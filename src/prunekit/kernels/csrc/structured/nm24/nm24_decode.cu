@@ -1434,9 +1434,10 @@ at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x_in, const c10
   const PlanView v{base, base + n_vals, reinterpret_cast<float*>(base + n_vals + n_meta), base + n_vals + n_meta + n_ws,
                    strips, ksteps, m, (cfg >> 32) & 0xff, (cfg >> 40) & 1, (cfg >> 44) & 0xf, (cfg >> 48) & 0xf};
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
-  at::Tensor y = transposed ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
+  const at::Tensor buf = transposed ? at::empty({n, m}, x.options()) : at::empty({m, n}, x.options());
+  const at::Tensor y = transposed ? buf.t() : buf;
   run(v, x, y, bias, relu);
-  return rows ? y.t() : y;
+  return rows ? (transposed ? buf : y.t()) : y;  // rows: the (N, M) buffer itself where Y is its transposed view
 }
 
 // The bitmap plan's eager entry: the plan as its one int32 buffer (spmm_bitmap_plan.buffer_layout: hdr, boff, ws,
@@ -1466,9 +1467,10 @@ at::Tensor bitmap_linear(const at::Tensor& plan, const at::Tensor& x_in, const c
   v.boff = base + n_hdr;
   v.slot_words = slot_words;
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
-  at::Tensor y = transposed ? at::empty({n, m}, x.options()).t() : at::empty({m, n}, x.options());
+  const at::Tensor buf = transposed ? at::empty({n, m}, x.options()) : at::empty({m, n}, x.options());
+  const at::Tensor y = transposed ? buf.t() : buf;
   run(v, x, y, bias, relu);
-  return rows ? y.t() : y;
+  return rows ? (transposed ? buf : y.t()) : y;  // rows: the (N, M) buffer itself where Y is its transposed view
 }
 
 }  // namespace
