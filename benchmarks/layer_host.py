@@ -170,11 +170,8 @@ def breakdown(m: int, k: int, n: int, sparsity: float, base_cls, gen, trials: in
             args = (b["w_blocks"], b["w_crow_indices"], b["w_col_indices"], b["w_schedule"], b["w_split_rows"], x, m)
             rows["bsr: C++ entry alone (10 arguments)"] = [lambda op=op, a=args, v=variant: op(*a, None, False, v)]
         elif fmt == "nm" and n > 1:
-            plan = layer._eager_plans[(x.dtype, torch.float16, "decode")][1]
-            cfg = plan.cfg | nm24.ROWS
-            rows["nm: C++ entry alone (5 arguments)"] = [
-                lambda p=plan, c=cfg: torch.ops.prunekit_nm24.linear.default(p.buffer, x, None, False, c)
-            ]
+            _, op, buffer, cfg = layer._eager_plans[(x.dtype, torch.float16, "decode")]
+            rows["nm: C++ entry alone (5 arguments)"] = [lambda op=op, bu=buffer, c=cfg: op(bu, x, None, False, c)]
         elif fmt == "csr":
             v, o, c, r = b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"]
             kind, plan = gpu.spmm_op_entry(v, o, c, x, m, None, rows=True)
