@@ -202,6 +202,10 @@ def test_sparse_linear_bsr_eager_calls_the_cpp_entry_with_rows(monkeypatch):
     dynamic(torch.randn(16, 96, dtype=torch.float16))
     assert calls[-1][1] is None
     assert not launched
+    plain = sparse_linear.SparseLinear(enc)  # built without a bias ...
+    plain.bias = bias  # ... which is then a plain attribute, not a parameter: the eager call still adds it
+    x = torch.randn(4, 96, dtype=torch.float16)
+    assert relative_error(plain(x), spmm_reference64(dense, x.t(), bias, "none").t()) < TOLERANCE[torch.float16]
     monkeypatch.setattr(structured, "eager_bsr_variant", lambda blocks, x, name=None: None)
     other = sparse_linear.SparseLinear(enc, bias)
     x = torch.randn(3, 96, dtype=torch.float16)

@@ -256,6 +256,10 @@ def test_spmm_op_entry_decides_once_per_key(cpp_on, monkeypatch):
     assert got == [auto, ("bitmap", "plan4"), ("bitmap", "plan4"), ("bitmap", "plan16"), auto, auto, auto]
     assert built == [4, 16]  # N = 4 decided once; wide + 10 and wide + 20 share a size class
     assert [a for a in asked if a[0] == "auto"] == [("auto", 1), ("auto", 100), ("auto", wide + 10)]
+    # the activations (N, K) with rows=True: the same keys, so the same decisions, none made again
+    before = len(asked)
+    rows = [gpu.spmm_op_entry(values, offsets, cols, torch.randn(n, 40).half(), 48, None, rows=True) for n in (4, 100)]
+    assert rows == [("bitmap", "plan4"), auto] and built == [4, 16] and len(asked) == before
     entries = gpu.spmm_op_entries(values)
     assert (torch.float16, True, 48, 4) in entries and (
         torch.float16,

@@ -10,7 +10,9 @@ Eager calls on CUDA skip the custom-op layers: BSR and 2:4 layers call one C++ o
 ``prunekit_nm24::linear`` at N <= 16, else ``prunekit_cslt::linear``)
 that allocates the output and launches
 the kernel, with the per-layer decisions (kernel or reference, variant, output layout) made on the
-first call and cached per dtype. CSR layers call the op's CUDA implementation ``gpu.spmm_csr_op`` directly: the
+first call and cached per dtype (BSR: per dtype and N class). At decode sizes these operators take the activations
+``(N, K)`` as given and return ``Y^T (N, M)`` (a ``ROWS`` flag; the transposes are made in C++): at small N the host
+time of an eager call, not the kernel, sets what a user sees (docs/PERFORMANCE_STRUCTURED.md, "Twentieth session"). CSR layers call the op's CUDA implementation ``gpu.spmm_csr_op`` directly: the
 bitmap decode kernel's C++ entry ``prunekit_nm24::bitmap_linear`` at the N where ``"auto"`` takes it, else
 ``prunekit_ext::spmm_csr_auto`` where ``gpu.eager_spmm_variant`` allows, else ``gpu.spmm_csr``, decided once per
 weight, dtype and N and kept with the weight's values. Traced, compiled and CPU calls, and inputs that need a
@@ -35,6 +37,13 @@ def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     b = layer._buffers  # the dict itself: four Module.__getattr__ calls cost microseconds per eager call
     args = (b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"], xt, layer.out_features)
     return ops.spmm_csr(*args, layer.bias)
+
+
+def _bias(layer: SparseLinear) -> torch.Tensor | None:
+    """``layer.bias`` without ``Module.__getattr__`` on the eager paths: a bias given at construction is a registered
+    parameter; one assigned later to a layer built without it is a plain attribute."""
+    bias = layer._parameters.get("bias")
+    return bias if bias is not None else layer.__dict__.get("bias")
 
 
 def _eager_cuda(xt: torch.Tensor) -> bool:
@@ -99,8 +108,7 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         sched = structured.decode_schedule(blocks, crow, buffers["w_schedule"], buffers["w_split_rows"], n)
     else:
         sched = (buffers.get("w_schedule"), buffers.get("w_split_rows"))
-    bias = layer._parameters.get("bias")  # layer.bias, without Module.__getattr__ (a registered bias is a parameter)
-    return op(blocks, crow, buffers["w_col_indices"], *sched, x2d, layer.out_features, bias, False, variant)
+    return op(blocks, crow, buffers["w_col_indices"], *sched, x2d, layer.out_features, _bias(layer), False, variant)
 
 
 def _nm_decode_takes(layer: SparseLinear, x2d: torch.Tensor) -> bool:
@@ -117,9 +125,10 @@ def _nm_decode_takes(layer: SparseLinear, x2d: torch.Tensor) -> bool:
 
 def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     """Eager CUDA 2:4 at decode sizes: ``Y^T (N, out_features)`` from ``x2d (N, in_features)`` in one call of
-    prunekit's 2:4 decode kernel (``nm24.linear`` with ``rows``: no transposes in Python), or None where it does not
-    apply (the generic path then runs). Decided once per layer and dtype; the kernel's plan is kept with the data
-    pointers and versions of the weight it was built from."""
+    prunekit's 2:4 decode kernel (what ``nm24.linear`` with ``rows`` does: no transposes in Python), or None where it
+    does not apply (the generic path then runs). Decided once per layer and dtype, and kept with the data pointers and
+    versions of the weight it was built from: the C++ entry (``nm24.linear_entry``), the plan's buffer and its settings
+    with ``nm24.ROWS``, so that a call costs one dictionary lookup and one stamp besides the op call."""
     n = x2d.shape[0]
     if not (0 < n <= nm24.MAX_N and _eager_cuda(x2d)):
         return None
@@ -149,7 +158,7 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         layer._eager_plans[key] = entry
     if entry is None:
         return None
-    return entry[1](entry[2], x2d, layer._parameters.get("bias"), False, entry[3])
+    return entry[1](entry[2], x2d, _bias(layer), False, entry[3])
 
 
 def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
@@ -231,7 +240,7 @@ class SparseLinear(nn.Module):
                 b = self._buffers
                 y = gpu.spmm_csr_op(
                     b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"], x2d,
-                    self.out_features, self._parameters.get("bias"), rows=True,
+                    self.out_features, _bias(self), rows=True,
                 )  # fmt: skip
         if y is not None:
             return y if flat else y.reshape(*x.shape[:-1], self.out_features)
