@@ -196,7 +196,9 @@ def test_sparse_linear_bsr_eager_calls_the_cpp_entry_with_rows(monkeypatch):
     monkeypatch.setenv(structured.LEAN_ENV, "1")
     lean = sparse_linear.SparseLinear(enc, bias)
     lean(torch.randn(16, 96, dtype=torch.float16))
-    assert calls[-1][1] is stored  # the lean kernel takes N = 16 and reads no schedule
+    assert calls[-1][1] is None  # the lean kernel takes N = 16 and reads no schedule: none is passed
+    lean(torch.randn(17, 96, dtype=torch.float16))
+    assert calls[-1][1] is not None and calls[-1][1] is not stored  # N = 17: the tiled kernel, the finer schedule
     comps = {k: v for k, v in enc.components.items() if k not in ("schedule", "split_rows")}
     dynamic = sparse_linear.SparseLinear(EncodedTensor("bsr", enc.shape, enc.dtype, enc.params, comps), bias)
     dynamic(torch.randn(16, 96, dtype=torch.float16))
@@ -599,12 +601,19 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
     blocks = layer._buffers["w_blocks"]
     auto = structured.VARIANTS["wgmma"] if structured.auto_takes_wgmma(blocks) else structured.VARIANTS["mma"]
     expected = auto if structured.bsr_variant() == "auto" else structured.VARIANTS[structured.bsr_variant()]
-    # one decision per N class, each the entry, the variant with ROWS, and the finer schedule in static mode at N <=
-    # DECODE_MAX_N where the lean kernel does not take the call (this file turns it off: conftest.tiled_bsr_kernel)
+    # one decision per N class, each the entry, the variant with ROWS, and which schedule goes with the call (this file
+    # turns the lean kernel off, conftest.tiled_bsr_kernel: the finer one in static mode at N <= DECODE_MAX_N)
     assert sorted(key[2] for key in layer._eager_plans) == [0, 1, 5]  # N = 70: the class above DECODE_MAX_N
-    for key, (op, variant, finer) in layer._eager_plans.items():
+    for key, (op, variant, sched) in layer._eager_plans.items():
         assert op is torch.ops.prunekit_structured.bsr_mm.default and variant == expected | structured.ROWS
-        assert finer == (static and 0 < key[2] and not structured.lean_takes(blocks, key[2])), (key, finer)
+        # 0: the stored schedule (or none in dynamic mode), 1: the finer decode schedule, 2: none (the lean kernel)
+        n = key[2]
+        want = (
+            2
+            if structured.lean_takes(blocks, n)
+            else int(static and 0 < n and structured.finer_decode_schedule(blocks, n))
+        )
+        assert sched == want, (key, sched)
     assert expected != structured.VARIANTS["auto"]
 
 

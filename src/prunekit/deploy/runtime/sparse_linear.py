@@ -85,8 +85,8 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     weight dtype and N (N above ``structured.DECODE_MAX_N`` as one class) and kept on the layer: the variant, and whether
     static mode takes :func:`structured.decode_schedule`'s finer schedule (so ``$PRUNEKIT_BSR_DECODE_SCHEDULE`` and
     ``$PRUNEKIT_BSR_LEAN`` are read by Python on that first call; the kernel still reads ``$PRUNEKIT_BSR_LEAN`` on
-    every call), with the op itself. Each call then costs a dictionary lookup in Python besides the op call: the
-    layer's host time per call is the eager overhead that issue 5 bounds."""
+    every call), with the op itself; calls the lean kernel takes pass no schedule. Each call then costs a dictionary
+    lookup in Python besides the op call: the layer's host time per call is the eager overhead that issue 5 bounds."""
     buffers = layer._buffers
     blocks = buffers["w_blocks"]
     n = x2d.shape[0]
@@ -97,18 +97,29 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         if variant is None:
             entry = None
         else:
-            finer = buffers.get("w_schedule") is not None and structured.finer_decode_schedule(blocks, n)
-            entry = (structured.bsr_mm_entry(), variant | structured.ROWS, finer)
+            static = buffers.get("w_schedule") is not None
+            # 0: the stored schedule; 1: decode_schedule's finer one; 2: none, for the lean kernel (it reads none, and
+            # two arguments fewer cost less host time; were $PRUNEKIT_BSR_LEAN=0 set later, the tiled kernel would run
+            # in dynamic mode, which is as correct)
+            sched = (
+                2 if structured.lean_takes(blocks, n) else int(static and structured.finer_decode_schedule(blocks, n))
+            )
+            entry = (structured.bsr_mm_entry(), variant | structured.ROWS, sched)
         layer._eager_plans[key] = entry
     if entry is None:
         return None
-    op, variant, finer = entry
+    op, variant, sched = entry
     crow = buffers["w_crow_indices"]
-    if finer:  # static mode at a decode N the lean kernel does not take: the finer schedule, kept on crow_indices
-        sched = structured.decode_schedule(blocks, crow, buffers["w_schedule"], buffers["w_split_rows"], n)
+    bias = layer._parameters.get("bias")  # _bias(layer), written out
+    if bias is None:
+        bias = layer.__dict__.get("bias")
+    if sched == 2:
+        return op(blocks, crow, buffers["w_col_indices"], None, None, x2d, layer.out_features, bias, False, variant)
+    if sched == 1:  # static mode at a decode N the lean kernel does not take: the finer schedule, kept on crow_indices
+        items, rows = structured.decode_schedule(blocks, crow, buffers["w_schedule"], buffers["w_split_rows"], n)
     else:
-        sched = (buffers.get("w_schedule"), buffers.get("w_split_rows"))
-    return op(blocks, crow, buffers["w_col_indices"], *sched, x2d, layer.out_features, _bias(layer), False, variant)
+        items, rows = buffers.get("w_schedule"), buffers.get("w_split_rows")
+    return op(blocks, crow, buffers["w_col_indices"], items, rows, x2d, layer.out_features, bias, False, variant)
 
 
 def _nm_decode_takes(layer: SparseLinear, x2d: torch.Tensor) -> bool:
@@ -158,7 +169,8 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         layer._eager_plans[key] = entry
     if entry is None:
         return None
-    return entry[1](entry[2], x2d, _bias(layer), False, entry[3])
+    bias = layer._parameters.get("bias")  # _bias(layer), written out
+    return entry[1](entry[2], x2d, bias if bias is not None else layer.__dict__.get("bias"), False, entry[3])
 
 
 def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
