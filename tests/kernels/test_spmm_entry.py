@@ -221,6 +221,66 @@ def test_sparse_linear_csr_eager_calls_the_op_cuda_implementation(cpp_on, monkey
     assert len(calls) == 4 and x.grad is not None  # the custom op's autograd, not the CUDA implementation
 
 
+def test_sparse_linear_csr_keeps_the_entry_parts_per_layer(cpp_on, monkeypatch):
+    """SparseLinear's eager CUDA CSR call (faked on the CPU) with gpu.spmm_rows_call's parts: made once per (x dtype,
+    bias dtype, N), made again after an in-place edit of the weight; the bitmap entry gets (buffer, x, bias, False,
+    cfg, shape) and spmm_csr_auto (values, row_offsets, column_indices, row_indices, x, M, bias, False, code), x being
+    the activations as given; where there are no parts, gpu.spmm_csr_op(rows=True) runs the call."""
+    from prunekit.deploy.runtime import sparse_linear
+
+    made, ran = [], []
+
+    def reference_rows(values, offsets, cols, rows, x, m, bias):
+        return reference.spmm_csr(values, offsets, cols, rows, x.t(), m, bias).t()
+
+    def bitmap_entry(buffer, x, bias, relu, cfg, shape):
+        ran.append(("bitmap", x, buffer, cfg, shape))
+        return reference_rows(*layer_parts(), x, 48, bias)
+
+    def auto_entry(values, offsets, cols, rows, x, m, bias, relu, code):
+        ran.append(("auto", x, code))
+        return reference_rows(values, offsets, cols, rows, x, m, bias)
+
+    def rows_call(values, offsets, cols, rows, x, m, bias=None):
+        made.append(x.shape[0])
+        if x.shape[0] == 3:
+            return None
+        return (True, bitmap_entry, "buffer", 7, 9) if x.shape[0] <= 16 else (False, auto_entry, 5)
+
+    def op_cuda(values, offsets, cols, row_indices, x, m, bias=None, activation="none", *, rows=False):
+        assert rows
+        ran.append(("op", x))
+        return reference_rows(values, offsets, cols, row_indices, x, m, bias)
+
+    monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda xt: True)
+    monkeypatch.setattr(gpu, "spmm_rows_call", rows_call)
+    monkeypatch.setattr(gpu, "spmm_csr_op", op_cuda)
+    dense, bias, layer = _csr_layer(dtype=torch.float32)
+
+    def layer_parts():
+        b = layer._buffers
+        return b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"]
+
+    for tokens in (4, 4, 40, 3, 3):
+        x = torch.randn(tokens, 40)
+        y = layer(x)
+        torch.testing.assert_close(y, x @ dense.t() + bias, rtol=1e-5, atol=1e-5)
+        assert ran[-1][1] is x
+    assert made == [4, 40, 3]  # once per N
+    assert [r[0] for r in ran] == ["bitmap", "bitmap", "auto", "op", "op"]
+    assert ran[0][2:] == ("buffer", 7, 9) and ran[2][2] == 5
+    with torch.no_grad():
+        layer.w_values.mul_(2)  # in place: the parts are made again
+    x = torch.randn(4, 40)
+    torch.testing.assert_close(layer(x), x @ (2 * dense).t() + bias, rtol=1e-5, atol=1e-5)
+    assert made == [4, 40, 3, 4]
+    del layer.bias  # no bias: a key of its own
+    torch.testing.assert_close(layer(x), x @ (2 * dense).t(), rtol=1e-5, atol=1e-5)
+    assert made == [4, 40, 3, 4, 4]
+    layer.bias = bias.clone()  # a plain attribute now, not a parameter: still added
+    torch.testing.assert_close(layer(x), x @ (2 * dense).t() + bias, rtol=1e-5, atol=1e-5)
+
+
 def test_spmm_op_entry_decides_once_per_key(cpp_on, monkeypatch):
     """gpu.spmm_op_entry, exercised on the CPU with its rules stood in for: one decision per (x dtype, bias or not, M,
     N), N's size class above BITMAP_WIDE_MAX_N; the bitmap entry and its plan where the bitmap rule takes the call,

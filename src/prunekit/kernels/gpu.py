@@ -887,6 +887,45 @@ def spmm_csr_op(
     return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
 
 
+def spmm_rows_call(
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    row_indices: torch.Tensor,
+    x: torch.Tensor,
+    m: int,
+    bias: torch.Tensor | None = None,
+) -> tuple | None:
+    """What :func:`spmm_csr_op` with ``rows=True`` runs for this weight, activations ``x (N, K)`` and bias, as parts a
+    caller can keep and call without it (the runtime's ``SparseLinear`` keeps them per layer, dtype and N: a call then
+    skips this module's checks and decision lookup, about 2.6 us of host time per eager call on the H100 host):
+    ``(True, op, plan buffer, cfg, shape)`` for ``op(buffer, x, bias, False, cfg, shape)`` (the bitmap entry),
+    ``(False, op, code)`` for ``op(values, row_offsets, column_indices, row_indices, x, m, bias, False, code)``
+    (``prunekit_ext::spmm_csr_auto``), both with the ``ROWS`` flag set; or None where :func:`spmm_csr_op` itself must
+    run (not CUDA, mixed dtypes, a bias of another dtype or not contiguous, empty sizes, or no C++ entry for the call).
+    The decision is :func:`spmm_op_entry`'s (kept on ``values`` as well).
+
+    Raises:
+        KernelUnavailable: a C++ entry is chosen but its library cannot be built or loaded.
+    """
+    n = x.shape[0] if x.dim() == 2 else 0
+    if not (
+        n > 0
+        and m > 0
+        and x.is_cuda
+        and x.dtype == values.dtype
+        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
+    ):
+        return None
+    kind, plan = spmm_op_entry(values, row_offsets, column_indices, x, m, bias, rows=True)
+    if kind == "bitmap":
+        buffer, cfg, shape = plan
+        return (True, torch.ops.prunekit_nm24.bitmap_linear.default, buffer, cfg | nm24.ROWS, shape)
+    if plan is not None:
+        return (False, torch.ops.prunekit_ext.spmm_csr_auto.default, plan | SPMM_ROWS)
+    return None
+
+
 def spmm_op_entries(values: torch.Tensor) -> dict:
     """The decisions :func:`spmm_op_entry` keeps on ``values`` (key ``(x dtype, bias is None, M, N)``, N replaced by
     minus its :func:`eager_size_class` above :data:`BITMAP_WIDE_MAX_N`; value as :func:`spmm_op_entry` returns), or

@@ -39,13 +39,6 @@ def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     return ops.spmm_csr(*args, layer.bias)
 
 
-def _bias(layer: SparseLinear) -> torch.Tensor | None:
-    """``layer.bias`` without ``Module.__getattr__`` on the eager paths: a bias given at construction is a registered
-    parameter; one assigned later to a layer built without it is a plain attribute."""
-    bias = layer._parameters.get("bias")
-    return bias if bias is not None else layer.__dict__.get("bias")
-
-
 def _eager_cuda(xt: torch.Tensor) -> bool:
     """True for an eager call on the GPU: the runtime then calls the CUDA implementation directly, skipping the
     custom-op dispatch layers (tens of microseconds per call); traced/compiled calls keep going through the op."""
@@ -110,7 +103,8 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         return None
     op, variant, sched = entry
     crow = buffers["w_crow_indices"]
-    bias = layer._parameters.get("bias")  # _bias(layer), written out
+    # layer.bias without Module.__getattr__: a parameter, or a plain attribute assigned after construction
+    bias = layer._parameters.get("bias")
     if bias is None:
         bias = layer.__dict__.get("bias")
     if sched == 2:
@@ -120,6 +114,40 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     else:
         items, rows = buffers.get("w_schedule"), buffers.get("w_split_rows")
     return op(blocks, crow, buffers["w_col_indices"], items, rows, x2d, layer.out_features, bias, False, variant)
+
+
+def _csr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor:
+    """Eager CUDA CSR: ``Y^T (N, out_features)`` from ``x2d (N, in_features)``, what ``gpu.spmm_csr_op(..., rows=True)``
+    computes. Its parts (``gpu.spmm_rows_call``: the C++ entry and its plan or variant code) are kept per x dtype, bias
+    dtype and N (N's size class above ``gpu.BITMAP_WIDE_MAX_N``, as ``gpu.spmm_op_entry`` keys its decisions) with the
+    data pointers and versions of the weight they were made for, so a call costs one dictionary lookup and one stamp
+    besides the op call; where there are none, ``gpu.spmm_csr_op`` runs the call."""
+    b = layer._buffers
+    values, offsets, cols, rows = b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"]
+    # layer.bias without Module.__getattr__: a parameter, or a plain attribute assigned after construction
+    bias = layer._parameters.get("bias")
+    if bias is None:
+        bias = layer.__dict__.get("bias")
+    n = x2d.shape[0]
+    key = (
+        x2d.dtype,
+        None if bias is None else bias.dtype,
+        n if n <= gpu.BITMAP_WIDE_MAX_N else -gpu.eager_size_class(n),
+    )
+    entry = layer._eager_plans.get(key, _UNSET)
+    try:  # the stamp of the weight the parts were made for, written out: this runs on every eager call
+        now = (values.data_ptr(), values._version, cols.data_ptr(), cols._version, offsets.data_ptr(), offsets._version)
+    except RuntimeError:  # inference tensors keep no version counter (tensor_cache.tensor_version)
+        now = sum(tensor_stamp((values, cols, offsets)), ())
+    if entry is _UNSET or entry[0] != now:
+        entry = (now, gpu.spmm_rows_call(values, offsets, cols, rows, x2d, layer.out_features, bias))
+        layer._eager_plans[key] = entry
+    call = entry[1]
+    if call is None:
+        return gpu.spmm_csr_op(values, offsets, cols, rows, x2d, layer.out_features, bias, rows=True)
+    if call[0]:  # the bitmap entry
+        return call[1](call[2], x2d, bias, False, call[3], call[4])
+    return call[1](values, offsets, cols, rows, x2d, layer.out_features, bias, False, call[2])
 
 
 def _nm_decode_takes(layer: SparseLinear, x2d: torch.Tensor) -> bool:
@@ -169,7 +197,8 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         layer._eager_plans[key] = entry
     if entry is None:
         return None
-    bias = layer._parameters.get("bias")  # _bias(layer), written out
+    # layer.bias without Module.__getattr__: a parameter, or a plain attribute assigned after construction
+    bias = layer._parameters.get("bias")
     return entry[1](entry[2], x2d, bias if bias is not None else layer.__dict__.get("bias"), False, entry[3])
 
 
@@ -249,11 +278,7 @@ class SparseLinear(nn.Module):
             if self.format == "bsr":
                 y = _bsr_rows(self, x2d)
             elif self.format == "csr" and not (x2d.requires_grad and torch.is_grad_enabled()):
-                b = self._buffers
-                y = gpu.spmm_csr_op(
-                    b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"], x2d,
-                    self.out_features, _bias(self), rows=True,
-                )  # fmt: skip
+                y = _csr_rows(self, x2d)
         if y is not None:
             return y if flat else y.reshape(*x.shape[:-1], self.out_features)
         matmul = SPARSE_MATMULS.get(self.format)
