@@ -10,12 +10,13 @@ Eager calls on CUDA skip the custom-op layers: BSR and 2:4 layers call one C++ o
 ``prunekit_nm24::linear`` at N <= 16, else ``prunekit_cslt::linear``)
 that allocates the output and launches
 the kernel, with the per-layer decisions (kernel or reference, variant, output layout) made on the
-first call and cached per dtype (BSR: per dtype and N class). At decode sizes these operators take the activations
-``(N, K)`` as given and return ``Y^T (N, M)`` (a ``ROWS`` flag; the transposes are made in C++): at small N the host
-time of an eager call, not the kernel, sets what a user sees (docs/PERFORMANCE_STRUCTURED.md, "Twentieth session"). CSR layers call the op's CUDA implementation ``gpu.spmm_csr_op`` directly: the
-bitmap decode kernel's C++ entry ``prunekit_nm24::bitmap_linear`` at the N where ``"auto"`` takes it, else
-``prunekit_ext::spmm_csr_auto`` where ``gpu.eager_spmm_variant`` allows, else ``gpu.spmm_csr``, decided once per
-weight, dtype and N and kept with the weight's values. Traced, compiled and CPU calls, and inputs that need a
+first call and cached per dtype (BSR: per dtype and N class). CSR layers run what the op's CUDA implementation
+``gpu.spmm_csr_op`` runs: the bitmap decode kernel's C++ entry ``prunekit_nm24::bitmap_linear`` at the N where
+``"auto"`` takes it, else ``prunekit_ext::spmm_csr_auto`` where ``gpu.eager_spmm_variant`` allows, else
+``gpu.spmm_csr``, decided once per weight, dtype and N (kept with the weight's values), with the entry and its plan kept
+on the layer (``gpu.spmm_rows_call``). At decode sizes these operators take the activations ``(N, K)`` as given and
+return ``Y^T (N, M)`` (a ``ROWS`` flag; the transposes are made in C++): at small N the host time of an eager call,
+not the kernel, sets what a user sees (docs/PERFORMANCE_STRUCTURED.md, "Twentieth session"). Traced, compiled and CPU calls, and inputs that need a
 gradient, go through the custom ops.
 """
 
@@ -32,8 +33,8 @@ from ...kernels.tensor_cache import stamp as tensor_stamp
 
 def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     # Traced, compiled and CPU calls, and an input that needs a gradient, go through the differentiable custom op.
-    # (Eager CUDA inference was taken in forward: prunekit::spmm_csr's CUDA implementation called directly,
-    # gpu.spmm_csr_op with rows=True, skipping the custom-op dispatch.)
+    # (Eager CUDA inference was taken in forward by _csr_rows: prunekit::spmm_csr's CUDA implementation, its C++ entry
+    # called directly where one applies, skipping the custom-op dispatch.)
     b = layer._buffers  # the dict itself: four Module.__getattr__ calls cost microseconds per eager call
     args = (b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"], xt, layer.out_features)
     return ops.spmm_csr(*args, layer.bias)
