@@ -16,8 +16,8 @@ first call and cached per dtype (BSR: per dtype and N class). CSR layers run wha
 ``gpu.spmm_csr``, decided once per weight, dtype and N (kept with the weight's values), with the entry and its plan kept
 on the layer (``gpu.spmm_rows_call``). At decode sizes these operators take the activations ``(N, K)`` as given and
 return ``Y^T (N, M)`` (a ``ROWS`` flag; the transposes are made in C++): at small N the host time of an eager call,
-not the kernel, sets what a user sees (docs/PERFORMANCE_STRUCTURED.md, "Twentieth session"). Traced, compiled and CPU calls, and inputs that need a
-gradient, go through the custom ops.
+not the kernel, sets what a user sees (docs/PERFORMANCE_STRUCTURED.md, "Twentieth session"). Traced, compiled and
+CPU calls, and inputs that need a gradient, go through the custom ops.
 """
 
 from __future__ import annotations
