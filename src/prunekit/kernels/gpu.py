@@ -860,14 +860,7 @@ def spmm_csr_op(
         As :func:`spmm_csr`; shape errors found by a C++ entry raise RuntimeError.
     """
     n = (x.shape[0] if rows else x.shape[1]) if x.dim() == 2 else 0
-    if not (
-        n > 0
-        and m > 0
-        and activation in ACTIVATIONS
-        and x.is_cuda
-        and x.dtype == values.dtype
-        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
-    ):
+    if not (activation in ACTIVATIONS and _entry_takes(values, x, n, m, bias)):
         if rows:
             return spmm_csr(values, row_offsets, column_indices, row_indices, x.t(), m, bias, activation).t()
         return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
@@ -885,6 +878,18 @@ def spmm_csr_op(
     if rows:
         return spmm_csr(values, row_offsets, column_indices, row_indices, x.t(), m, bias, activation).t()
     return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+
+
+def _entry_takes(values: torch.Tensor, x: torch.Tensor, n: int, m: int, bias: torch.Tensor | None) -> bool:
+    """Whether a call with ``n`` tokens can go to a C++ entry as :func:`spmm_op_entry` decides: non-empty, CUDA, x in
+    the values' dtype, and a bias (if any) of that dtype and contiguous."""
+    return (
+        n > 0
+        and m > 0
+        and x.is_cuda
+        and x.dtype == values.dtype
+        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
+    )
 
 
 def spmm_rows_call(
@@ -908,14 +913,7 @@ def spmm_rows_call(
     Raises:
         KernelUnavailable: a C++ entry is chosen but its library cannot be built or loaded.
     """
-    n = x.shape[0] if x.dim() == 2 else 0
-    if not (
-        n > 0
-        and m > 0
-        and x.is_cuda
-        and x.dtype == values.dtype
-        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
-    ):
+    if not _entry_takes(values, x, x.shape[0] if x.dim() == 2 else 0, m, bias):
         return None
     kind, plan = spmm_op_entry(values, row_offsets, column_indices, x, m, bias, rows=True)
     if kind == "bitmap":
