@@ -38,6 +38,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bsr import L2_BYTES, graph_time  # noqa: E402
+from nm import nm24_weight  # noqa: E402
 from nm24_sweep import run_meta  # noqa: E402
 
 from prunekit import formats  # noqa: E402
@@ -87,16 +88,13 @@ def load_base(path: Path) -> type:
 def weight(fmt: str, m: int, k: int, sparsity: float, block: int, gen: torch.Generator) -> torch.Tensor:
     """``(m, k)`` fp16 weight on the GPU: ``block x block`` tiles kept with probability 1 - sparsity (bsr), the two
     largest of every four (nm), or elements kept with probability 1 - sparsity (csr)."""
+    if fmt == "nm":
+        return nm24_weight(m, k, torch.float16, gen)
     w = torch.randn(m, k, device="cuda", generator=gen)
     if fmt == "bsr":
         keep = torch.rand(m // block, k // block, device="cuda", generator=gen) >= sparsity
-        w = w * keep.repeat_interleave(block, 0).repeat_interleave(block, 1)
-    elif fmt == "nm":
-        g = w.reshape(m, k // 4, 4)
-        w = (g * torch.zeros_like(g, dtype=torch.bool).scatter_(2, g.abs().topk(2, dim=2).indices, True)).reshape(m, k)
-    else:
-        w = w * (torch.rand(m, k, device="cuda", generator=gen) >= sparsity)
-    return w.half()
+        return (w * keep.repeat_interleave(block, 0).repeat_interleave(block, 1)).half()
+    return (w * (torch.rand(m, k, device="cuda", generator=gen) >= sparsity)).half()
 
 
 def run_point(fmt, m, k, n, sparsity, block, base_cls, gen, trials) -> dict:
@@ -188,8 +186,8 @@ def breakdown(m: int, k: int, n: int, sparsity: float, base_cls, gen, trials: in
                         *a, x, m, None, False, p
                     )
                 ]
-            rows["csr: gpu.spmm_csr_op(rows=True)"] = [
-                lambda a=(v, o, c, r): gpu.spmm_csr_op(*a, x, m, None, rows=True)
+            rows["csr: gpu.spmm_csr_op (the custom op's CUDA implementation, x.t())"] = [
+                lambda a=(v, o, c, r): gpu.spmm_csr_op(*a, x.t(), m, None)
             ]
         rows[f"{fmt}: SparseLinear.forward(x)"] = [lambda la=layer: la.forward(x)]
         rows[f"{fmt}: SparseLinear(x)"] = [lambda la=layer: la(x)]

@@ -192,21 +192,20 @@ def test_sparse_linear_csr_on_cpu_stays_differentiable(cpp_on):
     torch.testing.assert_close(x.grad, dense.sum(0).expand(3, 40), rtol=1e-5, atol=1e-5)
 
 
-def test_sparse_linear_csr_eager_calls_the_op_cuda_implementation(cpp_on, monkeypatch):
-    """Eager CUDA inference (faked on the CPU) calls prunekit::spmm_csr's CUDA implementation gpu.spmm_csr_op directly
-    with the activations (N, K) as given and rows=True (no transposes in Python), M and the bias, skipping the
-    custom-op dispatch; an input that needs a gradient goes through the differentiable custom op instead."""
+def test_sparse_linear_csr_eager_calls_the_launcher_where_no_entry_applies(cpp_on, monkeypatch):
+    """Eager CUDA inference (faked on the CPU, where gpu.spmm_rows_call finds no C++ entry) calls the CUDA launcher
+    gpu.spmm_csr directly with X^T (K, N) as a view, M and the bias, skipping the custom-op dispatch; an input that
+    needs a gradient goes through the differentiable custom op instead."""
     from prunekit.deploy.runtime import sparse_linear
 
     calls = []
 
-    def op_cuda(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none", *, rows=False):
-        assert rows
-        calls.append((tuple(x.t().shape), x.t().stride(0), m, bias is not None))
-        return reference.spmm_csr(values, row_offsets, column_indices, row_indices, x.t(), m, bias, activation).t()
+    def launcher(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none"):
+        calls.append((tuple(x.shape), x.stride(0), m, bias is not None))
+        return reference.spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
 
     monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda xt: True)
-    monkeypatch.setattr(gpu, "spmm_csr_op", op_cuda)
+    monkeypatch.setattr(gpu, "spmm_csr", launcher)
     dense, bias, layer = _csr_layer(dtype=torch.float32)
     for tokens in (1, 3, gpu.TC_MIN_N):
         x = torch.randn(tokens, 40)
@@ -225,7 +224,7 @@ def test_sparse_linear_csr_keeps_the_entry_parts_per_layer(cpp_on, monkeypatch):
     """SparseLinear's eager CUDA CSR call (faked on the CPU) with gpu.spmm_rows_call's parts: made once per (x dtype,
     bias dtype, N), made again after an in-place edit of the weight; the bitmap entry gets (buffer, x, bias, False,
     cfg, shape) and spmm_csr_auto (values, row_offsets, column_indices, row_indices, x, M, bias, False, code), x being
-    the activations as given; where there are no parts, gpu.spmm_csr_op(rows=True) runs the call."""
+    the activations as given; where there are no parts, the launcher gpu.spmm_csr runs the call on X^T."""
     from prunekit.deploy.runtime import sparse_linear
 
     made, ran = [], []
@@ -247,14 +246,13 @@ def test_sparse_linear_csr_keeps_the_entry_parts_per_layer(cpp_on, monkeypatch):
             return None
         return (True, bitmap_entry, "buffer", 7, 9) if x.shape[0] <= 16 else (False, auto_entry, 5)
 
-    def op_cuda(values, offsets, cols, row_indices, x, m, bias=None, activation="none", *, rows=False):
-        assert rows
-        ran.append(("op", x))
-        return reference_rows(values, offsets, cols, row_indices, x, m, bias)
+    def launcher(values, offsets, cols, row_indices, x, m, bias=None, activation="none"):
+        ran.append(("launcher", x.t()))  # X^T, a view of the activations
+        return reference.spmm_csr(values, offsets, cols, row_indices, x, m, bias, activation)
 
     monkeypatch.setattr(sparse_linear, "_eager_cuda", lambda xt: True)
     monkeypatch.setattr(gpu, "spmm_rows_call", rows_call)
-    monkeypatch.setattr(gpu, "spmm_csr_op", op_cuda)
+    monkeypatch.setattr(gpu, "spmm_csr", launcher)
     dense, bias, layer = _csr_layer(dtype=torch.float32)
 
     def layer_parts():
@@ -265,9 +263,10 @@ def test_sparse_linear_csr_keeps_the_entry_parts_per_layer(cpp_on, monkeypatch):
         x = torch.randn(tokens, 40)
         y = layer(x)
         torch.testing.assert_close(y, x @ dense.t() + bias, rtol=1e-5, atol=1e-5)
-        assert ran[-1][1] is x
+        kind, seen = ran[-1][0], ran[-1][1]  # the entries get x itself; the launcher x.t(), a view of it
+        assert seen is x if kind != "launcher" else (seen.data_ptr() == x.data_ptr() and seen.shape == x.shape)
     assert made == [4, 40, 3]  # once per N
-    assert [r[0] for r in ran] == ["bitmap", "bitmap", "auto", "op", "op"]
+    assert [r[0] for r in ran] == ["bitmap", "bitmap", "auto", "launcher", "launcher"]
     assert ran[0][2:] == ("buffer", 7, 9) and ran[2][2] == 5
     with torch.no_grad():
         layer.w_values.mul_(2)  # in place: the parts are made again

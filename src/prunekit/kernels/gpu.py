@@ -123,7 +123,7 @@ SPMM_VARIANT_CODES = {
     "bitmap": 7,
 }
 # Flag or-ed into a variant code of prunekit_ext::spmm_csr_auto (spmm_entry.cu kRowsFlag): x is the activations (N, K)
-# and the result Y^T (N, M), nn.Linear's layout, with the transposes made in C++ (spmm_csr_op with rows=True)
+# and the result Y^T (N, M), nn.Linear's layout, with the transposes made in C++ (spmm_rows_call)
 SPMM_ROWS = 1 << 8
 # Bitmap decode kernel (nm24_decode.cu variant 2). "auto" takes it for fp16/bf16 at BITMAP_MIN_N <= N <= 16 when the
 # padded density is >= 1 / bitmap_min_density_denominator(N) and K >= BITMAP_MIN_K (BITMAP_MIN_K_SMALL_N at N = 5-16).
@@ -839,8 +839,6 @@ def spmm_csr_op(
     m: int,
     bias: torch.Tensor | None = None,
     activation: str = "none",
-    *,
-    rows: bool = False,
 ) -> torch.Tensor:
     """The CUDA implementation of ``prunekit::spmm_csr`` (``ops.spmm_csr``): :func:`spmm_csr`'s ``"auto"`` result and
     layout, through a C++ entry where one applies. The bitmap kernel's ``prunekit_nm24::bitmap_linear`` where ``"auto"``
@@ -852,31 +850,24 @@ def spmm_csr_op(
 
     Args and result: as :func:`spmm_csr` with ``variant="auto"`` (values ``(nnz_padded,)``, x ``(K, N)``, Y ``(M,
     N)`` in ``x.dtype``). Mixed dtypes, a bias of another dtype or not contiguous, and 0-sized calls go to
-    :func:`spmm_csr` unchanged. With ``rows``, ``x`` is the activations ``(N, K)`` and the result ``Y^T (N, M)``, the
-    transposes made in C++ where a C++ entry runs (``SparseLinear``'s eager call: each transpose made in Python costs
-    about a microsecond of host time).
+    :func:`spmm_csr` unchanged. (``SparseLinear``'s eager call takes the same decisions with the activations ``(N,
+    K)`` as they are: :func:`spmm_rows_call`.)
 
     Raises:
         As :func:`spmm_csr`; shape errors found by a C++ entry raise RuntimeError.
     """
-    n = (x.shape[0] if rows else x.shape[1]) if x.dim() == 2 else 0
+    n = x.shape[1] if x.dim() == 2 else 0
     if not (activation in ACTIVATIONS and _entry_takes(values, x, n, m, bias)):
-        if rows:
-            return spmm_csr(values, row_offsets, column_indices, row_indices, x.t(), m, bias, activation).t()
         return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
-    kind, plan = spmm_op_entry(values, row_offsets, column_indices, x, m, bias, rows=rows)
+    kind, plan = spmm_op_entry(values, row_offsets, column_indices, x, m, bias)
     relu = activation == "relu"
     if kind == "bitmap":
         buffer, cfg, shape = plan
-        return torch.ops.prunekit_nm24.bitmap_linear.default(
-            buffer, x, bias, relu, cfg | nm24.ROWS if rows else cfg, shape
-        )
+        return torch.ops.prunekit_nm24.bitmap_linear.default(buffer, x, bias, relu, cfg, shape)
     if plan is not None:
         return torch.ops.prunekit_ext.spmm_csr_auto.default(
-            values, row_offsets, column_indices, row_indices, x, m, bias, relu, plan | SPMM_ROWS if rows else plan
+            values, row_offsets, column_indices, row_indices, x, m, bias, relu, plan
         )
-    if rows:
-        return spmm_csr(values, row_offsets, column_indices, row_indices, x.t(), m, bias, activation).t()
     return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
 
 
@@ -901,13 +892,13 @@ def spmm_rows_call(
     m: int,
     bias: torch.Tensor | None = None,
 ) -> tuple | None:
-    """What :func:`spmm_csr_op` with ``rows=True`` runs for this weight, activations ``x (N, K)`` and bias, as parts a
-    caller can keep and call without it (the runtime's ``SparseLinear`` keeps them per layer, dtype and N: a call then
+    """What :func:`spmm_csr_op` runs for this weight and bias, for the activations ``x (N, K)`` (its ``x.t()``), as
+    parts a caller can keep and call without it (the runtime's ``SparseLinear`` keeps them per layer, dtype and N: a call then
     skips this module's checks and decision lookup, about 2.6 us of host time per eager call on the H100 host):
     ``(True, op, plan buffer, cfg, shape)`` for ``op(buffer, x, bias, False, cfg, shape)`` (the bitmap entry),
     ``(False, op, code)`` for ``op(values, row_offsets, column_indices, row_indices, x, m, bias, False, code)``
-    (``prunekit_ext::spmm_csr_auto``), both with the ``ROWS`` flag set; or None where :func:`spmm_csr_op` itself must
-    run (not CUDA, mixed dtypes, a bias of another dtype or not contiguous, empty sizes, or no C++ entry for the call).
+    (``prunekit_ext::spmm_csr_auto``), both with the ``ROWS`` flag set; or None where :func:`spmm_csr` runs the call
+    (not CUDA, mixed dtypes, a bias of another dtype or not contiguous, empty sizes, or no C++ entry for the call).
     The decision is :func:`spmm_op_entry`'s (kept on ``values`` as well).
 
     Raises:

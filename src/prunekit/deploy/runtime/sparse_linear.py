@@ -40,6 +40,13 @@ def _csr(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
     return ops.spmm_csr(*args, layer.bias)
 
 
+def _bias(layer: SparseLinear) -> torch.Tensor | None:
+    """``layer.bias`` without ``Module.__getattr__`` (microseconds per eager call): a bias given at construction is a
+    registered parameter; one assigned later to a layer built without it is a plain attribute."""
+    bias = layer._parameters.get("bias")
+    return bias if bias is not None else layer.__dict__.get("bias")
+
+
 def _eager_cuda(xt: torch.Tensor) -> bool:
     """True for an eager call on the GPU: the runtime then calls the CUDA implementation directly, skipping the
     custom-op dispatch layers (tens of microseconds per call); traced/compiled calls keep going through the op."""
@@ -104,10 +111,7 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         return None
     op, variant, sched = entry
     crow = buffers["w_crow_indices"]
-    # layer.bias without Module.__getattr__: a parameter, or a plain attribute assigned after construction
-    bias = layer._parameters.get("bias")
-    if bias is None:
-        bias = layer.__dict__.get("bias")
+    bias = _bias(layer)
     if sched == 2:
         return op(blocks, crow, buffers["w_col_indices"], None, None, x2d, layer.out_features, bias, False, variant)
     if sched == 1:  # static mode at a decode N the lean kernel does not take: the finer schedule, kept on crow_indices
@@ -118,17 +122,14 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
 
 
 def _csr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor:
-    """Eager CUDA CSR: ``Y^T (N, out_features)`` from ``x2d (N, in_features)``, what ``gpu.spmm_csr_op(..., rows=True)``
-    computes. Its parts (``gpu.spmm_rows_call``: the C++ entry and its plan or variant code) are kept per x dtype, bias
+    """Eager CUDA CSR: ``Y^T (N, out_features)`` from ``x2d (N, in_features)``, what ``gpu.spmm_csr_op`` computes from
+    ``x2d.t()``. Its parts (``gpu.spmm_rows_call``: the C++ entry and its plan or variant code) are kept per x dtype, bias
     dtype and N (N's size class above ``gpu.BITMAP_WIDE_MAX_N``, as ``gpu.spmm_op_entry`` keys its decisions) with the
     data pointers and versions of the weight they were made for, so a call costs one dictionary lookup and one stamp
-    besides the op call; where there are none, ``gpu.spmm_csr_op`` runs the call."""
+    besides the op call; where there are none, ``gpu.spmm_csr`` (the Python launcher) runs the call."""
     b = layer._buffers
     values, offsets, cols, rows = b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"]
-    # layer.bias without Module.__getattr__: a parameter, or a plain attribute assigned after construction
-    bias = layer._parameters.get("bias")
-    if bias is None:
-        bias = layer.__dict__.get("bias")
+    bias = _bias(layer)
     n = x2d.shape[0]
     key = (
         x2d.dtype,
@@ -145,7 +146,7 @@ def _csr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor:
         layer._eager_plans[key] = entry
     call = entry[1]
     if call is None:
-        return gpu.spmm_csr_op(values, offsets, cols, rows, x2d, layer.out_features, bias, rows=True)
+        return gpu.spmm_csr(values, offsets, cols, rows, x2d.t(), layer.out_features, bias).t()
     if call[0]:  # the bitmap entry
         return call[1](call[2], x2d, bias, False, call[3], call[4])
     return call[1](values, offsets, cols, rows, x2d, layer.out_features, bias, False, call[2])
@@ -198,9 +199,7 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         layer._eager_plans[key] = entry
     if entry is None:
         return None
-    # layer.bias without Module.__getattr__: a parameter, or a plain attribute assigned after construction
-    bias = layer._parameters.get("bias")
-    return entry[1](entry[2], x2d, bias if bias is not None else layer.__dict__.get("bias"), False, entry[3])
+    return entry[1](entry[2], x2d, _bias(layer), False, entry[3])
 
 
 def _nm(layer: SparseLinear, xt: torch.Tensor) -> torch.Tensor:
