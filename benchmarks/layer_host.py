@@ -10,7 +10,9 @@ point (format, M x K, N) this times, on the same weights and inputs:
 - ``host us``: host time to issue one call in a burst shorter than the launch queue (``bsr.host_time_us``);
 - the same wall and host times for ``nn.Linear`` on the dense weight, and, with ``--base-module``, for the
   ``SparseLinear`` of another tree (its ``sparse_linear.py``, imported in place of this one's, on this tree's kernels):
-  a before/after of a change to the layer's Python in one run.
+  a before/after of a change to the layer's Python in one run; or, with ``--base-no-fastcall``, for this tree's layer
+  with its decisions made inside ``fastcall.disabled()``, so that it calls the ``OpOverload`` entries (before/after
+  the fast-call module).
 
 Inputs rotate over several independent weight/input sets sized past twice the L2 (as ``bsr.py``). Formats: ``bsr``
 (static, ``--blocks``), ``nm`` (2:4), ``csr`` (the eager ``"auto"`` path). Prints a table and writes ``--out`` JSON
@@ -43,6 +45,7 @@ from nm24_sweep import run_meta  # noqa: E402
 
 from prunekit import formats  # noqa: E402
 from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
+from prunekit.kernels import fastcall  # noqa: E402
 
 
 def interleaved(calls: dict[str, list], trials: int = 15, burst: int = 100) -> dict[str, dict[str, float]]:
@@ -97,7 +100,7 @@ def weight(fmt: str, m: int, k: int, sparsity: float, block: int, gen: torch.Gen
     return (w * (torch.rand(m, k, device="cuda", generator=gen) >= sparsity)).half()
 
 
-def run_point(fmt, m, k, n, sparsity, block, base_cls, gen, trials) -> dict:
+def run_point(fmt, m, k, n, sparsity, block, base_cls, gen, trials, base_no_fastcall=False) -> dict:
     params = {"block_rows": block, "block_cols": block} if fmt == "bsr" else {"n": 2, "m": 4} if fmt == "nm" else {}
     density = 0.5 if fmt == "nm" else 1 - sparsity
     set_bytes = (m * k * density * (3 if fmt == "csr" else 2) + 2 * k * n + 2 * m * n) * 1.0
@@ -114,6 +117,10 @@ def run_point(fmt, m, k, n, sparsity, block, base_cls, gen, trials) -> dict:
     res = {"format": fmt, "m": m, "k": k, "n": n, "sparsity": 0.5 if fmt == "nm" else sparsity, "n_sets": n_sets}
     if fmt == "bsr":
         res["block"] = block
+    if base_no_fastcall:  # the base layers decide (and keep) their entries with the fast-call module off
+        with torch.inference_mode(), fastcall.disabled():
+            for s in sets:
+                s[1](s[3])
     with torch.inference_mode():
         layer0, _, dense0, x0 = sets[0]
         ref = dense0(x0).float()
@@ -163,29 +170,39 @@ def breakdown(m: int, k: int, n: int, sparsity: float, base_cls, gen, trials: in
         layer = SparseLinear(enc).cuda()
         layer(x)  # the per-layer decisions
         b = layer._buffers
+        # each C++ entry alone (arguments prepared), called both ways: the fast-call module's function (what the
+        # layer keeps where the module loads) and the operator's OpOverload
+        ways = {"fast": fastcall.entry, "torch.ops": op_overload}
         if fmt == "bsr":
-            op, variant, _ = layer._eager_plans[(x.dtype, torch.float16, n if n <= structured.DECODE_MAX_N else 0)]
+            _, variant, _ = layer._eager_plans[(x.dtype, torch.float16, n if n <= structured.DECODE_MAX_N else 0)]
             args = (b["w_blocks"], b["w_crow_indices"], b["w_col_indices"], b["w_schedule"], b["w_split_rows"], x, m)
-            rows["bsr: C++ entry alone (10 arguments)"] = [lambda op=op, a=args, v=variant: op(*a, None, False, v)]
+            for way, get in ways.items():
+                rows[f"bsr: C++ entry alone, {way} (10 arguments)"] = [
+                    lambda op=get("bsr_mm"), a=args, v=variant: op(*a, None, False, v)
+                ]
         elif fmt == "nm" and n > 1:
-            _, op, buffer, cfg = layer._eager_plans[(x.dtype, torch.float16, "decode")]
-            rows["nm: C++ entry alone (5 arguments)"] = [lambda op=op, bu=buffer, c=cfg: op(bu, x, None, False, c)]
+            _, _, buffer, cfg = layer._eager_plans[(x.dtype, torch.float16, "decode")]
+            for way, get in ways.items():
+                rows[f"nm: C++ entry alone, {way} (5 arguments)"] = [
+                    lambda op=get("linear"), bu=buffer, c=cfg: op(bu, x, None, False, c)
+                ]
         elif fmt == "csr":
             v, o, c, r = b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"]
             kind, plan = gpu.spmm_op_entry(v, o, c, x, m, None, rows=True)
-            if kind == "bitmap":
-                buffer, cfg, shape = plan
-                rows["csr: C++ entry alone (bitmap_linear, 6 arguments)"] = [
-                    lambda bu=buffer, cf=cfg | nm24.ROWS, sh=shape: torch.ops.prunekit_nm24.bitmap_linear.default(
-                        bu, x, None, False, cf, sh
-                    )
-                ]
-            elif plan is not None:
-                rows["csr: C++ entry alone (spmm_csr_auto, 9 arguments)"] = [
-                    lambda a=(v, o, c, r), p=plan | gpu.SPMM_ROWS: torch.ops.prunekit_ext.spmm_csr_auto.default(
-                        *a, x, m, None, False, p
-                    )
-                ]
+            for way, get in ways.items():
+                if kind == "bitmap":
+                    buffer, cfg, shape = plan
+                    rows[f"csr: C++ entry alone, {way} (bitmap_linear, 6 arguments)"] = [
+                        lambda op=get("bitmap_linear"), bu=buffer, cf=cfg | nm24.ROWS, sh=shape: op(
+                            bu, x, None, False, cf, sh
+                        )
+                    ]
+                elif plan is not None:
+                    rows[f"csr: C++ entry alone, {way} (spmm_csr_auto, 9 arguments)"] = [
+                        lambda op=get("spmm_csr_auto"), a=(v, o, c, r), p=plan | gpu.SPMM_ROWS: op(
+                            *a, x, m, None, False, p
+                        )
+                    ]
             rows["csr: gpu.spmm_csr_op (the custom op's CUDA implementation, x.t())"] = [
                 lambda a=(v, o, c, r): gpu.spmm_csr_op(*a, x.t(), m, None)
             ]
@@ -194,8 +211,18 @@ def breakdown(m: int, k: int, n: int, sparsity: float, base_cls, gen, trials: in
         if base_cls is not None:
             base = base_cls(enc).cuda()
             rows[f"{fmt}: base SparseLinear(x)"] = [lambda la=base: la(x)]
+        with fastcall.disabled():  # the layer with the OpOverload entries (decided here, kept)
+            plain = SparseLinear(enc).cuda()
+            plain(x)
+        rows[f"{fmt}: SparseLinear(x), fast-call module off"] = [lambda la=plain: la(x)]
     with torch.inference_mode():
         return interleaved(rows, trials), profiles(rows)
+
+
+def op_overload(name: str):
+    """The ``OpOverload`` of the operator the fast entry ``name`` calls."""
+    namespace, op = fastcall.ENTRIES[name]
+    return getattr(getattr(torch.ops, namespace), op).default
 
 
 def profiles(rows: dict[str, list], calls: int = 50) -> dict[str, list[dict]]:
@@ -251,6 +278,11 @@ def main() -> None:
     parser.add_argument("--sparsity", type=float, default=0.9, help="bsr and csr (nm is 2:4)")
     parser.add_argument("--blocks", default="32,64", help="bsr block sizes (square)")
     parser.add_argument("--base-module", type=Path, help="another tree's sparse_linear.py, timed beside this one")
+    parser.add_argument(
+        "--base-no-fastcall",
+        action="store_true",
+        help="time this tree's layer with the fast-call module off as the base (instead of --base-module)",
+    )
     parser.add_argument("--trials", type=int, default=15, help="interleaved trials per point (medians reported)")
     parser.add_argument(
         "--breakdown", action="store_true", help="also time each layer of one eager call (breakdown() below)"
@@ -258,7 +290,11 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("layer_host.py needs a CUDA GPU")
-    base_cls = load_base(args.base_module) if args.base_module else None
+    if args.base_module and args.base_no_fastcall:
+        raise SystemExit("--base-module and --base-no-fastcall are exclusive")
+    base_cls = load_base(args.base_module) if args.base_module else SparseLinear if args.base_no_fastcall else None
+    if args.base_no_fastcall and fastcall.load() is None:
+        raise SystemExit("--base-no-fastcall: the fast-call module is unavailable here (see the warning)")
     gen = torch.Generator(device="cuda").manual_seed(0)
     results = []
     for fmt in filter(None, args.formats.split(",")):
@@ -266,11 +302,14 @@ def main() -> None:
             m, k = (int(v) for v in shape.split("x"))
             for n in (int(v) for v in args.ns.split(",")):
                 for block in (int(b) for b in args.blocks.split(",")) if fmt == "bsr" else (0,):
-                    res = run_point(fmt, m, k, n, args.sparsity, block, base_cls, gen, args.trials)
+                    res = run_point(
+                        fmt, m, k, n, args.sparsity, block, base_cls, gen, args.trials, args.base_no_fastcall
+                    )
                     results.append(res)
                     print(json.dumps(res), flush=True)
     Console().print(table(results, base_cls is not None))
-    out = {"meta": run_meta() | {"base_module": str(args.base_module) if args.base_module else None}}
+    base = str(args.base_module) if args.base_module else "fast-call module off" if args.base_no_fastcall else None
+    out = {"meta": run_meta() | {"base_module": base, "fastcall": str(fastcall.loaded_path())}}
     out["results"] = results
     if args.breakdown:
         m, k = (int(v) for v in args.shapes.split(",")[0].split("x"))

@@ -67,7 +67,16 @@ if path is not None and Path(path).is_file() and ext.prebuilt:
 PY
     pids+=($!)
   done
+  # the fast-call module (kernels/fastcall.py: host C++ only, about a minute), beside the libraries
+  python3 -c "
+import logging, time; logging.basicConfig(level=logging.INFO)
+from prunekit.kernels import fastcall
+start = time.time(); module = fastcall.load()
+print(f'built prunekit_fastcall in {time.time() - start:.0f} s: {fastcall.loaded_path()}' if module else 'BUILD FAILED prunekit_fastcall')
+" > "$OUT/build-prunekit_fastcall.log" 2>&1 &
+  pids+=($!)
   for pid in "${pids[@]}"; do wait "$pid"; done
+  namespaces="$namespaces prunekit_fastcall"
   for ns in $namespaces; do
     line=$(grep -E "^(built|BUILD FAILED)" "$OUT/build-$ns.log" | tail -1)
     size=$(grep -E "^copied" "$OUT/build-$ns.log" | tail -1)

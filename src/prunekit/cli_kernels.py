@@ -26,8 +26,9 @@ def _fail(exc: PrunekitError) -> None:
 
 @app.command()
 def build(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the compiler output.")) -> None:
-    """Compile the CUDA extension into the kernel cache (or load it if already built)."""
+    """Compile the CUDA extension and the fast-call module into the kernel cache (or load them if already built)."""
     from .kernels import build as kbuild
+    from .kernels import fastcall
 
     if verbose:
         logging.basicConfig(level=logging.INFO)
@@ -38,6 +39,12 @@ def build(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the 
         _fail(exc)
     console.print(f"[green]kernels ready[/green]: {path or 'already loaded in this process'}")
     console.print(f"cache: {kbuild.cache_root()}  key: {kbuild.current_key()[:16]}")
+    with console.status("building prunekit's fast-call module (about a minute the first time)..."):
+        module = fastcall.load()
+    if module is None:
+        console.print("fast-call module: unavailable (eager calls use torch.ops; see the warning above)")
+    else:
+        console.print(f"fast-call module: {fastcall.loaded_path()}")
 
 
 @app.command()

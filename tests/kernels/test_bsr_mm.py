@@ -9,7 +9,7 @@ import torch
 
 from prunekit import formats
 from prunekit.formats.bsr import SCHEDULE_MIN_CHUNK, schedule_chunk, static_schedule
-from prunekit.kernels import ops, reference, structured
+from prunekit.kernels import fastcall, ops, reference, structured
 from prunekit.kernels.testing import TOLERANCE, relative_error, spmm_reference64
 
 pytestmark = pytest.mark.usefixtures("tiled_bsr_kernel")  # conftest.py: the lean kernel only where a test sets it
@@ -605,7 +605,9 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
     # turns the lean kernel off, conftest.tiled_bsr_kernel: the finer one in static mode at N <= DECODE_MAX_N)
     assert sorted(key[2] for key in layer._eager_plans) == [0, 1, 5]  # N = 70: the class above DECODE_MAX_N
     for key, (op, variant, sched) in layer._eager_plans.items():
-        assert op is torch.ops.prunekit_structured.bsr_mm.default and variant == expected | structured.ROWS
+        assert (
+            op is fastcall.entry("bsr_mm") and variant == expected | structured.ROWS
+        )  # the fast entry where it builds
         # 0: the stored schedule (or none in dynamic mode), 1: the finer decode schedule, 2: none (the lean kernel)
         n = key[2]
         want = (

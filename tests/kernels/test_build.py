@@ -174,6 +174,9 @@ def test_extension_key_follows_sources_flags_archs_and_extra(tmp_path):
 
 
 def test_copy_prebuilt_ships_every_loaded_shippable_library_and_skips_the_rest(monkeypatch, tmp_path):
+    from prunekit.kernels import fastcall
+
+    monkeypatch.setattr(fastcall, "_state", {})  # no fast-call module loaded (the next test ships one)
     libs = {}
     for ext in build.extensions():
         lib = tmp_path / "cache" / f"{ext.library_name(('90',))}.so"
@@ -187,6 +190,19 @@ def test_copy_prebuilt_ships_every_loaded_shippable_library_and_skips_the_rest(m
     shipped = {p.name for p in dest.iterdir()}
     assert shipped == {lib.name for ext, lib in libs.values() if ext.prebuilt}
     assert any(not ext.prebuilt for ext, _ in libs.values())  # the SpDNN kernel stays out of packages
+
+
+def test_copy_prebuilt_ships_the_fast_call_module_beside_the_libraries(monkeypatch, tmp_path):
+    from prunekit.kernels import fastcall
+
+    module = tmp_path / "cache" / f"{fastcall.library_name()}.so"
+    module.parent.mkdir()
+    module.write_bytes(b"module")
+    monkeypatch.setattr(fastcall, "_state", {"module": object(), "path": module})
+    monkeypatch.setattr(build, "_registry", {})
+    dest = tmp_path / "pkg" / "prebuilt"
+    assert build.copy_prebuilt(dest) == dest / module.name  # the only file copied
+    assert [p.name for p in dest.iterdir()] == [module.name] and (dest / module.name).read_bytes() == b"module"
 
 
 def test_find_prebuilt_looks_up_the_library_by_its_key(monkeypatch, tmp_path):

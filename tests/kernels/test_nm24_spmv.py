@@ -134,8 +134,8 @@ def test_sparse_linear_takes_spmv_at_one_token(monkeypatch):
     bias = torch.randn(384).half()
     layer = SparseLinear(formats.encode("nm", dense, {"n": 2, "m": 4}), bias).cuda()
     calls = []
-    real = nm24.spmv
-    monkeypatch.setattr(nm24, "spmv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = nm24.spmv_entry()
+    monkeypatch.setattr(nm24, "spmv_entry", lambda: lambda *a: calls.append(1) or real(*a))
     x = torch.randn(1, 768, device="cuda", dtype=torch.float16)
     with torch.inference_mode():
         y = layer(x)
@@ -159,12 +159,12 @@ def test_sparse_linear_spmv_route_on_cpu(monkeypatch):
     monkeypatch.setattr(nm24, "spmv_takes", lambda *a: decided.append(1) or True)
     monkeypatch.setattr(nm24, "available", lambda: True)
 
-    def launch(values, metadata, x, b=None, relu=False, rows=False):
-        assert rows and x.shape == (1, 64)
+    def launch(values, metadata, x, b, relu, rows):  # the C++ entry's arguments, all given
+        assert rows and not relu and x.shape == (1, 64)
         launches.append(1)
         return reference.nm_mm(values, metadata, x.t(), 2, 4, 2, b, "none").t()
 
-    monkeypatch.setattr(nm24, "spmv", launch)
+    monkeypatch.setattr(nm24, "spmv_entry", lambda: launch)
     for _ in range(3):
         x = torch.randn(1, 64).half()
         y = layer(x)

@@ -377,6 +377,15 @@ def copy_prebuilt(dest_dir: Path) -> Path | None:
         if Path(path).resolve() != target.resolve():
             shutil.copy2(path, target)
         copied[namespace] = target
+    from . import fastcall
+
+    module = fastcall.loaded_path()  # the fast-call module, for this Python version (its key says which)
+    if module is not None and module.is_file():
+        dest_dir = Path(dest_dir)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        if module.resolve() != (dest_dir / module.name).resolve():
+            shutil.copy2(module, dest_dir / module.name)
+        copied[fastcall.PREFIX] = dest_dir / module.name
     return copied.get(MAIN.namespace) or next(iter(copied.values()), None)
 
 
@@ -418,9 +427,15 @@ def load(verbose: bool = False) -> Path | None:
 
 
 def load_all(verbose: bool = False) -> dict[str, Path | None]:
-    """Load (building if needed) every shippable extension; namespace -> library path.
+    """Load (building if needed) every shippable extension, then the fast-call module (``fastcall.load``: the runtime's
+    eager entries; None under its key where it cannot be built, which never raises); namespace -> library path.
 
     Raises:
         KernelUnavailable: as :func:`load_extension`, for the first library that cannot be built or loaded.
     """
-    return {e.namespace: load_extension(e, verbose) for e in _shippable()}
+    from . import fastcall
+
+    paths = {e.namespace: load_extension(e, verbose) for e in _shippable()}
+    fastcall.load()
+    paths[fastcall.PREFIX] = fastcall.loaded_path()
+    return paths

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import build, nm24
+from . import build, fastcall, nm24
 from .layout import new_spmm_output, transposed_io
 from .reference import ACTIVATIONS
 from .spmm_bitmap_plan import MAX_TOKENS as BITMAP_MAX_N
@@ -897,7 +897,8 @@ def spmm_rows_call(
     skips this module's checks and decision lookup, about 2.6 us of host time per eager call on the H100 host):
     ``(True, op, plan buffer, cfg, shape)`` for ``op(buffer, x, bias, False, cfg, shape)`` (the bitmap entry),
     ``(False, op, code)`` for ``op(values, row_offsets, column_indices, row_indices, x, m, bias, False, code)``
-    (``prunekit_ext::spmm_csr_auto``), both with the ``ROWS`` flag set; or None where :func:`spmm_csr` runs the call
+    (``prunekit_ext::spmm_csr_auto``), both with the ``ROWS`` flag set and ``op`` from :func:`fastcall.entry` (the
+    operator called without its Python-side argument parsing); or None where :func:`spmm_csr` runs the call
     (not CUDA, mixed dtypes, a bias of another dtype or not contiguous, empty sizes, or no C++ entry for the call).
     The decision is :func:`spmm_op_entry`'s (kept on ``values`` as well).
 
@@ -909,9 +910,9 @@ def spmm_rows_call(
     kind, plan = spmm_op_entry(values, row_offsets, column_indices, x, m, bias, rows=True)
     if kind == "bitmap":
         buffer, cfg, shape = plan
-        return (True, torch.ops.prunekit_nm24.bitmap_linear.default, buffer, cfg | nm24.ROWS, shape)
+        return (True, fastcall.entry("bitmap_linear"), buffer, cfg | nm24.ROWS, shape)
     if plan is not None:
-        return (False, torch.ops.prunekit_ext.spmm_csr_auto.default, plan | SPMM_ROWS)
+        return (False, fastcall.entry("spmm_csr_auto"), plan | SPMM_ROWS)
     return None
 
 

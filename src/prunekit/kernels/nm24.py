@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 
 from ..errors import KernelUnavailable
-from . import build, reference
+from . import build, fastcall, reference
 from .tensor_cache import cached
 
 __all__ = [
@@ -607,12 +607,27 @@ def decode_mm(
     return linear(plan, x, bias, activation == "relu")
 
 
+def spmv_entry() -> Callable[..., torch.Tensor]:
+    """The C++ entry ``prunekit_nm24::spmv24`` (``(values, metadata, x, bias, relu, rows)``, as :func:`spmv` calls it;
+    :func:`fastcall.entry`'s function, else the ``OpOverload``), for callers that keep it: the runtime's
+    ``SparseLinear`` at N = 1. Loads the library on the first call.
+
+    Raises:
+        KernelUnavailable: no GPU/compiler."""
+    _ensure_loaded()
+    return fastcall.entry("spmv24")
+
+
 def linear_entry() -> Callable[..., torch.Tensor]:
-    """The C++ entry ``prunekit_nm24::linear`` (its ``OpOverload``: ``(plan.buffer, x, bias, relu, cfg)``, as
-    :func:`linear` calls it), for callers that keep it with a plan: the runtime's ``SparseLinear`` holds it in its
-    per-layer decision, sparing the attribute lookups and this module's wrapper on every call (the library must be
-    loaded: :func:`load`)."""
-    return torch.ops.prunekit_nm24.linear.default
+    """The C++ entry ``prunekit_nm24::linear`` (``(plan.buffer, x, bias, relu, cfg)``, as :func:`linear` calls it;
+    :func:`fastcall.entry`'s function, else the ``OpOverload``), for callers that keep it with a plan: the runtime's
+    ``SparseLinear`` holds it in its per-layer decision, sparing the argument parsing, attribute lookups and this
+    module's wrapper on every call. Loads the library on the first call.
+
+    Raises:
+        KernelUnavailable: no GPU/compiler."""
+    _ensure_loaded()
+    return fastcall.entry("linear")
 
 
 def linear(

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from ..errors import KernelUnavailable
-from . import build, nm24, ops, reference
+from . import build, fastcall, nm24, ops, reference
 from .layout import as_spmm_output, new_spmm_output
 from .tensor_cache import cached, tensor_version
 
@@ -682,15 +682,15 @@ def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None
 
 
 def bsr_mm_entry() -> Callable[..., torch.Tensor]:
-    """The C++ eager entry ``prunekit_structured::bsr_mm`` (its ``OpOverload``; the library is loaded on first use),
-    for callers that keep it: the runtime's ``SparseLinear`` holds it in its per-layer plan, sparing the attribute
-    lookups on every call.
+    """The C++ eager entry ``prunekit_structured::bsr_mm`` (:func:`fastcall.entry`'s function, else its ``OpOverload``;
+    the library is loaded on first use), for callers that keep it: the runtime's ``SparseLinear`` holds it in its
+    per-layer plan, sparing the argument parsing and attribute lookups on every call.
 
     Raises:
         KernelUnavailable: no GPU/compiler."""
     if not is_loaded():
         load()
-    return torch.ops.prunekit_structured.bsr_mm.default
+    return fastcall.entry("bsr_mm")
 
 
 def lean_takes(blocks: torch.Tensor, n: int) -> bool:

@@ -181,9 +181,9 @@ def _nm_decode(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         entry = layer._eager_plans.get(key)
         if entry is None or entry[0] != stamp:
             takes = _nm_decode_takes(layer, x2d) and nm24.spmv_takes(values, metadata, x2d, int(layer.params["bits"]))
-            entry = layer._eager_plans[key] = (stamp, takes)
-        if entry[1]:
-            return nm24.spmv(values, metadata, x2d, layer.bias, rows=True)
+            entry = layer._eager_plans[key] = (stamp, nm24.spmv_entry() if takes else None)
+        if entry[1] is not None:  # nm24.spmv(values, metadata, x2d, bias, rows=True) without its wrapper
+            return entry[1](values, metadata, x2d, _bias(layer), False, True)
     key = (x2d.dtype, values.dtype, "decode")
     entry = layer._eager_plans.get(key, _UNSET)
     try:  # the stamp of the weight the plan was built from, written out: this runs on every eager call
