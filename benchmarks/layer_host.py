@@ -314,7 +314,9 @@ def main() -> None:
     if args.breakdown:
         m, k = (int(v) for v in args.shapes.split(",")[0].split("x"))
         n = int(args.ns.split(",")[-1])
-        rows, profiled = breakdown(m, k, n, args.sparsity, base_cls, gen, max(args.trials, 21))
+        # (with --base-no-fastcall the breakdown's own "fast-call module off" row is that base)
+        other = base_cls if args.base_module else None
+        rows, profiled = breakdown(m, k, n, args.sparsity, other, gen, max(args.trials, 21))
         t = Table(title=f"host us per eager call, {m}x{k}, N = {n}, fp16 (median / min over interleaved trials)")
         for c in ("call", "host us", "host min", "wall us"):
             t.add_column(c, justify="right")

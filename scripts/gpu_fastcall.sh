@@ -16,7 +16,7 @@ export PRUNEKIT_CUDA_ARCHS=${PRUNEKIT_CUDA_ARCHS:-90}  # as gpu_session.sh: else
 TAG=${TAG:-s21}
 NAMESPACES="prunekit_ext prunekit_structured prunekit_nm24" bash scripts/gpu_session.sh build
 rm -rf "$OUT"/prebuilt*  # over what the device tool returns
-dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]*' | tr 'H' 'h')
+dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]*' | head -1 | tr 'H' 'h')
 timeout "${LAYER_TIMEOUT_S:-200}" python3 benchmarks/layer_host.py --base-no-fastcall --breakdown \
   --formats "${LAYER_FORMATS:-bsr,nm,csr}" --shapes "${LAYER_SHAPES:-3072x768,4096x4096,768x3072}" \
   --ns "${LAYER_NS:-1,16}" --trials "${LAYER_TRIALS:-15}" \

@@ -48,7 +48,7 @@ SOURCES = (
     "spmm_scatter.cu",
     "sddmm_csr.cu",
 )
-HEADERS = ("check.h", "common.cuh", "kernels.h", "launch.cuh", "mma.cuh")
+HEADERS = ("check.h", "common.cuh", "kernels.h", "launch.cuh", "mma.cuh", "views.h")
 DEFAULT_ARCHS = ("80", "90")
 MIN_CAPABILITY = (8, 0)  # bf16 conversion intrinsics need sm_80
 NAMESPACE = "prunekit_ext"

@@ -59,7 +59,7 @@ SOURCES = (
     + ("bsr_mm_wgmma.cu", "bsr_mm_wgmma_f16.cu", "bsr_mm_wgmma_bf16.cu")
     + ("bsr_decode_lean.cu",)
 )
-HEADERS = ("bsr_mm.cuh", "bsr_mm_wgmma.cuh", "../check.h", "../launch.cuh")
+HEADERS = ("bsr_mm.cuh", "bsr_mm_wgmma.cuh", "../check.h", "../launch.cuh", "../views.h")
 NAMESPACE = "prunekit_structured"
 KERNEL_BLOCK_SIZES = (16, 32, 64)  # r and c the tensor-core kernel is instantiated for
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)

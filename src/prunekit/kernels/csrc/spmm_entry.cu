@@ -17,6 +17,7 @@
 
 #include "kernels.h"
 #include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
+#include "views.h"  // raw_t: the entry's views without the dispatcher
 
 namespace prunekit {
 
@@ -128,7 +129,7 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
   const bool rows = variant & kRowsFlag;
   variant &= ~kRowsFlag;
   PRUNEKIT_CHECK(x_in.dim() == 2, op, ": x must be 2-D (", rows ? "N, K" : "K, N", "), got shape ", x_in.sizes());
-  const at::Tensor x = rows ? x_in.t() : x_in;
+  const at::Tensor x = rows ? prunekit::raw_t(x_in) : x_in;
   PRUNEKIT_CHECK(values.dim() == 1 && column_indices.dim() == 1 && row_offsets.dim() == 1 && row_indices.dim() == 1, op,
               ": values, column_indices, row_offsets and row_indices must be 1-D");
   PRUNEKIT_CHECK(x.is_cuda(), op, ": x must be on the GPU, got ", x.device());
@@ -160,9 +161,9 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
   const int64_t k = x.size(0), n = x.size(1);
   const bool transposed_io = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
   const at::Tensor buf = transposed_io ? at::empty({n, m}, x.options()) : at::empty({m, n}, x.options());
-  const at::Tensor y = transposed_io ? buf.t() : buf;
+  const at::Tensor y = transposed_io ? prunekit::raw_t(buf) : buf;
   // rows: the (N, M) buffer itself where Y is its transposed view (one view op fewer per call)
-  const at::Tensor out = rows ? (transposed_io ? buf : y.t()) : y;
+  const at::Tensor out = rows ? (transposed_io ? buf : prunekit::raw_t(y)) : y;
   if (m == 0 || n == 0) return out;
 
   std::optional<at::Tensor> bias_c = bias;

@@ -10,6 +10,7 @@
 
 #include "bsr_mm.cuh"
 #include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
+#include "../views.h"  // raw_t / raw_view: the entry's views without the dispatcher
 
 namespace prunekit_structured {
 
@@ -172,18 +173,19 @@ at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   const bool rows = variant & ROWS_FLAG;
   variant &= ~ROWS_FLAG;
   PRUNEKIT_CHECK(x_in.dim() == 2 && blocks.dim() == 3, "bsr_mm: x must be 2-D and blocks (nblocks, r, c)");
-  const at::Tensor x = rows ? x_in.t() : x_in;
+  const at::Tensor x = rows ? prunekit::raw_t(x_in) : x_in;
   const int64_t k = x.size(0), n = x.size(1);
   const bool transposed_io = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
   const at::Tensor buf = transposed_io ? at::empty({n, m}, x.options()) : at::empty({m, n}, x.options());
-  const at::Tensor y = transposed_io ? buf.t() : buf;
-  // rows: the (N, M) buffer itself where Y is its transposed view (one view op fewer per call)
-  const at::Tensor out = rows ? (transposed_io ? buf : y.t()) : y;
+  const at::Tensor y = transposed_io ? prunekit::raw_t(buf) : buf;
+  // rows: the (N, M) buffer itself where Y is its transposed view (one view fewer per call)
+  const at::Tensor out = rows ? (transposed_io ? buf : prunekit::raw_t(y)) : y;
   if (m == 0 || n == 0) return out;
   at::Tensor xk = x;
   const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
   if (n == 1 && x.stride(0) == 1 && aligned && k % 8 == 0) {
-    xk = x.as_strided({k, 1}, {1, k});  // one column: its leading dimension is never used to address memory
+    const int64_t sizes[2] = {k, 1}, strides[2] = {1, k};
+    xk = prunekit::raw_view(x, sizes, strides);  // one column: its leading dimension never addresses memory
   } else if (!(x.stride(0) == 1 && x.stride(1) % 8 == 0 && x.stride(1) >= k && aligned)) {
     xk = at::empty({n, k}, x.options()).copy_(x.t()).t();
   }

@@ -88,6 +88,7 @@
 #include "launch.cuh"  // programmatic dependent launch
 #include "mma.cuh"
 #include "../../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
+#include "../../views.h"  // raw_t: the entries' views without the dispatcher
 
 namespace prunekit_nm24 {
 namespace {
@@ -1421,7 +1422,7 @@ at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x_in, const c10
                        bool relu, int64_t cfg) {
   PRUNEKIT_CHECK(x_in.dim() == 2, "nm24_linear: x must be 2-D");
   const bool rows = (cfg >> 56) & 1;
-  const at::Tensor x = rows ? x_in.t() : x_in;
+  const at::Tensor x = rows ? prunekit::raw_t(x_in) : x_in;
   const int64_t m = cfg & 0xffffffffLL, k = x.size(0), n = x.size(1);
   const int64_t strips = (m + 15) / 16, ksteps = (k + 16 * kBatch - 1) / (16 * kBatch) * kBatch;
   const int64_t row_blocks = (strips + kWarps - 1) / kWarps;
@@ -1435,9 +1436,9 @@ at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x_in, const c10
                    strips, ksteps, m, (cfg >> 32) & 0xff, (cfg >> 40) & 1, (cfg >> 44) & 0xf, (cfg >> 48) & 0xf};
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
   const at::Tensor buf = transposed ? at::empty({n, m}, x.options()) : at::empty({m, n}, x.options());
-  const at::Tensor y = transposed ? buf.t() : buf;
+  const at::Tensor y = transposed ? prunekit::raw_t(buf) : buf;
   run(v, x, y, bias, relu);
-  return rows ? (transposed ? buf : y.t()) : y;  // rows: the (N, M) buffer itself where Y is its transposed view
+  return rows ? (transposed ? buf : prunekit::raw_t(y)) : y;  // rows: the (N, M) buffer itself where Y is its transposed view
 }
 
 // The bitmap plan's eager entry: the plan as its one int32 buffer (spmm_bitmap_plan.buffer_layout: hdr, boff, ws,
@@ -1448,7 +1449,7 @@ at::Tensor bitmap_linear(const at::Tensor& plan, const at::Tensor& x_in, const c
                          bool relu, int64_t cfg, int64_t shape) {
   PRUNEKIT_CHECK(x_in.dim() == 2, "bitmap_linear: x must be 2-D");
   const bool rows = (cfg >> 56) & 1;
-  const at::Tensor x = rows ? x_in.t() : x_in;
+  const at::Tensor x = rows ? prunekit::raw_t(x_in) : x_in;
   const int64_t m = cfg & 0xffffffffLL, k = x.size(0), n = x.size(1);
   const int64_t slot_words = shape & 0xffffffffLL;
   PRUNEKIT_CHECK(k == (shape >> 32), "bitmap_linear: x has K = ", k, ", the plan ", shape >> 32);
@@ -1468,9 +1469,9 @@ at::Tensor bitmap_linear(const at::Tensor& plan, const at::Tensor& x_in, const c
   v.slot_words = slot_words;
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
   const at::Tensor buf = transposed ? at::empty({n, m}, x.options()) : at::empty({m, n}, x.options());
-  const at::Tensor y = transposed ? buf.t() : buf;
+  const at::Tensor y = transposed ? prunekit::raw_t(buf) : buf;
   run(v, x, y, bias, relu);
-  return rows ? (transposed ? buf : y.t()) : y;  // rows: the (N, M) buffer itself where Y is its transposed view
+  return rows ? (transposed ? buf : prunekit::raw_t(y)) : y;  // rows: the (N, M) buffer itself where Y is its transposed view
 }
 
 }  // namespace
