@@ -14,7 +14,7 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
 export PRUNEKIT_CUDA_ARCHS=${PRUNEKIT_CUDA_ARCHS:-90}  # as gpu_session.sh: else the cache key differs and all rebuild
 TAG=${TAG:-s21}
-NAMESPACES="prunekit_ext prunekit_structured prunekit_nm24" bash scripts/gpu_session.sh build
+NAMESPACES=${NAMESPACES:-"prunekit_ext prunekit_structured prunekit_nm24"} bash scripts/gpu_session.sh build
 rm -rf "$OUT"/prebuilt*  # over what the device tool returns
 dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]*' | head -1 | tr 'H' 'h')
 timeout "${LAYER_TIMEOUT_S:-200}" python3 benchmarks/layer_host.py --base-no-fastcall --breakdown \
