@@ -2,8 +2,8 @@
 // internal views (the activations seen as X (K, N), a fresh output seen as Y (M, N) or Y^T (N, M)).
 //
 // Why: x.t() in C++ is three dispatcher calls (t, transpose, as_strided), each through the autograd and view-tracking
-// kernels: 0.42 us per view on the build machine's CPU against 0.09 us for raw_view (kernels/fastcall.py's note), and
-// the entries made two or three per call. The alias shares the storage, gets its own version counter and no autograd
+// kernels: 0.42 us per view on the build machine's CPU against 0.09 us for raw_view (docs/KERNELS.md, "Fast
+// calls"), and the entries made two or three per call. The alias shares the storage, gets its own version counter and no autograd
 // view metadata, which is all these views need: they only carry sizes, strides and the data pointer to a launcher,
 // or wrap an output allocated in the same call (which then has no other handle). Never use it on a tensor that may
 // require grad where the alias is returned.

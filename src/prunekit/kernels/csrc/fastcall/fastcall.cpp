@@ -5,7 +5,8 @@
 // against the functions below, which take the same arguments through pybind11's casters and call the same operator
 // through its typed dispatcher handle. The dispatcher still runs (autograd fallback, profiler, dispatch modes); only
 // the Python-side argument parsing is skipped. Each operator is looked up by name on its first call, so this module
-// loads before or without the kernel libraries: a call whose library is not loaded raises "operator not found".
+// loads before or without the kernel libraries: a call whose library is not loaded raises RuntimeError ("Could not
+// find schema for ..."), and the next call looks again.
 //
 // This is a Python extension module (tied to one Python version, unlike the kernel libraries, which register their
 // operators with TORCH_LIBRARY and load under any Python of the same torch build). It holds no kernels: C++ only,
@@ -46,8 +47,7 @@ Tensor bsr_mm(const Tensor& blocks, const Tensor& crow, const Tensor& cols, cons
               const OptTensor& split_rows, const Tensor& x, int64_t m, const OptTensor& bias, bool relu,
               int64_t variant) {
   static const auto op = find<BsrMm>("prunekit_structured::bsr_mm");
-  return op.call(blocks, crow, cols, schedule, split_rows, x, m, bias, relu,
-                                                           variant);
+  return op.call(blocks, crow, cols, schedule, split_rows, x, m, bias, relu, variant);
 }
 
 Tensor nm24_linear(const Tensor& plan, const Tensor& x, const OptTensor& bias, bool relu, int64_t cfg) {

@@ -1438,7 +1438,8 @@ at::Tensor nm24_linear(const at::Tensor& plan, const at::Tensor& x_in, const c10
   const at::Tensor buf = transposed ? at::empty({n, m}, x.options()) : at::empty({m, n}, x.options());
   const at::Tensor y = transposed ? prunekit::raw_t(buf) : buf;
   run(v, x, y, bias, relu);
-  return rows ? (transposed ? buf : prunekit::raw_t(y)) : y;  // rows: the (N, M) buffer itself where Y is its transposed view
+  // rows: the (N, M) buffer itself where Y is its transposed view
+  return rows ? (transposed ? buf : prunekit::raw_t(y)) : y;
 }
 
 // The bitmap plan's eager entry: the plan as its one int32 buffer (spmm_bitmap_plan.buffer_layout: hdr, boff, ws,
@@ -1471,7 +1472,8 @@ at::Tensor bitmap_linear(const at::Tensor& plan, const at::Tensor& x_in, const c
   const at::Tensor buf = transposed ? at::empty({n, m}, x.options()) : at::empty({m, n}, x.options());
   const at::Tensor y = transposed ? prunekit::raw_t(buf) : buf;
   run(v, x, y, bias, relu);
-  return rows ? (transposed ? buf : prunekit::raw_t(y)) : y;  // rows: the (N, M) buffer itself where Y is its transposed view
+  // rows: the (N, M) buffer itself where Y is its transposed view
+  return rows ? (transposed ? buf : prunekit::raw_t(y)) : y;
 }
 
 }  // namespace
