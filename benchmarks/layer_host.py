@@ -12,7 +12,9 @@ point (format, M x K, N) this times, on the same weights and inputs:
   ``SparseLinear`` of another tree (its ``sparse_linear.py``, imported in place of this one's, on this tree's kernels):
   a before/after of a change to the layer's Python in one run; or, with ``--base-no-fastcall``, for this tree's layer
   with its decisions made inside ``fastcall.disabled()``, so that it calls the ``OpOverload`` entries (before/after
-  the fast-call module).
+  the fast-call module); or, with ``--base-bitmap-floor D``, for this tree's layer with the bitmap kernel's density
+  floor at N = 9-16 set to 1 / D while it decides (``csr`` only: bitmap against what ``"auto"`` takes there, e.g.
+  rowwarp with its copy of X at 98%).
 
 Inputs rotate over several independent weight/input sets sized past twice the L2 (as ``bsr.py``). Formats: ``bsr``
 (static, ``--blocks``), ``nm`` (2:4), ``csr`` (the eager ``"auto"`` path). Prints a table and writes ``--out`` JSON
@@ -26,6 +28,7 @@ Inputs rotate over several independent weight/input sets sized past twice the L2
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -100,7 +103,24 @@ def weight(fmt: str, m: int, k: int, sparsity: float, block: int, gen: torch.Gen
     return (w * (torch.rand(m, k, device="cuda", generator=gen) >= sparsity)).half()
 
 
-def run_point(fmt, m, k, n, sparsity, block, base_cls, gen, trials, base_no_fastcall=False) -> dict:
+@contextlib.contextmanager
+def bitmap_floor(denominator: int | None):
+    """Within the block, ``"auto"`` takes the bitmap kernel at N = 9-16 from density 1 / ``denominator`` (the
+    constants ``gpu.bitmap_min_density_denominator`` reads; None: as they are)."""
+    from prunekit.kernels import gpu
+
+    names = ("BITMAP_MIN_DENSITY_DENOMINATOR_MID_N", "BITMAP_MIN_DENSITY_DENOMINATOR_16")
+    before = {name: getattr(gpu, name) for name in names}
+    try:
+        for name in names:
+            setattr(gpu, name, denominator or before[name])
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(gpu, name, value)
+
+
+def run_point(fmt, m, k, n, sparsity, block, base_cls, gen, trials, base_no_fastcall=False, base_floor=None) -> dict:
     params = {"block_rows": block, "block_cols": block} if fmt == "bsr" else {"n": 2, "m": 4} if fmt == "nm" else {}
     density = 0.5 if fmt == "nm" else 1 - sparsity
     set_bytes = (m * k * density * (3 if fmt == "csr" else 2) + 2 * k * n + 2 * m * n) * 1.0
@@ -117,8 +137,9 @@ def run_point(fmt, m, k, n, sparsity, block, base_cls, gen, trials, base_no_fast
     res = {"format": fmt, "m": m, "k": k, "n": n, "sparsity": 0.5 if fmt == "nm" else sparsity, "n_sets": n_sets}
     if fmt == "bsr":
         res["block"] = block
-    if base_no_fastcall:  # the base layers decide (and keep) their entries with the fast-call module off
-        with torch.inference_mode(), fastcall.disabled():
+    if base_no_fastcall or base_floor:  # the base layers decide (and keep) their entries in their setting
+        off = fastcall.disabled() if base_no_fastcall else contextlib.nullcontext()
+        with torch.inference_mode(), off, bitmap_floor(base_floor):
             for s in sets:
                 s[1](s[3])
     with torch.inference_mode():
@@ -283,6 +304,12 @@ def main() -> None:
         action="store_true",
         help="time this tree's layer with the fast-call module off as the base (instead of --base-module)",
     )
+    parser.add_argument(
+        "--base-bitmap-floor",
+        type=int,
+        metavar="D",
+        help="csr: the base is this tree's layer deciding with the bitmap density floor 1/D at N = 9-16",
+    )
     parser.add_argument("--trials", type=int, default=15, help="interleaved trials per point (medians reported)")
     parser.add_argument(
         "--breakdown", action="store_true", help="also time each layer of one eager call (breakdown() below)"
@@ -290,9 +317,10 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("layer_host.py needs a CUDA GPU")
-    if args.base_module and args.base_no_fastcall:
-        raise SystemExit("--base-module and --base-no-fastcall are exclusive")
-    base_cls = load_base(args.base_module) if args.base_module else SparseLinear if args.base_no_fastcall else None
+    if sum(map(bool, (args.base_module, args.base_no_fastcall, args.base_bitmap_floor))) > 1:
+        raise SystemExit("--base-module, --base-no-fastcall and --base-bitmap-floor are exclusive")
+    own_base = args.base_no_fastcall or args.base_bitmap_floor
+    base_cls = load_base(args.base_module) if args.base_module else SparseLinear if own_base else None
     if args.base_no_fastcall and fastcall.load() is None:
         raise SystemExit("--base-no-fastcall: the fast-call module is unavailable here (see the warning)")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -303,12 +331,24 @@ def main() -> None:
             for n in (int(v) for v in args.ns.split(",")):
                 for block in (int(b) for b in args.blocks.split(",")) if fmt == "bsr" else (0,):
                     res = run_point(
-                        fmt, m, k, n, args.sparsity, block, base_cls, gen, args.trials, args.base_no_fastcall
+                        fmt,
+                        m,
+                        k,
+                        n,
+                        args.sparsity,
+                        block,
+                        base_cls,
+                        gen,
+                        args.trials,
+                        args.base_no_fastcall,
+                        args.base_bitmap_floor,
                     )
                     results.append(res)
                     print(json.dumps(res), flush=True)
     Console().print(table(results, base_cls is not None))
     base = str(args.base_module) if args.base_module else "fast-call module off" if args.base_no_fastcall else None
+    if args.base_bitmap_floor:
+        base = f"bitmap density floor 1/{args.base_bitmap_floor} at N = 9-16"
     out = {"meta": run_meta() | {"base_module": base, "fastcall": str(fastcall.loaded_path())}}
     out["results"] = results
     if args.breakdown:
