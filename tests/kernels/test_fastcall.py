@@ -52,10 +52,17 @@ def test_entry_is_the_op_overload_when_turned_off(monkeypatch):
 
     # a namespace of this test's own: the kernels' namespaces must not gain operators in this process
     monkeypatch.setitem(fastcall.ENTRIES, "spmv24", ("prunekit_fastcall_test", "spmv24"))
+    monkeypatch.setattr(fastcall, "_state", {})  # the variable is read when the module is first needed
+    monkeypatch.setattr(fastcall, "_overloads", {})
     monkeypatch.setenv(fastcall.ENV, "0")
     lib = torch.library.Library("prunekit_fastcall_test", "FRAGMENT")
     try:
         lib.define("spmv24(Tensor values, Tensor metadata, Tensor x, Tensor? bias, bool relu, bool rows) -> Tensor")
+        assert fastcall.entry("spmv24") is torch.ops.prunekit_fastcall_test.spmv24.default
+        # read once per process: unsetting it later builds nothing, and the OpOverload is kept
+        monkeypatch.delenv(fastcall.ENV)
+        monkeypatch.setattr(fastcall, "_build", lambda name: pytest.fail("the module was turned off"))
+        assert fastcall.load() is None and fastcall.loaded_path() is None
         assert fastcall.entry("spmv24") is torch.ops.prunekit_fastcall_test.spmv24.default
     finally:
         lib._destroy()
@@ -67,6 +74,7 @@ def test_disabled_gives_the_op_overload_inside_the_block(monkeypatch):
     import torch
 
     monkeypatch.setattr(fastcall, "load", lambda: pytest.fail("load must not run inside disabled()"))
+    monkeypatch.setattr(fastcall, "_overloads", {})
     schema = registered_schemas()["prunekit_ext::spmm_csr_auto"]
     monkeypatch.setitem(fastcall.ENTRIES, "spmm_csr_auto", ("prunekit_fastcall_test", "spmm_csr_auto"))
     lib = torch.library.Library("prunekit_fastcall_test", "FRAGMENT")

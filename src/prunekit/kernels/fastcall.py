@@ -13,7 +13,8 @@ tensor subclasses (the eager paths run only on plain CUDA tensors).
 The module is a Python extension, so unlike the kernel libraries it is built per Python version (its key holds the
 interpreter's cache tag). It has no CUDA code: the host C++ compiler and ninja build it in about a minute, into
 ``$PRUNEKIT_KERNEL_CACHE`` (or it is found prebuilt beside the kernel libraries). Where it cannot be built or is turned
-off (``$PRUNEKIT_FASTCALL=0``, read whenever an entry is taken, or :func:`disabled`), :func:`entry` gives the ``OpOverload``, so
+off (``$PRUNEKIT_FASTCALL=0``, read once per process when the module is first needed, or :func:`disabled` for a
+block), :func:`entry` gives the ``OpOverload``, so
 nothing fails; the first failure is logged once.
 """
 
@@ -51,7 +52,9 @@ ENTRIES = {
 """Function name in the module -> the operator (namespace, name) it calls, with the same arguments."""
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}  # "module": the loaded module or None after a failure; "path": its file
+_state: dict[str, object] = {}  # "module": the loaded module, or None (turned off, or failed); "path": its file
+_overloads: dict[str, Callable[..., torch.Tensor]] = {}  # name -> the operator's OpOverload, once resolved
+_UNSET = object()
 _off = threading.local()
 
 
@@ -95,13 +98,14 @@ def _build(name: str) -> tuple[ModuleType, Path]:
 
 
 def load() -> ModuleType | None:
-    """The fast-call module, loaded (prebuilt, cached or built) on the first call; None where it is turned off or
-    cannot be built (logged once as a warning; :func:`entry` then gives the operators themselves). Never raises."""
-    if os.environ.get(ENV, "") == "0":
-        return None
+    """The fast-call module, loaded (prebuilt, cached or built) on the first call; None where ``$PRUNEKIT_FASTCALL`` is
+    ``0`` (read here, once per process) or it cannot be built (logged once as a warning; :func:`entry` then gives the
+    operators themselves). The answer is kept for the process. Never raises."""
     if "module" in _state:
         return _state["module"]
     with _lock:
+        if "module" not in _state and os.environ.get(ENV, "") == "0":
+            _state["path"] = _state["module"] = None
         if "module" not in _state:
             module = path = None
             try:
@@ -126,15 +130,23 @@ def loaded_path() -> Path | None:
 def entry(name: str) -> Callable[..., torch.Tensor]:
     """The fast entry ``name`` (a key of :data:`ENTRIES`), or the operator's ``OpOverload`` where the module is off
     (``$PRUNEKIT_FASTCALL=0``, inside :func:`disabled`) or unavailable. Both take the same arguments and give the same
-    result. The operator's library must be loaded for either to run.
+    result. The operator's library must be loaded for either to run. After the first call this is a few dictionary
+    lookups (about 0.2 us), so the kernels' per-call wrappers (``gpu.spmm_csr_op``, ``nm24.linear``, ...) call it on
+    every call.
 
     Raises:
         KeyError: ``name`` is not one of :data:`ENTRIES`."""
-    namespace, op = ENTRIES[name]
-    module = None if getattr(_off, "on", False) else load()
-    if module is not None:
-        return getattr(module, name)
-    return getattr(getattr(torch.ops, namespace), op).default
+    if not getattr(_off, "on", False):
+        module = _state.get("module", _UNSET)
+        if module is _UNSET:
+            module = load()
+        if module is not None:
+            return getattr(module, name)
+    overload = _overloads.get(name)
+    if overload is None:  # resolved once per name (about 1.5 us through torch.ops' namespaces)
+        namespace, op = ENTRIES[name]
+        overload = _overloads[name] = getattr(getattr(torch.ops, namespace), op).default
+    return overload
 
 
 @contextlib.contextmanager

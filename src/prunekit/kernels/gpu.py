@@ -707,7 +707,7 @@ def bitmap_linear(
     Raises:
         RuntimeError: shapes, dtypes or devices that do not match the plan (C++ checks)."""
     buffer, cfg, shape = plan
-    return torch.ops.prunekit_nm24.bitmap_linear.default(buffer, x, bias, relu, cfg | nm24.ROWS, shape)
+    return fastcall.entry("bitmap_linear")(buffer, x, bias, relu, cfg | nm24.ROWS, shape)
 
 
 # --- eager entry: one C++ operator call per layer call (the CUDA-core variants) ------------------------------------
@@ -861,13 +861,11 @@ def spmm_csr_op(
         return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
     kind, plan = spmm_op_entry(values, row_offsets, column_indices, x, m, bias)
     relu = activation == "relu"
-    if kind == "bitmap":
+    if kind == "bitmap":  # the entries through the fast-call module where it loads (fastcall.entry)
         buffer, cfg, shape = plan
-        return torch.ops.prunekit_nm24.bitmap_linear.default(buffer, x, bias, relu, cfg, shape)
+        return fastcall.entry("bitmap_linear")(buffer, x, bias, relu, cfg, shape)
     if plan is not None:
-        return torch.ops.prunekit_ext.spmm_csr_auto.default(
-            values, row_offsets, column_indices, row_indices, x, m, bias, relu, plan
-        )
+        return fastcall.entry("spmm_csr_auto")(values, row_offsets, column_indices, row_indices, x, m, bias, relu, plan)
     return spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
 
 

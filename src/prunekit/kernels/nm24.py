@@ -573,7 +573,7 @@ def spmv(
         KernelUnavailable: no GPU/compiler. RuntimeError: shapes, dtypes, alignment or devices the kernel does not take
         (C++ checks)."""
     _ensure_loaded()
-    return torch.ops.prunekit_nm24.spmv24.default(values, metadata, x, bias, relu, rows)
+    return fastcall.entry("spmv24")(values, metadata, x, bias, relu, rows)
 
 
 def decode_mm(
@@ -641,4 +641,4 @@ def linear(
 
     Raises:
         RuntimeError: shapes, dtypes or devices that do not match the plan (C++ checks)."""
-    return torch.ops.prunekit_nm24.linear.default(plan.buffer, x, bias, relu, plan.cfg | ROWS if rows else plan.cfg)
+    return fastcall.entry("linear")(plan.buffer, x, bias, relu, plan.cfg | ROWS if rows else plan.cfg)

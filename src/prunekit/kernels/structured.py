@@ -780,7 +780,7 @@ def bsr_mm_eager(
     number = eager_bsr_variant(blocks, x, variant)
     if number is None:
         return bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias, activation, schedule, split_rows)
-    return torch.ops.prunekit_structured.bsr_mm.default(
+    return fastcall.entry("bsr_mm")(
         blocks, crow_indices, col_indices, schedule, split_rows, x, m, bias, activation == "relu", number
     )
 
