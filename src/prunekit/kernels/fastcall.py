@@ -131,8 +131,8 @@ def entry(name: str) -> Callable[..., torch.Tensor]:
     """The fast entry ``name`` (a key of :data:`ENTRIES`), or the operator's ``OpOverload`` where the module is off
     (``$PRUNEKIT_FASTCALL=0``, inside :func:`disabled`) or unavailable. Both take the same arguments and give the same
     result. The operator's library must be loaded for either to run. After the first call this is a few dictionary
-    lookups (about 0.2 us), so the kernels' per-call wrappers (``gpu.spmm_csr_op``, ``nm24.linear``, ...) call it on
-    every call.
+    lookups (0.6 us on the build machine, against the 1.3-2 us a fast entry saves), so the kernels' per-call
+    wrappers (``gpu.spmm_csr_op``, ``nm24.linear``, ...) call it on every call.
 
     Raises:
         KeyError: ``name`` is not one of :data:`ENTRIES`."""
