@@ -358,6 +358,7 @@ def main() -> None:
     parser.add_argument("--wgmma", action=argparse.BooleanOptionalAction, default=True, help="time the wgmma variant")
     parser.add_argument("--blocks", help="comma-separated block sizes (default: the grid's)")
     parser.add_argument("--sparsities", help="comma-separated block sparsities (default: the grid's)")
+    parser.add_argument("--dtypes", help="comma-separated dtypes, float16 / bfloat16 (default: the grid's)")
     parser.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new configurations after this")
     parser.add_argument("--shapes", help="comma-separated MxK of the grid to run (default: all of the grid's)")
     parser.add_argument("--ns", help="comma-separated N to run, among the grid's for each shape (default: all)")
@@ -375,6 +376,8 @@ def main() -> None:
         grid["blocks"] = [int(b) for b in args.blocks.split(",")]
     if args.sparsities:
         grid["sparsities"] = [float(v) for v in args.sparsities.split(",")]
+    if args.dtypes:
+        grid["dtypes"] = args.dtypes.split(",")
     if args.shapes:
         grid["shapes"] = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     only_ns = None if not args.ns else {int(v) for v in args.ns.split(",")}
