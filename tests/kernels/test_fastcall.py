@@ -54,6 +54,7 @@ def test_entry_is_the_op_overload_when_turned_off(monkeypatch):
     monkeypatch.setitem(fastcall.ENTRIES, "spmv24", ("prunekit_fastcall_test", "spmv24"))
     monkeypatch.setattr(fastcall, "_state", {})  # the variable is read when the module is first needed
     monkeypatch.setattr(fastcall, "_overloads", {})
+    monkeypatch.setattr(fastcall, "_fast", {})
     monkeypatch.setenv(fastcall.ENV, "0")
     lib = torch.library.Library("prunekit_fastcall_test", "FRAGMENT")
     try:
@@ -82,6 +83,37 @@ def test_disabled_gives_the_op_overload_inside_the_block(monkeypatch):
         lib.define(schema)
         with fastcall.disabled():
             assert fastcall.entry("spmm_csr_auto") is torch.ops.prunekit_fastcall_test.spmm_csr_auto.default
+    finally:
+        lib._destroy()
+
+
+def test_entry_waits_for_the_module_to_find_its_operator(monkeypatch):
+    """The module's function is handed out only once its ``ready`` says the operator was found with the expected
+    signature; until then (a library not loaded yet, a signature the build does not match) the OpOverload is."""
+    import torch
+
+    class Module:
+        found = False
+
+        def ready(self, name):
+            return self.found
+
+        def spmv24(self, *args):
+            return "fast"
+
+    module = Module()
+    monkeypatch.setitem(fastcall.ENTRIES, "spmv24", ("prunekit_fastcall_test", "spmv24"))
+    monkeypatch.setattr(fastcall, "_state", {"module": module, "path": None})
+    monkeypatch.setattr(fastcall, "_overloads", {})
+    monkeypatch.setattr(fastcall, "_fast", {})
+    lib = torch.library.Library("prunekit_fastcall_test", "FRAGMENT")
+    try:
+        lib.define("spmv24(Tensor values, Tensor metadata, Tensor x, Tensor? bias, bool relu, bool rows) -> Tensor")
+        assert fastcall.entry("spmv24") is torch.ops.prunekit_fastcall_test.spmv24.default
+        module.found = True
+        assert fastcall.entry("spmv24") == module.spmv24 and fastcall.entry("spmv24")() == "fast"
+        module.found = False  # kept once found
+        assert fastcall.entry("spmv24")() == "fast"
     finally:
         lib._destroy()
 
@@ -124,6 +156,7 @@ CHILD = textwrap.dedent(
         module.linear(torch.zeros(2), torch.zeros(2), None, False, 0)
     except RuntimeError as exc:
         out["missing"] = str(exc).splitlines()[0]
+    out["ready_before"] = [module.ready(name) for name in fastcall.ENTRIES] + [module.ready("nm_mm")]
 
     def echo(*args):  # every argument as a number: tensors by their sum, None as -1
         vals = [-1.0 if a is None else float(a.sum()) if isinstance(a, torch.Tensor) else float(a) for a in args]
@@ -147,6 +180,7 @@ CHILD = textwrap.dedent(
         "spmv24": (t(1), t(2), t(3), t(4), False, True),
         "spmm_csr_auto": (t(1), t(2), t(3), t(4), t(5), 6, None, True, 9),
     }
+    out["ready_after"] = [module.ready(name) for name in fastcall.ENTRIES] + [module.ready("nm_mm")]
     for name, a in args.items():
         ns, op = fastcall.ENTRIES[name]
         fast = fastcall.entry(name)
@@ -177,6 +211,7 @@ def test_fast_entries_call_their_operators_with_the_same_arguments(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["path"].startswith(str(tmp_path)) and out["path"].endswith(".so")
     assert "prunekit_nm24::linear" in out["missing"]
+    assert out["ready_before"] == [False] * 6 and out["ready_after"] == [True] * 5 + [False]
     expected = {
         "bsr_mm": [3, 6, 9, -1, 15, 18, 7, 24, 1, 10],
         "linear": [3, 6, -1, 0, 5],

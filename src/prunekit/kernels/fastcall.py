@@ -54,6 +54,7 @@ ENTRIES = {
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "module": the loaded module, or None (turned off, or failed); "path": its file
 _overloads: dict[str, Callable[..., torch.Tensor]] = {}  # name -> the operator's OpOverload, once resolved
+_fast: dict[str, Callable[..., torch.Tensor]] = {}  # name -> the module's function, once its operator was found
 _UNSET = object()
 _off = threading.local()
 
@@ -130,18 +131,26 @@ def loaded_path() -> Path | None:
 def entry(name: str) -> Callable[..., torch.Tensor]:
     """The fast entry ``name`` (a key of :data:`ENTRIES`), or the operator's ``OpOverload`` where the module is off
     (``$PRUNEKIT_FASTCALL=0``, inside :func:`disabled`) or unavailable. Both take the same arguments and give the same
-    result. The operator's library must be loaded for either to run. After the first call this is a few dictionary
-    lookups (0.6 us on the build machine, against the 1.3-2 us a fast entry saves), so the kernels' per-call
-    wrappers (``gpu.spmm_csr_op``, ``nm24.linear``, ...) call it on every call.
+    result. The module's function is given only once its operator is found with the signature it was built for
+    (``ready`` in ``fastcall.cpp``); before that, or on a mismatch, the ``OpOverload`` is. The operator's library must
+    be loaded for either to run. After the first call this is a dictionary lookup or two (0.6 us on the build machine
+    at most, against the 1.3-2 us a fast entry saves), so the kernels' per-call wrappers (``gpu.spmm_csr_op``,
+    ``nm24.linear``, ...) call it on every call.
 
     Raises:
         KeyError: ``name`` is not one of :data:`ENTRIES`."""
     if not getattr(_off, "on", False):
+        fast = _fast.get(name)
+        if fast is not None:
+            return fast
         module = _state.get("module", _UNSET)
         if module is _UNSET:
             module = load()
-        if module is not None:
-            return getattr(module, name)
+        # handed out once its operator is found with the expected signature (a library not loaded yet: asked again
+        # next time); else the OpOverload runs the call, so a mismatch cannot make every call raise
+        if module is not None and name in ENTRIES and module.ready(name):
+            fast = _fast[name] = getattr(module, name)
+            return fast
     overload = _overloads.get(name)
     if overload is None:  # resolved once per name (about 1.5 us through torch.ops' namespaces)
         namespace, op = ENTRIES[name]

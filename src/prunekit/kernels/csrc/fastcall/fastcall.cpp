@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace {
 
@@ -36,42 +37,87 @@ using Spmv24 = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTens
 using SpmmCsrAuto = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
                            const OptTensor&, bool, int64_t);
 
-// The typed handle of operator `name` (throws when it is not registered, or when Sig is not its signature). Each entry
-// below keeps it in a function-local static: a lookup that throws leaves the static unset, so the next call retries.
+// The typed handle of operator `name` (throws when it is not registered, or when Sig is not its signature). Each
+// getter below keeps it in a function-local static: a lookup that throws leaves the static unset, so the next call
+// retries.
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> find(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").template typed<Sig>();
 }
 
+const c10::TypedOperatorHandle<BsrMm>& bsr_mm_op() {
+  static const auto op = find<BsrMm>("prunekit_structured::bsr_mm");
+  return op;
+}
+
+const c10::TypedOperatorHandle<Nm24Linear>& nm24_linear_op() {
+  static const auto op = find<Nm24Linear>("prunekit_nm24::linear");
+  return op;
+}
+
+const c10::TypedOperatorHandle<BitmapLinear>& bitmap_linear_op() {
+  static const auto op = find<BitmapLinear>("prunekit_nm24::bitmap_linear");
+  return op;
+}
+
+const c10::TypedOperatorHandle<Spmv24>& spmv24_op() {
+  static const auto op = find<Spmv24>("prunekit_nm24::spmv24");
+  return op;
+}
+
+const c10::TypedOperatorHandle<SpmmCsrAuto>& spmm_csr_auto_op() {
+  static const auto op = find<SpmmCsrAuto>("prunekit_ext::spmm_csr_auto");
+  return op;
+}
+
 Tensor bsr_mm(const Tensor& blocks, const Tensor& crow, const Tensor& cols, const OptTensor& schedule,
               const OptTensor& split_rows, const Tensor& x, int64_t m, const OptTensor& bias, bool relu,
               int64_t variant) {
-  static const auto op = find<BsrMm>("prunekit_structured::bsr_mm");
-  return op.call(blocks, crow, cols, schedule, split_rows, x, m, bias, relu, variant);
+  return bsr_mm_op().call(blocks, crow, cols, schedule, split_rows, x, m, bias, relu, variant);
 }
 
 Tensor nm24_linear(const Tensor& plan, const Tensor& x, const OptTensor& bias, bool relu, int64_t cfg) {
-  static const auto op = find<Nm24Linear>("prunekit_nm24::linear");
-  return op.call(plan, x, bias, relu, cfg);
+  return nm24_linear_op().call(plan, x, bias, relu, cfg);
 }
 
 Tensor bitmap_linear(const Tensor& plan, const Tensor& x, const OptTensor& bias, bool relu, int64_t cfg,
                      int64_t shape) {
-  static const auto op = find<BitmapLinear>("prunekit_nm24::bitmap_linear");
-  return op.call(plan, x, bias, relu, cfg, shape);
+  return bitmap_linear_op().call(plan, x, bias, relu, cfg, shape);
 }
 
 Tensor spmv24(const Tensor& values, const Tensor& metadata, const Tensor& x, const OptTensor& bias, bool relu,
               bool rows) {
-  static const auto op = find<Spmv24>("prunekit_nm24::spmv24");
-  return op.call(values, metadata, x, bias, relu, rows);
+  return spmv24_op().call(values, metadata, x, bias, relu, rows);
 }
 
 Tensor spmm_csr_auto(const Tensor& values, const Tensor& row_offsets, const Tensor& column_indices,
                      const Tensor& row_indices, const Tensor& x, int64_t m, const OptTensor& bias, bool relu,
                      int64_t variant) {
-  static const auto op = find<SpmmCsrAuto>("prunekit_ext::spmm_csr_auto");
-  return op.call(values, row_offsets, column_indices, row_indices, x, m, bias, relu, variant);
+  return spmm_csr_auto_op().call(values, row_offsets, column_indices, row_indices, x, m, bias, relu, variant);
+}
+
+// Whether the entry `name` (this module's function name) finds its operator with the expected signature: fastcall.py
+// hands out a function only after this said yes, so a missing library or a signature this build does not match
+// makes the caller use the OpOverload instead of raising on every call.
+bool ready(const std::string& name) {
+  try {
+    if (name == "bsr_mm") {
+      bsr_mm_op();
+    } else if (name == "linear") {
+      nm24_linear_op();
+    } else if (name == "bitmap_linear") {
+      bitmap_linear_op();
+    } else if (name == "spmv24") {
+      spmv24_op();
+    } else if (name == "spmm_csr_auto") {
+      spmm_csr_auto_op();
+    } else {
+      return false;
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 }  // namespace
@@ -83,4 +129,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("bitmap_linear", &bitmap_linear, "prunekit_nm24::bitmap_linear");
   mod.def("spmv24", &spmv24, "prunekit_nm24::spmv24");
   mod.def("spmm_csr_auto", &spmm_csr_auto, "prunekit_ext::spmm_csr_auto");
+  mod.def("ready", &ready, "whether the entry of this name finds its operator with the expected signature");
 }
