@@ -14,7 +14,9 @@ point (format, M x K, N) this times, on the same weights and inputs:
   with its decisions made inside ``fastcall.disabled()``, so that it calls the ``OpOverload`` entries (before/after
   the fast-call module); or, with ``--base-bitmap-floor D``, for this tree's layer with the bitmap kernel's density
   floor at N = 9-16 set to 1 / D while it decides (``csr`` only: bitmap against what ``"auto"`` takes there, e.g.
-  rowwarp with its copy of X at 98%).
+  rowwarp with its copy of X at 98%); or, with ``--base-env NAME=VALUE``, for this tree's layer called with those
+  environment variables set (the C++ launchers' per-call switches, e.g. ``PRUNEKIT_ROWWARP_TRANSPOSE=0``: torch's
+  copy of X instead of rowwarp's own transpose), whose device time is then timed too (``base_kernel_us``).
 
 Inputs rotate over several independent weight/input sets sized past twice the L2 (as ``bsr.py``). Formats: ``bsr``
 (static, ``--blocks``), ``nm`` (2:4), ``csr`` (the eager ``"auto"`` path). Prints a table and writes ``--out`` JSON
@@ -32,6 +34,7 @@ import contextlib
 import importlib.util
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -51,12 +54,16 @@ from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
 from prunekit.kernels import fastcall  # noqa: E402
 
 
-def interleaved(calls: dict[str, list], trials: int = 15, burst: int = 100) -> dict[str, dict[str, float]]:
+def interleaved(
+    calls: dict[str, list], trials: int = 15, burst: int = 100, contexts: dict | None = None
+) -> dict[str, dict[str, float]]:
     """Host and wall microseconds per call of each entry of ``calls`` (name -> calls to rotate over), the candidates
     taking turns within every trial so that slow phases of the host hit them alike. ``host``: perf_counter around a
     burst of calls shorter than the launch queue, the GPU not waited for (the host never blocks); ``wall``: the same
     burst with a synchronize before and after it, so device time counts where the GPU is the bottleneck. Median and
-    minimum over ``trials``."""
+    minimum over ``trials``. ``contexts``: name -> a function giving a context manager that each burst of that
+    candidate runs in (e.g. :func:`env_set`), entered outside the timed span."""
+    contexts = contexts or {}
     samples = {name: {"host": [], "wall": []} for name in calls}
     for fns in calls.values():
         for f in fns:
@@ -65,19 +72,37 @@ def interleaved(calls: dict[str, list], trials: int = 15, burst: int = 100) -> d
     for _ in range(trials):
         for name, fns in calls.items():
             for kind in ("host", "wall"):
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                for i in range(burst):
-                    fns[i % len(fns)]()
-                if kind == "wall":
+                with contexts.get(name, contextlib.nullcontext)():
                     torch.cuda.synchronize()
-                samples[name][kind].append((time.perf_counter() - start) / burst * 1e6)
-                torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    for i in range(burst):
+                        fns[i % len(fns)]()
+                    if kind == "wall":
+                        torch.cuda.synchronize()
+                    samples[name][kind].append((time.perf_counter() - start) / burst * 1e6)
+                    torch.cuda.synchronize()
     return {
         name: {f"{kind}_us": statistics.median(v) for kind, v in s.items()}
         | {f"{kind}_min_us": min(v) for kind, v in s.items()}
         for name, s in samples.items()
     }
+
+
+@contextlib.contextmanager
+def env_set(assignments: dict[str, str] | None):
+    """Within the block, the environment variables ``assignments`` (name -> value) are set (the kernels' per-call
+    switches, read by the C++ launchers at each call, e.g. ``PRUNEKIT_ROWWARP_TRANSPOSE=0``); restored after."""
+    assignments = assignments or {}
+    before = {name: os.environ.get(name) for name in assignments}
+    os.environ.update(assignments)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def load_base(path: Path) -> type:
@@ -120,7 +145,9 @@ def bitmap_floor(denominator: int | None):
             setattr(gpu, name, value)
 
 
-def run_point(fmt, m, k, n, sparsity, block, base_cls, gen, trials, base_no_fastcall=False, base_floor=None) -> dict:
+def run_point(
+    fmt, m, k, n, sparsity, block, base_cls, gen, trials, base_no_fastcall=False, base_floor=None, base_env=None
+) -> dict:
     params = {"block_rows": block, "block_cols": block} if fmt == "bsr" else {"n": 2, "m": 4} if fmt == "nm" else {}
     density = 0.5 if fmt == "nm" else 1 - sparsity
     set_bytes = (m * k * density * (3 if fmt == "csr" else 2) + 2 * k * n + 2 * m * n) * 1.0
@@ -154,12 +181,16 @@ def run_point(fmt, m, k, n, sparsity, block, base_cls, gen, trials, base_no_fast
             calls["base"] = [lambda s=s: s[1](s[3]) for s in sets]
         res["kernel_us"] = 1e3 * graph_time(calls["layer"])
         res["dense_kernel_us"] = 1e3 * graph_time(calls["dense"])
-        for name, times in interleaved(calls, trials).items():
+        if base_env:  # the base's own device time: the switches change which kernels run
+            with env_set(base_env):
+                res["base_kernel_us"] = 1e3 * graph_time(calls["base"])
+        contexts = {"base": lambda: env_set(base_env)} if base_env else None
+        for name, times in interleaved(calls, trials, contexts=contexts).items():
             for key, value in times.items():
                 res[f"{name}_{key}"] = value
     res["overhead_us"] = res["layer_wall_us"] - res["kernel_us"]
     if base_cls is not None:
-        res["base_overhead_us"] = res["base_wall_us"] - res["kernel_us"]
+        res["base_overhead_us"] = res["base_wall_us"] - res.get("base_kernel_us", res["kernel_us"])
     res["vs_dense_eager"] = res["dense_wall_us"] / res["layer_wall_us"]
     del sets
     torch.cuda.empty_cache()
@@ -274,7 +305,7 @@ def profiles(rows: dict[str, list], calls: int = 50) -> dict[str, list[dict]]:
 def table(results: list[dict], base: bool) -> Table:
     t = Table(title="SparseLinear eager: host time and overhead per call (us), fp16")
     cols = ["format", "M x K", "N", "sp", "kernel", "wall", "overhead", "host"]
-    cols += ["base wall", "base overhead", "base host"] if base else []
+    cols += ["base kernel", "base wall", "base overhead", "base host"] if base else []
     cols += ["dense kernel", "dense wall", "dense host", "x dense (eager)", "err"]
     for c in cols:
         t.add_column(c, justify="right")
@@ -283,6 +314,7 @@ def table(results: list[dict], base: bool) -> Table:
         row = [name, f"{r['m']}x{r['k']}", str(r["n"]), f"{r['sparsity']:.2f}", f"{r['kernel_us']:.2f}"]
         row += [f"{r['layer_wall_us']:.2f}", f"{r['overhead_us']:.2f}", f"{r['layer_host_us']:.2f}"]
         if base:
+            row += [f"{r['base_kernel_us']:.2f}" if "base_kernel_us" in r else "-"]
             row += [f"{r['base_wall_us']:.2f}", f"{r['base_overhead_us']:.2f}", f"{r['base_host_us']:.2f}"]
         row += [f"{r['dense_kernel_us']:.2f}", f"{r['dense_wall_us']:.2f}", f"{r['dense_host_us']:.2f}"]
         row += [f"{r['vs_dense_eager']:.2f}", f"{r['rel_err']:.1e}"]
@@ -310,6 +342,13 @@ def main() -> None:
         metavar="D",
         help="csr: the base is this tree's layer deciding with the bitmap density floor 1/D at N = 9-16",
     )
+    parser.add_argument(
+        "--base-env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="the base is this tree's layer called with these environment variables set (the kernels' per-call "
+        "switches, e.g. PRUNEKIT_ROWWARP_TRANSPOSE=0); repeatable",
+    )
     parser.add_argument("--trials", type=int, default=15, help="interleaved trials per point (medians reported)")
     parser.add_argument(
         "--breakdown", action="store_true", help="also time each layer of one eager call (breakdown() below)"
@@ -317,9 +356,10 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("layer_host.py needs a CUDA GPU")
-    if sum(map(bool, (args.base_module, args.base_no_fastcall, args.base_bitmap_floor))) > 1:
-        raise SystemExit("--base-module, --base-no-fastcall and --base-bitmap-floor are exclusive")
-    own_base = args.base_no_fastcall or args.base_bitmap_floor
+    if sum(map(bool, (args.base_module, args.base_no_fastcall, args.base_bitmap_floor, args.base_env))) > 1:
+        raise SystemExit("--base-module, --base-no-fastcall, --base-bitmap-floor and --base-env are exclusive")
+    base_env = dict(a.split("=", 1) for a in args.base_env) if args.base_env else None
+    own_base = args.base_no_fastcall or args.base_bitmap_floor or base_env
     base_cls = load_base(args.base_module) if args.base_module else SparseLinear if own_base else None
     if args.base_no_fastcall and fastcall.load() is None:
         raise SystemExit("--base-no-fastcall: the fast-call module is unavailable here (see the warning)")
@@ -342,6 +382,7 @@ def main() -> None:
                         args.trials,
                         args.base_no_fastcall,
                         args.base_bitmap_floor,
+                        base_env,
                     )
                     results.append(res)
                     print(json.dumps(res), flush=True)
@@ -349,6 +390,8 @@ def main() -> None:
     base = str(args.base_module) if args.base_module else "fast-call module off" if args.base_no_fastcall else None
     if args.base_bitmap_floor:
         base = f"bitmap density floor 1/{args.base_bitmap_floor} at N = 9-16"
+    if base_env:
+        base = "this layer with " + " ".join(f"{name}={value}" for name, value in base_env.items())
     out = {"meta": run_meta() | {"base_module": base, "fastcall": str(fastcall.loaded_path())}}
     out["results"] = results
     if args.breakdown:

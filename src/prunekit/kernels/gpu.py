@@ -585,15 +585,9 @@ def spmm_csr(
     elif plan.variant == "bitmap":
         _bitmap_mm(csr_as_stored, x, y, m, bias, relu)
     elif plan.variant == "rowwarp":
-        if (
-            n > 1
-            and x.stride(1) != 1
-            and not (plan.ntile <= SPMV_MAX_N and spmv_takes(m, x.shape[0], n, x.element_size(), _sm_count(x.device)))
-        ):
-            # Row-major (K, N) copy of transposed activations: N*K elements, small next to the weights at these N,
-            # and it turns N scattered loads per non-zero into one vector load. The SpMV kernel (N <= 4) takes them
-            # as they are.
-            x = x.contiguous()
+        # x as it is: for X that is not row-major the launcher makes a row-major (K, N) copy itself (one small
+        # transpose kernel, N * K elements, that turns N scattered loads per non-zero into one vector load;
+        # csrc/spmm_rowwarp.cu), except where the SpMV kernel (N <= 4) takes X as it is.
         _OPS["rowwarp"](
             values, row_offsets, column_indices, row_indices, x, y, bias, relu, plan.subwarp, plan.ntile, plan.stage_x
         )

@@ -132,6 +132,29 @@ template <> __device__ __forceinline__ void store_vec16<__nv_bfloat16>(__nv_bflo
       make_uint4(pack2(tag, o[0], o[1]), pack2(tag, o[2], o[3]), pack2(tag, o[4], o[5]), pack2(tag, o[6], o[7]));
 }
 
+// Write NT values (exact in T: they were read from T) as one row of a [K][NT] copy of X: 8, 16, 32 or 64 bytes, p
+// aligned to 8 bytes (NT * sizeof(T) == 8) or 16 (more). spmv_csr.cu stages x so; spmm_rowwarp.cu transposes it so.
+template <typename T, int NT>
+__device__ __forceinline__ void store_xrow(T* p, const float* e) {
+  constexpr int W = NT * static_cast<int>(sizeof(T)) / 4;
+  uint32_t w[W];
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = __float_as_uint(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) w[i] = pack2(T{}, e[2 * i], e[2 * i + 1]);
+  }
+  if constexpr (W == 2) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  } else {
+#pragma unroll
+    for (int q = 0; q < W / 4; ++q) {
+      reinterpret_cast<uint4*>(p)[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
+    }
+  }
+}
+
 __device__ __forceinline__ float epilogue(float acc, float bias, bool relu) {
   acc += bias;
   return relu ? fmaxf(acc, 0.0f) : acc;

@@ -9,6 +9,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 namespace prunekit_launch {
@@ -23,6 +25,12 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// Whether the environment variable `name` is "0" (a kernel's A/B switch, read at each call: about 0.1 us).
+inline bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "0") == 0;
 }
 
 // SM count, compute capability major, opt-in shared memory per block and shared memory per SM (bytes) of device `dev`,

@@ -181,14 +181,11 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
   const auto plan =
       plan_spmm(m, k, n, values_c.numel(), sm_count(x.get_device()), variant, /*tensor_core_dtype=*/false, false);
   switch (plan[0]) {
-    case kRowwarp: {
-      // Row-major copy of transposed activations (N * K elements, small next to the weights at these N), except where
+    case kRowwarp:
+      // X as it is: the launcher transposes transposed activations itself (spmm_rowwarp.cu, row_major_x), except where
       // the SpMV kernel takes them as they are (spmv_csr.cu).
-      const at::Tensor xr =
-          n > 1 && x.stride(1) != 1 && !(plan[2] <= 4 && spmv_takes(m, k, n, x.element_size())) ? x.contiguous() : x;
-      spmm_csr_rowwarp(values_c, offsets_c, cols_c, rows_c, xr, y, bias_c, relu, plan[1], plan[2], plan[4] != 0);
+      spmm_csr_rowwarp(values_c, offsets_c, cols_c, rows_c, x, y, bias_c, relu, plan[1], plan[2], plan[4] != 0);
       break;
-    }
     case kDirect: {
       const at::Tensor xr = n > 1 && x.stride(1) != 1 ? x.contiguous() : x;
       spmm_csr_direct(values_c, offsets_c, cols_c, rows_c, xr, y, bias_c, relu);

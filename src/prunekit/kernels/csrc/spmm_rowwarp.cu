@@ -9,8 +9,16 @@
 // weight byte is read exactly once per NT columns and X (small) is gathered per non-zero: from a shared-memory copy
 // of X[:, n0:n0+NT] made once per block when it fits (K * NT * 2 bytes <= 227 KB: K <= 7264 at NT = 16 in fp16),
 // else with one global vector load of NT values when X is row-major with aligned rows, else element by element. X and Y take any
-// strides (Y is written directly in the transposed (tokens, out_features) layout of nn.Linear); gpu.py hands this
-// kernel a row-major copy of transposed activations, which at these N is tiny next to the weights.
+// strides (Y is written directly in the transposed (tokens, out_features) layout of nn.Linear).
+//
+// X that is not row-major (the runtime's x2d.t(), column-major) is first transposed here into a row-major (K, N rounded
+// up to NT) buffer by rowwarp_transpose_kernel (N * K elements, tiny next to the weights at these N), so that a
+// non-zero's NT values are one vector load. That kernel and the rowwarp kernel after it use programmatic dependent
+// launch on sm_90: the rowwarp kernel starts while the transpose runs and loads its rows' offsets and first weight
+// vectors before it waits for the transposed X. On the H100 (scripts/csr_decode_profile.py,
+// benchmarks/results/csr-decode-profile-h100-2026-11-26-s22a.json) torch's copy there took 1.7-2.0 us per call, and
+// graph-replayed calls with it 2.7-3.3 us more than the rowwarp kernel alone at N = 16, 98%.
+// $PRUNEKIT_ROWWARP_TRANSPOSE=0 (read at each call) takes torch's copy (x.contiguous()) instead.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -67,6 +75,9 @@ __device__ __forceinline__ void rowwarp_row(int sub, int lane, const T* __restri
     vals.load(values + j);
     idx.load(cols + j);
   }
+  // Programmatic dependent launch: the preceding kernel (the transpose of X, which waited for everything before it)
+  // must be done before X is read. A no-op in a launch without the attribute.
+  if constexpr (XMODE != kXShared) prunekit_launch::wait_preceding_grid();
   while (j < end) {
     const int jn = j + SW * V;
     Words<16> vals_next;
@@ -150,6 +161,7 @@ spmm_rowwarp_smem_kernel(const T* __restrict__ values, const int* __restrict__ r
   T* xsm = reinterpret_cast<T*>(smem_raw);
   constexpr int NV = NT * sizeof(T) / 16;  // 16-byte vectors per X row segment
   const int n0 = blockIdx.y * NT;
+  prunekit_launch::wait_preceding_grid();  // programmatic dependent launch: X (the transpose's output) is complete
   constexpr int kInFlight = 8;  // independent 16-byte loads per thread before their stores
   for (int base = threadIdx.x; base < k * NV; base += kSmemThreads * kInFlight) {
     uint4 r[kInFlight];
@@ -173,26 +185,89 @@ spmm_rowwarp_smem_kernel(const T* __restrict__ values, const int* __restrict__ r
   }
 }
 
+// X (K, N) of any strides -> xt (K, n_pad) row-major, zero past N: thread (k, token group of G) reads its G values
+// (coalesced across the warp's consecutive k where X is column-major) and writes them as one vector. Waits for the
+// preceding kernel before it reads X (launched with programmatic dependent launch), then lets the rowwarp kernel start.
+constexpr int kTransposeThreads = 256;
+
+template <typename T, int G>
+__global__ void __launch_bounds__(kTransposeThreads)
+rowwarp_transpose_kernel(const T* __restrict__ x, int64_t xs_k, int64_t xs_n, T* __restrict__ xt, int k, int n,
+                         int n_pad) {
+  prunekit_launch::wait_preceding_grid();
+  prunekit_launch::allow_dependent_launch();
+  const int kk = blockIdx.x * kTransposeThreads + threadIdx.x;
+  const int t0 = blockIdx.y * G;
+  if (kk >= k) return;
+  float e[G];
+#pragma unroll
+  for (int i = 0; i < G; ++i) {
+    e[i] = t0 + i < n ? to_f(x[static_cast<int64_t>(kk) * xs_k + static_cast<int64_t>(t0 + i) * xs_n]) : 0.0f;
+  }
+  store_xrow<T, G>(xt + static_cast<int64_t>(kk) * n_pad + t0, e);
+}
+
+// Whether programmatic dependent launch is used (sm_90 and newer; $PRUNEKIT_ROWWARP_PDL=0 turns it off).
+static bool rowwarp_pdl() {
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  return prunekit_launch::device_props(dev).major >= 9 && !prunekit_launch::env_off("PRUNEKIT_ROWWARP_PDL");
+}
+
+// The row-major X the rowwarp kernels read: x itself where its rows are contiguous (or N = 1), else a transposed copy
+// (rowwarp_transpose_kernel, N rounded up to NT with zeros, `pdl` set where the kernel after it may launch early; or
+// torch's x.contiguous() with $PRUNEKIT_ROWWARP_TRANSPOSE=0). `padded`: the copy's rows hold whole NT tiles.
+template <typename T, int NT>
+static at::Tensor row_major_x(const at::Tensor& x, int64_t n, bool& pdl, bool& padded) {
+  pdl = padded = false;
+  if (n <= 1 || x.stride(1) == 1) return x;
+  if constexpr (NT < 4) {
+    return x.contiguous();  // a forced 1-column tile: no vector loads to gain
+  } else {
+    if (prunekit_launch::env_off("PRUNEKIT_ROWWARP_TRANSPOSE")) return x.contiguous();
+    const int64_t k = x.size(0);
+    PRUNEKIT_CHECK(k <= INT32_MAX, "spmm_csr_rowwarp: K too large, got ", k);
+    const int64_t n_pad = (n + NT - 1) / NT * NT;
+    at::Tensor xt = at::empty({k, n_pad}, x.options());
+    if (k == 0) return xt;
+    constexpr int G = NT % 8 == 0 ? 8 : 4;
+    static_assert(NT % G == 0, "token groups must tile NT");
+    pdl = rowwarp_pdl();
+    const dim3 grid(static_cast<unsigned>((k + kTransposeThreads - 1) / kTransposeThreads),
+                    static_cast<unsigned>(n_pad / G));
+    PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large to transpose");
+    prunekit_launch::launch(rowwarp_transpose_kernel<T, G>, grid, dim3(kTransposeThreads), 0,
+                            c10::cuda::getCurrentCUDAStream(), pdl, reinterpret_cast<const T*>(x.data_ptr()),
+                            x.stride(0), x.stride(1), reinterpret_cast<T*>(xt.data_ptr()), static_cast<int>(k),
+                            static_cast<int>(n), static_cast<int>(n_pad));
+    padded = true;
+    return xt;
+  }
+}
+
 template <typename T, typename I, int NT, int SW>
 static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
-                           const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, const T* bias,
+                           const at::Tensor& row_indices, const at::Tensor& x_in, const at::Tensor& y, const T* bias,
                            bool relu, int m, int n, bool stage_x) {
-  // Vector X loads: unit stride along N, rows 16-byte aligned, whole tiles only.
-  const bool xv = NT >= 4 && x.stride(1) == 1 && n % NT == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
-                  (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t k = x.size(0);
+  const int64_t k = x_in.size(0);
   if constexpr (NT <= 4) {
     // N <= 4: the SpMV kernel and its token tile (spmv_csr.cu; rows in storage order, x in shared memory), where it
-    // applies
+    // applies; it reads x in any layout
     if (n <= NT && k <= INT32_MAX &&
         spmv_csr<T, I, NT>(reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
-                           reinterpret_cast<const I*>(cols.data_ptr()), reinterpret_cast<const T*>(x.data_ptr()),
-                           x.stride(0), x.stride(1), reinterpret_cast<T*>(y.data_ptr()), y.stride(0), y.stride(1), bias,
-                           relu, m, n, static_cast<int>(k))) {
+                           reinterpret_cast<const I*>(cols.data_ptr()), reinterpret_cast<const T*>(x_in.data_ptr()),
+                           x_in.stride(0), x_in.stride(1), reinterpret_cast<T*>(y.data_ptr()), y.stride(0),
+                           y.stride(1), bias, relu, m, n, static_cast<int>(k))) {
       return;
     }
   }
+  bool pdl = false, padded = false;
+  const at::Tensor x = row_major_x<T, NT>(x_in, n, pdl, padded);
+  // Vector X loads: unit stride along N, rows 16-byte aligned, whole tiles only (the transposed copy's rows hold them).
+  const bool xv = NT >= 4 && x.stride(1) == 1 && (n % NT == 0 || padded) &&
+                  reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                  (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   if constexpr (NT * sizeof(T) % 16 == 0) {
     const int64_t smem_bytes = k * NT * static_cast<int64_t>(sizeof(T));
     if (stage_x && xv && k > 0) {  // the device's limit is read only where the copy of X is possible
@@ -207,12 +282,12 @@ static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offse
         const dim3 grid(static_cast<unsigned>(std::min<int64_t>(props.sms, blocks_needed)),
                         (n + NT - 1) / NT);
         PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_rowwarp: N too large for ntile ", NT);
-        kernel<<<grid, kSmemThreads, smem_bytes, stream>>>(
-            reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
-            reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
-            reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<T*>(y.data_ptr()), y.stride(0),
-            y.stride(1), bias, relu, m, n, static_cast<int>(k));
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        prunekit_launch::launch(kernel, grid, dim3(kSmemThreads), static_cast<size_t>(smem_bytes), stream, pdl,
+                                reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
+                                reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
+                                reinterpret_cast<const T*>(x.data_ptr()), x.stride(0),
+                                reinterpret_cast<T*>(y.data_ptr()), y.stride(0), y.stride(1), bias, relu, m, n,
+                                static_cast<int>(k));
         return;
       }
     }
@@ -224,12 +299,10 @@ static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offse
   if constexpr (NT >= 4) {
     if (xv) kernel = spmm_rowwarp_kernel<T, I, NT, SW, kXVector>;
   }
-  kernel<<<grid, kThreads, 0, stream>>>(
-      reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
-      reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
-      reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), x.stride(1), reinterpret_cast<T*>(y.data_ptr()),
-      y.stride(0), y.stride(1), bias, relu, m, n);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  prunekit_launch::launch(kernel, grid, dim3(kThreads), 0, stream, pdl, reinterpret_cast<const T*>(values.data_ptr()),
+                          row_offsets.data_ptr<int>(), reinterpret_cast<const I*>(cols.data_ptr()),
+                          row_indices.data_ptr<int>(), reinterpret_cast<const T*>(x.data_ptr()), x.stride(0),
+                          x.stride(1), reinterpret_cast<T*>(y.data_ptr()), y.stride(0), y.stride(1), bias, relu, m, n);
 }
 
 template <typename T, typename I, int SW>

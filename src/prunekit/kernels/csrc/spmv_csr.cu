@@ -72,28 +72,6 @@ __device__ __forceinline__ void read_xrow(const T* p, float* out) {
   }
 }
 
-// Write NT values (exact in T: they were read from T) as one row of the [K][NT] copy: 8, 16 or 32 bytes.
-template <typename T, int NT>
-__device__ __forceinline__ void store_xrow(T* p, const float* e) {
-  constexpr int W = NT * static_cast<int>(sizeof(T)) / 4;
-  uint32_t w[W];
-  if constexpr (sizeof(T) == 4) {
-#pragma unroll
-    for (int i = 0; i < W; ++i) w[i] = __float_as_uint(e[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < W; ++i) w[i] = pack2(T{}, e[2 * i], e[2 * i + 1]);
-  }
-  if constexpr (W == 2) {
-    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
-  } else {
-#pragma unroll
-    for (int q = 0; q < W / 4; ++q) {
-      reinterpret_cast<uint4*>(p)[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
-    }
-  }
-}
-
 // R consecutive rows per warp times NT tokens (N <= NT; NT = 1 is the SpMV).
 template <typename T, typename I, int R, int NT>
 __global__ void __launch_bounds__(256, kSpmvMinBlocksPerSm)
@@ -230,11 +208,6 @@ prunekit_launch::DeviceProps device_info() {
   return prunekit_launch::device_props(dev);
 }
 
-bool env_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "0") == 0;
-}
-
 template <typename T, typename I, int R, int NT>
 void launch_spmv(const prunekit_launch::DeviceProps& info, const prunekit_launch::RowGrid& g, int64_t smem,
                  const T* values, const int* row_offsets, const I* cols, const T* x, int64_t xs_k, int64_t xs_n, T* y,
@@ -245,13 +218,13 @@ void launch_spmv(const prunekit_launch::DeviceProps& info, const prunekit_launch
     prunekit_launch::raise_smem_limit(kernel, kSpmvMaxSmem, configured);
   }
   prunekit_launch::launch(kernel, dim3(g.blocks), dim3(g.threads), static_cast<size_t>(smem),
-                          c10::cuda::getCurrentCUDAStream(), info.major >= 9 && !env_off("PRUNEKIT_SPMV_PDL"), values,
+                          c10::cuda::getCurrentCUDAStream(), info.major >= 9 && !prunekit_launch::env_off("PRUNEKIT_SPMV_PDL"), values,
                           row_offsets, cols, x, xs_k, xs_n, y, ys_m, ys_n, bias, relu, m, n, k, x_vec);
 }
 
 // spmv_takes on known device properties.
 bool takes(const prunekit_launch::DeviceProps& info, int64_t m, int64_t k, int64_t n, int64_t esize) {
-  if (env_off("PRUNEKIT_SPMV") || k <= 0 || n < 1 || n > kSpmvMaxTile) return false;
+  if (prunekit_launch::env_off("PRUNEKIT_SPMV") || k <= 0 || n < 1 || n > kSpmvMaxTile) return false;
   if (n == 1) return k * esize <= std::min<int64_t>(kSpmvMaxSmem, info.max_smem);
   return k * kSpmvMaxTile * esize <= kSpmvTileMaxSmem && m >= static_cast<int64_t>(kSpmvTileMinRowsPerSm) * info.sms;
 }
