@@ -136,6 +136,10 @@ def bitmap_floor(denominator: int | None):
 
     names = ("BITMAP_MIN_DENSITY_DENOMINATOR_MID_N", "BITMAP_MIN_DENSITY_DENOMINATOR_16")
     before = {name: getattr(gpu, name) for name in names}
+    # gpu.plan_spmm keeps its plans (functools.lru_cache): without clearing them the decisions made inside the block
+    # would be served to the layers deciding after it (the twenty-first session's runs of this option: both arms
+    # then ran the bitmap kernel)
+    gpu._plan_spmm.cache_clear()
     try:
         for name in names:
             setattr(gpu, name, denominator or before[name])
@@ -143,6 +147,7 @@ def bitmap_floor(denominator: int | None):
     finally:
         for name, value in before.items():
             setattr(gpu, name, value)
+        gpu._plan_spmm.cache_clear()
 
 
 def run_point(
