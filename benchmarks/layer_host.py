@@ -134,7 +134,11 @@ def bitmap_floor(denominator: int | None):
     constants ``gpu.bitmap_min_density_denominator`` reads; None: as they are)."""
     from prunekit.kernels import gpu
 
-    names = ("BITMAP_MIN_DENSITY_DENOMINATOR_MID_N", "BITMAP_MIN_DENSITY_DENOMINATOR_16")
+    names = (
+        "BITMAP_MIN_DENSITY_DENOMINATOR_MID_N",
+        "BITMAP_MIN_DENSITY_DENOMINATOR_16",
+        "BITMAP_SMALL_MIN_DENSITY_DENOMINATOR",
+    )
     before = {name: getattr(gpu, name) for name in names}
     # gpu.plan_spmm keeps its plans (functools.lru_cache): without clearing them the decisions made inside the block
     # would be served to the layers deciding after it (the twenty-first session's runs of this option: both arms

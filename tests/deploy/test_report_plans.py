@@ -21,7 +21,9 @@ def test_csr_layers_that_auto_runs_on_the_bitmap_kernel_count_its_plan():
     c = enc.components
     plan = build_bitmap_plan(c["values"], c["row_offsets"], c["column_indices"], 256, 2048)
     assert decode_plan_nbytes(enc) == plan.buffer.numel() * 4
-    assert decode_plan_nbytes(_csr(256, 2048, 0.99)) is None  # 1% dense: rowwarp at every N
+    # 1% dense: rowwarp at every N (M * K over gpu.BITMAP_SMALL_ELEMENTS; below it bitmap takes 1% at N 9-16)
+    assert decode_plan_nbytes(_csr(2048, 2048, 0.99)) is None
+    assert decode_plan_nbytes(_csr(256, 2048, 0.99)) is not None
     assert decode_plan_nbytes(_csr(256, 512, 0.5)) is None  # K < 768: never bitmap
     assert decode_plan_nbytes(_csr(256, 2048, 0.9, torch.float32)) is None  # fp32: CUDA-core kernels only
 
@@ -38,7 +40,7 @@ def test_csr_plan_counted_where_only_the_wide_bitmap_rule_takes_it(monkeypatch):
         return gpu.SpmmPlan("bitmap") if n == gpu.TC_MIN_N else real(m, k, n, nnz, sms, variant, dtype)
 
     monkeypatch.setattr(gpu, "plan_spmm", only_wide)
-    enc = _csr(256, 2048, 0.99)  # 1% dense: rowwarp at every N <= 16
+    enc = _csr(2048, 2048, 0.99)  # 1% dense, 4.2M elements: rowwarp at every N <= 16
     assert decode_plan_nbytes(enc) is not None
     assert gpu.BITMAP_MAX_N + 1 in asked and gpu.TC_MIN_N in asked
 

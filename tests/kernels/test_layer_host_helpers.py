@@ -15,7 +15,7 @@ import layer_host  # noqa: E402
 
 from prunekit.kernels import gpu  # noqa: E402
 
-M, K, N = 768, 3072, 16
+M, K, N = 4096, 4096, 16
 NNZ_98 = int(M * K * 0.02) + 4 * M  # 98% sparse, rows padded: under the bitmap floor at N = 16, over 1/100
 
 

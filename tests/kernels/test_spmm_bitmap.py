@@ -141,21 +141,34 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
         return gpu.plan_spmm(m, k, n, int((1 - sparsity) * m * k * 1.01), 132, "auto", dtype).variant
 
     # The H100 rule with K >= 1024: rowwarp at N = 1; bitmap at N 2-8 up to 90% sparsity, at N 9-15 up to 98%, at
-    # N = 16 up to 95%; rowwarp above. The scatter rule (or rowwarp) where K < 1024.
+    # N = 16 up to 95% (both up to 99% where M * K <= BITMAP_SMALL_ELEMENTS); rowwarp above. The scatter rule (or
+    # rowwarp) where K < 1024.
     sparsities = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
     for m, k in ((4096, 4096), (11008, 4096), (4096, 11008), (768, 3072)):
         assert [auto(m, k, 1, s) for s in sparsities] == ["rowwarp"] * 7, (m, k)
         for n in (2, 4, 8):
             assert [auto(m, k, n, s) for s in sparsities] == ["bitmap"] * 4 + ["rowwarp"] * 3, (m, k, n)
+        small = m * k <= gpu.BITMAP_SMALL_ELEMENTS  # 768 x 3072: bitmap at N 9-16 down to 1% density
         for n in (9, 12, 15):
-            assert [auto(m, k, n, s) for s in sparsities] == ["bitmap"] * 6 + ["rowwarp"], (m, k, n)
-        assert [auto(m, k, 16, s) for s in sparsities] == ["bitmap"] * 5 + ["rowwarp"] * 2, (m, k)
+            want = ["bitmap"] * 7 if small else ["bitmap"] * 6 + ["rowwarp"]
+            assert [auto(m, k, n, s) for s in sparsities] == want, (m, k, n)
+        want = ["bitmap"] * 7 if small else ["bitmap"] * 5 + ["rowwarp"] * 2
+        assert [auto(m, k, 16, s) for s in sparsities] == want, (m, k)
     assert [auto(4096, 4096, n, 0.8) for n in (1, 2, 8, 9, 16, 17)] == ["rowwarp"] + ["bitmap"] * 5
     assert [gpu.bitmap_min_density_denominator(n) for n in (2, 8, 9, 15, 16)] == [10, 10, 50, 50, 20]
     # K = 768: rowwarp (the SpMV kernel's 4-token tile) at N <= 4, bitmap from N = 5 (the lean kernel from N = 9 too);
     # K = 512: rowwarp, and the scatter rule from N = 9
     assert [auto(3072, 768, n, 0.8) for n in (2, 4, 5, 8, 9, 16)] == ["rowwarp"] * 2 + ["bitmap"] * 4
-    assert [auto(3072, 768, n, 0.98) for n in (9, 16)] == ["bitmap", "rowwarp"]  # the density floors as at K >= 1024
+    # small weights (M * K <= BITMAP_SMALL_ELEMENTS) at N 9-16: bitmap down to 1% (twenty-second session)
+    assert [auto(3072, 768, n, 0.98) for n in (9, 16)] == ["bitmap", "bitmap"]
+    assert [auto(768, 3072, n, s) for n in (9, 16) for s in (0.98, 0.99)] == ["bitmap"] * 4
+    assert [auto(3072, 768, n, 0.995) for n in (9, 16)] == ["rowwarp"] * 2  # under 1%
+    assert [auto(3072, 768, n, 0.98) for n in (4, 8)] == ["rowwarp"] * 2  # not at N <= 8
+    assert auto(2048, 2048, 16, 0.98) == "rowwarp" and auto(2048, 1536, 16, 0.98) == "bitmap"  # 4.2M / 3.1M elements
+    assert gpu.bitmap_min_density_denominator(16, 768, 3072) == gpu.BITMAP_SMALL_MIN_DENSITY_DENOMINATOR == 100
+    assert (
+        gpu.bitmap_min_density_denominator(16, 2048, 2048) == 20 and gpu.bitmap_min_density_denominator(8, 768, 4) == 20
+    )
     assert [auto(3072, 768, n, 0.95) for n in (4, 5, 8)] == ["rowwarp", "bitmap", "bitmap"]  # 5% at N 5-8, K < 1024
     assert [auto(3072, 768, 8, s) for s in (0.96, 0.98)] == ["rowwarp"] * 2
     assert [auto(4096, 4096, 8, s) for s in (0.9, 0.95)] == ["bitmap", "rowwarp"]

@@ -583,8 +583,9 @@ def test_sparse_linear_eager_csr_falls_back_for_tc_mixed_dtypes_and_gradients(cp
 
 @pytest.mark.cuda
 def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(monkeypatch):
-    """fp16 at N = 4 and 16 (the bitmap and scatter rules' range): a 97%-sparse layer with K >= 1024 gets rowwarp from
-    the rules, so the C++ entry runs it (neither the launcher nor the custom op); an 80%-sparse one the bitmap entry."""
+    """fp16 at N = 4 and 16 (the bitmap and scatter rules' range): a 97%-sparse layer with K >= 1024 and M * K over
+    gpu.BITMAP_SMALL_ELEMENTS gets rowwarp from the rules, so the C++ entry runs it (neither the launcher nor the custom
+    op); an 80%-sparse one the bitmap entry."""
     monkeypatch.delenv(gpu.EAGER_CPP_ENV, raising=False)
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
 
@@ -593,8 +594,8 @@ def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(mo
 
     for sparsity in (0.97, 0.8):
         g = torch.Generator().manual_seed(int(sparsity * 100))
-        dense = random_sparse_weight(256, 2048, sparsity, torch.float16, "cpu", g)
-        bias = torch.randn(256, generator=g).half()
+        dense = random_sparse_weight(2048, 2048, sparsity, torch.float16, "cpu", g)
+        bias = torch.randn(2048, generator=g).half()
         layer = SparseLinear(formats.encode("csr", dense), bias).cuda()
         with monkeypatch.context() as patch:
             patch.setattr(gpu, "spmm_csr", not_here)

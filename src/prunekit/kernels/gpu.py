@@ -161,6 +161,18 @@ BITMAP_MIN_K = 1024
 # forced beside "auto"), bitmap took 3.17-4.06 us at N = 8-16 (1.19-1.50x of dense) and 3.18 against rowwarp's 5.71 at
 # N = 8, 95%; so at N = 5-8 with K < BITMAP_MIN_K its density floor is 5% (bitmap_min_density_denominator).
 BITMAP_MIN_K_SMALL_N = 768
+# Small weights at N = 9-16 (twenty-second session): since rowwarp transposes column-major X itself (one more kernel,
+# about 1.4 us on the H100, csrc/spmm_rowwarp.cu), bitmap was faster on the device at 98-99% too where M * K <=
+# BITMAP_SMALL_ELEMENTS (spmm-smallshapes-h100-2026-11-26-s22e.json; 7 shapes, N = 2-16, 95-99%, one run, in-sample):
+# 3072 x 768 at N = 12 / 16, 99%: 3.31 / 3.50 us against rowwarp's 4.50 / 4.58, and N = 16, 98%: 3.45 against 4.75;
+# 768 x 3072 at N = 16, 98%: 5.04 against 6.44, and 99%: 4.91 / 5.03 against 5.04 / 5.21 at N = 12 / 16; 1024 x 1024
+# even (4.78 against 4.87 at N = 16, 98%; 4.77 against 4.52 at N = 12, 99%, the one loss). From 2048 x 2048 (4.2M
+# elements) rowwarp was faster (N = 16, 98%: 5.52 against 5.94), as on every larger shape. Eagerly the bitmap layer also
+# issues one launch instead of two: 11.1-13.1 us of wall time against rowwarp's 16.0-18.2 at the 98%, N = 16 points of
+# these shapes (layer-host-csrfloor-h100-2026-11-26-s22d-0.98.json). So at N = 9-16 with M * K <= BITMAP_SMALL_ELEMENTS
+# the floor is 1%. Not applied at N <= 8, where it was mixed (768 x 3072, N = 8, 99%: 4.69 against rowwarp's 4.16).
+BITMAP_SMALL_ELEMENTS = 3 << 20
+BITMAP_SMALL_MIN_DENSITY_DENOMINATOR = 100
 # N > 16 (fourteenth session): the kernel runs blocks of 32 tokens (N 17-32) or 64 (grid z over token groups), each
 # decoding the weight again. "auto" takes it for fp16/bf16 at BITMAP_MAX_N < N <= BITMAP_WIDE_MAX_N with K >=
 # BITMAP_MIN_K_SMALL_N when the padded density is >= 1 / BITMAP_WIDE_MIN_DENSITY_DENOMINATOR, or from TC_MIN_N with K <
@@ -241,14 +253,17 @@ def scatter_auto_enabled() -> bool:
     return SCATTER_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
 
 
-def bitmap_min_density_denominator(n: int, k: int | None = None) -> int:
+def bitmap_min_density_denominator(n: int, k: int | None = None, m: int | None = None) -> int:
     """``auto`` takes the bitmap kernel at ``N`` (2..16) when the padded density is at least one over this (measured on
     the H100, see the constants): 10% at N <= 8 (5% at N 5-8 with ``k`` below BITMAP_MIN_K, where the lean decode
-    kernel runs it), 2% at N 9-15, 5% at N = 16."""
+    kernel runs it), 2% at N 9-15, 5% at N = 16; 1% at N 9-16 where ``m * k`` (both given) is at most
+    BITMAP_SMALL_ELEMENTS."""
     if n <= 8:
         if k is not None and k < BITMAP_MIN_K and n > SPMV_MAX_N:
             return BITMAP_MIN_DENSITY_DENOMINATOR_16
         return BITMAP_MIN_DENSITY_DENOMINATOR
+    if m is not None and k is not None and m * k <= BITMAP_SMALL_ELEMENTS:
+        return BITMAP_SMALL_MIN_DENSITY_DENOMINATOR
     return BITMAP_MIN_DENSITY_DENOMINATOR_16 if n >= 16 else BITMAP_MIN_DENSITY_DENOMINATOR_MID_N
 
 
@@ -367,8 +382,8 @@ def _plan_spmm(
     :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`). With ``bitmap_auto``
     (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` (``k >=
     BITMAP_MIN_K_SMALL_N`` for ``n > SPMV_MAX_N``) and the density is at least ``1 /
-    bitmap_min_density_denominator(n, k)`` (10% at N <= 8, 5% at N 5-8 with K < BITMAP_MIN_K, 2% at N 9-15, 5% at
-    N = 16), and for ``16 < n <=
+    bitmap_min_density_denominator(n, k, m)`` (10% at N <= 8, 5% at N 5-8 with K < BITMAP_MIN_K, 2% at N 9-15, 5% at
+    N = 16; 1% at N 9-16 where M * K <= BITMAP_SMALL_ELEMENTS), and for ``16 < n <=
     BITMAP_WIDE_MAX_N`` with ``k >= BITMAP_MIN_K_SMALL_N`` at density >= ``1 / bitmap_wide_min_density_denominator(n,
     k, m, num_sms)``; measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
 
@@ -396,7 +411,7 @@ def _plan_spmm(
             and BITMAP_MIN_N <= n <= BITMAP_MAX_N
             and bitmap_auto
             and k >= (BITMAP_MIN_K_SMALL_N if SPMV_MAX_N < n else BITMAP_MIN_K)
-            and nnz_padded * bitmap_min_density_denominator(n, k) >= m * k
+            and nnz_padded * bitmap_min_density_denominator(n, k, m) >= m * k
         ):
             variant = "bitmap"
         if (
