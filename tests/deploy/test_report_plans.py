@@ -21,7 +21,8 @@ def test_csr_layers_that_auto_runs_on_the_bitmap_kernel_count_its_plan():
     c = enc.components
     plan = build_bitmap_plan(c["values"], c["row_offsets"], c["column_indices"], 256, 2048)
     assert decode_plan_nbytes(enc) == plan.buffer.numel() * 4
-    # 1% dense: rowwarp at every N (M * K over gpu.BITMAP_SMALL_ELEMENTS; below it bitmap takes 1% at N 9-16)
+    # 1% dense: rowwarp at every N (M * K over gpu.BITMAP_SMALL_ELEMENTS; below it, with M or K <= 768, bitmap takes
+    # 1% at N 9-16)
     assert decode_plan_nbytes(_csr(2048, 2048, 0.99)) is None
     assert decode_plan_nbytes(_csr(256, 2048, 0.99)) is not None
     assert decode_plan_nbytes(_csr(256, 512, 0.5)) is None  # K < 768: never bitmap

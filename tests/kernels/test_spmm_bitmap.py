@@ -148,7 +148,7 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
         assert [auto(m, k, 1, s) for s in sparsities] == ["rowwarp"] * 7, (m, k)
         for n in (2, 4, 8):
             assert [auto(m, k, n, s) for s in sparsities] == ["bitmap"] * 4 + ["rowwarp"] * 3, (m, k, n)
-        small = m * k <= gpu.BITMAP_SMALL_ELEMENTS  # 768 x 3072: bitmap at N 9-16 down to 1% density
+        small = (m, k) == (768, 3072)  # M * K <= BITMAP_SMALL_ELEMENTS, M <= 768: bitmap at N 9-16 down to 1% density
         for n in (9, 12, 15):
             want = ["bitmap"] * 7 if small else ["bitmap"] * 6 + ["rowwarp"]
             assert [auto(m, k, n, s) for s in sparsities] == want, (m, k, n)
@@ -164,7 +164,9 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
     assert [auto(768, 3072, n, s) for n in (9, 16) for s in (0.98, 0.99)] == ["bitmap"] * 4
     assert [auto(3072, 768, n, 0.995) for n in (9, 16)] == ["rowwarp"] * 2  # under 1%
     assert [auto(3072, 768, n, 0.98) for n in (4, 8)] == ["rowwarp"] * 2  # not at N <= 8
-    assert auto(2048, 2048, 16, 0.98) == "rowwarp" and auto(2048, 1536, 16, 0.98) == "bitmap"  # 4.2M / 3.1M elements
+    # 4.2M elements; 3.1M but neither side 768 (1024 x 1024 and 2048 x 1536: rowwarp was faster); 768 x 5120 over 3M
+    assert [auto(m, k, 16, 0.98) for m, k in ((2048, 2048), (2048, 1536), (1024, 1024), (768, 5120))] == ["rowwarp"] * 4
+    assert [auto(m, k, 16, 0.98) for m, k in ((4096, 768), (768, 2048))] == ["bitmap"] * 2
     assert gpu.bitmap_min_density_denominator(16, 768, 3072) == gpu.BITMAP_SMALL_MIN_DENSITY_DENOMINATOR == 100
     assert (
         gpu.bitmap_min_density_denominator(16, 2048, 2048) == 20 and gpu.bitmap_min_density_denominator(8, 768, 4) == 20

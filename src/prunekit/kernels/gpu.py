@@ -169,9 +169,15 @@ BITMAP_MIN_K_SMALL_N = 768
 # even (4.78 against 4.87 at N = 16, 98%; 4.77 against 4.52 at N = 12, 99%, the one loss). From 2048 x 2048 (4.2M
 # elements) rowwarp was faster (N = 16, 98%: 5.52 against 5.94), as on every larger shape. Eagerly the bitmap layer also
 # issues one launch instead of two: 11.1-13.1 us of wall time against rowwarp's 16.0-18.2 at the 98%, N = 16 points of
-# these shapes (layer-host-csrfloor-h100-2026-11-26-s22d-0.98.json). So at N = 9-16 with M * K <= BITMAP_SMALL_ELEMENTS
-# the floor is 1%. Not applied at N <= 8, where it was mixed (768 x 3072, N = 8, 99%: 4.69 against rowwarp's 4.16).
+# these shapes (layer-host-csrfloor-h100-2026-11-26-s22d-0.98.json). A second run with N = 9 / 12 / 16 at 98 / 99%
+# (spmm-rule-h100-2026-11-26-s22f.json) kept both wins (3072 x 768: 3.28-3.49 us against rowwarp's 4.16-4.62; 768 x
+# 3072: 4.98-5.03 against 5.06-6.36, one tie at N = 9, 99%: 5.02 against 4.92) but found rowwarp faster where neither
+# side is 768: 1024 x 1024 (4.37-4.69 against bitmap's 4.71-4.76) and 2048 x 1536 (4.46-5.02 against 5.16-5.32). So at
+# N = 9-16 the floor is 1% where M * K <= BITMAP_SMALL_ELEMENTS and M or K is at most BITMAP_SMALL_MAX_SIDE (BERT-base's
+# 768 x 3072 and 3072 x 768 MLP shapes): two shapes, in-sample. Not at N <= 8, where it was mixed (768 x 3072, N = 8,
+# 99%: 4.69 against rowwarp's 4.16).
 BITMAP_SMALL_ELEMENTS = 3 << 20
+BITMAP_SMALL_MAX_SIDE = 768
 BITMAP_SMALL_MIN_DENSITY_DENOMINATOR = 100
 # N > 16 (fourteenth session): the kernel runs blocks of 32 tokens (N 17-32) or 64 (grid z over token groups), each
 # decoding the weight again. "auto" takes it for fp16/bf16 at BITMAP_MAX_N < N <= BITMAP_WIDE_MAX_N with K >=
@@ -257,12 +263,12 @@ def bitmap_min_density_denominator(n: int, k: int | None = None, m: int | None =
     """``auto`` takes the bitmap kernel at ``N`` (2..16) when the padded density is at least one over this (measured on
     the H100, see the constants): 10% at N <= 8 (5% at N 5-8 with ``k`` below BITMAP_MIN_K, where the lean decode
     kernel runs it), 2% at N 9-15, 5% at N = 16; 1% at N 9-16 where ``m * k`` (both given) is at most
-    BITMAP_SMALL_ELEMENTS."""
+    BITMAP_SMALL_ELEMENTS and ``min(m, k)`` at most BITMAP_SMALL_MAX_SIDE."""
     if n <= 8:
         if k is not None and k < BITMAP_MIN_K and n > SPMV_MAX_N:
             return BITMAP_MIN_DENSITY_DENOMINATOR_16
         return BITMAP_MIN_DENSITY_DENOMINATOR
-    if m is not None and k is not None and m * k <= BITMAP_SMALL_ELEMENTS:
+    if m is not None and k is not None and m * k <= BITMAP_SMALL_ELEMENTS and min(m, k) <= BITMAP_SMALL_MAX_SIDE:
         return BITMAP_SMALL_MIN_DENSITY_DENOMINATOR
     return BITMAP_MIN_DENSITY_DENOMINATOR_16 if n >= 16 else BITMAP_MIN_DENSITY_DENOMINATOR_MID_N
 
@@ -383,7 +389,7 @@ def _plan_spmm(
     (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` (``k >=
     BITMAP_MIN_K_SMALL_N`` for ``n > SPMV_MAX_N``) and the density is at least ``1 /
     bitmap_min_density_denominator(n, k, m)`` (10% at N <= 8, 5% at N 5-8 with K < BITMAP_MIN_K, 2% at N 9-15, 5% at
-    N = 16; 1% at N 9-16 where M * K <= BITMAP_SMALL_ELEMENTS), and for ``16 < n <=
+    N = 16; 1% at N 9-16 where M * K <= BITMAP_SMALL_ELEMENTS and M or K <= BITMAP_SMALL_MAX_SIDE), and for ``16 < n <=
     BITMAP_WIDE_MAX_N`` with ``k >= BITMAP_MIN_K_SMALL_N`` at density >= ``1 / bitmap_wide_min_density_denominator(n,
     k, m, num_sms)``; measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
 
