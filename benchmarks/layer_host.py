@@ -215,6 +215,7 @@ def breakdown(m: int, k: int, n: int, sparsity: float, base_cls, gen, trials: in
 
     x = torch.randn(n, k, device="cuda", generator=gen).half()
     dense = torch.nn.Linear(k, m, bias=False, device="cuda", dtype=torch.float16)
+    contexts = {}
     rows = {
         "x.t() (a Python view op)": [lambda: x.t()],
         "torch.empty(N, M) on the GPU": [lambda: torch.empty(n, m, device="cuda", dtype=torch.float16)],
@@ -264,6 +265,17 @@ def breakdown(m: int, k: int, n: int, sparsity: float, base_cls, gen, trials: in
                             *a, x, m, None, False, p
                         )
                     ]
+            if kind != "bitmap" and plan is not None:  # the same weight through the bitmap entry, its plan forced
+                buffer, cfg, shape = gpu.bitmap_linear_plan((v, o, c), m, k, x.device, n)
+                rows["csr: bitmap entry alone on this weight, fast (its plan forced)"] = [
+                    lambda op=fastcall.entry("bitmap_linear"), bu=buffer, cf=cfg | nm24.ROWS, sh=shape: op(
+                        bu, x, None, False, cf, sh
+                    )
+                ]
+                rows[f"csr: C++ entry alone, fast, {ROWWARP_COPY_ENV}=0"] = rows[
+                    "csr: C++ entry alone, fast (spmm_csr_auto, 9 arguments)"
+                ]
+                contexts[f"csr: C++ entry alone, fast, {ROWWARP_COPY_ENV}=0"] = lambda: env_set({ROWWARP_COPY_ENV: "0"})
             rows["csr: gpu.spmm_csr_op (the custom op's CUDA implementation, x.t())"] = [
                 lambda a=(v, o, c, r): gpu.spmm_csr_op(*a, x.t(), m, None)
             ]
@@ -277,7 +289,10 @@ def breakdown(m: int, k: int, n: int, sparsity: float, base_cls, gen, trials: in
             plain(x)
         rows[f"{fmt}: SparseLinear(x), fast-call module off"] = [lambda la=plain: la(x)]
     with torch.inference_mode():
-        return interleaved(rows, trials), profiles(rows)
+        return interleaved(rows, trials, contexts=contexts), profiles(rows)
+
+
+ROWWARP_COPY_ENV = "PRUNEKIT_ROWWARP_TRANSPOSE"  # "0": torch's copy of X instead of rowwarp's own transpose
 
 
 def op_overload(name: str):
