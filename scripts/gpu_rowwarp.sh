@@ -30,7 +30,8 @@ fi
 if [[ " $STEPS " == *" layer "* ]]; then
   for sp in ${LAYER_SPARSITIES:-0.98 0.95}; do
     timeout "${LAYER_TIMEOUT_S:-240}" python3 benchmarks/layer_host.py --formats csr --sparsity "$sp" \
-      --base-env PRUNEKIT_ROWWARP_TRANSPOSE=0 --shapes "${LAYER_SHAPES:-4096x4096,11008x4096,4096x11008,768x3072,3072x768}" \
+      --base-env PRUNEKIT_ROWWARP_TRANSPOSE=0 \
+      --shapes "${LAYER_SHAPES:-4096x4096,11008x4096,4096x11008,768x3072,3072x768}" \
       --ns "${LAYER_NS:-8,16}" --trials "${LAYER_TRIALS:-15}" \
       --out "$OUT/layer-host-rowwarp-$date_tag-$sp.json" > "$OUT/layer-host-rowwarp-$TAG-$sp.log" 2>&1
     echo "layer_host.py $sp: rc=$?"

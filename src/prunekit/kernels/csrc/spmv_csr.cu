@@ -217,9 +217,10 @@ void launch_spmv(const prunekit_launch::DeviceProps& info, const prunekit_launch
     static bool configured[64] = {};
     prunekit_launch::raise_smem_limit(kernel, kSpmvMaxSmem, configured);
   }
+  const bool pdl = info.major >= 9 && !prunekit_launch::env_off("PRUNEKIT_SPMV_PDL");
   prunekit_launch::launch(kernel, dim3(g.blocks), dim3(g.threads), static_cast<size_t>(smem),
-                          c10::cuda::getCurrentCUDAStream(), info.major >= 9 && !prunekit_launch::env_off("PRUNEKIT_SPMV_PDL"), values,
-                          row_offsets, cols, x, xs_k, xs_n, y, ys_m, ys_n, bias, relu, m, n, k, x_vec);
+                          c10::cuda::getCurrentCUDAStream(), pdl, values, row_offsets, cols, x, xs_k, xs_n, y, ys_m,
+                          ys_n, bias, relu, m, n, k, x_vec);
 }
 
 // spmv_takes on known device properties.
