@@ -8,11 +8,8 @@
 # LAYER_SHAPES / LAYER_NS / LAYER_FORMATS / LAYER_TRIALS shape the timing, LAYER_TIMEOUT_S bounds it (default 200),
 # TEST_BUDGET_S the tests (default 240), TAG names the result file (default s21).
 set -uo pipefail
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
-export PRUNEKIT_CUDA_ARCHS=${PRUNEKIT_CUDA_ARCHS:-90}  # as gpu_session.sh: else the cache key differs and all rebuild
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH, the kernel cache and archs
 TAG=${TAG:-s21}
 NAMESPACES=${NAMESPACES:-"prunekit_ext prunekit_structured prunekit_nm24"} bash scripts/gpu_session.sh build
 rm -rf "$OUT"/prebuilt*  # over what the device tool returns

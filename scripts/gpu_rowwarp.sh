@@ -9,11 +9,8 @@
 # STEPS (default "build tests layer profile") picks steps; TEST_FILES / TEST_BUDGET_S the tests; LAYER_SHAPES,
 # LAYER_NS, LAYER_SPARSITIES, LAYER_TRIALS the timing (LAYER_TIMEOUT_S bounds it, default 240); TAG names the files.
 set -uo pipefail
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
-export PRUNEKIT_CUDA_ARCHS=${PRUNEKIT_CUDA_ARCHS:-90}  # as gpu_session.sh: else the cache key differs and all rebuild
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH, the kernel cache and archs
 TAG=${TAG:-s22}
 STEPS=${STEPS:-"build tests layer profile"}
 dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]*' | head -1 | tr 'H' 'h')
