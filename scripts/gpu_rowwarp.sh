@@ -2,7 +2,7 @@
 # One device call for rowwarp's own transpose of X (csrc/spmm_rowwarp.cu, row_major_x): build the two libraries the
 # eager CSR layer uses and the fast-call module, run the GPU test files of the rowwarp paths, then time the layer with
 # the transpose against torch's copy (benchmarks/layer_host.py --base-env PRUNEKIT_ROWWARP_TRANSPOSE=0, device time
-# and eager time of both in the same trials) and the device-side profile (scripts/csr_decode_profile.py).
+# and eager time of both in the same trials) and the device-side profile (benchmarks/csr_decode_profile.py).
 #
 #   OUT=$OUT bash scripts/gpu_rowwarp.sh            (from the repository root; carry .whl for pydantic)
 #
@@ -36,7 +36,7 @@ if [[ " $STEPS " == *" layer "* ]]; then
   done
 fi
 if [[ " $STEPS " == *" profile "* ]]; then
-  timeout 200 python3 scripts/csr_decode_profile.py --out "$OUT/csr-decode-profile-$date_tag.json" \
+  timeout 200 python3 benchmarks/csr_decode_profile.py --out "$OUT/csr-decode-profile-$date_tag.json" \
     --points "${PROFILE_POINTS:-11008x4096x16x0.98,4096x11008x16x0.98,4096x4096x16x0.98,3072x768x16x0.98}" 2>&1 \
     | grep -v Warning | tail -30
 fi

@@ -15,7 +15,7 @@
 // up to NT) buffer by rowwarp_transpose_kernel (N * K elements, tiny next to the weights at these N), so that a
 // non-zero's NT values are one vector load. That kernel and the rowwarp kernel after it use programmatic dependent
 // launch on sm_90: the rowwarp kernel starts while the transpose runs and loads its rows' offsets and first weight
-// vectors before it waits for the transposed X. On the H100 (scripts/csr_decode_profile.py,
+// vectors before it waits for the transposed X. On the H100 (benchmarks/csr_decode_profile.py,
 // benchmarks/results/csr-decode-profile-h100-2026-11-26-s22a.json) torch's copy there took 1.7-2.0 us per call, and
 // graph-replayed calls with it 2.7-3.3 us more than the rowwarp kernel alone at N = 16, 98%.
 // $PRUNEKIT_ROWWARP_TRANSPOSE=0 (read at each call) takes torch's copy (x.contiguous()) instead.

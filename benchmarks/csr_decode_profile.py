@@ -1,16 +1,17 @@
-"""Diagnostic (GPU): where the device time of one CSR decode call goes, the custom op against the runtime's layer.
+"""Where the device time of one CSR decode call goes (GPU): the custom op against the runtime's layer, beside dense.
 
 For each point (M x K, N, sparsity) it builds independent weight/input sets as ``benchmarks/layer_host.py`` does,
 then prints and saves (``--out`` JSON):
 
 - the graph-replayed device time per call (``bsr.graph_time``) of ``ops.spmm_csr(..., x.t(), M)`` (what
   ``benchmarks/spmm.py`` reports as ``prunekit_gpu_ms``) and of ``SparseLinear(x)`` (``layer_host.py``'s
-  ``kernel_us``), both under ``torch.inference_mode``;
+  ``kernel_us``), both under ``torch.inference_mode``, and of dense cuBLAS (``F.linear`` on the same weights);
 - torch.profiler's CUDA kernels of 50 eager calls of each: name, launches per call and device us per launch.
 
-Not a benchmark (no comparison against dense); it explains one. Run from the repository root on the GPU machine:
+It explains the figures of ``spmm.py`` and ``layer_host.py`` kernel by kernel. Run from the repository root on the GPU
+machine:
 
-    PYTHONPATH=src python scripts/csr_decode_profile.py --out /tmp/csr-decode-profile.json \
+    PYTHONPATH=src python benchmarks/csr_decode_profile.py --out /tmp/csr-decode-profile.json \
         [--points 11008x4096x16x0.98,4096x11008x16x0.98]
 """
 
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -64,7 +66,7 @@ def run_point(m: int, k: int, n: int, sparsity: float, gen: torch.Generator) -> 
         enc = formats.encode("csr", w.cpu())
         csr = {name: t.cuda() for name, t in enc.components.items()}
         x2d = torch.randn(n, k, device="cuda", generator=gen).half()
-        sets.append((csr, SparseLinear(enc).cuda(), x2d))
+        sets.append((csr, SparseLinear(enc).cuda(), x2d, w))
     res = {"m": m, "k": k, "n": n, "sparsity": sparsity, "n_sets": N_SETS}
     with torch.inference_mode():
         op_calls = [lambda s=s: ops.spmm_csr(**s[0], x=s[2].t(), m=m) for s in sets]
@@ -73,6 +75,7 @@ def run_point(m: int, k: int, n: int, sparsity: float, gen: torch.Generator) -> 
         res["layer_matches_op"] = float((layer_calls[0]().float() - ref).abs().max())
         res["op_graph_us"] = 1e3 * graph_time(op_calls)
         res["layer_graph_us"] = 1e3 * graph_time(layer_calls)
+        res["dense_graph_us"] = 1e3 * graph_time([lambda s=s: F.linear(s[2], s[3]) for s in sets])
         res["op_kernels"] = kernels(op_calls[0])
         res["layer_kernels"] = kernels(layer_calls[0])
     return res
@@ -89,7 +92,10 @@ def main() -> None:
         m, k, n, sp = point.split("x")
         r = run_point(int(m), int(k), int(n), float(sp), gen)
         results.append(r)
-        print(f"{m}x{k} N={n} sp={sp}: op graph {r['op_graph_us']:.2f} us, layer graph {r['layer_graph_us']:.2f} us")
+        print(
+            f"{m}x{k} N={n} sp={sp}: op graph {r['op_graph_us']:.2f} us, layer graph {r['layer_graph_us']:.2f} us, "
+            f"dense (cuBLAS) graph {r['dense_graph_us']:.2f} us"
+        )
         for name in ("op_kernels", "layer_kernels"):
             for kr in r[name]:
                 print(f"  {name[:-8]:5s} {kr['per_call']:.2f} x {kr['us_per_launch']:8.2f} us  {kr['kernel']}")
