@@ -14,6 +14,8 @@ per large GEMM and in one run (CUDA-graph replays, median; rotating input sets a
   itself;
 - ``linear``: the binding's entry as the custom op calls it (``structured.nm_mm_cuda(..., backend="cslt")``, layout
   rule); ``linear_view`` the same with ``output="view"`` (row-major Y returned as it is, the runtime layer's default);
+- ``sbT_<x>_<y>`` / ``sbN_<x>_<y>``: W as cuSPARSELt's structured B operand (``prunekit_cslt::prepare_b``), the
+  product computed as ``Y^T (N, M) = X^T (N, K) @ W^T``; ``sb_linear`` the binding's entry on the ``sbT`` weights;
 - ``copy_t``: the transposing copy alone (``(N, M)`` buffer from a row-major ``(M, N)``), torch's ``copy_``;
 - ``alg<i>`` / ``splitk1``: ``mm_xc_yr`` (the default X description) with ``$PRUNEKIT_CSLT_ALG=i`` /
   ``$PRUNEKIT_CSLT_SPLIT_K=1`` (plans built by those settings; an id cuSPARSELt refuses is recorded as an error; split-K
@@ -150,6 +152,27 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Gener
                 timed_mm(f"mm_{layout}_bt{b_t}", layout)
     timed_linear("linear_view", "view")
     timed_linear("linear", None)
+    # W as cuSPARSELt's structured B operand (prepare_b): Y^T (N, M) = X^T (N, K) @ W^T, W described as the (M, K)
+    # row-major W with opB = T (``sbT``) or the (K, M) column-major W^T with opB = N (``sbN``); then the entry
+    # (``prunekit_cslt::linear``, Y the transposed view of a contiguous (N, M), no copy) on the ``sbT`` weights
+    for col in (False, True):
+        tag = "sbN" if col else "sbT"
+        try:
+            ids_b = [int(torch.ops.prunekit_cslt.prepare_b(w, col)) for w, _, _, _, _ in sets]
+        except RuntimeError as exc:
+            res[f"{tag}_error"] = str(exc).splitlines()[0][:200]
+            torch.cuda.synchronize()
+            continue
+        for layout in ("xc_yc", "xc_yr", "xr_yc"):
+            timed_mm(f"{tag}_{layout}", layout, ids=ids_b)
+        if not col:
+            calls = [
+                lambda i=i, x=x: torch.ops.prunekit_cslt.linear(i, x.t(), None, False, 0)
+                for i, (_, _, _, x, _) in zip(ids_b, sets, strict=True)
+            ]
+            timed("sb_linear", calls, calls[0])
+        for i in ids_b:
+            torch.ops.prunekit_cslt.release(i)
     ys = [torch.randn(m, n, device="cuda", generator=gen).to(dtype) for _ in range(n_sets)]
     outs = [torch.empty(n, m, dtype=dtype, device="cuda") for _ in range(n_sets)]
     timed("copy_t", [lambda o=o, y=y: o.copy_(y.t()) for o, y in zip(outs, ys, strict=True)])

@@ -9,7 +9,9 @@
 #   scripts/gpu_structured.sh bsr [args]   # benchmarks/bsr.py (quick grid, --time-limit-s 420 unless given)
 #   scripts/gpu_structured.sh nm [args]    # benchmarks/nm.py (all points, --time-limit-s 420 unless given)
 #   scripts/gpu_structured.sh nmconfigs    # the cuSPARSELt binding alone: test_nm_mm.py, benchmarks/nm_configs.py
-#                                          # (layouts, X description, copy, $NM_ALGS algorithm ids), nm.py points 0-4
+#                                          # (layouts, X description, copy, W as the B operand, $NM_ALGS algorithm
+#                                          # ids; $NM_CONFIG_POINTS, $TAG in the file name), nm.py points 0-4 (unless
+#                                          # NM_BENCH=0)
 #   scripts/gpu_structured.sh nm24 [args]  # the 2:4 decode kernel (kernels/nm24.py) alone: build it and the cuSPARSELt
 #                                          # binding (not the BSR library), its tests and test_nm_mm.py, memcheck and
 #                                          # racecheck of small decode cases, probes (no epilogue; atomics instead of
@@ -208,10 +210,10 @@ nmconfigs() {
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_nm_mm.py > "$OUT/tests-nm.log" 2>&1
   echo "tests exit code $?"; tail -3 "$OUT/tests-nm.log"
   step cuSPARSELt configurations
-  timeout 240 python3 benchmarks/nm_configs.py --out "$OUT/nm-configs-$DEV-$DATE.json" --algs "${NM_ALGS:-0}" \
-    > "$OUT/nm-configs.log" 2>&1
+  timeout "${NM_CONFIGS_TIMEOUT:-240}" python3 benchmarks/nm_configs.py --out "$OUT/nm-configs-$DEV-$DATE${TAG:+-$TAG}.json" \
+    --algs "${NM_ALGS:-0}" --points "${NM_CONFIG_POINTS:-}" > "$OUT/nm-configs.log" 2>&1
   echo "nm_configs exit code $?"; tail -12 "$OUT/nm-configs.log"
-  bench_nm --points 0,1,2,3,4 "$@"
+  [[ ${NM_BENCH:-1} == 0 ]] || bench_nm --points 0,1,2,3,4 "$@"
 }
 
 nm24() {

@@ -131,6 +131,59 @@ def test_cslt_mm_operand_layouts_and_configurations(x_row, y_row, env, monkeypat
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("col", [False, True])
+@pytest.mark.parametrize("x_row", [False, True])
+@pytest.mark.parametrize("y_row", [False, True])
+@pytest.mark.parametrize("relu", [False, True])
+def test_cslt_mm_weight_as_the_b_operand(dtype, col, x_row, y_row, relu):
+    """``prunekit_cslt::prepare_b``: W as cuSPARSELt's structured B operand (``Y^T = X^T @ W^T``), described either
+    way, with X and Y in either order and ReLU fused: Y poisoned first, checked against float64 on fresh inputs."""
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    assert structured.native_cslt_available()
+    m, k, n_tokens = 192, 320, 48
+    dense = nm_weight(m, k, 2, 4, dtype, seed=37).cuda()
+    wid = int(torch.ops.prunekit_cslt.prepare_b(dense, col))
+    try:
+        x2d = torch.randn(n_tokens, k, device="cuda").to(dtype)
+        x = x2d.t().contiguous() if x_row else x2d.t()
+        y = torch.empty(m, n_tokens, device="cuda", dtype=dtype)
+        if not y_row:
+            y = torch.empty(n_tokens, m, device="cuda", dtype=dtype).t()
+        y.fill_(float("nan"))
+        torch.ops.prunekit_cslt.mm(wid, x, y, None, relu)
+        torch.cuda.synchronize()
+        ref = spmm_reference64(dense, x, None, "relu" if relu else "none")
+        assert relative_error(y, ref) < TOLERANCE[dtype]
+    finally:
+        torch.ops.prunekit_cslt.release(wid)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 16, 37, 300])
+def test_cslt_linear_with_a_b_operand_weight_returns_the_contiguous_transpose(tokens):
+    """The binding's entry on a ``prepare_b`` weight: Y (M, N) is the transposed view of a contiguous (N, M), for odd
+    token counts too (X padded to 16 tokens); a bias is refused with a one-line error."""
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    assert structured.native_cslt_available()
+    m, k = 256, 512
+    dense = nm_weight(m, k, 2, 4, torch.float16, seed=41).cuda()
+    wid = int(torch.ops.prunekit_cslt.prepare_b(dense, False))
+    try:
+        x2d = torch.randn(tokens, k, device="cuda", dtype=torch.float16)
+        y = torch.ops.prunekit_cslt.linear(wid, x2d.t(), None, False, 2)
+        assert y.shape == (m, tokens)
+        assert y.t().is_contiguous()
+        assert relative_error(y, spmm_reference64(dense, x2d.t(), None, "none")) < TOLERANCE[torch.float16]
+        with pytest.raises(RuntimeError, match="takes no bias"):
+            torch.ops.prunekit_cslt.linear(wid, x2d.t(), torch.zeros(m, device="cuda").half(), False, 2)
+    finally:
+        torch.ops.prunekit_cslt.release(wid)
+
+
+@pytest.mark.cuda
 def test_nm_cuda_other_patterns_fall_back_correctly():
     dense = nm_weight(64, 128, 1, 4, torch.float16, seed=9)
     values, metadata, bits = _encode(dense, 1, 4)

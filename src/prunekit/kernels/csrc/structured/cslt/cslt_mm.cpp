@@ -88,7 +88,10 @@ using PlanKey = std::tuple<int64_t, int64_t, bool, bool, int64_t, bool, uintptr_
 struct Weight {
   int64_t m = 0, k = 0;
   at::ScalarType dtype = at::kHalf;
-  cusparseLtMatDescriptor_t mat_a{};
+  // The structured operand's role. sparse_b: W is cuSPARSELt's B operand, Y^T (N, M) = X^T (N, K) @ W^T (prepare_b),
+  // described as the (M, K) row-major W with opB = T, or (b_col) as the (K, M) column-major W^T with opB = N.
+  bool sparse_b = false, b_col = false;
+  cusparseLtMatDescriptor_t mat_a{};  // the structured descriptor of W, whichever operand it is
   at::Tensor compressed;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   ~Weight() {
@@ -109,15 +112,25 @@ cudaDataType cuda_type(at::ScalarType t) {
 // Compress a 2:4 weight (M, K) (row-major, every group of 4 along K holding at most 2 non-zeros); returns its id.
 // With `compressed` (benchmarks/nm_configs.py: torch._cslt_compress's output of the same weight) that buffer is used
 // as it is instead, after a size check.
-int64_t cslt_prepare_with(const at::Tensor& dense, const c10::optional<at::Tensor>& compressed) {
+// With `sparse_b` (prepare_b) W is compressed as cuSPARSELt's structured B operand (isSparseA = 0) instead.
+int64_t prepare_weight(const at::Tensor& dense, const c10::optional<at::Tensor>& compressed, bool sparse_b,
+                       bool b_col) {
   PRUNEKIT_CHECK(dense.is_cuda() && dense.dim() == 2 && dense.is_contiguous(), "cslt_prepare: contiguous 2-D GPU tensor");
   const c10::cuda::CUDAGuard guard(dense.device());
   auto w = std::make_unique<Weight>();
   w->m = dense.size(0);
   w->k = dense.size(1);
   w->dtype = dense.scalar_type();
-  PK_CSLT_CHECK(cusparseLtStructuredDescriptorInit(handle(), &w->mat_a, w->m, w->k, w->k, 16, cuda_type(w->dtype),
-                                                   CUSPARSE_ORDER_ROW, CUSPARSELT_SPARSITY_50_PERCENT));
+  w->sparse_b = sparse_b;
+  w->b_col = sparse_b && b_col;
+  // the same bytes: W (M, K) row-major, or W^T (K, M) column-major
+  PK_CSLT_CHECK(cusparseLtStructuredDescriptorInit(handle(), &w->mat_a, w->b_col ? w->k : w->m,
+                                                   w->b_col ? w->m : w->k, w->k, 16, cuda_type(w->dtype),
+                                                   w->b_col ? CUSPARSE_ORDER_COL : CUSPARSE_ORDER_ROW,
+                                                   CUSPARSELT_SPARSITY_50_PERCENT));
+  // as A, op(A) = W; as B, op(B) = W^T (K, M)
+  const cusparseOperation_t op =
+      sparse_b && !w->b_col ? CUSPARSE_OPERATION_TRANSPOSE : CUSPARSE_OPERATION_NON_TRANSPOSE;
   size_t compressed_size = 0, buffer_size = 0;
   PK_CSLT_CHECK(cusparseLtSpMMACompressedSize2(handle(), &w->mat_a, &compressed_size, &buffer_size));
   if (compressed.has_value()) {
@@ -129,7 +142,7 @@ int64_t cslt_prepare_with(const at::Tensor& dense, const c10::optional<at::Tenso
     w->compressed = at::empty({static_cast<int64_t>(compressed_size)}, dense.options().dtype(at::kByte));
     at::Tensor buffer =
         at::empty({static_cast<int64_t>(std::max<size_t>(buffer_size, 16))}, dense.options().dtype(at::kByte));
-    PK_CSLT_CHECK(cusparseLtSpMMACompress2(handle(), &w->mat_a, 1, CUSPARSE_OPERATION_NON_TRANSPOSE, dense.data_ptr(),
+    PK_CSLT_CHECK(cusparseLtSpMMACompress2(handle(), &w->mat_a, sparse_b ? 0 : 1, op, dense.data_ptr(),
                                            w->compressed.data_ptr(), buffer.data_ptr(),
                                            c10::cuda::getCurrentCUDAStream()));
   }
@@ -138,6 +151,17 @@ int64_t cslt_prepare_with(const at::Tensor& dense, const c10::optional<at::Tenso
   registry[id] = std::move(w);
   return id;
 }
+
+int64_t cslt_prepare_with(const at::Tensor& dense, const c10::optional<at::Tensor>& compressed) {
+  return prepare_weight(dense, compressed, false, false);
+}
+
+// W (M, K) as cuSPARSELt's structured B operand: the product is computed as Y^T (N, M) = X^T (N, K) @ W^T, so the
+// transposed view of nn.Linear activations is read as the row-major (N, K) it is and the output is the contiguous
+// (N, M) nn.Linear returns. `col`: W described as the (K, M) column-major W^T with opB = N, else as the (M, K)
+// row-major W with opB = T (same bytes). cuSPARSELt's bias vector runs along the rows of its output (here the
+// tokens), so such a weight takes no bias.
+int64_t cslt_prepare_b(const at::Tensor& dense, bool col) { return prepare_weight(dense, c10::nullopt, true, col); }
 
 // y (M, N) = act(W @ x + bias); x: (K, N) column-major (x.stride(0) == 1) or row-major (x.stride(1) == 1, N > 1);
 // y: (M, N) column-major (y.stride(0) == 1) or row-major (y.stride(1) == 1; on the H100 with cuSPARSELt 0.8 torch's
@@ -165,6 +189,7 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
   if (bias.has_value()) {
     PRUNEKIT_CHECK(bias->scalar_type() == w->dtype && bias->is_contiguous() && bias->numel() == w->m,
                 "cslt_mm: bias must be a contiguous (M,) tensor of the weight's dtype");
+    PRUNEKIT_CHECK(!w->sparse_b, "cslt_mm: a weight prepared as the B operand (prepare_b) takes no bias");
     bias_ptr = bias->data_ptr();
   }
   const c10::cuda::CUDAGuard guard(x.device());
@@ -179,15 +204,28 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
       auto plan = std::make_unique<Plan>();
       const cudaDataType t = cuda_type(w->dtype);
       // X (K, N) in its order, or the (N, K) it is the transpose of in the other order (then opB = T)
-      const cusparseOrder_t x_order = x_row != x_t ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL;
-      PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_b, x_t ? n : w->k, x_t ? w->k : n, ldx, 16, t,
-                                                  x_order));
-      PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_c, w->m, n, ldy, 16, t,
-                                                  y_row ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL));
-      PK_CSLT_CHECK(cusparseLtMatmulDescriptorInit(handle(), &plan->matmul, CUSPARSE_OPERATION_NON_TRANSPOSE,
-                                                   x_t ? CUSPARSE_OPERATION_TRANSPOSE : CUSPARSE_OPERATION_NON_TRANSPOSE,
-                                                   &w->mat_a, &plan->mat_b,
-                                                   &plan->mat_c, &plan->mat_c, CUSPARSE_COMPUTE_32F));
+      if (w->sparse_b) {
+        // Y^T (N, M) = op(A) op(B): A is X's storage, read as the row-major (N, K) X^T (opA = N) or the row-major
+        // (K, N) X (opA = T); D is Y's storage as the (N, M) Y^T, row-major where Y is column-major
+        PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_b, x_row ? w->k : n, x_row ? n : w->k, ldx,
+                                                    16, t, CUSPARSE_ORDER_ROW));
+        PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_c, n, w->m, ldy, 16, t,
+                                                    y_row ? CUSPARSE_ORDER_COL : CUSPARSE_ORDER_ROW));
+        PK_CSLT_CHECK(cusparseLtMatmulDescriptorInit(
+            handle(), &plan->matmul, x_row ? CUSPARSE_OPERATION_TRANSPOSE : CUSPARSE_OPERATION_NON_TRANSPOSE,
+            w->b_col ? CUSPARSE_OPERATION_NON_TRANSPOSE : CUSPARSE_OPERATION_TRANSPOSE, &plan->mat_b, &w->mat_a,
+            &plan->mat_c, &plan->mat_c, CUSPARSE_COMPUTE_32F));
+      } else {
+        const cusparseOrder_t x_order = x_row != x_t ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL;
+        PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_b, x_t ? n : w->k, x_t ? w->k : n, ldx, 16,
+                                                    t, x_order));
+        PK_CSLT_CHECK(cusparseLtDenseDescriptorInit(handle(), &plan->mat_c, w->m, n, ldy, 16, t,
+                                                    y_row ? CUSPARSE_ORDER_ROW : CUSPARSE_ORDER_COL));
+        PK_CSLT_CHECK(cusparseLtMatmulDescriptorInit(
+            handle(), &plan->matmul, CUSPARSE_OPERATION_NON_TRANSPOSE,
+            x_t ? CUSPARSE_OPERATION_TRANSPOSE : CUSPARSE_OPERATION_NON_TRANSPOSE, &w->mat_a, &plan->mat_b,
+            &plan->mat_c, &plan->mat_c, CUSPARSE_COMPUTE_32F));
+      }
       if (relu) {
         const int on = 1;
         PK_CSLT_CHECK(cusparseLtMatmulDescSetAttribute(handle(), &plan->matmul, CUSPARSELT_MATMUL_ACTIVATION_RELU,
@@ -221,8 +259,10 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
                                   x.options().dtype(at::kByte));
         const float alpha = 1.f, beta = 0.f;
         cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-        PK_CSLT_CHECK(cusparseLtMatmulSearch(handle(), &plan->plan, &alpha, w->compressed.data_ptr(), x.data_ptr(),
-                                             &beta, y.data_ptr(), y.data_ptr(), ws.data_ptr(), &stream, 1));
+        const void* a_ptr = w->sparse_b ? x.data_ptr() : w->compressed.data_ptr();
+        const void* b_ptr = w->sparse_b ? w->compressed.data_ptr() : x.data_ptr();
+        PK_CSLT_CHECK(cusparseLtMatmulSearch(handle(), &plan->plan, &alpha, a_ptr, b_ptr, &beta, y.data_ptr(),
+                                             y.data_ptr(), ws.data_ptr(), &stream, 1));
         PK_CSLT_CHECK(cusparseLtMatmulGetWorkspace(handle(), &plan->plan, &plan->workspace));
       }
       slot = std::move(plan);
@@ -237,8 +277,10 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
   }
   const float alpha = 1.f, beta = 0.f;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  PK_CSLT_CHECK(cusparseLtMatmul(handle(), &p->plan, &alpha, w->compressed.data_ptr(), x.data_ptr(), &beta,
-                                 y.data_ptr(), y.data_ptr(), ws_ptr, &stream, 1));
+  const void* a_ptr = w->sparse_b ? x.data_ptr() : w->compressed.data_ptr();
+  const void* b_ptr = w->sparse_b ? w->compressed.data_ptr() : x.data_ptr();
+  PK_CSLT_CHECK(
+      cusparseLtMatmul(handle(), &p->plan, &alpha, a_ptr, b_ptr, &beta, y.data_ptr(), y.data_ptr(), ws_ptr, &stream, 1));
   if (env_int("PRUNEKIT_CSLT_FRESH_PLAN") == 1) {
     // diagnostics (benchmarks/nm_configs.py): drop the plan, so that every call builds its own, as
     // torch._cslt_sparse_mm does (it destroys its plan right after cusparseLtMatmul too)
@@ -264,11 +306,13 @@ at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::
   PRUNEKIT_CHECK(output == kOutputCol || output == kOutputRowCopy || output == kOutputRow,
                  "cslt_linear: output must be 0 (column-major), 1 (row-major, then the layout copy) or 2 (row-major)");
   int64_t m = 0;
+  bool sparse_b = false;
   {
     const std::lock_guard<std::mutex> lock(registry_mutex);
     auto it = registry.find(id);
     PRUNEKIT_CHECK(it != registry.end(), "cslt_linear: unknown weight id ", id);
     m = it->second->m;
+    sparse_b = it->second->sparse_b;
   }
   const int64_t k = x.size(0), n = x.size(1);
   const bool transposed = n > 1 && x.stride(0) == 1 && x.stride(1) != 1;
@@ -283,7 +327,8 @@ at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::
     buf.narrow(0, 0, n).copy_(x.t());
     xb = buf.t();
   }
-  const bool row_output = output != kOutputCol;
+  // a B-operand weight (prepare_b) writes Y^T (N, M) row-major: Y column-major, whatever `output` asks
+  const bool row_output = output != kOutputCol && !sparse_b;
   at::Tensor y = row_output ? at::empty({m, n_pad}, x.options()) : at::empty({n_pad, m}, x.options()).t();
   cslt_mm(id, xb, y, bias, relu);
   if (n_pad != n) y = y.narrow(1, 0, n);
@@ -310,6 +355,7 @@ void cslt_release(int64_t id) {
 TORCH_LIBRARY(prunekit_cslt, m) {
   m.def("prepare(Tensor dense) -> int");
   m.def("prepare_with(Tensor dense, Tensor? compressed) -> int");
+  m.def("prepare_b(Tensor dense, bool col) -> int");
   m.def("mm(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
   m.def("linear(int id, Tensor x, Tensor? bias, bool relu, int output) -> Tensor");
   m.def("release(int id) -> ()", &prunekit_cslt::cslt_release);  // no tensor argument: a catch-all kernel
@@ -318,6 +364,7 @@ TORCH_LIBRARY(prunekit_cslt, m) {
 TORCH_LIBRARY_IMPL(prunekit_cslt, CUDA, m) {
   m.impl("prepare", &prunekit_cslt::cslt_prepare);
   m.impl("prepare_with", &prunekit_cslt::cslt_prepare_with);
+  m.impl("prepare_b", &prunekit_cslt::cslt_prepare_b);
   m.impl("mm", &prunekit_cslt::cslt_mm);
   m.impl("linear", &prunekit_cslt::cslt_linear);
 }
