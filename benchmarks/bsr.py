@@ -147,6 +147,47 @@ def wall_time(calls: list, trials: int = 5, target_s: float = EAGER_TARGET_S) ->
     return statistics.median(samples)
 
 
+def wall_pair(a_calls: list, b_calls: list, rounds: int = 9, target_s: float = EAGER_TARGET_S) -> dict:
+    """Wall-clock ms per call of two contenders timed in alternating rounds (one ``wall_time``-style loop of each per
+    round, the order swapped every round), so that a drift of the GPU's speed during the run (clocks, temperature)
+    falls on both alike. Returns ``a_ms`` / ``b_ms`` (medians over the rounds), ``b_over_a`` (median of the per-round
+    ratios b / a) and the per-round lists ``a_rounds`` / ``b_rounds``."""
+
+    def reps_of(calls: list) -> int:
+        for c in calls:
+            c()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        calls[0]()
+        torch.cuda.synchronize()
+        return max(10, min(2000, int(target_s / max(time.perf_counter() - t, 1e-6))))
+
+    def loop(calls: list, reps: int) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for i in range(reps):
+            calls[i % len(calls)]()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / reps * 1e3
+
+    reps_a, reps_b = reps_of(a_calls), reps_of(b_calls)
+    a_rounds, b_rounds = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            a_rounds.append(loop(a_calls, reps_a))
+            b_rounds.append(loop(b_calls, reps_b))
+        else:
+            b_rounds.append(loop(b_calls, reps_b))
+            a_rounds.append(loop(a_calls, reps_a))
+    return {
+        "a_ms": statistics.median(a_rounds),
+        "b_ms": statistics.median(b_rounds),
+        "b_over_a": statistics.median(b / a for a, b in zip(a_rounds, b_rounds, strict=True)),
+        "a_rounds": a_rounds,
+        "b_rounds": b_rounds,
+    }
+
+
 def host_time_us(calls: list, burst: int = 200, trials: int = 5) -> float:
     """Median host microseconds to issue one call (perf_counter around ``burst`` calls, before synchronizing; the
     burst is shorter than the launch queue, so the host never waits on the GPU)."""

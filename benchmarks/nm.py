@@ -16,7 +16,8 @@ matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user 
   eager time, ~0.25 s a call on the H100, only with ``--torch-path-eager``); ``prunekit_op_eager_ms`` the custom op
   ``prunekit::nm_mm`` (the path under torch.compile); ``layer_*`` ``SparseLinear.forward`` eager as in
   ``benchmarks/bsr.py`` (wall-clock minus device time, host time per call), and ``speedup_layer_eager`` its eager
-  wall-clock against ``dense_layer_wall_ms``, dense ``nn.Linear`` modules (no grad) holding the same weights;
+  wall-clock against ``dense_layer_wall_ms``, dense ``nn.Linear`` modules (no grad) holding the same weights, the two
+  timed in ``--layer-rounds`` alternating rounds (``bsr.wall_pair``; the median of the per-round ratios);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch 2:4: ``F.linear(x2d, to_sparse_semi_structured(W))`` (cuSPARSELt through torch's tensor subclass).
 
@@ -43,7 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bsr import L2_BYTES, eager_time, graph_time, host_time_us, relative_error, wall_time  # noqa: E402
+from bsr import L2_BYTES, eager_time, graph_time, host_time_us, relative_error, wall_pair  # noqa: E402
 
 from prunekit import formats  # noqa: E402
 from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
@@ -151,16 +152,19 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
     layers = [(SparseLinear(e), s[3]) for e, s in zip(encs, sets, strict=True)]
     layer_calls = [lambda layer=layer, x=x: layer(x) for layer, x in layers]
     res["layer_err"] = relative_error(layer_calls[0]().t(), ref)
-    res["layer_wall_ms"] = wall_time(layer_calls)
     res["layer_host_us"] = host_time_us(layer_calls)
-    # the same eager loop through dense nn.Linear modules holding the same weights: what the user's layer replaces
+    # the same eager loop through dense nn.Linear modules holding the same weights: what the user's layer replaces,
+    # timed in alternating rounds with the layer (the GPU's speed drifts during a run: dense cuBLAS went from 0.194 to
+    # 0.216 ms over seven rounds at 4096^3, benchmarks/results/nm-kernels-h100-2026-11-26-s23b.json)
     dense_layers = []
     for w, _, _, x2d in sets:
         lin = torch.nn.Linear(k, m, bias=False, device="cuda", dtype=dtype)
         lin.weight.data = w
         dense_layers.append((lin.requires_grad_(False), x2d))  # inference, as SparseLinear's buffers
-    res["dense_layer_wall_ms"] = wall_time([lambda lin=lin, x=x: lin(x) for lin, x in dense_layers])
-    res["speedup_layer_eager"] = res["dense_layer_wall_ms"] / res["layer_wall_ms"]
+    pair = wall_pair(layer_calls, [lambda lin=lin, x=x: lin(x) for lin, x in dense_layers], args.layer_rounds)
+    res["layer_wall_ms"], res["dense_layer_wall_ms"] = pair["a_ms"], pair["b_ms"]
+    res["speedup_layer_eager"] = pair["b_over_a"]  # median of the per-round ratios
+    res["layer_wall_rounds"], res["dense_layer_wall_rounds"] = pair["a_rounds"], pair["b_rounds"]
     res["layer_eager_overhead_us"] = 1e3 * (res["layer_wall_ms"] - res["prunekit_gpu_ms"])
     res["compressions_while_timing"] = structured.compress_calls - compress_before
     res["native_binding"] = structured.native_cslt_available()
@@ -284,6 +288,9 @@ def main() -> None:
         "--torch-path-eager", action="store_true", help="also time torch._cslt_sparse_mm eagerly (~0.25 s a call)"
     )
     parser.add_argument("--points", help="comma-separated indices into POINTS (default: all)")
+    parser.add_argument(
+        "--layer-rounds", type=int, default=9, help="alternating rounds of SparseLinear and nn.Linear (eager wall)"
+    )
     parser.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new points after this")
     args = parser.parse_args()
     if args.render:
