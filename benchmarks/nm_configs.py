@@ -19,7 +19,9 @@ per large GEMM and in one run (CUDA-graph replays, median; rotating input sets a
 - ``copy_t``: the transposing copy alone (``(N, M)`` buffer from a row-major ``(M, N)``), torch's ``copy_``;
 - ``alg<i>`` / ``splitk1``: ``mm_xc_yr`` (the default X description) with ``$PRUNEKIT_CSLT_ALG=i`` /
   ``$PRUNEKIT_CSLT_SPLIT_K=1`` (plans built by those settings; an id cuSPARSELt refuses is recorded as an error; split-K
-  2 and 4 were refused with "invalid value" on the H100); ``fresh_plan1``: ``$PRUNEKIT_CSLT_FRESH_PLAN=1``, a new
+  2 and 4 were refused with "invalid value" on the H100); ``--algs -1`` times every id up to cuSPARSELt's
+  ``CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID`` (``max_alg_id`` in the row); ``skmode<m>_sk<f>``: split-K factor ``f`` under
+  ``cusparseLtSplitKMode_t`` value ``m`` (``$PRUNEKIT_CSLT_SPLIT_K_MODE``, ``--split-k-modes``); ``fresh_plan1``: ``$PRUNEKIT_CSLT_FRESH_PLAN=1``, a new
   plan in every call, as ``torch._cslt_sparse_mm`` builds one (device time only: the graph replays the kernels).
 
 Writes ``--out`` JSON (device, torch, date) and prints a table. GPU machine:
@@ -177,14 +179,24 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Gener
     outs = [torch.empty(n, m, dtype=dtype, device="cuda") for _ in range(n_sets)]
     timed("copy_t", [lambda o=o, y=y: o.copy_(y.t()) for o, y in zip(outs, ys, strict=True)])
     del ys, outs
+    n_algs = args.algs
+    if n_algs < 0:  # every configuration id cuSPARSELt offers for this product
+        x, y = _operands(sets[0][3], m, "xc_yr")
+        res["max_alg_id"] = int(torch.ops.prunekit_cslt.max_alg_id(sets[0][4].id, x, y))
+        n_algs = res["max_alg_id"] + 1
     for env, values, prefix in (
-        ("PRUNEKIT_CSLT_ALG", range(args.algs), "alg"),
+        ("PRUNEKIT_CSLT_ALG", range(n_algs), "alg"),
         ("PRUNEKIT_CSLT_SPLIT_K", (1,), "splitk"),
         ("PRUNEKIT_CSLT_FRESH_PLAN", (1,), "fresh_plan"),
     ):
         for v in values:
             with _env(env, str(v)):
                 timed_mm(f"{prefix}{v}")
+    # split-K factors under each cusparseLtSplitKMode_t value (an integer: the modes differ between versions)
+    for mode in [int(v) for v in args.split_k_modes.split(",") if v]:
+        for factor in [int(v) for v in args.split_ks.split(",") if v]:
+            with _env("PRUNEKIT_CSLT_SPLIT_K_MODE", str(mode)), _env("PRUNEKIT_CSLT_SPLIT_K", str(factor)):
+                timed_mm(f"skmode{mode}_sk{factor}")
     for key in [k for k in res if k.endswith("_gpu_ms") and k != "dense_gpu_ms"]:
         res[key.replace("_gpu_ms", "_x_dense")] = res["dense_gpu_ms"] / res[key]
     return res
@@ -194,7 +206,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--points", default="", help="comma-separated indices into POINTS (default all)")
-    parser.add_argument("--algs", type=int, default=8, help="time algorithm configuration ids 0 .. ALGS-1")
+    parser.add_argument(
+        "--algs", type=int, default=8, help="time configuration ids 0 .. ALGS-1 (-1: every id cuSPARSELt offers)"
+    )
+    parser.add_argument("--split-k-modes", default="", help="cusparseLtSplitKMode_t values to time, e.g. 1,2,6")
+    parser.add_argument("--split-ks", default="2,4", help="split-K factors timed under each of --split-k-modes")
     parser.add_argument("--max-sets", type=int, default=4)
     args = parser.parse_args()
     if not torch.cuda.is_available():

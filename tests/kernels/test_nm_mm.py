@@ -131,6 +131,46 @@ def test_cslt_mm_operand_layouts_and_configurations(x_row, y_row, env, monkeypat
 
 
 @pytest.mark.cuda
+def test_cslt_every_configuration_id_and_split_k_mode_it_accepts_is_right(monkeypatch):
+    """``prunekit_cslt::max_alg_id`` reports cuSPARSELt's largest configuration id for a product; every id up to it,
+    and split-K 2 under each ``cusparseLtSplitKMode_t`` value, either is refused at plan time with the binding's error or
+    gives the float64 result (Y poisoned first). The default (id 0) must be accepted."""
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    assert structured.native_cslt_available()
+    m, k, n_tokens = 256, 1024, 64
+    dense = nm_weight(m, k, 2, 4, torch.float16, seed=43).cuda()
+    x2d = torch.randn(n_tokens, k, device="cuda").half()
+    ref = spmm_reference64(dense, x2d.t(), None, "none")
+    wid = int(torch.ops.prunekit_cslt.prepare(dense))
+    accepted = []
+    try:
+        y = torch.empty(m, n_tokens, device="cuda").half()
+        max_id = int(torch.ops.prunekit_cslt.max_alg_id(wid, x2d.t(), y))
+        assert max_id >= 0
+        settings = [{"PRUNEKIT_CSLT_ALG": str(i)} for i in range(max_id + 1)]
+        settings += [{"PRUNEKIT_CSLT_SPLIT_K_MODE": str(mode), "PRUNEKIT_CSLT_SPLIT_K": "2"} for mode in range(1, 7)]
+        for env in settings:
+            for name, value in env.items():
+                monkeypatch.setenv(name, value)
+            y.fill_(float("nan"))
+            try:
+                torch.ops.prunekit_cslt.mm(wid, x2d.t(), y, None, False)
+                torch.cuda.synchronize()
+            except RuntimeError as exc:
+                assert "cuSPARSELt call" in str(exc), env
+                continue
+            finally:
+                for name in env:
+                    monkeypatch.delenv(name)
+            assert relative_error(y, ref) < TOLERANCE[torch.float16], env
+            accepted.append(env)
+    finally:
+        torch.ops.prunekit_cslt.release(wid)
+    assert {"PRUNEKIT_CSLT_ALG": "0"} in accepted
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("col", [False, True])
 @pytest.mark.parametrize("x_row", [False, True])

@@ -83,7 +83,7 @@ bool describe_x_transposed() {
 }
 
 // n, ld X, X row-major, X described transposed, ld Y, Y row-major, bias, relu, algorithm configuration id, split-K
-using PlanKey = std::tuple<int64_t, int64_t, bool, bool, int64_t, bool, uintptr_t, bool, int64_t, int64_t>;
+using PlanKey = std::tuple<int64_t, int64_t, bool, bool, int64_t, bool, uintptr_t, bool, int64_t, int64_t, int64_t>;
 
 struct Weight {
   int64_t m = 0, k = 0;
@@ -94,6 +94,7 @@ struct Weight {
   cusparseLtMatDescriptor_t mat_a{};  // the structured descriptor of W, whichever operand it is
   at::Tensor compressed;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  Plan* last = nullptr;  // the plan of the latest call (cslt_max_alg_id)
   ~Weight() {
     plans.clear();
     cusparseLtMatDescriptorDestroy(&mat_a);
@@ -194,8 +195,10 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
   }
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t alg_id = env_int("PRUNEKIT_CSLT_ALG"), split_k = env_int("PRUNEKIT_CSLT_SPLIT_K");
+  const int64_t split_k_mode = env_int("PRUNEKIT_CSLT_SPLIT_K_MODE");
   const bool x_t = describe_x_transposed();
-  const PlanKey key{n, ldx, x_row, x_t, ldy, y_row, reinterpret_cast<uintptr_t>(bias_ptr), relu, alg_id, split_k};
+  const PlanKey key{n,     ldx,    x_row,  x_t, ldy, y_row, reinterpret_cast<uintptr_t>(bias_ptr),
+                    relu,  alg_id, split_k, split_k_mode};
   Plan* p = nullptr;
   {
     const std::lock_guard<std::mutex> lock(registry_mutex);
@@ -242,6 +245,12 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
         PK_CSLT_CHECK(cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg, CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id32,
                                                       sizeof(id32)));
       }
+      if (split_k_mode >= 0) {
+        // cusparseLtSplitKMode_t as its integer value (the modes differ between cuSPARSELt versions)
+        const int mode32 = static_cast<int>(split_k_mode);
+        PK_CSLT_CHECK(cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg, CUSPARSELT_MATMUL_SPLIT_K_MODE, &mode32,
+                                                      sizeof(mode32)));
+      }
       if (split_k >= 1) {
         const int k32 = static_cast<int>(split_k);
         PK_CSLT_CHECK(cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg, CUSPARSELT_MATMUL_SPLIT_K, &k32,
@@ -268,6 +277,7 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
       slot = std::move(plan);
     }
     p = slot.get();
+    w->last = p;
   }
   at::Tensor workspace;
   void* ws_ptr = nullptr;
@@ -286,6 +296,7 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
     // torch._cslt_sparse_mm does (it destroys its plan right after cusparseLtMatmul too)
     const std::lock_guard<std::mutex> lock(registry_mutex);
     w->plans.erase(key);
+    w->last = nullptr;
   }
 }
 
@@ -345,6 +356,21 @@ at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::
 
 int64_t cslt_prepare(const at::Tensor& dense) { return cslt_prepare_with(dense, c10::nullopt); }
 
+// The largest algorithm configuration id (CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID) cuSPARSELt offers for the product
+// mm(id, x, y, None, False) would run: benchmarks/nm_configs.py sweeps the ids up to it. Runs that product once.
+int64_t cslt_max_alg_id(int64_t id, const at::Tensor& x, const at::Tensor& y) {
+  cslt_mm(id, x, y, c10::nullopt, false);
+  const std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry.find(id);
+  PRUNEKIT_CHECK(it != registry.end(), "cslt_max_alg_id: unknown weight id ", id);
+  Weight* w = it->second.get();
+  PRUNEKIT_CHECK(w->last != nullptr, "cslt_max_alg_id: no plan kept (unset $PRUNEKIT_CSLT_FRESH_PLAN)");
+  int max_id = -1;
+  PK_CSLT_CHECK(cusparseLtMatmulAlgGetAttribute(handle(), &w->last->alg, CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID, &max_id,
+                                                sizeof(max_id)));
+  return max_id;
+}
+
 void cslt_release(int64_t id) {
   const std::lock_guard<std::mutex> lock(registry_mutex);
   registry.erase(id);
@@ -356,6 +382,7 @@ TORCH_LIBRARY(prunekit_cslt, m) {
   m.def("prepare(Tensor dense) -> int");
   m.def("prepare_with(Tensor dense, Tensor? compressed) -> int");
   m.def("prepare_b(Tensor dense, bool col) -> int");
+  m.def("max_alg_id(int id, Tensor x, Tensor(a!) y) -> int");
   m.def("mm(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
   m.def("linear(int id, Tensor x, Tensor? bias, bool relu, int output) -> Tensor");
   m.def("release(int id) -> ()", &prunekit_cslt::cslt_release);  // no tensor argument: a catch-all kernel
@@ -365,6 +392,7 @@ TORCH_LIBRARY_IMPL(prunekit_cslt, CUDA, m) {
   m.impl("prepare", &prunekit_cslt::cslt_prepare);
   m.impl("prepare_with", &prunekit_cslt::cslt_prepare_with);
   m.impl("prepare_b", &prunekit_cslt::cslt_prepare_b);
+  m.impl("max_alg_id", &prunekit_cslt::cslt_max_alg_id);
   m.impl("mm", &prunekit_cslt::cslt_mm);
   m.impl("linear", &prunekit_cslt::cslt_linear);
 }
