@@ -310,6 +310,7 @@ def main() -> None:
         "argv": sys.argv[1:],
         "output_default": structured.cslt_output(),
         "cslt_plan_search": os.environ.get("PRUNEKIT_CSLT_SEARCH", "0") == "1",  # cusparseLtMatmulSearch per plan
+        "cslt_tune": os.environ.get("PRUNEKIT_CSLT_TUNE", ""),  # own configuration search per plan ("1" on)
         "autograd_mode": "grad",  # torch's 2:4 subclass and Triton BSR are not run under inference mode here
     }
     results = []

@@ -13,6 +13,8 @@ measurement artefact:
 - ``view_capture_plan``: the same on a weight prepared again, whose first call (and so its plan) happens inside the
   graph capture;
 - ``view_fresh``: ``$PRUNEKIT_CSLT_FRESH_PLAN=1``, a new plan in every call, as torch builds one;
+- ``view_tuned``: the same on a weight whose plan was built under ``$PRUNEKIT_CSLT_TUNE=1`` (the binding times
+  cuSPARSELt's configuration ids on the first call and keeps the fastest; ``tuned_config_id`` in the row);
 - ``dense``: ``F.linear(x2d, W)`` (cuBLAS).
 
 Per point, ``--rounds`` rounds time every variant once each, in an order rotated by one per round, by CUDA-graph
@@ -33,6 +35,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -46,7 +49,7 @@ from nm import nm24_weight  # noqa: E402
 from prunekit.kernels import structured  # noqa: E402
 
 POINTS = [(4096, 4096, 4096), (11008, 4096, 2048), (4096, 11008, 2048), (16384, 16384, 8192)]
-VARIANTS = ("dense", "torch", "view", "view_capture_plan", "view_fresh")
+VARIANTS = ("dense", "torch", "view", "view_capture_plan", "view_fresh", "view_tuned")
 console = Console()
 
 
@@ -109,12 +112,24 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
     def view(i: int = wid):
         return torch.ops.prunekit_cslt.linear(i, x2d.t(), None, False, 2)
 
+    tuned_id = int(torch.ops.prunekit_cslt.prepare(w))
+    os.environ["PRUNEKIT_CSLT_TUNE"] = "1"
+    try:
+        start = time.perf_counter()
+        view(tuned_id)  # the first call builds the plan: the configuration search runs here
+        torch.cuda.synchronize()
+        tune_s = time.perf_counter() - start
+    finally:
+        del os.environ["PRUNEKIT_CSLT_TUNE"]
     calls = {
         "dense": lambda: F.linear(x2d, w),
         "torch": lambda: torch._cslt_sparse_mm(packed, x2d.t()),
         "view": view,
+        "view_tuned": lambda: view(tuned_id),
     }
     res: dict = {"m": m, "k": k, "n": n, "dtype": "float16", "rounds": args.rounds}
+    res["tuned_config_id"] = int(torch.ops.prunekit_cslt.last_config_id(tuned_id))
+    res["tune_first_call_s"] = tune_s
     for name, fn in calls.items():
         out = fn()
         y = out if name == "dense" else out.t()
@@ -194,6 +209,7 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
             if fresh_id is not None:
                 torch.ops.prunekit_cslt.release(fresh_id)
     torch.ops.prunekit_cslt.release(wid)
+    torch.ops.prunekit_cslt.release(tuned_id)
     return res
 
 
@@ -214,7 +230,10 @@ def main() -> None:
     for m, k, n in points:
         rows.append(run_point(m, k, n, args, gen))
         torch.cuda.empty_cache()
-        console.print(f"{m}x{k} N={n} done")
+        console.print(
+            f"{m}x{k} N={n} done: configuration id {rows[-1]['tuned_config_id']} chosen in "
+            f"{rows[-1]['tune_first_call_s']:.2f} s"
+        )
     meta = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,

@@ -131,6 +131,47 @@ def test_cslt_mm_operand_layouts_and_configurations(x_row, y_row, env, monkeypat
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("relu", [False, True])
+def test_cslt_configuration_search_keeps_an_id_and_stays_right(relu, monkeypatch):
+    """``$PRUNEKIT_CSLT_TUNE=1``: the first call of a plan at N >= 128 times cuSPARSELt's configuration ids and keeps
+    one (``last_config_id`` >= 0); the output of that call and of later ones (plan reused) matches float64 with Y
+    poisoned first, with bias and ReLU fused. Below N = 128, and inside a CUDA-graph capture, no search runs (-1)."""
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    assert structured.native_cslt_available()
+    m, k = 256, 1024
+    dense = nm_weight(m, k, 2, 4, torch.float16, seed=47).cuda()
+    bias = torch.randn(m, device="cuda").half()
+    act = "relu" if relu else "none"
+    monkeypatch.setenv("PRUNEKIT_CSLT_TUNE", "1")
+    wid = int(torch.ops.prunekit_cslt.prepare(dense))
+    try:
+        for n_tokens in (160, 160, 32):
+            x2d = torch.randn(n_tokens, k, device="cuda").half()
+            y = torch.empty(m, n_tokens, device="cuda").half().fill_(float("nan"))
+            torch.ops.prunekit_cslt.mm(wid, x2d.t(), y, bias, relu)
+            torch.cuda.synchronize()
+            assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, act)) < TOLERANCE[torch.float16]
+            config = int(torch.ops.prunekit_cslt.last_config_id(wid))
+            assert config >= 0 if n_tokens >= 128 else config == -1, (n_tokens, config)
+        # a plan first built inside a capture is not searched
+        x2d = torch.randn(192, k, device="cuda").half()
+        y = torch.empty(m, 192, device="cuda").half()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                torch.ops.prunekit_cslt.mm(wid, x2d.t(), y, bias, relu)
+        assert int(torch.ops.prunekit_cslt.last_config_id(wid)) == -1
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, act)) < TOLERANCE[torch.float16]
+    finally:
+        torch.ops.prunekit_cslt.release(wid)
+
+
+@pytest.mark.cuda
 def test_cslt_every_configuration_id_and_split_k_mode_it_accepts_is_right(monkeypatch):
     """``prunekit_cslt::max_alg_id`` reports cuSPARSELt's largest configuration id for a product; every id up to it,
     and split-K 2 under each ``cusparseLtSplitKMode_t`` value, either is refused at plan time with the binding's error or

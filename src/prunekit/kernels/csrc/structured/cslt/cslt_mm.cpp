@@ -12,12 +12,14 @@
 #include <cusparseLt.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 #include "../../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace prunekit_cslt {
@@ -59,6 +61,8 @@ struct Plan {
   cusparseLtMatmulAlgSelection_t alg{};
   cusparseLtMatmulPlan_t plan{};
   size_t workspace = 0;
+  int config_id = -1;  // CUSPARSELT_MATMUL_ALG_CONFIG_ID set on the plan (-1: cuSPARSELt's default choice)
+  bool tuned = false;  // config_id chosen by tune_config_id
   bool ready = false;
   ~Plan() {
     if (ready) {
@@ -80,6 +84,18 @@ constexpr bool kDescribeXTransposed = true;
 bool describe_x_transposed() {
   const int64_t env = env_int("PRUNEKIT_CSLT_B_T");
   return env < 0 ? kDescribeXTransposed : env != 0;
+}
+
+// $PRUNEKIT_CSLT_TUNE: "1" times cuSPARSELt's configuration ids on the first call of each new plan with N >= kTuneMinN
+// and keeps the fastest (tune_config_id); "0" or unset keeps cuSPARSELt's default choice (kTuneDefault). Read when a
+// plan is built.
+constexpr bool kTuneDefault = false;
+constexpr int64_t kTuneMinN = 128;  // 2:4 at N <= 16 runs prunekit's decode kernel; the ids differ at large GEMMs
+constexpr int kTuneRounds = 5, kTuneReps = 2;
+
+bool tune_plans(int64_t n) {
+  const int64_t env = env_int("PRUNEKIT_CSLT_TUNE");
+  return (env < 0 ? kTuneDefault : env != 0) && n >= kTuneMinN;
 }
 
 // n, ld X, X row-major, X described transposed, ld Y, Y row-major, bias, relu, algorithm configuration id, split-K
@@ -113,6 +129,105 @@ cudaDataType cuda_type(at::ScalarType t) {
 // Compress a 2:4 weight (M, K) (row-major, every group of 4 along K holding at most 2 non-zeros); returns its id.
 // With `compressed` (benchmarks/nm_configs.py: torch._cslt_compress's output of the same weight) that buffer is used
 // as it is instead, after a size check.
+// Our own configuration search (cusparseLtMatmulSearch returned "internal error" on the H100 at large GEMMs, then
+// the next CUDA call hit an illegal instruction: docs/PERFORMANCE_STRUCTURED.md). Every configuration id cuSPARSELt
+// offers for `matmul` (up to CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID) gets a plan; each that plans and runs is timed on
+// these operands with CUDA events, kTuneReps calls per round over kTuneRounds rounds, the order rotated by one per
+// round so that a drift of the GPU's speed falls on all alike; the id with the lowest median time per call is returned.
+// y is overwritten. Returns -1 (cuSPARSELt's default) while the stream is being captured into a CUDA graph, where
+// nothing can be timed, or when fewer than two ids run. Cost: about kTuneRounds * kTuneReps + 1 calls per id, once
+// per plan (27 ids on the H100 with cuSPARSELt 0.8: about 40 ms at 4096^3, 1.2 s at 16384^2 x 8192).
+int tune_config_id(const Weight& w, const cusparseLtMatmulDescriptor_t& matmul, const at::Tensor& x,
+                   const at::Tensor& y) {
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return -1;
+  cusparseLtMatmulAlgSelection_t probe;
+  PK_CSLT_CHECK(cusparseLtMatmulAlgSelectionInit(handle(), &probe, &matmul, CUSPARSELT_MATMUL_ALG_DEFAULT));
+  int max_id = 0;
+  const cusparseStatus_t got =
+      cusparseLtMatmulAlgGetAttribute(handle(), &probe, CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID, &max_id, sizeof(max_id));
+  cusparseLtMatmulAlgSelectionDestroy(&probe);
+  if (got != CUSPARSE_STATUS_SUCCESS) return -1;
+  struct Trial {
+    int id = 0;
+    cusparseLtMatmulAlgSelection_t alg{};
+    cusparseLtMatmulPlan_t plan{};
+    size_t workspace = 0;
+    bool runs = true;
+    std::vector<float> ms;
+  };
+  std::vector<Trial> trials;
+  trials.reserve(static_cast<size_t>(std::max(max_id, 0)));
+  for (int id = 0; id < max_id; ++id) {
+    Trial t;
+    t.id = id;
+    if (cusparseLtMatmulAlgSelectionInit(handle(), &t.alg, &matmul, CUSPARSELT_MATMUL_ALG_DEFAULT) !=
+        CUSPARSE_STATUS_SUCCESS) {
+      continue;
+    }
+    if (cusparseLtMatmulAlgSetAttribute(handle(), &t.alg, CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id, sizeof(id)) !=
+            CUSPARSE_STATUS_SUCCESS ||
+        cusparseLtMatmulPlanInit(handle(), &t.plan, &matmul, &t.alg) != CUSPARSE_STATUS_SUCCESS) {
+      cusparseLtMatmulAlgSelectionDestroy(&t.alg);
+      continue;
+    }
+    if (cusparseLtMatmulGetWorkspace(handle(), &t.plan, &t.workspace) != CUSPARSE_STATUS_SUCCESS) {
+      cusparseLtMatmulPlanDestroy(&t.plan);
+      cusparseLtMatmulAlgSelectionDestroy(&t.alg);
+      continue;
+    }
+    trials.push_back(t);
+  }
+  size_t ws_bytes = 16;
+  for (const Trial& t : trials) ws_bytes = std::max(ws_bytes, t.workspace);
+  at::Tensor ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
+  const float alpha = 1.f, beta = 0.f;
+  const void* a_ptr = w.sparse_b ? x.data_ptr() : w.compressed.data_ptr();
+  const void* b_ptr = w.sparse_b ? w.compressed.data_ptr() : x.data_ptr();
+  auto run = [&](Trial& t) {
+    return cusparseLtMatmul(handle(), &t.plan, &alpha, a_ptr, b_ptr, &beta, y.data_ptr(), y.data_ptr(), ws.data_ptr(),
+                            &stream, 1) == CUSPARSE_STATUS_SUCCESS;
+  };
+  for (Trial& t : trials) t.runs = run(t);  // warm-up; a configuration that does not run is dropped
+  std::vector<cudaEvent_t> events(2 * trials.size());
+  for (cudaEvent_t& e : events) PRUNEKIT_CHECK(cudaEventCreate(&e) == cudaSuccess, "cslt: cudaEventCreate failed");
+  const size_t count = trials.size();
+  for (int round = 0; round < kTuneRounds && count > 0; ++round) {
+    for (size_t j = 0; j < count; ++j) {
+      const size_t i = (j + static_cast<size_t>(round)) % count;
+      if (!trials[i].runs) continue;
+      cudaEventRecord(events[2 * i], stream);
+      for (int r = 0; r < kTuneReps; ++r) trials[i].runs = run(trials[i]) && trials[i].runs;
+      cudaEventRecord(events[2 * i + 1], stream);
+    }
+    PRUNEKIT_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "cslt: the configuration search failed on the GPU");
+    for (size_t i = 0; i < count; ++i) {
+      float ms = 0.f;
+      if (trials[i].runs && cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]) == cudaSuccess) {
+        trials[i].ms.push_back(ms / kTuneReps);
+      }
+    }
+  }
+  for (cudaEvent_t& e : events) cudaEventDestroy(e);
+  int best = -1, timed = 0;
+  float best_ms = 0.f;
+  for (Trial& t : trials) {
+    if (t.runs && t.ms.size() == static_cast<size_t>(kTuneRounds)) {
+      std::sort(t.ms.begin(), t.ms.end());
+      const float median = t.ms[t.ms.size() / 2];
+      ++timed;
+      if (best < 0 || median < best_ms) {
+        best = t.id;
+        best_ms = median;
+      }
+    }
+    cusparseLtMatmulPlanDestroy(&t.plan);
+    cusparseLtMatmulAlgSelectionDestroy(&t.alg);
+  }
+  return timed >= 2 ? best : -1;
+}
+
 // With `sparse_b` (prepare_b) W is compressed as cuSPARSELt's structured B operand (isSparseA = 0) instead.
 int64_t prepare_weight(const at::Tensor& dense, const c10::optional<at::Tensor>& compressed, bool sparse_b,
                        bool b_col) {
@@ -238,10 +353,15 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
         PK_CSLT_CHECK(cusparseLtMatmulDescSetAttribute(handle(), &plan->matmul, CUSPARSELT_MATMUL_BIAS_POINTER,
                                                        &bias_ptr, sizeof(bias_ptr)));
       }
+      plan->config_id = static_cast<int>(alg_id);
+      if (alg_id < 0 && split_k < 0 && split_k_mode < 0 && !search_plans() && tune_plans(n)) {
+        plan->config_id = tune_config_id(*w, plan->matmul, x, y);
+        plan->tuned = plan->config_id >= 0;
+      }
       PK_CSLT_CHECK(cusparseLtMatmulAlgSelectionInit(handle(), &plan->alg, &plan->matmul,
                                                      CUSPARSELT_MATMUL_ALG_DEFAULT));
-      if (alg_id >= 0) {
-        const int id32 = static_cast<int>(alg_id);
+      if (plan->config_id >= 0) {
+        const int id32 = plan->config_id;
         PK_CSLT_CHECK(cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg, CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id32,
                                                       sizeof(id32)));
       }
@@ -356,6 +476,15 @@ at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::
 
 int64_t cslt_prepare(const at::Tensor& dense) { return cslt_prepare_with(dense, c10::nullopt); }
 
+// The configuration id of the weight's latest plan: -1 for cuSPARSELt's default choice, else the id set on it (by
+// $PRUNEKIT_CSLT_ALG or the search of $PRUNEKIT_CSLT_TUNE=1); -2 when no plan was kept.
+int64_t cslt_last_config_id(int64_t id) {
+  const std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry.find(id);
+  PRUNEKIT_CHECK(it != registry.end(), "cslt_last_config_id: unknown weight id ", id);
+  return it->second->last == nullptr ? -2 : it->second->last->config_id;
+}
+
 // The largest algorithm configuration id (CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID) cuSPARSELt offers for the product
 // mm(id, x, y, None, False) would run: benchmarks/nm_configs.py sweeps the ids up to it. Runs that product once.
 int64_t cslt_max_alg_id(int64_t id, const at::Tensor& x, const at::Tensor& y) {
@@ -383,6 +512,7 @@ TORCH_LIBRARY(prunekit_cslt, m) {
   m.def("prepare_with(Tensor dense, Tensor? compressed) -> int");
   m.def("prepare_b(Tensor dense, bool col) -> int");
   m.def("max_alg_id(int id, Tensor x, Tensor(a!) y) -> int");
+  m.def("last_config_id(int id) -> int", &prunekit_cslt::cslt_last_config_id);  // no tensor argument: catch-all
   m.def("mm(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
   m.def("linear(int id, Tensor x, Tensor? bias, bool relu, int output) -> Tensor");
   m.def("release(int id) -> ()", &prunekit_cslt::cslt_release);  // no tensor argument: a catch-all kernel
