@@ -14,7 +14,8 @@ measurement artefact:
   graph capture;
 - ``view_fresh``: ``$PRUNEKIT_CSLT_FRESH_PLAN=1``, a new plan in every call, as torch builds one;
 - ``view_tuned``: the same on a weight whose plan was built under ``$PRUNEKIT_CSLT_TUNE=1`` (the binding times
-  cuSPARSELt's configuration ids on the first call and keeps the fastest; ``tuned_config_id`` in the row);
+  cuSPARSELt's configuration ids on the first call and keeps the fastest if it beats the default selection by 3%;
+  ``tuned_config_id`` in the row, -1 for the default);
 - ``dense``: ``F.linear(x2d, W)`` (cuBLAS).
 
 Per point, ``--rounds`` rounds time every variant once each, in an order rotated by one per round, by CUDA-graph
@@ -128,7 +129,7 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
         "view_tuned": lambda: view(tuned_id),
     }
     res: dict = {"m": m, "k": k, "n": n, "dtype": "float16", "rounds": args.rounds}
-    res["tuned_config_id"] = int(torch.ops.prunekit_cslt.last_config_id(tuned_id))
+    res["tuned_config_id"], res["tune_searched"] = (int(v) for v in torch.ops.prunekit_cslt.last_config(tuned_id))
     res["tune_first_call_s"] = tune_s
     for name, fn in calls.items():
         out = fn()

@@ -62,7 +62,7 @@ struct Plan {
   cusparseLtMatmulPlan_t plan{};
   size_t workspace = 0;
   int config_id = -1;  // CUSPARSELT_MATMUL_ALG_CONFIG_ID set on the plan (-1: cuSPARSELt's default choice)
-  bool tuned = false;  // config_id chosen by tune_config_id
+  bool searched = false;  // tune_config_id timed the configurations (config_id is its choice)
   bool ready = false;
   ~Plan() {
     if (ready) {
@@ -92,6 +92,7 @@ bool describe_x_transposed() {
 constexpr bool kTuneDefault = false;
 constexpr int64_t kTuneMinN = 128;  // 2:4 at N <= 16 runs prunekit's decode kernel; the ids differ at large GEMMs
 constexpr int kTuneRounds = 5, kTuneReps = 2;
+constexpr float kTuneMargin = 0.03f;  // a configuration id replaces the default only if this much faster
 
 bool tune_plans(int64_t n) {
   const int64_t env = env_int("PRUNEKIT_CSLT_TUNE");
@@ -132,13 +133,15 @@ cudaDataType cuda_type(at::ScalarType t) {
 // Our own configuration search (cusparseLtMatmulSearch returned "internal error" on the H100 at large GEMMs, then
 // the next CUDA call hit an illegal instruction: docs/PERFORMANCE_STRUCTURED.md). Every configuration id cuSPARSELt
 // offers for `matmul` (up to CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID) gets a plan; each that plans and runs is timed on
-// these operands with CUDA events, kTuneReps calls per round over kTuneRounds rounds, the order rotated by one per
-// round so that a drift of the GPU's speed falls on all alike; the id with the lowest median time per call is returned.
-// y is overwritten. Returns -1 (cuSPARSELt's default) while the stream is being captured into a CUDA graph, where
-// nothing can be timed, or when fewer than two ids run. Cost: about kTuneRounds * kTuneReps + 1 calls per id, once
+// these operands with CUDA events, beside cuSPARSELt's default selection, kTuneReps calls per round over kTuneRounds
+// rounds, the order rotated by one per round so that a drift of the GPU's speed falls on all alike. The id with the
+// lowest median time per call is returned if it beat the default's median by kTuneMargin; else -1 (the default). y is
+// overwritten. Also -1 while the stream is being captured into a CUDA graph, where nothing can be timed, or when fewer
+// than two configurations run. *searched tells whether the configurations were timed. Cost: about kTuneRounds * kTuneReps + 1 calls per id, once
 // per plan (27 ids on the H100 with cuSPARSELt 0.8: about 40 ms at 4096^3, 1.2 s at 16384^2 x 8192).
 int tune_config_id(const Weight& w, const cusparseLtMatmulDescriptor_t& matmul, const at::Tensor& x,
-                   const at::Tensor& y) {
+                   const at::Tensor& y, bool* searched) {
+  *searched = false;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return -1;
@@ -159,15 +162,15 @@ int tune_config_id(const Weight& w, const cusparseLtMatmulDescriptor_t& matmul, 
   };
   std::vector<Trial> trials;
   trials.reserve(static_cast<size_t>(std::max(max_id, 0)));
-  for (int id = 0; id < max_id; ++id) {
+  for (int id = -1; id < max_id; ++id) {  // -1: the default selection, no id set
     Trial t;
     t.id = id;
     if (cusparseLtMatmulAlgSelectionInit(handle(), &t.alg, &matmul, CUSPARSELT_MATMUL_ALG_DEFAULT) !=
         CUSPARSE_STATUS_SUCCESS) {
       continue;
     }
-    if (cusparseLtMatmulAlgSetAttribute(handle(), &t.alg, CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id, sizeof(id)) !=
-            CUSPARSE_STATUS_SUCCESS ||
+    if ((id >= 0 && cusparseLtMatmulAlgSetAttribute(handle(), &t.alg, CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id,
+                                                    sizeof(id)) != CUSPARSE_STATUS_SUCCESS) ||
         cusparseLtMatmulPlanInit(handle(), &t.plan, &matmul, &t.alg) != CUSPARSE_STATUS_SUCCESS) {
       cusparseLtMatmulAlgSelectionDestroy(&t.alg);
       continue;
@@ -210,14 +213,16 @@ int tune_config_id(const Weight& w, const cusparseLtMatmulDescriptor_t& matmul, 
     }
   }
   for (cudaEvent_t& e : events) cudaEventDestroy(e);
+  *searched = true;
   int best = -1, timed = 0;
-  float best_ms = 0.f;
+  float best_ms = 0.f, default_ms = 0.f;
   for (Trial& t : trials) {
     if (t.runs && t.ms.size() == static_cast<size_t>(kTuneRounds)) {
       std::sort(t.ms.begin(), t.ms.end());
       const float median = t.ms[t.ms.size() / 2];
+      if (t.id < 0) default_ms = median;
       ++timed;
-      if (best < 0 || median < best_ms) {
+      if (timed == 1 || median < best_ms) {
         best = t.id;
         best_ms = median;
       }
@@ -225,7 +230,10 @@ int tune_config_id(const Weight& w, const cusparseLtMatmulDescriptor_t& matmul, 
     cusparseLtMatmulPlanDestroy(&t.plan);
     cusparseLtMatmulAlgSelectionDestroy(&t.alg);
   }
-  return timed >= 2 ? best : -1;
+  // another id only where it beat the default selection by kTuneMargin: at 16384^2 x 8192 the search once kept an id
+  // 4% slower than the default by graph time (benchmarks/results/nm-kernels-h100-2026-11-26-s23e.json)
+  if (timed < 2 || best < 0 || (default_ms > 0.f && best_ms > default_ms * (1.f - kTuneMargin))) return -1;
+  return best;
 }
 
 // With `sparse_b` (prepare_b) W is compressed as cuSPARSELt's structured B operand (isSparseA = 0) instead.
@@ -355,8 +363,7 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
       }
       plan->config_id = static_cast<int>(alg_id);
       if (alg_id < 0 && split_k < 0 && split_k_mode < 0 && !search_plans() && tune_plans(n)) {
-        plan->config_id = tune_config_id(*w, plan->matmul, x, y);
-        plan->tuned = plan->config_id >= 0;
+        plan->config_id = tune_config_id(*w, plan->matmul, x, y, &plan->searched);
       }
       PK_CSLT_CHECK(cusparseLtMatmulAlgSelectionInit(handle(), &plan->alg, &plan->matmul,
                                                      CUSPARSELT_MATMUL_ALG_DEFAULT));
@@ -476,13 +483,16 @@ at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::
 
 int64_t cslt_prepare(const at::Tensor& dense) { return cslt_prepare_with(dense, c10::nullopt); }
 
-// The configuration id of the weight's latest plan: -1 for cuSPARSELt's default choice, else the id set on it (by
-// $PRUNEKIT_CSLT_ALG or the search of $PRUNEKIT_CSLT_TUNE=1); -2 when no plan was kept.
-int64_t cslt_last_config_id(int64_t id) {
+// The weight's latest plan as [configuration id, searched]: the id is -1 for cuSPARSELt's default selection, else the
+// one set on the plan (by $PRUNEKIT_CSLT_ALG or by the search of $PRUNEKIT_CSLT_TUNE=1); searched is 1 where that
+// search timed the configurations. [-2, 0] when no plan was kept.
+std::vector<int64_t> cslt_last_config(int64_t id) {
   const std::lock_guard<std::mutex> lock(registry_mutex);
   auto it = registry.find(id);
-  PRUNEKIT_CHECK(it != registry.end(), "cslt_last_config_id: unknown weight id ", id);
-  return it->second->last == nullptr ? -2 : it->second->last->config_id;
+  PRUNEKIT_CHECK(it != registry.end(), "cslt_last_config: unknown weight id ", id);
+  const Plan* plan = it->second->last;
+  if (plan == nullptr) return {-2, 0};
+  return {plan->config_id, plan->searched ? 1 : 0};
 }
 
 // The largest algorithm configuration id (CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID) cuSPARSELt offers for the product
@@ -512,7 +522,7 @@ TORCH_LIBRARY(prunekit_cslt, m) {
   m.def("prepare_with(Tensor dense, Tensor? compressed) -> int");
   m.def("prepare_b(Tensor dense, bool col) -> int");
   m.def("max_alg_id(int id, Tensor x, Tensor(a!) y) -> int");
-  m.def("last_config_id(int id) -> int", &prunekit_cslt::cslt_last_config_id);  // no tensor argument: catch-all
+  m.def("last_config(int id) -> int[]", &prunekit_cslt::cslt_last_config);  // no tensor argument: catch-all
   m.def("mm(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
   m.def("linear(int id, Tensor x, Tensor? bias, bool relu, int output) -> Tensor");
   m.def("release(int id) -> ()", &prunekit_cslt::cslt_release);  // no tensor argument: a catch-all kernel
