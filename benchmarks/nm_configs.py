@@ -181,7 +181,7 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Gener
     del ys, outs
     n_algs = args.algs
     if n_algs < 0:  # every configuration id cuSPARSELt offers for this product
-        x, y = _operands(sets[0][3], m, "xc_yr")
+        x, y = _operands(sets[0][3], m, args.alg_layout)
         res["max_alg_id"] = int(torch.ops.prunekit_cslt.max_alg_id(sets[0][4].id, x, y))
         n_algs = res["max_alg_id"] + 1
     for env, values, prefix in (
@@ -191,7 +191,9 @@ def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Gener
     ):
         for v in values:
             with _env(env, str(v)):
-                timed_mm(f"{prefix}{v}")
+                layout = args.alg_layout if prefix == "alg" else "xc_yr"
+                console.print(f"{m}x{k} N={n}: {prefix}{v} ({layout})")  # the last line names a crashing one
+                timed_mm(f"{prefix}{v}", layout)
     # split-K factors under each cusparseLtSplitKMode_t value (an integer: the modes differ between versions)
     for mode in [int(v) for v in args.split_k_modes.split(",") if v]:
         for factor in [int(v) for v in args.split_ks.split(",") if v]:
@@ -209,6 +211,7 @@ def main() -> None:
     parser.add_argument(
         "--algs", type=int, default=8, help="time configuration ids 0 .. ALGS-1 (-1: every id cuSPARSELt offers)"
     )
+    parser.add_argument("--alg-layout", default="xc_yr", choices=LAYOUTS, help="operand layouts of the id sweep")
     parser.add_argument("--split-k-modes", default="", help="cusparseLtSplitKMode_t values to time, e.g. 1,2,6")
     parser.add_argument("--split-ks", default="2,4", help="split-K factors timed under each of --split-k-modes")
     parser.add_argument("--max-sets", type=int, default=4)

@@ -87,8 +87,9 @@ bool describe_x_transposed() {
 }
 
 // $PRUNEKIT_CSLT_TUNE: "1" times cuSPARSELt's configuration ids on the first call of each new plan with N >= kTuneMinN
-// and keeps the fastest (tune_config_id); "0" or unset keeps cuSPARSELt's default choice (kTuneDefault). Read when a
-// plan is built.
+// and a row-major Y, and keeps the fastest (tune_config_id); "0" or unset keeps cuSPARSELt's default choice
+// (kTuneDefault). Read when a plan is built. Off by default: a configuration cuSPARSELt offers can end the process
+// with an illegal instruction (seen once, for a layout the search now skips), and nothing in the process can recover.
 constexpr bool kTuneDefault = false;
 constexpr int64_t kTuneMinN = 128;  // 2:4 at N <= 16 runs prunekit's decode kernel; the ids differ at large GEMMs
 constexpr int kTuneRounds = 5, kTuneReps = 2;
@@ -362,7 +363,11 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
                                                        &bias_ptr, sizeof(bias_ptr)));
       }
       plan->config_id = static_cast<int>(alg_id);
-      if (alg_id < 0 && split_k < 0 && split_k_mode < 0 && !search_plans() && tune_plans(n)) {
+      // only for the row-major Y (M, N) the runtime's layer writes: in a run with the search on for every layout, a
+      // configuration tried for another layout ended the process with an illegal instruction on the H100
+      // (benchmarks/results/nm-large-tune-h100-2026-11-26-s23f.log), as cusparseLtMatmulSearch did
+      if (alg_id < 0 && split_k < 0 && split_k_mode < 0 && !search_plans() && tune_plans(n) && y_row &&
+          !w->sparse_b) {
         plan->config_id = tune_config_id(*w, plan->matmul, x, y, &plan->searched);
       }
       PK_CSLT_CHECK(cusparseLtMatmulAlgSelectionInit(handle(), &plan->alg, &plan->matmul,
