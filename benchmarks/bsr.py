@@ -125,60 +125,48 @@ def graph_time(calls: list, replays: int = 7, target_s: float = GRAPH_TARGET_S) 
     return statistics.median(_ms_between(graph.replay) / reps for _ in range(replays))
 
 
-def wall_time(calls: list, trials: int = 5, target_s: float = EAGER_TARGET_S) -> float:
-    """Median wall-clock ms per call (perf_counter) over ``trials`` loops of back-to-back eager calls with one
-    synchronize at the end of each loop: host and device time together, as an application sees them."""
+def _eager_reps(calls: list, target_s: float) -> int:
+    """Calls per eager loop: about ``target_s`` of one warm call of ``calls[0]`` (every call run once first)."""
     for c in calls:
         c()
     torch.cuda.synchronize()
     t = time.perf_counter()
     calls[0]()
     torch.cuda.synchronize()
-    one = time.perf_counter() - t
-    reps = max(10, min(2000, int(target_s / max(one, 1e-6))))
-    samples = []
-    for _ in range(trials):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for i in range(reps):
-            calls[i % len(calls)]()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t) / reps * 1e3)
-    return statistics.median(samples)
+    return max(10, min(2000, int(target_s / max(time.perf_counter() - t, 1e-6))))
+
+
+def _eager_loop(calls: list, reps: int) -> float:
+    """Wall-clock ms per call of ``reps`` back-to-back calls rotating over ``calls``, one synchronize at the end."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for i in range(reps):
+        calls[i % len(calls)]()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / reps * 1e3
+
+
+def wall_time(calls: list, trials: int = 5, target_s: float = EAGER_TARGET_S) -> float:
+    """Median wall-clock ms per call (perf_counter) over ``trials`` loops of back-to-back eager calls with one
+    synchronize at the end of each loop: host and device time together, as an application sees them."""
+    reps = _eager_reps(calls, target_s)
+    return statistics.median(_eager_loop(calls, reps) for _ in range(trials))
 
 
 def wall_pair(a_calls: list, b_calls: list, rounds: int = 9, target_s: float = EAGER_TARGET_S) -> dict:
-    """Wall-clock ms per call of two contenders timed in alternating rounds (one ``wall_time``-style loop of each per
+    """Wall-clock ms per call of two contenders timed in alternating rounds (one ``wall_time`` loop of each per
     round, the order swapped every round), so that a drift of the GPU's speed during the run (clocks, temperature)
     falls on both alike. Returns ``a_ms`` / ``b_ms`` (medians over the rounds), ``b_over_a`` (median of the per-round
     ratios b / a) and the per-round lists ``a_rounds`` / ``b_rounds``."""
-
-    def reps_of(calls: list) -> int:
-        for c in calls:
-            c()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        calls[0]()
-        torch.cuda.synchronize()
-        return max(10, min(2000, int(target_s / max(time.perf_counter() - t, 1e-6))))
-
-    def loop(calls: list, reps: int) -> float:
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for i in range(reps):
-            calls[i % len(calls)]()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t) / reps * 1e3
-
-    reps_a, reps_b = reps_of(a_calls), reps_of(b_calls)
+    reps_a, reps_b = _eager_reps(a_calls, target_s), _eager_reps(b_calls, target_s)
     a_rounds, b_rounds = [], []
     for r in range(rounds):
         if r % 2 == 0:
-            a_rounds.append(loop(a_calls, reps_a))
-            b_rounds.append(loop(b_calls, reps_b))
+            a_rounds.append(_eager_loop(a_calls, reps_a))
+            b_rounds.append(_eager_loop(b_calls, reps_b))
         else:
-            b_rounds.append(loop(b_calls, reps_b))
-            a_rounds.append(loop(a_calls, reps_a))
+            b_rounds.append(_eager_loop(b_calls, reps_b))
+            a_rounds.append(_eager_loop(a_calls, reps_a))
     return {
         "a_ms": statistics.median(a_rounds),
         "b_ms": statistics.median(b_rounds),

@@ -21,7 +21,8 @@ per large GEMM and in one run (CUDA-graph replays, median; rotating input sets a
   ``$PRUNEKIT_CSLT_SPLIT_K=1`` (plans built by those settings; an id cuSPARSELt refuses is recorded as an error; split-K
   2 and 4 were refused with "invalid value" on the H100); ``--algs -1`` times every id up to cuSPARSELt's
   ``CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID`` (``max_alg_id`` in the row); ``skmode<m>_sk<f>``: split-K factor ``f`` under
-  ``cusparseLtSplitKMode_t`` value ``m`` (``$PRUNEKIT_CSLT_SPLIT_K_MODE``, ``--split-k-modes``); ``fresh_plan1``: ``$PRUNEKIT_CSLT_FRESH_PLAN=1``, a new
+  ``cusparseLtSplitKMode_t`` value ``m`` (``$PRUNEKIT_CSLT_SPLIT_K_MODE``, ``--split-k-modes``);
+  ``fresh_plan1``: ``$PRUNEKIT_CSLT_FRESH_PLAN=1``, a new
   plan in every call, as ``torch._cslt_sparse_mm`` builds one (device time only: the graph replays the kernels).
 
 Writes ``--out`` JSON (device, torch, date) and prints a table. GPU machine:
@@ -75,6 +76,24 @@ def _operands(x2d: torch.Tensor, m: int, layout: str) -> tuple[torch.Tensor, tor
     if layout.endswith("yc"):
         y = torch.empty(n, m, dtype=x2d.dtype, device=x2d.device).t()
     return x, y
+
+
+def save_rows(out: Path, rows: list[dict]) -> dict:
+    """Write ``{"environment": meta, "rows": rows}`` to ``out`` (through a temporary file, then a rename) and return
+    ``meta``: device, torch and CUDA versions, UTC date, host and command line."""
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "command": " ".join(sys.argv),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"environment": meta, "rows": rows}, indent=1))
+    tmp.replace(out)
+    return meta
 
 
 def run_point(m: int, k: int, n: int, dtype: torch.dtype, args, gen: torch.Generator) -> dict:
@@ -226,18 +245,7 @@ def main() -> None:
         rows.append(run_point(m, k, n, torch.float16, args, gen))
         torch.cuda.empty_cache()
         console.print(f"{m}x{k} N={n} done")
-    meta = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "command": " ".join(sys.argv),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"environment": meta, "rows": rows}, indent=1))
-    tmp.replace(args.out)
+    meta = save_rows(args.out, rows)
     names = sorted({k[: -len("_x_dense")] for r in rows for k in r if k.endswith("_x_dense")})
     table = Table(title=f"2:4 configurations, x dense (graph) on {meta['device']} ({meta['date']})")
     table.add_column("M x K, N")

@@ -30,10 +30,7 @@ Writes ``--out`` JSON (device, torch, date) and prints a table. GPU machine:
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -46,6 +43,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nm import nm24_weight  # noqa: E402
+from nm_configs import save_rows  # noqa: E402
 
 from prunekit.kernels import structured  # noqa: E402
 
@@ -235,18 +233,7 @@ def main() -> None:
             f"{m}x{k} N={n} done: configuration id {rows[-1]['tuned_config_id']} chosen in "
             f"{rows[-1]['tune_first_call_s']:.2f} s"
         )
-    meta = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "command": " ".join(sys.argv),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"environment": meta, "rows": rows}, indent=1))
-    tmp.replace(args.out)
+    meta = save_rows(args.out, rows)
     table = Table(title=f"2:4 kernels, x dense (graph / eager, median of rounds) on {meta['device']} ({meta['date']})")
     table.add_column("M x K, N")
     table.add_column("dense ms (graph)")

@@ -176,8 +176,8 @@ def test_cslt_configuration_search_keeps_an_id_and_stays_right(relu, monkeypatch
 @pytest.mark.cuda
 def test_cslt_every_configuration_id_and_split_k_mode_it_accepts_is_right(monkeypatch):
     """``prunekit_cslt::max_alg_id`` reports cuSPARSELt's largest configuration id for a product; every id up to it,
-    and split-K 2 under each ``cusparseLtSplitKMode_t`` value, either is refused at plan time with the binding's error or
-    gives the float64 result (Y poisoned first). The default (id 0) must be accepted."""
+    and split-K 2 under each ``cusparseLtSplitKMode_t`` value, either is refused at plan time with the binding's
+    error or gives the float64 result (Y poisoned first). The default (id 0) must be accepted."""
     if not structured.cusparselt_available():
         pytest.skip("this torch has no cuSPARSELt")
     assert structured.native_cslt_available()

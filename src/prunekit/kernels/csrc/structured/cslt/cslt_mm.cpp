@@ -138,8 +138,9 @@ cudaDataType cuda_type(at::ScalarType t) {
 // rounds, the order rotated by one per round so that a drift of the GPU's speed falls on all alike. The id with the
 // lowest median time per call is returned if it beat the default's median by kTuneMargin; else -1 (the default). y is
 // overwritten. Also -1 while the stream is being captured into a CUDA graph, where nothing can be timed, or when fewer
-// than two configurations run. *searched tells whether the configurations were timed. Cost: about kTuneRounds * kTuneReps + 1 calls per id, once
-// per plan (27 ids on the H100 with cuSPARSELt 0.8: about 40 ms at 4096^3, 1.2 s at 16384^2 x 8192).
+// than two configurations run. *searched tells whether the configurations were timed. Cost, once per plan: a plan and
+// kTuneRounds * kTuneReps + 1 calls per id (27 ids on the H100 with cuSPARSELt 0.8: the first call took 0.12-0.58 s
+// at the GEMMs of 4096 x 4096 to 11008 x 4096, 2.5 s at 16384^2 x 8192; nm-kernels-h100-2026-11-26-s23e.json).
 int tune_config_id(const Weight& w, const cusparseLtMatmulDescriptor_t& matmul, const at::Tensor& x,
                    const at::Tensor& y, bool* searched) {
   *searched = false;
@@ -422,7 +423,8 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
   const void* a_ptr = w->sparse_b ? x.data_ptr() : w->compressed.data_ptr();
   const void* b_ptr = w->sparse_b ? w->compressed.data_ptr() : x.data_ptr();
   PK_CSLT_CHECK(
-      cusparseLtMatmul(handle(), &p->plan, &alpha, a_ptr, b_ptr, &beta, y.data_ptr(), y.data_ptr(), ws_ptr, &stream, 1));
+      cusparseLtMatmul(handle(), &p->plan, &alpha, a_ptr, b_ptr, &beta, y.data_ptr(), y.data_ptr(), ws_ptr, &stream,
+                       1));
   if (env_int("PRUNEKIT_CSLT_FRESH_PLAN") == 1) {
     // diagnostics (benchmarks/nm_configs.py): drop the plan, so that every call builds its own, as
     // torch._cslt_sparse_mm does (it destroys its plan right after cusparseLtMatmul too)
