@@ -20,7 +20,7 @@ per large GEMM and in one run (CUDA-graph replays, median; rotating input sets a
 - ``alg<i>`` / ``splitk1``: ``mm_xc_yr`` (the default X description) with ``$PRUNEKIT_CSLT_ALG=i`` /
   ``$PRUNEKIT_CSLT_SPLIT_K=1`` (plans built by those settings; an id cuSPARSELt refuses is recorded as an error; split-K
   2 and 4 were refused with "invalid value" on the H100); ``--algs -1`` times every id up to cuSPARSELt's
-  ``CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID`` (``max_alg_id`` in the row); ``skmode<m>_sk<f>``: split-K factor ``f`` under
+  ``CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID`` (``max_alg_id`` in the row), in ``--alg-layout``; ``skmode<m>_sk<f>``: split-K factor ``f`` under
   ``cusparseLtSplitKMode_t`` value ``m`` (``$PRUNEKIT_CSLT_SPLIT_K_MODE``, ``--split-k-modes``);
   ``fresh_plan1``: ``$PRUNEKIT_CSLT_FRESH_PLAN=1``, a new
   plan in every call, as ``torch._cslt_sparse_mm`` builds one (device time only: the graph replays the kernels).
