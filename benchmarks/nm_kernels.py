@@ -101,7 +101,7 @@ def _capture_plan_works() -> bool:
 
 
 def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
-    dtype = torch.float16
+    dtype = getattr(torch, args.dtype)
     w = nm24_weight(m, k, dtype, gen)
     x2d = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
     packed = torch._cslt_compress(w)
@@ -126,7 +126,7 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
         "view": view,
         "view_tuned": lambda: view(tuned_id),
     }
-    res: dict = {"m": m, "k": k, "n": n, "dtype": "float16", "rounds": args.rounds}
+    res: dict = {"m": m, "k": k, "n": n, "dtype": args.dtype, "rounds": args.rounds}
     res["tuned_config_id"], res["tune_searched"] = (int(v) for v in torch.ops.prunekit_cslt.last_config(tuned_id))
     res["tune_first_call_s"] = tune_s
     for name, fn in calls.items():
@@ -177,7 +177,7 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
     # kernel names, eager and in a graph
     from torch.profiler import ProfilerActivity, profile
 
-    for name in variants:
+    for name in variants if not args.no_profile else ():
         fresh_id = None
         if name == "view_capture_plan":
             fresh_id = int(torch.ops.prunekit_cslt.prepare(w))
@@ -216,6 +216,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--points", default="", help="comma-separated indices into POINTS (default all)")
+    parser.add_argument("--shapes", default="", help="MxKxN,... instead of --points, e.g. 4096x4096x512")
+    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiler pass (kernel names)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--target-ms", type=float, default=40.0, help="device time per graph / eager loop")
     args = parser.parse_args()
@@ -224,6 +227,8 @@ def main() -> None:
     structured.load_cslt()
     args.capture_plan = _capture_plan_works()
     points = [POINTS[int(i)] for i in args.points.split(",")] if args.points else POINTS
+    if args.shapes:
+        points = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for m, k, n in points:
