@@ -127,7 +127,7 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
         "view_tuned": lambda: view(tuned_id),
     }
     res: dict = {"m": m, "k": k, "n": n, "dtype": args.dtype, "rounds": args.rounds}
-    res["tuned_config_id"], res["tune_searched"] = (int(v) for v in torch.ops.prunekit_cslt.last_config(tuned_id))
+    res["tuned_config_id"], res["tune_source"] = (int(v) for v in torch.ops.prunekit_cslt.last_config(tuned_id))
     res["tune_first_call_s"] = tune_s
     for name, fn in calls.items():
         out = fn()

@@ -134,9 +134,10 @@ def test_cslt_mm_operand_layouts_and_configurations(x_row, y_row, env, monkeypat
 @pytest.mark.parametrize("relu", [False, True])
 def test_cslt_configuration_search_keeps_an_id_and_stays_right(relu, monkeypatch):
     """``$PRUNEKIT_CSLT_TUNE=1``: the first call of a plan at N >= 128 times cuSPARSELt's configuration ids
-    (``last_config`` reports it searched, and an id or -1 for the default selection); the output of that call and of
-    later ones (plan reused) matches float64 with Y poisoned first, with bias and ReLU fused. Below N = 128, and inside
-    a CUDA-graph capture, no search runs."""
+    (``last_config``: an id or -1 for the default selection, source 1); a new N in the same power-of-two bucket takes
+    that choice without searching (source 2); a new bucket searches again; below N = 128, and for a plan first built
+    inside a CUDA-graph capture, nothing is searched (source 0). Every output, bias and ReLU fused, matches float64
+    with Y poisoned first."""
     if not structured.cusparselt_available():
         pytest.skip("this torch has no cuSPARSELt")
     assert structured.native_cslt_available()
@@ -147,18 +148,22 @@ def test_cslt_configuration_search_keeps_an_id_and_stays_right(relu, monkeypatch
     monkeypatch.setenv("PRUNEKIT_CSLT_TUNE", "1")
     wid = int(torch.ops.prunekit_cslt.prepare(dense))
     try:
-        for n_tokens in (160, 160, 32):
+        seen = {}
+        # 160 searches (bucket 256), again the same plan, 32 is below the search, 200 shares 160's bucket, 300 is
+        # a new bucket (512)
+        for n_tokens, source in ((160, 1), (160, 1), (32, 0), (200, 2), (300, 1)):
             x2d = torch.randn(n_tokens, k, device="cuda").half()
             y = torch.empty(m, n_tokens, device="cuda").half().fill_(float("nan"))
             torch.ops.prunekit_cslt.mm(wid, x2d.t(), y, bias, relu)
             torch.cuda.synchronize()
             assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, act)) < TOLERANCE[torch.float16]
-            config, searched = (int(v) for v in torch.ops.prunekit_cslt.last_config(wid))
-            assert config >= -1
-            assert searched == (n_tokens >= 128) and (searched or config == -1), (n_tokens, config, searched)
-        # a plan first built inside a capture is not searched
-        x2d = torch.randn(192, k, device="cuda").half()
-        y = torch.empty(m, 192, device="cuda").half()
+            config, got = (int(v) for v in torch.ops.prunekit_cslt.last_config(wid))
+            assert got == source and config >= -1 and (source or config == -1), (n_tokens, config, got)
+            seen[n_tokens] = config
+        assert seen[200] == seen[160] or seen[200] == -1  # the bucket's choice (-1 if this N does not offer it)
+        # a plan first built inside a capture, in a bucket not searched yet (1024), is not searched
+        x2d = torch.randn(1000, k, device="cuda").half()
+        y = torch.empty(m, 1000, device="cuda").half()
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             graph = torch.cuda.CUDAGraph()

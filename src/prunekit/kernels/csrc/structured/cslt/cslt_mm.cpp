@@ -62,7 +62,9 @@ struct Plan {
   cusparseLtMatmulPlan_t plan{};
   size_t workspace = 0;
   int config_id = -1;  // CUSPARSELT_MATMUL_ALG_CONFIG_ID set on the plan (-1: cuSPARSELt's default choice)
-  bool searched = false;  // tune_config_id timed the configurations (config_id is its choice)
+  // where config_id came from under $PRUNEKIT_CSLT_TUNE=1: kConfigSearched (tune_config_id timed the configurations
+  // on this plan's first call), kConfigFromBucket (the id an earlier plan's search chose for the same N bucket)
+  int config_source = 0;
   bool ready = false;
   ~Plan() {
     if (ready) {
@@ -94,11 +96,23 @@ constexpr bool kTuneDefault = false;
 constexpr int64_t kTuneMinN = 128;  // 2:4 at N <= 16 runs prunekit's decode kernel; the ids differ at large GEMMs
 constexpr int kTuneRounds = 5, kTuneReps = 2;
 constexpr float kTuneMargin = 0.03f;  // a configuration id replaces the default only if this much faster
+constexpr int kConfigNone = 0, kConfigSearched = 1, kConfigFromBucket = 2;  // Plan::config_source
+
+// The token counts that share a searched configuration: N rounded up to a power of two, so that a layer called with
+// varying N searches once per bucket, not once per N (a search takes 0.01-2.5 s on the H100).
+int64_t n_bucket(int64_t n) {
+  int64_t b = 1;
+  while (b < n) b <<= 1;
+  return b;
+}
 
 bool tune_plans(int64_t n) {
   const int64_t env = env_int("PRUNEKIT_CSLT_TUNE");
   return (env < 0 ? kTuneDefault : env != 0) && n >= kTuneMinN;
 }
+
+// X row-major, X described transposed, Y row-major, bias set, relu, N bucket: the search's choices are kept per key
+using TuneKey = std::tuple<bool, bool, bool, bool, bool, int64_t>;
 
 // n, ld X, X row-major, X described transposed, ld Y, Y row-major, bias, relu, algorithm configuration id, split-K
 using PlanKey = std::tuple<int64_t, int64_t, bool, bool, int64_t, bool, uintptr_t, bool, int64_t, int64_t, int64_t>;
@@ -113,6 +127,7 @@ struct Weight {
   at::Tensor compressed;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   Plan* last = nullptr;  // the plan of the latest call (cslt_max_alg_id)
+  std::map<TuneKey, int> searched;  // configuration id the search chose per key (-1: the default selection)
   ~Weight() {
     plans.clear();
     cusparseLtMatDescriptorDestroy(&mat_a);
@@ -369,14 +384,36 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
       // (benchmarks/results/nm-large-tune-h100-2026-11-26-s23f.log), as cusparseLtMatmulSearch did
       if (alg_id < 0 && split_k < 0 && split_k_mode < 0 && !search_plans() && tune_plans(n) && y_row &&
           !w->sparse_b) {
-        plan->config_id = tune_config_id(*w, plan->matmul, x, y, &plan->searched);
+        const TuneKey tkey{x_row, x_t, y_row, bias_ptr != nullptr, relu, n_bucket(n)};
+        const auto found = w->searched.find(tkey);
+        if (found != w->searched.end()) {
+          plan->config_id = found->second;
+          plan->config_source = kConfigFromBucket;
+        } else {
+          bool searched = false;
+          plan->config_id = tune_config_id(*w, plan->matmul, x, y, &searched);
+          if (searched) {
+            plan->config_source = kConfigSearched;
+            w->searched[tkey] = plan->config_id;
+          }
+        }
       }
       PK_CSLT_CHECK(cusparseLtMatmulAlgSelectionInit(handle(), &plan->alg, &plan->matmul,
                                                      CUSPARSELT_MATMUL_ALG_DEFAULT));
       if (plan->config_id >= 0) {
         const int id32 = plan->config_id;
-        PK_CSLT_CHECK(cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg, CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id32,
-                                                      sizeof(id32)));
+        const cusparseStatus_t set = cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg,
+                                                                     CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id32,
+                                                                     sizeof(id32));
+        if (set != CUSPARSE_STATUS_SUCCESS && plan->config_source == kConfigFromBucket) {
+          // another N of the bucket chose an id this N does not offer: the default selection
+          plan->config_id = -1;
+          plan->config_source = kConfigNone;
+        } else {
+          if (set != CUSPARSE_STATUS_SUCCESS) cusparseLtMatmulAlgSelectionDestroy(&plan->alg);
+          PRUNEKIT_CHECK(set == CUSPARSE_STATUS_SUCCESS, "cuSPARSELt call cusparseLtMatmulAlgSetAttribute(",
+                         "CUSPARSELT_MATMUL_ALG_CONFIG_ID = ", id32, ") failed: ", cusparseLtGetErrorString(set));
+        }
       }
       if (split_k_mode >= 0) {
         // cusparseLtSplitKMode_t as its integer value (the modes differ between cuSPARSELt versions)
@@ -389,7 +426,19 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
         PK_CSLT_CHECK(cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg, CUSPARSELT_MATMUL_SPLIT_K, &k32,
                                                       sizeof(k32)));
       }
-      PK_CSLT_CHECK(cusparseLtMatmulPlanInit(handle(), &plan->plan, &plan->matmul, &plan->alg));
+      cusparseStatus_t planned = cusparseLtMatmulPlanInit(handle(), &plan->plan, &plan->matmul, &plan->alg);
+      if (planned != CUSPARSE_STATUS_SUCCESS && plan->config_source == kConfigFromBucket) {
+        // the bucket's id does not plan at this N: the default selection
+        cusparseLtMatmulAlgSelectionDestroy(&plan->alg);
+        PK_CSLT_CHECK(cusparseLtMatmulAlgSelectionInit(handle(), &plan->alg, &plan->matmul,
+                                                       CUSPARSELT_MATMUL_ALG_DEFAULT));
+        plan->config_id = -1;
+        plan->config_source = kConfigNone;
+        planned = cusparseLtMatmulPlanInit(handle(), &plan->plan, &plan->matmul, &plan->alg);
+      }
+      if (planned != CUSPARSE_STATUS_SUCCESS) cusparseLtMatmulAlgSelectionDestroy(&plan->alg);
+      PRUNEKIT_CHECK(planned == CUSPARSE_STATUS_SUCCESS,
+                     "cuSPARSELt call cusparseLtMatmulPlanInit failed: ", cusparseLtGetErrorString(planned));
       plan->ready = true;
       PK_CSLT_CHECK(cusparseLtMatmulGetWorkspace(handle(), &plan->plan, &plan->workspace));
       if (search_plans()) {
@@ -490,16 +539,17 @@ at::Tensor cslt_linear(int64_t id, const at::Tensor& x, const c10::optional<at::
 
 int64_t cslt_prepare(const at::Tensor& dense) { return cslt_prepare_with(dense, c10::nullopt); }
 
-// The weight's latest plan as [configuration id, searched]: the id is -1 for cuSPARSELt's default selection, else the
-// one set on the plan (by $PRUNEKIT_CSLT_ALG or by the search of $PRUNEKIT_CSLT_TUNE=1); searched is 1 where that
-// search timed the configurations. [-2, 0] when no plan was kept.
+// The weight's latest plan as [configuration id, source]: the id is -1 for cuSPARSELt's default selection, else the
+// one set on the plan (by $PRUNEKIT_CSLT_ALG or by the search of $PRUNEKIT_CSLT_TUNE=1); source is 1 where that
+// search timed the configurations for this plan, 2 where it took the choice of an earlier plan in the same N bucket,
+// else 0. [-2, 0] when no plan was kept.
 std::vector<int64_t> cslt_last_config(int64_t id) {
   const std::lock_guard<std::mutex> lock(registry_mutex);
   auto it = registry.find(id);
   PRUNEKIT_CHECK(it != registry.end(), "cslt_last_config: unknown weight id ", id);
   const Plan* plan = it->second->last;
   if (plan == nullptr) return {-2, 0};
-  return {plan->config_id, plan->searched ? 1 : 0};
+  return {plan->config_id, plan->config_source};
 }
 
 // The largest algorithm configuration id (CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID) cuSPARSELt offers for the product
