@@ -238,6 +238,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("nm_configs.py needs a CUDA GPU")
     structured.load_cslt()
+    # configurations are compared against cuSPARSELt's default selection: the binding's own search (on by default)
+    # stays off unless $PRUNEKIT_CSLT_TUNE is set
+    os.environ.setdefault("PRUNEKIT_CSLT_TUNE", "0")
     points = [POINTS[int(i)] for i in args.points.split(",")] if args.points else POINTS
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []

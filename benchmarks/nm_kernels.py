@@ -13,7 +13,8 @@ measurement artefact:
 - ``view_capture_plan``: the same on a weight prepared again, whose first call (and so its plan) happens inside the
   graph capture;
 - ``view_fresh``: ``$PRUNEKIT_CSLT_FRESH_PLAN=1``, a new plan in every call, as torch builds one;
-- ``view_tuned``: the same on a weight whose plan was built under ``$PRUNEKIT_CSLT_TUNE=1`` (the binding times
+- ``view_tuned``: the same on a weight whose plan was built under ``$PRUNEKIT_CSLT_TUNE=1`` (the binding's default
+  since the twenty-third session; the other variants run with ``0``, cuSPARSELt's default selection; the binding times
   cuSPARSELt's configuration ids on the first call and keeps the fastest if it beats the default selection by 3%;
   ``tuned_config_id`` in the row, -1 for the default);
 - ``dense``: ``F.linear(x2d, W)`` (cuBLAS).
@@ -119,7 +120,7 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
         torch.cuda.synchronize()
         tune_s = time.perf_counter() - start
     finally:
-        del os.environ["PRUNEKIT_CSLT_TUNE"]
+        os.environ["PRUNEKIT_CSLT_TUNE"] = "0"  # every other variant's plans: cuSPARSELt's default selection
     calls = {
         "dense": lambda: F.linear(x2d, w),
         "torch": lambda: torch._cslt_sparse_mm(packed, x2d.t()),
@@ -225,6 +226,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("nm_kernels.py needs a CUDA GPU")
     structured.load_cslt()
+    # the binding searches configurations by default (kTuneDefault); the variants other than view_tuned time
+    # cuSPARSELt's default selection
+    os.environ["PRUNEKIT_CSLT_TUNE"] = "0"
     args.capture_plan = _capture_plan_works()
     points = [POINTS[int(i)] for i in args.points.split(",")] if args.points else POINTS
     if args.shapes:

@@ -131,6 +131,32 @@ def test_cslt_mm_operand_layouts_and_configurations(x_row, y_row, env, monkeypat
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize(("env", "source"), [(None, 1), ("1", 1), ("0", 0)])
+def test_cslt_configuration_search_is_on_by_default(env, source, monkeypatch):
+    """The binding searches configurations unless ``$PRUNEKIT_CSLT_TUNE=0`` (``last_config``'s source 1 / 0), on a
+    shape of its own per case (the search's choices are kept per shape for the process)."""
+    if not structured.cusparselt_available():
+        pytest.skip("this torch has no cuSPARSELt")
+    assert structured.native_cslt_available()
+    if env is None:
+        monkeypatch.delenv("PRUNEKIT_CSLT_TUNE", raising=False)
+    else:
+        monkeypatch.setenv("PRUNEKIT_CSLT_TUNE", env)
+    m, k = {None: (416, 576), "1": (448, 576), "0": (480, 576)}[env]
+    dense = nm_weight(m, k, 2, 4, torch.float16, seed=53).cuda()
+    wid = int(torch.ops.prunekit_cslt.prepare(dense))
+    try:
+        x2d = torch.randn(256, k, device="cuda").half()
+        y = torch.empty(m, 256, device="cuda").half().fill_(float("nan"))
+        torch.ops.prunekit_cslt.mm(wid, x2d.t(), y, None, False)
+        torch.cuda.synchronize()
+        assert relative_error(y, spmm_reference64(dense, x2d.t(), None, "none")) < TOLERANCE[torch.float16]
+        assert int(torch.ops.prunekit_cslt.last_config(wid)[1]) == source
+    finally:
+        torch.ops.prunekit_cslt.release(wid)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("relu", [False, True])
 def test_cslt_configuration_search_keeps_an_id_and_stays_right(relu, monkeypatch):
     """``$PRUNEKIT_CSLT_TUNE=1``: the first call of a plan at N >= 128 times cuSPARSELt's configuration ids
@@ -141,7 +167,7 @@ def test_cslt_configuration_search_keeps_an_id_and_stays_right(relu, monkeypatch
     if not structured.cusparselt_available():
         pytest.skip("this torch has no cuSPARSELt")
     assert structured.native_cslt_available()
-    m, k = 256, 1024
+    m, k = 352, 1088  # a shape no other test uses: the search's choices are kept per shape for the process
     dense = nm_weight(m, k, 2, 4, torch.float16, seed=47).cuda()
     bias = torch.randn(m, device="cuda").half()
     act = "relu" if relu else "none"

@@ -88,18 +88,23 @@ bool describe_x_transposed() {
   return env < 0 ? kDescribeXTransposed : env != 0;
 }
 
-// $PRUNEKIT_CSLT_TUNE: "1" times cuSPARSELt's configuration ids on the first call of each new plan with N >= kTuneMinN
-// and a row-major Y, and keeps the fastest (tune_config_id); "0" or unset keeps cuSPARSELt's default choice
-// (kTuneDefault). Read when a plan is built. Off by default: a configuration cuSPARSELt offers can end the process
-// with an illegal instruction (seen once, for a layout the search now skips), and nothing in the process can recover.
-constexpr bool kTuneDefault = false;
+// $PRUNEKIT_CSLT_TUNE: "1" (kTuneDefault) times cuSPARSELt's configuration ids (tune_config_id) on the first call of
+// a plan with N >= kTuneMinN and a row-major Y (the runtime layer's output) whose shape, layouts and N bucket no
+// earlier plan in the process searched, and keeps the fastest; "0" keeps cuSPARSELt's default selection. Read when a
+// plan is built. On the H100 this search (benchmarks/results/nm-kernels-*-s23l.json: 19 points, fp16 and bf16,
+// N = 128-8192) kept another id at 16 of them, up to 2.26x faster than the default selection by graph time and never
+// more than 2% slower. With earlier versions of it (-s23e, -s23i: bf16 at large GEMMs 1.00-1.21x -> 1.43-1.45x of
+// dense) 35 points ran. Risk: cuSPARSELt's configurations for a column-major Y include one that ended the process
+// with an illegal instruction (nm-configs-col-h100-2026-11-26-s23g.log), so that layout is never searched; no
+// row-major configuration failed at any of those points.
+constexpr bool kTuneDefault = true;
 constexpr int64_t kTuneMinN = 128;  // 2:4 at N <= 16 runs prunekit's decode kernel; the ids differ at large GEMMs
 constexpr int kTuneRounds = 5, kTuneReps = 2;
 constexpr float kTuneMargin = 0.03f;  // a configuration id replaces the default only if this much faster
 constexpr int kConfigNone = 0, kConfigSearched = 1, kConfigFromBucket = 2;  // Plan::config_source
 
 // The token counts that share a searched configuration: N rounded up to a power of two, so that a layer called with
-// varying N searches once per bucket, not once per N (a search takes 0.01-2.5 s on the H100).
+// varying N searches once per bucket, not once per N (a search takes 0.01-2.6 s on the H100).
 int64_t n_bucket(int64_t n) {
   int64_t b = 1;
   while (b < n) b <<= 1;
@@ -111,8 +116,10 @@ bool tune_plans(int64_t n) {
   return (env < 0 ? kTuneDefault : env != 0) && n >= kTuneMinN;
 }
 
-// X row-major, X described transposed, Y row-major, bias set, relu, N bucket: the search's choices are kept per key
-using TuneKey = std::tuple<bool, bool, bool, bool, bool, int64_t>;
+// M, K, dtype, W as the B operand, X row-major, X described transposed, Y row-major, bias set, relu, N bucket: the
+// search's choices are kept per key for the whole process (searched_configs), so layers of one shape search once
+using TuneKey = std::tuple<int64_t, int64_t, int, bool, bool, bool, bool, bool, bool, int64_t>;
+std::map<TuneKey, int> searched_configs;  // configuration id per key (-1: the default selection); registry_mutex
 
 // n, ld X, X row-major, X described transposed, ld Y, Y row-major, bias, relu, algorithm configuration id, split-K
 using PlanKey = std::tuple<int64_t, int64_t, bool, bool, int64_t, bool, uintptr_t, bool, int64_t, int64_t, int64_t>;
@@ -127,7 +134,6 @@ struct Weight {
   at::Tensor compressed;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   Plan* last = nullptr;  // the plan of the latest call (cslt_max_alg_id)
-  std::map<TuneKey, int> searched;  // configuration id the search chose per key (-1: the default selection)
   ~Weight() {
     plans.clear();
     cusparseLtMatDescriptorDestroy(&mat_a);
@@ -384,9 +390,10 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
       // (benchmarks/results/nm-large-tune-h100-2026-11-26-s23f.log), as cusparseLtMatmulSearch did
       if (alg_id < 0 && split_k < 0 && split_k_mode < 0 && !search_plans() && tune_plans(n) && y_row &&
           !w->sparse_b) {
-        const TuneKey tkey{x_row, x_t, y_row, bias_ptr != nullptr, relu, n_bucket(n)};
-        const auto found = w->searched.find(tkey);
-        if (found != w->searched.end()) {
+        const TuneKey tkey{w->m,  w->k,  static_cast<int>(w->dtype), w->sparse_b, x_row, x_t,
+                           y_row, bias_ptr != nullptr, relu, n_bucket(n)};
+        const auto found = searched_configs.find(tkey);
+        if (found != searched_configs.end()) {
           plan->config_id = found->second;
           plan->config_source = kConfigFromBucket;
         } else {
@@ -394,7 +401,7 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
           plan->config_id = tune_config_id(*w, plan->matmul, x, y, &searched);
           if (searched) {
             plan->config_source = kConfigSearched;
-            w->searched[tkey] = plan->config_id;
+            searched_configs[tkey] = plan->config_id;
           }
         }
       }
