@@ -15,8 +15,8 @@ matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user 
   ``prunekit_torchpath_*`` the same with ``backend="torch"`` (``torch._cslt_sparse_mm``, plan set up per call; its
   eager time, ~0.25 s a call on the H100, only with ``--torch-path-eager``); ``prunekit_op_eager_ms`` the custom op
   ``prunekit::nm_mm`` (the path under torch.compile); ``layer_*`` ``SparseLinear.forward`` eager as in
-  ``benchmarks/bsr.py`` (wall-clock minus device time, host time per call), and ``speedup_layer_eager`` its eager
-  wall-clock against ``dense_layer_wall_ms``, dense ``nn.Linear`` modules (no grad) holding the same weights, the two
+  ``benchmarks/bsr.py`` (wall-clock minus the device time of its own path, ``layer_path``; host time per call), and
+  ``speedup_layer_eager`` its eager wall-clock against ``dense_layer_wall_ms``, dense ``nn.Linear`` modules (no grad) holding the same weights, the two
   timed in ``--layer-rounds`` alternating rounds (``bsr.wall_pair``; the median of the per-round ratios);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch 2:4: ``F.linear(x2d, to_sparse_semi_structured(W))`` (cuSPARSELt through torch's tensor subclass).
@@ -165,7 +165,10 @@ def run_point(m, k, n, dtype, args, gen) -> dict:
     res["layer_wall_ms"], res["dense_layer_wall_ms"] = pair["a_ms"], pair["b_ms"]
     res["speedup_layer_eager"] = pair["b_over_a"]  # median of the per-round ratios
     res["layer_wall_rounds"], res["dense_layer_wall_rounds"] = pair["a_rounds"], pair["b_rounds"]
-    res["layer_eager_overhead_us"] = 1e3 * (res["layer_wall_ms"] - res["prunekit_gpu_ms"])
+    # the layer's own kernel: the decode kernel at N <= 16, else the binding in the layer's output layout ("view" unless
+    # $PRUNEKIT_CSLT_OUTPUT says otherwise), not the op's default path (row-major output + copy)
+    res["layer_path"] = "decode" if decode else structured.cslt_output(default=structured.CSLT_LAYER_DEFAULT_OUTPUT)
+    res["layer_eager_overhead_us"] = 1e3 * (res["layer_wall_ms"] - res[f"prunekit_{res['layer_path']}_gpu_ms"])
     res["compressions_while_timing"] = structured.compress_calls - compress_before
     res["native_binding"] = structured.native_cslt_available()
     if args.torch_path_eager:
