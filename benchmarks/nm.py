@@ -16,8 +16,9 @@ matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user 
   eager time, ~0.25 s a call on the H100, only with ``--torch-path-eager``); ``prunekit_op_eager_ms`` the custom op
   ``prunekit::nm_mm`` (the path under torch.compile); ``layer_*`` ``SparseLinear.forward`` eager as in
   ``benchmarks/bsr.py`` (wall-clock minus the device time of its own path, ``layer_path``; host time per call), and
-  ``speedup_layer_eager`` its eager wall-clock against ``dense_layer_wall_ms``, dense ``nn.Linear`` modules (no grad) holding the same weights, the two
-  timed in ``--layer-rounds`` alternating rounds (``bsr.wall_pair``; the median of the per-round ratios);
+  ``speedup_layer_eager`` its eager wall-clock against ``dense_layer_wall_ms``, dense ``nn.Linear`` modules (no grad)
+  holding the same weights, the two timed in ``--layer-rounds`` alternating rounds (``bsr.wall_pair``; the median of
+  the per-round ratios);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch 2:4: ``F.linear(x2d, to_sparse_semi_structured(W))`` (cuSPARSELt through torch's tensor subclass).
 
