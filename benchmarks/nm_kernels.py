@@ -31,6 +31,7 @@ Writes ``--out`` JSON (device, torch, date) and prints a table. GPU machine:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -127,6 +128,30 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
         "view": view,
         "view_tuned": lambda: view(tuned_id),
     }
+
+    @contextlib.contextmanager
+    def variant(name: str, reps: int):
+        """The call of variant ``name`` and a CUDA graph of ``reps`` such calls: ``view_capture_plan`` on a weight
+        prepared again, whose plan is built inside the capture; ``view_fresh`` under ``$PRUNEKIT_CSLT_FRESH_PLAN=1``
+        while inside; the others warmed up once before the capture."""
+        fresh_id = None
+        if name == "view_capture_plan":
+            fresh_id = int(torch.ops.prunekit_cslt.prepare(w))
+            fn = lambda: view(fresh_id)  # noqa: E731
+        else:
+            fn = calls.get(name, view)
+        if name == "view_fresh":
+            os.environ["PRUNEKIT_CSLT_FRESH_PLAN"] = "1"
+        try:
+            if fresh_id is None:
+                fn()
+                torch.cuda.synchronize()
+            yield fn, _capture(fn, reps)
+        finally:
+            os.environ.pop("PRUNEKIT_CSLT_FRESH_PLAN", None)
+            if fresh_id is not None:
+                torch.ops.prunekit_cslt.release(fresh_id)
+
     res: dict = {"m": m, "k": k, "n": n, "dtype": args.dtype, "rounds": args.rounds}
     res["tuned_config_id"], res["tune_source"] = (int(v) for v in torch.ops.prunekit_cslt.last_config(tuned_id))
     res["tune_first_call_s"] = tune_s
@@ -143,29 +168,12 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
     for r in range(args.rounds):
         order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for name in order:
-            fresh_id = None
-            if name == "view_capture_plan":
-                fresh_id = int(torch.ops.prunekit_cslt.prepare(w))  # no call before the capture: plan built in it
-                fn = lambda i=fresh_id: view(i)  # noqa: E731
-            elif name == "view_fresh":
-                os.environ["PRUNEKIT_CSLT_FRESH_PLAN"] = "1"
-                fn = view
-            else:
-                fn = calls[name]
-            try:
-                if name != "view_capture_plan":
-                    fn()
-                    torch.cuda.synchronize()
-                graph = _capture(fn, reps)
+            with variant(name, reps) as (fn, graph):
                 graph.replay()
                 torch.cuda.synchronize()
                 graph_ms[name].append(statistics.median(_events_ms(graph.replay, 1) / reps for _ in range(5)))
                 del graph
                 eager_ms[name].append(_events_ms(fn, reps))
-            finally:
-                os.environ.pop("PRUNEKIT_CSLT_FRESH_PLAN", None)
-                if fresh_id is not None:
-                    torch.ops.prunekit_cslt.release(fresh_id)
     for name in variants:
         res[f"{name}_graph_ms"] = statistics.median(graph_ms[name])
         res[f"{name}_graph_ms_min"], res[f"{name}_graph_ms_max"] = min(graph_ms[name]), max(graph_ms[name])
@@ -179,21 +187,7 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     for name in variants if not args.no_profile else ():
-        fresh_id = None
-        if name == "view_capture_plan":
-            fresh_id = int(torch.ops.prunekit_cslt.prepare(w))
-            fn = lambda i=fresh_id: view(i)  # noqa: E731
-        else:
-            fn = calls.get(name, view)
-        if name == "view_fresh":
-            os.environ["PRUNEKIT_CSLT_FRESH_PLAN"] = "1"
-        try:
-            if name == "view_capture_plan":
-                graph = _capture(fn, 3)  # the plan is built here, in the capture
-            else:
-                fn()
-                torch.cuda.synchronize()
-                graph = _capture(fn, 3)
+        with variant(name, 3) as (fn, graph):
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(3):
                     fn()
@@ -204,10 +198,6 @@ def run_point(m: int, k: int, n: int, args, gen: torch.Generator) -> dict:
                 torch.cuda.synchronize()
             res[f"{name}_kernels_graph"] = _kernels(prof)
             del graph
-        finally:
-            os.environ.pop("PRUNEKIT_CSLT_FRESH_PLAN", None)
-            if fresh_id is not None:
-                torch.ops.prunekit_cslt.release(fresh_id)
     torch.ops.prunekit_cslt.release(wid)
     torch.ops.prunekit_cslt.release(tuned_id)
     return res

@@ -116,9 +116,10 @@ bool tune_plans(int64_t n) {
   return (env < 0 ? kTuneDefault : env != 0) && n >= kTuneMinN;
 }
 
-// M, K, dtype, W as the B operand, X row-major, X described transposed, Y row-major, bias set, relu, N bucket: the
-// search's choices are kept per key for the whole process (searched_configs), so layers of one shape search once
-using TuneKey = std::tuple<int64_t, int64_t, int, bool, bool, bool, bool, bool, bool, int64_t>;
+// M, K, dtype, X row-major, X described transposed, bias set, relu, N bucket (the search runs for W as the A operand
+// and a row-major Y only): its choices are kept per key for the whole process (searched_configs), so layers of one
+// shape search once
+using TuneKey = std::tuple<int64_t, int64_t, int, bool, bool, bool, bool, int64_t>;
 std::map<TuneKey, int> searched_configs;  // configuration id per key (-1: the default selection); registry_mutex
 
 // n, ld X, X row-major, X described transposed, ld Y, Y row-major, bias, relu, algorithm configuration id, split-K
@@ -152,6 +153,27 @@ cudaDataType cuda_type(at::ScalarType t) {
 // Compress a 2:4 weight (M, K) (row-major, every group of 4 along K holding at most 2 non-zeros); returns its id.
 // With `compressed` (benchmarks/nm_configs.py: torch._cslt_compress's output of the same weight) that buffer is used
 // as it is instead, after a size check.
+// An algorithm selection for `matmul` with configuration `id` (-1: cuSPARSELt's default selection) and split-K `mode` /
+// `factor` (-1: unset), and its plan. Returns the first failing call's status; on failure nothing is left to destroy.
+cusparseStatus_t plan_config(const cusparseLtMatmulDescriptor_t& matmul, int id, int mode, int factor,
+                             cusparseLtMatmulAlgSelection_t* alg, cusparseLtMatmulPlan_t* plan) {
+  cusparseStatus_t status = cusparseLtMatmulAlgSelectionInit(handle(), alg, &matmul, CUSPARSELT_MATMUL_ALG_DEFAULT);
+  if (status != CUSPARSE_STATUS_SUCCESS) return status;
+  if (id >= 0) {
+    status = cusparseLtMatmulAlgSetAttribute(handle(), alg, CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id, sizeof(id));
+  }
+  if (status == CUSPARSE_STATUS_SUCCESS && mode >= 0) {
+    // cusparseLtSplitKMode_t as its integer value (the modes differ between cuSPARSELt versions)
+    status = cusparseLtMatmulAlgSetAttribute(handle(), alg, CUSPARSELT_MATMUL_SPLIT_K_MODE, &mode, sizeof(mode));
+  }
+  if (status == CUSPARSE_STATUS_SUCCESS && factor >= 1) {
+    status = cusparseLtMatmulAlgSetAttribute(handle(), alg, CUSPARSELT_MATMUL_SPLIT_K, &factor, sizeof(factor));
+  }
+  if (status == CUSPARSE_STATUS_SUCCESS) status = cusparseLtMatmulPlanInit(handle(), plan, &matmul, alg);
+  if (status != CUSPARSE_STATUS_SUCCESS) cusparseLtMatmulAlgSelectionDestroy(alg);
+  return status;
+}
+
 // Our own configuration search (cusparseLtMatmulSearch returned "internal error" on the H100 at large GEMMs, then
 // the next CUDA call hit an illegal instruction: docs/PERFORMANCE_STRUCTURED.md). Every configuration id cuSPARSELt
 // offers for `matmul` (up to CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID) gets a plan; each that plans and runs is timed on
@@ -188,16 +210,7 @@ int tune_config_id(const Weight& w, const cusparseLtMatmulDescriptor_t& matmul, 
   for (int id = -1; id < max_id; ++id) {  // -1: the default selection, no id set
     Trial t;
     t.id = id;
-    if (cusparseLtMatmulAlgSelectionInit(handle(), &t.alg, &matmul, CUSPARSELT_MATMUL_ALG_DEFAULT) !=
-        CUSPARSE_STATUS_SUCCESS) {
-      continue;
-    }
-    if ((id >= 0 && cusparseLtMatmulAlgSetAttribute(handle(), &t.alg, CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id,
-                                                    sizeof(id)) != CUSPARSE_STATUS_SUCCESS) ||
-        cusparseLtMatmulPlanInit(handle(), &t.plan, &matmul, &t.alg) != CUSPARSE_STATUS_SUCCESS) {
-      cusparseLtMatmulAlgSelectionDestroy(&t.alg);
-      continue;
-    }
+    if (plan_config(matmul, id, -1, -1, &t.alg, &t.plan) != CUSPARSE_STATUS_SUCCESS) continue;
     if (cusparseLtMatmulGetWorkspace(handle(), &t.plan, &t.workspace) != CUSPARSE_STATUS_SUCCESS) {
       cusparseLtMatmulPlanDestroy(&t.plan);
       cusparseLtMatmulAlgSelectionDestroy(&t.alg);
@@ -390,8 +403,7 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
       // (benchmarks/results/nm-large-tune-h100-2026-11-26-s23f.log), as cusparseLtMatmulSearch did
       if (alg_id < 0 && split_k < 0 && split_k_mode < 0 && !search_plans() && tune_plans(n) && y_row &&
           !w->sparse_b) {
-        const TuneKey tkey{w->m,  w->k,  static_cast<int>(w->dtype), w->sparse_b, x_row, x_t,
-                           y_row, bias_ptr != nullptr, relu, n_bucket(n)};
+        const TuneKey tkey{w->m, w->k, static_cast<int>(w->dtype), x_row, x_t, bias_ptr != nullptr, relu, n_bucket(n)};
         const auto found = searched_configs.find(tkey);
         if (found != searched_configs.end()) {
           plan->config_id = found->second;
@@ -405,47 +417,16 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
           }
         }
       }
-      PK_CSLT_CHECK(cusparseLtMatmulAlgSelectionInit(handle(), &plan->alg, &plan->matmul,
-                                                     CUSPARSELT_MATMUL_ALG_DEFAULT));
-      if (plan->config_id >= 0) {
-        const int id32 = plan->config_id;
-        const cusparseStatus_t set = cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg,
-                                                                     CUSPARSELT_MATMUL_ALG_CONFIG_ID, &id32,
-                                                                     sizeof(id32));
-        if (set != CUSPARSE_STATUS_SUCCESS && plan->config_source == kConfigFromBucket) {
-          // another N of the bucket chose an id this N does not offer: the default selection
-          plan->config_id = -1;
-          plan->config_source = kConfigNone;
-        } else {
-          if (set != CUSPARSE_STATUS_SUCCESS) cusparseLtMatmulAlgSelectionDestroy(&plan->alg);
-          PRUNEKIT_CHECK(set == CUSPARSE_STATUS_SUCCESS, "cuSPARSELt call cusparseLtMatmulAlgSetAttribute(",
-                         "CUSPARSELT_MATMUL_ALG_CONFIG_ID = ", id32, ") failed: ", cusparseLtGetErrorString(set));
-        }
-      }
-      if (split_k_mode >= 0) {
-        // cusparseLtSplitKMode_t as its integer value (the modes differ between cuSPARSELt versions)
-        const int mode32 = static_cast<int>(split_k_mode);
-        PK_CSLT_CHECK(cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg, CUSPARSELT_MATMUL_SPLIT_K_MODE, &mode32,
-                                                      sizeof(mode32)));
-      }
-      if (split_k >= 1) {
-        const int k32 = static_cast<int>(split_k);
-        PK_CSLT_CHECK(cusparseLtMatmulAlgSetAttribute(handle(), &plan->alg, CUSPARSELT_MATMUL_SPLIT_K, &k32,
-                                                      sizeof(k32)));
-      }
-      cusparseStatus_t planned = cusparseLtMatmulPlanInit(handle(), &plan->plan, &plan->matmul, &plan->alg);
+      const int mode32 = static_cast<int>(split_k_mode), factor32 = static_cast<int>(split_k);
+      cusparseStatus_t planned = plan_config(plan->matmul, plan->config_id, mode32, factor32, &plan->alg, &plan->plan);
       if (planned != CUSPARSE_STATUS_SUCCESS && plan->config_source == kConfigFromBucket) {
-        // the bucket's id does not plan at this N: the default selection
-        cusparseLtMatmulAlgSelectionDestroy(&plan->alg);
-        PK_CSLT_CHECK(cusparseLtMatmulAlgSelectionInit(handle(), &plan->alg, &plan->matmul,
-                                                       CUSPARSELT_MATMUL_ALG_DEFAULT));
+        // another N of the bucket chose an id this N does not plan: the default selection
         plan->config_id = -1;
         plan->config_source = kConfigNone;
-        planned = cusparseLtMatmulPlanInit(handle(), &plan->plan, &plan->matmul, &plan->alg);
+        planned = plan_config(plan->matmul, -1, mode32, factor32, &plan->alg, &plan->plan);
       }
-      if (planned != CUSPARSE_STATUS_SUCCESS) cusparseLtMatmulAlgSelectionDestroy(&plan->alg);
-      PRUNEKIT_CHECK(planned == CUSPARSE_STATUS_SUCCESS,
-                     "cuSPARSELt call cusparseLtMatmulPlanInit failed: ", cusparseLtGetErrorString(planned));
+      PRUNEKIT_CHECK(planned == CUSPARSE_STATUS_SUCCESS, "cuSPARSELt call planning configuration id ", plan->config_id,
+                     " (split-K mode ", mode32, ", factor ", factor32, ") failed: ", cusparseLtGetErrorString(planned));
       plan->ready = true;
       PK_CSLT_CHECK(cusparseLtMatmulGetWorkspace(handle(), &plan->plan, &plan->workspace));
       if (search_plans()) {
