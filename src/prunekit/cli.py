@@ -85,6 +85,16 @@ def progress_bar(description: str) -> Iterator:
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace OUT if it exists.")]
 
 
+def _token_counts(text: str) -> list[int]:
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise PrunekitError(f"--tune-tokens {text!r}: expected integers like 128,2048") from None
+    if not counts:
+        raise PrunekitError(f"--tune-tokens {text!r}: give at least one token count")
+    return counts
+
+
 @app.command()
 @handle_errors
 def prune(
@@ -173,18 +183,33 @@ def export(
         bool,
         typer.Option("--kernels", help="Ship the CUDA kernels built here (same torch/CUDA/GPU arch on the target)."),
     ] = False,
+    tune: Annotated[
+        bool | None,
+        typer.Option(
+            "--tune/--no-tune",
+            help="Search the 2:4 layers' cuSPARSELt configurations on this GPU and store them in the package "
+            "(default: where a CUDA GPU and cuSPARSELt are present).",
+        ),
+    ] = None,
+    tune_tokens: Annotated[
+        str | None,
+        typer.Option(help="Token counts (N) to search for, comma-separated, each >= 128 (default 128,256,...,8192)."),
+    ] = None,
     overwrite: Overwrite = False,
 ) -> None:
     """Export a deployable package: manifest, weights, config, runtime and REPORT.md."""
     from .deploy.export import export_package
     from .deploy.report import human_bytes
 
+    tokens = _token_counts(tune_tokens) if tune_tokens is not None else None
     with progress_bar("exporting") as update:
-        result = export_package(pruned, output, fmt, overwrite, update, kernels=kernels)
+        result = export_package(pruned, output, fmt, overwrite, update, kernels=kernels, tune=tune, tune_tokens=tokens)
     conv = result.convert
     console.print(
         f"package {result.output}: {human_bytes(conv.nbytes)} of weights (dense {human_bytes(conv.dense_nbytes)})"
     )
+    if result.tuning_note:
+        console.print(result.tuning_note)
 
 
 @app.command("run")

@@ -1,7 +1,8 @@
 """Export a pruned checkpoint as a deployable package directory (see docs/ARCHITECTURE.md)::
 
     PACKAGE/
-      manifest.json        schema_version, source + sha256, model, per-tensor entries, sha256 of every file
+      manifest.json        schema_version, source + sha256, model, per-tensor entries, sha256 of every file,
+                           tuning (the 2:4 layers' cuSPARSELt configuration ids, searched here on a GPU)
       weights.safetensors  kernel-ready components (see prunekit.deploy.convert)
       config/              the source's HF config, tokenizer and pooling files (HF checkpoints)
       runtime/             self-contained loader: needs torch + safetensors (+ transformers for HF)
@@ -14,14 +15,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import prunekit
 
+from ..errors import KernelUnavailable
 from ..io import atomic_path, check_output, open_checkpoint, sha256_file
+from ..kernels import cslt_tune
 from .convert import ConvertResult, write_converted
 from .report import render_markdown, report_from_weights
 from .runtime.manifest import MANIFEST, SCHEMA_VERSION, WEIGHTS, Manifest
@@ -45,11 +49,55 @@ from .deploy.runtime import __all__  # noqa: F401
 
 @dataclass
 class ExportResult:
-    """The package path, the manifest written and the conversion result."""
+    """The package path, the manifest written, the conversion result, and one sentence on the cuSPARSELt
+    configuration search (what it stored, or why it did not run)."""
 
     output: Path
     manifest: Manifest
     convert: ConvertResult
+    tuning_note: str = ""
+
+
+def search_cslt_configs(
+    entries: Sequence, tune: bool | None, tokens: Sequence[int] | None = None, progress: Progress | None = None
+) -> tuple[dict, str]:
+    """The manifest's ``tuning`` object for a package's tensor ``entries``, and one sentence saying what it holds.
+
+    The 2:4 layers the cuSPARSELt binding takes get their configuration ids searched on this machine's GPU, in a child
+    process (``kernels/cslt_tune.py``), for the N buckets of ``tokens`` (default ``cslt_tune.DEFAULT_TOKENS``).
+
+    Args:
+        tune: True: search (errors if it cannot); False: do not; None: search where it can (a CUDA GPU, cuSPARSELt,
+            the binding's compiler), unless ``$PRUNEKIT_CSLT_TUNE=0``.
+
+    Raises:
+        KernelUnavailable: ``tune`` is True and the search cannot run here.
+        PrunekitError: a token count below ``cslt_tune.MIN_TOKENS``.
+    """
+    buckets = cslt_tune.buckets(tokens or cslt_tune.DEFAULT_TOKENS)
+    if tune is False:
+        return {}, "cuSPARSELt configurations: not searched (--no-tune)"
+    shapes = cslt_tune.layer_shapes(entries)
+    if not shapes:
+        return {}, "cuSPARSELt configurations: no 2:4 layer to search"
+    reason = cslt_tune.unavailable_reason()
+    if reason is not None:
+        if tune:
+            raise KernelUnavailable(f"--tune cannot search cuSPARSELt configurations here: {reason}")
+        return {}, f"cuSPARSELt configurations: not searched ({reason})"
+    if tune is None and os.environ.get("PRUNEKIT_CSLT_TUNE") == "0":
+        return {}, "cuSPARSELt configurations: not searched ($PRUNEKIT_CSLT_TUNE=0)"
+    result = cslt_tune.search(shapes, buckets, progress)
+    failed = sum(c.failed is not None for c in result.configs)
+    kept = sum(c.config_id >= 0 for c in result.configs)
+    note = (
+        f"cuSPARSELt configurations: {len(result.configs)} products of {len(shapes)} layer "
+        f"shape{'s' if len(shapes) != 1 else ''} searched on "
+        f"{result.device} in {result.elapsed_s:.1f} s ({kept} with an id other than the default selection"
+        + (f", {failed} failed and pinned to the default" if failed else "")
+        + ")"
+    )
+    return {"cslt": result.to_dict()}, note
 
 
 def copy_runtime(dest: Path) -> None:
@@ -74,20 +122,31 @@ def export_package(
     overwrite: bool = False,
     progress: Progress | None = None,
     kernels: bool = False,
+    tune: bool | None = None,
+    tune_tokens: Sequence[int] | None = None,
 ) -> ExportResult:
     """Export ``source`` (a pruned checkpoint) to the package directory ``output``.
 
     Args:
         kernels: build (or load) prunekit's CUDA kernels here (every shippable library: SpMM, structured,
-            Kronecker-sparse) and ship them in ``runtime/kernels/prebuilt/``, so the target machine (same torch, CUDA and GPU arch) needs no compiler.
+            Kronecker-sparse) and ship them in ``runtime/kernels/prebuilt/``, so the target machine (same torch, CUDA
+            and GPU arch) needs no compiler.
+        tune, tune_tokens: search the 2:4 layers' cuSPARSELt configuration ids on this GPU and store them in the
+            manifest (:func:`search_cslt_configs`); the runtime uses them on a GPU of the same name.
 
     Raises:
         CheckpointError: unreadable source. FormatError: unknown format.
         OutputExistsError: ``output`` exists without ``overwrite``.
-        KernelUnavailable: ``kernels`` without a CUDA GPU and compiler (or a prebuilt library) here.
+        KernelUnavailable: ``kernels`` without a CUDA GPU and compiler (or a prebuilt library) here; ``tune`` where
+            the search cannot run.
+        PrunekitError: a ``tune_tokens`` count below 128.
     """
     source, output = Path(source), Path(output)
     check_output(output, overwrite, inputs=(source,))
+    cslt_tune.buckets(tune_tokens or cslt_tune.DEFAULT_TOKENS)  # a bad token count fails before any work
+    reason = cslt_tune.unavailable_reason() if tune else None
+    if reason is not None:
+        raise KernelUnavailable(f"--tune cannot search cuSPARSELt configurations here: {reason}")
     if kernels:
         from ..kernels import build
 
@@ -105,6 +164,7 @@ def export_package(
         copy_runtime(tmp / "runtime")
         if kernels:
             build.copy_prebuilt(tmp / "runtime" / "kernels" / "prebuilt")
+        tuning, tuning_note = search_cslt_configs(converted.entries, tune, tune_tokens, progress)
         report = report_from_weights(str(ckpt.path), tmp / WEIGHTS, converted.entries)
         (tmp / "REPORT.md").write_text(render_markdown(report))
         files = {
@@ -125,7 +185,8 @@ def export_package(
             },
             tensors=converted.entries,
             files=files,
+            tuning=tuning,
         )
         (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=1) + "\n")
     converted.output = output / WEIGHTS
-    return ExportResult(output, manifest, converted)
+    return ExportResult(output, manifest, converted, tuning_note)

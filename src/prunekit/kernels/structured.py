@@ -482,6 +482,9 @@ def native_cslt_available() -> bool:
         try:
             load_cslt()
             _native_state = True
+            from . import cslt_tune
+
+            cslt_tune.apply_staged()  # a loaded package's configuration ids searched at export
         except KernelUnavailable as exc:
             log.warning("2:4 matmul falls back to torch._cslt_sparse_mm: %s", exc)
             _native_state = False

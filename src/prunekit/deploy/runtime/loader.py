@@ -21,6 +21,7 @@ from torch import nn
 
 from ...errors import IntegrityError, PrunekitError
 from ...formats import EncodedTensor, decode
+from ...kernels import cslt_tune
 from .manifest import WEIGHTS, Manifest, TensorEntry, read_manifest, verify_files
 from .sparse_linear import SparseLinear
 
@@ -128,6 +129,9 @@ def _build_state_dict(manifest: Manifest, handle, device: str) -> SparseStateDic
 def load(package: str | Path, device: str = "cpu", verify: bool = True) -> LoadedPackage:
     """Load a package directory; every file's sha256 is checked before any tensor is used.
 
+    The cuSPARSELt configuration ids the export searched (``manifest.tuning``) are handed to prunekit's cuSPARSELt
+    binding when it loads on a GPU of the same name (``kernels/cslt_tune.py``), so the 2:4 layers run without a search.
+
     Raises:
         IntegrityError: missing/invalid manifest, a tampered or missing file.
         PrunekitError: transformers missing for a Hugging Face package.
@@ -143,6 +147,7 @@ def load(package: str | Path, device: str = "cpu", verify: bool = True) -> Loade
             model = _build_hf(path, manifest, handle, device)
         else:
             model = _build_state_dict(manifest, handle, device)
+    cslt_tune.stage(manifest.tuning.get("cslt"))
     return LoadedPackage(path, manifest, model)
 
 

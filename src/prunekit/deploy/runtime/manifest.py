@@ -1,8 +1,10 @@
 """The package manifest: a typed schema (stdlib dataclasses), validated at load, and file hashes.
 
 ``manifest.json`` holds the schema version, the source checkpoint and its sha256, the model
-description, one :class:`TensorEntry` per stored weight, and the sha256 of every other file
-of the package. Stdlib + errors only: it runs in the exported ``runtime/``.
+description, one :class:`TensorEntry` per stored weight, the sha256 of every other file
+of the package, and what was tuned at export for the device it ran on (``tuning``, optional: the
+cuSPARSELt configuration ids of the 2:4 layers, ``kernels/cslt_tune.py``). Stdlib + errors only: it
+runs in the exported ``runtime/``.
 """
 
 from __future__ import annotations
@@ -93,6 +95,42 @@ class TensorEntry:
         return cls(**data)
 
 
+_CSLT_RECORD = {
+    "device": str,
+    "cusparselt_version": (int, type(None)),
+    "torch": str,
+    "tokens": list,
+    "elapsed_s": (float, int),
+    "configs": list,
+}
+_CSLT_CONFIG = {
+    "m": int,
+    "k": int,
+    "dtype": str,
+    "x_row": bool,
+    "bias": bool,
+    "n_bucket": int,
+    "config_id": int,
+    "failed": (str, type(None)),
+}
+
+
+def _check_tuning(tuning: dict) -> None:
+    """Validate the optional ``tuning`` object: ``{"cslt": record}`` with the record of
+    ``kernels/cslt_tune.TuneResult.to_dict``.
+
+    Raises:
+        IntegrityError: unknown or missing keys, or wrong types.
+    """
+    unknown = set(tuning) - {"cslt"}
+    if unknown:
+        raise IntegrityError(f"manifest: tuning has unknown key {sorted(unknown)[0]!r}")
+    if "cslt" in tuning:
+        record = _typed("tuning.cslt", tuning["cslt"], _CSLT_RECORD)
+        for i, config in enumerate(record["configs"]):
+            _typed(f"tuning.cslt.configs[{i}]", config, _CSLT_CONFIG)
+
+
 @dataclass(frozen=True)
 class Manifest:
     """The whole manifest; see the module docstring."""
@@ -104,6 +142,7 @@ class Manifest:
     model: dict
     tensors: list[TensorEntry]
     files: dict[str, str] = field(default_factory=dict)
+    tuning: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict) -> Manifest:
@@ -113,10 +152,12 @@ class Manifest:
             IntegrityError: unknown or missing keys, wrong types, or an unsupported schema version.
         """
         spec = {
-            f.name: (list if f.name == "tensors" else dict if f.name in ("source", "model", "files") else str)
+            f.name: (list if f.name == "tensors" else dict if f.name in ("source", "model", "files", "tuning") else str)
             for f in fields(cls)
         }
         spec["schema_version"] = int
+        if isinstance(data, dict) and "tuning" not in data:  # optional: packages written before it existed
+            data = {**data, "tuning": {}}
         _typed("root", data, spec)
         if data["schema_version"] != SCHEMA_VERSION:
             raise IntegrityError(
@@ -125,6 +166,7 @@ class Manifest:
         _typed(
             "model", data["model"], {"kind": str, "architecture": (str, type(None)), "config_dir": (str, type(None))}
         )
+        _check_tuning(data["tuning"])
         tensors = [TensorEntry.from_dict(t) for t in data["tensors"]]
         return cls(**{**data, "tensors": tensors})
 

@@ -63,7 +63,8 @@ struct Plan {
   size_t workspace = 0;
   int config_id = -1;  // CUSPARSELT_MATMUL_ALG_CONFIG_ID set on the plan (-1: cuSPARSELt's default choice)
   // where config_id came from under $PRUNEKIT_CSLT_TUNE=1: kConfigSearched (tune_config_id timed the configurations
-  // on this plan's first call), kConfigFromBucket (the id an earlier plan's search chose for the same N bucket)
+  // on this plan's first call), kConfigFromBucket (the id an earlier plan's search chose for the same N bucket),
+  // kConfigStored (the id store_config gave for the bucket: a package's search at export, kernels/cslt_tune.py)
   int config_source = 0;
   bool ready = false;
   ~Plan() {
@@ -101,11 +102,11 @@ constexpr bool kTuneDefault = true;
 constexpr int64_t kTuneMinN = 128;  // 2:4 at N <= 16 runs prunekit's decode kernel; the ids differ at large GEMMs
 constexpr int kTuneRounds = 5, kTuneReps = 2;
 constexpr float kTuneMargin = 0.03f;  // a configuration id replaces the default only if this much faster
-constexpr int kConfigNone = 0, kConfigSearched = 1, kConfigFromBucket = 2;  // Plan::config_source
+constexpr int kConfigNone = 0, kConfigSearched = 1, kConfigFromBucket = 2, kConfigStored = 3;  // Plan::config_source
 
 // The token counts that share a searched configuration: N rounded up to a power of two, so that a layer called with
 // varying N searches once per bucket, not once per N (a search takes 0.01-2.6 s on the H100).
-int64_t n_bucket(int64_t n) {
+int64_t n_bucket_of(int64_t n) {
   int64_t b = 1;
   while (b < n) b <<= 1;
   return b;
@@ -120,7 +121,11 @@ bool tune_plans(int64_t n) {
 // and a row-major Y only): its choices are kept per key for the whole process (searched_configs), so layers of one
 // shape search once
 using TuneKey = std::tuple<int64_t, int64_t, int, bool, bool, bool, bool, int64_t>;
-std::map<TuneKey, int> searched_configs;  // configuration id per key (-1: the default selection); registry_mutex
+struct Choice {
+  int id = -1;          // the configuration id (-1: the default selection)
+  bool stored = false;  // given by store_config, not searched in this process
+};
+std::map<TuneKey, Choice> searched_configs;  // per key; guarded by registry_mutex
 
 // n, ld X, X row-major, X described transposed, ld Y, Y row-major, bias, relu, algorithm configuration id, split-K
 using PlanKey = std::tuple<int64_t, int64_t, bool, bool, int64_t, bool, uintptr_t, bool, int64_t, int64_t, int64_t>;
@@ -403,24 +408,26 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
       // (benchmarks/results/nm-large-tune-h100-2026-11-26-s23f.log), as cusparseLtMatmulSearch did
       if (alg_id < 0 && split_k < 0 && split_k_mode < 0 && !search_plans() && tune_plans(n) && y_row &&
           !w->sparse_b) {
-        const TuneKey tkey{w->m, w->k, static_cast<int>(w->dtype), x_row, x_t, bias_ptr != nullptr, relu, n_bucket(n)};
+        const TuneKey tkey{w->m,   w->k, static_cast<int>(w->dtype), x_row, x_t, bias_ptr != nullptr,
+                           relu, n_bucket_of(n)};
         const auto found = searched_configs.find(tkey);
         if (found != searched_configs.end()) {
-          plan->config_id = found->second;
-          plan->config_source = kConfigFromBucket;
+          plan->config_id = found->second.id;
+          plan->config_source = found->second.stored ? kConfigStored : kConfigFromBucket;
         } else {
           bool searched = false;
           plan->config_id = tune_config_id(*w, plan->matmul, x, y, &searched);
           if (searched) {
             plan->config_source = kConfigSearched;
-            searched_configs[tkey] = plan->config_id;
+            searched_configs[tkey] = Choice{plan->config_id, false};
           }
         }
       }
       const int mode32 = static_cast<int>(split_k_mode), factor32 = static_cast<int>(split_k);
       cusparseStatus_t planned = plan_config(plan->matmul, plan->config_id, mode32, factor32, &plan->alg, &plan->plan);
-      if (planned != CUSPARSE_STATUS_SUCCESS && plan->config_source == kConfigFromBucket) {
-        // another N of the bucket chose an id this N does not plan: the default selection
+      if (planned != CUSPARSE_STATUS_SUCCESS &&
+          (plan->config_source == kConfigFromBucket || plan->config_source == kConfigStored)) {
+        // another N of the bucket (or the stored search) chose an id this N does not plan: the default selection
         plan->config_id = -1;
         plan->config_source = kConfigNone;
         planned = plan_config(plan->matmul, -1, mode32, factor32, &plan->alg, &plan->plan);
@@ -530,7 +537,7 @@ int64_t cslt_prepare(const at::Tensor& dense) { return cslt_prepare_with(dense, 
 // The weight's latest plan as [configuration id, source]: the id is -1 for cuSPARSELt's default selection, else the
 // one set on the plan (by $PRUNEKIT_CSLT_ALG or by the search of $PRUNEKIT_CSLT_TUNE=1); source is 1 where that
 // search timed the configurations for this plan, 2 where it took the choice of an earlier plan in the same N bucket,
-// else 0. [-2, 0] when no plan was kept.
+// 3 where it took the id store_config gave, else 0. [-2, 0] when no plan was kept.
 std::vector<int64_t> cslt_last_config(int64_t id) {
   const std::lock_guard<std::mutex> lock(registry_mutex);
   auto it = registry.find(id);
@@ -555,6 +562,30 @@ int64_t cslt_max_alg_id(int64_t id, const at::Tensor& x, const at::Tensor& y) {
   return max_id;
 }
 
+// Gives the search's choice for the runtime layer's products with W (M, K) of `dtype` (0: float16, 1: bfloat16), X
+// (K, N) row-major (`x_row`: the transposed view of the column-major activations a preceding 2:4 layer returns) or
+// column-major (the transposed view of row-major activations), a bias or none, and N in the power-of-two bucket
+// `n_bucket`, so that plans of that key take `config_id` (-1: the default selection) without searching (source 3 in
+// last_config). The rest of the key is the layer's: X described as $PRUNEKIT_CSLT_B_T says, a row-major Y, no ReLU
+// (the layer applies none). The ids come from a search run at export in a child process (kernels/cslt_tune.py), on
+// the same GPU model and cuSPARSELt version, so that the process serving the package runs no search, and a
+// configuration that failed there (stored as -1) is never tried. An id this N cannot plan falls back to the default
+// selection. Returns false, changing nothing, where the process already holds a choice for the key (its own search's,
+// or an earlier store's). Plans built before are not changed. Under $PRUNEKIT_CSLT_TUNE=0 stored ids are not used.
+bool cslt_store_config(int64_t m, int64_t k, int64_t dtype, bool x_row, bool bias, int64_t n_bucket,
+                       int64_t config_id) {
+  PRUNEKIT_CHECK(m > 0 && k > 0, "cslt_store_config: M and K must be positive, got ", m, " x ", k);
+  PRUNEKIT_CHECK(dtype == 0 || dtype == 1, "cslt_store_config: dtype must be 0 (float16) or 1 (bfloat16), got ",
+                 dtype);
+  PRUNEKIT_CHECK(n_bucket >= kTuneMinN && n_bucket == n_bucket_of(n_bucket),
+                 "cslt_store_config: n_bucket must be a power of two >= ", kTuneMinN, ", got ", n_bucket);
+  PRUNEKIT_CHECK(config_id >= -1 && config_id < 1 << 20, "cslt_store_config: bad configuration id ", config_id);
+  const int type = static_cast<int>(dtype == 0 ? at::kHalf : at::kBFloat16);
+  const TuneKey key{m, k, type, x_row, describe_x_transposed(), bias, false, n_bucket};
+  const std::lock_guard<std::mutex> lock(registry_mutex);
+  return searched_configs.emplace(key, Choice{static_cast<int>(config_id), true}).second;
+}
+
 void cslt_release(int64_t id) {
   const std::lock_guard<std::mutex> lock(registry_mutex);
   registry.erase(id);
@@ -571,6 +602,8 @@ TORCH_LIBRARY(prunekit_cslt, m) {
   m.def("mm(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
   m.def("linear(int id, Tensor x, Tensor? bias, bool relu, int output) -> Tensor");
   m.def("release(int id) -> ()", &prunekit_cslt::cslt_release);  // no tensor argument: a catch-all kernel
+  m.def("store_config(int m, int k, int dtype, bool x_row, bool bias, int n_bucket, int config_id) -> bool",
+        &prunekit_cslt::cslt_store_config);  // no tensor argument: catch-all
 }
 
 TORCH_LIBRARY_IMPL(prunekit_cslt, CUDA, m) {
