@@ -584,7 +584,10 @@ def nm_mm_cuda(
     by default prunekit's own binding (``csrc/structured/cslt/``: weight compressed once, one plan per N and layout,
     so a call is one ``cusparseLtMatmul`` with bias and ReLU fused), else (``backend="torch"`` or no binding)
     ``torch._cslt_sparse_mm`` on a compressed copy cached on ``values`` (torch sets the plan up on every call).
-    cuSPARSELt's default algorithm either way (its search failed with an internal error on the H100, torch 2.11).
+    The binding's configuration id: the one a loaded package stored for the product (searched at export,
+    ``kernels/cslt_tune.py``), else at N >= 128 and a row-major output its own search's on the first call
+    (``$PRUNEKIT_CSLT_TUNE``, docs/ENVIRONMENT.md), else cuSPARSELt's default selection; torch's path always takes the
+    default (cuSPARSELt's own search failed with an internal error on the H100, torch 2.11).
     N is padded to a multiple of 16
     (a copy of X for such N only). Anything else runs the reference on the GPU.
 
