@@ -55,6 +55,9 @@ FAKE_CHILD = textwrap.dedent(
     import json, os, signal, sys, time
     items = json.loads(sys.stdin.read())["items"]
     mode = os.environ["FAKE_CHILD_MODE"]
+    if mode == "broken":
+        sys.stderr.write("Traceback (most recent call last):\\n" + "x" * 200000 + "\\nImportError: no module named foo\\n")
+        sys.exit(1)
     if mode == "error":
         print(json.dumps({"error": "no GPU here"}), flush=True)
         sys.exit(3)
@@ -121,6 +124,9 @@ def test_search_stops_a_child_past_its_time_limit(fake_child, monkeypatch):
 def test_search_raises_when_the_child_cannot_search(fake_child):
     with pytest.raises(KernelUnavailable, match="no GPU here"):
         fake_child("error", [LayerShape(96, 128, "float16", False)], [128])
+    # a child that dies before its first line (here after 200 kB of stderr) is no product's fault: no retry
+    with pytest.raises(KernelUnavailable, match=r"exited with status 1 \(ImportError: no module named foo\)"):
+        fake_child("broken", [LayerShape(96, 128, "float16", False)], [128])
 
 
 def _record(device: str = "Fake GPU", version: int | None = 800) -> dict:

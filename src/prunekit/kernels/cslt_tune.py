@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -220,7 +221,13 @@ def search(
     pending = list(range(len(work)))
     restarts = 0
     while pending:
-        lines, returncode, reason = _run_child(command, env, [dict(work[i], item=i) for i in pending])
+        lines, returncode, reason, stderr_tail = _run_child(command, env, [dict(work[i], item=i) for i in pending])
+        if not lines and (returncode != 0 or reason is not None):  # died before its first line: no product's fault
+            why = reason or _signal_text(returncode)
+            raise KernelUnavailable(
+                f"the cuSPARSELt configuration search cannot run: its child process {why}"
+                + (f" ({stderr_tail})" if stderr_tail else "")
+            )
         done = set()
         for line in lines:
             if "device" in line:
@@ -261,13 +268,19 @@ def search(
     )
 
 
-def _run_child(command: list[str], env: dict, items: list[dict]) -> tuple[list[dict], int, str | None]:
-    """Run one child on ``items``: its JSON lines as they came, its exit status, and a reason where it was stopped
-    for passing its time limit (else None)."""
+def _run_child(command: list[str], env: dict, items: list[dict]) -> tuple[list[dict], int, str | None, str]:
+    """Run one child on ``items``: its JSON lines as they came, its exit status, a reason where it was stopped for
+    passing its time limit (else None), and the last line it wrote to stderr."""
     limit_s = TIMEOUT_BASE_S + TIMEOUT_PER_ITEM_S * len(items)
-    proc = subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-    )
+    with tempfile.TemporaryFile("w+") as err:  # a file, not a pipe: a chatty stderr cannot block the child
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        lines, returncode, reason = _read_child(proc, items, limit_s)
+        err.seek(0)
+        tail = [line.strip() for line in err.read().splitlines() if line.strip()]
+    return lines, returncode, reason, tail[-1][:300] if tail else ""
+
+
+def _read_child(proc: subprocess.Popen, items: list[dict], limit_s: float) -> tuple[list[dict], int, str | None]:
     timer = threading.Timer(limit_s, proc.kill)
     timer.start()
     lines: list[dict] = []
