@@ -58,6 +58,10 @@ class ExportResult:
     tuning_note: str = ""
 
 
+def _cannot_tune(reason: str) -> KernelUnavailable:
+    return KernelUnavailable(f"--tune cannot search cuSPARSELt configurations here: {reason}")
+
+
 def search_cslt_configs(
     entries: Sequence, tune: bool | None, tokens: Sequence[int] | None = None, progress: Progress | None = None
 ) -> tuple[dict, str]:
@@ -83,7 +87,7 @@ def search_cslt_configs(
     reason = cslt_tune.unavailable_reason()
     if reason is not None:
         if tune:
-            raise KernelUnavailable(f"--tune cannot search cuSPARSELt configurations here: {reason}")
+            raise _cannot_tune(reason)
         return {}, f"cuSPARSELt configurations: not searched ({reason})"
     if tune is None and os.environ.get("PRUNEKIT_CSLT_TUNE") == "0":
         return {}, "cuSPARSELt configurations: not searched ($PRUNEKIT_CSLT_TUNE=0)"
@@ -145,8 +149,8 @@ def export_package(
     check_output(output, overwrite, inputs=(source,))
     cslt_tune.buckets(tune_tokens or cslt_tune.DEFAULT_TOKENS)  # a bad token count fails before any work
     reason = cslt_tune.unavailable_reason() if tune else None
-    if reason is not None:
-        raise KernelUnavailable(f"--tune cannot search cuSPARSELt configurations here: {reason}")
+    if reason is not None:  # and so does --tune where the search cannot run
+        raise _cannot_tune(reason)
     if kernels:
         from ..kernels import build
 
