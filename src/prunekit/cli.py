@@ -325,6 +325,8 @@ def report(
     console.print(
         f"whole model: {human_bytes(rep.total_dense_nbytes)} dense -> {human_bytes(rep.total_stored_nbytes)} stored"
     )
+    if rep.tuning_note:
+        console.print(rep.tuning_note)
     if json_out is not None:
         with atomic_path(json_out, overwrite=True) as tmp:
             tmp.write_text(json.dumps(rep.to_dict(), indent=2) + "\n")

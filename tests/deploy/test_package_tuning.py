@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from prunekit.deploy.export import export_package
+from prunekit.deploy.report import build_report
 from prunekit.deploy.runtime import load
 from prunekit.errors import IntegrityError, KernelUnavailable, PrunekitError
 from prunekit.kernels import cslt_tune, structured
@@ -58,8 +59,10 @@ def test_export_stores_the_search_and_load_stages_it(tmp_path, pruned_24, monkey
     record = result.manifest.tuning["cslt"]
     assert record["device"] == "Fake GPU" and record["tokens"] == [128, 512]
     assert {(c["m"], c["k"], c["dtype"], c["bias"]) for c in record["configs"]} == {(256, 512, "float16", True)}
-    assert "4 products of 1 layer shape searched on Fake GPU" in result.tuning_note
-    assert "1 with an id other than the default selection, 1 failed" in result.tuning_note
+    assert "4 products of 1 2:4 layer shape searched on Fake GPU in 0.5 s at export" in result.tuning_note
+    assert "(N buckets 128, 512; 1 with an id other than the default selection, 1 failed" in result.tuning_note
+    assert result.tuning_note in (tmp_path / "pkg" / "REPORT.md").read_text()
+    assert build_report(tmp_path / "pkg").tuning_note == result.tuning_note
     on_disk = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
     assert on_disk["tuning"] == result.manifest.tuning
     load(tmp_path / "pkg")
@@ -87,7 +90,8 @@ def test_export_off_by_the_environment_and_without_24_layers(tmp_path, pruned_24
     assert export_package(pruned_24, tmp_path / "pkg").tuning_note.endswith("not searched ($PRUNEKIT_CSLT_TUNE=0)")
     monkeypatch.delenv("PRUNEKIT_CSLT_TUNE")
     prune_checkpoint(mlp_safetensors, tmp_path / "u.safetensors", "unstructured", 0.5)
-    assert export_package(tmp_path / "u.safetensors", tmp_path / "pkg2").tuning_note.endswith("no 2:4 layer to search")
+    unstructured = export_package(tmp_path / "u.safetensors", tmp_path / "pkg2")
+    assert unstructured.tuning_note == "" and "cuSPARSELt" not in (tmp_path / "pkg2" / "REPORT.md").read_text()
 
 
 def _rewrite_manifest(package, edit):

@@ -27,7 +27,7 @@ from ..errors import KernelUnavailable
 from ..io import atomic_path, check_output, open_checkpoint, sha256_file
 from ..kernels import cslt_tune
 from .convert import ConvertResult, write_converted
-from .report import render_markdown, report_from_weights
+from .report import render_markdown, report_from_weights, tuning_summary
 from .runtime.manifest import MANIFEST, SCHEMA_VERSION, WEIGHTS, Manifest
 
 Progress = Callable[[int, int, str], None]
@@ -65,7 +65,8 @@ def _cannot_tune(reason: str) -> KernelUnavailable:
 def search_cslt_configs(
     entries: Sequence, tune: bool | None, tokens: Sequence[int] | None = None, progress: Progress | None = None
 ) -> tuple[dict, str]:
-    """The manifest's ``tuning`` object for a package's tensor ``entries``, and one sentence saying what it holds.
+    """The manifest's ``tuning`` object for a package's tensor ``entries``, and one sentence saying what it holds or
+    why it is empty ("" where the package has no 2:4 layer cuSPARSELt takes).
 
     The 2:4 layers the cuSPARSELt binding takes get their configuration ids searched on this machine's GPU, in a child
     process (``kernels/cslt_tune.py``), for the N buckets of ``tokens`` (default ``cslt_tune.DEFAULT_TOKENS``).
@@ -82,8 +83,8 @@ def search_cslt_configs(
     if tune is False:
         return {}, "cuSPARSELt configurations: not searched (--no-tune)"
     shapes = cslt_tune.layer_shapes(entries)
-    if not shapes:
-        return {}, "cuSPARSELt configurations: no 2:4 layer to search"
+    if not shapes:  # nothing to say (no 2:4 layer cuSPARSELt takes)
+        return {}, ""
     reason = cslt_tune.unavailable_reason()
     if reason is not None:
         if tune:
@@ -91,17 +92,8 @@ def search_cslt_configs(
         return {}, f"cuSPARSELt configurations: not searched ({reason})"
     if tune is None and os.environ.get("PRUNEKIT_CSLT_TUNE") == "0":
         return {}, "cuSPARSELt configurations: not searched ($PRUNEKIT_CSLT_TUNE=0)"
-    result = cslt_tune.search(shapes, buckets, progress)
-    failed = sum(c.failed is not None for c in result.configs)
-    kept = sum(c.config_id >= 0 for c in result.configs)
-    note = (
-        f"cuSPARSELt configurations: {len(result.configs)} products of {len(shapes)} layer "
-        f"shape{'s' if len(shapes) != 1 else ''} searched on "
-        f"{result.device} in {result.elapsed_s:.1f} s ({kept} with an id other than the default selection"
-        + (f", {failed} failed and pinned to the default" if failed else "")
-        + ")"
-    )
-    return {"cslt": result.to_dict()}, note
+    record = cslt_tune.search(shapes, buckets, progress).to_dict()
+    return {"cslt": record}, tuning_summary(record)
 
 
 def copy_runtime(dest: Path) -> None:
@@ -170,6 +162,7 @@ def export_package(
             build.copy_prebuilt(tmp / "runtime" / "kernels" / "prebuilt")
         tuning, tuning_note = search_cslt_configs(converted.entries, tune, tune_tokens, progress)
         report = report_from_weights(str(ckpt.path), tmp / WEIGHTS, converted.entries)
+        report.tuning_note = tuning_note
         (tmp / "REPORT.md").write_text(render_markdown(report))
         files = {
             p.relative_to(tmp).as_posix(): sha256_file(p)

@@ -57,6 +57,7 @@ class Report:
     rows: list[LayerRow] = field(default_factory=list)
     total_dense_nbytes: int = 0
     total_stored_nbytes: int = 0
+    tuning_note: str | None = None  # a package's cuSPARSELt configuration ids searched at export (tuning_summary)
 
     @property
     def pruned_dense_nbytes(self) -> int:
@@ -77,7 +78,25 @@ class Report:
                 "pruned_layers_stored_nbytes": self.pruned_stored_nbytes,
                 "model_ratio": self.total_stored_nbytes / self.total_dense_nbytes if self.total_dense_nbytes else 1.0,
             },
+            "tuning_note": self.tuning_note,
         }
+
+
+def tuning_summary(record: dict | None) -> str | None:
+    """One sentence on a package's ``tuning.cslt`` record (``kernels/cslt_tune.TuneResult.to_dict``), or None."""
+    if not record:
+        return None
+    configs = record["configs"]
+    failed = sum(c["failed"] is not None for c in configs)
+    kept = sum(c["config_id"] >= 0 for c in configs)
+    shapes = len({(c["m"], c["k"], c["dtype"], c["bias"]) for c in configs})
+    return (
+        f"cuSPARSELt configurations: {len(configs)} products of {shapes} 2:4 layer shape{'s' if shapes != 1 else ''} "
+        f"searched on {record['device']} in {record['elapsed_s']:.1f} s at export (N buckets "
+        f"{', '.join(map(str, record['tokens']))}; {kept} with an id other than the default selection"
+        + (f", {failed} failed and pinned to the default" if failed else "")
+        + "), used by the runtime on a GPU of the same name."
+    )
 
 
 def format_nbytes(weight2d: torch.Tensor, pattern: str | None) -> dict[str, int | None]:
@@ -154,7 +173,10 @@ def build_report(path: str | Path) -> Report:
     """
     path = Path(path)
     if path.is_dir() and (path / MANIFEST).is_file():
-        return report_from_weights(str(path), path / WEIGHTS, read_manifest(path).tensors)
+        manifest = read_manifest(path)
+        report = report_from_weights(str(path), path / WEIGHTS, manifest.tensors)
+        report.tuning_note = tuning_summary(manifest.tuning.get("cslt"))
+        return report
     report = Report(str(path))
     for item in iter_converted(open_checkpoint(path), "auto"):
         report.total_dense_nbytes += item.entry.dense_nbytes
@@ -211,6 +233,8 @@ def render_markdown(report: Report) -> str:
             f"GPU decode plans, at decode sizes on a GPU: {human_bytes(sum(plans))} more, for {len(plans)} of the "
             f"{len(report.rows)} pruned layers."
         )
+    if report.tuning_note:
+        lines += ["", report.tuning_note]
     lines.append("")
     return "\n".join(lines)
 
