@@ -116,7 +116,7 @@ def main() -> None:
         result = export_package(tmp / "p.safetensors", tmp / "pkg", tune=True, tune_tokens=tokens)
         export_s = time.perf_counter() - start
         record = result.manifest.tuning["cslt"]
-        console.print(f"{result.tuning_note}; export {export_s:.1f} s")
+        console.print(f"{result.tuning_note} Export: {export_s:.1f} s.")
         for mode in MODES:
             env = dict(os.environ)
             if mode == "default":
