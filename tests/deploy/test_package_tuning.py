@@ -115,6 +115,8 @@ def test_manifest_tuning_is_validated_and_optional(tmp_path, pruned_24, monkeypa
         (lambda d: d["tuning"]["cslt"].pop("device"), "tuning.cslt is missing 'device'"),
         (lambda d: d["tuning"]["cslt"]["configs"][0].update(x_row=1), r"configs\[0\].x_row has the wrong type"),
         (lambda d: d["tuning"]["cslt"]["configs"][1].update(extra=0), r"configs\[1\] has unknown key 'extra'"),
+        (lambda d: d["tuning"]["cslt"]["configs"][0].update(dtype="float32"), "must be float16 or bfloat16"),
+        (lambda d: d["tuning"]["cslt"]["configs"][0].update(n_bucket=200), "n_bucket must be a power of two"),
     ]
     for edit, match in cases:
         export_package(pruned_24, package, tune_tokens=[128], overwrite=True)

@@ -147,6 +147,16 @@ def test_staged_ids_reach_the_binding_only_on_the_same_gpu_and_cusparselt(monkey
     monkeypatch.setattr(torch.backends.cusparselt, "version", lambda: 800)
     cslt_tune.stage(_record())  # the binding is loaded: applied at once
     assert calls == [(96, 128, 1, True, False, 256, 5), (96, 128, 0, False, True, 128, -1)]
+
+    def refuse(*args):
+        calls.append(args)
+        raise RuntimeError("cslt_store_config: bad key")
+
+    monkeypatch.setattr(cslt_tune, "_store_op", lambda: refuse)
+    calls.clear()
+    cslt_tune.stage(_record())  # a key the binding refuses is skipped with a log line, not raised into the layer call
+    assert len(calls) == 2 and cslt_tune._staged == []
+    monkeypatch.setattr(cslt_tune, "_store_op", lambda: lambda *a: calls.append(a) or True)
     calls.clear()
     cslt_tune.stage(_record(device="Other GPU"))
     cslt_tune.stage(_record(version=900))

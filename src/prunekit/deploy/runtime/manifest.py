@@ -128,7 +128,13 @@ def _check_tuning(tuning: dict) -> None:
     if "cslt" in tuning:
         record = _typed("tuning.cslt", tuning["cslt"], _CSLT_RECORD)
         for i, config in enumerate(record["configs"]):
-            _typed(f"tuning.cslt.configs[{i}]", config, _CSLT_CONFIG)
+            where = f"tuning.cslt.configs[{i}]"
+            _typed(where, config, _CSLT_CONFIG)
+            if config["dtype"] not in ("float16", "bfloat16"):
+                raise IntegrityError(f"manifest: {where}.dtype must be float16 or bfloat16, got {config['dtype']!r}")
+            bucket = config["n_bucket"]
+            if bucket < 1 or bucket & (bucket - 1):
+                raise IntegrityError(f"manifest: {where}.n_bucket must be a power of two, got {bucket}")
 
 
 @dataclass(frozen=True)
