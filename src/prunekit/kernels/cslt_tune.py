@@ -133,8 +133,8 @@ def layer_shapes(entries: Sequence) -> list[LayerShape]:
 
     Args:
         entries: the manifest's tensor entries (``TensorEntry``: name, format, params, shape, orig_shape, dtype).
-            A weight ``<name>.weight`` has a bias when ``<name>.bias`` is among them. A layer stored in float16 or
-            bfloat16 runs in that dtype; one stored in another dtype is searched in both.
+            A weight has a bias when its ``bias_name`` (``<name>.bias`` for ``<name>.weight``) is among them. A layer
+            stored in float16 or bfloat16 runs in that dtype; one stored in another dtype is searched in both.
     """
     from .structured import CSLT_ALIGN_MK
 
@@ -147,7 +147,7 @@ def layer_shapes(entries: Sequence) -> list[LayerShape]:
         m, k = (int(v) for v in e.shape)
         if m == 0 or m % CSLT_ALIGN_MK[0] or k % CSLT_ALIGN_MK[1]:
             continue
-        bias = e.name.endswith("weight") and e.name[: -len("weight")] + "bias" in names
+        bias = e.bias_name in names
         for dtype in (e.dtype,) if e.dtype in CSLT_DTYPES else CSLT_DTYPES:
             shapes.add(LayerShape(m, k, dtype, bias))
     return sorted(shapes, key=lambda s: (s.m, s.k, s.dtype, s.bias))

@@ -115,10 +115,9 @@ def _build_state_dict(manifest: Manifest, handle, device: str) -> SparseStateDic
     for entry in manifest.tensors:
         enc = _encoded(handle, entry)
         if entry.format != "dense" and len(entry.orig_shape) == 2:
-            bias_name = entry.name[: -len("weight")] + "bias" if entry.name.endswith("weight") else None
             bias = None
-            if bias_name in names:
-                bias_entry = next(e for e in manifest.tensors if e.name == bias_name)
+            if entry.bias_name in names:
+                bias_entry = next(e for e in manifest.tensors if e.name == entry.bias_name)
                 bias = decode(_encoded(handle, bias_entry))
             out.layers[entry.name] = SparseLinear(enc, bias).to(device)
         else:

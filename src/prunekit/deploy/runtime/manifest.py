@@ -76,6 +76,12 @@ class TensorEntry:
     nbytes: int
     dense_nbytes: int
 
+    @property
+    def bias_name(self) -> str | None:
+        """The name the layer's bias has in the state dict (``fc.weight`` -> ``fc.bias``), or None for a tensor whose
+        name does not end in ``weight``."""
+        return self.name[: -len("weight")] + "bias" if self.name.endswith("weight") else None
+
     @classmethod
     def from_dict(cls, data: dict) -> TensorEntry:
         spec = {
