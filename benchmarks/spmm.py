@@ -15,8 +15,11 @@ For fp16/bf16 and N <= gpu.BITMAP_WIDE_MAX_N it also times the runtime's ``Spars
 against F.linear and torch.sparse.mm: ``speedup_layer_vs_dense_eager``, ``speedup_layer_vs_torch_sparse``).
 For fp16/bf16 and N > 16 it times the CUDA-core ``direct`` variant and the bitmap kernel (32- or 64-token blocks) forced,
 and from N >= TC_BENCH_MIN_N also the tensor-core variant (``variant="tc"``, transposed activations copied to
-row-major inside the call, so the copy is timed) (``direct_gpu_ms``, ``bitmap_gpu_ms``, ``tc_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
-build time of the plan on the GPU, first call only; later calls reuse the plan cached on the weight).
+row-major inside the call, so the copy is timed) and the ``dense`` variant (the weight decompressed, then cuBLAS)
+(``direct_gpu_ms``, ``bitmap_gpu_ms``, ``tc_gpu_ms``, ``dense_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
+build time of the plan on the GPU, first call only; later calls reuse the plan cached on the weight), and the dense
+variant's decompression alone (``dense_decompress_gpu_ms``; ``dense_decompress_gbps`` counts the dense buffer written
+and the CSR read once).
 
 Timing (docs/KERNELS.md "Measurement"): CUDA events; ``gpu_ms`` is the median over replays of a CUDA graph of many
 calls (device time, no launch gaps), ``eager_ms`` the median over loops of plain eager calls (host overhead included,
@@ -207,11 +210,19 @@ def bench_config(
         if dtype in gpu.TC_DTYPES and n > gpu.SCATTER_MAX_N:
             # Wide N: the CUDA-core direct kernel and the bitmap kernel (64-token blocks) forced, and the tensor-core
             # tc kernel from TC_BENCH_MIN_N
-            wide = ("tc", "direct", "bitmap") if tc_stats and n >= TC_BENCH_MIN_N else ("direct", "bitmap")
+            wide = ("tc", "direct", "bitmap", "dense") if tc_stats and n >= TC_BENCH_MIN_N else ("direct", "bitmap")
             wide = tuple(v for v in wide if forced_only is None or v in forced_only)
             forced.update(time_forced(wide, csrs, xs, m, ref, dense_gpu))
             if "tc" in wide:
                 forced.update(tc_stats)
+            if "dense" in wide:
+                # the dense variant's first step alone: the weight decompressed into its (M, K) scratch buffer
+                decompress = [
+                    lambda c=c: gpu.csr_to_dense(c["values"], c["row_offsets"], c["column_indices"], m, k) for c in csrs
+                ]
+                forced["dense_decompress_gpu_ms"] = graph_time(decompress)
+                written = m * (-(-k * esize // 16) * 16) + sparse_bytes
+                forced["dense_decompress_gbps"] = written / (forced["dense_decompress_gpu_ms"] * 1e-3) / 1e9
         if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
             # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel as "auto" runs it at N <= 16
             # (X gathered from global memory: "rowwarp_global"; forced "rowwarp" would stage X in shared memory).

@@ -50,6 +50,7 @@ def test_eager_cpp_enabled_reads_the_flag_and_defaults_on(monkeypatch):
 
 def test_eager_spmm_code_never_takes_the_tensor_core_plan(monkeypatch):
     monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")  # the bitmap rule's range up to BITMAP_WIDE_MAX_N: its own test below
+    monkeypatch.setenv(gpu.DENSE_AUTO_ENV, "0")  # the dense rule's range from DENSE_MIN_N: tests/kernels/test_spmm_dense.py
     half = torch.float16
     assert gpu.eager_spmm_code("tc", half, half, 1, tc_auto=False) is None
     assert gpu.eager_spmm_code("auto", half, half, gpu.TC_MIN_N, tc_auto=True) is None
@@ -114,6 +115,7 @@ def test_eager_spmm_code_maps_forced_variants_and_rejects_unknown():
         "tc": None,
         "scatter": None,
         "bitmap": None,
+        "dense": 8,  # the entry runs it (spmm_dense.cu)
     }
     with pytest.raises(ValueError, match="unknown spmm variant"):
         gpu.eager_spmm_code("fast", torch.float16, torch.float16, 16, tc_auto=False)

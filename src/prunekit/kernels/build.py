@@ -46,6 +46,7 @@ SOURCES = (
     "spmm_tiled.cu",
     "spmm_tc.cu",
     "spmm_scatter.cu",
+    "spmm_dense.cu",
     "sddmm_csr.cu",
 )
 HEADERS = ("check.h", "common.cuh", "kernels.h", "launch.cuh", "mma.cuh", "views.h")

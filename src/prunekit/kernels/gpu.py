@@ -52,7 +52,7 @@ from .tensor_cache import cached
 
 log = logging.getLogger(__name__)
 
-SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled", "tc", "scatter", "bitmap")
+SPMM_VARIANTS = ("auto", "rowwarp", "rowwarp_global", "direct", "tiled", "tc", "scatter", "bitmap", "dense")
 TC_DTYPES = (torch.float16, torch.bfloat16)
 # Smallest N sent to the tensor-core kernel by "auto" (fp16/bf16).
 TC_MIN_N = 65  # = ROWWARP_MAX_N + 1
@@ -121,6 +121,7 @@ SPMM_VARIANT_CODES = {
     "tc": 5,
     "scatter": 6,
     "bitmap": 7,
+    "dense": 8,
 }
 # Flag or-ed into a variant code of prunekit_ext::spmm_csr_auto (spmm_entry.cu kRowsFlag): x is the activations (N, K)
 # and the result Y^T (N, M), nn.Linear's layout, with the transposes made in C++ (spmm_rows_call)
@@ -224,6 +225,14 @@ SPMV_MAX_SMEM = 96 * 1024  # bytes of X it copies into shared memory per block a
 SPMV_TILE_MAX_SMEM = 48 * 1024
 SPMV_TILE_MIN_ROWS_PER_SM = 8
 EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ entry takes (values and x alike)
+# The `dense` variant (csrc/spmm_dense.cu, twenty-fifth session): the weight decompressed into a dense (M, K) scratch
+# buffer by one kernel, then one cuBLAS GEMM. "auto" takes it for fp16/bf16 from DENSE_MIN_N tokens when the padded
+# density is >= 1 / dense_min_density_denominator(N, K); $PRUNEKIT_SPMM_DENSE=0 turns that off (forcing
+# variant="dense" still works). The scratch buffer is M * K elements of the call's dtype, from the caching allocator.
+DENSE_AUTO_ENV = "PRUNEKIT_SPMM_DENSE"
+DENSE_AUTO_DEFAULT = False
+DENSE_MIN_N = TC_MIN_N
+DENSE_MIN_DENSITY_DENOMINATOR = 1 << 30
 # The C++ eager entry: on since its GPU tests (tests/kernels/test_spmm_entry.py) passed on the H100 on 2026-11-26, once
 # the C++ checks stopped building their messages with iostreams (csrc/check.h); 9.7 us per call on the host against the
 # Python launcher's 21.3 (benchmarks/results/spmm-h100-2026-11-26-s12final.json, "overhead"). $PRUNEKIT_SPMM_CPP=0: off.
@@ -283,6 +292,23 @@ def bitmap_wide_min_density_denominator(n: int, k: int, m: int | None = None, nu
     if k >= BITMAP_MIN_K and (n < TC_MIN_N or (m is not None and m < BITMAP_WIDE_FEW_ROWS_PER_SM * num_sms)):
         return BITMAP_WIDE_LOW_N_MIN_DENSITY_DENOMINATOR
     return BITMAP_WIDE_MIN_DENSITY_DENOMINATOR
+
+
+def dense_auto_enabled() -> bool:
+    """Whether ``auto`` may choose the ``dense`` variant (decompression + cuBLAS): ``$PRUNEKIT_SPMM_DENSE``
+    (``1``/``0``), else :data:`DENSE_AUTO_DEFAULT`."""
+    env = os.environ.get(DENSE_AUTO_ENV)
+    return DENSE_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+
+
+def dense_min_density_denominator(n: int, k: int) -> int:
+    """D such that ``"auto"`` takes the ``dense`` variant when ``nnz_padded * D >= M * K`` (fp16/bf16, N >=
+    :data:`DENSE_MIN_N`, :func:`dense_auto_enabled`).
+
+    Args:
+        n: N, columns of X (tokens). k: K, the weight's in_features.
+    """
+    return DENSE_MIN_DENSITY_DENOMINATOR
 
 
 def bitmap_auto_enabled() -> bool:
@@ -354,6 +380,7 @@ def plan_spmm(
         scatter_auto_enabled(),
         scatter_strip_rows(),
         bitmap_auto_enabled(),
+        dense_auto_enabled(),
     )
 
 
@@ -370,6 +397,7 @@ def _plan_spmm(
     scatter_auto: bool = False,
     scatter_rows: int = 8,
     bitmap_auto: bool = False,
+    dense_auto: bool = False,
 ) -> SpmmPlan:
     """Choose the SpMM kernel and tiling for ``A (m, k)`` with ``nnz_padded`` stored entries times ``X (k, n)``.
 
@@ -392,6 +420,8 @@ def _plan_spmm(
     N = 16; 1% at N 9-16 where M * K <= BITMAP_SMALL_ELEMENTS and M or K <= BITMAP_SMALL_MAX_SIDE), and for ``16 < n <=
     BITMAP_WIDE_MAX_N`` with ``k >= BITMAP_MIN_K_SMALL_N`` at density >= ``1 / bitmap_wide_min_density_denominator(n,
     k, m, num_sms)``; measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
+    With ``dense_auto`` (:func:`dense_auto_enabled`) and fp16/bf16, ``auto`` takes ``dense`` (the weight decompressed,
+    then cuBLAS) over all of these for ``n >= DENSE_MIN_N`` at density >= ``1 / dense_min_density_denominator(n, k)``.
 
     Raises:
         ValueError: unknown ``variant``.
@@ -428,13 +458,20 @@ def _plan_spmm(
             and nnz_padded * bitmap_wide_min_density_denominator(n, k, m, num_sms) >= m * k
         ):
             variant = "bitmap"
+        if (
+            dtype in TC_DTYPES
+            and n >= DENSE_MIN_N
+            and dense_auto
+            and nnz_padded * dense_min_density_denominator(n, k) >= m * k
+        ):
+            variant = "dense"
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.
         stage_x = n >= STAGE_X_MIN_N and m >= STAGE_X_MIN_ROWS_PER_SM * num_sms and nnz_padded >= 2 * k * num_sms
     else:
         stage_x = variant != "rowwarp_global"
-    if variant == "direct":
-        return SpmmPlan("direct")
+    if variant in ("direct", "dense"):
+        return SpmmPlan(variant)
     if variant == "scatter":
         return SpmmPlan("scatter", kr_groups=scatter_kr_groups(m, k, num_sms, scatter_rows), strip_rows=scatter_rows)
     if variant == "bitmap":
@@ -471,6 +508,8 @@ def _ensure_loaded() -> None:
         tiled=ext.spmm_csr_tiled.default,
         tc=ext.spmm_csr_tc.default,
         scatter=ext.spmm_csr_scatter.default,
+        dense=ext.spmm_csr_dense.default,
+        csr_to_dense=ext.csr_to_dense.default,
         sddmm=ext.sddmm_csr.default,
     )
 
@@ -575,7 +614,7 @@ def spmm_csr(
         # the bitmap kernel's library does not build here (logged once): the rule without it
         plan = _plan_spmm(
             m, x.shape[0], n, values.numel(), _sm_count(x.device), variant, x.dtype, tc_auto_enabled(),
-            scatter_auto_enabled(), scatter_strip_rows(), False,
+            scatter_auto_enabled(), scatter_strip_rows(), False, dense_auto_enabled(),
         )  # fmt: skip
     relu = activation == "relu"
     if plan.variant == "tc":
@@ -612,6 +651,9 @@ def spmm_csr(
         _OPS["rowwarp"](
             values, row_offsets, column_indices, row_indices, x, y, bias, relu, plan.subwarp, plan.ntile, plan.stage_x
         )
+    elif plan.variant == "dense":
+        # X as it is: cuBLAS reads either layout (the GEMM's operand transposes)
+        _OPS["dense"](values, row_offsets, column_indices, x, y, bias, relu)
     elif plan.variant == "direct":
         if n > 1 and x.stride(1) != 1:
             # Row-major copy of transposed activations (one extra pass over X, 2 * N * K elements moved).
@@ -768,6 +810,8 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
         variant == "auto" and tc_auto and x_dtype in TC_DTYPES and n >= TC_MIN_N
     ):
         return None
+    if variant == "auto" and dense_auto_enabled() and x_dtype in TC_DTYPES and n >= DENSE_MIN_N:
+        return None  # the dense rule reads the density: eager_spmm_variant plans it (code "dense" for the entry)
     if (
         variant == "auto"
         and x_dtype in TC_DTYPES
@@ -834,7 +878,9 @@ def eager_spmm_variant(
     code = eager_spmm_code(variant, x.dtype, values.dtype, n, tc_auto_enabled())
     if code is None and m is not None and variant == "auto" and x.dtype == values.dtype and x.dtype in EAGER_DTYPES:
         plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), "auto", x.dtype)
-        if plan.variant not in ("tc", "scatter", "bitmap"):
+        if plan.variant == "dense":
+            code = SPMM_VARIANT_CODES["dense"]  # the entry runs it forced: its own rule never takes dense
+        elif plan.variant not in ("tc", "scatter", "bitmap"):
             code = SPMM_VARIANT_CODES["auto"]
     if code is not None:
         _ensure_loaded()
@@ -973,6 +1019,31 @@ def spmm_op_entry(
             entry = ("auto", eager_spmm_variant(values, x, "auto", m))
         decisions[key] = entry
     return entry
+
+
+def csr_to_dense(
+    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+) -> torch.Tensor:
+    """CUDA decompression of a prunekit CSR weight into a dense matrix, the first step of the ``dense`` SpMM variant
+    (``csrc/spmm_dense.cu``: one block per row, accumulated in fp32 in shared memory, written with 16-byte stores).
+
+    Args:
+        values: ``(nnz_padded,)`` fp16/bf16/fp32; row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz_padded,)``
+            int16/int32; m: M; k: K.
+
+    Returns:
+        ``(M, K)`` contiguous, in ``values.dtype`` (repeated columns add up, as in ``reference.csr_to_dense``).
+
+    Raises:
+        KernelUnavailable: no GPU/compiler. RuntimeError: bad shapes or dtypes (the kernel's checks).
+    """
+    _ensure_loaded()
+    if not values.is_contiguous():
+        values = values.contiguous()
+    if not column_indices.is_contiguous() or not _aligned16(column_indices):
+        column_indices = column_indices.contiguous().clone()
+    dense = _OPS["csr_to_dense"](values, row_offsets.contiguous(), column_indices, m, k)
+    return dense if dense.is_contiguous() else dense.contiguous()  # rows padded to 16 bytes where K is odd
 
 
 def sddmm_csr(

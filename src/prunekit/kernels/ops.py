@@ -1,9 +1,9 @@
-"""prunekit's torch.library custom ops: ``prunekit::spmm_csr``, ``prunekit::sddmm_csr``, ``prunekit::bsr_mm``,
-``prunekit::nm_mm``.
+"""prunekit's torch.library custom ops: ``prunekit::spmm_csr``, ``prunekit::sddmm_csr``, ``prunekit::csr_to_dense``,
+``prunekit::bsr_mm``, ``prunekit::nm_mm``.
 
 Each op has a CPU implementation (the pure-torch reference in ``reference.py``) and a fake
 (meta) implementation, so it runs eagerly, under ``torch.compile`` and in ``torch.export``.
-``spmm_csr`` and ``sddmm_csr`` also have CUDA implementations (``gpu.py``), which build or load
+``spmm_csr``, ``sddmm_csr`` and ``csr_to_dense`` also have CUDA implementations (``gpu.py``), which build or load
 the extension on first use and raise ``KernelUnavailable`` when they cannot.
 torch only: this package is copied into every exported package's ``runtime/``.
 """
@@ -15,7 +15,7 @@ import torch
 from . import reference
 from .layout import as_spmm_output, new_spmm_output
 
-__all__ = ["spmm_csr", "sddmm_csr", "bsr_mm", "nm_mm"]
+__all__ = ["spmm_csr", "sddmm_csr", "csr_to_dense", "bsr_mm", "nm_mm"]
 
 
 def _define(name: str, fn, fake, cuda=None, autograd=None):
@@ -135,6 +135,22 @@ def _sddmm_csr_cuda(row_offsets, column_indices, row_indices, a, b):
     return gpu.sddmm_csr(row_offsets, column_indices, row_indices, a, b)
 
 
+def _csr_to_dense(
+    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+) -> torch.Tensor:
+    return reference.csr_to_dense(values, row_offsets, column_indices, m, k)
+
+
+def _csr_to_dense_fake(values, row_offsets, column_indices, m, k):
+    return values.new_empty((m, k))
+
+
+def _csr_to_dense_cuda(values, row_offsets, column_indices, m, k):
+    from . import gpu
+
+    return gpu.csr_to_dense(values, row_offsets, column_indices, m, k)
+
+
 def _bsr_mm(
     blocks: torch.Tensor,
     crow_indices: torch.Tensor,
@@ -183,6 +199,10 @@ spmm_csr = _define(
 ``x`` (``x2d.t()``) gives a column-major Y (``layout.py``). CPU: reference; CUDA: ``gpu.spmm_csr_op`` (its C++ entries, else
 ``gpu.spmm_csr``). Differentiable in
 ``values`` (SDDMM), ``x`` and ``bias``."""
+csr_to_dense = _define("csr_to_dense", _csr_to_dense, _csr_to_dense_fake, _csr_to_dense_cuda)
+"""``prunekit::csr_to_dense(values, row_offsets, column_indices, m, k) -> (M, K)``: a prunekit CSR weight as a dense
+matrix in the values' dtype (repeated columns add up). CPU: reference; CUDA: ``gpu.csr_to_dense``, the ``dense`` SpMM
+variant's decompression kernel. Not differentiable."""
 bsr_mm = _define("bsr_mm", _bsr_mm, _bsr_mm_fake)
 nm_mm = _define("nm_mm", _nm_mm, _nm_mm_fake)
 from . import structured  # noqa: E402,F401  (CUDA impls of bsr_mm / nm_mm)

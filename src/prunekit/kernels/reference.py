@@ -163,6 +163,24 @@ def nm_mm(
     return _epilogue(out, bias, activation, x.dtype)
 
 
+def csr_to_dense(
+    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+) -> torch.Tensor:
+    """The CSR weight as a dense matrix (the ``dense`` SpMM variant's decompression; repeated columns add up, so the
+    padding entries, zeros on a real column, leave it unchanged).
+
+    Args:
+        values: ``(nnz_padded,)`` fp16/bf16/fp32/fp64; row_offsets: ``(M + 1,)`` int32; column_indices:
+            ``(nnz_padded,)`` int16/int32; m: M; k: K.
+
+    Returns:
+        ``(M, K)`` contiguous, in ``values.dtype`` (summed in fp32, fp64 for fp64 values).
+    """
+    acc = torch.zeros((m, k), dtype=accumulate_dtype(values.dtype), device=values.device)
+    acc.index_put_((csr_rows(row_offsets), column_indices.long()), values.to(acc.dtype), accumulate=True)
+    return acc.to(values.dtype)
+
+
 def csr_padding_mask(row_offsets: torch.Tensor, column_indices: torch.Tensor) -> torch.Tensor:
     """``(nnz_padded,)`` bool, True at padding entries: those repeating the previous column of the same row.
 

@@ -38,6 +38,10 @@ TORCH_LIBRARY(prunekit_ext, m) {
   m.def(
       "spmm_csr_scatter(Tensor records, Tensor group_offsets, Tensor x, Tensor(a!) y, Tensor? bias, bool relu, "
       "int kr_groups, Tensor(b!) workspace, Tensor(c!) counters, int strip_rows=8) -> ()");
+  m.def(
+      "spmm_csr_dense(Tensor values, Tensor row_offsets, Tensor column_indices, Tensor x, Tensor(a!) y, Tensor? bias, "
+      "bool relu) -> ()");
+  m.def("csr_to_dense(Tensor values, Tensor row_offsets, Tensor column_indices, int m, int k) -> Tensor");
   m.def("sddmm_csr(Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor a, Tensor b, Tensor(a!) out) -> ()");
   // The runtime's eager CSR call (spmm_entry.cu): allocates Y, chooses the CUDA-core variant, launches.
   m.def(
@@ -54,6 +58,8 @@ TORCH_LIBRARY_IMPL(prunekit_ext, CUDA, m) {
   m.impl("spmm_csr_direct", &prunekit::spmm_csr_direct);
   m.impl("spmm_csr_tc", &prunekit::spmm_csr_tc);
   m.impl("spmm_csr_scatter", &prunekit::spmm_csr_scatter);
+  m.impl("spmm_csr_dense", &prunekit::spmm_csr_dense);
+  m.impl("csr_to_dense", &prunekit::csr_to_dense);
   m.impl("sddmm_csr", &prunekit::sddmm_csr);
   m.impl("spmm_csr_auto", &prunekit::spmm_csr_auto);
 }

@@ -50,13 +50,23 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
                       const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu, int64_t kr_groups,
                       const at::Tensor& workspace, const at::Tensor& counters, int64_t strip_rows);
 
+// The `dense` variant's decompression: the CSR weight as a dense (M, K) tensor of the values' dtype (a view of an
+// (M, K rounded up to 16 bytes) buffer from the caching allocator; repeated columns add up). See spmm_dense.cu.
+at::Tensor csr_to_dense(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
+                        int64_t m, int64_t k);
+
+// The `dense` SpMM variant: y (M, N) = act(A @ x + bias) as csr_to_dense, then one cuBLAS GEMM (bias and ReLU in its
+// epilogue where y is the transposed view of a contiguous (N, M) buffer, nn.Linear's layout). See spmm_dense.cu.
+void spmm_csr_dense(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
+                    const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu);
+
 // Sputnik-style SDDMM: out[j] = dot(a[row(j)], b[col(j)]) at each stored CSR entry. See sddmm_csr.cu.
 void sddmm_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const at::Tensor& row_indices,
                const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
 
 // Eager entry of the CUDA-core SpMM variants (rowwarp, direct, tiled): checks, output allocation by layout.py's rule,
-// the variant/tiling choice of gpu.plan_spmm, X layout and launch in one call. variant: 0 auto (never tc), 1 rowwarp,
-// 2 rowwarp_global, 3 direct, 4 tiled (gpu.SPMM_VARIANT_CODES). Returns Y (m, N). See spmm_entry.cu.
+// the variant/tiling choice of gpu.plan_spmm, X layout and launch in one call. variant: 0 auto (never tc nor dense), 1
+// rowwarp, 2 rowwarp_global, 3 direct, 4 tiled, 8 dense (gpu.SPMM_VARIANT_CODES). Returns Y (m, N). See spmm_entry.cu.
 at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
                          const at::Tensor& row_indices, const at::Tensor& x, int64_t m,
                          const std::optional<at::Tensor>& bias, bool relu, int64_t variant);

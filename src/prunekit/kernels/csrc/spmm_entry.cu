@@ -1,5 +1,5 @@
 // Eager host entry of the CUDA-core SpMM kernels: prunekit_ext::spmm_csr_auto does in one dispatcher call what the
-// Python launcher gpu.spmm_csr does for the rowwarp, direct and tiled variants (argument checks, output allocation by
+// Python launcher gpu.spmm_csr does for the rowwarp, direct, tiled and dense variants (argument checks, output allocation by
 // layout.py's rule, the variant and tiling choice of gpu.plan_spmm, a row-major copy of X where the variant needs
 // one, the launch on the current stream), so that the runtime's eager forward of a CSR layer costs no Python-side
 // tensor work. No host synchronisation, no .item(). The tensor-core variant (tc) is not taken here: its plan is a
@@ -33,6 +33,9 @@ constexpr int64_t kTiled = 4;
 constexpr int64_t kTc = 5;
 constexpr int64_t kScatter = 6;  // decode tensor-core variant (spmm_scatter.cu): planned here, run by gpu.spmm_csr
 constexpr int64_t kBitmap = 7;   // decode bitmap variant (structured/nm24/nm24_decode.cu): likewise
+// The weight decompressed, then cuBLAS (spmm_dense.cu): run here when forced; "auto" never takes it here (its density
+// rule is gpu.py's, which passes this code where it chooses dense).
+constexpr int64_t kDense = 8;
 // Flag or-ed into spmm_csr_auto's variant (gpu.SPMM_ROWS): x is the activations (N, K) and the result Y^T (N, M),
 // nn.Linear's layout; the transposes are made here (each costs about a microsecond of host time when made in Python).
 constexpr int64_t kRowsFlag = int64_t{1} << 8;
@@ -78,8 +81,8 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
                                  int64_t variant, bool tensor_core_dtype, bool tc_auto) {
   // Result: {variant, subwarp, ntile, rows_per_warp, stage_x, windows_per_warp}, the fields of gpu.SpmmPlan with its
   // defaults {-, 32, 16, 8, 1, 1} where a variant leaves one unset.
-  PRUNEKIT_CHECK(variant >= kAuto && variant <= kBitmap, "plan_spmm_code: unknown variant code ", variant,
-              " (0 auto, 1 rowwarp, 2 rowwarp_global, 3 direct, 4 tiled, 5 tc, 6 scatter, 7 bitmap)");
+  PRUNEKIT_CHECK(variant >= kAuto && variant <= kDense, "plan_spmm_code: unknown variant code ", variant,
+              " (0 auto, 1 rowwarp, 2 rowwarp_global, 3 direct, 4 tiled, 5 tc, 6 scatter, 7 bitmap, 8 dense)");
   bool stage_x;
   if (variant == kAuto) {
     variant = n <= ROWWARP_MAX_N ? kRowwarp : kDirect;
@@ -91,7 +94,7 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
   } else {
     stage_x = variant != kRowwarpGlobal;
   }
-  if (variant == kDirect) return {kDirect, 32, 16, 8, 1, 1};
+  if (variant == kDirect || variant == kDense) return {variant, 32, 16, 8, 1, 1};
   // Forced only: "auto" never takes scatter or bitmap here (gpu.eager_spmm_code sends such calls to gpu.spmm_csr), and its
   // k-split (gpu.scatter_kr_groups) is not part of this result.
   if (variant == kScatter || variant == kBitmap) return {variant, 32, 16, 8, 1, 1};
@@ -146,8 +149,9 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
               ": row_offsets and row_indices must be int32");
   PRUNEKIT_CHECK(column_indices.scalar_type() == at::kShort || column_indices.scalar_type() == at::kInt, op,
               ": column_indices must be int16 or int32, got ", column_indices.scalar_type());
-  PRUNEKIT_CHECK(variant >= kAuto && variant <= kTiled, op, ": variant code must be 0-4 (auto, rowwarp, rowwarp_global, ",
-              "direct, tiled), got ", variant, "; the tensor-core variants (tc, scatter) run through gpu.spmm_csr");
+  PRUNEKIT_CHECK((variant >= kAuto && variant <= kTiled) || variant == kDense, op,
+              ": variant code must be 0-4 or 8 (auto, rowwarp, rowwarp_global, direct, tiled, dense), got ", variant,
+              "; the tensor-core variants (tc, scatter) run through gpu.spmm_csr");
   PRUNEKIT_CHECK(m >= 0, op, ": m must be >= 0, got ", m);
   PRUNEKIT_CHECK(row_offsets.numel() == m + 1, op, ": row_offsets has ", row_offsets.numel(), " entries, expected M + 1 = ",
               m + 1);
@@ -197,6 +201,9 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
       spmm_csr_tiled(values_c, offsets_c, cols_c, xr, y, bias_c, relu, plan[3]);
       break;
     }
+    case kDense:  // X as it is: cuBLAS reads either layout
+      spmm_csr_dense(values_c, offsets_c, cols_c, x, y, bias_c, relu);
+      break;
     default:
       PRUNEKIT_CHECK(false, op, ": internal error, plan chose variant code ", plan[0]);
   }
