@@ -16,10 +16,12 @@ against F.linear and torch.sparse.mm: ``speedup_layer_vs_dense_eager``, ``speedu
 For fp16/bf16 and N > 16 it times the CUDA-core ``direct`` variant and the bitmap kernel (32- or 64-token blocks) forced,
 and from N >= TC_BENCH_MIN_N also the tensor-core variant (``variant="tc"``, transposed activations copied to
 row-major inside the call, so the copy is timed) and the ``dense`` variant (the weight decompressed, then cuBLAS)
-(``direct_gpu_ms``, ``bitmap_gpu_ms``, ``tc_gpu_ms``, ``dense_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
+(``direct_gpu_ms``, ``bitmap_gpu_ms``, ``tc_gpu_ms``, ``dense_variant_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
 build time of the plan on the GPU, first call only; later calls reuse the plan cached on the weight), and the dense
-variant's decompression alone (``dense_decompress_gpu_ms``; ``dense_decompress_gbps`` counts the dense buffer written
-and the CSR read once).
+variant's decompression alone (``dense_variant_decompress_gpu_ms``; ``dense_variant_decompress_gbps`` counts the
+dense buffer written and the CSR read once). (In ``spmm-dense-h100-2026-11-26-s25a.json``, written before these keys,
+the variant's time overwrote ``dense_gpu_ms``, cuBLAS's; that file's ``speedup_dense_vs_dense`` is cuBLAS's time over
+the variant's.)
 
 Timing (docs/KERNELS.md "Measurement"): CUDA events; ``gpu_ms`` is the median over replays of a CUDA graph of many
 calls (device time, no launch gaps), ``eager_ms`` the median over loops of plain eager calls (host overhead included,
@@ -69,6 +71,8 @@ MAX_SETS = 16
 GRAPH_TARGET_S = 0.02  # device time per graph replay
 EAGER_TARGET_S = 0.03
 TC_BENCH_MIN_N = 128  # smallest N at which the tensor-core and direct variants are timed forced
+# JSON key prefix of a forced variant where its name would clash with a baseline's keys ("dense_gpu_ms" is cuBLAS)
+FORCED_KEYS = {"dense": "dense_variant"}
 
 console = Console()
 
@@ -135,9 +139,10 @@ def time_forced(variants: tuple[str, ...], csrs: list, xs: list, m: int, ref: to
             lambda c=c, x=x, v=variant: gpu.spmm_csr(**c, x=x.t(), m=m, variant=v)
             for c, x in zip(csrs, xs, strict=True)
         ]
-        out[f"{variant}_rel_error"] = relative_error(calls[0]().t(), ref)
-        out[f"{variant}_gpu_ms"] = graph_time(calls)
-        out[f"speedup_{variant}_vs_dense"] = dense_gpu / out[f"{variant}_gpu_ms"]
+        key = FORCED_KEYS.get(variant, variant)
+        out[f"{key}_rel_error"] = relative_error(calls[0]().t(), ref)
+        out[f"{key}_gpu_ms"] = graph_time(calls)
+        out[f"speedup_{key}_vs_dense"] = dense_gpu / out[f"{key}_gpu_ms"]
     return out
 
 
@@ -220,9 +225,11 @@ def bench_config(
                 decompress = [
                     lambda c=c: gpu.csr_to_dense(c["values"], c["row_offsets"], c["column_indices"], m, k) for c in csrs
                 ]
-                forced["dense_decompress_gpu_ms"] = graph_time(decompress)
+                forced["dense_variant_decompress_gpu_ms"] = graph_time(decompress)
                 written = m * (-(-k * esize // 16) * 16) + sparse_bytes
-                forced["dense_decompress_gbps"] = written / (forced["dense_decompress_gpu_ms"] * 1e-3) / 1e9
+                forced["dense_variant_decompress_gbps"] = (
+                    written / (forced["dense_variant_decompress_gpu_ms"] * 1e-3) / 1e9
+                )
         if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
             # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel as "auto" runs it at N <= 16
             # (X gathered from global memory: "rowwarp_global"; forced "rowwarp" would stage X in shared memory).

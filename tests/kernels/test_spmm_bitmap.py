@@ -189,6 +189,7 @@ def test_plan_spmm_bitmap_wide_rule(monkeypatch):
     with K >= 1024: >= 5%, and from N = 65 where M gives fewer than 16 rows per SM; from N = 65 with K < 1024: >= 1/6);
     rowwarp up to N = 64 and direct or tc above where it does not apply; never past N = 256, never for fp32."""
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
+    monkeypatch.setenv(gpu.DENSE_AUTO_ENV, "0")  # the dense rule, which takes over from N = 65: test_spmm_dense.py
     monkeypatch.delenv(gpu.TC_AUTO_ENV, raising=False)
 
     def auto(m, k, n, sparsity, dtype=torch.float16):

@@ -50,7 +50,9 @@ def test_eager_cpp_enabled_reads_the_flag_and_defaults_on(monkeypatch):
 
 def test_eager_spmm_code_never_takes_the_tensor_core_plan(monkeypatch):
     monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")  # the bitmap rule's range up to BITMAP_WIDE_MAX_N: its own test below
-    monkeypatch.setenv(gpu.DENSE_AUTO_ENV, "0")  # the dense rule's range from DENSE_MIN_N: tests/kernels/test_spmm_dense.py
+    monkeypatch.setenv(
+        gpu.DENSE_AUTO_ENV, "0"
+    )  # the dense rule's range from DENSE_MIN_N: tests/kernels/test_spmm_dense.py
     half = torch.float16
     assert gpu.eager_spmm_code("tc", half, half, 1, tc_auto=False) is None
     assert gpu.eager_spmm_code("auto", half, half, gpu.TC_MIN_N, tc_auto=True) is None
@@ -74,6 +76,7 @@ def test_eager_spmm_code_leaves_the_scatter_and_bitmap_range_to_python(monkeypat
     half = torch.float16
     monkeypatch.delenv(gpu.SCATTER_AUTO_ENV, raising=False)
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
+    monkeypatch.setenv(gpu.DENSE_AUTO_ENV, "0")  # its range from N = 65: test_spmm_dense.py
     for n in range(gpu.BITMAP_MIN_N, gpu.SCATTER_MAX_N + 1):
         assert gpu.eager_spmm_code("auto", half, half, n, tc_auto=False) is None  # density decides: gpu.spmm_csr
         assert gpu.eager_spmm_code("auto", torch.float32, torch.float32, n, tc_auto=False) == 0

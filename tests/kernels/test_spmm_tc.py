@@ -388,6 +388,7 @@ def test_tc_kernel_replay_rejects_tiles_the_kernel_cannot_have():
 
 def test_plan_spmm_takes_tensor_cores_only_for_16_bit_large_n(monkeypatch):
     monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
+    monkeypatch.setenv(gpu.DENSE_AUTO_ENV, "0")  # the dense rule over tc's range: test_spmm_dense.py
     monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")  # the bitmap rule up to N = 256: test_spmm_bitmap.py
     assert gpu.plan_spmm(4096, 4096, 4096, 2 * 10**6, 132, "auto", torch.float16) == gpu.SpmmPlan(
         "tc", ntile=128, windows_per_warp=2
@@ -406,6 +407,7 @@ def test_auto_takes_tc_by_the_density_rule_read_from_the_h100_grid(monkeypatch):
     """tc from 25% density at N <= 128, 12.5% for K <= 1024, 6.25% otherwise (gpu.tc_min_density_denominator);
     below, `direct`. Points from benchmarks/results/spmm-h100-2026-11-25.json (nnz_padded as the benchmark stored it)."""
     monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
+    monkeypatch.setenv(gpu.DENSE_AUTO_ENV, "0")  # the dense rule over tc's range: test_spmm_dense.py
     monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")  # the bitmap rule up to N = 256: test_spmm_bitmap.py
 
     def variant(m, k, n, density):
@@ -512,6 +514,7 @@ def test_tc_int32_column_indices_and_all_zero_weight():
 @pytest.mark.cuda
 def test_tc_rejects_fp32_and_auto_uses_it_for_fp16(monkeypatch):
     monkeypatch.setenv(gpu.TC_AUTO_ENV, "1")
+    monkeypatch.setenv(gpu.DENSE_AUTO_ENV, "0")  # the dense rule over tc's range: test_spmm_dense.py
     dense, c, x2d, bias = random_spmm_case(64, 128, 200, 0.9, 0, torch.float32, 15, "cuda")
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         gpu.spmm_csr(**c, x=x2d.t(), m=64, variant="tc")
@@ -550,6 +553,7 @@ def test_tc_repeated_runs_are_bitwise_identical():
 
 def test_auto_takes_tc_only_when_enabled_for_fp16_bf16_at_large_n_and_density(monkeypatch):
     monkeypatch.delenv(gpu.TC_AUTO_ENV, raising=False)
+    monkeypatch.setenv(gpu.DENSE_AUTO_ENV, "0")  # the dense rule over tc's range: test_spmm_dense.py
     dense10 = 4096 * 4096 // 10  # 90% sparsity: tc (measured 1.5x faster than direct on the H100)
     assert gpu.TC_AUTO_DEFAULT is True
     assert gpu.plan_spmm(4096, 4096, 4096, dense10, 132, "auto", torch.float16).variant == "tc"

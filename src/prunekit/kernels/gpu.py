@@ -229,10 +229,17 @@ EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ 
 # buffer by one kernel, then one cuBLAS GEMM. "auto" takes it for fp16/bf16 from DENSE_MIN_N tokens when the padded
 # density is >= 1 / dense_min_density_denominator(N, K); $PRUNEKIT_SPMM_DENSE=0 turns that off (forcing
 # variant="dense" still works). The scratch buffer is M * K elements of the call's dtype, from the caching allocator.
+# First measured in benchmarks/results/spmm-dense-h100-2026-11-26-s25a.json (H100, fp16, the first decompression
+# kernel; 4096 x 4096, 11008 x 4096 at 50-98% and 4096 x 11008 at 50-80%, N = 128 / 256 / 2048 / 4096, every variant
+# forced in the same run): at N = 2048 / 4096 it was the fastest prunekit variant at every point, 1.6-5.4x faster than
+# the best of tc / direct / bitmap; at N = 256 at 50-95% (1.45-2.11x) but not at 98% (0.73-0.84x); at N = 128 mixed
+# (0.46-1.35x).
 DENSE_AUTO_ENV = "PRUNEKIT_SPMM_DENSE"
-DENSE_AUTO_DEFAULT = False
+DENSE_AUTO_DEFAULT = True
 DENSE_MIN_N = TC_MIN_N
-DENSE_MIN_DENSITY_DENOMINATOR = 1 << 30
+DENSE_MIN_DENSITY_DENOMINATOR_SMALL_N = 16  # N <= TC_SMALL_N (128): from 6.25% density
+DENSE_MIN_DENSITY_DENOMINATOR_MID_N = 32  # N <= BITMAP_WIDE_MAX_N (256): from 3.125%
+DENSE_MIN_DENSITY_DENOMINATOR = 64  # above: from 1.5625%
 # The C++ eager entry: on since its GPU tests (tests/kernels/test_spmm_entry.py) passed on the H100 on 2026-11-26, once
 # the C++ checks stopped building their messages with iostreams (csrc/check.h); 9.7 us per call on the host against the
 # Python launcher's 21.3 (benchmarks/results/spmm-h100-2026-11-26-s12final.json, "overhead"). $PRUNEKIT_SPMM_CPP=0: off.
@@ -303,11 +310,16 @@ def dense_auto_enabled() -> bool:
 
 def dense_min_density_denominator(n: int, k: int) -> int:
     """D such that ``"auto"`` takes the ``dense`` variant when ``nnz_padded * D >= M * K`` (fp16/bf16, N >=
-    :data:`DENSE_MIN_N`, :func:`dense_auto_enabled`).
+    :data:`DENSE_MIN_N`, :func:`dense_auto_enabled`): 16 for N <= :data:`TC_SMALL_N`, 32 for N <=
+    :data:`BITMAP_WIDE_MAX_N`, else 64 (floors that change only between :func:`eager_size_class` classes).
 
     Args:
         n: N, columns of X (tokens). k: K, the weight's in_features.
     """
+    if n <= TC_SMALL_N:
+        return DENSE_MIN_DENSITY_DENOMINATOR_SMALL_N
+    if n <= BITMAP_WIDE_MAX_N:
+        return DENSE_MIN_DENSITY_DENOMINATOR_MID_N
     return DENSE_MIN_DENSITY_DENOMINATOR
 
 

@@ -10,7 +10,8 @@
 //
 // Decompression: one block per row; the row (in chunks of kDenseChunk columns) is accumulated in shared memory in
 // fp32 (atomicAdd: repeated columns add up, as in the reference, so the padding entries, zeros on a real column,
-// are harmless), then written with 16-byte stores. The buffer's row stride is K rounded up to 16 bytes; the padding
+// are harmless; zeros are skipped), then written with 16-byte stores. Values and column indices are read as 16-byte
+// vectors (the format pads each row to 16 bytes of values), each thread's first one before the shared row is cleared. The buffer's row stride is K rounded up to 16 bytes; the padding
 // columns hold zeros and are not seen by the GEMM (it gets the (M, K) view).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -31,29 +32,75 @@ constexpr int kDenseThreads = 256;
 // (each chunk reads the row's entries again).
 constexpr int kDenseChunk = 12288;
 
+// Add V entries (one 16-byte vector of values and its column indices) into the row's chunk [c0, c0 + width).
+template <typename T, typename I, int IB>
+__device__ __forceinline__ void scatter_vector(float* acc, const Words<16>& v, const Words<IB>& c, int c0, int width) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float value = word_elem<T>(v.w, j);
+    const int col = word_index<I>(c.w, j) - c0;
+    if (value != 0.0f && col >= 0 && col < width) atomicAdd(acc + col, value);  // padding entries hold zeros
+  }
+}
+
 template <typename T, typename I>
 __global__ void __launch_bounds__(kDenseThreads)
 csr_to_dense_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
-                    T* __restrict__ dense, int64_t ld, int k, int chunk) {
-  constexpr int V = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte store
+                    T* __restrict__ dense, int64_t ld, int k, int chunk, bool vec_ok) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
+  constexpr int IB = V * static_cast<int>(sizeof(I));   // bytes of V column indices: 8, 16 or 32
   extern __shared__ float4 acc4[];
   float* acc = reinterpret_cast<float*>(acc4);
   const int row = blockIdx.x;
   const int start = __ldg(row_offsets + row), end = __ldg(row_offsets + row + 1);
+  // Vector loads where the row starts and ends on 16 bytes of values (the format pads every row so), else elements.
+  const bool vec = vec_ok && start % V == 0 && end % V == 0;
   T* out = dense + static_cast<int64_t>(row) * ld;
+  // Each thread's first vector is loaded before the shared memory is cleared, so that its latency overlaps the
+  // clearing; a row of up to kDenseThreads * V entries (2048 in fp16) needs no other load.
+  const int e0 = start + static_cast<int>(threadIdx.x) * V;
+  const bool first = vec && e0 < end;
+  Words<16> v0;
+  Words<IB> i0;
+  if (first) {
+    v0.load(values + e0);
+    i0.load(cols + e0);
+  }
   for (int c0 = 0; c0 < k; c0 += chunk) {
     const int width = min(chunk, k - c0);
     const int padded = (width + V - 1) / V * V;  // c0 + padded <= ld: ld is K rounded up to V, chunk a multiple of V
     for (int i = threadIdx.x; i < padded / 4; i += kDenseThreads) acc4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
-    for (int e = start + threadIdx.x; e < end; e += kDenseThreads) {
-      const int c = static_cast<int>(cols[e]) - c0;
-      if (c >= 0 && c < width) atomicAdd(acc + c, to_f(values[e]));
+    if (vec) {
+      if (first) scatter_vector<T, I, IB>(acc, v0, i0, c0, width);
+      for (int e = e0 + kDenseThreads * V; e < end; e += kDenseThreads * V) {
+        Words<16> v;
+        Words<IB> i;
+        v.load(values + e);
+        i.load(cols + e);
+        scatter_vector<T, I, IB>(acc, v, i, c0, width);
+      }
+    } else {
+      for (int e = start + threadIdx.x; e < end; e += kDenseThreads) {
+        const int c = static_cast<int>(cols[e]) - c0;
+        if (c >= 0 && c < width) atomicAdd(acc + c, to_f(values[e]));
+      }
     }
     __syncthreads();
     for (int i = threadIdx.x * V; i < padded; i += kDenseThreads * V) store_vec16<T>(out + c0 + i, acc + i);
     __syncthreads();
   }
+}
+
+// cuBLAS reads a matrix with one unit stride and the other at least its extent. torch lets a size-1 dimension carry
+// any stride (a (K, 1) column seen as (1, K) has strides (1, 1)), which cuBLASLt's heuristic refuses
+// (CUBLAS_STATUS_INVALID_VALUE): give such a view the strides of a contiguous layout.
+at::Tensor blas_view(const at::Tensor& t) {
+  const int64_t r = t.size(0), c = t.size(1);
+  if (r == 1 && t.stride(1) == 1) return raw_view(t, {r, c}, {std::max<int64_t>(c, 1), 1});
+  if (c == 1 && t.stride(0) == 1) return raw_view(t, {r, c}, {1, std::max<int64_t>(r, 1)});
+  return t;
 }
 
 }  // namespace
@@ -83,13 +130,15 @@ at::Tensor csr_to_dense(const at::Tensor& values, const at::Tensor& row_offsets,
   const c10::cuda::CUDAGuard guard(values.device());
   const int chunk = static_cast<int>(std::min<int64_t>(ld, kDenseChunk));
   const size_t smem = static_cast<size_t>(chunk) * sizeof(float);
+  const bool vec_ok = reinterpret_cast<uintptr_t>(values.data_ptr()) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(column_indices.data_ptr()) % 16 == 0;
   PRUNEKIT_DISPATCH_FLOAT(dtype, [&] {
     PRUNEKIT_DISPATCH_INDEX(column_indices.scalar_type(), [&] {
       csr_to_dense_kernel<scalar_t, index_t><<<static_cast<unsigned>(m), kDenseThreads, smem,
                                                c10::cuda::getCurrentCUDAStream()>>>(
           reinterpret_cast<const scalar_t*>(values.data_ptr()), row_offsets.data_ptr<int>(),
           reinterpret_cast<const index_t*>(column_indices.data_ptr()), reinterpret_cast<scalar_t*>(buf.data_ptr()),
-          ld, static_cast<int>(k), chunk);
+          ld, static_cast<int>(k), chunk, vec_ok);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
@@ -115,8 +164,8 @@ void spmm_csr_dense(const at::Tensor& values, const at::Tensor& row_offsets, con
   if (yt.is_contiguous()) {
     // nn.Linear's layout (the runtime's): Y^T = X^T W^T + bias, with bias and ReLU in cuBLASLt's epilogue where
     // torch's addmm takes that path (a 1-D bias along the result's rows).
-    at::Tensor out = yt;
-    const at::Tensor xt = raw_t(x), wt = raw_t(w);
+    at::Tensor out = blas_view(yt);
+    const at::Tensor xt = blas_view(raw_t(x)), wt = raw_t(w);
     if (bias.has_value() && relu) {
       at::_addmm_activation_out(out, *bias, xt, wt, 1, 1, /*use_gelu=*/false);
     } else if (bias.has_value()) {
@@ -127,8 +176,8 @@ void spmm_csr_dense(const at::Tensor& values, const at::Tensor& row_offsets, con
     }
     return;
   }
-  at::Tensor out = y;
-  at::mm_out(out, w, x);
+  at::Tensor out = blas_view(y);
+  at::mm_out(out, w, blas_view(x));
   if (bias.has_value()) out.add_(bias->unsqueeze(1));
   if (relu) out.relu_();
 }
