@@ -49,7 +49,7 @@ def test_reference_decompression_gives_back_the_weight(dtype, case):
     assert torch.equal(out, dense)  # padding entries are zeros on a real column: the sum is exact
 
 
-def test_reference_decompression_adds_repeated_columns():
+def test_reference_decompression_adds_entries_on_one_position():
     values = torch.tensor([1.0, 2.0, 0.5, 4.0])
     row_offsets = torch.tensor([0, 3, 3, 4], dtype=torch.int32)
     column_indices = torch.tensor([1, 1, 2, 0], dtype=torch.int16)
@@ -157,12 +157,13 @@ def test_csr_to_dense_kernel_matches_the_reference(dtype, index_dtype, m, k, spa
 
 
 @pytest.mark.cuda
-def test_csr_to_dense_kernel_adds_repeated_columns_and_takes_empty_sizes():
-    values = torch.tensor([1.0, 2.0, 0.5, 4.0], device="cuda").half()
-    row_offsets = torch.tensor([0, 3, 3, 4], dtype=torch.int32, device="cuda")
-    cols = torch.tensor([1, 1, 2, 0], dtype=torch.int16, device="cuda")
+def test_csr_to_dense_kernel_skips_zero_padding_and_takes_empty_sizes():
+    # zeros repeating a real column, before and after it (the format pads after the row's last column), and -0.0
+    values = torch.tensor([0.0, 2.0, 0.0, -0.0, 0.5, 4.0, 0.0], device="cuda").half()
+    row_offsets = torch.tensor([0, 5, 5, 7], dtype=torch.int32, device="cuda")
+    cols = torch.tensor([1, 1, 1, 2, 2, 0, 0], dtype=torch.int16, device="cuda")
     out = gpu.csr_to_dense(values, row_offsets, cols, 3, 3)
-    assert torch.equal(out.cpu(), torch.tensor([[0.0, 3.0, 0.5], [0.0, 0.0, 0.0], [4.0, 0.0, 0.0]]).half())
+    assert torch.equal(out.cpu(), torch.tensor([[0.0, 2.0, 0.5], [0.0, 0.0, 0.0], [4.0, 0.0, 0.0]]).half())
     empty = gpu.csr_to_dense(values[:0], torch.zeros(1, dtype=torch.int32, device="cuda"), cols[:0], 0, 7)
     assert empty.shape == (0, 7)
     assert torch.equal(ops.csr_to_dense(values, row_offsets, cols, 3, 3), out)  # the public op on CUDA

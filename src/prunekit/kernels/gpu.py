@@ -1044,7 +1044,9 @@ def csr_to_dense(
             int16/int32; m: M; k: K.
 
     Returns:
-        ``(M, K)`` contiguous, in ``values.dtype`` (repeated columns add up, as in ``reference.csr_to_dense``).
+        ``(M, K)`` contiguous, in ``values.dtype``. The columns of a row must be unique apart from entries holding
+        zero (the format's padding, ``formats/csr.py``): zeros are skipped, and of two non-zeros on one column either
+        may be kept (``reference.csr_to_dense`` adds them).
 
     Raises:
         KernelUnavailable: no GPU/compiler. RuntimeError: bad shapes or dtypes (the kernel's checks).

@@ -166,8 +166,9 @@ def nm_mm(
 def csr_to_dense(
     values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
 ) -> torch.Tensor:
-    """The CSR weight as a dense matrix (the ``dense`` SpMM variant's decompression; repeated columns add up, so the
-    padding entries, zeros on a real column, leave it unchanged).
+    """The CSR weight as a dense matrix (the ``dense`` SpMM variant's decompression). Entries on one position add up, so
+    the format's padding entries, zeros on a real column, leave it unchanged; the CUDA kernel takes the format's
+    invariant instead (columns unique within a row apart from zero padding) and agrees with this wherever it holds.
 
     Args:
         values: ``(nnz_padded,)`` fp16/bf16/fp32/fp64; row_offsets: ``(M + 1,)`` int32; column_indices:

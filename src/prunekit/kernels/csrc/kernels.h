@@ -51,7 +51,8 @@ void spmm_csr_scatter(const at::Tensor& records, const at::Tensor& group_offsets
                       const at::Tensor& workspace, const at::Tensor& counters, int64_t strip_rows);
 
 // The `dense` variant's decompression: the CSR weight as a dense (M, K) tensor of the values' dtype (a view of an
-// (M, K rounded up to 16 bytes) buffer from the caching allocator; repeated columns add up). See spmm_dense.cu.
+// (M, K rounded up to 16 bytes) buffer from the caching allocator; columns unique within a row apart from zero
+// padding, as the format stores them). See spmm_dense.cu.
 at::Tensor csr_to_dense(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
                         int64_t m, int64_t k);
 
