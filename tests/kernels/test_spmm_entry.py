@@ -90,8 +90,9 @@ def test_eager_spmm_code_leaves_the_scatter_and_bitmap_range_to_python(monkeypat
     monkeypatch.delenv(gpu.SCATTER_AUTO_ENV)
     assert gpu.eager_spmm_code("auto", half, half, 4, tc_auto=False) == 0  # below the scatter range
     assert gpu.eager_spmm_code("auto", half, half, 9, tc_auto=False) is None
-    classes = [gpu.eager_size_class(n) for n in (1, 2, 4, 5, 8, 9, 15, 16, 17, 64, 65, 128, 129, 256, 257, 4096)]
-    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7, 8, 8]
+    ns = (1, 2, 4, 5, 8, 9, 15, 16, 17, 64, 65, 128, 129, 256, 257, 511, 512, 4096)
+    classes = [gpu.eager_size_class(n) for n in ns]
+    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9]
     # N 17-256: the wide bitmap rule reads the density too (fp32: the entry)
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV)
     for n in (17, 64, 65, gpu.BITMAP_WIDE_MAX_N):
@@ -624,8 +625,8 @@ def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(mo
 
 def test_size_classes_hold_the_density_floors_constant():
     """The runtime and the custom op cache one eager decision per size class (gpu.eager_size_class), so inside a class
-    none of the rules' density floors may change: tc's (from TC_MIN_N), bitmap's at N <= 16 and its wide one, and
-    scatter's range."""
+    none of the rules' density floors may change: tc's (from TC_MIN_N), bitmap's at N <= 16 and its wide one, the dense
+    variant's (from DENSE_MIN_N), and scatter's range."""
     for k in (512, 768, 1024, 3072, 4096, 11008):
         seen: dict[int, tuple] = {}
         for n in range(1, 600):
@@ -635,6 +636,7 @@ def test_size_classes_hold_the_density_floors_constant():
                 gpu.bitmap_wide_min_density_denominator(n, k)
                 if gpu.BITMAP_MAX_N < n <= gpu.BITMAP_WIDE_MAX_N
                 else None,
+                gpu.dense_min_density_denominator(n, k) if n >= gpu.DENSE_MIN_N else None,
                 gpu.SCATTER_MIN_N <= n <= gpu.SCATTER_MAX_N,
                 n <= gpu.SPMV_MAX_N,
                 n <= gpu.ROWWARP_MAX_N,
