@@ -43,7 +43,7 @@ class KernelCheck:
 
 
 def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
-    """Check ``spmm_csr`` (every variant, ``tc``, ``scatter``, ``bitmap`` and the lean bitmap kernel for fp16/bf16;
+    """Check ``spmm_csr`` (every variant, ``dense`` included, ``tc``, ``scatter``, ``bitmap`` and the lean bitmap kernel for fp16/bf16;
     row-major and transposed X, bias + ReLU; rowwarp's SpMV kernel at N = 1 and its 4-token tile on a taller weight),
     the 2:4 decode kernel (``nm24``: both inner products and the lean kernel, fp16/bf16) and 2:4 SpMV, and
     ``sddmm_csr`` per dtype. The lean kernels' switch (``$PRUNEKIT_NM24_LEAN``) is set for each call as its case asks.
@@ -70,6 +70,8 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
             ("direct", 37),
             ("direct", 264),
             ("tiled", 37),
+            ("dense", 1),  # the weight decompressed, then cuBLAS (csrc/spmm_dense.cu); "auto" takes it from N = 65
+            ("dense", 264),
         ]
         if dtype in gpu.TC_DTYPES:
             cases += [("tc", 37), ("tc", 264), ("scatter", 1), ("scatter", 13), ("bitmap", 1), ("bitmap", 13)]
