@@ -234,16 +234,21 @@ EAGER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # dtypes the C++ 
 # same run; in-sample). Against the fastest of the other three: at N = 512 and 4096 dense was faster at every point
 # (1.17-5.81x, 98% included); at N = 256 at 80-95% everywhere (1.31-2.74x) and mixed at 98% (0.81-1.58x); at N = 80 /
 # 128 at 80-90% everywhere (1.12-1.82x), at 95% on three of four shapes (1.18-1.41x; 11008 x 4096: 0.94-0.98x), and at
-# 98% on one (768 x 3072; 0.47-0.87x on the others). Padded densities there: 95% ~5.1%, 98% ~2.1-2.5%. Hence: from
-# 5% at N = 65-128, 3.125% at N = 129-511 (N = 257-511 not measured), 1.5625% from N = DENSE_WIDE_N (512).
+# 98% on one (768 x 3072; 0.47-0.87x on the others). Padded densities there: 95% ~5.1%, 98% ~2.1-2.5%. At N = 300
+# (spmm-dense-n300-h100-2026-11-26-s25e.json, 95 / 98%, 5 shapes) dense was faster at every point, 98% included
+# (1.90-2.86x): `direct` takes two passes over X's columns above 256. Hence: from 5% at N = 65-128, 3.125% at N =
+# 129-256, 1.5625% above. Over s25c's 90 points the rule's choice is within 6% of the fastest variant at 87; the
+# exceptions are 768 x 3072 at 98%, N = 80-256, where dense was 1.37-1.63x faster than the `direct` the rule keeps.
+# bf16 (spmm-dense-bf16-h100-2026-11-26-s25e.json: 3 shapes, 90-98%, N = 80 / 128 / 300 / 4096) gave the same
+# picture: the rule's choice within 4% of the fastest at all 36 points (the recorded "auto" time where the rule's
+# choice is not dense: the same kernel as the forced one, timed separately).
 # (spmm-dense-...-s25a.json and -s25b.json hold the two earlier versions of the decompression kernel: atomics.)
 DENSE_AUTO_ENV = "PRUNEKIT_SPMM_DENSE"
 DENSE_AUTO_DEFAULT = True
 DENSE_MIN_N = TC_MIN_N
-DENSE_WIDE_N = 512  # from here the lowest floor (eager_size_class 9)
 DENSE_MIN_DENSITY_DENOMINATOR_SMALL_N = 20  # N <= TC_SMALL_N (128): from 5% density
-DENSE_MIN_DENSITY_DENOMINATOR_MID_N = 32  # N < DENSE_WIDE_N: from 3.125%
-DENSE_MIN_DENSITY_DENOMINATOR = 64  # N >= DENSE_WIDE_N: from 1.5625%
+DENSE_MIN_DENSITY_DENOMINATOR_MID_N = 32  # N <= BITMAP_WIDE_MAX_N (256): from 3.125%
+DENSE_MIN_DENSITY_DENOMINATOR = 64  # N > 256: from 1.5625%
 # The C++ eager entry: on since its GPU tests (tests/kernels/test_spmm_entry.py) passed on the H100 on 2026-11-26, once
 # the C++ checks stopped building their messages with iostreams (csrc/check.h); 9.7 us per call on the host against the
 # Python launcher's 21.3 (benchmarks/results/spmm-h100-2026-11-26-s12final.json, "overhead"). $PRUNEKIT_SPMM_CPP=0: off.
@@ -314,15 +319,15 @@ def dense_auto_enabled() -> bool:
 
 def dense_min_density_denominator(n: int, k: int) -> int:
     """D such that ``"auto"`` takes the ``dense`` variant when ``nnz_padded * D >= M * K`` (fp16/bf16, N >=
-    :data:`DENSE_MIN_N`, :func:`dense_auto_enabled`): 20 for N <= :data:`TC_SMALL_N`, 32 below
-    :data:`DENSE_WIDE_N`, else 64 (floors that change only between :func:`eager_size_class` classes).
+    :data:`DENSE_MIN_N`, :func:`dense_auto_enabled`): 20 for N <= :data:`TC_SMALL_N`, 32 for N <=
+    :data:`BITMAP_WIDE_MAX_N`, else 64 (floors that change only between :func:`eager_size_class` classes).
 
     Args:
         n: N, columns of X (tokens). k: K, the weight's in_features.
     """
     if n <= TC_SMALL_N:
         return DENSE_MIN_DENSITY_DENOMINATOR_SMALL_N
-    if n < DENSE_WIDE_N:
+    if n <= BITMAP_WIDE_MAX_N:
         return DENSE_MIN_DENSITY_DENOMINATOR_MID_N
     return DENSE_MIN_DENSITY_DENOMINATOR
 
@@ -848,8 +853,7 @@ def eager_size_class(n: int) -> int:
     BITMAP_MIN_K_SMALL_N, no scatter), 3 below BITMAP_MAX_N (the scatter kernel's range too), 4 for N = BITMAP_MAX_N (its own bitmap
     density floor), 5 below TC_MIN_N (bitmap's wide range from BITMAP_MIN_K_SMALL_N), 6 up to TC_SMALL_N (the
     tensor-core ``tc`` range at its N <= TC_SMALL_N density floor, and bitmap's from BITMAP_MIN_K), 7 up to
-    BITMAP_WIDE_MAX_N (``tc``'s other floors), 8 below DENSE_WIDE_N, 9 from there (the ``dense`` variant's lowest
-    floor). Within a class, the rules' density floors do not change. The
+    BITMAP_WIDE_MAX_N (``tc``'s other floors), 8 above. Within a class, the rules' density floors do not change. The
     runtime caches one answer per layer, dtype pair and class."""
     if n < BITMAP_MIN_N:
         return 0
@@ -863,9 +867,7 @@ def eager_size_class(n: int) -> int:
         return 5
     if n <= TC_SMALL_N:
         return 6
-    if n <= BITMAP_WIDE_MAX_N:
-        return 7
-    return 8 if n < DENSE_WIDE_N else 9
+    return 7 if n <= BITMAP_WIDE_MAX_N else 8
 
 
 def eager_spmm_variant(
