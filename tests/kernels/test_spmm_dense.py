@@ -141,7 +141,16 @@ def _poison_allocator(nbytes: int, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("index_dtype", [torch.int16, torch.int32], ids=str)
 @pytest.mark.parametrize(
     "m,k,sparsity,empty_rows",
-    [*SPMM_EDGE_CASES, (5, 30001, 0.9, 1), (3, 12289, 0.5, 1), (2, 24576, 0.99, 0), (64, 4096, 0.0, 0)],
+    [
+        *SPMM_EDGE_CASES,
+        (5, 30001, 0.9, 1),
+        (3, 12289, 0.5, 1),
+        (2, 24576, 0.99, 0),
+        (64, 4096, 0.0, 0),
+        (6, 2048, 0.5, 1),  # the longest rows a warp takes in fp16 (4 KB), M not a multiple of 4 rows per block
+        (7, 2056, 0.5, 1),  # one vector more: a block per row
+        (1030, 384, 0.9, 5),  # MiniLM's K, warp rows in 258 blocks, the last one partly past M
+    ],
     ids=str,
 )
 def test_csr_to_dense_kernel_matches_the_reference(dtype, index_dtype, m, k, sparsity, empty_rows):
