@@ -1045,8 +1045,10 @@ def spmm_op_entry(
 def csr_to_dense(
     values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
 ) -> torch.Tensor:
-    """CUDA decompression of a prunekit CSR weight into a dense matrix, the first step of the ``dense`` SpMM variant
-    (``csrc/spmm_dense.cu``: one block per row, accumulated in fp32 in shared memory, written with 16-byte stores).
+    """CUDA decompression of a prunekit CSR weight into a dense matrix, the first step of the ``dense`` SpMM variant:
+    Flash-LLM's "load as sparse, compute as dense" (Xia et al., VLDB 2024), here for a whole layer before one cuBLAS
+    GEMM instead of per tile inside the GEMM (``csrc/spmm_dense.cu``: each row assembled in shared memory by a block,
+    or by a warp where rows are at most 4 KB, and written with 16-byte stores; the written bytes are M * K elements).
 
     Args:
         values: ``(nnz_padded,)`` fp16/bf16/fp32; row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz_padded,)``

@@ -202,8 +202,7 @@ spmm_csr = _define(
 csr_to_dense = _define("csr_to_dense", _csr_to_dense, _csr_to_dense_fake, _csr_to_dense_cuda)
 """``prunekit::csr_to_dense(values, row_offsets, column_indices, m, k) -> (M, K)``: a prunekit CSR weight as a dense
 matrix in the values' dtype (columns unique within a row apart from zero padding, as the format stores them). CPU:
-reference; CUDA: ``gpu.csr_to_dense``, the ``dense`` SpMM
-variant's decompression kernel. Not differentiable."""
+reference; CUDA: ``gpu.csr_to_dense``, the ``dense`` SpMM variant's decompression kernel. Not differentiable."""
 bsr_mm = _define("bsr_mm", _bsr_mm, _bsr_mm_fake)
 nm_mm = _define("nm_mm", _nm_mm, _nm_mm_fake)
 from . import structured  # noqa: E402,F401  (CUDA impls of bsr_mm / nm_mm)

@@ -1,6 +1,7 @@
 // The `dense` SpMM variant: decompress the CSR weight into a dense (M, K) scratch buffer, then one cuBLAS GEMM.
 //
-// "Load sparse, compute dense" at the scale of a whole layer. At large N an unstructured product is bound by the
+// "Load sparse, compute dense" (Flash-LLM, Xia et al., VLDB 2024, does it per tile inside its GEMM) at the scale of a
+// whole layer. At large N an unstructured product is bound by the
 // tensor cores, and a sparse kernel only gains where it skips whole mma tiles, which a random pattern at 90-95% does
 // not allow (docs/KERNELS.md, "Bounds": the condensed-window `tc` design's ceiling is 0.70x / 0.90x of dense there).
 // The decompression writes M * K elements once (32 MB for 4096 x 4096 fp16, about 12 us at the H100's 3 TB/s),
@@ -9,16 +10,17 @@
 // end: it adds M * K elements to the peak memory of one layer call, not to the weights held.
 //
 // Decompression: one block of 128 threads per row (a warp per row where rows are at most 4 KB). The row (in chunks of
-// 48 KB) is assembled in shared memory: cleared
-// with 16-byte stores, each non-zero's bits stored at its column, then copied out with 16-byte stores. Values and
-// column indices are read as 16-byte vectors of values (the format pads every row to 16 bytes), each thread's first
-// two before the row is cleared, so that their latency overlaps the clearing. Plain stores, no atomics: the format's
+// 48 KB) is assembled in shared memory: cleared with 16-byte stores, each non-zero's bits stored at its column, then
+// copied out with 16-byte stores. Values and column indices are read as 16-byte vectors of values (the format pads
+// every row to 16 bytes), each thread's first two before the row is cleared, so that their latency overlaps the
+// clearing. Plain stores, no atomics: the format's
 // columns are unique within a row apart from its padding entries, which repeat a real column with value 0 and are
 // skipped (a zero is never stored; the cleared row holds it). The buffer's row stride is K rounded up to 16 bytes; the
 // padding columns hold zeros and are not seen by the GEMM (it gets the (M, K) view).
 //
-// The first version (s25a) accumulated in fp32 with shared-memory atomicAdd, one block of 256 threads per row, and
-// reached 1.3-2.1 TB/s; its time grew with the non-zeros per row (49 us at 50%, 25 at 90%, 19 at 98% on 4096 x 4096).
+// The first two versions (s25a, s25b) accumulated in fp32 with shared-memory atomicAdd, one block of 256 threads per
+// row, and reached 1.2-2.1 TB/s; their time grew with the non-zeros per row (s25a: 49 us at 50%, 25 at 90%, 19 at 98% on
+// 4096 x 4096, against 16 at 90% now; docs/PERFORMANCE.md, "Twenty-fifth session").
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
