@@ -129,7 +129,7 @@ def test_dense_rule_changes_only_between_eager_size_classes():
 # --- GPU: the decompression kernel ----------------------------------------------------------------------------------
 
 
-def _poison_allocator(nbytes: int, dtype: torch.dtype) -> None:
+def _poison_allocator(nbytes: int) -> None:
     """Fill about ``nbytes`` of the caching allocator's free memory with NaN, so that a buffer allocated next (the
     kernel's output) starts as NaN wherever the kernel fails to write."""
     junk = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
@@ -156,7 +156,7 @@ def _poison_allocator(nbytes: int, dtype: torch.dtype) -> None:
 def test_csr_to_dense_kernel_matches_the_reference(dtype, index_dtype, m, k, sparsity, empty_rows):
     dense, csr, _, _ = random_spmm_case(m, k, 1, sparsity, empty_rows, dtype, seed=m + k, device="cuda")
     cols = csr["column_indices"].to(index_dtype)
-    _poison_allocator(m * k * 4 + 4096, dtype)
+    _poison_allocator(m * k * 4 + 4096)
     out = gpu.csr_to_dense(csr["values"], csr["row_offsets"], cols, m, k)
     torch.cuda.synchronize()
     assert out.shape == (m, k) and out.dtype == dtype and out.is_contiguous()
@@ -217,7 +217,7 @@ def test_cpp_entry_runs_the_dense_code(dtype, rows):
     dense, csr, x2d, bias = random_spmm_case(m, k, n, 0.8, 3, dtype, seed=11, device="cuda")
     code = gpu.SPMM_VARIANT_CODES["dense"] | (gpu.SPMM_ROWS if rows else 0)
     x = x2d if rows else x2d.t()
-    _poison_allocator(n * m * 4 + m * k * 4, dtype)
+    _poison_allocator(n * m * 4 + m * k * 4)
     y = torch.ops.prunekit_ext.spmm_csr_auto(*csr.values(), x, m, bias, True, code)
     ref = spmm_reference64(dense, x2d.t(), bias, "relu")
     assert relative_error(y.t() if rows else y, ref) <= TOLERANCE[dtype]

@@ -33,6 +33,23 @@ def csr_rows(row_offsets: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(counts.numel(), device=row_offsets.device), counts)
 
 
+def csr_to_dense(
+    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+) -> torch.Tensor:
+    """The matrix the CSR components hold: ``(M, K)`` in ``values.dtype`` on ``values``' device (the format's decoding,
+    and ``kernels.reference``'s for ``prunekit::csr_to_dense``). Entries on one position add up, so the padding entries
+    (zeros on a real column) leave it exact; the CUDA kernel (``csrc/spmm_dense.cu``) takes the format's invariant
+    instead (columns unique within a row apart from zero padding) and agrees with this wherever it holds.
+
+    Args:
+        values: ``(nnz_padded,)``; row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz_padded,)`` int16/int32;
+            m: M; k: K.
+    """
+    dense = torch.zeros((m, k), dtype=values.dtype, device=values.device)
+    dense.index_put_((csr_rows(row_offsets), column_indices.long()), values, accumulate=True)
+    return dense
+
+
 def csr_layout(
     rows: torch.Tensor, cols: torch.Tensor, m: int, k: int, dtype: torch.dtype
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -89,8 +106,5 @@ class CSR(SparseFormat):
 
     def decode(self, encoded: EncodedTensor) -> torch.Tensor:
         c = encoded.components
-        dense = torch.zeros(encoded.shape, dtype=encoded.torch_dtype, device=c["values"].device)
-        rows = csr_rows(c["row_offsets"])
-        # accumulate: padding entries are zeros on a real column, so the sum is exact.
-        dense.index_put_((rows, c["column_indices"].long()), c["values"], accumulate=True)
-        return dense
+        m, k = encoded.shape
+        return csr_to_dense(c["values"].to(encoded.torch_dtype), c["row_offsets"], c["column_indices"], m, k)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..formats.csr import csr_rows
+from ..formats.csr import csr_to_dense as csr_to_dense  # the `dense` variant's reference: the format's own decoding
 from ..formats.nm import unpack_indices
 
 CHUNK_ELEMENTS = 1 << 22
@@ -161,25 +162,6 @@ def nm_mm(
         sl = slice(start, start + step)
         out[sl] = torch.einsum("rj,rjn->rn", vals[sl], xa[cols[sl]])
     return _epilogue(out, bias, activation, x.dtype)
-
-
-def csr_to_dense(
-    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
-) -> torch.Tensor:
-    """The CSR weight as a dense matrix (the ``dense`` SpMM variant's decompression). Entries on one position add up, so
-    the format's padding entries, zeros on a real column, leave it unchanged; the CUDA kernel takes the format's
-    invariant instead (columns unique within a row apart from zero padding) and agrees with this wherever it holds.
-
-    Args:
-        values: ``(nnz_padded,)`` fp16/bf16/fp32/fp64; row_offsets: ``(M + 1,)`` int32; column_indices:
-            ``(nnz_padded,)`` int16/int32; m: M; k: K.
-
-    Returns:
-        ``(M, K)`` contiguous, in ``values.dtype`` (summed in fp32, fp64 for fp64 values).
-    """
-    acc = torch.zeros((m, k), dtype=accumulate_dtype(values.dtype), device=values.device)
-    acc.index_put_((csr_rows(row_offsets), column_indices.long()), values.to(acc.dtype), accumulate=True)
-    return acc.to(values.dtype)
 
 
 def csr_padding_mask(row_offsets: torch.Tensor, column_indices: torch.Tensor) -> torch.Tensor:
