@@ -10,7 +10,8 @@ contenders compute the layer output as a user would call them:
   and variant chosen in C++); returns the transposed (N, M) output, no copies. ``static_op_eager_ms`` times the same
   through the custom op ``prunekit::bsr_mm_static`` (the path under torch.compile / export),
   ``static_tile<BN>_gpu_ms`` each N tile of the mma.sync kernel, ``static_wgmma_*`` the sm_90a wgmma + TMA variant
-  (64-row blocks, when the library holds it);
+  (every block size since the twenty-sixth session, when the library holds it; 16- and 32-row blocks run it with
+  the roles swapped);
 - prunekit layer: ``SparseLinear.forward(x2d)`` on the exported weight, eager: ``layer_wall_ms`` is wall-clock per
   call over many back-to-back calls with one synchronize at the end, ``layer_eager_overhead_us`` that minus the
   static device time (what eager calls add over the kernel; about 0 when the GPU is the bottleneck),
@@ -294,7 +295,7 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
     res["layer_wall_ms"] = wall_time(layers)
     res["layer_host_us"] = host_time_us(layers)
     res["layer_eager_overhead_us"] = 1e3 * (res["layer_wall_ms"] - res["static_gpu_ms"])
-    if r == 64 and args.wgmma and structured.wgmma_available():
+    if args.wgmma and structured.wgmma_available():
         try:
             res["static_wgmma_err"] = relative_error(static_call(sets[0], variant="wgmma")(), ref)
             res["static_wgmma_gpu_ms"] = graph_time([static_call(s, variant="wgmma") for s in sets])

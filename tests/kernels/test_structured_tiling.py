@@ -432,14 +432,14 @@ def test_variant_names_resolve_and_unknown_names_raise(monkeypatch):
 def test_wgmma_env_default_falls_back_to_mma_but_an_explicit_request_raises(monkeypatch, caplog):
     """``$PRUNEKIT_BSR_VARIANT=wgmma`` must not break layers the variant does not take (block shape, GPU/build)."""
     monkeypatch.setattr(structured, "_wgmma_fallback_warned", set())
-    blocks32 = torch.zeros(2, 32, 32, dtype=torch.float16)
+    blocks8 = torch.zeros(2, 8, 16, dtype=torch.float16)  # no kernel takes 8-row blocks
     blocks64 = torch.zeros(2, 64, 32, dtype=torch.float16)
     with caplog.at_level("WARNING", logger=structured.__name__):
-        assert structured._wgmma_or_fallback(blocks32, None, explicit=False) == "mma"
-        assert structured._wgmma_or_fallback(blocks32, None, explicit=False) == "mma"
+        assert structured._wgmma_or_fallback(blocks8, None, explicit=False) == "mma"
+        assert structured._wgmma_or_fallback(blocks8, None, explicit=False) == "mma"
     assert sum("wgmma does not apply" in r.getMessage() for r in caplog.records) == 1  # once per block shape
     with pytest.raises(ValueError, match="wgmma variant takes blocks"):
-        structured._wgmma_or_fallback(blocks32, None, explicit=True)
+        structured._wgmma_or_fallback(blocks8, None, explicit=True)
     monkeypatch.setattr(structured, "wgmma_available", lambda: False)
     assert structured._wgmma_or_fallback(blocks64, 256, explicit=False) == "mma"
     with pytest.raises(KernelUnavailable, match="sm_90a"):
@@ -462,3 +462,163 @@ def test_weight_caches_accept_inference_tensors():
     with torch.inference_mode():
         made_inside = torch.zeros(4)
     assert structured.tensor_version(made_inside) == -1
+
+
+# --- 16- and 32-row blocks: bsr_wgmma_t_kernel (the roles swapped) -------------------------------------------------
+
+WG_M = 128  # wgmma_bsr::WG_M: tokens per consumer warpgroup
+T_SMEM_BUDGET = 110 * 1024  # wgmma_bsr::T_SMEM_BUDGET
+
+
+def wgt_config(r: int, c: int, consumers: int) -> dict[str, int]:
+    """Mirror of ``WgtConfig<RB, C, CONSUMERS>`` (bytes)."""
+    bn = WG_M * consumers
+    cfg = {"BN": bn, "X_BYTES": bn * c * 2, "BLOCK_TX": r * c * 2, "NACC": r // 2}
+    cfg["BLOCK_BYTES"] = -(-cfg["BLOCK_TX"] // 1024) * 1024
+    cfg["STAGE_BYTES"] = cfg["X_BYTES"] + cfg["BLOCK_BYTES"]
+    cfg["STAGES"] = min(12, max(2, T_SMEM_BUDGET // cfg["STAGE_BYTES"]))
+    cfg["SMEM_BYTES"] = 1024 + cfg["STAGES"] * cfg["STAGE_BYTES"] + 2 * cfg["STAGES"] * 8
+    return cfg
+
+
+@pytest.mark.parametrize("r", [16, 32])
+@pytest.mark.parametrize("c", [16, 32, 64])
+@pytest.mark.parametrize("consumers", [1, 2])
+def test_wgmma_t_reads_through_descriptors_what_tma_wrote(r, c, consumers):
+    """Every (stage, consumer, m64 tile, k-step): wgmma's A reads through make_desc are the X slab's 64 tokens x 16
+    k that the X box wrote, its B reads the block's r rows x 16 k, and the boxes stay inside their stage."""
+    cfg = wgt_config(r, c, consumers)
+    assert cfg["SMEM_BYTES"] <= 227 * 1024 and 2 * cfg["SMEM_BYTES"] <= 228 * 1024  # two CTAs per SM
+    assert cfg["STAGE_BYTES"] % 1024 == 0 and cfg["X_BYTES"] % 1024 == 0
+    base = 1024
+    for s in range(cfg["STAGES"]):
+        dst = base + s * cfg["STAGE_BYTES"]
+        x_addr = tma_box_addresses(dst, cfg["BN"], c)
+        b_addr = tma_box_addresses(dst + cfg["X_BYTES"], r, c)
+        written = torch.cat([x_addr.reshape(-1), b_addr.reshape(-1)])
+        assert written.unique().numel() == written.numel() == (cfg["X_BYTES"] + cfg["BLOCK_TX"]) // 2  # expect_tx
+        assert int(written.min()) == dst and int(written.max()) < dst + cfg["STAGE_BYTES"]
+        for kk in range(c // 16):
+            ks = slice(16 * kk, 16 * kk + 16)
+            assert wgmma_operand_addresses(make_desc(c, dst + cfg["X_BYTES"] + kk * 32), r).equal(b_addr[:, ks])
+            for cw in range(consumers):
+                for t in range(2):
+                    start = dst + cw * WG_M * c * 2 + t * 64 * c * 2 + kk * 32
+                    rows = slice(cw * WG_M + 64 * t, cw * WG_M + 64 * t + 64)
+                    assert wgmma_operand_addresses(make_desc(c, start), 64).equal(x_addr[rows, ks])
+
+
+def test_wgmma_t_accumulator_map_covers_the_m64_by_r_tile():
+    for r in (16, 32):
+        seen = torch.zeros(64, r, dtype=torch.int64)
+        for warp in range(4):
+            for lane in range(32):
+                for i in range(r // 2):
+                    seen[acc_row(warp, lane, i), acc_col(lane, i)] += 1
+                    if i % 2 == 0:  # the epilogue's pairs: one token, columns m and m + 1 (one 4-byte store)
+                        assert acc_row(warp, lane, i + 1) == acc_row(warp, lane, i)
+                        assert acc_col(lane, i + 1) == acc_col(lane, i) + 1 and acc_col(lane, i) % 2 == 0
+        assert bool((seen == 1).all())
+
+
+def emulate_wgmma_t_bsr(blocks, crow, cols, x, m, bias, relu, schedule=None, split_rows=None, tile_n=256, staged=False):
+    """bsr_wgmma_t_kernel's CTAs in float64: TMA boxes of the X slab (tokens x C) and of the block (r x C) into each
+    stage, two m64 wgmmas per consumer and k-step through the descriptors (D = slab @ block^T: tokens x r), the
+    accumulator map, and the epilogue (``staged``: 4-byte pairs into a Y^T buffer of leading dimension ``m``; else
+    scalar stores; split rows: fp32 partial sums finished like ``bsr_finalize_kernel``)."""
+    r, c = blocks.shape[1], blocks.shape[2]
+    k, n = x.shape
+    consumers = tile_n // WG_M
+    cfg = wgt_config(r, c, consumers)
+    base = 1024
+    y = torch.full((m, n), float("nan"), dtype=torch.float64)
+    if schedule is None:
+        items = [(row, int(crow[row]), int(crow[row + 1]), -1) for row in range(m // r)]
+    else:
+        items = [tuple(int(v) for v in item) for item in schedule]
+    n_split = 0 if split_rows is None else split_rows.numel()
+    ws = torch.zeros(n_split, r, n, dtype=torch.float64)
+    xd = x.double()
+    blocks_2d = blocks.double().reshape(-1, c)  # map_a: (C, capacity * r), box (C, r)
+    warp, lane, i = torch.meshgrid(torch.arange(4), torch.arange(32), torch.arange(r // 2), indexing="ij")
+    frag_row = (16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1)).reshape(-1)
+    frag_col = (8 * (i >> 2) + 2 * (lane & 3) + (i & 1)).reshape(-1)
+    for block_row, start, end, slot in items:
+        for n_tile in range(-(-n // tile_n)):
+            n0 = n_tile * tile_n
+            smem = SharedMemory(cfg["SMEM_BYTES"] + 1024)
+            acc = torch.zeros(consumers, 2, 64, r, dtype=torch.float64)  # [consumer][m64 tile] D tiles
+            for it in range(end - start):
+                b = start + it
+                dst = base + (it % cfg["STAGES"]) * cfg["STAGE_BYTES"]
+                smem.data[dst // 2 : (dst + cfg["STAGE_BYTES"]) // 2] = float("nan")
+                k0 = int(cols[b]) * c  # box of map_x at (col * C, n0); zeros past N
+                slab = torch.zeros(tile_n, c, dtype=torch.float64)
+                width = max(0, min(tile_n, n - n0))
+                slab[:width] = xd[k0 : k0 + c, n0 : n0 + width].t()
+                smem.write(tma_box_addresses(dst, tile_n, c), slab)
+                smem.write(tma_box_addresses(dst + cfg["X_BYTES"], r, c), blocks_2d[b * r : b * r + r])
+                for cw in range(consumers):
+                    for t in range(2):
+                        for kk in range(c // 16):
+                            a_start = dst + cw * WG_M * c * 2 + t * 64 * c * 2 + kk * 32
+                            a_k = smem.read(wgmma_operand_addresses(make_desc(c, a_start), 64))
+                            b_k = smem.read(wgmma_operand_addresses(make_desc(c, dst + cfg["X_BYTES"] + kk * 32), r))
+                            acc[cw, t] += a_k @ b_k.t()
+            m0 = block_row * r
+            for cw in range(consumers):
+                for t in range(2):
+                    vals = acc[cw, t][frag_row, frag_col]
+                    tok = n0 + cw * WG_M + 64 * t + frag_row
+                    keep = tok < n
+                    mm, tok, vals = frag_col[keep], tok[keep], vals[keep]
+                    if slot >= 0:
+                        ws[slot].index_put_((mm, tok), vals, accumulate=True)  # atomicAdd
+                        continue
+                    if bias is not None:
+                        vals = vals + bias.double()[m0 + mm]
+                    vals = vals.clamp_min(0.0) if relu else vals
+                    if staged:  # y + nn * syn + m0 + mm with syn = m: 4-byte aligned pairs
+                        assert bool(((tok * m + m0 + mm) % 2 == (mm % 2)).all())
+                    assert bool(torch.isnan(y[m0 + mm, tok]).all())  # each element written once
+                    y[m0 + mm, tok] = vals
+    for slot in range(n_split):  # bsr_finalize_kernel
+        m0 = int(split_rows[slot]) * r
+        v = ws[slot] + (bias[m0 : m0 + r, None].double() if bias is not None else 0.0)
+        y[m0 : m0 + r] = v.clamp_min(0.0) if relu else v
+    return y
+
+
+@pytest.mark.parametrize(
+    ("r", "c", "tile_n", "n", "static", "staged"),
+    [
+        (32, 32, 256, 300, True, True),
+        (16, 64, 128, 5, False, True),
+        (32, 16, 256, 1, True, False),
+        (16, 16, 256, 130, False, False),
+    ],
+)
+def test_wgmma_t_schedule_emulation_matches_float64(r, c, tile_n, n, static, staged):
+    m, k = 6 * r, 6 * c
+    dense = block_sparse_weight(m, k, r, c, 0.4, torch.float32, seed=r + c + n, heavy_rows=1)
+    comp = formats.encode("bsr", dense, {"block_rows": r, "block_cols": c}).components
+    x2d = torch.randn(n, k)
+    bias = torch.randn(m)
+    schedule = split_rows = None
+    if static:
+        schedule, split_rows = static_schedule(comp["crow_indices"], chunk=2)
+        assert split_rows.numel() > 0
+    y = emulate_wgmma_t_bsr(
+        comp["blocks"], comp["crow_indices"], comp["col_indices"], x2d.t(), m, bias, True, schedule, split_rows,
+        tile_n, staged=staged,
+    )  # fmt: skip
+    assert not bool(torch.isnan(y).any())
+    assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, "relu")) < 1e-12
+
+
+def test_auto_takes_wgmma_only_for_the_measured_block_rows(monkeypatch):
+    monkeypatch.setattr(structured, "_wgmma_state", True)
+    for r, c in structured.WGMMA_BLOCKS:
+        blocks = torch.zeros(1, r, c, dtype=torch.float16)
+        assert structured.wgmma_supports(blocks)
+        assert structured.auto_takes_wgmma(blocks) == (r in structured.AUTO_WGMMA_ROWS)

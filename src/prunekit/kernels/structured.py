@@ -15,8 +15,9 @@ sparse matrix multiplication on IPU", 2023):
 Kernels (``variant``): ``"mma"``, ``csrc/structured/bsr_mm.cuh`` (cp.async pipeline over blocks, ldmatrix,
 ``mma.sync.m16n8k16`` fp16/bf16 with fp32 accumulation, fused bias + ReLU), blocks of 16, 32 or 64 rows and columns;
 ``"wgmma"``, ``csrc/structured/bsr_mm_wgmma.cuh`` (sm_90a only: TMA box loads of each block and of the X slab at its
-column into a swizzled mbarrier ring, ``wgmma.mma_async`` from shared memory; blocks 64 x {16, 32, 64}; measured
-on the H100: 1.3-2.1x faster than mma.sync at N >= 2048); ``"auto"`` takes ``"wgmma"`` where it applies
+column into a swizzled mbarrier ring, ``wgmma.mma_async`` from shared memory; blocks of 16, 32 or 64 rows and
+columns, 64-row blocks as wgmma's A operand, 16- and 32-row ones as its B operand with the X slab as A; measured on
+the H100 for 64-row blocks: 1.3-2.1x faster than mma.sync at N >= 2048); ``"auto"`` takes ``"wgmma"`` where it pays
 (:func:`auto_takes_wgmma`), else ``"mma"``. Other block shapes and dtypes run the
 pure-torch reference on the GPU. Eager calls go through one C++ operator, ``prunekit_structured::bsr_mm``, which
 allocates the output, picks the N tile and launches (:func:`bsr_mm_eager`, the runtime's SparseLinear).
@@ -56,7 +57,13 @@ SOURCES = (
     ("bsr_mm.cu",)
     + tuple(f"bsr_mm_{t}_n{bn}.cu" for t in ("f16", "bf16") for bn in (32, 128, 256))
     # sm_90a wgmma + TMA variant: kernel bodies only in an sm_90a image (else its probe reports it unavailable)
-    + ("bsr_mm_wgmma.cu", "bsr_mm_wgmma_f16.cu", "bsr_mm_wgmma_bf16.cu")
+    + (
+        "bsr_mm_wgmma.cu",
+        "bsr_mm_wgmma_f16.cu",
+        "bsr_mm_wgmma_bf16.cu",
+        "bsr_mm_wgmma_t_f16.cu",
+        "bsr_mm_wgmma_t_bf16.cu",
+    )
     + ("bsr_decode_lean.cu",)
 )
 HEADERS = ("bsr_mm.cuh", "bsr_mm_wgmma.cuh", "../check.h", "../launch.cuh", "../views.h")
@@ -70,7 +77,10 @@ VARIANTS = {"auto": 0, "mma": 1, "wgmma": 2}  # csrc/structured/bsr_mm.cu VARIAN
 # Flag or-ed into a variant number of prunekit_structured::bsr_mm (bsr_mm.cu ROWS_FLAG): x is the activations (N, K) and
 # the result Y^T (N, M), nn.Linear's layout, with the transposes made in C++ (the runtime's SparseLinear call)
 ROWS = 1 << 8
-WGMMA_BLOCKS = ((64, 16), (64, 32), (64, 64))  # r x c the wgmma variant takes (wgmma M = 64; c = the swizzle width)
+# r x c the wgmma variant takes (c = the swizzle width). 64-row blocks are wgmma's A operand (M = 64); 16- and 32-row
+# blocks its B operand (N = r), with the X slab as A (csrc/structured/bsr_mm_wgmma.cuh, bsr_wgmma_t_kernel).
+WGMMA_BLOCKS = tuple((r, c) for r in (16, 32, 64) for c in (16, 32, 64))
+AUTO_WGMMA_ROWS = (64,)  # block rows for which "auto" takes the wgmma variant (auto_takes_wgmma)
 WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128
 BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and the runtime ("auto", "mma", "wgmma")
 # Static mode at decode N (up to DECODE_MAX_N, the 32-wide tile) with 32-row blocks: the stored schedule gives one CTA
@@ -214,7 +224,7 @@ def bsr_variant(variant: str | None = None) -> str:
 
 
 def wgmma_supports(blocks: torch.Tensor) -> bool:
-    """True when the wgmma variant takes this block shape (64 x 16, 64 x 32, 64 x 64)."""
+    """True when the wgmma variant takes this block shape (:data:`WGMMA_BLOCKS`: r and c in {16, 32, 64})."""
     return blocks.dim() == 3 and (int(blocks.shape[1]), int(blocks.shape[2])) in WGMMA_BLOCKS
 
 
@@ -273,8 +283,8 @@ def bsr_mm_cuda(
             kernel's N tile (32, 128 or 256; wgmma: 128 or 256; default :func:`plan_tile_n` /
             :func:`plan_tile_n_wgmma`); staged_epilogue: write the output tile through shared memory with 16-byte
             stores (default) rather than element by element; variant: ``"auto"`` (today ``"mma"``), ``"mma"``
-            (mma.sync, ``bsr_mm.cuh``) or ``"wgmma"`` (sm_90a wgmma + TMA, ``bsr_mm_wgmma.cu``, blocks 64 x {16, 32,
-            64}); default :func:`bsr_variant` (``"auto"``: :func:`auto_takes_wgmma`) (a ``"wgmma"`` that comes from
+            (mma.sync, ``bsr_mm.cuh``) or ``"wgmma"`` (sm_90a wgmma + TMA, ``bsr_mm_wgmma.cu``, blocks of 16, 32 or 64
+            rows and columns); default :func:`bsr_variant` (``"auto"``: :func:`auto_takes_wgmma`) (a ``"wgmma"`` that comes from
             ``$PRUNEKIT_BSR_VARIANT`` falls back to ``"mma"``, with one warning, where it does not apply).
 
     Returns:
@@ -342,12 +352,15 @@ _wgmma_fallback_warned: set[tuple[int, int]] = set()  # block shapes already war
 
 
 def auto_takes_wgmma(blocks: torch.Tensor, tile_n: int | None = None) -> bool:
-    """Whether ``"auto"`` runs the wgmma variant: for the block shapes it takes (64 x {16, 32, 64}) on an sm_90 GPU
-    with an sm_90a build, unless a ``tile_n`` only the mma.sync kernels have (32) is forced. Measured on the H100
-    (benchmarks/results/bsr-h100-2026-11-25.json, block 64 x 64, 50/90/95% sparsity, 5 shapes): wgmma faster than
-    mma.sync at 14 of 15 points (1.3-2.1x at N >= 2048), 20% slower at 11008 x 4096, N = 16, 50%."""
+    """Whether ``"auto"`` runs the wgmma variant: for the block shapes it takes with rows in
+    :data:`AUTO_WGMMA_ROWS` (64 x {16, 32, 64}) on an sm_90 GPU with an sm_90a build, unless a ``tile_n`` only the
+    mma.sync kernels have (32) is forced. Measured on the H100 (benchmarks/results/bsr-h100-2026-11-25.json, block
+    64 x 64, 50/90/95% sparsity, 5 shapes): wgmma faster than mma.sync at 14 of 15 points (1.3-2.1x at N >= 2048), 20%
+    slower at 11008 x 4096, N = 16, 50%."""
     global _wgmma_state
-    if not wgmma_supports(blocks) or (tile_n is not None and tile_n not in WGMMA_TILE_NS):
+    if not wgmma_supports(blocks) or int(blocks.shape[1]) not in AUTO_WGMMA_ROWS:
+        return False
+    if tile_n is not None and tile_n not in WGMMA_TILE_NS:
         return False
     if _wgmma_state is None:
         _wgmma_state = wgmma_available()

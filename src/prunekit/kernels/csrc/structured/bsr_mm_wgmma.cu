@@ -14,6 +14,14 @@ extern template void dispatch_c<__nv_bfloat16, 1>(int, const CUtensorMap&, const
                                                     int, cudaStream_t);
 extern template void dispatch_c<__nv_bfloat16, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                                     int, cudaStream_t);
+extern template void dispatch_rc_t<__half, 1>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
+                                              cudaStream_t);
+extern template void dispatch_rc_t<__half, 2>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
+                                              cudaStream_t);
+extern template void dispatch_rc_t<__nv_bfloat16, 1>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                                     int, cudaStream_t);
+extern template void dispatch_rc_t<__nv_bfloat16, 2>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                                     int, cudaStream_t);
 
 __global__ void sm90a_probe_kernel(int* out) {
 #ifdef PK_SM90A
@@ -84,8 +92,8 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
                       cudaStream_t stream) {
   using namespace wgmma_bsr;
   const int r = static_cast<int>(blocks.size(1)), c = static_cast<int>(blocks.size(2));
-  PRUNEKIT_CHECK(r == 64 && (c == 16 || c == 32 || c == 64), "bsr_mm wgmma: blocks must be 64 x {16, 32, 64}, got ", r,
-              "x", c);
+  PRUNEKIT_CHECK((r == 16 || r == 32 || r == 64) && (c == 16 || c == 32 || c == 64),
+                 "bsr_mm wgmma: blocks must be {16, 32, 64} x {16, 32, 64}, got ", r, "x", c);
   PRUNEKIT_CHECK(tile_n == 128 || tile_n == 256, "bsr_mm wgmma: tile_n must be 128 or 256");
   PRUNEKIT_CHECK(bsr_wgmma_available(), "bsr_mm wgmma: needs an sm_90 GPU and a library built for sm_90a");
   // The tensor maps are encoded as FLOAT16 or BFLOAT16 from x's dtype: any other dtype would be read as bf16.
@@ -96,9 +104,21 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
               "bsr_mm wgmma: x must be K-contiguous with a leading dimension >= K and a multiple of 8");
   const bool half = x.scalar_type() == at::kHalf;
   const uint64_t capacity_rows = static_cast<uint64_t>(std::max<int64_t>(blocks.size(0), 1)) * r;
-  const CUtensorMap map_a = make_map(blocks.data_ptr(), half, c, capacity_rows, static_cast<uint64_t>(c) * 2, c, R);
+  // 64-row blocks: box of one block (the A operand). 16 / 32 rows: box of one block too, the B operand of
+  // bsr_wgmma_t_kernel (X's slab is then the A operand).
+  const CUtensorMap map_a = make_map(blocks.data_ptr(), half, c, capacity_rows, static_cast<uint64_t>(c) * 2, c, r);
   const CUtensorMap map_x = make_map(x.data_ptr(), half, x.size(0), x.size(1), static_cast<uint64_t>(x.stride(1)) * 2,
                                      c, tile_n);
+  if (r != R) {
+    if (half) {
+      tile_n == 256 ? dispatch_rc_t<__half, 2>(r, c, map_a, map_x, args, grid_rows, stream)
+                    : dispatch_rc_t<__half, 1>(r, c, map_a, map_x, args, grid_rows, stream);
+    } else {
+      tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2>(r, c, map_a, map_x, args, grid_rows, stream)
+                    : dispatch_rc_t<__nv_bfloat16, 1>(r, c, map_a, map_x, args, grid_rows, stream);
+    }
+    return;
+  }
   if (half) {
     tile_n == 256 ? dispatch_c<__half, 2>(c, map_a, map_x, args, grid_rows, stream)
                   : dispatch_c<__half, 1>(c, map_a, map_x, args, grid_rows, stream);

@@ -291,5 +291,232 @@ void dispatch_c(int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const
 }
 
 
+// ---- 16- and 32-row blocks: the roles swapped -----------------------------------------------------------------------
+//
+// wgmma's A operand has 64 rows, so a 16- or 32-row block cannot be it. This kernel computes the transposed product of
+// the same CTA tile, Y^T tile (BN tokens x R) += X slab^T (BN x C) * block^T (C x R): the X slab that TMA writes
+// (BN rows of C halves, K-major) is the A operand, 64 tokens per wgmma, and the block (R rows of C halves, K-major)
+// is the B operand, wgmma's N = R (m64n32k16 / m64n16k16). Pipeline, schedule, split rows and the mbarrier protocol
+// are bsr_wgmma_kernel's; a consumer warpgroup owns WG_M = 128 tokens (two m64 wgmmas per k-step, R fp32
+// accumulators per thread). The X slab is every stored block's traffic either way (1/R bytes per flop from L2); TMA
+// and wgmma replace mma.sync's cp.async + ldmatrix path for it.
+constexpr int WG_M = 128;  // tokens per consumer warpgroup: two m64 tiles
+constexpr int T_SMEM_BUDGET = 110 * 1024;  // per CTA: two CTAs fit an SM (228 KB)
+
+template <int RB, int C, int CONSUMERS>
+struct WgtConfig {
+  static constexpr int BN = WG_M * CONSUMERS;  // tokens (columns of Y) per CTA
+  static constexpr int THREADS = 128 * (CONSUMERS + 1);
+  static constexpr int X_BYTES = BN * C * 2;                   // A operand: a multiple of 1024
+  static constexpr int BLOCK_TX = RB * C * 2;                  // bytes TMA writes for the block
+  static constexpr int BLOCK_BYTES = (BLOCK_TX + 1023) / 1024 * 1024;  // its slot, kept swizzle-aligned
+  static constexpr int STAGE_BYTES = X_BYTES + BLOCK_BYTES;
+  static constexpr int STAGES_FIT = T_SMEM_BUDGET / STAGE_BYTES;
+  static constexpr int STAGES = STAGES_FIT > 12 ? 12 : (STAGES_FIT < 2 ? 2 : STAGES_FIT);
+  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
+  static constexpr int NACC = RB / 2;  // fp32 accumulators per thread of one m64nRBk16 tile
+  static_assert(X_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "stages must keep 1024-byte alignment");
+  static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
+};
+
+#ifdef PK_SM90A
+template <typename T, int RB>
+struct WgmmaT;
+#define PRUNEKIT_WGMMA_M64N32K16(AB) \
+  static __device__ __forceinline__ void run(float (&d)[16], uint64_t desc_a, uint64_t desc_b) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32." AB "." AB " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
+        "%16, %17, p, 1, 1, 0, 0;\n}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+        : "l"(desc_a), "l"(desc_b), "r"(1)); \
+  }
+#define PRUNEKIT_WGMMA_M64N16K16(AB) \
+  static __device__ __forceinline__ void run(float (&d)[8], uint64_t desc_a, uint64_t desc_b) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32." AB "." AB " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, " \
+        "%8, %9, p, 1, 1, 0, 0;\n}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+        : "l"(desc_a), "l"(desc_b), "r"(1)); \
+  }
+
+template <>
+struct WgmmaT<__half, 32> {
+  // D (64 x 32, fp32) += A (64 x 16, smem descriptor) * B (16 x 32, smem descriptor), both K-major.
+  PRUNEKIT_WGMMA_M64N32K16("f16")
+};
+template <>
+struct WgmmaT<__nv_bfloat16, 32> {
+  PRUNEKIT_WGMMA_M64N32K16("bf16")
+};
+template <>
+struct WgmmaT<__half, 16> {
+  // D (64 x 16, fp32) += A (64 x 16, smem descriptor) * B (16 x 16, smem descriptor), both K-major.
+  PRUNEKIT_WGMMA_M64N16K16("f16")
+};
+template <>
+struct WgmmaT<__nv_bfloat16, 16> {
+  PRUNEKIT_WGMMA_M64N16K16("bf16")
+};
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+#endif  // PK_SM90A
+
+template <typename T, int RB, int C, int CONSUMERS>
+__global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
+    bsr_wgmma_t_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_x,
+                       const BsrArgs args) {
+#ifdef PK_SM90A
+  using Cfg = WgtConfig<RB, C, CONSUMERS>;
+  constexpr int STAGES = Cfg::STAGES, BN = Cfg::BN, NACC = Cfg::NACC;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
+  uint64_t* empty = full + STAGES;
+
+  const BsrWork work = bsr_work_item(args);
+  const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
+  const int count = end - start;
+  const int n0 = blockIdx.y * BN;
+  const int wg = threadIdx.x >> 7;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 4 * CONSUMERS);  // lane 0 of every consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
+    if (threadIdx.x == 0) {
+      for (int it = 0; it < count; ++it) {
+        const int s = it % STAGES;
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);
+        unsigned char* dst = smem + s * Cfg::STAGE_BYTES;
+        const int b = start + it;
+        mbar_expect_tx(&full[s], Cfg::X_BYTES + Cfg::BLOCK_TX);
+        tma_load_2d(dst, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
+        tma_load_2d(dst + Cfg::X_BYTES, &map_a, 0, b * RB, &full[s]);
+      }
+    }
+    return;
+  }
+
+  const int cw = wg - 1;  // consumer index: tokens cw * WG_M ... of the CTA tile
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  float acc[2][NACC];
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) acc[t][i] = 0.f;
+  for (int it = 0; it < count; ++it) {
+    const int s = it % STAGES;
+    mbar_wait(&full[s], (it / STAGES) & 1);
+    const uint32_t x_addr = smem_u32(smem + s * Cfg::STAGE_BYTES) + cw * WG_M * C * 2;
+    const uint32_t b_addr = smem_u32(smem + s * Cfg::STAGE_BYTES + Cfg::X_BYTES);
+    fence_regs(acc[0]);
+    fence_regs(acc[1]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+        WgmmaT<T, RB>::run(acc[t], make_desc<C>(x_addr + t * 64 * C * 2 + kk * 32), make_desc<C>(b_addr + kk * 32));
+    }
+    wgmma_commit();
+    fence_regs(acc[0]);
+    fence_regs(acc[1]);
+    wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
+    if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+  }
+  wgmma_wait<0>();
+  fence_regs(acc[0]);
+  fence_regs(acc[1]);
+
+  // acc[t][i] is Y(m0 + acc_col(lane, i), n0 + cw * WG_M + 64 t + acc_row(warp, lane, i)): D's rows are tokens
+  const long long m0 = static_cast<long long>(block_row) * RB;
+  const int tok0 = n0 + cw * WG_M;
+  if (slot >= 0) {  // a slice of a split block row: fp32 partial sums (n_split, RB, N), finished by bsr_finalize_kernel
+    float* ws = args.ws + static_cast<long long>(slot) * RB * args.n;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int i = 0; i < NACC; ++i) {
+        const int nn = tok0 + 64 * t + acc_row(warp, lane, i);
+        if (nn < args.n) atomicAdd(ws + static_cast<long long>(acc_col(lane, i)) * args.n + nn, acc[t][i]);
+      }
+    return;
+  }
+  T* y = static_cast<T*>(args.y);
+  const T* bias = static_cast<const T*>(args.bias);
+  float bias_v[NACC];
+#pragma unroll
+  for (int i = 0; i < NACC; ++i) bias_v[i] = bias != nullptr ? to_f(bias[m0 + acc_col(lane, i)]) : 0.f;
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int i = 0; i < NACC; i += 2) {  // registers i, i + 1: columns m, m + 1 of one token
+      const int nn = tok0 + 64 * t + acc_row(warp, lane, i);
+      if (nn >= args.n) continue;
+      float v0 = acc[t][i] + bias_v[i], v1 = acc[t][i + 1] + bias_v[i + 1];
+      if (args.relu) {
+        v0 = fmaxf(v0, 0.f);
+        v1 = fmaxf(v1, 0.f);
+      }
+      const long long mm = m0 + acc_col(lane, i);
+      if (args.staged == 1) {  // Y^T rows (sym == 1, syn % 8 == 0, 16-byte aligned): one 4-byte store per pair
+        T pair[2] = {from_f<T>(v0), from_f<T>(v1)};
+        *reinterpret_cast<uint32_t*>(y + static_cast<long long>(nn) * args.syn + mm) =
+            *reinterpret_cast<const uint32_t*>(pair);
+      } else {
+        y[mm * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v0);
+        y[(mm + 1) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v1);
+      }
+    }
+#endif  // PK_SM90A
+}
+
+template <typename T, int RB, int C, int CONSUMERS>
+void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
+              cudaStream_t stream) {
+  using Cfg = WgtConfig<RB, C, CONSUMERS>;
+  auto kernel = bsr_wgmma_t_kernel<T, RB, C, CONSUMERS>;
+  constexpr int MAX_DEVICES = 64;
+  static std::once_flag once[MAX_DEVICES];
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  PRUNEKIT_CHECK(device >= 0 && device < MAX_DEVICES, "bsr_mm wgmma: device index ", device, " out of range");
+  std::call_once(once[device], [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
+  });
+  const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(map_a, map_x, args);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Blocks of r in {16, 32} rows and c in {16, 32, 64} columns.
+template <typename T, int CONSUMERS>
+void dispatch_rc_t(int r, int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args,
+                   int grid_rows, cudaStream_t stream) {
+  if (r == 32) {
+    if (c == 64) return launch_t<T, 32, 64, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+    if (c == 32) return launch_t<T, 32, 32, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+    return launch_t<T, 32, 16, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+  }
+  if (c == 64) return launch_t<T, 16, 64, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+  if (c == 32) return launch_t<T, 16, 32, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+  return launch_t<T, 16, 16, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+}
+
+
 }  // namespace wgmma_bsr
 }  // namespace prunekit_structured
