@@ -392,6 +392,7 @@ def main() -> None:
     parser.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new configurations after this")
     parser.add_argument("--shapes", help="comma-separated MxK of the grid to run (default: all of the grid's)")
     parser.add_argument("--ns", help="comma-separated N to run, among the grid's for each shape (default: all)")
+    parser.add_argument("--any-ns", help="comma-separated N to run at every shape instead of the grid's")
     parser.add_argument(
         "--schedule-chunk", type=int, help="most blocks per static-schedule item (default: formats.bsr.schedule_chunk)"
     )
@@ -433,7 +434,8 @@ def main() -> None:
     for dtype_name in grid["dtypes"]:
         dtype = getattr(torch, dtype_name)
         for m, k in grid["shapes"]:
-            for n in grid["ns"].get((m, k), grid.get("default_ns", [])):
+            shape_ns = grid["ns"].get((m, k), grid.get("default_ns", []))
+            for n in [int(v) for v in args.any_ns.split(",")] if args.any_ns else shape_ns:
                 if only_ns is not None and n not in only_ns:
                     continue
                 for r in grid["blocks"]:
