@@ -128,6 +128,24 @@ def test_decode_schedule_splits_32_row_blocks_at_decode_n(monkeypatch):
     monkeypatch.setenv(structured.LEAN_ENV, "1")  # the lean kernel takes N <= 16 and reads no schedule
     assert structured.decode_schedule(blocks, crow, sched, split, 16) == (sched, split)
     assert structured.decode_schedule(blocks, crow, sched, split, 17)[0].shape[0] > sched.shape[0]
+    # a call the wgmma kernel runs keeps the stored schedule (measured faster with it)
+    assert structured.decode_schedule(blocks, crow, sched, split, 17, wgmma=True) == (sched, split)
+
+
+def test_eager_calls_know_when_the_wgmma_kernel_runs(monkeypatch):
+    """structured._runs_wgmma, which keeps the finer decode schedule off wgmma calls: a resolved wgmma number; an
+    unresolved "auto" (16-row blocks) by the C++ entry's N range; the Python path's own resolution."""
+    monkeypatch.delenv(structured.BSR_VARIANT_ENV, raising=False)
+    b16 = torch.zeros(1, 16, 16, dtype=torch.float16)
+    b32 = torch.zeros(1, 32, 32, dtype=torch.float16)
+    auto, mma, wgmma = (structured.VARIANTS[k] for k in ("auto", "mma", "wgmma"))
+    assert structured._runs_wgmma(b32, 20, wgmma, None) and not structured._runs_wgmma(b32, 20, mma, None)
+    lo, hi = structured.AUTO_WGMMA_16_MIN_N, structured.AUTO_WGMMA_16_MAX_N
+    assert [structured._runs_wgmma(b16, n, auto, None) for n in (lo - 1, lo, hi, hi + 1)] == [False, True, True, False]
+    monkeypatch.setattr(structured, "_wgmma_state", True)
+    monkeypatch.setattr(structured, "wgmma_available", lambda: True)
+    assert structured._runs_wgmma(b32, 20, None, None) and not structured._runs_wgmma(b16, 20, None, None)
+    assert structured._runs_wgmma(b16, 20, None, "wgmma") and not structured._runs_wgmma(b32, 20, None, "mma")
 
 
 def test_lean_takes_rule(monkeypatch):
@@ -602,6 +620,7 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
     blocks = layer._buffers["w_blocks"]
     auto = structured.VARIANTS["wgmma"] if structured.auto_takes_wgmma(blocks) else structured.VARIANTS["mma"]
     expected = auto if structured.bsr_variant() == "auto" else structured.VARIANTS[structured.bsr_variant()]
+    wgmma = expected == structured.VARIANTS["wgmma"]  # the wgmma kernel keeps the stored schedule
     # one decision per N class, each the entry, the variant with ROWS, and which schedule goes with the call (this file
     # turns the lean kernel off, conftest.tiled_bsr_kernel: the finer one in static mode at N <= DECODE_MAX_N)
     assert sorted(key[2] for key in layer._eager_plans) == [0, 1, 5]  # N = 70: the class above DECODE_MAX_N
@@ -614,7 +633,7 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
         want = (
             2
             if structured.lean_takes(blocks, n)
-            else int(static and 0 < n and structured.finer_decode_schedule(blocks, n))
+            else int(static and 0 < n and structured.finer_decode_schedule(blocks, n, wgmma))
         )
         assert sched == want, (key, sched)
     assert expected != structured.VARIANTS["auto"]
@@ -625,8 +644,10 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
 def test_static_bsr_decode_schedule_matches_float64(decode_schedule, monkeypatch):
     """Static mode with 32-row blocks at N <= 32 (the decode schedule: block rows split, an fp32 reduction and the
     finishing kernel) and above, through the static op (bias + ReLU) and SparseLinear (bias); N = 1, 5, 16, 32, 33.
-    (The kernel's split rows on NaN-poisoned outputs: test_bsr_cuda_matches_float64's chunk-1 schedules.)"""
+    (The kernel's split rows on NaN-poisoned outputs: test_bsr_cuda_matches_float64's chunk-1 schedules.) The finer
+    schedule goes with the mma.sync kernel only (the wgmma one keeps the stored schedule), so mma is forced here."""
     monkeypatch.setenv(structured.DECODE_SCHEDULE_ENV, decode_schedule)
+    monkeypatch.setenv(structured.BSR_VARIANT_ENV, "mma")
     from prunekit.deploy.runtime.sparse_linear import SparseLinear
 
     dense = block_sparse_weight(640, 384, 32, 32, 0.4, torch.float16, seed=11, heavy_rows=2)

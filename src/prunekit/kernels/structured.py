@@ -80,7 +80,16 @@ ROWS = 1 << 8
 # r x c the wgmma variant takes (c = the swizzle width). 64-row blocks are wgmma's A operand (M = 64); 16- and 32-row
 # blocks its B operand (N = r), with the X slab as A (csrc/structured/bsr_mm_wgmma.cuh, bsr_wgmma_t_kernel).
 WGMMA_BLOCKS = tuple((r, c) for r in (16, 32, 64) for c in (16, 32, 64))
-AUTO_WGMMA_ROWS = (64,)  # block rows for which "auto" takes the wgmma variant (auto_takes_wgmma)
+# "auto" takes the wgmma variant (auto_takes_wgmma) for blocks of these rows at every N (calls at N <= LEAN_MAX_N run
+# the lean decode kernel first), and for 16-row blocks at AUTO_WGMMA_16_MIN_N <= N <= AUTO_WGMMA_16_MAX_N (the C++
+# entry bsr_mm applies the same rule). Measured on the H100 against mma.sync (fp16, 90 / 95%, 4096 x 4096 and 11008 x
+# 4096 at N = 32-4096, 16384 x 16384 at N = 8192; benchmarks/results/bsr-wgmma-t-h100-2026-11-26-s26a.json and
+# bsr-wgmma-t-ns-h100-2026-11-26-s26b.json): 32-row blocks 1.02-2.55x faster at N >= 64 (1.3x at 16384 x 16384, 90%)
+# and 1.4-1.5x at N = 32 with the stored schedule; 16-row blocks 1.04-1.66x at N = 64-1024, 0.98-1.11x at N = 2048,
+# 0.97-1.07x at N = 4096, 0.96-0.97x at N = 8192 and 0.57-1.06x at N = 32 (the mma.sync kernel's 32-wide tile).
+AUTO_WGMMA_ROWS = (32, 64)
+AUTO_WGMMA_16_MIN_N = 33
+AUTO_WGMMA_16_MAX_N = 2048
 WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128
 BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and the runtime ("auto", "mma", "wgmma")
 # Static mode at decode N (up to DECODE_MAX_N, the 32-wide tile) with 32-row blocks: the stored schedule gives one CTA
@@ -311,7 +320,7 @@ def bsr_mm_cuda(
         load()
     if variant == "wgmma":
         variant = _wgmma_or_fallback(blocks, tile_n, explicit_variant)
-    elif variant == "auto" and auto_takes_wgmma(blocks, tile_n):
+    elif variant == "auto" and auto_takes_wgmma(blocks, tile_n, x.shape[1]):
         variant = "wgmma"
     r, c = blocks.shape[1], blocks.shape[2]
     if m % r or x.shape[0] % c or crow_indices.numel() != m // r + 1:
@@ -351,16 +360,18 @@ def bsr_mm_cuda(
 _wgmma_fallback_warned: set[tuple[int, int]] = set()  # block shapes already warned about (once per process)
 
 
-def auto_takes_wgmma(blocks: torch.Tensor, tile_n: int | None = None) -> bool:
-    """Whether ``"auto"`` runs the wgmma variant: for the block shapes it takes with rows in
-    :data:`AUTO_WGMMA_ROWS` (64 x {16, 32, 64}) on an sm_90 GPU with an sm_90a build, unless a ``tile_n`` only the
-    mma.sync kernels have (32) is forced. Measured on the H100 (benchmarks/results/bsr-h100-2026-11-25.json, block
-    64 x 64, 50/90/95% sparsity, 5 shapes): wgmma faster than mma.sync at 14 of 15 points (1.3-2.1x at N >= 2048), 20%
-    slower at 11008 x 4096, N = 16, 50%."""
+def auto_takes_wgmma(blocks: torch.Tensor, tile_n: int | None = None, n: int | None = None) -> bool:
+    """Whether ``"auto"`` runs the wgmma variant for a call with ``n`` tokens (None: whatever N): on an sm_90 GPU with
+    an sm_90a build, for blocks of :data:`AUTO_WGMMA_ROWS` rows, and for 16-row blocks at :data:`AUTO_WGMMA_16_MIN_N`
+    <= n <= :data:`AUTO_WGMMA_16_MAX_N`, unless a ``tile_n`` only the mma.sync kernels have (32) is forced. Measured on
+    the H100: 64-row blocks (benchmarks/results/bsr-h100-2026-11-25.json, block 64 x 64, 50/90/95% sparsity, 5 shapes)
+    faster than mma.sync at 14 of 15 points (1.3-2.1x at N >= 2048), 20% slower at 11008 x 4096, N = 16, 50%; 16- and
+    32-row blocks: the figures at :data:`AUTO_WGMMA_ROWS`."""
     global _wgmma_state
-    if not wgmma_supports(blocks) or int(blocks.shape[1]) not in AUTO_WGMMA_ROWS:
+    if not wgmma_supports(blocks) or (tile_n is not None and tile_n not in WGMMA_TILE_NS):
         return False
-    if tile_n is not None and tile_n not in WGMMA_TILE_NS:
+    r = int(blocks.shape[1])
+    if r not in AUTO_WGMMA_ROWS and not (r == 16 and n is not None and AUTO_WGMMA_16_MIN_N <= n <= AUTO_WGMMA_16_MAX_N):
         return False
     if _wgmma_state is None:
         _wgmma_state = wgmma_available()
@@ -677,8 +688,10 @@ def eager_cpp_enabled() -> bool:
 def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None = None) -> int | None:
     """Variant number (:data:`VARIANTS`) for the C++ eager entry ``prunekit_structured::bsr_mm`` when the tensor-core
     kernels take ``blocks`` and ``x`` (loading the library on first use), or None when :func:`bsr_mm_cuda` must run
-    (reference shapes/dtypes, empty K, or :func:`eager_cpp_enabled` False). The runtime asks once per layer and dtype; ``"wgmma"`` falls back to
-    ``"mma"`` (with a warning) for block shapes or GPUs it does not take.
+    (reference shapes/dtypes, empty K, or :func:`eager_cpp_enabled` False). The runtime asks once per layer and dtype;
+    ``"auto"`` is resolved here, except for 16-row blocks where the wgmma variant is available: their rule depends on
+    N, so the C++ entry resolves it per call (:func:`auto_takes_wgmma`). ``"wgmma"`` falls back to ``"mma"`` (with a
+    warning) for block shapes or GPUs it does not take.
 
     Raises:
         KernelUnavailable: no GPU/compiler. ValueError: an unknown variant name.
@@ -690,7 +703,10 @@ def eager_bsr_variant(blocks: torch.Tensor, x: torch.Tensor, variant: str | None
     if not is_loaded():
         load()
     if name == "auto":
-        return VARIANTS["wgmma"] if auto_takes_wgmma(blocks) else VARIANTS["mma"]
+        if auto_takes_wgmma(blocks):
+            return VARIANTS["wgmma"]
+        # 16-row blocks: the C++ entry resolves "auto" per call, by N (the same rule as auto_takes_wgmma)
+        return VARIANTS["auto"] if auto_takes_wgmma(blocks, n=AUTO_WGMMA_16_MIN_N) else VARIANTS["mma"]
     if name == "wgmma":
         if _wgmma_state is None:
             _wgmma_state = wgmma_available()
@@ -730,16 +746,20 @@ def lean_takes(blocks: torch.Tensor, n: int) -> bool:
     )
 
 
-def finer_decode_schedule(blocks: torch.Tensor, n: int) -> bool:
+def finer_decode_schedule(blocks: torch.Tensor, n: int, wgmma: bool = False) -> bool:
     """Whether a static-mode call with ``n`` tokens runs :func:`decode_schedule`'s finer schedule instead of the stored
     one: ``n <= DECODE_MAX_N``, block rows in :data:`DECODE_SCHEDULE_BLOCK_ROWS`, ``$PRUNEKIT_BSR_DECODE_SCHEDULE`` not
-    ``0``, and the lean decode kernel does not take the call (:func:`lean_takes`). Reads the two settings.
+    ``0``, the call runs the mma.sync kernel (the wgmma one was faster with the stored schedule: 32 x 32 blocks at N =
+    32, 4096 x 4096 and 11008 x 4096, 90 / 95%: 6.6-15.7 us against 9.7-29.1 with the finer one,
+    benchmarks/results/bsr-wgmma-t-ns-h100-2026-11-26-s26b.json), and the lean decode kernel does not take the call
+    (:func:`lean_takes`). Reads the two settings.
 
     Args:
-        blocks: ``(nblocks, r, c)``; n: N (tokens) of the call.
+        blocks: ``(nblocks, r, c)``; n: N (tokens) of the call; wgmma: the call runs the wgmma variant.
     """
     return (
-        n <= DECODE_MAX_N
+        not wgmma
+        and n <= DECODE_MAX_N
         and blocks.dim() == 3
         and blocks.shape[1] in DECODE_SCHEDULE_BLOCK_ROWS
         and os.environ.get(DECODE_SCHEDULE_ENV, "1").strip() != "0"
@@ -753,6 +773,7 @@ def decode_schedule(
     schedule: torch.Tensor | None,
     split_rows: torch.Tensor | None,
     n: int,
+    wgmma: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The static schedule for a call with ``n`` tokens: ``(schedule, split_rows)`` as given, except in static mode
     (``schedule`` given) at ``n <= DECODE_MAX_N`` with block rows in :data:`DECODE_SCHEDULE_BLOCK_ROWS`, where it is
@@ -760,14 +781,15 @@ def decode_schedule(
     blocks; PopSparse's static mode, Li et al. 2023, with a finer split for small N), built once (one copy of
     ``crow_indices`` to the host) and kept on ``crow_indices`` while its data pointer and version stay the same.
     ``$PRUNEKIT_BSR_DECODE_SCHEDULE=0`` keeps the given schedule, and so does a call the lean decode kernel takes
-    (:func:`lean_takes`: it reads no schedule). Dynamic mode (no schedule) is left as it is: it must not synchronize
-    with the host.
+    (:func:`lean_takes`: it reads no schedule) and one the wgmma variant runs (:func:`finer_decode_schedule`). Dynamic
+    mode (no schedule) is left as it is: it must not synchronize with the host.
 
     Args:
         blocks: ``(nblocks, r, c)``; crow_indices: ``(M / r + 1,)`` int32; schedule: ``(n_items, 4)`` int32 or None;
-            split_rows: ``(n_split,)`` int32 or None; n: N (tokens) of the call.
+            split_rows: ``(n_split,)`` int32 or None; n: N (tokens) of the call; wgmma: the call runs the wgmma
+            variant.
     """
-    if schedule is None or not finer_decode_schedule(blocks, n):
+    if schedule is None or not finer_decode_schedule(blocks, n, wgmma):
         return schedule, split_rows
 
     def build() -> tuple[torch.Tensor, torch.Tensor]:
@@ -795,13 +817,30 @@ def bsr_mm_eager(
     CUDA implementation of the custom ops. Same arguments, result and errors (shape mismatches raise RuntimeError from
     the C++ checks)."""
     _check_activation(activation)
-    schedule, split_rows = decode_schedule(blocks, crow_indices, schedule, split_rows, x.shape[-1] if x.dim() else 0)
     number = eager_bsr_variant(blocks, x, variant)
+    n = x.shape[-1] if x.dim() else 0
+    schedule, split_rows = decode_schedule(
+        blocks, crow_indices, schedule, split_rows, n, _runs_wgmma(blocks, n, number, variant)
+    )
     if number is None:
         return bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias, activation, schedule, split_rows)
     return fastcall.entry("bsr_mm")(
         blocks, crow_indices, col_indices, schedule, split_rows, x, m, bias, activation == "relu", number
     )
+
+
+def _runs_wgmma(blocks: torch.Tensor, n: int, number: int | None, variant: str | None) -> bool:
+    """Whether a :func:`bsr_mm_eager` call with ``n`` tokens runs the wgmma kernel: ``number`` from
+    :func:`eager_bsr_variant` (an unresolved ``"auto"``, 16-row blocks, is resolved by the C++ entry by N), or, where
+    that is None (:func:`bsr_mm_cuda` runs the call), the variant :func:`bsr_mm_cuda` resolves."""
+    if number is not None:
+        return number == VARIANTS["wgmma"] or (
+            number == VARIANTS["auto"] and AUTO_WGMMA_16_MIN_N <= n <= AUTO_WGMMA_16_MAX_N
+        )
+    name = bsr_variant(variant)
+    if name == "wgmma":
+        return wgmma_supports(blocks) and wgmma_available()
+    return name == "auto" and auto_takes_wgmma(blocks, None, n)
 
 
 def eager_nm24_output(values: torch.Tensor, x: torch.Tensor, n: int, m_group: int) -> int | None:

@@ -102,8 +102,11 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
             # 0: the stored schedule; 1: decode_schedule's finer one; 2: none, for the lean kernel (it reads none, and
             # two arguments fewer cost less host time; were $PRUNEKIT_BSR_LEAN=0 set later, the tiled kernel would run
             # in dynamic mode, which is as correct)
+            wgmma = variant == structured.VARIANTS["wgmma"]  # (16-row blocks, where C++ resolves "auto": no finer one)
             sched = (
-                2 if structured.lean_takes(blocks, n) else int(static and structured.finer_decode_schedule(blocks, n))
+                2
+                if structured.lean_takes(blocks, n)
+                else int(static and structured.finer_decode_schedule(blocks, n, wgmma))
             )
             entry = (structured.bsr_mm_entry(), variant | structured.ROWS, sched)
         layer._eager_plans[key] = entry

@@ -33,12 +33,14 @@ bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
 // Kernel variants (the `variant` argument; structured.py VARIANTS holds the same numbers).
 constexpr int64_t VARIANT_AUTO = 0;   // wgmma where it takes the block shape on sm_90a, else mma.sync
 constexpr int64_t VARIANT_MMA = 1;    // bsr_mm.cuh, sm_80+
-constexpr int64_t VARIANT_WGMMA = 2;  // bsr_mm_wgmma.cu, sm_90a, blocks 64 x {16, 32, 64}
+constexpr int64_t VARIANT_WGMMA = 2;  // bsr_mm_wgmma.cu, sm_90a, blocks {16, 32, 64} x {16, 32, 64}
 // Flag or-ed into bsr_mm's variant (structured.ROWS): x is the activations (N, K) and the result Y^T (N, M), nn.Linear's
 // layout; the transposes are made here (each costs about a microsecond of host time when made in Python).
 constexpr int64_t ROWS_FLAG = int64_t{1} << 8;
 constexpr int DECODE_MAX_N = 32;                // structured.DECODE_MAX_N
 constexpr int WIDE_TILE_MIN_BLOCKS_PER_ROW = 10;  // structured.WIDE_TILE_MIN_BLOCKS_PER_ROW
+constexpr int64_t AUTO_WGMMA_16_MIN_N = 33;       // structured.AUTO_WGMMA_16_MIN_N
+constexpr int64_t AUTO_WGMMA_16_MAX_N = 2048;     // structured.AUTO_WGMMA_16_MAX_N
 
 // N tile of the mma.sync kernel: the same rule as structured.plan_tile_n (tests compare the two on the GPU).
 int64_t plan_tile_n(int64_t m, int64_t r, int64_t n, int64_t num_sms, int64_t nblocks) {
@@ -204,9 +206,11 @@ at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   const int64_t r = blocks.size(1);
   const int sms = sm_count(x.get_device());
   int64_t tile_n;
-  // auto: the wgmma variant for the block shapes it takes on an sm_90a build (structured.auto_takes_wgmma, measured)
+  // auto: the wgmma variant on an sm_90a build for 32- and 64-row blocks, and for 16-row blocks at
+  // AUTO_WGMMA_16_MIN_N <= N <= AUTO_WGMMA_16_MAX_N (structured.auto_takes_wgmma, measured)
   const int64_t c = blocks.size(2);
-  if (variant == VARIANT_AUTO && r == 64 && (c == 16 || c == 32 || c == 64) && blocks.size(0) > 0 &&
+  const bool rows_take = r == 64 || r == 32 || (r == 16 && n >= AUTO_WGMMA_16_MIN_N && n <= AUTO_WGMMA_16_MAX_N);
+  if (variant == VARIANT_AUTO && rows_take && (c == 16 || c == 32 || c == 64) && blocks.size(0) > 0 &&
       bsr_wgmma_available())
     variant = VARIANT_WGMMA;
   if (variant == VARIANT_WGMMA) {
