@@ -4,6 +4,8 @@
 # the points given in BSR_ARGS (results JSON in $OUT).
 #
 #   OUT=$OUT BSR_ARGS="--blocks 16,32 --any-ns 32,64 ..." bash scripts/gpu_bsr_wgmma_t.sh [all|bench]
+#
+# TEST_FILES overrides the test files; MEMCHECK=0 leaves the memcheck out.
 set -uo pipefail
 MODE=${1:-all}
 OUT=${OUT:-$PWD/out}
@@ -17,7 +19,7 @@ if [[ $MODE == all ]]; then
 fi
 # shellcheck source=scripts/gpu_env.sh
 source scripts/gpu_env.sh
-if [[ $MODE == all ]]; then
+if [[ $MODE == all && ${MEMCHECK:-1} != 0 ]]; then
   cat > /tmp/memcheck_wgmma_t.py <<'PY'
 import sys, torch
 sys.path.insert(0, "tests/kernels")
