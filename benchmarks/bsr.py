@@ -11,7 +11,8 @@ contenders compute the layer output as a user would call them:
   through the custom op ``prunekit::bsr_mm_static`` (the path under torch.compile / export),
   ``static_tile<BN>_gpu_ms`` each N tile of the mma.sync kernel, ``static_wgmma_*`` the sm_90a wgmma + TMA variant
   (every block size since the twenty-sixth session, when the library holds it; 16- and 32-row blocks run it with
-  the roles swapped);
+  the roles swapped; ``static_wgmma_{xslabs,tma}_gpu_ms`` with ``--xslabs``: that kernel with ``$PRUNEKIT_BSR_XSLABS``
+  1 / 0);
 - prunekit layer: ``SparseLinear.forward(x2d)`` on the exported weight, eager: ``layer_wall_ms`` is wall-clock per
   call over many back-to-back calls with one synchronize at the end, ``layer_eager_overhead_us`` that minus the
   static device time (what eager calls add over the kernel; about 0 when the GPU is the bottleneck),
@@ -32,9 +33,11 @@ table. Run on the GPU machine: ``PYTHONPATH=src python benchmarks/bsr.py --out b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -216,6 +219,20 @@ def block_weight(
     return w, comp
 
 
+@contextlib.contextmanager
+def env_set(name: str, value: str):
+    """``$name=value`` inside the block (the C++ launchers read some settings at every call), restored after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 def _triton_bsr():
     try:
         from torch.sparse._triton_ops import bsr_dense_mm
@@ -302,6 +319,11 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
             res["static_wgmma_speedup_gpu"] = res["dense_gpu_ms"] / res["static_wgmma_gpu_ms"]
             for tile_n in structured.WGMMA_TILE_NS:
                 res[f"static_wgmma_tile{tile_n}_gpu_ms"] = graph_time([static_call(s, tile_n, "wgmma") for s in sets])
+            if args.xslabs and r in (16, 32):  # the X-slab kernels forced on and off, in this order, same sets
+                for key, value in (("xslabs", "1"), ("tma", "0")):
+                    with env_set(structured.XSLABS_ENV, value):
+                        res[f"static_wgmma_{key}_err"] = relative_error(static_call(sets[0], variant="wgmma")(), ref)
+                        res[f"static_wgmma_{key}_gpu_ms"] = graph_time([static_call(s, variant="wgmma") for s in sets])
         except Exception as exc:  # record why the variant could not run at this point; keep benchmarking
             res["static_wgmma_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     for tile_n in (32, 128) if n <= structured.DECODE_MAX_N else (128, 256):  # the N-tile sweep behind plan_tile_n
@@ -392,6 +414,11 @@ def main() -> None:
     parser.add_argument("--time-limit-s", type=float, default=1e9, help="stop starting new configurations after this")
     parser.add_argument("--shapes", help="comma-separated MxK of the grid to run (default: all of the grid's)")
     parser.add_argument("--ns", help="comma-separated N to run, among the grid's for each shape (default: all)")
+    parser.add_argument(
+        "--xslabs",
+        action="store_true",
+        help="time the wgmma X-slab kernels ($PRUNEKIT_BSR_XSLABS=1 / 0), blocks 16 / 32",
+    )
     parser.add_argument("--any-ns", help="comma-separated N to run at every shape instead of the grid's")
     parser.add_argument(
         "--schedule-chunk", type=int, help="most blocks per static-schedule item (default: formats.bsr.schedule_chunk)"

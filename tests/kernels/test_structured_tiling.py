@@ -631,3 +631,42 @@ def test_auto_takes_wgmma_only_for_the_measured_block_rows_and_n(monkeypatch):
         assert not structured.auto_takes_wgmma(blocks, tile_n=32, n=lo)  # a tile only the mma.sync kernel has
     monkeypatch.setattr(structured, "_wgmma_state", False)
     assert not structured.auto_takes_wgmma(torch.zeros(1, 32, 32, dtype=torch.float16))
+
+
+def x_slabs(x2d: torch.Tensor, c: int, npad: int) -> torch.Tensor:
+    """Mirror of ``bsr_x_slabs_kernel``: ``x2d (N, K)`` into ``(K / C) * npad * C`` elements, thread by thread (one per
+    16-byte chunk of the output, in output order)."""
+    n, k = x2d.shape
+    h_per = c // 8
+    out = torch.full(((k // c) * npad * c,), float("nan"), dtype=torch.float64)
+    for i in range((k // c) * npad * h_per):
+        h, rest = i % h_per, i // h_per
+        t, j = rest % npad, rest // npad
+        hs = h ^ ((t * c // 64) & (h_per - 1))
+        chunk = x2d[t, j * c + 8 * hs : j * c + 8 * hs + 8].double() if t < n else torch.zeros(8, dtype=torch.float64)
+        out[8 * i : 8 * i + 8] = chunk
+    return out
+
+
+@pytest.mark.parametrize("c", [16, 32, 64])
+@pytest.mark.parametrize("tile_n", [128, 256])
+def test_x_slabs_bulk_copy_lands_where_the_tma_box_would(c, tile_n):
+    """The XR kernels' bulk copy of X-slab bytes ``[(col * npad + n0) * C, + BN * C)`` into a 1024-aligned stage writes
+    every shared-memory element the TMA box of ``(col * C, n0)`` (with the swizzle make_map picks) would, with the same
+    value: token t's k-th element of block column col, zero past N."""
+    n, k = 300, 3 * c
+    npad = -(-n // 256) * 256
+    x2d = torch.randn(n, k)
+    slabs = x_slabs(x2d, c, npad)
+    assert not bool(torch.isnan(slabs).any())
+    dst = 2048
+    for col in range(k // c):
+        for n0 in range(0, npad, tile_n):
+            tma = SharedMemory(dst + tile_n * c * 2)
+            box = torch.zeros(tile_n, c, dtype=torch.float64)
+            width = max(0, min(tile_n, n - n0))
+            box[:width] = x2d[n0 : n0 + width, col * c : (col + 1) * c].double()
+            tma.write(tma_box_addresses(dst, tile_n, c), box)
+            start = (col * npad + n0) * c
+            bulk = slabs[start : start + tile_n * c]
+            assert torch.equal(tma.data[dst // 2 : dst // 2 + tile_n * c], bulk), (col, n0)

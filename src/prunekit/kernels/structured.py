@@ -63,6 +63,8 @@ SOURCES = (
         "bsr_mm_wgmma_bf16.cu",
         "bsr_mm_wgmma_t_f16.cu",
         "bsr_mm_wgmma_t_bf16.cu",
+        "bsr_mm_wgmma_tx_f16.cu",
+        "bsr_mm_wgmma_tx_bf16.cu",
     )
     + ("bsr_decode_lean.cu",)
 )
@@ -90,6 +92,11 @@ WGMMA_BLOCKS = tuple((r, c) for r in (16, 32, 64) for c in (16, 32, 64))
 AUTO_WGMMA_ROWS = (32, 64)
 AUTO_WGMMA_16_MIN_N = 33
 AUTO_WGMMA_16_MAX_N = 2048
+# $PRUNEKIT_BSR_XSLABS (read by the C++ launcher, csrc/structured/bsr_mm_wgmma.cu use_x_slabs, at every call): "1" the
+# wgmma kernel for 16- and 32-row blocks reads X from a copy made per call in which each block column's slab is
+# contiguous and pre-swizzled (one bulk copy per block instead of a TMA box of 32- or 64-byte rows); "0" never; unset
+# or "auto": the launcher's rule.
+XSLABS_ENV = "PRUNEKIT_BSR_XSLABS"
 WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128
 BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and the runtime ("auto", "mma", "wgmma")
 # Static mode at decode N (up to DECODE_MAX_N, the 32-wide tile) with 32-row blocks: the stored schedule gives one CTA

@@ -107,6 +107,7 @@ struct BsrArgs {
   int n;
   int relu;
   int staged;  // epilogue: 0 scalar stores; 1 Y^T rows (sym == 1) and 2 Y rows (syn == 1) staged in smem, 16-byte stores
+  long long xr_npad;  // > 0: x is the wgmma kernel's X slabs (bsr_x_slabs_kernel), tokens padded to this; else 0
 };
 
 // The work of this CTA: one schedule item (static mode: block row, block range, split-row slot or -1) or, without a

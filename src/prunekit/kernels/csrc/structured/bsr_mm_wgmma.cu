@@ -1,5 +1,8 @@
 // Host entry of the sm_90a wgmma + TMA BSR variant (kernel in bsr_mm_wgmma.cuh): tensor maps, the sm_90a probe and
 // the launch by dtype, block columns and N tile.
+#include <cstdlib>
+#include <cstring>
+
 #include "bsr_mm_wgmma.cuh"
 #include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
@@ -14,14 +17,22 @@ extern template void dispatch_c<__nv_bfloat16, 1>(int, const CUtensorMap&, const
                                                     int, cudaStream_t);
 extern template void dispatch_c<__nv_bfloat16, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                                     int, cudaStream_t);
-extern template void dispatch_rc_t<__half, 1>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                              cudaStream_t);
-extern template void dispatch_rc_t<__half, 2>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                              cudaStream_t);
-extern template void dispatch_rc_t<__nv_bfloat16, 1>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                                     int, cudaStream_t);
-extern template void dispatch_rc_t<__nv_bfloat16, 2>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                                     int, cudaStream_t);
+extern template void dispatch_rc_t<__half, 1, false>(int, int, const CUtensorMap&, const CUtensorMap&,
+                                                  const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc_t<__half, 1, true>(int, int, const CUtensorMap&, const CUtensorMap&,
+                                                  const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc_t<__half, 2, false>(int, int, const CUtensorMap&, const CUtensorMap&,
+                                                  const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc_t<__half, 2, true>(int, int, const CUtensorMap&, const CUtensorMap&,
+                                                  const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc_t<__nv_bfloat16, 1, false>(int, int, const CUtensorMap&, const CUtensorMap&,
+                                                  const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc_t<__nv_bfloat16, 1, true>(int, int, const CUtensorMap&, const CUtensorMap&,
+                                                  const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc_t<__nv_bfloat16, 2, false>(int, int, const CUtensorMap&, const CUtensorMap&,
+                                                  const BsrArgs&, int, cudaStream_t);
+extern template void dispatch_rc_t<__nv_bfloat16, 2, true>(int, int, const CUtensorMap&, const CUtensorMap&,
+                                                  const BsrArgs&, int, cudaStream_t);
 
 __global__ void sm90a_probe_kernel(int* out) {
 #ifdef PK_SM90A
@@ -64,6 +75,39 @@ CUtensorMap make_map(const void* ptr, bool half, uint64_t inner, uint64_t outer,
                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   PRUNEKIT_CHECK(res == CUDA_SUCCESS, "bsr_mm wgmma: cuTensorMapEncodeTiled failed with error ", static_cast<int>(res));
   return map;
+}
+
+// $PRUNEKIT_BSR_XSLABS: "1" the X-slab kernels (XR) for 16- and 32-row blocks, "0" never, unset / "" / "auto" the
+// rule (structured.XSLABS_ENV).
+bool use_x_slabs(int r, int64_t n) {
+  const char* v = std::getenv("PRUNEKIT_BSR_XSLABS");
+  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
+  PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0,
+                 "bsr_mm: $PRUNEKIT_BSR_XSLABS must be 0, 1 or auto, got '", v, "'");
+  (void)r;
+  (void)n;
+  return false;
+}
+
+// Copies x (K, N) into the XR kernels' X slabs (bsr_x_slabs_kernel) of `slabs` (K * npad elements).
+void make_x_slabs(const at::Tensor& x, int c, int64_t n, int64_t npad, const at::Tensor& slabs, cudaStream_t stream) {
+  const int64_t k = x.size(0);
+  const long long total16 = static_cast<long long>(k) * npad / 8;
+  const int threads = 256;
+  const int grid = static_cast<int>(std::min<long long>((total16 + threads - 1) / threads, 132LL * 32));
+  const auto* src = reinterpret_cast<const uint4*>(x.data_ptr());
+  auto* dst = reinterpret_cast<uint4*>(slabs.data_ptr());
+  const long long ldx16 = x.stride(1) / 8;
+  const int kc = static_cast<int>(k / c), nn = static_cast<int>(n);
+  if (c == 64) {
+    bsr_x_slabs_kernel<64><<<grid, threads, 0, stream>>>(src, ldx16, nn, npad, kc, dst);
+  } else if (c == 32) {
+    bsr_x_slabs_kernel<32><<<grid, threads, 0, stream>>>(src, ldx16, nn, npad, kc, dst);
+  } else {
+    bsr_x_slabs_kernel<16><<<grid, threads, 0, stream>>>(src, ldx16, nn, npad, kc, dst);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace wgmma_bsr
@@ -110,12 +154,30 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
   const CUtensorMap map_x = make_map(x.data_ptr(), half, x.size(0), x.size(1), static_cast<uint64_t>(x.stride(1)) * 2,
                                      c, tile_n);
   if (r != R) {
+    if (use_x_slabs(r, args.n)) {
+      // tokens padded to the largest N tile: every bulk copy stays inside the slab; freed after the launch (the
+      // caching allocator reuses it only for later work on this stream)
+      const int64_t npad = (static_cast<int64_t>(args.n) + 255) / 256 * 256;
+      const at::Tensor slabs = at::empty({x.size(0) * npad}, x.options());
+      make_x_slabs(x, c, args.n, npad, slabs, stream);
+      BsrArgs xr_args = args;
+      xr_args.x = slabs.data_ptr();
+      xr_args.xr_npad = npad;
+      if (half) {
+        tile_n == 256 ? dispatch_rc_t<__half, 2, true>(r, c, map_a, map_x, xr_args, grid_rows, stream)
+                      : dispatch_rc_t<__half, 1, true>(r, c, map_a, map_x, xr_args, grid_rows, stream);
+      } else {
+        tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2, true>(r, c, map_a, map_x, xr_args, grid_rows, stream)
+                      : dispatch_rc_t<__nv_bfloat16, 1, true>(r, c, map_a, map_x, xr_args, grid_rows, stream);
+      }
+      return;
+    }
     if (half) {
-      tile_n == 256 ? dispatch_rc_t<__half, 2>(r, c, map_a, map_x, args, grid_rows, stream)
-                    : dispatch_rc_t<__half, 1>(r, c, map_a, map_x, args, grid_rows, stream);
+      tile_n == 256 ? dispatch_rc_t<__half, 2, false>(r, c, map_a, map_x, args, grid_rows, stream)
+                    : dispatch_rc_t<__half, 1, false>(r, c, map_a, map_x, args, grid_rows, stream);
     } else {
-      tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2>(r, c, map_a, map_x, args, grid_rows, stream)
-                    : dispatch_rc_t<__nv_bfloat16, 1>(r, c, map_a, map_x, args, grid_rows, stream);
+      tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2, false>(r, c, map_a, map_x, args, grid_rows, stream)
+                    : dispatch_rc_t<__nv_bfloat16, 1, false>(r, c, map_a, map_x, args, grid_rows, stream);
     }
     return;
   }

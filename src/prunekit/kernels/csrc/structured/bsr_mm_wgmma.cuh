@@ -89,6 +89,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
         : "memory");
   } while (!done);
 }
+// Bulk copy of `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) from global `src` into
+// `dst`, completing them on `bar` (the TMA engine's non-tensor copy).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
 // 2-D TMA box load of `map` at (c0 inner, c1 outer) into `dst`, completing `bytes` on `bar`.
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
   asm volatile(
@@ -300,6 +308,11 @@ void dispatch_c(int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const
 // are bsr_wgmma_kernel's; a consumer warpgroup owns WG_M = 128 tokens (two m64 wgmmas per k-step, R fp32
 // accumulators per thread). The X slab is every stored block's traffic either way (1/R bytes per flop from L2); TMA
 // and wgmma replace mma.sync's cp.async + ldmatrix path for it.
+//
+// XR (X slabs): x is not the activations but their copy by bsr_x_slabs_kernel, in which every block column's C x npad
+// slab is contiguous and already in the byte order TMA's swizzle gives the box in shared memory, so that one bulk copy
+// of BN * C * 2 contiguous bytes replaces the box load of BN rows of 2 * C bytes (32 bytes for C = 16: TMA's requests
+// per row, not bytes, bound that box load).
 constexpr int WG_M = 128;  // tokens per consumer warpgroup: two m64 tiles
 constexpr int T_SMEM_BUDGET = 110 * 1024;  // per CTA: two CTAs fit an SM (228 KB)
 
@@ -368,7 +381,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 }
 #endif  // PK_SM90A
 
-template <typename T, int RB, int C, int CONSUMERS>
+template <typename T, int RB, int C, int CONSUMERS, bool XR>
 __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
     bsr_wgmma_t_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_x,
                        const BsrArgs args) {
@@ -404,7 +417,12 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
         unsigned char* dst = smem + s * Cfg::STAGE_BYTES;
         const int b = start + it;
         mbar_expect_tx(&full[s], Cfg::X_BYTES + Cfg::BLOCK_TX);
-        tma_load_2d(dst, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
+        if constexpr (XR) {
+          const T* slab = static_cast<const T*>(args.x) + (__ldg(args.cols + b) * args.xr_npad + n0) * C;
+          bulk_load(dst, slab, Cfg::X_BYTES, &full[s]);
+        } else {
+          tma_load_2d(dst, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
+        }
         tma_load_2d(dst + Cfg::X_BYTES, &map_a, 0, b * RB, &full[s]);
       }
     }
@@ -485,11 +503,11 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
 #endif  // PK_SM90A
 }
 
-template <typename T, int RB, int C, int CONSUMERS>
+template <typename T, int RB, int C, int CONSUMERS, bool XR>
 void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
               cudaStream_t stream) {
   using Cfg = WgtConfig<RB, C, CONSUMERS>;
-  auto kernel = bsr_wgmma_t_kernel<T, RB, C, CONSUMERS>;
+  auto kernel = bsr_wgmma_t_kernel<T, RB, C, CONSUMERS, XR>;
   constexpr int MAX_DEVICES = 64;
   static std::once_flag once[MAX_DEVICES];
   int device = 0;
@@ -504,19 +522,41 @@ void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs&
 }
 
 // Blocks of r in {16, 32} rows and c in {16, 32, 64} columns.
-template <typename T, int CONSUMERS>
+template <typename T, int CONSUMERS, bool XR>
 void dispatch_rc_t(int r, int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args,
                    int grid_rows, cudaStream_t stream) {
   if (r == 32) {
-    if (c == 64) return launch_t<T, 32, 64, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
-    if (c == 32) return launch_t<T, 32, 32, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
-    return launch_t<T, 32, 16, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+    if (c == 64) return launch_t<T, 32, 64, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
+    if (c == 32) return launch_t<T, 32, 32, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
+    return launch_t<T, 32, 16, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
   }
-  if (c == 64) return launch_t<T, 16, 64, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
-  if (c == 32) return launch_t<T, 16, 32, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
-  return launch_t<T, 16, 16, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+  if (c == 64) return launch_t<T, 16, 64, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
+  if (c == 32) return launch_t<T, 16, 32, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
+  return launch_t<T, 16, 16, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
 }
 
+// The X slabs of the XR kernels: x (N tokens of K, at x[n * ldx + k], 16-byte aligned, ldx % 8 == 0) into xr of
+// (K / C) * npad * C elements, where block column j's slab starts at j * npad * C and token n's C elements at n * C in
+// it, its 16-byte chunk h stored at chunk h ^ ((n * C / 64) & (C / 8 - 1)): where TMA's 2C-byte swizzle puts it in a
+// 1024-byte aligned box (PTX ISA, tensor copy swizzling; the CPU emulation in test_structured_tiling.py checks the
+// two agree). Tokens n >= N are zero. One thread per 16-byte chunk of xr, so the writes are contiguous.
+template <int C>
+__global__ void bsr_x_slabs_kernel(const uint4* __restrict__ x, long long ldx16, int n, long long npad, int kc,
+                                   uint4* __restrict__ xr) {
+  constexpr int H = C / 8;  // 16-byte chunks per token and block column
+  const long long total = static_cast<long long>(kc) * npad * H;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int h = static_cast<int>(i % H);
+    const long long rest = i / H;
+    const long long t = rest % npad;
+    const long long j = rest / npad;
+    const int hs = h ^ static_cast<int>((t * C / 64) & (H - 1));  // the chunk of token t that lands at chunk h
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (t < n) v = __ldg(x + t * ldx16 + j * H + hs);
+    xr[i] = v;
+  }
+}
 
 }  // namespace wgmma_bsr
 }  // namespace prunekit_structured
