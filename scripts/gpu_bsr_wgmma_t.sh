@@ -21,7 +21,7 @@ fi
 source scripts/gpu_env.sh
 if [[ $MODE == all && ${MEMCHECK:-1} != 0 ]]; then
   cat > /tmp/memcheck_wgmma_t.py <<'PY'
-import sys, torch
+import os, sys, torch
 sys.path.insert(0, "tests/kernels")
 from test_bsr_mm import block_sparse_weight, _components
 from prunekit.formats.bsr import static_schedule
@@ -35,7 +35,8 @@ for dtype in (torch.float16, torch.bfloat16):
         sched, split = (t.cuda() for t in static_schedule(comp["crow_indices"], chunk=1))
         base = (comp["blocks"], comp["crow_indices"], comp["col_indices"])
         bias = torch.randn(m, device="cuda").to(dtype)
-        for n in (37, 300):
+        for n, xslabs in ((37, "0"), (300, "0"), (37, "1"), (300, "1")):
+            os.environ["PRUNEKIT_BSR_XSLABS"] = xslabs
             x2d = torch.randn(n, k, device="cuda").to(dtype)
             for x in (x2d.t(), x2d.t().contiguous()):
                 for tile_n in structured.WGMMA_TILE_NS:

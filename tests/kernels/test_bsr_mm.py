@@ -516,15 +516,17 @@ def _single_block_weight(m, k, r, c, dtype):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("r", [16, 32, 64])
+@pytest.mark.parametrize(("r", "xslabs"), [(16, "0"), (16, "1"), (32, "0"), (32, "1"), (64, "0")])
 @pytest.mark.parametrize("c", [16, 32, 64])
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
-def test_bsr_wgmma_matches_float64(dtype, r, c, mode):
-    """The sm_90a wgmma + TMA variant (64-row blocks as wgmma's A operand, 16 / 32 rows as its B operand): every tile,
-    both epilogues, bias + ReLU, split rows, poisoned Y, and three X layouts: x2d.t(), a contiguous (K, N) (copied)
-    and x2d.t() of a row-padded buffer (the TMA row stride > K)."""
+def test_bsr_wgmma_matches_float64(dtype, r, xslabs, c, mode, monkeypatch):
+    """The sm_90a wgmma + TMA variant (64-row blocks as wgmma's A operand, 16 / 32 rows as its B operand, those with
+    X through TMA boxes or through the X-slab copy, $PRUNEKIT_BSR_XSLABS): every tile, both epilogues, bias + ReLU,
+    split rows, poisoned Y, and three X layouts: x2d.t(), a contiguous (K, N) (copied) and x2d.t() of a row-padded
+    buffer (the TMA row stride > K)."""
     if not structured.wgmma_available():
         pytest.skip("needs an sm_90 GPU and a library built for sm_90a")
+    monkeypatch.setenv(structured.XSLABS_ENV, xslabs)
     cases = [(m, kc * c, n, i) for i, (m, kc, n) in enumerate(WGMMA_SHAPES)]
     for m, k, n, i in cases + [(128, 2 * c, 9, -1)]:
         if i < 0:
