@@ -693,3 +693,21 @@ def test_bsr_cuda_single_block_matrix(variant, r, c):
             )  # fmt: skip
             torch.cuda.synchronize()
             assert relative_error(out, ref) < TOLERANCE[torch.float16], (n, sched[0] is None)
+
+
+@pytest.mark.cuda
+def test_x_slabs_rule_is_the_launchers():
+    """structured.x_slabs_rule against the C++ launcher's rule (prunekit_structured::x_slabs_rule)."""
+    structured.load()
+    for r, c in ((16, 16), (32, 32), (32, 64), (64, 64)):
+        for k in (768, 4096, 16384):
+            for nblocks in (0, 100, 1638, 3277, 26214, 104858):
+                for n in (17, 128, 1023, 1024, 8192):
+                    want = structured.x_slabs_rule(r, c, k, nblocks, n)
+                    assert torch.ops.prunekit_structured.x_slabs_rule(r, c, k, nblocks, n) == want, (
+                        r,
+                        c,
+                        k,
+                        nblocks,
+                        n,
+                    )

@@ -670,3 +670,19 @@ def test_x_slabs_bulk_copy_lands_where_the_tma_box_would(c, tile_n):
             start = (col * npad + n0) * c
             bulk = slabs[start : start + tile_n * c]
             assert torch.equal(tma.data[dst // 2 : dst // 2 + tile_n * c], bulk), (col, n0)
+
+
+def test_x_slabs_rule_follows_the_reuse_thresholds():
+    """Blocks per block column at least 12 (16-row) / 24 (32-row) at N >= 1024, 48 below; never for 64-row blocks."""
+    k = 4096
+    for r, c in ((16, 16), (32, 32), (16, 64), (32, 16)):
+        cols = k // c
+        lo = structured.XSLABS_MIN_REUSE[r]
+        assert structured.x_slabs_rule(r, c, k, lo * cols, 2048)
+        assert not structured.x_slabs_rule(r, c, k, lo * cols - 1, 2048)
+        assert not structured.x_slabs_rule(r, c, k, lo * cols, 128)
+        assert structured.x_slabs_rule(r, c, k, structured.XSLABS_MIN_REUSE_SMALL_N * cols, 128)
+    assert not structured.x_slabs_rule(64, 64, k, 10**6, 4096)
+    # the measured points: 16384 x 16384 at 90% keeps about 0.1 of its blocks
+    assert structured.x_slabs_rule(16, 16, 16384, 104858, 8192) and structured.x_slabs_rule(32, 32, 16384, 26214, 8192)
+    assert not structured.x_slabs_rule(32, 32, 4096, 1638, 4096)  # 4096 x 4096 at 90%: reuse 12.8, a tie measured

@@ -97,6 +97,15 @@ AUTO_WGMMA_16_MAX_N = 2048
 # contiguous and pre-swizzled (one bulk copy per block instead of a TMA box of 32- or 64-byte rows); "0" never; unset
 # or "auto": the launcher's rule.
 XSLABS_ENV = "PRUNEKIT_BSR_XSLABS"
+# The launcher's rule (x_slabs_rule; csrc/structured/bsr_mm_wgmma.cu, same constants): the copy pays where each X slab
+# is read often enough, reuse = stored blocks * c / K (blocks per block column): at least XSLABS_MIN_REUSE[r] at
+# N >= XSLABS_SMALL_N, XSLABS_MIN_REUSE_SMALL_N below. Measured on the H100 (fp16, 90 / 95%, 4096 x 4096, 11008 x 4096
+# and 16384 x 16384 at N = 128 and 2048-8192, benchmarks/results/bsr-xslabs-h100-2026-11-26-s26c.json): 16-row blocks
+# 1.27-1.85x faster with the copy at N >= 2048 (reuse 12.8-102), 32-row blocks 1.08-1.23x from a reuse of 25.6 and
+# 0.87-1.05x at 6.4-17.2; at N = 128 the copy won from a reuse of 34 (16-row) / 51 (32-row), lost at 12.8-25.6.
+XSLABS_SMALL_N = 1024
+XSLABS_MIN_REUSE = {16: 12, 32: 24}
+XSLABS_MIN_REUSE_SMALL_N = 48
 WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128
 BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and the runtime ("auto", "mma", "wgmma")
 # Static mode at decode N (up to DECODE_MAX_N, the 32-wide tile) with 32-row blocks: the stored schedule gives one CTA
@@ -237,6 +246,22 @@ def bsr_variant(variant: str | None = None) -> str:
         ValueError: an unknown name.
     """
     return build.setting(variant, BSR_VARIANT_ENV, "auto", VARIANTS, "BSR kernel variant")
+
+
+def x_slabs_rule(r: int, c: int, k: int, nblocks: int, n: int) -> bool:
+    """Whether the wgmma kernel for ``r x c`` blocks (r in {16, 32}) reads X through its per-call X-slab copy when
+    ``$PRUNEKIT_BSR_XSLABS`` is unset: ``nblocks * c >= min_reuse * K`` (each slab read at least ``min_reuse`` times),
+    ``min_reuse`` from :data:`XSLABS_MIN_REUSE` at ``n >= XSLABS_SMALL_N``, else :data:`XSLABS_MIN_REUSE_SMALL_N`. The
+    same rule as the C++ launcher's (a CUDA test compares them); figures at :data:`XSLABS_SMALL_N`.
+
+    Args:
+        r, c: block rows and columns; k: K (in_features); nblocks: stored blocks (dynamic mode: the declared maximum);
+            n: N (tokens) of the call.
+    """
+    if r not in XSLABS_MIN_REUSE or k <= 0:
+        return False
+    min_reuse = XSLABS_MIN_REUSE_SMALL_N if n < XSLABS_SMALL_N else XSLABS_MIN_REUSE[r]
+    return nblocks * c >= min_reuse * k
 
 
 def wgmma_supports(blocks: torch.Tensor) -> bool:

@@ -23,6 +23,7 @@ extern template void dispatch_rc<__nv_bfloat16, 256>(int, int, const BsrArgs&, i
 
 // bsr_mm_wgmma.cu
 bool bsr_wgmma_available();
+bool x_slabs_rule(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n);
 void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrArgs& args, int grid_rows, int tile_n,
                       cudaStream_t stream);
 
@@ -238,6 +239,7 @@ TORCH_LIBRARY(prunekit_structured, m) {
   // No tensor arguments: catch-all kernels.
   m.def("plan_tile_n(int m, int r, int n, int num_sms, int nblocks) -> int", &prunekit_structured::plan_tile_n);
   m.def("wgmma_available() -> bool", &prunekit_structured::wgmma_available_op);
+  m.def("x_slabs_rule(int r, int c, int k, int nblocks, int n) -> bool", &prunekit_structured::x_slabs_rule);
 }
 
 TORCH_LIBRARY_IMPL(prunekit_structured, CUDA, m) {

@@ -77,18 +77,34 @@ CUtensorMap make_map(const void* ptr, bool half, uint64_t inner, uint64_t outer,
   return map;
 }
 
+}  // namespace wgmma_bsr
+
+// Whether the X-slab kernels pay for their copy of X (structured.x_slabs_rule, the same rule; measured on the H100,
+// benchmarks/results/bsr-xslabs-h100-2026-11-26-s26c.json): each X slab is read `reuse` = nblocks * c / K times on
+// average (stored blocks per block column), the copy reads and writes X once. At N >= XSLABS_SMALL_N the copy won
+// from a reuse of 12.8 with 16-row blocks (1.27-1.85x) and 25.6 with 32-row ones (1.08-1.23x; 0.87-1.05x at 6.4-17.2);
+// at N = 128 it won from a reuse of 34 (16-row) / 51 (32-row) and lost at 12.8-25.6.
+constexpr int64_t XSLABS_SMALL_N = 1024;
+constexpr int64_t XSLABS_MIN_REUSE_16 = 12, XSLABS_MIN_REUSE_32 = 24, XSLABS_MIN_REUSE_SMALL_N = 48;
+bool x_slabs_rule(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
+  if (!(r == 16 || r == 32) || k <= 0) return false;
+  const int64_t min_reuse = n < XSLABS_SMALL_N ? XSLABS_MIN_REUSE_SMALL_N
+                                               : (r == 16 ? XSLABS_MIN_REUSE_16 : XSLABS_MIN_REUSE_32);
+  return nblocks * c >= min_reuse * k;
+}
+
 // $PRUNEKIT_BSR_XSLABS: "1" the X-slab kernels (XR) for 16- and 32-row blocks, "0" never, unset / "" / "auto" the
-// rule (structured.XSLABS_ENV).
-bool use_x_slabs(int r, int64_t n) {
+// rule (structured.XSLABS_ENV). In dynamic mode nblocks is the declared maximum.
+bool use_x_slabs(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
   const char* v = std::getenv("PRUNEKIT_BSR_XSLABS");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
   if (v != nullptr && std::strcmp(v, "1") == 0) return true;
   PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0,
                  "bsr_mm: $PRUNEKIT_BSR_XSLABS must be 0, 1 or auto, got '", v, "'");
-  (void)r;
-  (void)n;
-  return false;
+  return x_slabs_rule(r, c, k, nblocks, n);
 }
+
+namespace wgmma_bsr {
 
 // Copies x (K, N) into the XR kernels' X slabs (bsr_x_slabs_kernel) of `slabs` (K * npad elements).
 void make_x_slabs(const at::Tensor& x, int c, int64_t n, int64_t npad, const at::Tensor& slabs, cudaStream_t stream) {
@@ -154,7 +170,7 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
   const CUtensorMap map_x = make_map(x.data_ptr(), half, x.size(0), x.size(1), static_cast<uint64_t>(x.stride(1)) * 2,
                                      c, tile_n);
   if (r != R) {
-    if (use_x_slabs(r, args.n)) {
+    if (use_x_slabs(r, c, x.size(0), blocks.size(0), args.n)) {
       // tokens padded to the largest N tile: every bulk copy stays inside the slab; freed after the launch (the
       // caching allocator reuses it only for later work on this stream)
       const int64_t npad = (static_cast<int64_t>(args.n) + 255) / 256 * 256;
