@@ -617,17 +617,17 @@ def test_wgmma_t_schedule_emulation_matches_float64(r, c, tile_n, n, static, sta
 
 
 def test_auto_takes_wgmma_only_for_the_measured_block_rows_and_n(monkeypatch):
-    """32- and 64-row blocks at every N; 16-row blocks in the measured N range only (the C++ entry's rule), so the
-    runtime leaves "auto" unresolved for them."""
+    """32- and 64-row blocks at every N; 16-row blocks from N = 33 (the C++ entry's rule), so the runtime leaves "auto"
+    unresolved for them."""
     monkeypatch.setattr(structured, "_wgmma_state", True)
-    lo, hi = structured.AUTO_WGMMA_16_MIN_N, structured.AUTO_WGMMA_16_MAX_N
-    assert structured.AUTO_WGMMA_ROWS == (32, 64) and (lo, hi) == (33, 2048)
+    lo = structured.AUTO_WGMMA_16_MIN_N
+    assert structured.AUTO_WGMMA_ROWS == (32, 64) and lo == 33
     for r, c in structured.WGMMA_BLOCKS:
         blocks = torch.zeros(1, r, c, dtype=torch.float16)
         assert structured.wgmma_supports(blocks)
         assert structured.auto_takes_wgmma(blocks) == (r in structured.AUTO_WGMMA_ROWS)
-        for n in (lo - 1, lo, hi, hi + 1):
-            assert structured.auto_takes_wgmma(blocks, n=n) == (r != 16 or lo <= n <= hi)
+        for n in (lo - 1, lo, 2048, 8192):
+            assert structured.auto_takes_wgmma(blocks, n=n) == (r != 16 or n >= lo)
         assert not structured.auto_takes_wgmma(blocks, tile_n=32, n=lo)  # a tile only the mma.sync kernel has
     monkeypatch.setattr(structured, "_wgmma_state", False)
     assert not structured.auto_takes_wgmma(torch.zeros(1, 32, 32, dtype=torch.float16))

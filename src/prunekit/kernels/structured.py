@@ -83,15 +83,16 @@ ROWS = 1 << 8
 # blocks its B operand (N = r), with the X slab as A (csrc/structured/bsr_mm_wgmma.cuh, bsr_wgmma_t_kernel).
 WGMMA_BLOCKS = tuple((r, c) for r in (16, 32, 64) for c in (16, 32, 64))
 # "auto" takes the wgmma variant (auto_takes_wgmma) for blocks of these rows at every N (calls at N <= LEAN_MAX_N run
-# the lean decode kernel first), and for 16-row blocks at AUTO_WGMMA_16_MIN_N <= N <= AUTO_WGMMA_16_MAX_N (the C++
-# entry bsr_mm applies the same rule). Measured on the H100 against mma.sync (fp16, 90 / 95%, 4096 x 4096 and 11008 x
-# 4096 at N = 32-4096, 16384 x 16384 at N = 8192; benchmarks/results/bsr-wgmma-t-h100-2026-11-26-s26a.json and
-# bsr-wgmma-t-ns-h100-2026-11-26-s26b.json): 32-row blocks 1.02-2.55x faster at N >= 64 (1.3x at 16384 x 16384, 90%)
-# and 1.4-1.5x at N = 32 with the stored schedule; 16-row blocks 1.04-1.66x at N = 64-1024, 0.98-1.11x at N = 2048,
-# 0.97-1.07x at N = 4096, 0.96-0.97x at N = 8192 and 0.57-1.06x at N = 32 (the mma.sync kernel's 32-wide tile).
+# the lean decode kernel first), and for 16-row blocks from N = AUTO_WGMMA_16_MIN_N (the C++ entry bsr_mm applies the
+# same rule). Measured on the H100 against mma.sync (fp16, 90 / 95%, 4096 x 4096 and 11008 x 4096 at N = 32-4096,
+# 16384 x 16384 at N = 8192; benchmarks/results/bsr-wgmma-t-h100-2026-11-26-s26a.json and
+# bsr-wgmma-t-ns-h100-2026-11-26-s26b.json), X through TMA boxes: 32-row blocks 1.02-2.55x faster at N >= 64 (1.3x at
+# 16384 x 16384, 90%) and 1.4-1.5x at N = 32 with the stored schedule; 16-row blocks 1.04-1.66x at N = 64-1024,
+# 0.98-1.11x at N = 2048, 0.96-1.07x at N = 4096-8192 and 0.57-1.06x at N = 32 (the mma.sync kernel's 32-wide tile).
+# With the X-slab copy where x_slabs_rule takes it, 16-row blocks at N >= 2048 are 1.27-1.85x faster again
+# (bsr-xslabs-h100-2026-11-26-s26c.json), hence no upper N bound.
 AUTO_WGMMA_ROWS = (32, 64)
 AUTO_WGMMA_16_MIN_N = 33
-AUTO_WGMMA_16_MAX_N = 2048
 # $PRUNEKIT_BSR_XSLABS (read by the C++ launcher, csrc/structured/bsr_mm_wgmma.cu use_x_slabs, at every call): "1" the
 # wgmma kernel for 16- and 32-row blocks reads X from a copy made per call in which each block column's slab is
 # contiguous and pre-swizzled (one bulk copy per block instead of a TMA box of 32- or 64-byte rows); "0" never; unset
@@ -394,8 +395,8 @@ _wgmma_fallback_warned: set[tuple[int, int]] = set()  # block shapes already war
 
 def auto_takes_wgmma(blocks: torch.Tensor, tile_n: int | None = None, n: int | None = None) -> bool:
     """Whether ``"auto"`` runs the wgmma variant for a call with ``n`` tokens (None: whatever N): on an sm_90 GPU with
-    an sm_90a build, for blocks of :data:`AUTO_WGMMA_ROWS` rows, and for 16-row blocks at :data:`AUTO_WGMMA_16_MIN_N`
-    <= n <= :data:`AUTO_WGMMA_16_MAX_N`, unless a ``tile_n`` only the mma.sync kernels have (32) is forced. Measured on
+    an sm_90a build, for blocks of :data:`AUTO_WGMMA_ROWS` rows, and for 16-row blocks at ``n >=``
+    :data:`AUTO_WGMMA_16_MIN_N`, unless a ``tile_n`` only the mma.sync kernels have (32) is forced. Measured on
     the H100: 64-row blocks (benchmarks/results/bsr-h100-2026-11-25.json, block 64 x 64, 50/90/95% sparsity, 5 shapes)
     faster than mma.sync at 14 of 15 points (1.3-2.1x at N >= 2048), 20% slower at 11008 x 4096, N = 16, 50%; 16- and
     32-row blocks: the figures at :data:`AUTO_WGMMA_ROWS`."""
@@ -403,7 +404,7 @@ def auto_takes_wgmma(blocks: torch.Tensor, tile_n: int | None = None, n: int | N
     if not wgmma_supports(blocks) or (tile_n is not None and tile_n not in WGMMA_TILE_NS):
         return False
     r = int(blocks.shape[1])
-    if r not in AUTO_WGMMA_ROWS and not (r == 16 and n is not None and AUTO_WGMMA_16_MIN_N <= n <= AUTO_WGMMA_16_MAX_N):
+    if r not in AUTO_WGMMA_ROWS and not (r == 16 and n is not None and n >= AUTO_WGMMA_16_MIN_N):
         return False
     if _wgmma_state is None:
         _wgmma_state = wgmma_available()
@@ -866,9 +867,7 @@ def _runs_wgmma(blocks: torch.Tensor, n: int, number: int | None, variant: str |
     :func:`eager_bsr_variant` (an unresolved ``"auto"``, 16-row blocks, is resolved by the C++ entry by N), or, where
     that is None (:func:`bsr_mm_cuda` runs the call), the variant :func:`bsr_mm_cuda` resolves."""
     if number is not None:
-        return number == VARIANTS["wgmma"] or (
-            number == VARIANTS["auto"] and AUTO_WGMMA_16_MIN_N <= n <= AUTO_WGMMA_16_MAX_N
-        )
+        return number == VARIANTS["wgmma"] or (number == VARIANTS["auto"] and n >= AUTO_WGMMA_16_MIN_N)
     name = bsr_variant(variant)
     if name == "wgmma":
         return wgmma_supports(blocks) and wgmma_available()

@@ -41,7 +41,6 @@ constexpr int64_t ROWS_FLAG = int64_t{1} << 8;
 constexpr int DECODE_MAX_N = 32;                // structured.DECODE_MAX_N
 constexpr int WIDE_TILE_MIN_BLOCKS_PER_ROW = 10;  // structured.WIDE_TILE_MIN_BLOCKS_PER_ROW
 constexpr int64_t AUTO_WGMMA_16_MIN_N = 33;       // structured.AUTO_WGMMA_16_MIN_N
-constexpr int64_t AUTO_WGMMA_16_MAX_N = 2048;     // structured.AUTO_WGMMA_16_MAX_N
 
 // N tile of the mma.sync kernel: the same rule as structured.plan_tile_n (tests compare the two on the GPU).
 int64_t plan_tile_n(int64_t m, int64_t r, int64_t n, int64_t num_sms, int64_t nblocks) {
@@ -208,9 +207,9 @@ at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   const int sms = sm_count(x.get_device());
   int64_t tile_n;
   // auto: the wgmma variant on an sm_90a build for 32- and 64-row blocks, and for 16-row blocks at
-  // AUTO_WGMMA_16_MIN_N <= N <= AUTO_WGMMA_16_MAX_N (structured.auto_takes_wgmma, measured)
+  // N >= AUTO_WGMMA_16_MIN_N (structured.auto_takes_wgmma, measured)
   const int64_t c = blocks.size(2);
-  const bool rows_take = r == 64 || r == 32 || (r == 16 && n >= AUTO_WGMMA_16_MIN_N && n <= AUTO_WGMMA_16_MAX_N);
+  const bool rows_take = r == 64 || r == 32 || (r == 16 && n >= AUTO_WGMMA_16_MIN_N);
   if (variant == VARIANT_AUTO && rows_take && (c == 16 || c == 32 || c == 64) && blocks.size(0) > 0 &&
       bsr_wgmma_available())
     variant = VARIANT_WGMMA;
