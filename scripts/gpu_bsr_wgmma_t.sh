@@ -28,7 +28,7 @@ from prunekit.formats.bsr import static_schedule
 from prunekit.kernels import structured
 assert structured.wgmma_available()
 for dtype in (torch.float16, torch.bfloat16):
-    for r, c in ((16, 16), (16, 64), (32, 32), (32, 16)):
+    for r, c in ((16, 16), (16, 64), (32, 32), (32, 16), (64, 64), (64, 16)):
         m, k = 6 * r, 5 * c
         dense = block_sparse_weight(m, k, r, c, 0.5, dtype, heavy_rows=1)
         comp = {key: t.cuda() for key, t in _components(dense, r, c).items()}

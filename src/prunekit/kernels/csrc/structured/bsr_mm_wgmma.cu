@@ -2,6 +2,7 @@
 // the launch by dtype, block columns and N tile.
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "bsr_mm_wgmma.cuh"
 #include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
@@ -9,14 +10,22 @@
 namespace prunekit_structured {
 namespace wgmma_bsr {
 
-extern template void dispatch_c<__half, 1>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                                    int, cudaStream_t);
-extern template void dispatch_c<__half, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                                    int, cudaStream_t);
-extern template void dispatch_c<__nv_bfloat16, 1>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                                    int, cudaStream_t);
-extern template void dispatch_c<__nv_bfloat16, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                                    int, cudaStream_t);
+extern template void dispatch_c<__half, 1, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                               int, cudaStream_t);
+extern template void dispatch_c<__half, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                               int, cudaStream_t);
+extern template void dispatch_c<__half, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                               int, cudaStream_t);
+extern template void dispatch_c<__half, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                               int, cudaStream_t);
+extern template void dispatch_c<__nv_bfloat16, 1, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                               int, cudaStream_t);
+extern template void dispatch_c<__nv_bfloat16, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                               int, cudaStream_t);
+extern template void dispatch_c<__nv_bfloat16, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                               int, cudaStream_t);
+extern template void dispatch_c<__nv_bfloat16, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                               int, cudaStream_t);
 extern template void dispatch_rc_t<__half, 1, false>(int, int, const CUtensorMap&, const CUtensorMap&,
                                                   const BsrArgs&, int, cudaStream_t);
 extern template void dispatch_rc_t<__half, 1, true>(int, int, const CUtensorMap&, const CUtensorMap&,
@@ -93,7 +102,7 @@ bool x_slabs_rule(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
   return nblocks * c >= min_reuse * k;
 }
 
-// $PRUNEKIT_BSR_XSLABS: "1" the X-slab kernels (XR) for 16- and 32-row blocks, "0" never, unset / "" / "auto" the
+// $PRUNEKIT_BSR_XSLABS: "1" the X-slab kernels (XR) for every block size, "0" never, unset / "" / "auto" the
 // rule (structured.XSLABS_ENV). In dynamic mode nblocks is the declared maximum.
 bool use_x_slabs(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
   const char* v = std::getenv("PRUNEKIT_BSR_XSLABS");
@@ -169,40 +178,41 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
   const CUtensorMap map_a = make_map(blocks.data_ptr(), half, c, capacity_rows, static_cast<uint64_t>(c) * 2, c, r);
   const CUtensorMap map_x = make_map(x.data_ptr(), half, x.size(0), x.size(1), static_cast<uint64_t>(x.stride(1)) * 2,
                                      c, tile_n);
-  if (r != R) {
-    if (use_x_slabs(r, c, x.size(0), blocks.size(0), args.n)) {
-      // tokens padded to the largest N tile: every bulk copy stays inside the slab; freed after the launch (the
-      // caching allocator reuses it only for later work on this stream)
-      const int64_t npad = (static_cast<int64_t>(args.n) + 255) / 256 * 256;
-      const at::Tensor slabs = at::empty({x.size(0) * npad}, x.options());
-      make_x_slabs(x, c, args.n, npad, slabs, stream);
-      BsrArgs xr_args = args;
-      xr_args.x = slabs.data_ptr();
-      xr_args.xr_npad = npad;
-      if (half) {
-        tile_n == 256 ? dispatch_rc_t<__half, 2, true>(r, c, map_a, map_x, xr_args, grid_rows, stream)
-                      : dispatch_rc_t<__half, 1, true>(r, c, map_a, map_x, xr_args, grid_rows, stream);
-      } else {
-        tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2, true>(r, c, map_a, map_x, xr_args, grid_rows, stream)
-                      : dispatch_rc_t<__nv_bfloat16, 1, true>(r, c, map_a, map_x, xr_args, grid_rows, stream);
-      }
-      return;
-    }
-    if (half) {
-      tile_n == 256 ? dispatch_rc_t<__half, 2, false>(r, c, map_a, map_x, args, grid_rows, stream)
-                    : dispatch_rc_t<__half, 1, false>(r, c, map_a, map_x, args, grid_rows, stream);
-    } else {
-      tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2, false>(r, c, map_a, map_x, args, grid_rows, stream)
-                    : dispatch_rc_t<__nv_bfloat16, 1, false>(r, c, map_a, map_x, args, grid_rows, stream);
-    }
-    return;
+  // The X-slab copy (use_x_slabs): tokens padded to the largest N tile, so every bulk copy stays inside its slab; freed
+  // after the launch (the caching allocator reuses it only for later work on this stream).
+  at::Tensor slabs;
+  BsrArgs xr_args = args;
+  const bool xr = use_x_slabs(r, c, x.size(0), blocks.size(0), args.n);
+  if (xr) {
+    const int64_t npad = (static_cast<int64_t>(args.n) + 255) / 256 * 256;
+    slabs = at::empty({x.size(0) * npad}, x.options());
+    make_x_slabs(x, c, args.n, npad, slabs, stream);
+    xr_args.x = slabs.data_ptr();
+    xr_args.xr_npad = npad;
   }
-  if (half) {
-    tile_n == 256 ? dispatch_c<__half, 2>(c, map_a, map_x, args, grid_rows, stream)
-                  : dispatch_c<__half, 1>(c, map_a, map_x, args, grid_rows, stream);
+  const BsrArgs& run_args = xr ? xr_args : args;
+  auto run = [&](auto xr_tag) {
+    constexpr bool XR = decltype(xr_tag)::value;
+    if (r != R) {  // 16- and 32-row blocks: bsr_wgmma_t_kernel
+      if (half) {
+        tile_n == 256 ? dispatch_rc_t<__half, 2, XR>(r, c, map_a, map_x, run_args, grid_rows, stream)
+                      : dispatch_rc_t<__half, 1, XR>(r, c, map_a, map_x, run_args, grid_rows, stream);
+      } else {
+        tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2, XR>(r, c, map_a, map_x, run_args, grid_rows, stream)
+                      : dispatch_rc_t<__nv_bfloat16, 1, XR>(r, c, map_a, map_x, run_args, grid_rows, stream);
+      }
+    } else if (half) {
+      tile_n == 256 ? dispatch_c<__half, 2, XR>(c, map_a, map_x, run_args, grid_rows, stream)
+                    : dispatch_c<__half, 1, XR>(c, map_a, map_x, run_args, grid_rows, stream);
+    } else {
+      tile_n == 256 ? dispatch_c<__nv_bfloat16, 2, XR>(c, map_a, map_x, run_args, grid_rows, stream)
+                    : dispatch_c<__nv_bfloat16, 1, XR>(c, map_a, map_x, run_args, grid_rows, stream);
+    }
+  };
+  if (xr) {
+    run(std::true_type{});
   } else {
-    tile_n == 256 ? dispatch_c<__nv_bfloat16, 2>(c, map_a, map_x, args, grid_rows, stream)
-                  : dispatch_c<__nv_bfloat16, 1>(c, map_a, map_x, args, grid_rows, stream);
+    run(std::false_type{});
   }
 }
 
