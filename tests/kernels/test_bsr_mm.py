@@ -517,6 +517,7 @@ def _single_block_weight(m, k, r, c, dtype):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(("r", "xslabs"), [(16, "0"), (16, "1"), (32, "0"), (32, "1"), (64, "0"), (64, "1")])
+# (64-row blocks with $PRUNEKIT_BSR_XSLABS=1: the launcher keeps TMA boxes for them)
 @pytest.mark.parametrize("c", [16, 32, 64])
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_bsr_wgmma_matches_float64(dtype, r, xslabs, c, mode, monkeypatch):

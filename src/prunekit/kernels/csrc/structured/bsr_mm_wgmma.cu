@@ -10,21 +10,13 @@
 namespace prunekit_structured {
 namespace wgmma_bsr {
 
-extern template void dispatch_c<__half, 1, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+extern template void dispatch_c<__half, 1>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                                int, cudaStream_t);
-extern template void dispatch_c<__half, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+extern template void dispatch_c<__half, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                                int, cudaStream_t);
-extern template void dispatch_c<__half, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+extern template void dispatch_c<__nv_bfloat16, 1>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                                int, cudaStream_t);
-extern template void dispatch_c<__half, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                               int, cudaStream_t);
-extern template void dispatch_c<__nv_bfloat16, 1, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                               int, cudaStream_t);
-extern template void dispatch_c<__nv_bfloat16, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                               int, cudaStream_t);
-extern template void dispatch_c<__nv_bfloat16, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                               int, cudaStream_t);
-extern template void dispatch_c<__nv_bfloat16, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+extern template void dispatch_c<__nv_bfloat16, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                                int, cudaStream_t);
 extern template void dispatch_rc_t<__half, 1, false>(int, int, const CUtensorMap&, const CUtensorMap&,
                                                   const BsrArgs&, int, cudaStream_t);
@@ -102,9 +94,12 @@ bool x_slabs_rule(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
   return nblocks * c >= min_reuse * k;
 }
 
-// $PRUNEKIT_BSR_XSLABS: "1" the X-slab kernels (XR) for every block size, "0" never, unset / "" / "auto" the
+// $PRUNEKIT_BSR_XSLABS: "1" the X-slab kernels (XR) for 16- and 32-row blocks, "0" never, unset / "" / "auto" the
 // rule (structured.XSLABS_ENV). In dynamic mode nblocks is the declared maximum.
+// 64-row blocks never: their TMA boxes have 128-byte rows, and the copy lost at all 18 points tried (0.58-0.92x of the
+// time; bsr-xslabs64-h100-2026-11-26-s26f.json, with a version of bsr_wgmma_kernel that read it).
 bool use_x_slabs(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
+  if (r != 16 && r != 32) return false;
   const char* v = std::getenv("PRUNEKIT_BSR_XSLABS");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
   if (v != nullptr && std::strcmp(v, "1") == 0) return true;
@@ -201,12 +196,12 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
         tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2, XR>(r, c, map_a, map_x, run_args, grid_rows, stream)
                       : dispatch_rc_t<__nv_bfloat16, 1, XR>(r, c, map_a, map_x, run_args, grid_rows, stream);
       }
-    } else if (half) {
-      tile_n == 256 ? dispatch_c<__half, 2, XR>(c, map_a, map_x, run_args, grid_rows, stream)
-                    : dispatch_c<__half, 1, XR>(c, map_a, map_x, run_args, grid_rows, stream);
+    } else if (half) {  // 64-row blocks: bsr_wgmma_kernel, X through TMA boxes (use_x_slabs is false for them)
+      tile_n == 256 ? dispatch_c<__half, 2>(c, map_a, map_x, run_args, grid_rows, stream)
+                    : dispatch_c<__half, 1>(c, map_a, map_x, run_args, grid_rows, stream);
     } else {
-      tile_n == 256 ? dispatch_c<__nv_bfloat16, 2, XR>(c, map_a, map_x, run_args, grid_rows, stream)
-                    : dispatch_c<__nv_bfloat16, 1, XR>(c, map_a, map_x, run_args, grid_rows, stream);
+      tile_n == 256 ? dispatch_c<__nv_bfloat16, 2>(c, map_a, map_x, run_args, grid_rows, stream)
+                    : dispatch_c<__nv_bfloat16, 1>(c, map_a, map_x, run_args, grid_rows, stream);
     }
   };
   if (xr) {

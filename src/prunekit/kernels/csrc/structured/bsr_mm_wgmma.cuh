@@ -161,8 +161,7 @@ struct Wgmma<__nv_bfloat16> {
 __host__ __device__ constexpr int acc_row(int warp, int lane, int i) { return 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1); }
 __host__ __device__ constexpr int acc_col(int lane, int i) { return 8 * (i >> 2) + 2 * (lane & 3) + (i & 1); }
 
-// XR: the X slab comes from bsr_x_slabs_kernel's copy by one bulk copy (see bsr_wgmma_t_kernel).
-template <typename T, int C, int CONSUMERS, bool XR>
+template <typename T, int C, int CONSUMERS>
 __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
     bsr_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_x,
                      const BsrArgs args) {
@@ -199,12 +198,7 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
         const int b = start + it;
         mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
         tma_load_2d(a_dst, &map_a, 0, b * R, &full[s]);
-        if constexpr (XR) {
-          const T* slab = static_cast<const T*>(args.x) + (__ldg(args.cols + b) * args.xr_npad + n0) * C;
-          bulk_load(a_dst + Cfg::A_BYTES, slab, Cfg::B_BYTES, &full[s]);
-        } else {
-          tma_load_2d(a_dst + Cfg::A_BYTES, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
-        }
+        tma_load_2d(a_dst + Cfg::A_BYTES, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
       }
     }
     return;
@@ -278,11 +272,11 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
 #endif  // PK_SM90A
 }
 
-template <typename T, int C, int CONSUMERS, bool XR>
+template <typename T, int C, int CONSUMERS>
 void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
             cudaStream_t stream) {
   using Cfg = WgConfig<C, CONSUMERS>;
-  auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS, XR>;
+  auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS>;
   constexpr int MAX_DEVICES = 64;
   static std::once_flag once[MAX_DEVICES];  // per instantiation and device: the attribute is set per device
   int device = 0;
@@ -296,12 +290,12 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, int CONSUMERS, bool XR>
+template <typename T, int CONSUMERS>
 void dispatch_c(int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
                 cudaStream_t stream) {
-  if (c == 64) return launch<T, 64, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
-  if (c == 32) return launch<T, 32, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
-  return launch<T, 16, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
+  if (c == 64) return launch<T, 64, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+  if (c == 32) return launch<T, 32, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+  return launch<T, 16, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
 }
 
 

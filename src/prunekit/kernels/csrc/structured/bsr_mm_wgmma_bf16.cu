@@ -3,13 +3,7 @@
 
 namespace prunekit_structured {
 namespace wgmma_bsr {
-template void dispatch_c<__nv_bfloat16, 1, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                          cudaStream_t);
-template void dispatch_c<__nv_bfloat16, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                          cudaStream_t);
-template void dispatch_c<__nv_bfloat16, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                          cudaStream_t);
-template void dispatch_c<__nv_bfloat16, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                          cudaStream_t);
+template void dispatch_c<__nv_bfloat16, 1>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int, cudaStream_t);
+template void dispatch_c<__nv_bfloat16, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int, cudaStream_t);
 }  // namespace wgmma_bsr
 }  // namespace prunekit_structured

@@ -3,13 +3,7 @@
 
 namespace prunekit_structured {
 namespace wgmma_bsr {
-template void dispatch_c<__half, 1, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                          cudaStream_t);
-template void dispatch_c<__half, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                          cudaStream_t);
-template void dispatch_c<__half, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                          cudaStream_t);
-template void dispatch_c<__half, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                          cudaStream_t);
+template void dispatch_c<__half, 1>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int, cudaStream_t);
+template void dispatch_c<__half, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int, cudaStream_t);
 }  // namespace wgmma_bsr
 }  // namespace prunekit_structured
