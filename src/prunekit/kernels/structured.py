@@ -103,7 +103,8 @@ XSLABS_ENV = "PRUNEKIT_BSR_XSLABS"
 # N >= XSLABS_SMALL_N, XSLABS_MIN_REUSE_SMALL_N below. Measured on the H100 (fp16, 90 / 95%, 4096 x 4096, 11008 x 4096
 # and 16384 x 16384 at N = 128 and 2048-8192, benchmarks/results/bsr-xslabs-h100-2026-11-26-s26c.json): 16-row blocks
 # 1.27-1.85x faster with the copy at N >= 2048 (reuse 12.8-102), 32-row blocks 1.08-1.23x from a reuse of 25.6 and
-# 0.87-1.05x at 6.4-17.2; at N = 128 the copy won from a reuse of 34 (16-row) / 51 (32-row), lost at 12.8-25.6.
+# 0.87-1.05x at 6.4-17.2; at N = 128, 16-row blocks 1.21-1.52x at a reuse of 34-102 and 0.87-0.96x at 12.8-25.6,
+# 32-row blocks 1.17x at 51, 1.02x at 25.6, 0.74-0.94x at 6.4-34.4.
 XSLABS_SMALL_N = 1024
 XSLABS_MIN_REUSE = {16: 12, 32: 24}
 XSLABS_MIN_REUSE_SMALL_N = 48
