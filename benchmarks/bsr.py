@@ -33,11 +33,9 @@ table. Run on the GPU machine: ``PYTHONPATH=src python benchmarks/bsr.py --out b
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import math
-import os
 import platform
 import statistics
 import sys
@@ -53,7 +51,7 @@ from prunekit.deploy.runtime.sparse_linear import SparseLinear
 from prunekit.formats import EncodedTensor
 from prunekit.formats.bsr import static_schedule
 from prunekit.kernels import structured
-from prunekit.kernels.testing import prunekit_settings
+from prunekit.kernels.testing import env_setting, prunekit_settings
 
 QUICK = {
     "shapes": [(16384, 16384), (4096, 4096), (11008, 4096)],
@@ -219,20 +217,6 @@ def block_weight(
     return w, comp
 
 
-@contextlib.contextmanager
-def env_set(name: str, value: str):
-    """``$name=value`` inside the block (the C++ launchers read some settings at every call), restored after."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
 def _triton_bsr():
     try:
         from torch.sparse._triton_ops import bsr_dense_mm
@@ -322,7 +306,7 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
             res["xslabs_rule"] = structured.x_slabs_rule(r, r, k, res["nblocks"], n)  # what "auto" runs here
             if args.xslabs and r in (16, 32):  # the X-slab kernels forced on and off, in this order, same sets
                 for key, value in (("xslabs", "1"), ("tma", "0")):
-                    with env_set(structured.XSLABS_ENV, value):
+                    with env_setting(structured.XSLABS_ENV, value):
                         res[f"static_wgmma_{key}_err"] = relative_error(static_call(sets[0], variant="wgmma")(), ref)
                         res[f"static_wgmma_{key}_gpu_ms"] = graph_time([static_call(s, variant="wgmma") for s in sets])
         except Exception as exc:  # record why the variant could not run at this point; keep benchmarking

@@ -289,10 +289,15 @@ def emulate_wgmma_bsr(
         filled = yt_flat.reshape(n, m).t().clone()
         written = ~torch.isnan(filled)
         y[written] = filled[written]
-    for slot in range(n_split):  # bsr_finalize_kernel
-        m0 = int(split_rows[slot]) * R
-        v = ws[slot] + (bias[m0 : m0 + R, None].double() if bias is not None else 0.0)
-        y[m0 : m0 + R] = v.clamp_min(0.0) if relu else v
+    return finalize_split_rows(y, ws, split_rows, R, bias, relu)
+
+
+def finalize_split_rows(y, ws, split_rows, r, bias, relu):
+    """``bsr_finalize_kernel``: each split block row's fp32 partial sums ``ws[slot]`` plus bias, ReLU, into ``y``."""
+    for slot in range(0 if split_rows is None else split_rows.numel()):
+        m0 = int(split_rows[slot]) * r
+        v = ws[slot] + (bias[m0 : m0 + r, None].double() if bias is not None else 0.0)
+        y[m0 : m0 + r] = v.clamp_min(0.0) if relu else v
     return y
 
 
@@ -578,15 +583,11 @@ def emulate_wgmma_t_bsr(blocks, crow, cols, x, m, bias, relu, schedule=None, spl
                     if bias is not None:
                         vals = vals + bias.double()[m0 + mm]
                     vals = vals.clamp_min(0.0) if relu else vals
-                    if staged:  # y + nn * syn + m0 + mm with syn = m: 4-byte aligned pairs
-                        assert bool(((tok * m + m0 + mm) % 2 == (mm % 2)).all())
+                    if staged:  # the pair (mm, mm + 1) of token tok: one 4-byte store at y + tok * m + m0 + mm
+                        assert bool(((tok * m + m0 + mm)[mm % 2 == 0] % 2 == 0).all())
                     assert bool(torch.isnan(y[m0 + mm, tok]).all())  # each element written once
                     y[m0 + mm, tok] = vals
-    for slot in range(n_split):  # bsr_finalize_kernel
-        m0 = int(split_rows[slot]) * r
-        v = ws[slot] + (bias[m0 : m0 + r, None].double() if bias is not None else 0.0)
-        y[m0 : m0 + r] = v.clamp_min(0.0) if relu else v
-    return y
+    return finalize_split_rows(y, ws, split_rows, r, bias, relu)
 
 
 @pytest.mark.parametrize(
