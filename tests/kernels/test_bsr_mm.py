@@ -598,6 +598,28 @@ def test_plan_tile_n_cpp_matches_python():
 
 
 @pytest.mark.cuda
+def test_sparse_linear_16_row_blocks_leave_auto_to_the_cpp_entry(monkeypatch):
+    """16-row blocks: where the wgmma variant is available the runtime keeps "auto" unresolved (the C++ entry takes
+    wgmma from N = AUTO_WGMMA_16_MIN_N), and the layer matches float64 on both sides of that N."""
+    monkeypatch.delenv(structured.BSR_VARIANT_ENV, raising=False)
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    dense = block_sparse_weight(256, 192, 16, 16, 0.5, torch.float16, seed=5, heavy_rows=1)
+    enc = formats.encode("bsr", dense, {"block_rows": 16, "block_cols": 16})
+    bias = torch.randn(256).half()
+    layer = SparseLinear(enc, bias).cuda()
+    lo = structured.AUTO_WGMMA_16_MIN_N
+    for tokens in (5, lo - 1, lo, 300):
+        x = torch.randn(tokens, 192, device="cuda", dtype=torch.float16)
+        ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
+        assert relative_error(layer(x), ref) < TOLERANCE[torch.float16], tokens
+    want = structured.VARIANTS["auto"] if structured.wgmma_available() else structured.VARIANTS["mma"]
+    assert layer._eager_plans and all(
+        entry is not None and entry[1] == want | structured.ROWS for entry in layer._eager_plans.values()
+    )
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("static", [True, False])
 def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch):
     monkeypatch.setenv(structured.EAGER_CPP_ENV, "1")

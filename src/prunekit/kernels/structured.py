@@ -87,7 +87,7 @@ WGMMA_BLOCKS = tuple((r, c) for r in (16, 32, 64) for c in (16, 32, 64))
 # same rule). Measured on the H100 against mma.sync (fp16, 90 / 95%, 4096 x 4096 and 11008 x 4096 at N = 32-4096,
 # 16384 x 16384 at N = 8192; benchmarks/results/bsr-wgmma-t-h100-2026-11-26-s26a.json and
 # bsr-wgmma-t-ns-h100-2026-11-26-s26b.json), X through TMA boxes: 32-row blocks 1.02-2.55x faster at N >= 64 (1.3x at
-# 16384 x 16384, 90%) and 1.4-1.5x at N = 32 with the stored schedule; 16-row blocks 1.04-1.66x at N = 64-1024,
+# 16384 x 16384, 90%) and 1.4-1.5x at N = 32 with the stored schedule; 16-row blocks 1.00-1.66x at N = 64-1024,
 # 0.98-1.11x at N = 2048, 0.96-1.07x at N = 4096-8192 and 0.57-1.06x at N = 32 (the mma.sync kernel's 32-wide tile).
 # With the X-slab copy where x_slabs_rule takes it, 16-row blocks at N >= 2048 are 1.27-1.85x faster again
 # (bsr-xslabs-h100-2026-11-26-s26c.json), hence no upper N bound.
@@ -325,10 +325,11 @@ def bsr_mm_cuda(
             (None: dynamic mode); out: optional ``(M, N)`` output to write into (any strides); tile_n: force the
             kernel's N tile (32, 128 or 256; wgmma: 128 or 256; default :func:`plan_tile_n` /
             :func:`plan_tile_n_wgmma`); staged_epilogue: write the output tile through shared memory with 16-byte
-            stores (default) rather than element by element; variant: ``"auto"`` (today ``"mma"``), ``"mma"``
-            (mma.sync, ``bsr_mm.cuh``) or ``"wgmma"`` (sm_90a wgmma + TMA, ``bsr_mm_wgmma.cu``, blocks of 16, 32 or 64
-            rows and columns); default :func:`bsr_variant` (``"auto"``: :func:`auto_takes_wgmma`) (a ``"wgmma"`` that comes from
-            ``$PRUNEKIT_BSR_VARIANT`` falls back to ``"mma"``, with one warning, where it does not apply).
+            stores (default) rather than element by element; variant: ``"auto"`` (wgmma where
+            :func:`auto_takes_wgmma`, else mma), ``"mma"`` (mma.sync, ``bsr_mm.cuh``) or ``"wgmma"`` (sm_90a wgmma +
+            TMA, ``bsr_mm_wgmma.cu``, blocks of 16, 32 or 64 rows and columns); default :func:`bsr_variant` (a
+            ``"wgmma"`` that comes from ``$PRUNEKIT_BSR_VARIANT`` falls back to ``"mma"``, with one warning, where it
+            does not apply).
 
     Returns:
         ``Y (M, N)`` in ``x.dtype``, laid out by ``layout.new_spmm_output`` (column-major for ``x2d.t()``).

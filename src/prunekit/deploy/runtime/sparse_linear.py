@@ -102,7 +102,8 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
             # 0: the stored schedule; 1: decode_schedule's finer one; 2: none, for the lean kernel (it reads none, and
             # two arguments fewer cost less host time; were $PRUNEKIT_BSR_LEAN=0 set later, the tiled kernel would run
             # in dynamic mode, which is as correct)
-            wgmma = variant == structured.VARIANTS["wgmma"]  # (16-row blocks, where C++ resolves "auto": no finer one)
+            # a wgmma call keeps the stored schedule (an unresolved "auto" is 16-row blocks: never the finer one)
+            wgmma = variant == structured.VARIANTS["wgmma"]
             sched = (
                 2
                 if structured.lean_takes(blocks, n)
