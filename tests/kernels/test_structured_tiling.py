@@ -526,9 +526,12 @@ def test_wgmma_t_accumulator_map_covers_the_m64_by_r_tile():
         assert bool((seen == 1).all())
 
 
-def emulate_wgmma_t_bsr(blocks, crow, cols, x, m, bias, relu, schedule=None, split_rows=None, tile_n=256, staged=False):
+def emulate_wgmma_t_bsr(
+    blocks, crow, cols, x, m, bias, relu, schedule=None, split_rows=None, tile_n=256, staged=False, xslabs=False
+):
     """bsr_wgmma_t_kernel's CTAs in float64: TMA boxes of the X slab (tokens x C) and of the block (r x C) into each
-    stage, two m64 wgmmas per consumer and k-step through the descriptors (D = slab @ block^T: tokens x r), the
+    stage (``xslabs``: the XR kernel, the slab a bulk copy of ``bsr_x_slabs_kernel``'s buffer at ``(col * npad + n0) *
+    C``), two m64 wgmmas per consumer and k-step through the descriptors (D = slab @ block^T: tokens x r), the
     accumulator map, and the epilogue (``staged``: 4-byte pairs into a Y^T buffer of leading dimension ``m``; else
     scalar stores; split rows: fp32 partial sums finished like ``bsr_finalize_kernel``)."""
     r, c = blocks.shape[1], blocks.shape[2]
@@ -544,6 +547,8 @@ def emulate_wgmma_t_bsr(blocks, crow, cols, x, m, bias, relu, schedule=None, spl
     n_split = 0 if split_rows is None else split_rows.numel()
     ws = torch.zeros(n_split, r, n, dtype=torch.float64)
     xd = x.double()
+    npad = -(-n // 256) * 256
+    slabs = x_slabs(x.t(), c, npad) if xslabs else None
     blocks_2d = blocks.double().reshape(-1, c)  # map_a: (C, capacity * r), box (C, r)
     warp, lane, i = torch.meshgrid(torch.arange(4), torch.arange(32), torch.arange(r // 2), indexing="ij")
     frag_row = (16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1)).reshape(-1)
@@ -561,7 +566,11 @@ def emulate_wgmma_t_bsr(blocks, crow, cols, x, m, bias, relu, schedule=None, spl
                 slab = torch.zeros(tile_n, c, dtype=torch.float64)
                 width = max(0, min(tile_n, n - n0))
                 slab[:width] = xd[k0 : k0 + c, n0 : n0 + width].t()
-                smem.write(tma_box_addresses(dst, tile_n, c), slab)
+                if xslabs:  # bulk_load: the bytes as they are, at dst
+                    src = (int(cols[b]) * npad + n0) * c
+                    smem.data[dst // 2 : dst // 2 + tile_n * c] = slabs[src : src + tile_n * c]
+                else:
+                    smem.write(tma_box_addresses(dst, tile_n, c), slab)
                 smem.write(tma_box_addresses(dst + cfg["X_BYTES"], r, c), blocks_2d[b * r : b * r + r])
                 for cw in range(consumers):
                     for t in range(2):
@@ -591,15 +600,17 @@ def emulate_wgmma_t_bsr(blocks, crow, cols, x, m, bias, relu, schedule=None, spl
 
 
 @pytest.mark.parametrize(
-    ("r", "c", "tile_n", "n", "static", "staged"),
+    ("r", "c", "tile_n", "n", "static", "staged", "xslabs"),
     [
-        (32, 32, 256, 300, True, True),
-        (16, 64, 128, 5, False, True),
-        (32, 16, 256, 1, True, False),
-        (16, 16, 256, 130, False, False),
+        (32, 32, 256, 300, True, True, False),
+        (16, 64, 128, 5, False, True, False),
+        (32, 16, 256, 1, True, False, False),
+        (16, 16, 256, 130, False, False, False),
+        (16, 16, 256, 300, True, True, True),
+        (32, 64, 128, 130, False, False, True),
     ],
 )
-def test_wgmma_t_schedule_emulation_matches_float64(r, c, tile_n, n, static, staged):
+def test_wgmma_t_schedule_emulation_matches_float64(r, c, tile_n, n, static, staged, xslabs):
     m, k = 6 * r, 6 * c
     dense = block_sparse_weight(m, k, r, c, 0.4, torch.float32, seed=r + c + n, heavy_rows=1)
     comp = formats.encode("bsr", dense, {"block_rows": r, "block_cols": c}).components
@@ -611,7 +622,7 @@ def test_wgmma_t_schedule_emulation_matches_float64(r, c, tile_n, n, static, sta
         assert split_rows.numel() > 0
     y = emulate_wgmma_t_bsr(
         comp["blocks"], comp["crow_indices"], comp["col_indices"], x2d.t(), m, bias, True, schedule, split_rows,
-        tile_n, staged=staged,
+        tile_n, staged=staged, xslabs=xslabs,
     )  # fmt: skip
     assert not bool(torch.isnan(y).any())
     assert relative_error(y, spmm_reference64(dense, x2d.t(), bias, "relu")) < 1e-12
