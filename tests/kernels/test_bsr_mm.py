@@ -598,6 +598,17 @@ def test_plan_tile_n_cpp_matches_python():
 
 
 @pytest.mark.cuda
+def test_plan_tile_n_wgmma_cpp_matches_python():
+    structured.load()
+    for m in (64, 4096, 11008, 16384):
+        for r in (16, 32, 64):
+            for n in (1, 128, 129, 2048, 8192):
+                for nblocks in (m // r * 3, m // r * 9, m // r * 10, m // r * 26):
+                    cpp = torch.ops.prunekit_structured.plan_tile_n_wgmma(m, r, n, 132, nblocks)
+                    assert cpp == structured.plan_tile_n_wgmma(m, r, n, 132, nblocks), (m, r, n, nblocks)
+
+
+@pytest.mark.cuda
 def test_sparse_linear_16_row_blocks_leave_auto_to_the_cpp_entry(monkeypatch):
     """16-row blocks: where the wgmma variant is available the runtime keeps "auto" unresolved (the C++ entry takes
     wgmma from N = AUTO_WGMMA_16_MIN_N), and the layer matches float64 on both sides of that N."""

@@ -412,6 +412,15 @@ def test_wgmma_tile_rule_matches_its_docstring():
     assert structured.plan_tile_n_wgmma(16384, 64, 8192) == 256
     assert structured.plan_tile_n_wgmma(4096, 64, 16) == 128  # N <= 128: one consumer warpgroup
     assert structured.plan_tile_n_wgmma(256, 64, 300, 132) == 128  # 4 rows x 2 tiles < 132 SMs
+    # 64-row blocks, fewer than WIDE_TILE_MIN_BLOCKS_PER_ROW blocks per block row: the 128 tile (two CTAs an SM)
+    rows = 11008 // 64
+    assert structured.plan_tile_n_wgmma(11008, 64, 2048, 132, nblocks=rows * 3) == 128
+    assert structured.plan_tile_n_wgmma(11008, 64, 2048, 132, nblocks=rows * 9) == 128
+    assert structured.plan_tile_n_wgmma(11008, 64, 2048, 132, nblocks=rows * 10) == 256
+    assert structured.plan_tile_n_wgmma(16384, 64, 8192, 132, nblocks=256 * 13) == 256
+    # 16- and 32-row blocks keep the 256 tile however short their rows
+    assert structured.plan_tile_n_wgmma(11008, 32, 2048, 132, nblocks=344 * 3) == 256
+    assert structured.plan_tile_n_wgmma(11008, 16, 2048, 132, nblocks=688 * 3) == 256
     assert structured.WGMMA_TILE_NS == (128, 256)
 
 

@@ -235,10 +235,21 @@ def plan_tile_n(m: int, r: int, n: int, num_sms: int = 132, nblocks: int | None 
     return 256 if rows * -(-n // 256) >= 2 * num_sms else 128
 
 
-def plan_tile_n_wgmma(m: int, r: int, n: int, num_sms: int = 132) -> int:
-    """N tile (128 or 256) of the wgmma variant: 256 (two consumer warpgroups sharing each A block) when ``n > 128``
-    and that still gives every SM a CTA, else 128 (the same rule as the C++ entry ``bsr_mm``)."""
-    return 256 if n > 128 and max(1, m // r) * -(-n // 256) >= num_sms else 128
+def plan_tile_n_wgmma(m: int, r: int, n: int, num_sms: int = 132, nblocks: int | None = None) -> int:
+    """N tile (128 or 256) of the wgmma variant for ``M = m``, block rows of ``r``, ``N = n`` and ``nblocks`` stored
+    blocks: 256 (two consumer warpgroups sharing each A block) when ``n > 128`` and that still gives every SM a CTA,
+    else 128; except for 64-row blocks with fewer than :data:`WIDE_TILE_MIN_BLOCKS_PER_ROW` blocks per block row on
+    average: 128, whose smaller CTAs fit two to an SM. On the H100 (fp16, 90 / 95%,
+    benchmarks/results/bsr-h100-2026-11-26-s26e.json and bsr-xslabs64-h100-2026-11-26-s26f.json) the 128 tile took
+    0.84-1.00x of the 256 tile's time at all 12 points with 3.0-6.8 blocks per row (11008 x 4096 at 95%, N = 2048:
+    46.1 against 53.2 us), and 1.07-1.22x at the 6 points with 12.6-25.6. 16- and 32-row blocks: the 128 tile took
+    0.96-1.22x of the 256 tile's time, at least 1.00x at 114 of 116 points (all ``-s26`` files). ``csrc/structured/bsr_mm.cu`` ``plan_tile_n_wgmma`` is the
+    same rule for the eager C++ entry (a CUDA test compares them).
+    """
+    rows = max(1, m // r)
+    if r == 64 and nblocks is not None and nblocks / rows < WIDE_TILE_MIN_BLOCKS_PER_ROW:
+        return 128
+    return 256 if n > 128 and rows * -(-n // 256) >= num_sms else 128
 
 
 def bsr_variant(variant: str | None = None) -> str:
@@ -372,7 +383,7 @@ def bsr_mm_cuda(
         bias = bias.to(dtype=x.dtype).contiguous()
     if tile_n is None:
         if variant == "wgmma":
-            tile_n = plan_tile_n_wgmma(m, r, n, _sm_count(x.device))
+            tile_n = plan_tile_n_wgmma(m, r, n, _sm_count(x.device), blocks.shape[0])
         else:
             tile_n = plan_tile_n(m, r, n, _sm_count(x.device), blocks.shape[0])
     torch.ops.prunekit_structured.bsr_mm_out.default(

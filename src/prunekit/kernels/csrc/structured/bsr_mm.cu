@@ -50,6 +50,13 @@ int64_t plan_tile_n(int64_t m, int64_t r, int64_t n, int64_t num_sms, int64_t nb
   return rows * ((n + 255) / 256) >= 2 * num_sms ? 256 : 128;
 }
 
+// N tile of the wgmma variant: the same rule as structured.plan_tile_n_wgmma (a CUDA test compares the two).
+int64_t plan_tile_n_wgmma(int64_t m, int64_t r, int64_t n, int64_t num_sms, int64_t nblocks) {
+  const int64_t rows = std::max<int64_t>(1, m / r);
+  if (r == 64 && nblocks >= 0 && nblocks < WIDE_TILE_MIN_BLOCKS_PER_ROW * rows) return 128;
+  return n > 128 && rows * ((n + 255) / 256) >= num_sms ? 256 : 128;
+}
+
 int sm_count(int device) {
   static std::mutex mutex;
   static int counts[64] = {0};
@@ -214,7 +221,7 @@ at::Tensor bsr_mm(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
       bsr_wgmma_available())
     variant = VARIANT_WGMMA;
   if (variant == VARIANT_WGMMA) {
-    tile_n = n > 128 && std::max<int64_t>(1, m / r) * ((n + 255) / 256) >= sms ? 256 : 128;
+    tile_n = plan_tile_n_wgmma(m, r, n, sms, blocks.size(0));
   } else {
     PRUNEKIT_CHECK(variant == VARIANT_AUTO || variant == VARIANT_MMA, "bsr_mm: unknown variant ", variant);
     variant = VARIANT_MMA;
@@ -237,6 +244,8 @@ TORCH_LIBRARY(prunekit_structured, m) {
       "int m, Tensor? bias, bool relu, int variant=0) -> Tensor");
   // No tensor arguments: catch-all kernels.
   m.def("plan_tile_n(int m, int r, int n, int num_sms, int nblocks) -> int", &prunekit_structured::plan_tile_n);
+  m.def("plan_tile_n_wgmma(int m, int r, int n, int num_sms, int nblocks) -> int",
+        &prunekit_structured::plan_tile_n_wgmma);
   m.def("wgmma_available() -> bool", &prunekit_structured::wgmma_available_op);
   m.def("x_slabs_rule(int r, int c, int k, int nblocks, int n) -> bool", &prunekit_structured::x_slabs_rule);
 }
