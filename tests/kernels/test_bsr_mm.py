@@ -352,9 +352,14 @@ def _declared_maximum_case():
 LEAN_SHAPES = [(128, 192), (192, 256), (256, 128), (64, 512)]  # (M, K): divisible by every block of BLOCKS
 
 
-def _set_lean(monkeypatch, warps: str | None) -> None:
-    """The lean decode kernel ($PRUNEKIT_BSR_LEAN=1) with its warps per CTA forced, or the launcher's choice."""
+def _set_lean(monkeypatch, warps: str | None, cap: str | None = None) -> None:
+    """The lean decode kernel ($PRUNEKIT_BSR_LEAN=1) with its warps per CTA forced, or the launcher's choice; ``cap``
+    "0": its 64-column instances at 9-16 tokens without their register cap."""
     monkeypatch.setenv(structured.LEAN_ENV, "1")
+    if cap is None:
+        monkeypatch.delenv(structured.LEAN_CAP_ENV, raising=False)
+    else:
+        monkeypatch.setenv(structured.LEAN_CAP_ENV, cap)
     if warps is None:
         monkeypatch.delenv(structured.LEAN_WARPS_ENV, raising=False)
     else:
@@ -363,10 +368,18 @@ def _set_lean(monkeypatch, warps: str | None) -> None:
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    ("dtype", "warps"), [(torch.float16, None), (torch.bfloat16, None), (torch.float16, "4"), (torch.float16, "8")]
+    ("dtype", "warps", "cap"),
+    [
+        (torch.float16, None, None),
+        (torch.bfloat16, None, None),
+        (torch.float16, "4", None),
+        (torch.float16, "8", None),
+        (torch.float16, "4", "0"),
+        (torch.bfloat16, "8", "0"),
+    ],
 )
 @pytest.mark.parametrize(("r", "c"), BLOCKS)
-def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
+def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, cap, monkeypatch):
     """The lean decode kernel at N = 1, 5, 9, 16, dynamic and static mode (it ignores the schedule), both X and Y
     layouts, bias + ReLU, empty / single-block / dense block rows (one of 300 blocks), NaN-poisoned outputs; and the
     tiled kernel again at N = 17 with the switch on (N over 16 is not the lean kernel's). First, that the lean kernel
@@ -382,7 +395,7 @@ def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
                 structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 64)
         else:
             structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 64)
-    _set_lean(monkeypatch, warps)
+    _set_lean(monkeypatch, warps, cap)
     # LEAN_SHAPES, then one whose dense block row has 300 blocks (K = 300 c): over 32 blocks per warp, so the column
     # indices are fetched in several batches of 32
     for i, (m, k) in enumerate(LEAN_SHAPES + [(256, 300 * c)]):

@@ -130,6 +130,8 @@ DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule
 # or 8).
 LEAN_ENV = "PRUNEKIT_BSR_LEAN"
 LEAN_WARPS_ENV = "PRUNEKIT_BSR_LEAN_WARPS"
+# "0": the lean kernel's 64-column instances at 9-16 tokens without their register cap (csrc/structured/bsr_decode_lean.cu)
+LEAN_CAP_ENV = "PRUNEKIT_BSR_LEAN_CAP"
 LEAN_MAX_N = 16
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
