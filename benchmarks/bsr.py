@@ -291,6 +291,14 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
         res[f"{name}_gpu_ms"] = graph_time(calls)
         res[f"{name}_eager_ms"] = eager_time(calls)
     res["static_op_eager_ms"] = eager_time([static_op_call(s) for s in sets])
+    for order in args.schedule_orders.split(",") if args.schedule_orders else ():
+        # the same patterns with the schedule's items in another order (formats.bsr.static_schedule's order)
+        resched = []
+        for w, c, x2d in sets:
+            sched, split = static_schedule(c["crow_indices"].cpu(), args.schedule_chunk, order)
+            resched.append((w, {**c, "schedule": sched.cuda(), "split_rows": split.cuda()}, x2d))
+        res[f"static_order_{order}_err"] = relative_error(static_call(resched[0])(), ref)
+        res[f"static_order_{order}_gpu_ms"] = graph_time([static_call(s) for s in resched])
     layers = [layer_call(s) for s in sets]
     res["layer_err"] = relative_error(layers[0]().t(), ref)
     res["layer_wall_ms"] = wall_time(layers)
@@ -403,6 +411,10 @@ def main() -> None:
         "--xslabs",
         action="store_true",
         help="time the wgmma X-slab kernels ($PRUNEKIT_BSR_XSLABS=1 / 0), blocks 16 / 32",
+    )
+    parser.add_argument(
+        "--schedule-orders",
+        help="comma-separated static-schedule orders (formats.bsr.SCHEDULE_ORDERS) to time besides the stored one",
     )
     parser.add_argument("--any-ns", help="comma-separated N to run at every shape instead of the grid's")
     parser.add_argument(

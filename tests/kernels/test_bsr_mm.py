@@ -48,15 +48,16 @@ def block_sparse_weight(
 # --- static schedule -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("order", ["length", "row", "mix"])
 @pytest.mark.parametrize("seed", range(6))
-def test_static_schedule_covers_every_block_exactly_once(seed):
+def test_static_schedule_covers_every_block_exactly_once(seed, order):
     g = torch.Generator().manual_seed(seed)
     rows = int(torch.randint(1, 60, (1,), generator=g))
     counts = torch.randint(0, 5, (rows,), generator=g)
     counts[torch.randint(rows, (2,), generator=g)] = torch.randint(20, 200, (2,), generator=g)  # skewed rows
     crow = torch.zeros(rows + 1, dtype=torch.int32)
     crow[1:] = torch.cumsum(counts, 0)
-    schedule, split_rows = static_schedule(crow)
+    schedule, split_rows = static_schedule(crow, order=order)
     chunk = schedule_chunk(counts)
     assert schedule.dtype == torch.int32 and schedule.shape[1] == 4
     covered = torch.zeros(int(crow[-1]), dtype=torch.int64)
@@ -71,8 +72,23 @@ def test_static_schedule_covers_every_block_exactly_once(seed):
     assert bool((covered == 1).all())
     assert sorted(set(schedule[:, 0].tolist())) == list(range(rows))  # empty rows keep an item (bias/activation)
     work = (schedule[:, 2] - schedule[:, 1]).tolist()
-    assert work == sorted(work, reverse=True)
+    longest_first = sorted(work, reverse=True)
+    if order == "length":
+        assert work == longest_first
+    elif order == "row":  # the block rows in order, a split row's items side by side, its blocks in order
+        assert schedule[:, 0].tolist() == sorted(schedule[:, 0].tolist())
+        assert schedule[:, 1].tolist() == sorted(schedule[:, 1].tolist())
+    else:  # longest, shortest, second longest, ...: the "length" order's items from both ends in turn
+        length_order = static_schedule(crow)[0].tolist()
+        ends = [length_order[i // 2] if i % 2 == 0 else length_order[-1 - i // 2] for i in range(len(length_order))]
+        assert schedule.tolist() == ends
+        assert work[0] == longest_first[0] and work[1] == longest_first[-1]
     assert split_rows.tolist() == sorted({r for r, *_, s in schedule.tolist() if s >= 0})
+
+
+def test_static_schedule_rejects_an_unknown_order():
+    with pytest.raises(ValueError, match="schedule order"):
+        static_schedule(torch.tensor([0, 1, 2], dtype=torch.int32), order="random")
 
 
 def test_static_schedule_splits_only_rows_over_the_chunk():

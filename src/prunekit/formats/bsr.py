@@ -48,19 +48,33 @@ def schedule_chunk(counts: torch.Tensor) -> int:
     return max(SCHEDULE_MIN_CHUNK, math.ceil(SCHEDULE_CHUNK_OVER_MEDIAN * median))
 
 
-def static_schedule(crow_indices: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+SCHEDULE_ORDERS = ("length", "row", "mix")
+
+
+def static_schedule(
+    crow_indices: torch.Tensor, chunk: int | None = None, order: str = "length"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Static load-balanced schedule of a BSR pattern (PopSparse static mode, Li et al. 2023).
 
     Args:
         crow_indices: ``(M / r + 1,)`` int32/int64 block-row offsets.
         chunk: most blocks per item; default :func:`schedule_chunk`.
+        order: the items' order, which is the kernels' launch order (one CTA per item and N tile, items fastest):
+            ``"length"`` by descending ``end - start`` (stable; longest first), ``"row"`` by block row (the dynamic
+            mode's order, with a split row's items side by side), ``"mix"`` the ``"length"`` order taken from both
+            ends in turn (longest, shortest, second longest, ...).
 
     Returns:
         ``schedule: (n_items, 4)`` int32 rows ``(block_row, start, end, slot)`` (every block row appears, empty ones
-        as one item with ``start == end`` so the kernel writes their bias/activation), ordered by descending
-        ``end - start`` (stable), and ``split_rows: (n_split,)`` int32, the block rows cut into several items, in
-        slot order. Every block index lies in exactly one item.
+        as one item with ``start == end`` so the kernel writes their bias/activation), in ``order``, and
+        ``split_rows: (n_split,)`` int32, the block rows cut into several items, in slot order. Every block index
+        lies in exactly one item.
+
+    Raises:
+        ValueError: an unknown ``order``.
     """
+    if order not in SCHEDULE_ORDERS:
+        raise ValueError(f"schedule order must be one of {SCHEDULE_ORDERS}, got {order!r}")
     crow = crow_indices.to(torch.int64).cpu()
     counts = crow[1:] - crow[:-1]
     rows = counts.numel()
@@ -77,9 +91,16 @@ def static_schedule(crow_indices: torch.Tensor, chunk: int | None = None) -> tup
     split = pieces > 1
     slot_of_row = torch.where(split, torch.cumsum(split.to(torch.int64), 0) - 1, torch.full_like(counts, -1))
     items = torch.stack([item_row, start, end, slot_of_row[item_row]], dim=1)
-    order = torch.argsort(-(end - start), stable=True)
+    if order == "row":
+        perm = torch.arange(items.shape[0])  # item_row is non-decreasing already
+    else:
+        perm = torch.argsort(-(end - start), stable=True)
+        if order == "mix":
+            n_items = perm.numel()
+            i = torch.arange(n_items)
+            perm = perm[torch.where(i % 2 == 0, i // 2, n_items - 1 - i // 2)]
     split_rows = torch.nonzero(split, as_tuple=True)[0]
-    return items[order].to(torch.int32).contiguous(), split_rows.to(torch.int32)
+    return items[perm].to(torch.int32).contiguous(), split_rows.to(torch.int32)
 
 
 @register
