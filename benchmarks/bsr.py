@@ -291,6 +291,12 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
         res[f"{name}_gpu_ms"] = graph_time(calls)
         res[f"{name}_eager_ms"] = eager_time(calls)
     res["static_op_eager_ms"] = eager_time([static_op_call(s) for s in sets])
+    res["split_pays"] = structured.split_pays(c0["blocks"], c0["crow_indices"], n)  # what "auto" runs here (set 0)
+    if args.split:  # the stored split rows forced on and off, in this order, same sets (structured.split_pays)
+        for key, value in (("split", "1"), ("unsplit", "0")):
+            with env_setting(structured.SPLIT_ENV, value):
+                res[f"static_{key}_err"] = relative_error(static_call(sets[0])(), ref)
+                res[f"static_{key}_gpu_ms"] = graph_time([static_call(s) for s in sets])
     for order in args.schedule_orders.split(",") if args.schedule_orders else ():
         # the same patterns with the schedule's items in another order (formats.bsr.static_schedule's order)
         resched = []
@@ -411,6 +417,9 @@ def main() -> None:
         "--xslabs",
         action="store_true",
         help="time the wgmma X-slab kernels ($PRUNEKIT_BSR_XSLABS=1 / 0), blocks 16 / 32",
+    )
+    parser.add_argument(
+        "--split", action="store_true", help="time the static call with the stored split rows forced on and off"
     )
     parser.add_argument(
         "--schedule-orders",

@@ -1,3 +1,7 @@
+#!/usr/bin/env bash
+# The twenty-seventh session's probe of the static schedule's split rows (scripts/bsr_static_probe.py) on twelve
+# patterns, random and with a few dense block rows; one JSON per pattern in $OUT and one summary line each.
+#   OUT=$OUT bash scripts/gpu_bsr_static_probe.sh   (after a build: scripts/gpu_session.sh build)
 source scripts/gpu_env.sh >/dev/null 2>&1
 i=0
 while read -r a; do

@@ -4,7 +4,7 @@
 # the points given in BSR_ARGS (results JSON in $OUT).
 #
 #   OUT=$OUT BSR_ARGS="--blocks 16,32 --any-ns 32,64 ..." bash scripts/gpu_bsr_wgmma_t.sh [all|bench]
-#   OUT=$OUT BSR_RUNS="PRUNEKIT_BSR_LEAN_CAP=0 --ns 16 ...; --ns 2048 ..." bash scripts/gpu_bsr_wgmma_t.sh [all|bench]
+#   OUT=$OUT BSR_RUNS="PRUNEKIT_BSR_SPLIT=0 --ns 128 ...; --ns 2048 ..." bash scripts/gpu_bsr_wgmma_t.sh [all|bench]
 #
 # TEST_FILES overrides the test files; MEMCHECK=0 leaves the memcheck out.
 set -uo pipefail
@@ -56,7 +56,7 @@ if [[ -n ${BSR_ARGS:-} ]]; then
   timeout "${BENCH_TIMEOUT_S:-300}" python3 benchmarks/bsr.py $BSR_ARGS 2>&1 | grep -E "^(float16|bfloat16) " | cut -c1-220
 fi
 # BSR_RUNS: several benchmark runs in turn, separated by ';'. Each is optional VAR=value settings for that run, then
-# benchmarks/bsr.py's arguments, e.g. "PRUNEKIT_BSR_LEAN_CAP=0 --ns 16 --out $OUT/a.json; --ns 2048 --out $OUT/b.json".
+# benchmarks/bsr.py's arguments, e.g. "PRUNEKIT_BSR_SPLIT=0 --ns 128 --out $OUT/a.json; --ns 2048 --out $OUT/b.json".
 if [[ -n ${BSR_RUNS:-} ]]; then
   IFS=';' read -ra runs <<< "$BSR_RUNS"
   for run in "${runs[@]}"; do

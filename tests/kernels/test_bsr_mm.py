@@ -112,11 +112,76 @@ def test_bsr_format_stores_schedule_and_still_round_trips():
     assert enc.nbytes == sum(t.numel() * t.element_size() for t in enc.components.values())
 
 
+def _pattern_with_long_row(long_blocks: int, r: int = 64, rows: int = 24, cols: int = 160) -> dict:
+    """BSR components (r x r blocks) with block row 5 holding ``long_blocks`` blocks and the others 1-3: the stored
+    schedule splits row 5 (over SCHEDULE_MIN_CHUNK and twice the median)."""
+    present = torch.zeros(rows, cols, dtype=torch.bool)
+    for i in range(rows):
+        present[i, (i * 7 + torch.arange(1 + i % 3)) % cols] = True
+    present[5] = False
+    present[5, :long_blocks] = True
+    dense = present.repeat_interleave(r, 0).repeat_interleave(r, 1).to(torch.float16)
+    return formats.encode("bsr", dense, {"block_rows": r, "block_cols": r}).components
+
+
+def test_split_pays_by_the_longest_rows_columns(monkeypatch):
+    """structured.split_pays: the stored split rows are kept where the longest block row spans at least
+    SPLIT_MIN_COLS columns (N <= SPLIT_SMALL_N) or SPLIT_MIN_COLS_LARGE_N (above); $PRUNEKIT_BSR_SPLIT forces it."""
+    monkeypatch.delenv(structured.SPLIT_ENV, raising=False)
+    r = 64
+    short = _pattern_with_long_row(structured.SPLIT_MIN_COLS // r - 1, r)  # 31 blocks: 1984 columns
+    mid = _pattern_with_long_row(structured.SPLIT_MIN_COLS // r, r)  # 32 blocks: 2048 columns
+    long = _pattern_with_long_row(structured.SPLIT_MIN_COLS_LARGE_N // r, r)  # 128 blocks: 8192 columns
+    for comp in (short, mid, long):
+        assert comp["split_rows"].tolist() == [5]
+    pays = structured.split_pays
+    small, large = structured.SPLIT_SMALL_N, structured.SPLIT_SMALL_N + 1
+    assert not pays(short["blocks"], short["crow_indices"], small)
+    assert pays(mid["blocks"], mid["crow_indices"], small) and not pays(mid["blocks"], mid["crow_indices"], large)
+    assert pays(long["blocks"], long["crow_indices"], small) and pays(long["blocks"], long["crow_indices"], large)
+    monkeypatch.setenv(structured.SPLIT_ENV, "1")
+    assert pays(short["blocks"], short["crow_indices"], large)
+    monkeypatch.setenv(structured.SPLIT_ENV, "0")
+    assert not pays(long["blocks"], long["crow_indices"], small)
+    monkeypatch.setenv(structured.SPLIT_ENV, "sometimes")
+    with pytest.raises(ValueError, match="PRUNEKIT_BSR_SPLIT"):
+        pays(long["blocks"], long["crow_indices"], small)
+
+
+def test_decode_schedule_unsplits_where_the_split_does_not_pay(monkeypatch):
+    """Static mode at N above DECODE_MAX_N: the stored schedule where split_pays, else every block row in one item
+    (every block once, longest first, no split rows), built once per crow_indices version."""
+    monkeypatch.delenv(structured.SPLIT_ENV, raising=False)
+    monkeypatch.delenv(structured.DECODE_SCHEDULE_ENV, raising=False)
+    comp = _pattern_with_long_row(40)  # 2560 columns: pays up to SPLIT_SMALL_N only
+    blocks, crow, sched, split = comp["blocks"], comp["crow_indices"], comp["schedule"], comp["split_rows"]
+    n_small, n_large = structured.SPLIT_SMALL_N, 2048
+    assert structured.decode_schedule(blocks, crow, sched, split, n_small, True) == (sched, split)
+    items, rows = structured.decode_schedule(blocks, crow, sched, split, n_large, True)
+    assert rows.numel() == 0 and items.dtype == torch.int32 and items.shape[0] == crow.numel() - 1
+    assert (items[:, 3] == -1).all()
+    for row, start, end, _ in items.tolist():
+        assert (start, end) == (int(crow[row]), int(crow[row + 1]))
+    work = (items[:, 2] - items[:, 1]).tolist()
+    assert work == sorted(work, reverse=True)
+    assert structured.decode_schedule(blocks, crow, sched, split, n_large, False)[0] is items  # kept on crow_indices
+    assert structured.unsplit_schedule(crow)[0] is items
+    unsplit_free = _pattern_with_long_row(3)  # no split rows: the stored schedule, no host copy needed
+    assert unsplit_free["split_rows"].numel() == 0
+    given = (unsplit_free["schedule"], unsplit_free["split_rows"])
+    assert structured.decode_schedule(unsplit_free["blocks"], unsplit_free["crow_indices"], *given, n_large) == given
+    crow.add_(0)  # a new version: built again
+    again = structured.decode_schedule(blocks, crow, sched, split, n_large)[0]
+    assert again is not items and torch.equal(again, items)
+
+
 def test_decode_schedule_splits_32_row_blocks_at_decode_n(monkeypatch):
     """structured.decode_schedule: static mode, 32-row blocks, N <= DECODE_MAX_N: every block row in items of at most
     DECODE_SCHEDULE_CHUNK blocks (every block once), built once per crow_indices version; the given schedule
-    elsewhere (larger N, 64-row blocks, dynamic mode, $PRUNEKIT_BSR_DECODE_SCHEDULE=0)."""
+    elsewhere (larger N, 64-row blocks, dynamic mode, $PRUNEKIT_BSR_DECODE_SCHEDULE=0); the stored split rows kept
+    ($PRUNEKIT_BSR_SPLIT=1: split_pays' own test is below)."""
     monkeypatch.delenv(structured.DECODE_SCHEDULE_ENV, raising=False)
+    monkeypatch.setenv(structured.SPLIT_ENV, "1")
     dense = block_sparse_weight(512, 512, 32, 32, 0.5, torch.float16, seed=3, heavy_rows=1)
     comp = formats.encode("bsr", dense, {"block_rows": 32, "block_cols": 32}).components
     blocks, crow, sched, split = comp["blocks"], comp["crow_indices"], comp["schedule"], comp["split_rows"]
@@ -368,14 +433,9 @@ def _declared_maximum_case():
 LEAN_SHAPES = [(128, 192), (192, 256), (256, 128), (64, 512)]  # (M, K): divisible by every block of BLOCKS
 
 
-def _set_lean(monkeypatch, warps: str | None, cap: str | None = None) -> None:
-    """The lean decode kernel ($PRUNEKIT_BSR_LEAN=1) with its warps per CTA forced, or the launcher's choice; ``cap``
-    "0": its 64-column instances at 9-16 tokens without their register cap."""
+def _set_lean(monkeypatch, warps: str | None) -> None:
+    """The lean decode kernel ($PRUNEKIT_BSR_LEAN=1) with its warps per CTA forced, or the launcher's choice."""
     monkeypatch.setenv(structured.LEAN_ENV, "1")
-    if cap is None:
-        monkeypatch.delenv(structured.LEAN_CAP_ENV, raising=False)
-    else:
-        monkeypatch.setenv(structured.LEAN_CAP_ENV, cap)
     if warps is None:
         monkeypatch.delenv(structured.LEAN_WARPS_ENV, raising=False)
     else:
@@ -384,18 +444,10 @@ def _set_lean(monkeypatch, warps: str | None, cap: str | None = None) -> None:
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    ("dtype", "warps", "cap"),
-    [
-        (torch.float16, None, None),
-        (torch.bfloat16, None, None),
-        (torch.float16, "4", None),
-        (torch.float16, "8", None),
-        (torch.float16, "4", "0"),
-        (torch.bfloat16, "8", "0"),
-    ],
+    ("dtype", "warps"), [(torch.float16, None), (torch.bfloat16, None), (torch.float16, "4"), (torch.float16, "8")]
 )
 @pytest.mark.parametrize(("r", "c"), BLOCKS)
-def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, cap, monkeypatch):
+def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
     """The lean decode kernel at N = 1, 5, 9, 16, dynamic and static mode (it ignores the schedule), both X and Y
     layouts, bias + ReLU, empty / single-block / dense block rows (one of 300 blocks), NaN-poisoned outputs; and the
     tiled kernel again at N = 17 with the switch on (N over 16 is not the lean kernel's). First, that the lean kernel
@@ -411,7 +463,7 @@ def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, cap, monkeypatch):
                 structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 64)
         else:
             structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 64)
-    _set_lean(monkeypatch, warps, cap)
+    _set_lean(monkeypatch, warps)
     # LEAN_SHAPES, then one whose dense block row has 300 blocks (K = 300 c): over 32 blocks per warp, so the column
     # indices are fetched in several batches of 32
     for i, (m, k) in enumerate(LEAN_SHAPES + [(256, 300 * c)]):

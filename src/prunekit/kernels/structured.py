@@ -48,7 +48,7 @@ import torch
 from ..errors import KernelUnavailable
 from . import build, fastcall, nm24, ops, reference
 from .layout import as_spmm_output, new_spmm_output
-from .tensor_cache import cached, tensor_version
+from .tensor_cache import cached, stamp, tensor_version
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +130,22 @@ DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule
 # or 8).
 LEAN_ENV = "PRUNEKIT_BSR_LEAN"
 LEAN_WARPS_ENV = "PRUNEKIT_BSR_LEAN_WARPS"
-# "0": the lean kernel's 64-column instances at 9-16 tokens without their register cap (csrc/structured/bsr_decode_lean.cu)
-LEAN_CAP_ENV = "PRUNEKIT_BSR_LEAN_CAP"
 LEAN_MAX_N = 16
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
+# Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the
+# chunk) cost a zeroed fp32 workspace, atomic adds and a finalize kernel per call. On the H100 (fp16, graph time,
+# benchmarks/results/bsr-static-probe-h100-2026-11-26-s27c.log and -s27b-*.json, random 90-95% patterns with and
+# without a few dense rows) they paid only where the longest block row spans many columns: at N = 128 from 33 blocks
+# of 64 columns (10.0 against 12.2 us unsplit; 18 blocks: 10.0 against 8.5), at N = 2048 for rows of 8192-65536
+# columns (66 against 117 us, 216 against 446, 339 against 391) but not of 2112-4096 (53.0 against 46.1, 56.2 against
+# 55.2, 116.1 against 70.7 with 8 such rows). Random patterns' splits (rows of 7-14 blocks) cost 3-7 us per call.
+# split_pays keeps the stored splits where the longest row has at least SPLIT_MIN_COLS columns of blocks (N up to
+# SPLIT_SMALL_N, else SPLIT_MIN_COLS_LARGE_N); elsewhere the call runs the same items unsplit. In-sample: 12 patterns.
+SPLIT_SMALL_N = 256
+SPLIT_MIN_COLS = 2048
+SPLIT_MIN_COLS_LARGE_N = 8192
+SPLIT_ENV = "PRUNEKIT_BSR_SPLIT"  # "1": the stored splits at every N; "0": never; unset / "auto": split_pays
+_UNSPLIT_ATTR = "_prunekit_bsr_unsplit"  # on crow_indices (tensor_cache.cached): (longest row, unsplit schedule)
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
 CSLT_BACKEND_ENV = "PRUNEKIT_CSLT_BACKEND"  # "torch" forces torch._cslt_sparse_mm instead of prunekit's own binding
 CSLT_OUTPUT_ENV = "PRUNEKIT_CSLT_OUTPUT"  # the binding's output layout: "row", "col" or "view" (CSLT_OUTPUTS)
@@ -815,6 +827,56 @@ def finer_decode_schedule(blocks: torch.Tensor, n: int, wgmma: bool = False) -> 
     )
 
 
+def _unsplit(crow_indices: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """``(longest block row in blocks, schedule, split_rows)`` of ``crow_indices``' pattern with no row split (every
+    block row one item, longest first), built once (one copy of ``crow_indices`` to the host) and kept on it while its
+    data pointer and version stay the same."""
+
+    def build() -> tuple[int, torch.Tensor, torch.Tensor]:
+        from ..formats.bsr import static_schedule
+
+        crow = crow_indices.cpu().to(torch.int64)
+        counts = crow[1:] - crow[:-1]
+        longest = int(counts.max()) if counts.numel() else 0
+        items, rows = static_schedule(crow, max(longest, 1))
+        return longest, items.to(crow_indices.device), rows.to(crow_indices.device)
+
+    return cached(crow_indices, _UNSPLIT_ATTR, (crow_indices,), None, build)
+
+
+def split_pays(blocks: torch.Tensor, crow_indices: torch.Tensor, n: int) -> bool:
+    """Whether a static-mode call with ``n`` tokens keeps the stored schedule's split rows: ``$PRUNEKIT_BSR_SPLIT``
+    ``1`` / ``0`` force it, else the longest block row must span at least :data:`SPLIT_MIN_COLS` columns (``n <=``
+    :data:`SPLIT_SMALL_N`) or :data:`SPLIT_MIN_COLS_LARGE_N` (the measurements above those constants). Reads the row
+    lengths once per pattern (:func:`_unsplit`).
+
+    Args:
+        blocks: ``(nblocks, r, c)``; crow_indices: ``(M / r + 1,)`` int32; n: N (tokens) of the call.
+
+    Raises:
+        ValueError: ``$PRUNEKIT_BSR_SPLIT`` other than 0, 1, auto or empty.
+    """
+    setting = os.environ.get(SPLIT_ENV, "").strip()
+    if setting not in ("", "auto", "0", "1"):
+        raise ValueError(f"${SPLIT_ENV} must be 0, 1 or auto, got {setting!r}")
+    if setting in ("0", "1"):
+        return setting == "1"
+    if crow_indices.is_cuda and torch.cuda.is_current_stream_capturing():
+        hit = getattr(crow_indices, _UNSPLIT_ATTR, None)
+        if hit is None or hit[0] != (stamp((crow_indices,)), None):
+            return True  # no host copy inside a CUDA-graph capture: the stored schedule, as before this rule
+    longest = _unsplit(crow_indices)[0]
+    cols = longest * int(blocks.shape[2])
+    return cols >= (SPLIT_MIN_COLS if n <= SPLIT_SMALL_N else SPLIT_MIN_COLS_LARGE_N)
+
+
+def unsplit_schedule(crow_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The static schedule of ``crow_indices``' pattern with every block row in one item (longest first) and no split
+    rows: what a call runs where :func:`split_pays` is False. Kept on ``crow_indices`` (:func:`_unsplit`)."""
+    _, items, rows = _unsplit(crow_indices)
+    return items, rows
+
+
 def decode_schedule(
     blocks: torch.Tensor,
     crow_indices: torch.Tensor,
@@ -829,15 +891,26 @@ def decode_schedule(
     blocks; PopSparse's static mode, Li et al. 2023, with a finer split for small N), built once (one copy of
     ``crow_indices`` to the host) and kept on ``crow_indices`` while its data pointer and version stay the same.
     ``$PRUNEKIT_BSR_DECODE_SCHEDULE=0`` keeps the given schedule, and so does a call the lean decode kernel takes
-    (:func:`lean_takes`: it reads no schedule) and one the wgmma variant runs (:func:`finer_decode_schedule`). Dynamic
-    mode (no schedule) is left as it is: it must not synchronize with the host.
+    (:func:`lean_takes`: it reads no schedule) and one the wgmma variant runs (:func:`finer_decode_schedule`). Where
+    the given schedule is kept but its split rows do not pay at this N (:func:`split_pays`), it is
+    :func:`unsplit_schedule`'s instead (the same blocks, no fp32 workspace or finalize kernel). Dynamic mode (no
+    schedule) is left as it is: it must not synchronize with the host.
 
     Args:
         blocks: ``(nblocks, r, c)``; crow_indices: ``(M / r + 1,)`` int32; schedule: ``(n_items, 4)`` int32 or None;
             split_rows: ``(n_split,)`` int32 or None; n: N (tokens) of the call; wgmma: the call runs the wgmma
             variant.
     """
-    if schedule is None or not finer_decode_schedule(blocks, n, wgmma):
+    if schedule is None:
+        return schedule, split_rows
+    if not finer_decode_schedule(blocks, n, wgmma):
+        if (
+            split_rows is not None
+            and split_rows.numel()
+            and not lean_takes(blocks, n)
+            and not split_pays(blocks, crow_indices, n)
+        ):
+            return unsplit_schedule(crow_indices)
         return schedule, split_rows
 
     def build() -> tuple[torch.Tensor, torch.Tensor]:

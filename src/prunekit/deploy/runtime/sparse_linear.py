@@ -83,15 +83,18 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     """Eager CUDA BSR: ``Y^T (N, out_features)`` from ``x2d (N, in_features)`` in one call of the C++ entry
     ``prunekit_structured::bsr_mm`` with :data:`structured.ROWS` (the transposes made in C++), or None where that entry
     does not take the layer (the generic path then runs). What the call runs is decided on the first call per x dtype,
-    weight dtype and N (N above ``structured.DECODE_MAX_N`` as one class) and kept on the layer: the variant, and whether
-    static mode takes :func:`structured.decode_schedule`'s finer schedule (so ``$PRUNEKIT_BSR_DECODE_SCHEDULE`` and
-    ``$PRUNEKIT_BSR_LEAN`` are read by Python on that first call; the kernel still reads ``$PRUNEKIT_BSR_LEAN`` on
+    weight dtype and N (N above ``structured.DECODE_MAX_N`` in two classes, up to and above ``structured.SPLIT_SMALL_N``)
+    and kept on the layer: the variant, whether static mode takes :func:`structured.decode_schedule`'s finer schedule
+    or the stored items unsplit (:func:`structured.split_pays`) (so ``$PRUNEKIT_BSR_DECODE_SCHEDULE`` and
+    ``$PRUNEKIT_BSR_LEAN`` and ``$PRUNEKIT_BSR_SPLIT`` are read by Python on that first call; the kernel still reads ``$PRUNEKIT_BSR_LEAN`` on
     every call), with the op itself; calls the lean kernel takes pass no schedule. Each call then costs a dictionary
     lookup in Python besides the op call: the layer's host time per call is the eager overhead that issue 5 bounds."""
     buffers = layer._buffers
     blocks = buffers["w_blocks"]
     n = x2d.shape[0]
-    key = (x2d.dtype, blocks.dtype, n if n <= structured.DECODE_MAX_N else 0)
+    # N classes: each N up to DECODE_MAX_N; then up to SPLIT_SMALL_N (-1) and above (0), split_pays' two classes
+    key = (x2d.dtype, blocks.dtype, n if n <= structured.DECODE_MAX_N else (-1 if n <= structured.SPLIT_SMALL_N else 0))
+    crow = buffers["w_crow_indices"]
     entry = layer._eager_plans.get(key, _UNSET)
     if entry is _UNSET:
         variant = structured.eager_bsr_variant(blocks, x2d.t())
@@ -101,25 +104,30 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
             static = buffers.get("w_schedule") is not None
             # 0: the stored schedule; 1: decode_schedule's finer one; 2: none, for the lean kernel (it reads none, and
             # two arguments fewer cost less host time; were $PRUNEKIT_BSR_LEAN=0 set later, the tiled kernel would run
-            # in dynamic mode, which is as correct)
+            # in dynamic mode, which is as correct); 3: the stored items unsplit, where its split rows do not pay
             # a wgmma call keeps the stored schedule (an unresolved "auto" is 16-row blocks: never the finer one)
             wgmma = variant == structured.VARIANTS["wgmma"]
-            sched = (
-                2
-                if structured.lean_takes(blocks, n)
-                else int(static and structured.finer_decode_schedule(blocks, n, wgmma))
-            )
+            split = buffers.get("w_split_rows")
+            if structured.lean_takes(blocks, n):
+                sched = 2
+            elif static and structured.finer_decode_schedule(blocks, n, wgmma):
+                sched = 1
+            elif static and split is not None and split.numel() and not structured.split_pays(blocks, crow, n):
+                sched = 3
+            else:
+                sched = 0
             entry = (structured.bsr_mm_entry(), variant | structured.ROWS, sched)
         layer._eager_plans[key] = entry
     if entry is None:
         return None
     op, variant, sched = entry
-    crow = buffers["w_crow_indices"]
     bias = _bias(layer)
     if sched == 2:
         return op(blocks, crow, buffers["w_col_indices"], None, None, x2d, layer.out_features, bias, False, variant)
     if sched == 1:  # static mode at a decode N the lean kernel does not take: the finer schedule, kept on crow_indices
         items, rows = structured.decode_schedule(blocks, crow, buffers["w_schedule"], buffers["w_split_rows"], n)
+    elif sched == 3:  # static mode where the stored split rows cost more than they balance: unsplit, kept on crow
+        items, rows = structured.unsplit_schedule(crow)
     else:
         items, rows = buffers.get("w_schedule"), buffers.get("w_split_rows")
     return op(blocks, crow, buffers["w_col_indices"], items, rows, x2d, layer.out_features, bias, False, variant)

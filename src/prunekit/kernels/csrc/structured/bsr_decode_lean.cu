@@ -27,17 +27,11 @@ namespace prunekit_structured {
 namespace {
 
 constexpr int kLeanMaxTokens = 16;
-// Register cap of the 64-column, 9-16-token instances (CAP): an SM must hold kLeanCapWarps / W CTAs of W warps, which
-// caps them at 80 registers a thread (6 CTAs of 4 warps, 3 of 8; ptxas then spills 36 bytes). Uncapped, the 4-warp
-// instance takes 126 registers, so an SM holds 4 strips: 528 on the H100, fewer than the 688 of an 11008-row layer,
-// whose last strips then run in a second wave. The other instances take 44-72 registers uncapped.
-// $PRUNEKIT_BSR_LEAN_CAP=0 runs the uncapped instances (the comparison in benchmarks/bsr.py's runs).
-constexpr int kLeanCapWarps = 24;
 
 __device__ __forceinline__ uint32_t ldg32(const void* p) { return __ldg(static_cast<const uint32_t*>(p)); }
 
-template <typename T, int NT, int C, int W, bool CAP>
-__global__ void __launch_bounds__(32 * W, CAP ? kLeanCapWarps / W : 1)
+template <typename T, int NT, int C, int W>
+__global__ void __launch_bounds__(32 * W)
     bsr_lean_kernel(const T* __restrict__ blocks, const int* __restrict__ crow, const int* __restrict__ cols,
                     const T* __restrict__ x, int64_t ldx, T* __restrict__ y, int64_t sym, int64_t syn,
                     const T* __restrict__ bias, int relu, int r, int n) {
@@ -143,13 +137,7 @@ template <typename T, int NT, int C, int W>
 void launch_lean(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
                  const at::Tensor& y, const T* bias, bool relu, cudaStream_t stream) {
   const int64_t m = y.size(0);
-  constexpr bool kHeavy = C == 64 && NT == 2;  // the instances the cap applies to
-  const char* cap = kHeavy ? std::getenv("PRUNEKIT_BSR_LEAN_CAP") : nullptr;
-  PRUNEKIT_CHECK(cap == nullptr || *cap == '\0' || std::strcmp(cap, "0") == 0 || std::strcmp(cap, "1") == 0,
-                 "bsr_mm: $PRUNEKIT_BSR_LEAN_CAP must be 0 or 1, got '", cap, "'");
-  const bool capped = kHeavy && !(cap != nullptr && std::strcmp(cap, "0") == 0);
-  auto kernel = capped ? bsr_lean_kernel<T, NT, C, W, kHeavy> : bsr_lean_kernel<T, NT, C, W, false>;
-  kernel<<<static_cast<unsigned>(m / 16), 32 * W, 0, stream>>>(
+  bsr_lean_kernel<T, NT, C, W><<<static_cast<unsigned>(m / 16), 32 * W, 0, stream>>>(
       static_cast<const T*>(blocks.data_ptr()), crow.data_ptr<int>(), cols.data_ptr<int>(),
       static_cast<const T*>(x.data_ptr()), x.stride(1), static_cast<T*>(y.data_ptr()), y.stride(0), y.stride(1), bias,
       relu ? 1 : 0, static_cast<int>(blocks.size(1)), static_cast<int>(y.size(1)));
