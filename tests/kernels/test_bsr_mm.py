@@ -717,8 +717,10 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
     monkeypatch.setenv(structured.EAGER_CPP_ENV, "1")
     from prunekit.deploy.runtime.sparse_linear import SparseLinear
 
-    dense = block_sparse_weight(256, 192, 32, 32, 0.5, torch.float16, seed=7, heavy_rows=1)
+    # a heavy block row of 12 blocks, the others about 2: the stored schedule splits it (384 columns: it does not pay)
+    dense = block_sparse_weight(256, 384, 32, 32, 0.2, torch.float16, seed=7, heavy_rows=1)
     enc = formats.encode("bsr", dense, {"block_rows": 32, "block_cols": 32})
+    assert enc.components["split_rows"].numel() > 0
     if not static:
         enc = formats.EncodedTensor(
             enc.format, enc.shape, enc.dtype, enc.params,
@@ -726,8 +728,8 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
         )  # fmt: skip
     bias = torch.randn(256).half()
     layer = SparseLinear(enc, bias).cuda()
-    for tokens in (1, 5, 70):
-        x = torch.randn(tokens, 192, device="cuda", dtype=torch.float16)
+    for tokens in (1, 5, 70, 300):
+        x = torch.randn(tokens, 384, device="cuda", dtype=torch.float16)
         y = layer(x)
         assert y.shape == (tokens, 256) and y.is_contiguous()
         ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
@@ -740,18 +742,21 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
     wgmma = expected == structured.VARIANTS["wgmma"]  # the wgmma kernel keeps the stored schedule
     # one decision per N class, each the entry, the variant with ROWS, and which schedule goes with the call (this file
     # turns the lean kernel off, conftest.tiled_bsr_kernel: the finer one in static mode at N <= DECODE_MAX_N)
-    assert sorted(key[2] for key in layer._eager_plans) == [0, 1, 5]  # N = 70: the class above DECODE_MAX_N
+    # N = 70 and 300: the classes above DECODE_MAX_N, up to and above SPLIT_SMALL_N
+    assert sorted(key[2] for key in layer._eager_plans) == [-1, 0, 1, 5]
     for key, (op, variant, sched) in layer._eager_plans.items():
         assert (
             op is fastcall.entry("bsr_mm") and variant == expected | structured.ROWS
         )  # the fast entry where it builds
-        # 0: the stored schedule (or none in dynamic mode), 1: the finer decode schedule, 2: none (the lean kernel)
+        # 0: the stored schedule (or none in dynamic mode), 1: the finer decode schedule, 2: none (the lean kernel),
+        # 3: the stored items unsplit (static mode: the split does not pay for a row of 384 columns)
         n = key[2]
-        want = (
-            2
-            if structured.lean_takes(blocks, n)
-            else int(static and 0 < n and structured.finer_decode_schedule(blocks, n, wgmma))
-        )
+        if structured.lean_takes(blocks, n):
+            want = 2
+        elif static and 0 < n and structured.finer_decode_schedule(blocks, n, wgmma):
+            want = 1
+        else:
+            want = 3 if static else 0
         assert sched == want, (key, sched)
     assert expected != structured.VARIANTS["auto"]
 
