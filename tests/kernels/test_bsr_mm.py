@@ -678,6 +678,20 @@ def test_plan_tile_n_cpp_matches_python():
                     )
 
 
+def test_lean_warps_by_strips_per_sm():
+    assert structured.lean_warps(4096, 132) == 8  # 256 strips: under two per SM
+    assert structured.lean_warps(11008, 132) == 4  # 688 strips
+    assert structured.lean_warps(16 * 264, 132) == 8 and structured.lean_warps(16 * 265, 132) == 4
+
+
+@pytest.mark.cuda
+def test_lean_warps_cpp_matches_python():
+    structured.load()
+    for m in (16, 64, 4096, 4224, 4240, 11008, 16384):
+        for sms in (1, 78, 132):
+            assert torch.ops.prunekit_structured.lean_warps(m, sms) == structured.lean_warps(m, sms), (m, sms)
+
+
 @pytest.mark.cuda
 def test_plan_tile_n_wgmma_cpp_matches_python():
     structured.load()

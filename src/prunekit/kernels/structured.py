@@ -130,6 +130,7 @@ DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule
 # or 8).
 LEAN_ENV = "PRUNEKIT_BSR_LEAN"
 LEAN_WARPS_ENV = "PRUNEKIT_BSR_LEAN_WARPS"
+LEAN_WIDE_MAX_STRIPS_PER_SM = 2  # lean_warps: 8 warps per CTA up to this many 16-row strips per SM, else 4
 LEAN_MAX_N = 16
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the
@@ -842,6 +843,13 @@ def _unsplit(crow_indices: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tenso
         return longest, items.to(crow_indices.device), rows.to(crow_indices.device)
 
     return cached(crow_indices, _UNSPLIT_ATTR, (crow_indices,), None, build)
+
+
+def lean_warps(m: int, num_sms: int = 132) -> int:
+    """Warps per CTA of the lean BSR decode kernel where ``$PRUNEKIT_BSR_LEAN_WARPS`` is unset: 8 where the ``m / 16``
+    strips (one CTA each) are at most :data:`LEAN_WIDE_MAX_STRIPS_PER_SM` per SM, else 4. The C++ launcher's rule
+    (``csrc/structured/bsr_decode_lean.cu`` ``lean_warps``, with its H100 figures; a CUDA test compares them)."""
+    return 8 if m // 16 <= LEAN_WIDE_MAX_STRIPS_PER_SM * num_sms else 4
 
 
 def split_pays(blocks: torch.Tensor, crow_indices: torch.Tensor, n: int) -> bool:

@@ -161,15 +161,23 @@ void dispatch_lean(int c, int w, const at::Tensor& blocks, const at::Tensor& cro
 
 }  // namespace
 
+int sm_count(int device);  // bsr_mm.cu
+
+// Warps per CTA of the lean kernel (structured.lean_warps, the same rule; a CUDA test compares them): 8 where the
+// M / 16 strips are at most two per SM, else 4. On the H100 at N = 16 (blocks 16 / 32 / 64, 90 / 95%, static mode;
+// benchmarks/results/bsr-lean-w{4,8}-h100-2026-11-26-s27e.json): 4096 x 4096 (256 strips) took 0.82-0.98x the 4-warp
+// time with 8 warps at all 6 points, 11008 x 4096 (688 strips) 1.05-1.20x at all 6. (The eighteenth session's rule,
+// not measured, took 8 where a block row held over 8 blocks on average: 11008 x 4096, 16-row blocks at 90%, 10.1 us
+// against 9.0 with 4 warps.)
+int64_t lean_warps(int64_t m, int64_t num_sms) { return m / 16 <= 2 * num_sms ? 8 : 4; }
+
 // Runs the lean kernel and returns true where it takes the call: 1 <= N <= 16, r and c in {16, 32, 64}, fp16/bf16,
 // unless $PRUNEKIT_BSR_LEAN=0 (read per call; unset, "" or "1": on). On by default since the nineteenth session: on
 // the H100 at N = 16 it took 0.26-0.93x of the tiled kernel's time in static mode at all 12 points of 4096 x 4096 and
 // 11008 x 4096, blocks 16 / 32 / 64, 90 / 95% (benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json),
 // and in dynamic mode at 10 of 12 (at 11008 x 4096 with 64-row blocks 11.61 / 7.62 against 10.50 / 7.46 us). Warps per
-// CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else 8 where blocks.size(0) gives more than 8 blocks per block row on
-// average, else 4 (in dynamic mode that counts the declared capacity, not the blocks in use: the exact count would need
-// a host synchronisation). The schedule, N tile and variant arguments of bsr_mm_out do not apply to it. Arguments as
-// bsr_mm_out has checked them (x K-contiguous with an even leading dimension, 16-byte aligned; bias contiguous, x's
+// CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else lean_warps (by the number of strips). The schedule, N tile and
+// variant arguments of bsr_mm_out do not apply to it. Arguments as bsr_mm_out has checked them (x K-contiguous with an even leading dimension, 16-byte aligned; bias contiguous, x's
 // dtype).
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
                   const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream) {
@@ -193,7 +201,7 @@ bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
                    "bsr_mm: $PRUNEKIT_BSR_LEAN_WARPS must be auto, 4 or 8, got '", warps_var, "'");
     w = static_cast<int>(forced);
   } else {
-    w = blocks.size(0) > 8 * std::max<int64_t>(1, m / r) ? 8 : 4;
+    w = lean_warps(m, sm_count(x.get_device()));
   }
   const void* bptr = bias.has_value() ? bias->data_ptr() : nullptr;
   const bool two = n > 8;
