@@ -702,6 +702,8 @@ def test_x_slabs_rule_follows_the_reuse_thresholds():
         assert structured.x_slabs_rule(r, c, k, lo * cols, 2048)
         assert not structured.x_slabs_rule(r, c, k, lo * cols - 1, 2048)
         assert not structured.x_slabs_rule(r, c, k, lo * cols, 128)
+        assert not structured.x_slabs_rule(r, c, k, lo * cols, structured.XSLABS_SMALL_N - 1)
+        assert structured.x_slabs_rule(r, c, k, lo * cols, structured.XSLABS_SMALL_N)  # N = 256: large-N thresholds
         assert structured.x_slabs_rule(r, c, k, structured.XSLABS_MIN_REUSE_SMALL_N * cols, 128)
     assert not structured.x_slabs_rule(64, 64, k, 10**6, 4096)
     # the measured points: 16384 x 16384 at 90% keeps about 0.1 of its blocks

@@ -104,8 +104,11 @@ XSLABS_ENV = "PRUNEKIT_BSR_XSLABS"
 # and 16384 x 16384 at N = 128 and 2048-8192, benchmarks/results/bsr-xslabs-h100-2026-11-26-s26c.json): 16-row blocks
 # 1.27-1.85x faster with the copy at N >= 2048 (reuse 12.8-102), 32-row blocks 1.08-1.23x from a reuse of 25.6 and
 # 0.87-1.05x at 6.4-17.2; at N = 128, 16-row blocks 1.21-1.52x at a reuse of 34-102 and 0.87-0.96x at 12.8-25.6,
-# 32-row blocks 1.17x at 51, 1.02x at 25.6, 0.74-0.94x at 6.4-34.4.
-XSLABS_SMALL_N = 1024
+# 32-row blocks 1.17x at 51, 1.02x at 25.6, 0.74-0.94x at 6.4-34.4. At N = 256 / 512 (bsr-xslabs-mid-h100-2026-11-26-
+# s27a.json) the large-N thresholds held: 16-row blocks 1.16-1.62x faster at every reuse timed (12.7-69), 32-row blocks
+# 1.04-1.13x at 34, a tie at 17.8, 0.87-0.91x at 6.2-13. Hence XSLABS_SMALL_N = 256 (1024 until the twenty-seventh
+# session, from N = 128 data only); N = 129-255 not measured.
+XSLABS_SMALL_N = 256
 XSLABS_MIN_REUSE = {16: 12, 32: 24}
 XSLABS_MIN_REUSE_SMALL_N = 48
 WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128

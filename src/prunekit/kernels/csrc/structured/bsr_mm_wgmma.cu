@@ -84,8 +84,11 @@ CUtensorMap make_map(const void* ptr, bool half, uint64_t inner, uint64_t outer,
 // benchmarks/results/bsr-xslabs-h100-2026-11-26-s26c.json): each X slab is read `reuse` = nblocks * c / K times on
 // average (stored blocks per block column), the copy reads and writes X once. At N >= XSLABS_SMALL_N the copy won
 // from a reuse of 12.8 with 16-row blocks (1.27-1.85x) and 25.6 with 32-row ones (1.08-1.23x; 0.87-1.05x at 6.4-17.2);
-// at N = 128 it won from a reuse of 34 (16-row) / 51 (32-row) and lost or tied at 12.8-25.6 (32-row: also at 34).
-constexpr int64_t XSLABS_SMALL_N = 1024;
+// at N = 128 it won from a reuse of 34 (16-row) / 51 (32-row) and lost or tied at 12.8-25.6 (32-row: also at 34). At
+// N = 256 and 512 (bsr-xslabs-mid-h100-2026-11-26-s27a.json) it won with 16-row blocks at every reuse timed, 12.7-69
+// (0.62-0.86x of the time), and with 32-row blocks at 34 (0.89-0.96x), tied at 17.8 and lost at 6.2-13 (1.09-1.15x):
+// the large-N thresholds, so XSLABS_SMALL_N is 256 (it was 1024, from N = 128 data only).
+constexpr int64_t XSLABS_SMALL_N = 256;
 constexpr int64_t XSLABS_MIN_REUSE_16 = 12, XSLABS_MIN_REUSE_32 = 24, XSLABS_MIN_REUSE_SMALL_N = 48;
 bool x_slabs_rule(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
   if (!(r == 16 || r == 32) || k <= 0) return false;
