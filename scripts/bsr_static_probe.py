@@ -93,9 +93,16 @@ def main() -> None:
         res[f"{name}_kernels"] = kernels_of(fn)
     res["meta"] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "argv": sys.argv[1:]}
     text = json.dumps(res, indent=1)
-    print(text)
     if a.out:
         a.out.write_text(text)
+    else:
+        print(text)
+    best = {name: 1e3 * min(res[f"{name}_gpu_ms_round0"], res[f"{name}_gpu_ms_round1"]) for name in calls}
+    print(
+        f"{m} {k} N {n} b {r} {a.sparsity} heavy {a.heavy_rows} x {a.heavy_blocks} longest {res['longest_row']} "
+        f"median {res['median_row']} split {res['split_rows']} | stored {best['stored']:.1f} "
+        f"unsplit {best['natural_unsplit']:.1f} dynamic {best['dynamic']:.1f} eager_stored {best['eager_stored']:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,18 +1,13 @@
 #!/usr/bin/env bash
 # The twenty-seventh session's probe of the static schedule's split rows (scripts/bsr_static_probe.py) on twelve
 # patterns, random and with a few dense block rows; one JSON per pattern in $OUT and one summary line each.
-#   OUT=$OUT bash scripts/gpu_bsr_static_probe.sh   (after a build: scripts/gpu_session.sh build)
+#   OUT=$OUT TAG=h100-<date> bash scripts/gpu_bsr_static_probe.sh   (after a build: scripts/gpu_session.sh build)
 source scripts/gpu_env.sh >/dev/null 2>&1
 i=0
 while read -r a; do
-  i=$((i+1)); f=$OUT/bsr-static-probe-h100-2026-11-26-s27c-$i.json
-  python3 scripts/bsr_static_probe.py $a --out $f > $OUT/probe-$i.log 2>&1 || tail -3 $OUT/probe-$i.log
-  python3 -c "
-import json
-d=json.load(open('$f'))
-g=lambda k: 1e3*min(d[k+'_gpu_ms_round0'],d[k+'_gpu_ms_round1'])
-print(d['m'],d['k'],'N',d['n'],'b',d['block'],d['sparsity'],'heavy',d['heavy_rows'],'x',d['heavy_blocks'],'longest',d['longest_row'],'median',d['median_row'],'split',d['split_rows'],'| stored %.1f unsplit %.1f dynamic %.1f eager_stored %.1f'%(g('stored'),g('natural_unsplit'),g('dynamic'),g('eager_stored')))
-" 2>/dev/null
+  i=$((i+1)); f=$OUT/bsr-static-probe-${TAG:-run}-$i.json
+  python3 scripts/bsr_static_probe.py $a --out "$f" > "$OUT/probe-$i.log" 2>&1 || tail -3 "$OUT/probe-$i.log"
+  tail -n 1 "$OUT/probe-$i.log"
 done <<'ARGS'
 --m 11008 --n 128 --sparsity 0.95 --heavy-rows 1 --heavy-blocks 16
 --m 11008 --n 128 --sparsity 0.95 --heavy-rows 1 --heavy-blocks 32

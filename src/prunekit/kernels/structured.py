@@ -261,8 +261,9 @@ def plan_tile_n_wgmma(m: int, r: int, n: int, num_sms: int = 132, nblocks: int |
     benchmarks/results/bsr-h100-2026-11-26-s26e.json and bsr-xslabs64-h100-2026-11-26-s26f.json) the 128 tile took
     0.84-1.00x of the 256 tile's time at all 12 points with 3.0-6.8 blocks per row (11008 x 4096 at 95%, N = 2048:
     46.1 against 53.2 us), and 1.07-1.22x at the 6 points with 12.6-25.6. 16- and 32-row blocks: the 128 tile took
-    0.96-1.22x of the 256 tile's time, at least 1.00x at 114 of 116 points (all ``-s26`` files). ``csrc/structured/bsr_mm.cu`` ``plan_tile_n_wgmma`` is the
-    same rule for the eager C++ entry (a CUDA test compares them).
+    0.96-1.22x of the 256 tile's time, at least 1.00x at 114 of 116 points (all ``-s26`` files).
+    ``csrc/structured/bsr_mm.cu`` ``plan_tile_n_wgmma`` is the same rule for the eager C++ entry (a CUDA test
+    compares them).
     """
     rows = max(1, m // r)
     if r == 64 and nblocks is not None and nblocks / rows < WIDE_TILE_MIN_BLOCKS_PER_ROW:

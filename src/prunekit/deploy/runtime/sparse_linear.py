@@ -83,12 +83,13 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     """Eager CUDA BSR: ``Y^T (N, out_features)`` from ``x2d (N, in_features)`` in one call of the C++ entry
     ``prunekit_structured::bsr_mm`` with :data:`structured.ROWS` (the transposes made in C++), or None where that entry
     does not take the layer (the generic path then runs). What the call runs is decided on the first call per x dtype,
-    weight dtype and N (N above ``structured.DECODE_MAX_N`` in two classes, up to and above ``structured.SPLIT_SMALL_N``)
-    and kept on the layer: the variant, whether static mode takes :func:`structured.decode_schedule`'s finer schedule
-    or the stored items unsplit (:func:`structured.split_pays`) (so ``$PRUNEKIT_BSR_DECODE_SCHEDULE`` and
-    ``$PRUNEKIT_BSR_LEAN`` and ``$PRUNEKIT_BSR_SPLIT`` are read by Python on that first call; the kernel still reads ``$PRUNEKIT_BSR_LEAN`` on
-    every call), with the op itself; calls the lean kernel takes pass no schedule. Each call then costs a dictionary
-    lookup in Python besides the op call: the layer's host time per call is the eager overhead that issue 5 bounds."""
+    weight dtype and N class (each N up to ``structured.DECODE_MAX_N``, then up to and above
+    ``structured.SPLIT_SMALL_N``) and kept on the layer: the variant, and whether static mode takes
+    :func:`structured.decode_schedule`'s finer schedule or the stored items unsplit (:func:`structured.split_pays`).
+    So ``$PRUNEKIT_BSR_DECODE_SCHEDULE``, ``$PRUNEKIT_BSR_LEAN`` and ``$PRUNEKIT_BSR_SPLIT`` are read by Python on that
+    first call; the kernel still reads ``$PRUNEKIT_BSR_LEAN`` on every call. The op itself is kept too; calls the lean
+    kernel takes pass no schedule. Each call then costs a dictionary lookup in Python besides the op call: the layer's
+    host time per call is the eager overhead that issue 5 bounds."""
     buffers = layer._buffers
     blocks = buffers["w_blocks"]
     n = x2d.shape[0]

@@ -177,8 +177,8 @@ int64_t lean_warps(int64_t m, int64_t num_sms) { return m / 16 <= 2 * num_sms ? 
 // 11008 x 4096, blocks 16 / 32 / 64, 90 / 95% (benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json),
 // and in dynamic mode at 10 of 12 (at 11008 x 4096 with 64-row blocks 11.61 / 7.62 against 10.50 / 7.46 us). Warps per
 // CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else lean_warps (by the number of strips). The schedule, N tile and
-// variant arguments of bsr_mm_out do not apply to it. Arguments as bsr_mm_out has checked them (x K-contiguous with an even leading dimension, 16-byte aligned; bias contiguous, x's
-// dtype).
+// variant arguments of bsr_mm_out do not apply to it. Arguments as bsr_mm_out has checked them (x K-contiguous with an
+// even leading dimension, 16-byte aligned; bias contiguous, x's dtype).
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
                   const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream) {
   const char* on = std::getenv("PRUNEKIT_BSR_LEAN");
