@@ -140,7 +140,7 @@ _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tens
 # chunk) cost a zeroed fp32 workspace, atomic adds and a finalize kernel per call. On the H100 (fp16, graph time,
 # benchmarks/results/bsr-static-probe-h100-2026-11-26-s27c.log and -s27b-*.json, random 90-95% patterns with and
 # without a few dense rows) they paid only where the longest block row spans many columns: at N = 128 from 33 blocks
-# of 64 columns (10.0 against 12.2 us unsplit; 18 blocks: 10.0 against 8.5), at N = 2048 for rows of 8192-65536
+# of 64 columns (10.0 against 12.2 us unsplit; 18 blocks: 10.0 against 8.5), at N = 2048 for rows of 8192-16384
 # columns (66 against 117 us, 216 against 446, 339 against 391) but not of 2112-4096 (53.0 against 46.1, 56.2 against
 # 55.2, 116.1 against 70.7 with 8 such rows). Random patterns' splits (rows of 7-14 blocks) cost 3-7 us per call.
 # split_pays keeps the stored splits where the longest row has at least SPLIT_MIN_COLS columns of blocks (N up to
