@@ -125,27 +125,30 @@ def _pattern_with_long_row(long_blocks: int, r: int = 64, rows: int = 24, cols: 
 
 
 def test_split_pays_by_the_longest_rows_columns(monkeypatch):
-    """structured.split_pays: the stored split rows are kept where the longest block row spans at least
-    SPLIT_MIN_COLS columns (N <= SPLIT_SMALL_N) or SPLIT_MIN_COLS_LARGE_N (above); $PRUNEKIT_BSR_SPLIT forces it."""
+    """structured.split_pays: the stored split rows are kept where the longest block row spans at least the columns
+    SPLIT_MIN_COLS gives for the call's N (2048 up to N = 256, 4096 up to 1024, 8192 above); $PRUNEKIT_BSR_SPLIT
+    forces it."""
     monkeypatch.delenv(structured.SPLIT_ENV, raising=False)
+    assert structured.SPLIT_MIN_COLS == ((256, 2048), (1024, 4096), (None, 8192))
+    assert [structured.split_n_class(n) for n in (33, 256, 257, 1024, 1025, 8192)] == [0, 0, 1, 1, 2, 2]
     r = 64
-    short = _pattern_with_long_row(structured.SPLIT_MIN_COLS // r - 1, r)  # 31 blocks: 1984 columns
-    mid = _pattern_with_long_row(structured.SPLIT_MIN_COLS // r, r)  # 32 blocks: 2048 columns
-    long = _pattern_with_long_row(structured.SPLIT_MIN_COLS_LARGE_N // r, r)  # 128 blocks: 8192 columns
-    for comp in (short, mid, long):
+    rows = {blocks: _pattern_with_long_row(blocks, r) for blocks in (31, 32, 63, 64, 127, 128)}  # 1984 ... 8192 cols
+    for comp in rows.values():
         assert comp["split_rows"].tolist() == [5]
-    pays = structured.split_pays
-    small, large = structured.SPLIT_SMALL_N, structured.SPLIT_SMALL_N + 1
-    assert not pays(short["blocks"], short["crow_indices"], small)
-    assert pays(mid["blocks"], mid["crow_indices"], small) and not pays(mid["blocks"], mid["crow_indices"], large)
-    assert pays(long["blocks"], long["crow_indices"], small) and pays(long["blocks"], long["crow_indices"], large)
+
+    def pays(blocks: int, n: int) -> bool:
+        return structured.split_pays(rows[blocks]["blocks"], rows[blocks]["crow_indices"], n)
+
+    assert not pays(31, 256) and pays(32, 256)
+    assert not pays(32, 257) and not pays(63, 1024) and pays(64, 257) and pays(64, 1024)
+    assert not pays(64, 1025) and not pays(127, 8192) and pays(128, 1025) and pays(128, 8192)
     monkeypatch.setenv(structured.SPLIT_ENV, "1")
-    assert pays(short["blocks"], short["crow_indices"], large)
+    assert pays(31, 8192)
     monkeypatch.setenv(structured.SPLIT_ENV, "0")
-    assert not pays(long["blocks"], long["crow_indices"], small)
+    assert not pays(128, 128)
     monkeypatch.setenv(structured.SPLIT_ENV, "sometimes")
     with pytest.raises(ValueError, match="PRUNEKIT_BSR_SPLIT"):
-        pays(long["blocks"], long["crow_indices"], small)
+        pays(128, 128)
 
 
 def test_decode_schedule_unsplits_where_the_split_does_not_pay(monkeypatch):
@@ -153,9 +156,9 @@ def test_decode_schedule_unsplits_where_the_split_does_not_pay(monkeypatch):
     (every block once, longest first, no split rows), built once per crow_indices version."""
     monkeypatch.delenv(structured.SPLIT_ENV, raising=False)
     monkeypatch.delenv(structured.DECODE_SCHEDULE_ENV, raising=False)
-    comp = _pattern_with_long_row(40)  # 2560 columns: pays up to SPLIT_SMALL_N only
+    comp = _pattern_with_long_row(40)  # 2560 columns: pays up to N = 256 only
     blocks, crow, sched, split = comp["blocks"], comp["crow_indices"], comp["schedule"], comp["split_rows"]
-    n_small, n_large = structured.SPLIT_SMALL_N, 2048
+    n_small, n_large = 256, 2048
     assert structured.decode_schedule(blocks, crow, sched, split, n_small, True) == (sched, split)
     items, rows = structured.decode_schedule(blocks, crow, sched, split, n_large, True)
     assert rows.numel() == 0 and items.dtype == torch.int32 and items.shape[0] == crow.numel() - 1
@@ -742,7 +745,7 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
         )  # fmt: skip
     bias = torch.randn(256).half()
     layer = SparseLinear(enc, bias).cuda()
-    for tokens in (1, 5, 70, 300):
+    for tokens in (1, 5, 70, 300, 1100):
         x = torch.randn(tokens, 384, device="cuda", dtype=torch.float16)
         y = layer(x)
         assert y.shape == (tokens, 256) and y.is_contiguous()
@@ -756,8 +759,8 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
     wgmma = expected == structured.VARIANTS["wgmma"]  # the wgmma kernel keeps the stored schedule
     # one decision per N class, each the entry, the variant with ROWS, and which schedule goes with the call (this file
     # turns the lean kernel off, conftest.tiled_bsr_kernel: the finer one in static mode at N <= DECODE_MAX_N)
-    # N = 70 and 300: the classes above DECODE_MAX_N, up to and above SPLIT_SMALL_N
-    assert sorted(key[2] for key in layer._eager_plans) == [-1, 0, 1, 5]
+    # N = 70, 300 and 1100: split_n_class's three classes above DECODE_MAX_N (keys 0, -1, -2)
+    assert sorted(key[2] for key in layer._eager_plans) == [-2, -1, 0, 1, 5]
     for key, (op, variant, sched) in layer._eager_plans.items():
         assert (
             op is fastcall.entry("bsr_mm") and variant == expected | structured.ROWS

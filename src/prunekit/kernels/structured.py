@@ -106,9 +106,11 @@ XSLABS_ENV = "PRUNEKIT_BSR_XSLABS"
 # 0.87-1.05x at 6.4-17.2; at N = 128, 16-row blocks 1.21-1.52x at a reuse of 34-102 and 0.87-0.96x at 12.8-25.6,
 # 32-row blocks 1.17x at 51, 1.02x at 25.6, 0.74-0.94x at 6.4-34.4. At N = 256 / 512 (bsr-xslabs-mid-h100-2026-11-26-
 # s27a.json) the large-N thresholds held: 16-row blocks 1.16-1.62x faster at every reuse timed (12.7-69), 32-row blocks
-# 1.04-1.13x at 34, a tie at 17.8, 0.87-0.91x at 6.2-13. Hence XSLABS_SMALL_N = 256 (1024 until the twenty-seventh
-# session, from N = 128 data only); N = 129-255 not measured.
-XSLABS_SMALL_N = 256
+# 1.04-1.13x at 34, a tie at 17.8, 0.87-0.91x at 6.2-13; and at N = 160 / 192 / 224
+# (bsr-xslabs-lown-h100-2026-11-26-s27h.json) 16-row blocks 1.15-2.05x at 12.7-69, 32-row blocks 1.05-1.12x at 34-35,
+# 0.81-0.98x at 6.2-17.7. Hence XSLABS_SMALL_N = 160 (1024 until the twenty-seventh session, from N = 128 data only);
+# N = 129-159 not measured.
+XSLABS_SMALL_N = 160
 XSLABS_MIN_REUSE = {16: 12, 32: 24}
 XSLABS_MIN_REUSE_SMALL_N = 48
 WGMMA_TILE_NS = (128, 256)  # one or two consumer warpgroups of 64 x 128
@@ -138,16 +140,17 @@ LEAN_MAX_N = 16
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the
 # chunk) cost a zeroed fp32 workspace, atomic adds and a finalize kernel per call. On the H100 (fp16, graph time,
-# benchmarks/results/bsr-static-probe-h100-2026-11-26-s27c.log and -s27b-*.json, random 90-95% patterns with and
-# without a few dense rows) they paid only where the longest block row spans many columns: at N = 128 from 33 blocks
-# of 64 columns (10.0 against 12.2 us unsplit; 18 blocks: 10.0 against 8.5), at N = 2048 for rows of 8192-16384
-# columns (66 against 117 us, 216 against 446, 339 against 391) but not of 2112-4096 (53.0 against 46.1, 56.2 against
-# 55.2, 116.1 against 70.7 with 8 such rows). Random patterns' splits (rows of 7-14 blocks) cost 3-7 us per call.
-# split_pays keeps the stored splits where the longest row has at least SPLIT_MIN_COLS columns of blocks (N up to
-# SPLIT_SMALL_N, else SPLIT_MIN_COLS_LARGE_N); elsewhere the call runs the same items unsplit. In-sample: 12 patterns.
-SPLIT_SMALL_N = 256
-SPLIT_MIN_COLS = 2048
-SPLIT_MIN_COLS_LARGE_N = 8192
+# benchmarks/results/bsr-static-probe-h100-2026-11-26-s27c.log, -s27b-*.json and -s27h-*.json; random 95% patterns with
+# one to eight dense block rows) they paid only where the longest block row spans enough columns, more as N grows:
+# - N = 128: from 33 blocks of 64 columns (10.0 against 12.2 us unsplit); 18 blocks lost (10.0 against 8.5);
+# - N = 512 / 1024: 64 blocks of 64 columns won (19.3 against 25.2, 31.1 against 35.0), 136 of 32 won (20.0 against
+#   43.7), 34 of 64 lost (18.9 against 17.6, 30.3 against 27.5);
+# - N = 2048: rows of 8192-16384 columns won (66 against 117 us, 216 against 446, 339 against 391), 2112-4096 lost
+#   (53.0 against 46.1, 56.2 against 55.2, 116.1 against 70.7 with eight such rows).
+# Random patterns' splits (rows of 7-14 blocks) cost 3-7 us per call. split_pays keeps the stored splits where the
+# longest row has at least the SPLIT_MIN_COLS columns of the call's N class; elsewhere the call runs the same items
+# unsplit. In-sample: 18 patterns.
+SPLIT_MIN_COLS = ((256, 2048), (1024, 4096), (None, 8192))  # (N up to, or None: any N; least columns of blocks)
 SPLIT_ENV = "PRUNEKIT_BSR_SPLIT"  # "1": the stored splits at every N; "0": never; unset / "auto": split_pays
 _UNSPLIT_ATTR = "_prunekit_bsr_unsplit"  # on crow_indices (tensor_cache.cached): (longest row, unsplit schedule)
 CSLT_SOURCES = ("cslt/cslt_mm.cpp",)
@@ -856,11 +859,19 @@ def lean_warps(m: int, num_sms: int = 132) -> int:
     return 8 if m // 16 <= LEAN_WIDE_MAX_STRIPS_PER_SM * num_sms else 4
 
 
+def split_n_class(n: int) -> int:
+    """Index of the :data:`SPLIT_MIN_COLS` entry for a call with ``n`` tokens (:func:`split_pays` decides the same way
+    for every N of one class)."""
+    for i, (max_n, _) in enumerate(SPLIT_MIN_COLS):
+        if max_n is None or n <= max_n:
+            return i
+    return len(SPLIT_MIN_COLS) - 1
+
+
 def split_pays(blocks: torch.Tensor, crow_indices: torch.Tensor, n: int) -> bool:
     """Whether a static-mode call with ``n`` tokens keeps the stored schedule's split rows: ``$PRUNEKIT_BSR_SPLIT``
-    ``1`` / ``0`` force it, else the longest block row must span at least :data:`SPLIT_MIN_COLS` columns (``n <=``
-    :data:`SPLIT_SMALL_N`) or :data:`SPLIT_MIN_COLS_LARGE_N` (the measurements above those constants). Reads the row
-    lengths once per pattern (:func:`_unsplit`).
+    ``1`` / ``0`` force it, else the longest block row must span at least the columns :data:`SPLIT_MIN_COLS` gives for
+    ``n`` (the measurements above that table). Reads the row lengths once per pattern (:func:`_unsplit`).
 
     Args:
         blocks: ``(nblocks, r, c)``; crow_indices: ``(M / r + 1,)`` int32; n: N (tokens) of the call.
@@ -879,7 +890,7 @@ def split_pays(blocks: torch.Tensor, crow_indices: torch.Tensor, n: int) -> bool
             return True  # no host copy inside a CUDA-graph capture: the stored schedule, as before this rule
     longest = _unsplit(crow_indices)[0]
     cols = longest * int(blocks.shape[2])
-    return cols >= (SPLIT_MIN_COLS if n <= SPLIT_SMALL_N else SPLIT_MIN_COLS_LARGE_N)
+    return cols >= SPLIT_MIN_COLS[split_n_class(n)][1]
 
 
 def unsplit_schedule(crow_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -83,8 +83,8 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     """Eager CUDA BSR: ``Y^T (N, out_features)`` from ``x2d (N, in_features)`` in one call of the C++ entry
     ``prunekit_structured::bsr_mm`` with :data:`structured.ROWS` (the transposes made in C++), or None where that entry
     does not take the layer (the generic path then runs). What the call runs is decided on the first call per x dtype,
-    weight dtype and N class (each N up to ``structured.DECODE_MAX_N``, then up to and above
-    ``structured.SPLIT_SMALL_N``) and kept on the layer: the variant, and whether static mode takes
+    weight dtype and N class (each N up to ``structured.DECODE_MAX_N``, then :func:`structured.split_n_class`) and
+    kept on the layer: the variant, and whether static mode takes
     :func:`structured.decode_schedule`'s finer schedule or the stored items unsplit (:func:`structured.split_pays`).
     So ``$PRUNEKIT_BSR_DECODE_SCHEDULE``, ``$PRUNEKIT_BSR_LEAN`` and ``$PRUNEKIT_BSR_SPLIT`` are read by Python on that
     first call; the kernel still reads ``$PRUNEKIT_BSR_LEAN`` on every call. The op itself is kept too; calls the lean
@@ -93,8 +93,8 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     buffers = layer._buffers
     blocks = buffers["w_blocks"]
     n = x2d.shape[0]
-    # N classes: each N up to DECODE_MAX_N; then up to SPLIT_SMALL_N (-1) and above (0), split_pays' two classes
-    key = (x2d.dtype, blocks.dtype, n if n <= structured.DECODE_MAX_N else (-1 if n <= structured.SPLIT_SMALL_N else 0))
+    # N classes: each N up to DECODE_MAX_N, then split_pays' classes (0, -1, -2 ...)
+    key = (x2d.dtype, blocks.dtype, n if n <= structured.DECODE_MAX_N else -structured.split_n_class(n))
     crow = buffers["w_crow_indices"]
     entry = layer._eager_plans.get(key, _UNSET)
     if entry is _UNSET:

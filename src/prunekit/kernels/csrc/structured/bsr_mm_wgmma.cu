@@ -87,8 +87,10 @@ CUtensorMap make_map(const void* ptr, bool half, uint64_t inner, uint64_t outer,
 // at N = 128 it won from a reuse of 34 (16-row) / 51 (32-row) and lost or tied at 12.8-25.6 (32-row: also at 34). At
 // N = 256 and 512 (bsr-xslabs-mid-h100-2026-11-26-s27a.json) it won with 16-row blocks at every reuse timed, 12.7-69
 // (0.62-0.86x of the time), and with 32-row blocks at 34 (0.89-0.96x), tied at 17.8 and lost at 6.2-13 (1.09-1.15x):
-// the large-N thresholds, so XSLABS_SMALL_N is 256 (it was 1024, from N = 128 data only).
-constexpr int64_t XSLABS_SMALL_N = 256;
+// the large-N thresholds. So did N = 160, 192 and 224 (bsr-xslabs-lown-h100-2026-11-26-s27h.json: 16-row blocks
+// 0.49-0.87x at a reuse of 12.7-69, 32-row blocks 0.89-0.95x at 34-35 and 1.02-1.24x at 6.2-17.7). XSLABS_SMALL_N is
+// therefore 160 (it was 1024, from N = 128 data only); N = 129-159 are not measured.
+constexpr int64_t XSLABS_SMALL_N = 160;
 constexpr int64_t XSLABS_MIN_REUSE_16 = 12, XSLABS_MIN_REUSE_32 = 24, XSLABS_MIN_REUSE_SMALL_N = 48;
 bool x_slabs_rule(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
   if (!(r == 16 || r == 32) || k <= 0) return false;
