@@ -48,7 +48,7 @@ import torch
 from ..errors import KernelUnavailable
 from . import build, fastcall, nm24, ops, reference
 from .layout import as_spmm_output, new_spmm_output
-from .tensor_cache import cached, stamp, tensor_version
+from .tensor_cache import cached, peek, tensor_version
 
 log = logging.getLogger(__name__)
 
@@ -884,10 +884,9 @@ def split_pays(blocks: torch.Tensor, crow_indices: torch.Tensor, n: int) -> bool
         raise ValueError(f"${SPLIT_ENV} must be 0, 1 or auto, got {setting!r}")
     if setting in ("0", "1"):
         return setting == "1"
-    if crow_indices.is_cuda and torch.cuda.is_current_stream_capturing():
-        hit = getattr(crow_indices, _UNSPLIT_ATTR, None)
-        if hit is None or hit[0] != (stamp((crow_indices,)), None):
-            return True  # no host copy inside a CUDA-graph capture: the stored schedule, as before this rule
+    capturing = crow_indices.is_cuda and torch.cuda.is_current_stream_capturing()
+    if capturing and peek(crow_indices, _UNSPLIT_ATTR, (crow_indices,), None) is None:
+        return True  # no host copy inside a CUDA-graph capture: the stored schedule, as before this rule
     longest = _unsplit(crow_indices)[0]
     cols = longest * int(blocks.shape[2])
     return cols >= SPLIT_MIN_COLS[split_n_class(n)][1]

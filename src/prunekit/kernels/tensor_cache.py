@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["tensor_version", "stamp", "cached"]
+__all__ = ["tensor_version", "stamp", "cached", "peek"]
 
 T = TypeVar("T")
 
@@ -47,3 +47,10 @@ def cached(
     value = build()
     setattr(owner, attr, (key, tuple(t.untyped_storage() for t in inputs), value))
     return value
+
+
+def peek(owner: torch.Tensor, attr: str, inputs: Sequence[torch.Tensor], extra: Hashable) -> object | None:
+    """What :func:`cached` would return for these arguments without building it: the kept value while it is still
+    valid, else None (e.g. where building is not allowed, such as inside a CUDA-graph capture)."""
+    hit = getattr(owner, attr, None)
+    return hit[2] if hit is not None and hit[0] == (stamp(inputs), extra) else None
