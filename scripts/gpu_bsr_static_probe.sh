@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The twenty-seventh session's probe of the static schedule's split rows (scripts/bsr_static_probe.py) on twelve
+# The twenty-seventh session's probe of the static schedule's split rows (benchmarks/bsr_static_probe.py) on twelve
 # patterns, random and with a few dense block rows; one JSON per pattern in $OUT and one summary line each.
 #   OUT=$OUT TAG=h100-<date> bash scripts/gpu_bsr_static_probe.sh   (after a build: scripts/gpu_session.sh build)
 source scripts/gpu_env.sh >/dev/null 2>&1
 i=0
 while read -r a; do
   i=$((i+1)); f=$OUT/bsr-static-probe-${TAG:-run}-$i.json
-  python3 scripts/bsr_static_probe.py $a --out "$f" > "$OUT/probe-$i.log" 2>&1 || tail -3 "$OUT/probe-$i.log"
+  python3 benchmarks/bsr_static_probe.py $a --out "$f" > "$OUT/probe-$i.log" 2>&1 || tail -3 "$OUT/probe-$i.log"
   tail -n 1 "$OUT/probe-$i.log"
 done <<'ARGS'
 --m 11008 --n 128 --sparsity 0.95 --heavy-rows 1 --heavy-blocks 16

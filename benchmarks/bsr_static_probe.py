@@ -1,22 +1,25 @@
 """Why a static BSR call can take longer than the dynamic one on the same pattern (twenty-seventh session probe).
 
-Builds one random block pattern (benchmarks/bsr.py's block_weight), then times with CUDA graphs and lists the kernels
-(torch.profiler: name, grid, block, duration) of: dynamic mode; the stored schedule; a schedule in block-row order;
-the same through the C++ eager entry. Usage (GPU machine, repository root, after scripts/gpu_env.sh):
+Builds one random block pattern (benchmarks/bsr.py's block_weight; with --heavy-rows, a few block rows made dense),
+then times with CUDA graphs (bsr.py's graph_time, two rounds in turn) and lists the kernels (torch.profiler: name and
+device time) of: dynamic mode; the stored schedule; a schedule in block-row order; every block row one item, unsplit;
+the stored schedule and dynamic mode through the C++ eager entry. Writes --out (JSON, with device, torch version and
+date) and prints one summary line. Usage (GPU machine, repository root, after scripts/gpu_env.sh):
 
-    python scripts/bsr_static_probe.py --m 11008 --k 4096 --n 128 --block 64 --sparsity 0.95 --out probe.json
+    python benchmarks/bsr_static_probe.py --m 11008 --k 4096 --n 128 --block 64 --sparsity 0.95 --out probe.json
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bsr as bench  # noqa: E402
 
 from prunekit import formats  # noqa: E402
@@ -91,7 +94,13 @@ def main() -> None:
             res[f"{name}_gpu_ms_round{rnd}"] = bench.graph_time([fn])
     for name, fn in calls.items():
         res[f"{name}_kernels"] = kernels_of(fn)
-    res["meta"] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "argv": sys.argv[1:]}
+    res["meta"] = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "timing": "median of CUDA-graph replays (benchmarks/bsr.py graph_time), faster of two rounds in the summary",
+        "argv": sys.argv[1:],
+    }
     text = json.dumps(res, indent=1)
     if a.out:
         a.out.write_text(text)
