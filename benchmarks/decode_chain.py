@@ -10,9 +10,12 @@ hidden`` (LLaMA-7B's MLP sizes by default), for
 - ``dense``: ``nn.Linear`` (cuBLAS);
 - ``csr``: ``SparseLinear`` on CSR weights at ``--sparsity`` (the runtime's eager route: the bitmap kernel's C++ entry
   where ``"auto"`` takes it, else the CSR entry);
-- ``nm``: ``SparseLinear`` on 2:4 weights (the 2:4 decode kernel's C++ entry).
+- ``nm``: ``SparseLinear`` on 2:4 weights (the 2:4 decode kernel's C++ entry);
+- ``bsr``: ``SparseLinear`` on BSR weights, ``--bsr-block`` square blocks kept at random with probability
+  ``1 - --sparsity``, static mode (the stored schedule; the lean decode kernel at N <= 16).
 
-The sparse chains run with ``$PRUNEKIT_NM24_PDL=1`` (PDL where the kernel can use it) and ``=0`` (the default). Each chain is timed
+The sparse chains run with their kernel's PDL switch at ``1`` (PDL where the kernel can use it, the default) and
+``0``: ``$PRUNEKIT_NM24_PDL`` (csr, nm) or ``$PRUNEKIT_BSR_PDL`` (bsr). Each chain is timed
 as a CUDA-graph replay of the whole chain (device time, median over replays) and as eager calls under
 ``torch.inference_mode`` (host overhead included); the first replay's output is checked against float64 with the same
 weights. Prints a table and writes ``--out`` JSON (device, torch version, date).
@@ -48,6 +51,7 @@ from spmm import _ms_between as _ms  # noqa: E402  (CUDA-event milliseconds of o
 
 console = Console()
 PDL_ENV = "PRUNEKIT_NM24_PDL"
+BSR_PDL_ENV = "PRUNEKIT_BSR_PDL"
 
 
 def weight_24(out_f: int, in_f: int, gen: torch.Generator) -> torch.Tensor:
@@ -58,7 +62,15 @@ def weight_24(out_f: int, in_f: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def build(
-    kind: str, hidden: int, inner: int, blocks: int, sparsity: float, dtype: torch.dtype, seed: int, block: str = "mlp"
+    kind: str,
+    hidden: int,
+    inner: int,
+    blocks: int,
+    sparsity: float,
+    dtype: torch.dtype,
+    seed: int,
+    block: str = "mlp",
+    bsr_block: int = 64,
 ) -> list:
     """``blocks`` lists of (CUDA module, dense float64 weight): (up, down) for ``mlp``, (q, k, v) for ``qkv``."""
     gen = torch.Generator().manual_seed(seed)
@@ -71,6 +83,10 @@ def build(
                 w = weight_24(out_f, in_f, gen)
             elif kind == "csr":
                 w = random_sparse_weight(out_f, in_f, sparsity, torch.float32, "cpu", gen)
+            elif kind == "bsr":
+                keep = torch.rand(out_f // bsr_block, in_f // bsr_block, generator=gen) >= sparsity
+                mask = keep.repeat_interleave(bsr_block, 0).repeat_interleave(bsr_block, 1)
+                w = torch.randn(out_f, in_f, generator=gen) * mask
             else:
                 w = torch.randn(out_f, in_f, generator=gen)
             w = w * (2.0 / in_f) ** 0.5 / (1.0 if kind == "dense" else (1 - (0.5 if kind == "nm" else sparsity)) ** 0.5)
@@ -79,7 +95,11 @@ def build(
                 module = torch.nn.Linear(in_f, out_f, bias=False).to(dtype)
                 module.weight.data.copy_(w)
             else:
-                fmt, params = ("nm", {"n": 2, "m": 4}) if kind == "nm" else ("csr", {})
+                fmt, params = {
+                    "nm": ("nm", {"n": 2, "m": 4}),
+                    "csr": ("csr", {}),
+                    "bsr": ("bsr", {"block_rows": bsr_block, "block_cols": bsr_block}),
+                }[kind]
                 module = SparseLinear(formats.encode(fmt, w, params))
             pair.append((module.cuda(), w.double().cuda()))
         layers.append(pair)
@@ -160,7 +180,8 @@ def main() -> None:
     parser.add_argument("--inner", type=int, default=11008)
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--ns", default="1,16")
-    parser.add_argument("--sparsity", type=float, default=0.9, help="of the CSR chain")
+    parser.add_argument("--sparsity", type=float, default=0.9, help="of the CSR and BSR chains")
+    parser.add_argument("--bsr-block", type=int, default=64, help="block rows and columns of the BSR chain")
     parser.add_argument("--kinds", default="dense,csr,nm")
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--eager-trials", type=int, default=7)
@@ -171,18 +192,21 @@ def main() -> None:
     dtype = torch.float16
     rows = []
     for kind in args.kinds.split(","):
-        layers = build(kind, args.hidden, args.inner, args.blocks, args.sparsity, dtype, seed=0, block=args.block)
+        layers = build(
+            kind, args.hidden, args.inner, args.blocks, args.sparsity, dtype, seed=0, block=args.block,
+            bsr_block=args.bsr_block,
+        )  # fmt: skip
         for n in (int(v) for v in args.ns.split(",")):
             x = torch.randn(n, args.hidden, generator=torch.Generator().manual_seed(n)).to(dtype).cuda()
             for setting in ("1", "0") if kind != "dense" else (None,):
-                with env_setting(PDL_ENV, setting):
+                with env_setting(BSR_PDL_ENV if kind == "bsr" else PDL_ENV, setting):
                     result = time_chain(layers, x, args.replays, args.eager_trials)
                 rows.append(
                     {
                         "kind": kind,
                         "n": n,
                         "pdl": {"1": "on", "0": "off"}.get(setting, "-"),
-                        "sparsity": args.sparsity if kind == "csr" else (0.5 if kind == "nm" else 0.0),
+                        "sparsity": args.sparsity if kind in ("csr", "bsr") else (0.5 if kind == "nm" else 0.0),
                         **result,
                     }
                 )
@@ -193,7 +217,10 @@ def main() -> None:
         r["graph_vs_dense"] = dense[r["n"]]["graph_ms"] / r["graph_ms"] if r["n"] in dense else None
         r["eager_vs_dense"] = dense[r["n"]]["eager_ms"] / r["eager_ms"] if r["n"] in dense else None
     meta = environment()
-    meta.update(hidden=args.hidden, inner=args.inner, blocks=args.blocks, block=args.block, dtype="float16")
+    meta.update(
+        hidden=args.hidden, inner=args.inner, blocks=args.blocks, block=args.block, dtype="float16",
+        bsr_block=args.bsr_block,
+    )  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"environment": meta, "rows": rows}, indent=1))
     shape = (

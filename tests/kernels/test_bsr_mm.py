@@ -298,7 +298,8 @@ def test_sparse_linear_bsr_eager_calls_the_cpp_entry_with_rows(monkeypatch):
     monkeypatch.setenv(structured.LEAN_ENV, "1")
     lean = sparse_linear.SparseLinear(enc, bias)
     lean(torch.randn(16, 96, dtype=torch.float16))
-    assert calls[-1][1] is None  # the lean kernel takes N = 16 and reads no schedule: none is passed
+    # the lean kernel takes N = 16 and reads no schedule, but gets the stored one: it says the weights are static
+    assert calls[-1][1] is stored
     lean(torch.randn(17, 96, dtype=torch.float16))
     assert calls[-1][1] is not None and calls[-1][1] is not stored  # N = 17: the tiled kernel, the finer schedule
     comps = {k: v for k, v in enc.components.items() if k not in ("schedule", "split_rows")}
@@ -765,11 +766,11 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
         assert (
             op is fastcall.entry("bsr_mm") and variant == expected | structured.ROWS
         )  # the fast entry where it builds
-        # 0: the stored schedule (or none in dynamic mode), 1: the finer decode schedule, 2: none (the lean kernel),
-        # 3: the stored items unsplit (static mode: the split does not pay for a row of 384 columns)
+        # 0: the stored schedule (or none in dynamic mode; the lean kernel's too), 1: the finer decode schedule, 3: the
+        # stored items unsplit (static mode: the split does not pay for a row of 384 columns)
         n = key[2]
         if structured.lean_takes(blocks, n):
-            want = 2
+            want = 0
         elif static and 0 < n and structured.finer_decode_schedule(blocks, n, wgmma):
             want = 1
         else:

@@ -17,7 +17,14 @@
 // ahead), so only the first block waits for an index. The W partial sums meet in shared memory; the CTA adds bias,
 // applies ReLU and writes its 16 x N outputs (row-fastest where Y's rows are adjacent). One launch, no workspace, no
 // schedule: a block row much longer than the others (a static schedule's reason to exist) is walked by one CTA's W
-// warps. Not yet run on a GPU.
+// warps.
+//
+// Programmatic dependent launch (twenty-eighth session; sm_90, $PRUNEKIT_BSR_PDL=0: off): the kernel may start while
+// the preceding kernel in the stream finishes. In static mode (a schedule given: the pattern and the blocks are fixed
+// at export, so no kernel in the stream writes them) a warp reads its block row's indices and its first block before
+// it waits for that kernel (griddepcontrol.wait); X is read, and Y written, only after the wait. In dynamic mode the
+// pattern may come from the preceding kernel, so the kernel waits before it reads anything. Once its loop is done it
+// lets the next kernel launch (griddepcontrol.launch_dependents); that kernel's own wait still covers these Y writes.
 #include <cstdlib>
 #include <cstring>
 
@@ -34,8 +41,9 @@ template <typename T, int NT, int C, int W>
 __global__ void __launch_bounds__(32 * W)
     bsr_lean_kernel(const T* __restrict__ blocks, const int* __restrict__ crow, const int* __restrict__ cols,
                     const T* __restrict__ x, int64_t ldx, T* __restrict__ y, int64_t sym, int64_t syn,
-                    const T* __restrict__ bias, int relu, int r, int n) {
+                    const T* __restrict__ bias, int relu, int r, int n, int weights_early) {
   constexpr int KT = C / 16;  // 16-column k-tiles of a block
+  if (!weights_early) prunekit_launch::wait_preceding_grid();  // dynamic mode: the pattern may be the last kernel's
   __shared__ float part[W][16][kLeanMaxTokens + 1];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -55,18 +63,24 @@ __global__ void __launch_bounds__(32 * W)
   int my_col = fetch_cols(0), my_col_next = 0;
   uint32_t a[KT][4], an[KT][4];
   uint32_t b[KT][NT][2], bn[KT][NT][2];
-  // block j's 16 x C slice (rows row0 .. row0 + 15) as A fragments and X's rows col * C .. col * C + C - 1 as B
+  // block j's 16 x C slice (rows row0 .. row0 + 15) as A fragments, and X's rows col * C .. col * C + C - 1 as B
   // fragments; zeros for j past the block row (warp-uniform) and for tokens past N
-  auto load = [&](int j, int col, uint32_t (&av)[KT][4], uint32_t (&bv)[KT][NT][2]) {
+  auto load_w = [&](int j, uint32_t (&av)[KT][4]) {
     const bool on = j < j1;
     const T* blk = blocks + static_cast<int64_t>(j) * block_elems + static_cast<int64_t>(row0 + g) * C + 2 * t;
-    const T* xk = x + static_cast<int64_t>(col) * C + 2 * t;
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
       av[kt][0] = on ? ldg32(blk + kt * 16) : 0u;
       av[kt][1] = on ? ldg32(blk + 8 * C + kt * 16) : 0u;
       av[kt][2] = on ? ldg32(blk + kt * 16 + 8) : 0u;
       av[kt][3] = on ? ldg32(blk + 8 * C + kt * 16 + 8) : 0u;
+    }
+  };
+  auto load_x = [&](int j, int col, uint32_t (&bv)[KT][NT][2]) {
+    const bool on = j < j1;
+    const T* xk = x + static_cast<int64_t>(col) * C + 2 * t;
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int tok = nt * 8 + g;
@@ -84,7 +98,9 @@ __global__ void __launch_bounds__(32 * W)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-  load(jfirst, __shfl_sync(0xffffffffu, my_col, 0), a, b);
+  load_w(jfirst, a);
+  prunekit_launch::wait_preceding_grid();  // X may be the preceding kernel's output (a no-op if waited above)
+  load_x(jfirst, __shfl_sync(0xffffffffu, my_col, 0), b);
   int it = 0;  // the warp's iteration; block jfirst + it W is the one loaded ahead
   for (int j = jfirst; j < j1; j += W) {
     ++it;
@@ -92,7 +108,8 @@ __global__ void __launch_bounds__(32 * W)
     if (more) {
       if ((it & 31) == 16) my_col_next = fetch_cols((it & ~31) + 32);
       if ((it & 31) == 0) my_col = my_col_next;
-      load(j + W, __shfl_sync(0xffffffffu, my_col, it & 31), an, bn);
+      load_w(j + W, an);
+      load_x(j + W, __shfl_sync(0xffffffffu, my_col, it & 31), bn);
     }
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt)
@@ -112,6 +129,7 @@ __global__ void __launch_bounds__(32 * W)
     }
   }
 
+  prunekit_launch::allow_dependent_launch();
   // accumulator (PTX m16n8k16 D): register i of tile nt is row g + (i / 2) * 8, token nt * 8 + 2t + i % 2
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -133,29 +151,36 @@ __global__ void __launch_bounds__(32 * W)
   }
 }
 
+// How the lean kernel is launched: with programmatic dependent launch, and whether it reads the weights before it
+// waits for the preceding kernel (static mode only).
+struct LeanLaunch {
+  bool pdl, weights_early;
+};
+
 template <typename T, int NT, int C, int W>
 void launch_lean(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
-                 const at::Tensor& y, const T* bias, bool relu, cudaStream_t stream) {
+                 const at::Tensor& y, const T* bias, bool relu, const LeanLaunch& how, cudaStream_t stream) {
   const int64_t m = y.size(0);
-  bsr_lean_kernel<T, NT, C, W><<<static_cast<unsigned>(m / 16), 32 * W, 0, stream>>>(
-      static_cast<const T*>(blocks.data_ptr()), crow.data_ptr<int>(), cols.data_ptr<int>(),
-      static_cast<const T*>(x.data_ptr()), x.stride(1), static_cast<T*>(y.data_ptr()), y.stride(0), y.stride(1), bias,
-      relu ? 1 : 0, static_cast<int>(blocks.size(1)), static_cast<int>(y.size(1)));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  prunekit_launch::launch(bsr_lean_kernel<T, NT, C, W>, dim3(static_cast<unsigned>(m / 16)), dim3(32 * W), 0, stream,
+                          how.pdl, static_cast<const T*>(blocks.data_ptr()), crow.data_ptr<int>(),
+                          cols.data_ptr<int>(), static_cast<const T*>(x.data_ptr()), x.stride(1),
+                          static_cast<T*>(y.data_ptr()), y.stride(0), y.stride(1), bias, relu ? 1 : 0,
+                          static_cast<int>(blocks.size(1)), static_cast<int>(y.size(1)), how.weights_early ? 1 : 0);
 }
 
 template <typename T, int NT>
 void dispatch_lean(int c, int w, const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols,
-                   const at::Tensor& x, const at::Tensor& y, const T* bias, bool relu, cudaStream_t stream) {
+                   const at::Tensor& x, const at::Tensor& y, const T* bias, bool relu, const LeanLaunch& how,
+                   cudaStream_t stream) {
   if (c == 16) {
-    w == 8 ? launch_lean<T, NT, 16, 8>(blocks, crow, cols, x, y, bias, relu, stream)
-           : launch_lean<T, NT, 16, 4>(blocks, crow, cols, x, y, bias, relu, stream);
+    w == 8 ? launch_lean<T, NT, 16, 8>(blocks, crow, cols, x, y, bias, relu, how, stream)
+           : launch_lean<T, NT, 16, 4>(blocks, crow, cols, x, y, bias, relu, how, stream);
   } else if (c == 32) {
-    w == 8 ? launch_lean<T, NT, 32, 8>(blocks, crow, cols, x, y, bias, relu, stream)
-           : launch_lean<T, NT, 32, 4>(blocks, crow, cols, x, y, bias, relu, stream);
+    w == 8 ? launch_lean<T, NT, 32, 8>(blocks, crow, cols, x, y, bias, relu, how, stream)
+           : launch_lean<T, NT, 32, 4>(blocks, crow, cols, x, y, bias, relu, how, stream);
   } else {
-    w == 8 ? launch_lean<T, NT, 64, 8>(blocks, crow, cols, x, y, bias, relu, stream)
-           : launch_lean<T, NT, 64, 4>(blocks, crow, cols, x, y, bias, relu, stream);
+    w == 8 ? launch_lean<T, NT, 64, 8>(blocks, crow, cols, x, y, bias, relu, how, stream)
+           : launch_lean<T, NT, 64, 4>(blocks, crow, cols, x, y, bias, relu, how, stream);
   }
 }
 
@@ -176,11 +201,14 @@ int64_t lean_warps(int64_t m, int64_t num_sms) { return m / 16 <= 2 * num_sms ? 
 // the H100 at N = 16 it took 0.26-0.93x of the tiled kernel's time in static mode at all 12 points of 4096 x 4096 and
 // 11008 x 4096, blocks 16 / 32 / 64, 90 / 95% (benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json),
 // and in dynamic mode at 10 of 12 (at 11008 x 4096 with 64-row blocks 11.61 / 7.62 against 10.50 / 7.46 us). Warps per
-// CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else lean_warps (by the number of strips). The schedule, N tile and
-// variant arguments of bsr_mm_out do not apply to it. Arguments as bsr_mm_out has checked them (x K-contiguous with an
-// even leading dimension, 16-byte aligned; bias contiguous, x's dtype).
+// CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else lean_warps (by the number of strips). The N tile and variant
+// arguments of bsr_mm_out do not apply to it, nor does the schedule, except that one given (`static_mode`) lets the
+// kernel read the weights before it waits for the preceding kernel (programmatic dependent launch, on sm_90 unless
+// $PRUNEKIT_BSR_PDL=0). Arguments as bsr_mm_out has checked them (x K-contiguous with an even leading dimension,
+// 16-byte aligned; bias contiguous, x's dtype).
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
-                  const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream) {
+                  const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, bool static_mode,
+                  cudaStream_t stream) {
   const char* on = std::getenv("PRUNEKIT_BSR_LEAN");
   if (on != nullptr && std::strcmp(on, "0") == 0) return false;
   PRUNEKIT_CHECK(on == nullptr || *on == '\0' || std::strcmp(on, "1") == 0,
@@ -203,16 +231,23 @@ bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   } else {
     w = lean_warps(m, sm_count(x.get_device()));
   }
+  const char* pdl_var = std::getenv("PRUNEKIT_BSR_PDL");
+  PRUNEKIT_CHECK(pdl_var == nullptr || *pdl_var == '\0' || std::strcmp(pdl_var, "0") == 0 ||
+                     std::strcmp(pdl_var, "1") == 0,
+                 "bsr_mm: $PRUNEKIT_BSR_PDL must be 0 or 1, got '", pdl_var, "'");
+  const bool pdl = !(pdl_var != nullptr && std::strcmp(pdl_var, "0") == 0) &&
+                   prunekit_launch::device_props(x.get_device()).major >= 9;
+  const LeanLaunch how{pdl, static_mode};
   const void* bptr = bias.has_value() ? bias->data_ptr() : nullptr;
   const bool two = n > 8;
   if (half) {
     const auto* b = static_cast<const __half*>(bptr);
-    two ? dispatch_lean<__half, 2>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, stream)
-        : dispatch_lean<__half, 1>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, stream);
+    two ? dispatch_lean<__half, 2>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, how, stream)
+        : dispatch_lean<__half, 1>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, how, stream);
   } else {
     const auto* b = static_cast<const __nv_bfloat16*>(bptr);
-    two ? dispatch_lean<__nv_bfloat16, 2>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, stream)
-        : dispatch_lean<__nv_bfloat16, 1>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, stream);
+    two ? dispatch_lean<__nv_bfloat16, 2>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, how, stream)
+        : dispatch_lean<__nv_bfloat16, 1>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, how, stream);
   }
   return true;
 }

@@ -1,0 +1,146 @@
+"""Programmatic dependent launch of the lean BSR decode kernel (``csrc/structured/bsr_decode_lean.cu``).
+
+By default on sm_90 (``$PRUNEKIT_BSR_PDL=0`` turns it off) the kernel may start while the preceding kernel in the
+stream still runs. In static mode it reads its indices and first block before it waits for that kernel; in dynamic
+mode it waits before it reads anything, since the pattern may be that kernel's output. X is read and Y written only
+after the wait. These tests chain layers, each reading the output the previous launch wrote (poisoned with NaN
+before), with no synchronisation between the launches, eagerly and in a CUDA graph, with PDL on, off and unset, and
+compare every stage against float64 on the input it was given: a kernel that read X early would see NaN or an older
+value. In dynamic mode the blocks and column indices are rewritten by the kernel right before each call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prunekit import formats
+from prunekit.kernels import structured
+from prunekit.kernels.testing import TOLERANCE, relative_error, spmm_reference64
+
+pytestmark = pytest.mark.cuda
+
+WIDTH = 2048  # square layers: each output is the next layer's input
+
+
+def _layer(r: int, c: int, seed: int) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    """A WIDTH x WIDTH fp16 weight with 20% of its r x c blocks kept, its BSR components on the GPU and a bias."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = torch.float16
+    keep = torch.rand(WIDTH // r, WIDTH // c, generator=g) < 0.2
+    mask = keep.repeat_interleave(r, 0).repeat_interleave(c, 1)
+    dense = (torch.randn(WIDTH, WIDTH, generator=g) * mask * (WIDTH * 0.2) ** -0.5 * 2).to(dtype)
+    comp = formats.encode("bsr", dense, {"block_rows": r, "block_cols": c}).components
+    bias = (0.1 * torch.randn(WIDTH, generator=g)).to(dtype)
+    return dense.cuda(), {key: t.cuda() for key, t in comp.items()}, bias.cuda()
+
+
+def _call(comp: dict, x: torch.Tensor, out: torch.Tensor, bias: torch.Tensor, static: bool) -> torch.Tensor:
+    sched = (comp["schedule"], comp["split_rows"]) if static else (None, None)
+    return structured.bsr_mm_cuda(
+        comp["blocks"], comp["crow_indices"], comp["col_indices"], x, WIDTH, bias, "relu", *sched, out=out
+    )
+
+
+def _outputs(count: int, n: int, dtype: torch.dtype = torch.float16) -> list[torch.Tensor]:
+    """(WIDTH, n) views of contiguous (n, WIDTH) buffers: the runtime's layout, K-contiguous for the next layer."""
+    return [torch.empty(n, WIDTH, device="cuda", dtype=dtype).t() for _ in range(count)]
+
+
+def _set_pdl(pdl: str | None, monkeypatch) -> None:
+    monkeypatch.setenv(structured.LEAN_ENV, "1")
+    if pdl is None:
+        monkeypatch.delenv(structured.PDL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(structured.PDL_ENV, pdl)  # read at each launch
+
+
+@pytest.mark.parametrize(("r", "c"), [(64, 64), (32, 32), (16, 16), (64, 16)])
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("pdl", ["1", "0", None])
+@pytest.mark.parametrize("n", [1, 16])
+def test_chained_layers_read_the_previous_output(r, c, static, pdl, n, monkeypatch):
+    _set_pdl(pdl, monkeypatch)
+    layers = [_layer(r, c, seed) for seed in range(4)]
+    x0 = torch.randn(n, WIDTH, device="cuda", dtype=torch.float16).t()
+    outs = _outputs(len(layers), n)
+    for _ in range(3):
+        for out in outs:
+            out.fill_(float("nan"))
+        x = x0
+        for (_, comp, bias), out in zip(layers, outs, strict=True):
+            x = _call(comp, x, out, bias, static)  # no synchronisation between the launches
+        torch.cuda.synchronize()
+        inputs = [x0, *outs[:-1]]
+        for i, ((dense, _, bias), x, out) in enumerate(zip(layers, inputs, outs, strict=True)):
+            assert not torch.isnan(out).any(), i
+            assert relative_error(out, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[torch.float16], i
+
+
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("pdl", ["1", "0"])
+def test_chained_layers_in_a_cuda_graph(static, pdl, monkeypatch):
+    _set_pdl(pdl, monkeypatch)
+    layers = [_layer(64, 64, seed) for seed in range(3)]
+    x0 = torch.randn(16, WIDTH, device="cuda", dtype=torch.float16).t()
+    outs = _outputs(len(layers), 16)
+
+    def chain():
+        x = x0
+        for (_, comp, bias), out in zip(layers, outs, strict=True):
+            x = _call(comp, x, out, bias, static)
+
+    chain()  # plans and caches exist before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for out in outs:
+            out.fill_(float("nan"))
+        chain()
+    for seed in range(3):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x0.copy_(torch.randn(WIDTH, 16, generator=g, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        inputs = [x0, *outs[:-1]]
+        for i, ((dense, _, bias), x, out) in enumerate(zip(layers, inputs, outs, strict=True)):
+            assert relative_error(out, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[torch.float16], (seed, i)
+
+
+@pytest.mark.parametrize("pdl", ["1", "0"])
+def test_dynamic_mode_reads_a_pattern_the_preceding_kernel_wrote(pdl, monkeypatch):
+    """Dynamic mode: blocks and column indices copied in by the kernel right before the call (same block counts per
+    row), with a long kernel before that; the call must use the new pattern and values."""
+    _set_pdl(pdl, monkeypatch)
+    _, comp, bias = _layer(32, 32, 0)
+    x = torch.randn(16, WIDTH, device="cuda", dtype=torch.float16).t()
+    busy = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    for seed in range(1, 4):
+        # the new pattern with the old row lengths: take each row's first blocks of a fresh random column order
+        crow = comp["crow_indices"].long().cpu()
+        g = torch.Generator().manual_seed(seed)
+        cols = torch.cat([torch.randperm(WIDTH // 32, generator=g)[: int(crow[i + 1] - crow[i])].sort().values
+                          for i in range(WIDTH // 32)]).to(torch.int32)  # fmt: skip
+        blocks = torch.randn(cols.numel(), 32, 32, generator=g).to(torch.float16)
+        dense = torch.zeros(WIDTH, WIDTH, dtype=torch.float16)
+        for i in range(WIDTH // 32):
+            for j in range(int(crow[i]), int(crow[i + 1])):
+                col = int(cols[j])
+                dense[i * 32 : (i + 1) * 32, col * 32 : (col + 1) * 32] = blocks[j]
+        blocks_gpu, cols_gpu = blocks.cuda(), cols.cuda()
+        out = _outputs(1, 16)[0].fill_(float("nan"))
+        busy @ busy  # a long kernel first, so that an early read would land before the copies
+        comp["blocks"][: blocks.shape[0]].copy_(blocks_gpu)
+        comp["col_indices"][: cols.numel()].copy_(cols_gpu)
+        _call(comp, x, out, bias, static=False)
+        torch.cuda.synchronize()
+        ref = spmm_reference64(dense.cuda(), x, bias, "relu")
+        assert relative_error(out, ref) <= TOLERANCE[torch.float16], seed
+
+
+def test_an_invalid_setting_raises(monkeypatch):
+    _set_pdl("2", monkeypatch)
+    _, comp, bias = _layer(64, 64, 0)
+    x = torch.randn(16, WIDTH, device="cuda", dtype=torch.float16).t()
+    with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_PDL"):
+        _call(comp, x, _outputs(1, 16)[0], bias, static=True)
