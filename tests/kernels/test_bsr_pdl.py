@@ -1,9 +1,10 @@
-"""Programmatic dependent launch of the lean BSR decode kernel (``csrc/structured/bsr_decode_lean.cu``).
+"""Programmatic dependent launch of the BSR kernels: the lean decode kernel (``csrc/structured/bsr_decode_lean.cu``,
+N <= 16) and the wgmma kernels (``bsr_mm_wgmma.cuh``, larger N).
 
-By default on sm_90 (``$PRUNEKIT_BSR_PDL=0`` turns it off) the kernel may start while the preceding kernel in the
-stream still runs. In static mode it reads its indices and first block before it waits for that kernel; in dynamic
-mode it waits before it reads anything, since the pattern may be that kernel's output. X is read and Y written only
-after the wait. These tests chain layers, each reading the output the previous launch wrote (poisoned with NaN
+By default on sm_90 (``$PRUNEKIT_BSR_PDL=0`` turns it off) a kernel may start while the preceding kernel in the
+stream still runs. In static mode it reads its schedule (the lean kernel: its indices and first block) before it
+waits for that kernel; in dynamic mode it waits before it reads anything, since the pattern may be that kernel's
+output. X is read and Y (or the split rows' workspace) written only after the wait. These tests chain layers, each reading the output the previous launch wrote (poisoned with NaN
 before), with no synchronisation between the launches, eagerly and in a CUDA graph, with PDL on, off and unset, and
 compare every stage against float64 on the input it was given: a kernel that read X early would see NaN or an older
 value. In dynamic mode the blocks and column indices are rewritten by the kernel right before each call.
@@ -24,10 +25,12 @@ WIDTH = 2048  # square layers: each output is the next layer's input
 
 
 def _layer(r: int, c: int, seed: int) -> tuple[torch.Tensor, dict, torch.Tensor]:
-    """A WIDTH x WIDTH fp16 weight with 20% of its r x c blocks kept, its BSR components on the GPU and a bias."""
+    """A WIDTH x WIDTH fp16 weight with 20% of its r x c blocks kept and block row 1 dense, its BSR components on the
+    GPU and a bias."""
     g = torch.Generator().manual_seed(seed)
     dtype = torch.float16
     keep = torch.rand(WIDTH // r, WIDTH // c, generator=g) < 0.2
+    keep[1] = True  # a dense block row: static schedules split it (fp32 workspace, atomics, finalize kernel)
     mask = keep.repeat_interleave(r, 0).repeat_interleave(c, 1)
     dense = (torch.randn(WIDTH, WIDTH, generator=g) * mask * (WIDTH * 0.2) ** -0.5 * 2).to(dtype)
     comp = formats.encode("bsr", dense, {"block_rows": r, "block_cols": c}).components
@@ -55,12 +58,9 @@ def _set_pdl(pdl: str | None, monkeypatch) -> None:
         monkeypatch.setenv(structured.PDL_ENV, pdl)  # read at each launch
 
 
-@pytest.mark.parametrize(("r", "c"), [(64, 64), (32, 32), (16, 16), (64, 16)])
-@pytest.mark.parametrize("static", [True, False])
-@pytest.mark.parametrize("pdl", ["1", "0", None])
-@pytest.mark.parametrize("n", [1, 16])
-def test_chained_layers_read_the_previous_output(r, c, static, pdl, n, monkeypatch):
-    _set_pdl(pdl, monkeypatch)
+def _check_chain(r: int, c: int, static: bool, n: int) -> None:
+    """Four layers chained three times, outputs NaN-poisoned first, no synchronisation between the launches; each
+    stage against float64 on the input it was given."""
     layers = [_layer(r, c, seed) for seed in range(4)]
     x0 = torch.randn(n, WIDTH, device="cuda", dtype=torch.float16).t()
     outs = _outputs(len(layers), n)
@@ -69,7 +69,7 @@ def test_chained_layers_read_the_previous_output(r, c, static, pdl, n, monkeypat
             out.fill_(float("nan"))
         x = x0
         for (_, comp, bias), out in zip(layers, outs, strict=True):
-            x = _call(comp, x, out, bias, static)  # no synchronisation between the launches
+            x = _call(comp, x, out, bias, static)
         torch.cuda.synchronize()
         inputs = [x0, *outs[:-1]]
         for i, ((dense, _, bias), x, out) in enumerate(zip(layers, inputs, outs, strict=True)):
@@ -77,13 +77,35 @@ def test_chained_layers_read_the_previous_output(r, c, static, pdl, n, monkeypat
             assert relative_error(out, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[torch.float16], i
 
 
+@pytest.mark.parametrize(("r", "c"), [(64, 64), (32, 32), (16, 16), (64, 16)])
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("pdl", ["1", "0", None])
+@pytest.mark.parametrize("n", [1, 16, 64, 300])
+def test_chained_layers_read_the_previous_output(r, c, static, pdl, n, monkeypatch):
+    """N <= 16: the lean kernel; 64 and 300: wgmma (16-row blocks from N = 33)."""
+    _set_pdl(pdl, monkeypatch)
+    _check_chain(r, c, static, n)
+
+
+@pytest.mark.parametrize(("r", "c"), [(16, 16), (32, 64)])
 @pytest.mark.parametrize("static", [True, False])
 @pytest.mark.parametrize("pdl", ["1", "0"])
-def test_chained_layers_in_a_cuda_graph(static, pdl, monkeypatch):
+def test_chained_layers_through_the_x_slab_copy(r, c, static, pdl, monkeypatch):
+    """The wgmma kernel reading X from the per-call slab copy ($PRUNEKIT_BSR_XSLABS=1: a kernel of its own between
+    the preceding layer and this one)."""
+    _set_pdl(pdl, monkeypatch)
+    monkeypatch.setenv(structured.XSLABS_ENV, "1")
+    _check_chain(r, c, static, 300)
+
+
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("pdl", ["1", "0"])
+@pytest.mark.parametrize("n", [16, 128])
+def test_chained_layers_in_a_cuda_graph(static, pdl, n, monkeypatch):
     _set_pdl(pdl, monkeypatch)
     layers = [_layer(64, 64, seed) for seed in range(3)]
-    x0 = torch.randn(16, WIDTH, device="cuda", dtype=torch.float16).t()
-    outs = _outputs(len(layers), 16)
+    x0 = torch.randn(n, WIDTH, device="cuda", dtype=torch.float16).t()
+    outs = _outputs(len(layers), n)
 
     def chain():
         x = x0
@@ -99,7 +121,7 @@ def test_chained_layers_in_a_cuda_graph(static, pdl, monkeypatch):
         chain()
     for seed in range(3):
         g = torch.Generator(device="cuda").manual_seed(seed)
-        x0.copy_(torch.randn(WIDTH, 16, generator=g, device="cuda"))
+        x0.copy_(torch.randn(WIDTH, n, generator=g, device="cuda"))
         graph.replay()
         torch.cuda.synchronize()
         inputs = [x0, *outs[:-1]]
@@ -108,12 +130,13 @@ def test_chained_layers_in_a_cuda_graph(static, pdl, monkeypatch):
 
 
 @pytest.mark.parametrize("pdl", ["1", "0"])
-def test_dynamic_mode_reads_a_pattern_the_preceding_kernel_wrote(pdl, monkeypatch):
+@pytest.mark.parametrize("n", [16, 128])
+def test_dynamic_mode_reads_a_pattern_the_preceding_kernel_wrote(pdl, n, monkeypatch):
     """Dynamic mode: blocks and column indices copied in by the kernel right before the call (same block counts per
     row), with a long kernel before that; the call must use the new pattern and values."""
     _set_pdl(pdl, monkeypatch)
     _, comp, bias = _layer(32, 32, 0)
-    x = torch.randn(16, WIDTH, device="cuda", dtype=torch.float16).t()
+    x = torch.randn(n, WIDTH, device="cuda", dtype=torch.float16).t()
     busy = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
     for seed in range(1, 4):
         # the new pattern with the old row lengths: take each row's first blocks of a fresh random column order
@@ -128,7 +151,7 @@ def test_dynamic_mode_reads_a_pattern_the_preceding_kernel_wrote(pdl, monkeypatc
                 col = int(cols[j])
                 dense[i * 32 : (i + 1) * 32, col * 32 : (col + 1) * 32] = blocks[j]
         blocks_gpu, cols_gpu = blocks.cuda(), cols.cuda()
-        out = _outputs(1, 16)[0].fill_(float("nan"))
+        out = _outputs(1, n)[0].fill_(float("nan"))
         busy @ busy  # a long kernel first, so that an early read would land before the copies
         comp["blocks"][: blocks.shape[0]].copy_(blocks_gpu)
         comp["col_indices"][: cols.numel()].copy_(cols_gpu)
@@ -138,9 +161,10 @@ def test_dynamic_mode_reads_a_pattern_the_preceding_kernel_wrote(pdl, monkeypatc
         assert relative_error(out, ref) <= TOLERANCE[torch.float16], seed
 
 
-def test_an_invalid_setting_raises(monkeypatch):
+@pytest.mark.parametrize("n", [16, 128])
+def test_an_invalid_setting_raises(n, monkeypatch):
     _set_pdl("2", monkeypatch)
     _, comp, bias = _layer(64, 64, 0)
-    x = torch.randn(16, WIDTH, device="cuda", dtype=torch.float16).t()
+    x = torch.randn(n, WIDTH, device="cuda", dtype=torch.float16).t()
     with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_PDL"):
-        _call(comp, x, _outputs(1, 16)[0], bias, static=True)
+        _call(comp, x, _outputs(1, n)[0], bias, static=True)

@@ -231,13 +231,7 @@ bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   } else {
     w = lean_warps(m, sm_count(x.get_device()));
   }
-  const char* pdl_var = std::getenv("PRUNEKIT_BSR_PDL");
-  PRUNEKIT_CHECK(pdl_var == nullptr || *pdl_var == '\0' || std::strcmp(pdl_var, "0") == 0 ||
-                     std::strcmp(pdl_var, "1") == 0,
-                 "bsr_mm: $PRUNEKIT_BSR_PDL must be 0 or 1, got '", pdl_var, "'");
-  const bool pdl = !(pdl_var != nullptr && std::strcmp(pdl_var, "0") == 0) &&
-                   prunekit_launch::device_props(x.get_device()).major >= 9;
-  const LeanLaunch how{pdl, static_mode};
+  const LeanLaunch how{bsr_pdl(x.get_device()), static_mode};
   const void* bptr = bias.has_value() ? bias->data_ptr() : nullptr;
   const bool two = n > 8;
   if (half) {

@@ -134,6 +134,7 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
     args.ws = ws.data_ptr<float>();
   }
   const bool wgmma = variant == VARIANT_WGMMA && blocks.size(0) > 0;
+  args.pdl = wgmma && bsr_pdl(x.get_device()) ? 1 : 0;
   if (grid_rows > 0 && wgmma) {
     launch_bsr_wgmma(blocks, x, args, grid_rows, static_cast<int>(tile_n), stream);
   } else if (grid_rows > 0) {

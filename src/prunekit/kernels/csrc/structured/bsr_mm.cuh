@@ -19,6 +19,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 #include "../launch.cuh"  // the dynamic shared-memory limit
 
@@ -108,7 +110,18 @@ struct BsrArgs {
   int relu;
   int staged;  // epilogue: 0 scalar stores; 1 Y^T rows (sym == 1) and 2 Y rows (syn == 1) staged in smem, 16-byte stores
   long long xr_npad;  // > 0: x is the wgmma kernel's X slabs (bsr_x_slabs_kernel), tokens padded to this; else 0
+  int pdl;            // host only: launch the wgmma kernels with programmatic dependent launch (bsr_pdl)
 };
+
+// Programmatic dependent launch of the lean decode and wgmma kernels: on sm_90 and newer unless $PRUNEKIT_BSR_PDL=0
+// (read at each call; unset, "" or "1": on; another value raises). The kernels wait for the preceding kernel
+// (griddepcontrol.wait) before they read X or anything that kernel may write, and write only after that.
+inline bool bsr_pdl(int device) {
+  const char* v = std::getenv("PRUNEKIT_BSR_PDL");
+  PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0,
+                 "bsr_mm: $PRUNEKIT_BSR_PDL must be 0 or 1, got '", v, "'");
+  return !(v != nullptr && std::strcmp(v, "0") == 0) && prunekit_launch::device_props(device).major >= 9;
+}
 
 // The work of this CTA: one schedule item (static mode: block row, block range, split-row slot or -1) or, without a
 // schedule (dynamic mode), the whole block row blockIdx.x read from crow on the device.

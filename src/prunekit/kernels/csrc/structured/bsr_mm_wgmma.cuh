@@ -174,6 +174,9 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
   uint64_t* empty = full + STAGES;
 
+  // programmatic dependent launch (args.pdl): a dynamic pattern may be the preceding kernel's output, so wait before
+  // reading it; a static schedule is read first. Either way nothing reads X or writes before the wait below.
+  if (args.schedule == nullptr) prunekit_launch::wait_preceding_grid();
   const BsrWork work = bsr_work_item(args);
   const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
   const int count = end - start;
@@ -188,6 +191,7 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  prunekit_launch::wait_preceding_grid();  // X, the split rows' workspace and Y: after the preceding kernel
 
   if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
     if (threadIdx.x == 0) {
@@ -225,6 +229,7 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
   }
   wgmma_wait<0>();
   fence_acc(acc);
+  prunekit_launch::allow_dependent_launch();  // the next kernel may start; its wait still covers these writes
 
   const long long m0 = static_cast<long long>(block_row) * R;
   if (slot >= 0) {  // a slice of a split block row: fp32 partial sums, finished by bsr_finalize_kernel
@@ -286,8 +291,7 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });
   const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
-  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(map_a, map_x, args);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x, args);
 }
 
 template <typename T, int CONSUMERS>
@@ -394,6 +398,9 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
   uint64_t* empty = full + STAGES;
 
+  // programmatic dependent launch (args.pdl): a dynamic pattern may be the preceding kernel's output, so wait before
+  // reading it; a static schedule is read first. Either way nothing reads X or writes before the wait below.
+  if (args.schedule == nullptr) prunekit_launch::wait_preceding_grid();
   const BsrWork work = bsr_work_item(args);
   const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
   const int count = end - start;
@@ -408,6 +415,7 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  prunekit_launch::wait_preceding_grid();  // X, the split rows' workspace and Y: after the preceding kernel
 
   if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
     if (threadIdx.x == 0) {
@@ -459,6 +467,7 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
   wgmma_wait<0>();
   fence_regs(acc[0]);
   fence_regs(acc[1]);
+  prunekit_launch::allow_dependent_launch();  // the next kernel may start; its wait still covers these writes
 
   // acc[t][i] is Y(m0 + acc_col(lane, i), n0 + cw * WG_M + 64 t + acc_row(warp, lane, i)): D's rows are tokens
   const long long m0 = static_cast<long long>(block_row) * RB;
@@ -517,8 +526,7 @@ void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs&
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });
   const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
-  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(map_a, map_x, args);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x, args);
 }
 
 // Blocks of r in {16, 32} rows and c in {16, 32, 64} columns.
