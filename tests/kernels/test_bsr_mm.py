@@ -437,9 +437,11 @@ def _declared_maximum_case():
 LEAN_SHAPES = [(128, 192), (192, 256), (256, 128), (64, 512)]  # (M, K): divisible by every block of BLOCKS
 
 
-def _set_lean(monkeypatch, warps: str | None) -> None:
-    """The lean decode kernel ($PRUNEKIT_BSR_LEAN=1) with its warps per CTA forced, or the launcher's choice."""
+def _set_lean(monkeypatch, warps: str | None, max_n: str = "32") -> None:
+    """The lean decode kernel ($PRUNEKIT_BSR_LEAN=1) with its warps per CTA forced, or the launcher's choice, taking
+    calls up to ``max_n`` tokens ($PRUNEKIT_BSR_LEAN_MAX_N; default: the kernel's whole range)."""
     monkeypatch.setenv(structured.LEAN_ENV, "1")
+    monkeypatch.setenv(structured.LEAN_MAX_N_ENV, max_n)
     if warps is None:
         monkeypatch.delenv(structured.LEAN_WARPS_ENV, raising=False)
     else:
@@ -452,21 +454,22 @@ def _set_lean(monkeypatch, warps: str | None) -> None:
 )
 @pytest.mark.parametrize(("r", "c"), BLOCKS)
 def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
-    """The lean decode kernel at N = 1, 5, 9, 16, dynamic and static mode (it ignores the schedule), both X and Y
-    layouts, bias + ReLU, empty / single-block / dense block rows (one of 300 blocks), NaN-poisoned outputs; and the
-    tiled kernel again at N = 17 with the switch on (N over 16 is not the lean kernel's). First, that the lean kernel
-    does take the N <= 16 calls of this block shape and dtype, and not N = 17 (an invalid warps setting raises only
-    in it)."""
-    _set_lean(monkeypatch, "6")  # an invalid setting, read only by the lean kernel: shows which calls it takes
-    dense = block_sparse_weight(64, 256, r, c, 0.5, dtype, "cuda", seed=1)
-    comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
-    for n in (1, 16, 17):
-        x = torch.randn(n, 256, device="cuda").to(dtype).t()
-        if n <= structured.LEAN_MAX_N:
-            with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_LEAN_WARPS"):
+    """The lean decode kernel at N = 1, 5, 9, 16, 17, 24, 32 ($PRUNEKIT_BSR_LEAN_MAX_N=32), dynamic and static mode
+    (it ignores the schedule), both X and Y layouts, bias + ReLU, empty / single-block / dense block rows (one of 300
+    blocks), NaN-poisoned outputs; and the other kernels again at N = 33 with the switch on (N over 32 is not the
+    lean kernel's). First, that the lean kernel does take the N <= 32 calls of this block shape and dtype, and not
+    N = 33, and with $PRUNEKIT_BSR_LEAN_MAX_N=16 not N = 17 (an invalid warps setting raises only in it)."""
+    for max_n in ("16", "32"):
+        _set_lean(monkeypatch, "6", max_n)  # an invalid setting, read only by the lean kernel: which calls it takes
+        dense = block_sparse_weight(64, 256, r, c, 0.5, dtype, "cuda", seed=1)
+        comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
+        for n in (1, 16, 17, 32, 33):
+            x = torch.randn(n, 256, device="cuda").to(dtype).t()
+            if n <= int(max_n):
+                with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_LEAN_WARPS"):
+                    structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 64)
+            else:
                 structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 64)
-        else:
-            structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 64)
     _set_lean(monkeypatch, warps)
     # LEAN_SHAPES, then one whose dense block row has 300 blocks (K = 300 c): over 32 blocks per warp, so the column
     # indices are fetched in several batches of 32
@@ -477,7 +480,7 @@ def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
         dense = block_sparse_weight(m, k, r, c, density, dtype, "cuda", seed=20 + i, heavy_rows=heavy)
         comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
         bias = torch.randn(m, device="cuda").to(dtype)
-        for n in (1, 5, 9, 16, 17):
+        for n in (1, 5, 9, 16, 17, 24, 32, 33):
             for transposed in (True, False):
                 x2d = torch.randn(n, k, device="cuda").to(dtype)
                 x = x2d.t() if transposed else x2d.t().contiguous()
@@ -497,8 +500,26 @@ def test_bsr_lean_decode_matches_float64(dtype, r, c, warps, monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.parametrize("static", [True, False])
 def test_bsr_lean_decode_is_the_default(static, monkeypatch):
-    """$PRUNEKIT_BSR_LEAN unset, "" or "1": the lean kernel takes the calls at N <= 16 (not 17), in both modes; "0"
-    none; another value raises. (An invalid $PRUNEKIT_BSR_LEAN_WARPS raises only in the lean kernel.)"""
+    """$PRUNEKIT_BSR_LEAN unset, "" or "1": the lean kernel takes the calls at N <= lean_max_n (the rule, this block
+    shape; not one more), in both modes; "0" none; another value raises. (An invalid $PRUNEKIT_BSR_LEAN_WARPS raises
+    only in the lean kernel.) The C++ rule lean_max_n is the Python one, with $PRUNEKIT_BSR_LEAN_MAX_N unset, 16, 32
+    and "auto"; another value raises in both."""
+    structured.load()
+    for max_n in (None, "16", "32", "auto"):
+        if max_n is None:
+            monkeypatch.delenv(structured.LEAN_MAX_N_ENV, raising=False)
+        else:
+            monkeypatch.setenv(structured.LEAN_MAX_N_ENV, max_n)
+        for r in (16, 32, 64):
+            for c in (16, 32, 64):
+                assert torch.ops.prunekit_structured.lean_max_n(r, c) == structured.lean_max_n(r, c), (max_n, r, c)
+    monkeypatch.setenv(structured.LEAN_MAX_N_ENV, "8")
+    with pytest.raises(ValueError, match="PRUNEKIT_BSR_LEAN_MAX_N"):
+        structured.lean_max_n(16, 16)
+    with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_LEAN_MAX_N"):
+        torch.ops.prunekit_structured.lean_max_n(16, 16)
+    monkeypatch.delenv(structured.LEAN_MAX_N_ENV)
+    top = structured.lean_max_n(32, 32)
     dense = block_sparse_weight(128, 256, 32, 32, 0.5, torch.float16, "cuda", seed=4)
     comp = {key: t.cuda() for key, t in _components(dense.cpu(), 32, 32).items()}
     sched = (comp["schedule"], comp["split_rows"]) if static else (None, None)
@@ -514,8 +535,8 @@ def test_bsr_lean_decode_is_the_default(static, monkeypatch):
             monkeypatch.delenv(structured.LEAN_ENV, raising=False)
         else:
             monkeypatch.setenv(structured.LEAN_ENV, setting)
-        for n in (1, 16, 17):
-            if setting != "0" and n <= structured.LEAN_MAX_N:
+        for n in (1, top, top + 1):
+            if setting != "0" and n <= top:
                 with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_LEAN_WARPS"):
                     call(n)
             else:

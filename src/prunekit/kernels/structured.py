@@ -82,7 +82,7 @@ ROWS = 1 << 8
 # r x c the wgmma variant takes (c = the swizzle width). 64-row blocks are wgmma's A operand (M = 64); 16- and 32-row
 # blocks its B operand (N = r), with the X slab as A (csrc/structured/bsr_mm_wgmma.cuh, bsr_wgmma_t_kernel).
 WGMMA_BLOCKS = tuple((r, c) for r in (16, 32, 64) for c in (16, 32, 64))
-# "auto" takes the wgmma variant (auto_takes_wgmma) for blocks of these rows at every N (calls at N <= LEAN_MAX_N run
+# "auto" takes the wgmma variant (auto_takes_wgmma) for blocks of these rows at every N (calls at N <= lean_max_n run
 # the lean decode kernel first), and for 16-row blocks from N = AUTO_WGMMA_16_MIN_N (the C++ entry bsr_mm applies the
 # same rule). Measured on the H100 against mma.sync (fp16, 90 / 95%, 4096 x 4096 and 11008 x 4096 at N = 32-4096,
 # 16384 x 16384 at N = 8192; benchmarks/results/bsr-wgmma-t-h100-2026-11-26-s26a.json and
@@ -125,7 +125,7 @@ BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and t
 DECODE_SCHEDULE_CHUNK = 4
 DECODE_SCHEDULE_BLOCK_ROWS = (32,)
 DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule at every N
-# Calls at 1 <= N <= LEAN_MAX_N (static and dynamic, blocks 16 / 32 / 64, fp16 / bf16) run the lean decode kernel
+# Calls at 1 <= N <= lean_max_n(r, c) (at most LEAN_MAX_N; static and dynamic, blocks 16 / 32 / 64, fp16 / bf16) run the lean decode kernel
 # (csrc/structured/bsr_decode_lean.cu: a CTA per 16-row strip, its warps taking the block row's blocks in turn, blocks
 # and X loaded straight into mma fragments; one launch, no schedule or workspace) instead of the tiled kernel, unless
 # $PRUNEKIT_BSR_LEAN=0. On by default since the nineteenth session: on the H100 at N = 16, static mode, 0.26-0.93x of
@@ -136,7 +136,11 @@ DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule
 LEAN_ENV = "PRUNEKIT_BSR_LEAN"
 LEAN_WARPS_ENV = "PRUNEKIT_BSR_LEAN_WARPS"
 LEAN_WIDE_MAX_STRIPS_PER_SM = 2  # lean_warps: 8 warps per CTA up to this many 16-row strips per SM, else 4
-LEAN_MAX_N = 16
+LEAN_MAX_N = 32  # the lean kernel's capacity (4 n-tiles of 8 tokens); lean_max_n: the N it takes
+LEAN_MAX_N_ENV = (
+    "PRUNEKIT_BSR_LEAN_MAX_N"  # "16" / "32": the most tokens the lean kernel takes; unset / "auto": the rule
+)
+LEAN_MAX_N_RULE = 16  # lean_max_n's default (csrc/structured/bsr_decode_lean.cu, the same)
 # Programmatic dependent launch of the lean and wgmma kernels (sm_90; "0": off, "1" / unset: on; read by the C++
 # launcher at each call, csrc/structured/bsr_mm.cuh bsr_pdl): a kernel may start while the preceding kernel in the
 # stream finishes. In static mode (a schedule passed: the weights are fixed) it reads its schedule (the lean kernel:
@@ -801,18 +805,35 @@ def bsr_mm_entry() -> Callable[..., torch.Tensor]:
     return fastcall.entry("bsr_mm")
 
 
+def lean_max_n(r: int, c: int) -> int:
+    """The most tokens per call the lean BSR decode kernel takes for ``r x c`` blocks (csrc/structured/
+    bsr_decode_lean.cu, ``lean_max_n``, the same rule): ``$PRUNEKIT_BSR_LEAN_MAX_N`` (16 or 32), else
+    :data:`LEAN_MAX_N_RULE`.
+
+    Raises:
+        ValueError: ``$PRUNEKIT_BSR_LEAN_MAX_N`` other than unset, empty, ``auto``, ``16`` or ``32``.
+    """
+    setting = os.environ.get(LEAN_MAX_N_ENV, "")
+    if setting in ("", "auto"):
+        return LEAN_MAX_N_RULE
+    if setting not in ("16", "32"):
+        raise ValueError(f"${LEAN_MAX_N_ENV} must be auto, 16 or 32, got {setting!r}")
+    return int(setting)
+
+
 def lean_takes(blocks: torch.Tensor, n: int) -> bool:
     """Whether the lean BSR decode kernel takes a call with ``n`` tokens (csrc/structured/bsr_decode_lean.cu,
     ``bsr_lean_run``, the same rule): ``$PRUNEKIT_BSR_LEAN`` not ``0`` (unset, empty or ``1``: on; another value
-    raises in the kernel), ``1 <= n <= LEAN_MAX_N``, fp16/bf16 blocks of ``r x c`` with r and c in (16, 32, 64).
+    raises in the kernel), ``1 <= n <=`` :func:`lean_max_n`, fp16/bf16 blocks of ``r x c`` with r and c in
+    (16, 32, 64).
 
     Args:
         blocks: ``(nblocks, r, c)``; n: N (tokens) of the call.
     """
     return (
         os.environ.get(LEAN_ENV) != "0"
-        and 1 <= n <= LEAN_MAX_N
         and blocks.dim() == 3
+        and 1 <= n <= lean_max_n(blocks.shape[1], blocks.shape[2])
         and blocks.dtype in (torch.float16, torch.bfloat16)
         and blocks.shape[1] in KERNEL_BLOCK_SIZES
         and blocks.shape[2] in KERNEL_BLOCK_SIZES

@@ -33,7 +33,7 @@
 namespace prunekit_structured {
 namespace {
 
-constexpr int kLeanMaxTokens = 16;
+constexpr int kLeanMaxTokens = 32;  // the kernel's capacity: up to 4 n-tiles of 8 tokens (lean_max_n: what it takes)
 
 __device__ __forceinline__ uint32_t ldg32(const void* p) { return __ldg(static_cast<const uint32_t*>(p)); }
 
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(32 * W)
                     const T* __restrict__ bias, int relu, int r, int n, int weights_early) {
   constexpr int KT = C / 16;  // 16-column k-tiles of a block
   if (!weights_early) prunekit_launch::wait_preceding_grid();  // dynamic mode: the pattern may be the last kernel's
-  __shared__ float part[W][16][kLeanMaxTokens + 1];
+  __shared__ float part[W][16][NT * 8 + 1];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int strip = blockIdx.x;
@@ -196,7 +196,23 @@ int sm_count(int device);  // bsr_mm.cu
 // against 9.0 with 4 warps.)
 int64_t lean_warps(int64_t m, int64_t num_sms) { return m / 16 <= 2 * num_sms ? 8 : 4; }
 
-// Runs the lean kernel and returns true where it takes the call: 1 <= N <= 16, r and c in {16, 32, 64}, fp16/bf16,
+// The most tokens per call the lean kernel takes (structured.lean_max_n, the same rule; a CUDA test compares them):
+// $PRUNEKIT_BSR_LEAN_MAX_N, 16 or 32 (read at each call; unset, "" or "auto": the rule). The rule: 16, the kernel's
+// range until the twenty-eighth session (its 32-token instances are measured against the tiled and wgmma kernels
+// first).
+int64_t lean_max_n(int64_t r, int64_t c) {
+  const char* v = std::getenv("PRUNEKIT_BSR_LEAN_MAX_N");
+  if (v != nullptr && *v != '\0' && std::strcmp(v, "auto") != 0) {
+    PRUNEKIT_CHECK(std::strcmp(v, "16") == 0 || std::strcmp(v, "32") == 0,
+                   "bsr_mm: $PRUNEKIT_BSR_LEAN_MAX_N must be auto, 16 or 32, got '", v, "'");
+    return v[0] == '1' ? 16 : 32;
+  }
+  (void)r;
+  (void)c;
+  return 16;
+}
+
+// Runs the lean kernel and returns true where it takes the call: 1 <= N <= lean_max_n, r and c in {16, 32, 64}, fp16/bf16,
 // unless $PRUNEKIT_BSR_LEAN=0 (read per call; unset, "" or "1": on). On by default since the nineteenth session: on
 // the H100 at N = 16 it took 0.26-0.93x of the tiled kernel's time in static mode at all 12 points of 4096 x 4096 and
 // 11008 x 4096, blocks 16 / 32 / 64, 90 / 95% (benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json),
@@ -216,7 +232,7 @@ bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   const int64_t m = y.size(0), n = y.size(1);
   const int64_t r = blocks.size(1), c = blocks.size(2);
   const bool half = x.scalar_type() == at::kHalf;
-  if (n < 1 || n > kLeanMaxTokens || !(r == 16 || r == 32 || r == 64) || !(c == 16 || c == 32 || c == 64) ||
+  if (n < 1 || n > lean_max_n(r, c) || !(r == 16 || r == 32 || r == 64) || !(c == 16 || c == 32 || c == 64) ||
       !(half || x.scalar_type() == at::kBFloat16)) {
     return false;
   }
@@ -233,15 +249,17 @@ bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   }
   const LeanLaunch how{bsr_pdl(x.get_device()), static_mode};
   const void* bptr = bias.has_value() ? bias->data_ptr() : nullptr;
-  const bool two = n > 8;
+  const int ci = static_cast<int>(c);
   if (half) {
     const auto* b = static_cast<const __half*>(bptr);
-    two ? dispatch_lean<__half, 2>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, how, stream)
-        : dispatch_lean<__half, 1>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, how, stream);
+    n > 16  ? dispatch_lean<__half, 4>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream)
+    : n > 8 ? dispatch_lean<__half, 2>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream)
+            : dispatch_lean<__half, 1>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream);
   } else {
     const auto* b = static_cast<const __nv_bfloat16*>(bptr);
-    two ? dispatch_lean<__nv_bfloat16, 2>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, how, stream)
-        : dispatch_lean<__nv_bfloat16, 1>(static_cast<int>(c), w, blocks, crow, cols, x, y, b, relu, how, stream);
+    n > 16  ? dispatch_lean<__nv_bfloat16, 4>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream)
+    : n > 8 ? dispatch_lean<__nv_bfloat16, 2>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream)
+            : dispatch_lean<__nv_bfloat16, 1>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream);
   }
   return true;
 }
