@@ -209,8 +209,10 @@ def test_decode_schedule_splits_32_row_blocks_at_decode_n(monkeypatch):
     monkeypatch.setenv(structured.DECODE_SCHEDULE_ENV, "0")
     assert structured.decode_schedule(blocks, crow, sched, split, 16) == (sched, split)
     monkeypatch.setenv(structured.DECODE_SCHEDULE_ENV, "1")
-    monkeypatch.setenv(structured.LEAN_ENV, "1")  # the lean kernel takes N <= 16 and reads no schedule
+    monkeypatch.setenv(structured.LEAN_ENV, "1")  # the lean kernel takes N <= lean_max_n and reads no schedule
     assert structured.decode_schedule(blocks, crow, sched, split, 16) == (sched, split)
+    assert structured.decode_schedule(blocks, crow, sched, split, 32) == (sched, split)  # 32-row blocks: to N = 32
+    monkeypatch.setenv(structured.LEAN_MAX_N_ENV, "16")
     assert structured.decode_schedule(blocks, crow, sched, split, 17)[0].shape[0] > sched.shape[0]
     # a call the wgmma kernel runs keeps the stored schedule (measured faster with it)
     assert structured.decode_schedule(blocks, crow, sched, split, 17, wgmma=True) == (sched, split)
@@ -233,16 +235,28 @@ def test_eager_calls_know_when_the_wgmma_kernel_runs(monkeypatch):
 
 
 def test_lean_takes_rule(monkeypatch):
-    """structured.lean_takes (the C++ bsr_lean_run's rule): on unless $PRUNEKIT_BSR_LEAN=0, 1 <= N <= 16, fp16/bf16
-    blocks with r and c in (16, 32, 64)."""
+    """structured.lean_takes (the C++ bsr_lean_run's rule): on unless $PRUNEKIT_BSR_LEAN=0, 1 <= N <= lean_max_n
+    (32 for blocks of 16 or 32 rows, 16 for 64; $PRUNEKIT_BSR_LEAN_MAX_N: 16 or 32), fp16/bf16 blocks with r and c in
+    (16, 32, 64)."""
     blocks = torch.zeros(3, 32, 16, dtype=torch.float16)
+    tall = torch.zeros(3, 64, 16, dtype=torch.float16)
     monkeypatch.delenv(structured.LEAN_ENV, raising=False)
-    assert structured.lean_takes(blocks, 16)
+    monkeypatch.delenv(structured.LEAN_MAX_N_ENV, raising=False)
+    assert structured.lean_takes(blocks, 16) and structured.lean_takes(blocks, 32)
+    assert structured.lean_takes(tall, 16) and not structured.lean_takes(tall, 17)
     for on in ("", "1"):
         monkeypatch.setenv(structured.LEAN_ENV, on)
-        assert structured.lean_takes(blocks, 1) and structured.lean_takes(blocks, 16)
+        assert structured.lean_takes(blocks, 1) and structured.lean_takes(blocks, 32)
     assert structured.lean_takes(blocks.bfloat16(), 8)
-    assert not structured.lean_takes(blocks, 0) and not structured.lean_takes(blocks, 17)
+    assert not structured.lean_takes(blocks, 0) and not structured.lean_takes(blocks, 33)
+    for setting, top in (("16", 16), ("32", 32), ("auto", 32)):
+        monkeypatch.setenv(structured.LEAN_MAX_N_ENV, setting)
+        assert structured.lean_takes(blocks, top) and not structured.lean_takes(blocks, top + 1)
+        assert structured.lean_takes(tall, top if setting != "auto" else 16)
+    monkeypatch.setenv(structured.LEAN_MAX_N_ENV, "24")
+    with pytest.raises(ValueError, match="PRUNEKIT_BSR_LEAN_MAX_N"):
+        structured.lean_takes(blocks, 8)
+    monkeypatch.delenv(structured.LEAN_MAX_N_ENV)
     assert not structured.lean_takes(blocks.float(), 8)
     assert not structured.lean_takes(torch.zeros(3, 8, 16, dtype=torch.float16), 8)
     monkeypatch.setenv(structured.LEAN_ENV, "0")
@@ -300,8 +314,13 @@ def test_sparse_linear_bsr_eager_calls_the_cpp_entry_with_rows(monkeypatch):
     lean(torch.randn(16, 96, dtype=torch.float16))
     # the lean kernel takes N = 16 and reads no schedule, but gets the stored one: it says the weights are static
     assert calls[-1][1] is stored
-    lean(torch.randn(17, 96, dtype=torch.float16))
+    lean(torch.randn(32, 96, dtype=torch.float16))
+    assert calls[-1][1] is stored  # 32-row blocks: the lean kernel takes N up to 32 too
+    monkeypatch.setenv(structured.LEAN_MAX_N_ENV, "16")
+    lean16 = sparse_linear.SparseLinear(enc, bias)
+    lean16(torch.randn(17, 96, dtype=torch.float16))
     assert calls[-1][1] is not None and calls[-1][1] is not stored  # N = 17: the tiled kernel, the finer schedule
+    monkeypatch.delenv(structured.LEAN_MAX_N_ENV)
     comps = {k: v for k, v in enc.components.items() if k not in ("schedule", "split_rows")}
     dynamic = sparse_linear.SparseLinear(EncodedTensor("bsr", enc.shape, enc.dtype, enc.params, comps), bias)
     dynamic(torch.randn(16, 96, dtype=torch.float16))

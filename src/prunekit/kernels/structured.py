@@ -125,8 +125,8 @@ BSR_VARIANT_ENV = "PRUNEKIT_BSR_VARIANT"  # default variant of bsr_mm_cuda and t
 DECODE_SCHEDULE_CHUNK = 4
 DECODE_SCHEDULE_BLOCK_ROWS = (32,)
 DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule at every N
-# Calls at 1 <= N <= lean_max_n(r, c) (at most LEAN_MAX_N; static and dynamic, blocks 16 / 32 / 64, fp16 / bf16) run the lean decode kernel
-# (csrc/structured/bsr_decode_lean.cu: a CTA per 16-row strip, its warps taking the block row's blocks in turn, blocks
+# Calls at 1 <= N <= lean_max_n(r, c) (at most LEAN_MAX_N; static and dynamic, blocks 16 / 32 / 64, fp16 / bf16) run
+# the lean decode kernel (csrc/structured/bsr_decode_lean.cu: a CTA per 16-row strip, its warps taking the block row's blocks in turn, blocks
 # and X loaded straight into mma fragments; one launch, no schedule or workspace) instead of the tiled kernel, unless
 # $PRUNEKIT_BSR_LEAN=0. On by default since the nineteenth session: on the H100 at N = 16, static mode, 0.26-0.93x of
 # the tiled kernel's time at all 12 points of 4096 x 4096 and 11008 x 4096 (blocks 16 / 32 / 64, 90 / 95%), and ahead
@@ -140,7 +140,12 @@ LEAN_MAX_N = 32  # the lean kernel's capacity (4 n-tiles of 8 tokens); lean_max_
 LEAN_MAX_N_ENV = (
     "PRUNEKIT_BSR_LEAN_MAX_N"  # "16" / "32": the most tokens the lean kernel takes; unset / "auto": the rule
 )
-LEAN_MAX_N_RULE = 16  # lean_max_n's default (csrc/structured/bsr_decode_lean.cu, the same)
+# lean_max_n's rule (csrc/structured/bsr_decode_lean.cu, the same): N up to LEAN_MAX_N for blocks of at most
+# LEAN_WIDE_MAX_ROWS rows, else up to LEAN_NARROW_MAX_N. On the H100 at N = 17 / 32 (4096 x 4096, 11008 x 4096, square
+# blocks, 90 / 95%; benchmarks/results/bsr-lmax{16,32}-h100-2026-11-26-s28c.json) the lean kernel took 0.26-0.99x the
+# time of the other kernels at all 16 points with 16- and 32-row blocks, and 1.15-1.41x at all 8 with 64-row blocks.
+LEAN_WIDE_MAX_ROWS = 32
+LEAN_NARROW_MAX_N = 16
 # Programmatic dependent launch of the lean and wgmma kernels (sm_90; "0": off, "1" / unset: on; read by the C++
 # launcher at each call, csrc/structured/bsr_mm.cuh bsr_pdl): a kernel may start while the preceding kernel in the
 # stream finishes. In static mode (a schedule passed: the weights are fixed) it reads its schedule (the lean kernel:
@@ -808,14 +813,15 @@ def bsr_mm_entry() -> Callable[..., torch.Tensor]:
 def lean_max_n(r: int, c: int) -> int:
     """The most tokens per call the lean BSR decode kernel takes for ``r x c`` blocks (csrc/structured/
     bsr_decode_lean.cu, ``lean_max_n``, the same rule): ``$PRUNEKIT_BSR_LEAN_MAX_N`` (16 or 32), else
-    :data:`LEAN_MAX_N_RULE`.
+    :data:`LEAN_MAX_N` (32) for blocks of at most :data:`LEAN_WIDE_MAX_ROWS` rows and :data:`LEAN_NARROW_MAX_N` (16)
+    for taller ones (measured, see the constants). ``c`` does not enter the rule (square blocks were measured).
 
     Raises:
         ValueError: ``$PRUNEKIT_BSR_LEAN_MAX_N`` other than unset, empty, ``auto``, ``16`` or ``32``.
     """
     setting = os.environ.get(LEAN_MAX_N_ENV, "")
     if setting in ("", "auto"):
-        return LEAN_MAX_N_RULE
+        return LEAN_MAX_N if r <= LEAN_WIDE_MAX_ROWS else LEAN_NARROW_MAX_N
     if setting not in ("16", "32"):
         raise ValueError(f"${LEAN_MAX_N_ENV} must be auto, 16 or 32, got {setting!r}")
     return int(setting)

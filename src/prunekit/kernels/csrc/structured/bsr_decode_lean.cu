@@ -1,5 +1,6 @@
-// Lean BSR decode kernel (eighteenth session; the default at N <= 16, $PRUNEKIT_BSR_LEAN=0: off): Y (M, N) = act(A @ X + bias) for
-// 1 <= N <= 16, A in BSR with r x c blocks (r, c in {16, 32, 64}), fp16/bf16 with fp32 accumulation; static and dynamic
+// Lean BSR decode kernel (eighteenth session; the default at N <= lean_max_n: 32 for 16- and 32-row blocks, 16 for
+// 64-row ones since the twenty-eighth session; $PRUNEKIT_BSR_LEAN=0: off): Y (M, N) = act(A @ X + bias) for
+// 1 <= N <= 32, A in BSR with r x c blocks (r, c in {16, 32, 64}), fp16/bf16 with fp32 accumulation; static and dynamic
 // mode alike (it reads crow_indices and col_indices only, never past crow_indices[M / r]).
 //
 // Why: at N = 16 the tiled kernel (bsr_mm.cuh) stages each block and a 32-token slab of X through a cp.async pipeline
@@ -197,9 +198,12 @@ int sm_count(int device);  // bsr_mm.cu
 int64_t lean_warps(int64_t m, int64_t num_sms) { return m / 16 <= 2 * num_sms ? 8 : 4; }
 
 // The most tokens per call the lean kernel takes (structured.lean_max_n, the same rule; a CUDA test compares them):
-// $PRUNEKIT_BSR_LEAN_MAX_N, 16 or 32 (read at each call; unset, "" or "auto": the rule). The rule: 16, the kernel's
-// range until the twenty-eighth session (its 32-token instances are measured against the tiled and wgmma kernels
-// first).
+// $PRUNEKIT_BSR_LEAN_MAX_N, 16 or 32 (read at each call; unset, "" or "auto": the rule). The rule: 32 for blocks of 16
+// and 32 rows, 16 for 64 rows. On the H100 at N = 17 and 32 (4096 x 4096 and 11008 x 4096, square blocks, 90 / 95%,
+// static mode; benchmarks/results/bsr-lmax{16,32}-h100-2026-11-26-s28c.json) the lean kernel took 0.26-0.56x the time
+// of the mma.sync tiled kernel (16-row blocks) and 0.67-0.99x of the wgmma kernel (32-row) at all 16 such points, and
+// 1.15-1.41x of the wgmma kernel at all 8 points with 64-row blocks (each of the four 16-row strips of a block row
+// reads the X slab again).
 int64_t lean_max_n(int64_t r, int64_t c) {
   const char* v = std::getenv("PRUNEKIT_BSR_LEAN_MAX_N");
   if (v != nullptr && *v != '\0' && std::strcmp(v, "auto") != 0) {
@@ -207,9 +211,8 @@ int64_t lean_max_n(int64_t r, int64_t c) {
                    "bsr_mm: $PRUNEKIT_BSR_LEAN_MAX_N must be auto, 16 or 32, got '", v, "'");
     return v[0] == '1' ? 16 : 32;
   }
-  (void)r;
   (void)c;
-  return 16;
+  return r <= 32 ? 32 : 16;
 }
 
 // Runs the lean kernel and returns true where it takes the call: 1 <= N <= lean_max_n, r and c in {16, 32, 64}, fp16/bf16,

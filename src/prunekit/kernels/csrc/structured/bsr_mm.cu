@@ -27,7 +27,7 @@ bool x_slabs_rule(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n);
 void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrArgs& args, int grid_rows, int tile_n,
                       cudaStream_t stream);
 
-// bsr_decode_lean.cu: the lean decode kernel where it takes the call (N <= 16 unless $PRUNEKIT_BSR_LEAN=0)
+// bsr_decode_lean.cu: the lean decode kernel where it takes the call (N <= lean_max_n unless $PRUNEKIT_BSR_LEAN=0)
 int64_t lean_warps(int64_t m, int64_t num_sms);  // bsr_decode_lean.cu
 int64_t lean_max_n(int64_t r, int64_t c);        // bsr_decode_lean.cu
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
