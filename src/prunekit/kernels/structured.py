@@ -126,9 +126,9 @@ DECODE_SCHEDULE_CHUNK = 4
 DECODE_SCHEDULE_BLOCK_ROWS = (32,)
 DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule at every N
 # Calls at 1 <= N <= lean_max_n(r, c) (at most LEAN_MAX_N; static and dynamic, blocks 16 / 32 / 64, fp16 / bf16) run
-# the lean decode kernel (csrc/structured/bsr_decode_lean.cu: a CTA per 16-row strip, its warps taking the block row's blocks in turn, blocks
-# and X loaded straight into mma fragments; one launch, no schedule or workspace) instead of the tiled kernel, unless
-# $PRUNEKIT_BSR_LEAN=0. On by default since the nineteenth session: on the H100 at N = 16, static mode, 0.26-0.93x of
+# the lean decode kernel (csrc/structured/bsr_decode_lean.cu: a CTA per 16-row strip, its warps taking the block
+# row's blocks in turn, blocks and X loaded straight into mma fragments; one launch, no schedule or workspace) instead
+# of the tiled kernel, unless $PRUNEKIT_BSR_LEAN=0. On by default since the nineteenth session: on the H100 at N = 16, static mode, 0.26-0.93x of
 # the tiled kernel's time at all 12 points of 4096 x 4096 and 11008 x 4096 (blocks 16 / 32 / 64, 90 / 95%), and ahead
 # of torch's Triton BSR at all 12 (1.00-3.09x; a tie, 7.62 against 7.63 us, at 11008 x 4096 b64 95%):
 # benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json. LEAN_WARPS_ENV forces its warps per CTA (4
