@@ -1,0 +1,142 @@
+"""Probe: unstructured sparse weights as a 2:4 part plus a residual, at large N (issue 4's N >= 2048 targets).
+
+A random unstructured weight at sparsity s has, in each group of 4 along K, more than 2 non-zeros with probability
+4 s (1 - s)^3 + (1 - s)^4 (0.37% of the groups at 90%, 0.05% at 95%). So ``W = W24 + R``: ``W24`` keeps the two
+largest of every group (a 2:4 weight, Hopper's sparse tensor cores through cuSPARSELt) and the residual ``R`` the
+rest (density 0.1% at 90%). This times, in one run on the same weights and inputs (CUDA-graph replays of many calls,
+median, inputs rotating over sets sized past the L2, as ``bsr.py``):
+
+- ``dense_ms``: ``F.linear(x2d, W)`` (cuBLAS);
+- ``w24_ms``: ``torch._cslt_sparse_mm(torch._cslt_compress(W24), x2d.t(), transpose_result=True)`` (cuSPARSELt
+  through torch, its default configuration; the output (N, M) as ``nn.Linear``'s);
+- ``residual_ms``: ``torch.sparse.mm(R_csr, x2d.t())`` (cuSPARSE SpMM), and ``add_ms`` the add of its result into
+  the 2:4 part's output (what a fused accumulate would save);
+- ``total_ms`` = the three back to back in one graph, and ``speedup`` = ``dense_ms / total_ms``; rel. error of the
+  total against float64.
+
+It decides whether a ``split24`` SpMM variant is worth building; it is not the variant. Writes ``--out`` JSON (device,
+torch version, date) and prints a table.
+
+    PYTHONPATH=src python benchmarks/split24_probe.py --out benchmarks/results/split24-probe-<dev>-<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bsr import L2_BYTES, _ms_between, graph_time  # noqa: E402
+
+
+def split_24(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w (M, K)`` -> ``(w24, residual)``, ``w24 + residual == w``: ``w24`` the two largest-magnitude entries of
+    every group of 4 along K (2:4), ``residual`` the others (non-zero only in groups with more than 2 non-zeros)."""
+    m, k = w.shape
+    groups = w.view(m, k // 4, 4)
+    top = groups.abs().topk(2, dim=-1).indices
+    keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, top, True)
+    w24 = (groups * keep).view(m, k)
+    return w24, w - w24
+
+
+def time_point(w: torch.Tensor, packed: torch.Tensor, res_csr: torch.Tensor, n: int) -> dict:
+    """Graph times (ms) of the dense, 2:4, residual, add and total calls at ``n`` tokens, and the total's error."""
+    m, k = w.shape
+    dtype = w.dtype
+    sets = max(1, min(4, int(2 * L2_BYTES // (n * k * 2)) + 1))
+    xs = [torch.randn(n, k, device="cuda", dtype=dtype) for _ in range(sets)]
+    outs = [torch.empty(n, m, device="cuda", dtype=dtype) for _ in range(sets)]
+    parts = [torch.empty(m, n, device="cuda", dtype=dtype) for _ in range(sets)]
+
+    def total(x: torch.Tensor) -> torch.Tensor:
+        y = torch._cslt_sparse_mm(packed, x.t(), transpose_result=True)  # (N, M): nn.Linear's layout
+        return y.add_(torch.sparse.mm(res_csr, x.t()).t())
+
+    methods = {}
+
+    def timed(name: str, calls: list) -> float:
+        """Graph time; where the calls cannot be captured (cuSPARSE's buffers), the median of timed eager loops."""
+        try:
+            methods[name] = "graph"
+            return graph_time(calls)
+        except RuntimeError:
+            torch.cuda.synchronize()
+            methods[name] = "eager"
+            return statistics.median(_ms_between(lambda: [c() for c in calls]) / len(calls) for _ in range(15))
+
+    row = {
+        "dense_ms": timed("dense", [lambda x=x: F.linear(x, w) for x in xs]),
+        "w24_ms": timed("w24", [lambda x=x: torch._cslt_sparse_mm(packed, x.t(), transpose_result=True) for x in xs]),
+        "residual_ms": timed("residual", [lambda x=x: torch.sparse.mm(res_csr, x.t()) for x in xs]),
+        "add_ms": timed("add", [lambda o=o, p=p: o.add_(p.t()) for o, p in zip(outs, parts, strict=True)]),
+        "total_ms": timed("total", [lambda x=x: total(x) for x in xs]),
+    }
+    row["methods"] = methods
+    y = total(xs[0])
+    ref = xs[0].double() @ w.double().t()
+    row["rel_error"] = float((y.double() - ref).norm() / ref.norm())
+    row["speedup"] = row["dense_ms"] / row["total_ms"]
+    row["w24_speedup"] = row["dense_ms"] / row["w24_ms"]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shapes", default="4096x4096,11008x4096,4096x11008")
+    parser.add_argument("--ns", default="2048,4096")
+    parser.add_argument("--sparsities", default="0.8,0.9,0.95")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("error: split24_probe.py needs a CUDA GPU")
+    dtype = torch.float16
+    rows = []
+    for shape in args.shapes.split(","):
+        m, k = (int(v) for v in shape.split("x"))
+        for sparsity in (float(v) for v in args.sparsities.split(",")):
+            g = torch.Generator(device="cuda").manual_seed(0)
+            w = torch.randn(m, k, generator=g, device="cuda") * (
+                torch.rand(m, k, generator=g, device="cuda") >= sparsity
+            )
+            w = (w * (k * (1 - sparsity)) ** -0.5).to(dtype)
+            w24, res = split_24(w)
+            packed = torch._cslt_compress(w24)
+            res_csr = res.to_sparse_csr()
+            res_density = res_csr.values().numel() / (m * k)
+            for n in (int(v) for v in args.ns.split(",")):
+                row = time_point(w, packed, res_csr, n)
+                row.update(m=m, k=k, n=n, sparsity=sparsity, residual_density=res_density)
+                rows.append(row)
+                print(
+                    f"{m}x{k} N={n} s={sparsity}: dense {1e3 * row['dense_ms']:.1f} us, 2:4 {1e3 * row['w24_ms']:.1f}, "
+                    f"residual {1e3 * row['residual_ms']:.1f} (density {100 * res_density:.3f}%), add "
+                    f"{1e3 * row['add_ms']:.1f}, total {1e3 * row['total_ms']:.1f} -> {row['speedup']:.2f}x "
+                    f"(2:4 alone {row['w24_speedup']:.2f}x), rel. err {row['rel_error']:.1e}",
+                    flush=True,
+                )
+    props = torch.cuda.get_device_properties(0)
+    meta = {
+        "device": props.name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "method": "CUDA events; median over replays of a CUDA graph holding many calls (bsr.graph_time)",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    print(f"wrote {args.out}; median speedup {statistics.median(r['speedup'] for r in rows):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
