@@ -48,8 +48,11 @@ def split_24(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return w24, w - w24
 
 
-def time_point(w: torch.Tensor, packed: torch.Tensor, res_csr: torch.Tensor, n: int) -> dict:
-    """Graph times (ms) of the dense, 2:4, residual, add and total calls at ``n`` tokens, and the total's error."""
+def time_point(
+    w: torch.Tensor, packed: torch.Tensor, res_csr: torch.Tensor, n: int, layers: tuple | None = None
+) -> dict:
+    """Graph times (ms) of the dense, 2:4, residual, add and total calls at ``n`` tokens, and the total's error; with
+    ``layers`` (prunekit's ``SparseLinear`` on the 2:4 part and on the residual) the same for prunekit's pieces."""
     m, k = w.shape
     dtype = w.dtype
     sets = max(1, min(4, int(2 * L2_BYTES // (n * k * 2)) + 1))
@@ -80,9 +83,19 @@ def time_point(w: torch.Tensor, packed: torch.Tensor, res_csr: torch.Tensor, n: 
         "add_ms": timed("add", [lambda o=o, p=p: o.add_(p.t()) for o, p in zip(outs, parts, strict=True)]),
         "total_ms": timed("total", [lambda x=x: total(x) for x in xs]),
     }
+    ref = xs[0].double() @ w.double().t()
+    if layers is not None:  # prunekit's own pieces: SparseLinear on the 2:4 part (prunekit's cuSPARSELt binding, its
+        # configuration search) and on the residual as CSR ("auto"), their (N, M) outputs added
+        l24, lres = layers
+        row["ours_w24_ms"] = timed("ours_w24", [lambda x=x: l24(x) for x in xs])
+        row["ours_residual_ms"] = timed("ours_residual", [lambda x=x: lres(x) for x in xs])
+        row["ours_total_ms"] = timed("ours_total", [lambda x=x: l24(x).add_(lres(x)) for x in xs])
+        y = l24(xs[0]).add_(lres(xs[0]))
+        row["ours_rel_error"] = float((y.double() - ref).norm() / ref.norm())
+        row["ours_speedup"] = row["dense_ms"] / row["ours_total_ms"]
+        row["ours_w24_speedup"] = row["dense_ms"] / row["ours_w24_ms"]
     row["methods"] = methods
     y = total(xs[0])
-    ref = xs[0].double() @ w.double().t()
     row["rel_error"] = float((y.double() - ref).norm() / ref.norm())
     row["speedup"] = row["dense_ms"] / row["total_ms"]
     row["w24_speedup"] = row["dense_ms"] / row["w24_ms"]
@@ -95,6 +108,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="4096x4096,11008x4096,4096x11008")
     parser.add_argument("--ns", default="2048,4096")
     parser.add_argument("--sparsities", default="0.8,0.9,0.95")
+    parser.add_argument("--prunekit", action="store_true", help="also time prunekit's SparseLinear pieces")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: split24_probe.py needs a CUDA GPU")
@@ -111,16 +125,31 @@ def main() -> None:
             w24, res = split_24(w)
             packed = torch._cslt_compress(w24)
             res_csr = res.to_sparse_csr()
+            layers = None
+            if args.prunekit:
+                from prunekit import formats
+                from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+                l24 = SparseLinear(formats.encode("nm", w24.cpu(), {"n": 2, "m": 4})).cuda()
+                lres = SparseLinear(formats.encode("csr", res.cpu(), {})).cuda()
+                layers = (l24, lres)
             res_density = res_csr.values().numel() / (m * k)
             for n in (int(v) for v in args.ns.split(",")):
-                row = time_point(w, packed, res_csr, n)
+                row = time_point(w, packed, res_csr, n, layers)
                 row.update(m=m, k=k, n=n, sparsity=sparsity, residual_density=res_density)
                 rows.append(row)
                 print(
                     f"{m}x{k} N={n} s={sparsity}: dense {1e3 * row['dense_ms']:.1f} us, 2:4 {1e3 * row['w24_ms']:.1f}, "
                     f"residual {1e3 * row['residual_ms']:.1f} (density {100 * res_density:.3f}%), add "
                     f"{1e3 * row['add_ms']:.1f}, total {1e3 * row['total_ms']:.1f} -> {row['speedup']:.2f}x "
-                    f"(2:4 alone {row['w24_speedup']:.2f}x), rel. err {row['rel_error']:.1e}",
+                    f"(2:4 alone {row['w24_speedup']:.2f}x), rel. err {row['rel_error']:.1e}"
+                    + (
+                        f"; prunekit: 2:4 {1e3 * row['ours_w24_ms']:.1f}, residual {1e3 * row['ours_residual_ms']:.1f}, "
+                        f"total {1e3 * row['ours_total_ms']:.1f} -> {row['ours_speedup']:.2f}x (2:4 alone "
+                        f"{row['ours_w24_speedup']:.2f}x), rel. err {row['ours_rel_error']:.1e}"
+                        if "ours_total_ms" in row
+                        else ""
+                    ),
                     flush=True,
                 )
     props = torch.cuda.get_device_properties(0)
