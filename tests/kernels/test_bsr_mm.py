@@ -726,6 +726,7 @@ def test_lean_warps_by_strips_per_sm():
     assert structured.lean_warps(4096, 132) == 8  # 256 strips: under two per SM
     assert structured.lean_warps(11008, 132) == 4  # 688 strips
     assert structured.lean_warps(16 * 264, 132) == 8 and structured.lean_warps(16 * 265, 132) == 4
+    assert structured.lean_warps(4096, 132, 16) == 8 and structured.lean_warps(4096, 132, 17) == 4  # N > 16: 4
 
 
 @pytest.mark.cuda
@@ -734,6 +735,9 @@ def test_lean_warps_cpp_matches_python():
     for m in (16, 64, 4096, 4224, 4240, 11008, 16384):
         for sms in (1, 78, 132):
             assert torch.ops.prunekit_structured.lean_warps(m, sms) == structured.lean_warps(m, sms), (m, sms)
+            for n in (1, 16, 17, 32):
+                cpp = torch.ops.prunekit_structured.lean_warps(m, sms, n)
+                assert cpp == structured.lean_warps(m, sms, n), (m, sms, n)
 
 
 @pytest.mark.cuda

@@ -884,10 +884,13 @@ def _unsplit(crow_indices: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tenso
     return cached(crow_indices, _UNSPLIT_ATTR, (crow_indices,), None, build)
 
 
-def lean_warps(m: int, num_sms: int = 132) -> int:
-    """Warps per CTA of the lean BSR decode kernel where ``$PRUNEKIT_BSR_LEAN_WARPS`` is unset: 8 where the ``m / 16``
-    strips (one CTA each) are at most :data:`LEAN_WIDE_MAX_STRIPS_PER_SM` per SM, else 4. The C++ launcher's rule
-    (``csrc/structured/bsr_decode_lean.cu`` ``lean_warps``, with its H100 figures; a CUDA test compares them)."""
+def lean_warps(m: int, num_sms: int = 132, n: int = 16) -> int:
+    """Warps per CTA of the lean BSR decode kernel where ``$PRUNEKIT_BSR_LEAN_WARPS`` is unset, for a call of ``n``
+    tokens: 4 above 16 tokens; else 8 where the ``m / 16`` strips (one CTA each) are at most
+    :data:`LEAN_WIDE_MAX_STRIPS_PER_SM` per SM, else 4. The C++ launcher's rule (``csrc/structured/bsr_decode_lean.cu``
+    ``lean_warps``, with its H100 figures; a CUDA test compares them)."""
+    if n > 16:
+        return 4
     return 8 if m // 16 <= LEAN_WIDE_MAX_STRIPS_PER_SM * num_sms else 4
 
 

@@ -194,8 +194,13 @@ int sm_count(int device);  // bsr_mm.cu
 // benchmarks/results/bsr-lean-w{4,8}-h100-2026-11-26-s27e.json): 4096 x 4096 (256 strips) took 0.82-0.98x the 4-warp
 // time with 8 warps at all 6 points, 11008 x 4096 (688 strips) 1.05-1.20x at all 6. (The eighteenth session's rule,
 // not measured, took 8 where a block row held over 8 blocks on average: 11008 x 4096, 16-row blocks at 90%, 10.1 us
-// against 9.0 with 4 warps.)
-int64_t lean_warps(int64_t m, int64_t num_sms) { return m / 16 <= 2 * num_sms ? 8 : 4; }
+// against 9.0 with 4 warps.) Calls of more than 16 tokens (the 4-n-tile instances) take 4 warps: at N = 32 (blocks
+// 16 / 32, 90 / 95%; bsr-lean-w{4,8}-n32-h100-2026-11-26-s28h.json) 8 warps took 1.00-1.11x the 4-warp time at the 4
+// points of 4096 x 4096 and 1.09-1.30x at the 4 of 11008 x 4096.
+int64_t lean_warps(int64_t m, int64_t num_sms, int64_t n) {
+  if (n > 16) return 4;
+  return m / 16 <= 2 * num_sms ? 8 : 4;
+}
 
 // The most tokens per call the lean kernel takes (structured.lean_max_n, the same rule; a CUDA test compares them):
 // $PRUNEKIT_BSR_LEAN_MAX_N, 16 or 32 (read at each call; unset, "" or "auto": the rule). The rule: 32 for blocks of 16
@@ -220,7 +225,7 @@ int64_t lean_max_n(int64_t r, int64_t c) {
 // the H100 at N = 16 it took 0.26-0.93x of the tiled kernel's time in static mode at all 12 points of 4096 x 4096 and
 // 11008 x 4096, blocks 16 / 32 / 64, 90 / 95% (benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json),
 // and in dynamic mode at 10 of 12 (at 11008 x 4096 with 64-row blocks 11.61 / 7.62 against 10.50 / 7.46 us). Warps per
-// CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else lean_warps (by the number of strips). The N tile and variant
+// CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else lean_warps (by the number of strips and N). The N tile and variant
 // arguments of bsr_mm_out do not apply to it, nor does the schedule, except that one given (`static_mode`) lets the
 // kernel read the weights before it waits for the preceding kernel (programmatic dependent launch, on sm_90 unless
 // $PRUNEKIT_BSR_PDL=0). Arguments as bsr_mm_out has checked them (x K-contiguous with an even leading dimension,
@@ -248,7 +253,7 @@ bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
                    "bsr_mm: $PRUNEKIT_BSR_LEAN_WARPS must be auto, 4 or 8, got '", warps_var, "'");
     w = static_cast<int>(forced);
   } else {
-    w = lean_warps(m, sm_count(x.get_device()));
+    w = static_cast<int>(lean_warps(m, sm_count(x.get_device()), n));
   }
   const LeanLaunch how{bsr_pdl(x.get_device()), static_mode};
   const void* bptr = bias.has_value() ? bias->data_ptr() : nullptr;

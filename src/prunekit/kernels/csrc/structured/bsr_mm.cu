@@ -28,7 +28,7 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
                       cudaStream_t stream);
 
 // bsr_decode_lean.cu: the lean decode kernel where it takes the call (N <= lean_max_n unless $PRUNEKIT_BSR_LEAN=0)
-int64_t lean_warps(int64_t m, int64_t num_sms);  // bsr_decode_lean.cu
+int64_t lean_warps(int64_t m, int64_t num_sms, int64_t n);  // bsr_decode_lean.cu
 int64_t lean_max_n(int64_t r, int64_t c);        // bsr_decode_lean.cu
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
                   const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, bool static_mode,
@@ -250,7 +250,7 @@ TORCH_LIBRARY(prunekit_structured, m) {
   m.def("plan_tile_n(int m, int r, int n, int num_sms, int nblocks) -> int", &prunekit_structured::plan_tile_n);
   m.def("plan_tile_n_wgmma(int m, int r, int n, int num_sms, int nblocks) -> int",
         &prunekit_structured::plan_tile_n_wgmma);
-  m.def("lean_warps(int m, int num_sms) -> int", &prunekit_structured::lean_warps);
+  m.def("lean_warps(int m, int num_sms, int n=16) -> int", &prunekit_structured::lean_warps);
   m.def("lean_max_n(int r, int c) -> int", &prunekit_structured::lean_max_n);
   m.def("wgmma_available() -> bool", &prunekit_structured::wgmma_available_op);
   m.def("x_slabs_rule(int r, int c, int k, int nblocks, int n) -> bool", &prunekit_structured::x_slabs_rule);
