@@ -312,10 +312,9 @@ def test_sparse_linear_bsr_eager_calls_the_cpp_entry_with_rows(monkeypatch):
     monkeypatch.setenv(structured.LEAN_ENV, "1")
     lean = sparse_linear.SparseLinear(enc, bias)
     lean(torch.randn(16, 96, dtype=torch.float16))
-    # the lean kernel takes N = 16 and reads no schedule, but gets the stored one: it says the weights are static
-    assert calls[-1][1] is stored
+    assert calls[-1][1] is None  # the lean kernel takes N = 16 and reads no schedule: none is passed
     lean(torch.randn(32, 96, dtype=torch.float16))
-    assert calls[-1][1] is stored  # 32-row blocks: the lean kernel takes N up to 32 too
+    assert calls[-1][1] is None  # 32-row blocks: the lean kernel takes N up to 32 too
     monkeypatch.setenv(structured.LEAN_MAX_N_ENV, "16")
     lean16 = sparse_linear.SparseLinear(enc, bias)
     lean16(torch.randn(17, 96, dtype=torch.float16))
@@ -810,11 +809,11 @@ def test_sparse_linear_eager_bsr_goes_through_the_cpp_entry(static, monkeypatch)
         assert (
             op is fastcall.entry("bsr_mm") and variant == expected | structured.ROWS
         )  # the fast entry where it builds
-        # 0: the stored schedule (or none in dynamic mode; the lean kernel's too), 1: the finer decode schedule, 3: the
-        # stored items unsplit (static mode: the split does not pay for a row of 384 columns)
+        # 0: the stored schedule (or none in dynamic mode), 1: the finer decode schedule, 2: none (the lean kernel),
+        # 3: the stored items unsplit (static mode: the split does not pay for a row of 384 columns)
         n = key[2]
         if structured.lean_takes(blocks, n):
-            want = 0
+            want = 2
         elif static and 0 < n and structured.finer_decode_schedule(blocks, n, wgmma):
             want = 1
         else:

@@ -2,13 +2,12 @@
 N <= 16 here: 64-row blocks, and 16- and 32-row blocks below its 32) and the wgmma kernels (``bsr_mm_wgmma.cuh``).
 
 By default on sm_90 (``$PRUNEKIT_BSR_PDL=0`` turns it off) a kernel may start while the preceding kernel in the
-stream still runs. In static mode it reads its schedule (the lean kernel: its indices and first block) before it
-waits for that kernel; in dynamic mode it waits before it reads anything, since the pattern may be that kernel's
-output. X is read and Y (or the split rows' workspace) written only after the wait. These tests chain layers, each
-reading the output the previous launch wrote (poisoned with NaN before), with no synchronisation between the
-launches, eagerly and in a CUDA graph, with PDL on, off and unset, and compare every stage against float64 on the
-input it was given: a kernel that read X early would see NaN or an older value. In dynamic mode the blocks and
-column indices are rewritten by the kernel right before each call.
+stream still runs, and waits for it before it reads or writes anything: the pattern, X and even a static call's
+indices may be that kernel's output. These tests chain layers, each reading the output the previous launch wrote
+(poisoned with NaN before), with no synchronisation between the launches, eagerly and in a CUDA graph, with PDL on,
+off and unset, and compare every stage against float64 on the input it was given: a kernel that read X early would
+see NaN or an older value. In dynamic mode the blocks and column indices are rewritten by the kernel right before
+each call; in static mode int64 indices make the op convert them in a kernel right before the call.
 """
 
 from __future__ import annotations
@@ -169,3 +168,31 @@ def test_an_invalid_setting_raises(n, monkeypatch):
     x = torch.randn(n, WIDTH, device="cuda", dtype=torch.float16).t()
     with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_PDL"):
         _call(comp, x, _outputs(1, n)[0], bias, static=True)
+
+
+@pytest.mark.parametrize("pdl", ["1", "0"])
+@pytest.mark.parametrize("n", [16, 32, 128])
+@pytest.mark.parametrize("entry", ["python", "cpp"])
+def test_static_mode_reads_indices_converted_right_before(pdl, n, entry, monkeypatch):
+    """Static mode with int64 indices, schedule and split rows: the Python launcher (``_int32``) and the C++ entry
+    (``as_int``) convert them in kernels of their own right before the BSR kernel, after a long matmul; the kernel
+    must read the converted ones (it waits for the preceding kernel before it reads anything)."""
+    _set_pdl(pdl, monkeypatch)
+    busy = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    for r, seed in ((32, 1), (64, 2)):
+        dense, comp, bias = _layer(r, r, seed)
+        wide = {key: (t.long() if key != "blocks" else t) for key, t in comp.items()}
+        x = torch.randn(n, WIDTH, device="cuda", dtype=torch.float16).t()
+        ref = spmm_reference64(dense, x, bias, "relu")
+        for _ in range(2):
+            busy @ busy  # a long kernel first, so that an early read would land before the conversions
+            if entry == "python":
+                out = _outputs(1, n)[0].fill_(float("nan"))
+                _call(wide, x, out, bias, static=True)
+            else:
+                out = structured.bsr_mm_eager(
+                    wide["blocks"], wide["crow_indices"], wide["col_indices"], x, WIDTH, bias, "relu",
+                    wide["schedule"], wide["split_rows"],
+                )  # fmt: skip
+            torch.cuda.synchronize()
+            assert relative_error(out, ref) <= TOLERANCE[torch.float16], (r, n, entry)

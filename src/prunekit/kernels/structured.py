@@ -148,8 +148,7 @@ LEAN_WIDE_MAX_ROWS = 32
 LEAN_NARROW_MAX_N = 16
 # Programmatic dependent launch of the lean and wgmma kernels (sm_90; "0": off, "1" / unset: on; read by the C++
 # launcher at each call, csrc/structured/bsr_mm.cuh bsr_pdl): a kernel may start while the preceding kernel in the
-# stream finishes. In static mode (a schedule passed: the weights are fixed) it reads its schedule (the lean kernel:
-# its indices and first block) before it waits for that kernel; in dynamic mode nothing. X is read and Y written after.
+# stream finishes, and waits for it before it reads or writes anything.
 PDL_ENV = "PRUNEKIT_BSR_PDL"
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the

@@ -88,8 +88,7 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     :func:`structured.decode_schedule`'s finer schedule or the stored items unsplit (:func:`structured.split_pays`).
     So ``$PRUNEKIT_BSR_DECODE_SCHEDULE``, ``$PRUNEKIT_BSR_LEAN`` and ``$PRUNEKIT_BSR_SPLIT`` are read by Python on that
     first call; the kernel still reads ``$PRUNEKIT_BSR_LEAN`` on every call. The op itself is kept too; calls the lean
-    kernel takes pass the stored schedule (it reads none, but one passed lets it read the weights before the preceding
-    kernel ends). Each call then costs a dictionary lookup in Python besides the op call: the layer's
+    kernel takes pass no schedule. Each call then costs a dictionary lookup in Python besides the op call: the layer's
     host time per call is the eager overhead that issue 5 bounds."""
     buffers = layer._buffers
     blocks = buffers["w_blocks"]
@@ -104,15 +103,14 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
             entry = None
         else:
             static = buffers.get("w_schedule") is not None
-            # 0: the stored schedule (none in dynamic mode); 1: decode_schedule's finer one; 3: the stored items
-            # unsplit, where its split rows do not pay. The lean kernel reads no schedule, but gets the stored one: a
-            # schedule tells it the weights are static, so it may read them before the preceding kernel ends
-            # (programmatic dependent launch, csrc/structured/bsr_decode_lean.cu). A wgmma call keeps the stored
-            # schedule (an unresolved "auto" is 16-row blocks: never the finer one)
+            # 0: the stored schedule; 1: decode_schedule's finer one; 2: none, for the lean kernel (it reads none, and
+            # two arguments fewer cost less host time; were $PRUNEKIT_BSR_LEAN=0 set later, the tiled kernel would run
+            # in dynamic mode, which is as correct); 3: the stored items unsplit, where its split rows do not pay
+            # a wgmma call keeps the stored schedule (an unresolved "auto" is 16-row blocks: never the finer one)
             wgmma = variant == structured.VARIANTS["wgmma"]
             split = buffers.get("w_split_rows")
             if structured.lean_takes(blocks, n):
-                sched = 0
+                sched = 2
             elif static and structured.finer_decode_schedule(blocks, n, wgmma):
                 sched = 1
             elif static and split is not None and split.numel() and not structured.split_pays(blocks, crow, n):
@@ -125,6 +123,8 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
         return None
     op, variant, sched = entry
     bias = _bias(layer)
+    if sched == 2:
+        return op(blocks, crow, buffers["w_col_indices"], None, None, x2d, layer.out_features, bias, False, variant)
     if sched == 1:  # static mode at a decode N the lean kernel does not take: the finer schedule, kept on crow_indices
         items, rows = structured.decode_schedule(blocks, crow, buffers["w_schedule"], buffers["w_split_rows"], n)
     elif sched == 3:  # static mode where the stored split rows cost more than they balance: unsplit, kept on crow

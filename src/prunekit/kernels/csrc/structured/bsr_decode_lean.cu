@@ -21,11 +21,13 @@
 // warps.
 //
 // Programmatic dependent launch (twenty-eighth session; sm_90, $PRUNEKIT_BSR_PDL=0: off): the kernel may start while
-// the preceding kernel in the stream finishes. In static mode (a schedule given: the pattern and the blocks are fixed
-// at export, so no kernel in the stream writes them) a warp reads its block row's indices and its first block before
-// it waits for that kernel (griddepcontrol.wait); X is read, and Y written, only after the wait. In dynamic mode the
-// pattern may come from the preceding kernel, so the kernel waits before it reads anything. Once its loop is done it
-// lets the next kernel launch (griddepcontrol.launch_dependents); that kernel's own wait still covers these Y writes.
+// the preceding kernel in the stream finishes, and waits for it (griddepcontrol.wait) before it reads anything: the
+// preceding kernel may have written the pattern (dynamic mode), X, or even the weights of a static call (the op's
+// wrappers convert non-int32 indices and copy unaligned blocks in kernels of their own just before). Reading a static
+// call's indices and first block before the wait bought nothing measurable: with PDL, dynamic mode (waiting first)
+// took 0.99-1.02x the time of static mode reading them early at all 12 points of
+// benchmarks/results/bsr-pdl1-h100-2026-11-26-s28a.json. Once its loop is done the kernel lets the next kernel launch
+// (griddepcontrol.launch_dependents); that kernel's own wait still covers these Y writes.
 #include <cstdlib>
 #include <cstring>
 
@@ -42,9 +44,9 @@ template <typename T, int NT, int C, int W>
 __global__ void __launch_bounds__(32 * W)
     bsr_lean_kernel(const T* __restrict__ blocks, const int* __restrict__ crow, const int* __restrict__ cols,
                     const T* __restrict__ x, int64_t ldx, T* __restrict__ y, int64_t sym, int64_t syn,
-                    const T* __restrict__ bias, int relu, int r, int n, int weights_early) {
+                    const T* __restrict__ bias, int relu, int r, int n) {
   constexpr int KT = C / 16;  // 16-column k-tiles of a block
-  if (!weights_early) prunekit_launch::wait_preceding_grid();  // dynamic mode: the pattern may be the last kernel's
+  prunekit_launch::wait_preceding_grid();  // everything below may be the preceding kernel's output
   __shared__ float part[W][16][NT * 8 + 1];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -100,7 +102,6 @@ __global__ void __launch_bounds__(32 * W)
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
   load_w(jfirst, a);
-  prunekit_launch::wait_preceding_grid();  // X may be the preceding kernel's output (a no-op if waited above)
   load_x(jfirst, __shfl_sync(0xffffffffu, my_col, 0), b);
   int it = 0;  // the warp's iteration; block jfirst + it W is the one loaded ahead
   for (int j = jfirst; j < j1; j += W) {
@@ -152,36 +153,30 @@ __global__ void __launch_bounds__(32 * W)
   }
 }
 
-// How the lean kernel is launched: with programmatic dependent launch, and whether it reads the weights before it
-// waits for the preceding kernel (static mode only).
-struct LeanLaunch {
-  bool pdl, weights_early;
-};
-
 template <typename T, int NT, int C, int W>
 void launch_lean(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
-                 const at::Tensor& y, const T* bias, bool relu, const LeanLaunch& how, cudaStream_t stream) {
+                 const at::Tensor& y, const T* bias, bool relu, bool pdl, cudaStream_t stream) {
   const int64_t m = y.size(0);
   prunekit_launch::launch(bsr_lean_kernel<T, NT, C, W>, dim3(static_cast<unsigned>(m / 16)), dim3(32 * W), 0, stream,
-                          how.pdl, static_cast<const T*>(blocks.data_ptr()), crow.data_ptr<int>(),
+                          pdl, static_cast<const T*>(blocks.data_ptr()), crow.data_ptr<int>(),
                           cols.data_ptr<int>(), static_cast<const T*>(x.data_ptr()), x.stride(1),
                           static_cast<T*>(y.data_ptr()), y.stride(0), y.stride(1), bias, relu ? 1 : 0,
-                          static_cast<int>(blocks.size(1)), static_cast<int>(y.size(1)), how.weights_early ? 1 : 0);
+                          static_cast<int>(blocks.size(1)), static_cast<int>(y.size(1)));
 }
 
 template <typename T, int NT>
 void dispatch_lean(int c, int w, const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols,
-                   const at::Tensor& x, const at::Tensor& y, const T* bias, bool relu, const LeanLaunch& how,
+                   const at::Tensor& x, const at::Tensor& y, const T* bias, bool relu, bool pdl,
                    cudaStream_t stream) {
   if (c == 16) {
-    w == 8 ? launch_lean<T, NT, 16, 8>(blocks, crow, cols, x, y, bias, relu, how, stream)
-           : launch_lean<T, NT, 16, 4>(blocks, crow, cols, x, y, bias, relu, how, stream);
+    w == 8 ? launch_lean<T, NT, 16, 8>(blocks, crow, cols, x, y, bias, relu, pdl, stream)
+           : launch_lean<T, NT, 16, 4>(blocks, crow, cols, x, y, bias, relu, pdl, stream);
   } else if (c == 32) {
-    w == 8 ? launch_lean<T, NT, 32, 8>(blocks, crow, cols, x, y, bias, relu, how, stream)
-           : launch_lean<T, NT, 32, 4>(blocks, crow, cols, x, y, bias, relu, how, stream);
+    w == 8 ? launch_lean<T, NT, 32, 8>(blocks, crow, cols, x, y, bias, relu, pdl, stream)
+           : launch_lean<T, NT, 32, 4>(blocks, crow, cols, x, y, bias, relu, pdl, stream);
   } else {
-    w == 8 ? launch_lean<T, NT, 64, 8>(blocks, crow, cols, x, y, bias, relu, how, stream)
-           : launch_lean<T, NT, 64, 4>(blocks, crow, cols, x, y, bias, relu, how, stream);
+    w == 8 ? launch_lean<T, NT, 64, 8>(blocks, crow, cols, x, y, bias, relu, pdl, stream)
+           : launch_lean<T, NT, 64, 4>(blocks, crow, cols, x, y, bias, relu, pdl, stream);
   }
 }
 
@@ -225,14 +220,12 @@ int64_t lean_max_n(int64_t r, int64_t c) {
 // the H100 at N = 16 it took 0.26-0.93x of the tiled kernel's time in static mode at all 12 points of 4096 x 4096 and
 // 11008 x 4096, blocks 16 / 32 / 64, 90 / 95% (benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json),
 // and in dynamic mode at 10 of 12 (at 11008 x 4096 with 64-row blocks 11.61 / 7.62 against 10.50 / 7.46 us). Warps per
-// CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else lean_warps (by the number of strips and N). The N tile and variant
-// arguments of bsr_mm_out do not apply to it, nor does the schedule, except that one given (`static_mode`) lets the
-// kernel read the weights before it waits for the preceding kernel (programmatic dependent launch, on sm_90 unless
-// $PRUNEKIT_BSR_PDL=0). Arguments as bsr_mm_out has checked them (x K-contiguous with an even leading dimension,
-// 16-byte aligned; bias contiguous, x's dtype).
+// CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else lean_warps (by the number of strips and N). The schedule, N tile
+// and variant arguments of bsr_mm_out do not apply to it. Programmatic dependent launch on sm_90 unless
+// $PRUNEKIT_BSR_PDL=0 (bsr_pdl). Arguments as bsr_mm_out has checked them (x K-contiguous with an even leading
+// dimension, 16-byte aligned; bias contiguous, x's dtype).
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
-                  const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, bool static_mode,
-                  cudaStream_t stream) {
+                  const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream) {
   const char* on = std::getenv("PRUNEKIT_BSR_LEAN");
   if (on != nullptr && std::strcmp(on, "0") == 0) return false;
   PRUNEKIT_CHECK(on == nullptr || *on == '\0' || std::strcmp(on, "1") == 0,
@@ -255,19 +248,19 @@ bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Te
   } else {
     w = static_cast<int>(lean_warps(m, sm_count(x.get_device()), n));
   }
-  const LeanLaunch how{bsr_pdl(x.get_device()), static_mode};
+  const bool pdl = bsr_pdl(x.get_device());
   const void* bptr = bias.has_value() ? bias->data_ptr() : nullptr;
   const int ci = static_cast<int>(c);
   if (half) {
     const auto* b = static_cast<const __half*>(bptr);
-    n > 16  ? dispatch_lean<__half, 4>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream)
-    : n > 8 ? dispatch_lean<__half, 2>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream)
-            : dispatch_lean<__half, 1>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream);
+    n > 16  ? dispatch_lean<__half, 4>(ci, w, blocks, crow, cols, x, y, b, relu, pdl, stream)
+    : n > 8 ? dispatch_lean<__half, 2>(ci, w, blocks, crow, cols, x, y, b, relu, pdl, stream)
+            : dispatch_lean<__half, 1>(ci, w, blocks, crow, cols, x, y, b, relu, pdl, stream);
   } else {
     const auto* b = static_cast<const __nv_bfloat16*>(bptr);
-    n > 16  ? dispatch_lean<__nv_bfloat16, 4>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream)
-    : n > 8 ? dispatch_lean<__nv_bfloat16, 2>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream)
-            : dispatch_lean<__nv_bfloat16, 1>(ci, w, blocks, crow, cols, x, y, b, relu, how, stream);
+    n > 16  ? dispatch_lean<__nv_bfloat16, 4>(ci, w, blocks, crow, cols, x, y, b, relu, pdl, stream)
+    : n > 8 ? dispatch_lean<__nv_bfloat16, 2>(ci, w, blocks, crow, cols, x, y, b, relu, pdl, stream)
+            : dispatch_lean<__nv_bfloat16, 1>(ci, w, blocks, crow, cols, x, y, b, relu, pdl, stream);
   }
   return true;
 }

@@ -31,8 +31,7 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
 int64_t lean_warps(int64_t m, int64_t num_sms, int64_t n);  // bsr_decode_lean.cu
 int64_t lean_max_n(int64_t r, int64_t c);        // bsr_decode_lean.cu
 bool bsr_lean_run(const at::Tensor& blocks, const at::Tensor& crow, const at::Tensor& cols, const at::Tensor& x,
-                  const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, bool static_mode,
-                  cudaStream_t stream);
+                  const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu, cudaStream_t stream);
 
 // Kernel variants (the `variant` argument; structured.py VARIANTS holds the same numbers).
 constexpr int64_t VARIANT_AUTO = 0;   // wgmma where it takes the block shape on sm_90a, else mma.sync
@@ -128,8 +127,8 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
     PRUNEKIT_CHECK(split_rows->scalar_type() == at::kInt && split_rows->is_contiguous(), "bsr_mm: split_rows int32");
   }
   // the lean decode kernel reads crow_indices and col_indices only: the (checked) schedule, the N tile and the
-  // variant do not apply to it (a schedule says static mode: the weights may be read before the preceding kernel ends)
-  if (bsr_lean_run(blocks, crow, cols, x, y, bias, relu, schedule.has_value(), stream)) return;
+  // variant do not apply to it
+  if (bsr_lean_run(blocks, crow, cols, x, y, bias, relu, stream)) return;
   if (n_split > 0) {
     ws = at::zeros({n_split, r, n}, x.options().dtype(at::kFloat));
     args.ws = ws.data_ptr<float>();

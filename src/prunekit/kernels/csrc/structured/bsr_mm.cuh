@@ -115,7 +115,7 @@ struct BsrArgs {
 
 // Programmatic dependent launch of the lean decode and wgmma kernels: on sm_90 and newer unless $PRUNEKIT_BSR_PDL=0
 // (read at each call; unset, "" or "1": on; another value raises). The kernels wait for the preceding kernel
-// (griddepcontrol.wait) before they read X or anything that kernel may write, and write only after that.
+// (griddepcontrol.wait) before they read or write anything.
 inline bool bsr_pdl(int device) {
   const char* v = std::getenv("PRUNEKIT_BSR_PDL");
   PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0,

@@ -174,9 +174,9 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
   uint64_t* empty = full + STAGES;
 
-  // programmatic dependent launch (args.pdl): a dynamic pattern may be the preceding kernel's output, so wait before
-  // reading it; a static schedule is read first. Either way nothing reads X or writes before the wait below.
-  if (args.schedule == nullptr) prunekit_launch::wait_preceding_grid();
+  // programmatic dependent launch (args.pdl): anything below may be the preceding kernel's output (the pattern, X, a
+  // schedule or indices the op's wrappers converted just before), so wait before reading or writing anything
+  prunekit_launch::wait_preceding_grid();
   const BsrWork work = bsr_work_item(args);
   const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
   const int count = end - start;
@@ -191,7 +191,6 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  prunekit_launch::wait_preceding_grid();  // X, the split rows' workspace and Y: after the preceding kernel
 
   if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
     if (threadIdx.x == 0) {
@@ -398,9 +397,9 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
   uint64_t* empty = full + STAGES;
 
-  // programmatic dependent launch (args.pdl): a dynamic pattern may be the preceding kernel's output, so wait before
-  // reading it; a static schedule is read first. Either way nothing reads X or writes before the wait below.
-  if (args.schedule == nullptr) prunekit_launch::wait_preceding_grid();
+  // programmatic dependent launch (args.pdl): anything below may be the preceding kernel's output (the pattern, X, a
+  // schedule or indices the op's wrappers converted just before), so wait before reading or writing anything
+  prunekit_launch::wait_preceding_grid();
   const BsrWork work = bsr_work_item(args);
   const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
   const int count = end - start;
@@ -415,7 +414,6 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  prunekit_launch::wait_preceding_grid();  // X, the split rows' workspace and Y: after the preceding kernel
 
   if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
     if (threadIdx.x == 0) {
