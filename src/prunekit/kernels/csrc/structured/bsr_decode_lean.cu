@@ -216,9 +216,10 @@ int64_t lean_max_n(int64_t r, int64_t c) {
 }
 
 // Runs the lean kernel and returns true where it takes the call: 1 <= N <= lean_max_n, r and c in {16, 32, 64},
-// fp16/bf16, unless $PRUNEKIT_BSR_LEAN=0 (read per call; unset, "" or "1": on). On by default since the nineteenth session: on
-// the H100 at N = 16 it took 0.26-0.93x of the tiled kernel's time in static mode at all 12 points of 4096 x 4096 and
-// 11008 x 4096, blocks 16 / 32 / 64, 90 / 95% (benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json),
+// fp16/bf16, unless $PRUNEKIT_BSR_LEAN=0 (read per call; unset, "" or "1": on). On by default since the nineteenth
+// session: on the H100 at N = 16 it took 0.26-0.93x of the tiled kernel's time in static mode at all 12 points of
+// 4096 x 4096 and 11008 x 4096, blocks 16 / 32 / 64, 90 / 95%
+// (benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json),
 // and in dynamic mode at 10 of 12 (at 11008 x 4096 with 64-row blocks 11.61 / 7.62 against 10.50 / 7.46 us). Warps per
 // CTA: $PRUNEKIT_BSR_LEAN_WARPS (4 or 8; auto), else lean_warps (by the number of strips and N). The schedule, N tile
 // and variant arguments of bsr_mm_out do not apply to it. Programmatic dependent launch on sm_90 unless

@@ -290,7 +290,8 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });
   const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
-  prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x, args);
+  prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x,
+                          args);
 }
 
 template <typename T, int CONSUMERS>
@@ -524,7 +525,8 @@ void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs&
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });
   const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
-  prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x, args);
+  prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x,
+                          args);
 }
 
 // Blocks of r in {16, 32} rows and c in {16, 32, 64} columns.
