@@ -128,24 +128,23 @@ DECODE_SCHEDULE_ENV = "PRUNEKIT_BSR_DECODE_SCHEDULE"  # "0": the stored schedule
 # Calls at 1 <= N <= lean_max_n(r, c) (at most LEAN_MAX_N; static and dynamic, blocks 16 / 32 / 64, fp16 / bf16) run
 # the lean decode kernel (csrc/structured/bsr_decode_lean.cu: a CTA per 16-row strip, its warps taking the block
 # row's blocks in turn, blocks and X loaded straight into mma fragments; one launch, no schedule or workspace) instead
-# of the tiled kernel, unless $PRUNEKIT_BSR_LEAN=0. On by default since the nineteenth session: on the H100 at N = 16, static mode, 0.26-0.93x of
-# the tiled kernel's time at all 12 points of 4096 x 4096 and 11008 x 4096 (blocks 16 / 32 / 64, 90 / 95%), and ahead
-# of torch's Triton BSR at all 12 (1.00-3.09x; a tie, 7.62 against 7.63 us, at 11008 x 4096 b64 95%):
-# benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json. LEAN_WARPS_ENV forces its warps per CTA (4
-# or 8).
+# of the tiled kernel, unless $PRUNEKIT_BSR_LEAN=0. On by default since the nineteenth session: on the H100 at N = 16,
+# static mode, 0.26-0.93x of the tiled kernel's time at all 12 points of 4096 x 4096 and 11008 x 4096 (blocks 16 /
+# 32 / 64, 90 / 95%), and ahead of torch's Triton BSR at all 12 (1.00-3.09x; a tie, 7.62 against 7.63 us, at
+# 11008 x 4096 b64 95%): benchmarks/results/bsr-decode-{lean,tiled}-h100-2026-11-26-s19.json. LEAN_WARPS_ENV forces
+# its warps per CTA (4 or 8).
 LEAN_ENV = "PRUNEKIT_BSR_LEAN"
 LEAN_WARPS_ENV = "PRUNEKIT_BSR_LEAN_WARPS"
 LEAN_WIDE_MAX_STRIPS_PER_SM = 2  # lean_warps: 8 warps per CTA up to this many 16-row strips per SM, else 4
 LEAN_MAX_N = 32  # the lean kernel's capacity (4 n-tiles of 8 tokens); lean_max_n: the N it takes
-LEAN_MAX_N_ENV = (
-    "PRUNEKIT_BSR_LEAN_MAX_N"  # "16" / "32": the most tokens the lean kernel takes; unset / "auto": the rule
-)
+# "16" / "32": the most tokens the lean kernel takes; unset / "auto": the rule (lean_max_n)
+LEAN_MAX_N_ENV = "PRUNEKIT_BSR_LEAN_MAX_N"
 # lean_max_n's rule (csrc/structured/bsr_decode_lean.cu, the same): N up to LEAN_MAX_N for blocks of at most
 # LEAN_WIDE_MAX_ROWS rows, else up to LEAN_NARROW_MAX_N. On the H100 at N = 17 / 32 (4096 x 4096, 11008 x 4096, square
 # blocks, 90 / 95%; benchmarks/results/bsr-lmax{16,32}-h100-2026-11-26-s28c.json) the lean kernel took 0.26-0.99x the
 # time of the other kernels at all 16 points with 16- and 32-row blocks, and 1.15-1.41x at all 8 with 64-row blocks.
 LEAN_WIDE_MAX_ROWS = 32
-LEAN_NARROW_MAX_N = 16
+LEAN_NARROW_MAX_N = 16  # also lean_warps' bound: above this many tokens (the 4-n-tile instances) 4 warps
 # Programmatic dependent launch of the lean and wgmma kernels (sm_90; "0": off, "1" / unset: on; read by the C++
 # launcher at each call, csrc/structured/bsr_mm.cuh bsr_pdl): a kernel may start while the preceding kernel in the
 # stream finishes, and waits for it before it reads or writes anything.
@@ -888,7 +887,7 @@ def lean_warps(m: int, num_sms: int = 132, n: int = 16) -> int:
     tokens: 4 above 16 tokens; else 8 where the ``m / 16`` strips (one CTA each) are at most
     :data:`LEAN_WIDE_MAX_STRIPS_PER_SM` per SM, else 4. The C++ launcher's rule (``csrc/structured/bsr_decode_lean.cu``
     ``lean_warps``, with its H100 figures; a CUDA test compares them)."""
-    if n > 16:
+    if n > LEAN_NARROW_MAX_N:
         return 4
     return 8 if m // 16 <= LEAN_WIDE_MAX_STRIPS_PER_SM * num_sms else 4
 

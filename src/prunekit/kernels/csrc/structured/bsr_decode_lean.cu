@@ -37,6 +37,7 @@ namespace prunekit_structured {
 namespace {
 
 constexpr int kLeanMaxTokens = 32;  // the kernel's capacity: up to 4 n-tiles of 8 tokens (lean_max_n: what it takes)
+constexpr int kLeanNarrowMaxTokens = 16;  // lean_max_n for 64-row blocks; lean_warps: 8 warps only up to this N
 
 __device__ __forceinline__ uint32_t ldg32(const void* p) { return __ldg(static_cast<const uint32_t*>(p)); }
 
@@ -66,24 +67,18 @@ __global__ void __launch_bounds__(32 * W)
   int my_col = fetch_cols(0), my_col_next = 0;
   uint32_t a[KT][4], an[KT][4];
   uint32_t b[KT][NT][2], bn[KT][NT][2];
-  // block j's 16 x C slice (rows row0 .. row0 + 15) as A fragments, and X's rows col * C .. col * C + C - 1 as B
+  // block j's 16 x C slice (rows row0 .. row0 + 15) as A fragments and X's rows col * C .. col * C + C - 1 as B
   // fragments; zeros for j past the block row (warp-uniform) and for tokens past N
-  auto load_w = [&](int j, uint32_t (&av)[KT][4]) {
+  auto load = [&](int j, int col, uint32_t (&av)[KT][4], uint32_t (&bv)[KT][NT][2]) {
     const bool on = j < j1;
     const T* blk = blocks + static_cast<int64_t>(j) * block_elems + static_cast<int64_t>(row0 + g) * C + 2 * t;
+    const T* xk = x + static_cast<int64_t>(col) * C + 2 * t;
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
       av[kt][0] = on ? ldg32(blk + kt * 16) : 0u;
       av[kt][1] = on ? ldg32(blk + 8 * C + kt * 16) : 0u;
       av[kt][2] = on ? ldg32(blk + kt * 16 + 8) : 0u;
       av[kt][3] = on ? ldg32(blk + 8 * C + kt * 16 + 8) : 0u;
-    }
-  };
-  auto load_x = [&](int j, int col, uint32_t (&bv)[KT][NT][2]) {
-    const bool on = j < j1;
-    const T* xk = x + static_cast<int64_t>(col) * C + 2 * t;
-#pragma unroll
-    for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int tok = nt * 8 + g;
@@ -101,8 +96,7 @@ __global__ void __launch_bounds__(32 * W)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-  load_w(jfirst, a);
-  load_x(jfirst, __shfl_sync(0xffffffffu, my_col, 0), b);
+  load(jfirst, __shfl_sync(0xffffffffu, my_col, 0), a, b);
   int it = 0;  // the warp's iteration; block jfirst + it W is the one loaded ahead
   for (int j = jfirst; j < j1; j += W) {
     ++it;
@@ -110,8 +104,7 @@ __global__ void __launch_bounds__(32 * W)
     if (more) {
       if ((it & 31) == 16) my_col_next = fetch_cols((it & ~31) + 32);
       if ((it & 31) == 0) my_col = my_col_next;
-      load_w(j + W, an);
-      load_x(j + W, __shfl_sync(0xffffffffu, my_col, it & 31), bn);
+      load(j + W, __shfl_sync(0xffffffffu, my_col, it & 31), an, bn);
     }
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt)
@@ -193,7 +186,7 @@ int sm_count(int device);  // bsr_mm.cu
 // 16 / 32, 90 / 95%; bsr-lean-w{4,8}-n32-h100-2026-11-26-s28h.json) 8 warps took 1.00-1.11x the 4-warp time at the 4
 // points of 4096 x 4096 and 1.09-1.30x at the 4 of 11008 x 4096.
 int64_t lean_warps(int64_t m, int64_t num_sms, int64_t n) {
-  if (n > 16) return 4;
+  if (n > kLeanNarrowMaxTokens) return 4;
   return m / 16 <= 2 * num_sms ? 8 : 4;
 }
 
@@ -209,10 +202,10 @@ int64_t lean_max_n(int64_t r, int64_t c) {
   if (v != nullptr && *v != '\0' && std::strcmp(v, "auto") != 0) {
     PRUNEKIT_CHECK(std::strcmp(v, "16") == 0 || std::strcmp(v, "32") == 0,
                    "bsr_mm: $PRUNEKIT_BSR_LEAN_MAX_N must be auto, 16 or 32, got '", v, "'");
-    return v[0] == '1' ? 16 : 32;
+    return v[0] == '1' ? kLeanNarrowMaxTokens : kLeanMaxTokens;
   }
   (void)c;
-  return r <= 32 ? 32 : 16;
+  return r <= 32 ? kLeanMaxTokens : kLeanNarrowMaxTokens;
 }
 
 // Runs the lean kernel and returns true where it takes the call: 1 <= N <= lean_max_n, r and c in {16, 32, 64},
