@@ -47,6 +47,7 @@ SOURCES = (
     "spmm_tc.cu",
     "spmm_scatter.cu",
     "spmm_dense.cu",
+    "spmm_residual.cu",
     "sddmm_csr.cu",
 )
 HEADERS = ("check.h", "common.cuh", "kernels.h", "launch.cuh", "mma.cuh", "views.h")

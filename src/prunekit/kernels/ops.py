@@ -208,3 +208,5 @@ nm_mm = _define("nm_mm", _nm_mm, _nm_mm_fake)
 from . import structured  # noqa: E402,F401  (CUDA impls of bsr_mm / nm_mm)
 
 from . import ks  # noqa: E402,F401  # isort: skip  (prunekit::ks_mm)
+
+from . import split24  # noqa: E402,F401  # isort: skip  (prunekit::csr_residual_rows)

@@ -179,6 +179,9 @@ cusparseStatus_t plan_config(const cusparseLtMatmulDescriptor_t& matmul, int id,
   return status;
 }
 
+// A tensor of y's sizes and strides for a configuration search to overwrite (y keeps its values).
+at::Tensor search_scratch(const at::Tensor& y) { return at::empty_strided(y.sizes(), y.strides(), y.options()); }
+
 // Our own configuration search (cusparseLtMatmulSearch returned "internal error" on the H100 at large GEMMs, then
 // the next CUDA call hit an illegal instruction: docs/PERFORMANCE_STRUCTURED.md). Every configuration id cuSPARSELt
 // offers for `matmul` (up to CUSPARSELT_MATMUL_ALG_CONFIG_MAX_ID) gets a plan; each that plans and runs is timed on
@@ -331,7 +334,12 @@ int64_t cslt_prepare_b(const at::Tensor& dense, bool col) { return prepare_weigh
 // y (M, N) = act(W @ x + bias); x: (K, N) column-major (x.stride(0) == 1) or row-major (x.stride(1) == 1, N > 1);
 // y: (M, N) column-major (y.stride(0) == 1) or row-major (y.stride(1) == 1; on the H100 with cuSPARSELt 0.8 torch's
 // row-major-output configuration ran 2.4x faster than the column-major one, see docs/PERFORMANCE_STRUCTURED.md).
-void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu) {
+//
+// beta (cslt_mm_beta): y = act(W @ x + beta * y + bias), y's old values read in cuSPARSELt's epilogue (C = D); the
+// split24 SpMM variant (kernels/split24.py) adds its residual's product this way. A configuration search for a new
+// plan then runs on a scratch copy of y, so that y's values survive it.
+void cslt_mm_impl(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias,
+                  bool relu, float beta) {
   Weight* w = nullptr;
   {
     const std::lock_guard<std::mutex> lock(registry_mutex);
@@ -416,7 +424,7 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
           plan->config_source = found->second.stored ? kConfigStored : kConfigFromBucket;
         } else {
           bool searched = false;
-          plan->config_id = tune_config_id(*w, plan->matmul, x, y, &searched);
+          plan->config_id = tune_config_id(*w, plan->matmul, x, beta != 0.f ? search_scratch(y) : y, &searched);
           if (searched) {
             plan->config_source = kConfigSearched;
             searched_configs[tkey] = Choice{plan->config_id, false};
@@ -443,12 +451,13 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
         constexpr size_t kSearchWorkspace = size_t{256} << 20;
         at::Tensor ws = at::empty({static_cast<int64_t>(std::max(plan->workspace, kSearchWorkspace))},
                                   x.options().dtype(at::kByte));
-        const float alpha = 1.f, beta = 0.f;
+        const float alpha = 1.f, search_beta = 0.f;
         cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
         const void* a_ptr = w->sparse_b ? x.data_ptr() : w->compressed.data_ptr();
         const void* b_ptr = w->sparse_b ? w->compressed.data_ptr() : x.data_ptr();
-        PK_CSLT_CHECK(cusparseLtMatmulSearch(handle(), &plan->plan, &alpha, a_ptr, b_ptr, &beta, y.data_ptr(),
-                                             y.data_ptr(), ws.data_ptr(), &stream, 1));
+        const at::Tensor ys = beta != 0.f ? search_scratch(y) : y;
+        PK_CSLT_CHECK(cusparseLtMatmulSearch(handle(), &plan->plan, &alpha, a_ptr, b_ptr, &search_beta, ys.data_ptr(),
+                                             ys.data_ptr(), ws.data_ptr(), &stream, 1));
         PK_CSLT_CHECK(cusparseLtMatmulGetWorkspace(handle(), &plan->plan, &plan->workspace));
       }
       slot = std::move(plan);
@@ -462,7 +471,7 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
     workspace = at::empty({static_cast<int64_t>(p->workspace)}, x.options().dtype(at::kByte));
     ws_ptr = workspace.data_ptr();
   }
-  const float alpha = 1.f, beta = 0.f;
+  const float alpha = 1.f;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const void* a_ptr = w->sparse_b ? x.data_ptr() : w->compressed.data_ptr();
   const void* b_ptr = w->sparse_b ? w->compressed.data_ptr() : x.data_ptr();
@@ -476,6 +485,15 @@ void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::op
     w->plans.erase(key);
     w->last = nullptr;
   }
+}
+
+void cslt_mm(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias, bool relu) {
+  cslt_mm_impl(id, x, y, bias, relu, 0.f);
+}
+
+void cslt_mm_beta(int64_t id, const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& bias,
+                  bool relu, double beta) {
+  cslt_mm_impl(id, x, y, bias, relu, static_cast<float>(beta));
 }
 
 // The eager entry (one dispatcher call per layer call, no Python tensor work): Y (M, N) = act(W @ x + bias). N is
@@ -600,6 +618,7 @@ TORCH_LIBRARY(prunekit_cslt, m) {
   m.def("max_alg_id(int id, Tensor x, Tensor(a!) y) -> int");
   m.def("last_config(int id) -> int[]", &prunekit_cslt::cslt_last_config);  // no tensor argument: catch-all
   m.def("mm(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu) -> ()");
+  m.def("mm_beta(int id, Tensor x, Tensor(a!) y, Tensor? bias, bool relu, float beta) -> ()");
   m.def("linear(int id, Tensor x, Tensor? bias, bool relu, int output) -> Tensor");
   m.def("release(int id) -> ()", &prunekit_cslt::cslt_release);  // no tensor argument: a catch-all kernel
   m.def("store_config(int m, int k, int dtype, bool x_row, bool bias, int n_bucket, int config_id) -> bool",
@@ -612,5 +631,6 @@ TORCH_LIBRARY_IMPL(prunekit_cslt, CUDA, m) {
   m.impl("prepare_b", &prunekit_cslt::cslt_prepare_b);
   m.impl("max_alg_id", &prunekit_cslt::cslt_max_alg_id);
   m.impl("mm", &prunekit_cslt::cslt_mm);
+  m.impl("mm_beta", &prunekit_cslt::cslt_mm_beta);
   m.impl("linear", &prunekit_cslt::cslt_linear);
 }

@@ -1,0 +1,234 @@
+// The residual of the `split24` SpMM variant: Y (M, N) row-major [+]= R @ X^T for a hypersparse CSR R.
+//
+// A random unstructured weight at 90% sparsity is, along K, a 2:4 weight (the two largest of every group of 4; Hopper's
+// sparse tensor cores through cuSPARSELt, prunekit_cslt) plus a residual R holding the rest: only groups with more
+// than 2 non-zeros have any, 0.37% of them, so R has a density of about 0.1% (0.012% at 95%): a handful of non-zeros
+// per row (docs/PERFORMANCE.md, "Twenty-eighth session" and "Twenty-ninth session"). Its product is a pass over Y, so
+// it is bound by Y's bytes and X's, not by arithmetic. The general CSR kernels stage X per block of rows; for rows this
+// short that reads X many times over (s28g: 87-235 us at N = 2048 where writing Y takes 6-15 us).
+//
+// Here each block owns TN tokens and every row: X's TN rows (N, K row-major, nn.Linear's activations) are staged once
+// into shared memory transposed, xs[c][t], so that a non-zero's TN products read one contiguous 2 * TN bytes. Then each
+// thread takes rows r = tid, tid + blockDim, ... and writes Y[r, n0 : n0 + TN] (2 * TN contiguous bytes; 16-byte
+// stores where aligned). X is read from memory once per call, R once per block (from L2), Y once (or read and written
+// once when accumulating). TN = 16 where 16 * K elements fit in shared memory (K <= 7264 in fp16), else 8 or 4.
+//
+// accumulate = false writes Y = R @ X^T (every row, zeros where R's row is empty): the C that cuSPARSELt then adds in
+// its epilogue (beta = 1). accumulate = true adds into Y (rows without non-zeros are skipped unless relu), then ReLU.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
+#include "common.cuh"
+#include "kernels.h"
+
+namespace prunekit {
+
+namespace {
+
+constexpr int kResidualThreads = 1024;
+
+template <int BYTES> struct VecOf;
+template <> struct VecOf<8> { using type = uint2; };
+template <> struct VecOf<16> { using type = uint4; };
+
+// Load X's rows [n0, n0 + TN) (zero beyond n_valid) into xs[c * TN + t]: thread c copies one column, TN * 2 bytes,
+// stored as 16-byte (or 8-byte) vectors; where a column spans two vectors, lanes 4-7 of each group of 8 store the
+// second one first, so that a warp's stores fall on distinct banks.
+template <typename T, int TN>
+__device__ __forceinline__ void stage_x(uint16_t* xs, const T* __restrict__ x, int64_t ldx, int k, int n0,
+                                        int n_valid) {
+  constexpr int kBytes = TN * 2;
+  constexpr int kVecBytes = kBytes < 16 ? kBytes : 16;
+  constexpr int kVecs = kBytes / kVecBytes;
+  using V = typename VecOf<kVecBytes>::type;
+  const int nt = min(TN, n_valid - n0);
+  const uint16_t* xb = reinterpret_cast<const uint16_t*>(x) + static_cast<int64_t>(n0) * ldx;
+  for (int c = threadIdx.x; c < k; c += blockDim.x) {
+    uint32_t words[TN / 2];
+#pragma unroll
+    for (int t = 0; t < TN; t += 2) {
+      const uint32_t lo = t < nt ? __ldg(xb + static_cast<int64_t>(t) * ldx + c) : 0u;
+      const uint32_t hi = t + 1 < nt ? __ldg(xb + static_cast<int64_t>(t + 1) * ldx + c) : 0u;
+      words[t / 2] = lo | (hi << 16);
+    }
+    V* dst = reinterpret_cast<V*>(xs + static_cast<int64_t>(c) * TN);
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int q = kVecs == 2 ? (i + ((threadIdx.x >> 2) & 1)) & 1 : i;
+      V v;
+      if constexpr (kVecBytes == 16) {
+        v = make_uint4(words[4 * q], words[4 * q + 1], words[4 * q + 2], words[4 * q + 3]);
+      } else {
+        v = make_uint2(words[2 * q], words[2 * q + 1]);
+      }
+      dst[q] = v;
+    }
+  }
+}
+
+template <typename T, typename I, int TN>
+__global__ void __launch_bounds__(kResidualThreads)
+csr_residual_rows_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets,
+                         const I* __restrict__ cols, const T* __restrict__ x, int64_t ldx, T* __restrict__ y,
+                         int64_t ldy, int m, int k, int n, int n_valid, bool accumulate, bool relu, bool vec_y) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* xs = reinterpret_cast<uint16_t*>(smem);
+  const int n0 = blockIdx.x * TN;
+  if (n0 < n_valid) stage_x<T, TN>(xs, x, ldx, k, n0, n_valid);
+  __syncthreads();
+  const int nt = min(TN, n - n0);
+  const bool vec = vec_y && nt == TN;
+  const int rows_per_part = (m + gridDim.y - 1) / gridDim.y;
+  const int r_begin = blockIdx.y * rows_per_part, r_end = min(m, r_begin + rows_per_part);
+  constexpr int kWords = TN / 2;
+  for (int r = r_begin + threadIdx.x; r < r_end; r += blockDim.x) {
+    const int j0 = __ldg(row_offsets + r), j1 = __ldg(row_offsets + r + 1);
+    if (accumulate && !relu && j0 == j1) continue;  // nothing to add
+    T* yr = y + static_cast<int64_t>(r) * ldy + n0;
+    float acc[TN];
+    uint32_t yw[kWords];
+    if (accumulate) {  // Y's old values, loaded before the row's non-zeros so that the two latencies overlap
+      if (vec) {
+        if constexpr (TN >= 8) {
+#pragma unroll
+          for (int q = 0; q < kWords; q += 4) {
+            const uint4 v = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(yr) + q);
+            yw[q] = v.x, yw[q + 1] = v.y, yw[q + 2] = v.z, yw[q + 3] = v.w;
+          }
+        } else {
+          const uint2 v = *reinterpret_cast<const uint2*>(yr);
+          yw[0] = v.x, yw[1] = v.y;
+        }
+#pragma unroll
+        for (int t = 0; t < TN; ++t) acc[t] = word_elem<T>(yw, t);
+      } else {
+#pragma unroll
+        for (int t = 0; t < TN; ++t) acc[t] = t < nt ? to_f(yr[t]) : 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < TN; ++t) acc[t] = 0.f;
+    }
+    for (int j = j0; j < j1; ++j) {
+      const float v = to_f(values[j]);
+      const int c = static_cast<int>(cols[j]);
+      const uint32_t* xc = reinterpret_cast<const uint32_t*>(xs + static_cast<int64_t>(c) * TN);
+      uint32_t w[kWords];
+#pragma unroll
+      for (int q = 0; q < kWords; q += (kWords >= 4 ? 4 : 2)) {
+        if constexpr (kWords >= 4) {
+          const uint4 u = *reinterpret_cast<const uint4*>(xc + q);
+          w[q] = u.x, w[q + 1] = u.y, w[q + 2] = u.z, w[q + 3] = u.w;
+        } else {
+          const uint2 u = *reinterpret_cast<const uint2*>(xc + q);
+          w[q] = u.x, w[q + 1] = u.y;
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < TN; ++t) acc[t] = fmaf(v, word_elem<T>(w, t), acc[t]);
+    }
+    if (relu) {
+#pragma unroll
+      for (int t = 0; t < TN; ++t) acc[t] = fmaxf(acc[t], 0.f);
+    }
+    if (vec) {
+      if constexpr (TN >= 8) {
+#pragma unroll
+        for (int t = 0; t < TN; t += 8) store_vec16<T>(yr + t, acc + t);
+      } else {
+        store4<T>(yr, acc[0], acc[1], acc[2], acc[3]);
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < TN; ++t) {
+        if (t < nt) yr[t] = from_f<T>(acc[t]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t residual_tile_n(int64_t k, int64_t smem_limit) {
+  for (int64_t tn : {16, 8, 4}) {
+    if (k * tn * 2 <= smem_limit) return tn;
+  }
+  return 0;
+}
+
+void spmm_csr_residual_rows(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
+                            const at::Tensor& x, const at::Tensor& y, int64_t n_valid, bool accumulate, bool relu,
+                            int64_t row_parts) {
+  constexpr const char* op = "spmm_csr_residual_rows";
+  PRUNEKIT_CHECK(row_offsets.is_cuda() && column_indices.is_cuda() && values.is_cuda(), op,
+                 ": CSR tensors must be on the GPU");
+  PRUNEKIT_CHECK(row_offsets.scalar_type() == at::kInt && row_offsets.dim() == 1 && row_offsets.is_contiguous(), op,
+                 ": row_offsets must be a contiguous 1-D int32 tensor");
+  PRUNEKIT_CHECK(column_indices.dim() == 1 && column_indices.is_contiguous() && values.dim() == 1 &&
+                     values.is_contiguous() && values.numel() == column_indices.numel(),
+                 op, ": values and column_indices must be contiguous 1-D tensors of one length");
+  PRUNEKIT_CHECK(x.dim() == 2 && y.dim() == 2, op, ": x (N, K) and y (M, N_out) must be 2-D");
+  const auto dtype = values.scalar_type();
+  PRUNEKIT_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, op, ": values must be float16 or bfloat16, got ", dtype);
+  PRUNEKIT_CHECK(x.scalar_type() == dtype && y.scalar_type() == dtype, op, ": values, x and y must share one dtype");
+  PRUNEKIT_CHECK(x.device() == values.device() && y.device() == values.device() &&
+                     row_offsets.device() == values.device() && column_indices.device() == values.device(),
+                 op, ": every tensor must be on one GPU");
+  PRUNEKIT_CHECK(x.stride(1) == 1 || x.size(1) <= 1, op, ": x must be row-major (N, K) (unit stride along K)");
+  PRUNEKIT_CHECK(y.stride(1) == 1 || y.size(1) <= 1, op, ": y must be row-major (M, N_out) (unit stride along N)");
+  const int64_t m = y.size(0), n = y.size(1), k = x.size(1);
+  PRUNEKIT_CHECK(row_offsets.numel() == m + 1, op, ": row_offsets has ", row_offsets.numel(),
+                 " entries, expected M + 1 = ", m + 1);
+  PRUNEKIT_CHECK(n_valid >= 0 && n_valid <= x.size(0) && n_valid <= n, op, ": n_valid (", n_valid,
+                 ") must be at most x's rows (", x.size(0), ") and y's columns (", n, ")");
+  PRUNEKIT_CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31), op,
+                 ": M, N and K must be < 2^31");
+  PRUNEKIT_CHECK(row_parts >= 1 && row_parts <= 65535, op, ": row_parts must be in [1, 65535], got ", row_parts);
+  if (m == 0 || n == 0) return;
+  const c10::cuda::CUDAGuard guard(values.device());
+  int device = 0, smem_limit = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int64_t tn = residual_tile_n(std::max<int64_t>(k, 1), smem_limit);
+  PRUNEKIT_CHECK(tn > 0, op, ": K = ", k, " is too large: 4 rows of X must fit in shared memory (", smem_limit,
+                 " bytes)");
+  const size_t smem = static_cast<size_t>(std::max<int64_t>(k, 1) * tn * 2);
+  const bool vec_y = reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0 && (y.stride(0) * 2) % 16 == 0;
+  const dim3 grid(static_cast<unsigned>((n + tn - 1) / tn), static_cast<unsigned>(row_parts));
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t ldx = x.size(0) > 1 ? x.stride(0) : k, ldy = y.size(0) > 1 ? y.stride(0) : n;
+  PRUNEKIT_DISPATCH_INDEX(column_indices.scalar_type(), [&] {
+    auto run = [&](auto tag) {
+      using scalar_t = decltype(tag);
+      const auto* vals = reinterpret_cast<const scalar_t*>(values.data_ptr());
+      const auto* cols = reinterpret_cast<const index_t*>(column_indices.data_ptr());
+      const auto* xp = reinterpret_cast<const scalar_t*>(x.data_ptr());
+      auto* yp = reinterpret_cast<scalar_t*>(y.data_ptr());
+      auto go = [&](auto kernel) {
+        C10_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        kernel<<<grid, kResidualThreads, smem, stream>>>(vals, row_offsets.data_ptr<int>(), cols, xp, ldx, yp, ldy,
+                                                         static_cast<int>(m), static_cast<int>(k), static_cast<int>(n),
+                                                         static_cast<int>(n_valid), accumulate, relu, vec_y);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      if (tn == 16) {
+        go(csr_residual_rows_kernel<scalar_t, index_t, 16>);
+      } else if (tn == 8) {
+        go(csr_residual_rows_kernel<scalar_t, index_t, 8>);
+      } else {
+        go(csr_residual_rows_kernel<scalar_t, index_t, 4>);
+      }
+    };
+    if (dtype == at::kHalf) {
+      run(__half{});
+    } else {
+      run(__nv_bfloat16{});
+    }
+  });
+}
+
+}  // namespace prunekit

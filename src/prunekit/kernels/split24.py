@@ -1,0 +1,294 @@
+"""The ``split24`` SpMM variant: an unstructured weight as a 2:4 part plus a hypersparse residual (issue 4, large N).
+
+At large N an unstructured SpMM is bound by the tensor cores, and a random pattern at 90-98% lets no kernel skip whole
+mma tiles: the ``dense`` variant (a cuBLAS GEMM after decompressing the weight) reaches 0.70-1.00x of dense cuBLAS
+(docs/PERFORMANCE.md, "Twenty-fifth session"). Hopper's sparse tensor cores double the mma rate for 2:4 weights
+(Mishra et al., "Accelerating Sparse Deep Neural Networks", 2021), and a random weight at sparsity ``s`` has more than
+two non-zeros in a group of 4 along K with probability ``4 s (1 - s)^3 + (1 - s)^4``: 0.37% of the groups at 90%. So
+``W = W24 + R``: ``W24`` keeps the two largest-magnitude entries of every group (prunekit's cuSPARSELt binding,
+compressed once), the residual ``R`` the rest, a density of about 0.1% at 90% (0.012% at 95%):
+
+- ``"beta"`` mode: the residual kernel writes ``Y = R @ X^T`` (``csrc/spmm_residual.cu``), then cuSPARSELt computes
+  ``Y = act(W24 @ X^T + Y + bias)`` reading the old ``Y`` in its epilogue (``prunekit_cslt::mm_beta``);
+- ``"post"`` mode: cuSPARSELt writes ``Y = W24 @ X^T + bias``, then the residual kernel adds ``R @ X^T`` and applies
+  the activation (rows without residual non-zeros are skipped when there is none).
+
+The price is memory: the 2:4 part holds 9/16 of the dense weight's bytes (compressed values and metadata) beside the
+stored CSR weight, built on first use and kept with it.
+torch only, like the rest of ``kernels``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..errors import KernelUnavailable
+from . import gpu, structured
+from .tensor_cache import tensor_version
+
+MODES = ("beta", "post")
+MODE_ENV = "PRUNEKIT_SPLIT24_MODE"
+DEFAULT_MODE = "beta"
+RESIDUAL_THREADS = 1024
+_WEIGHT_ATTR = "_prunekit_split24"
+
+
+def split_24(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split a weight into a 2:4 part and a residual along K.
+
+    Args:
+        dense: ``(M, K)`` float tensor, ``K % 4 == 0``.
+
+    Returns:
+        ``(w24, residual)``, both ``(M, K)`` in ``dense.dtype``, ``w24 + residual == dense`` exactly: ``w24`` holds the
+        two largest-magnitude entries of every group of 4 consecutive columns (ties to the lower column), ``residual``
+        the others (non-zero only in groups with more than two non-zeros).
+
+    Raises:
+        ValueError: not 2-D, or K not a multiple of 4.
+    """
+    if dense.dim() != 2 or dense.shape[1] % 4:
+        raise ValueError(f"split_24 needs an (M, K) weight with K a multiple of 4, got shape {tuple(dense.shape)}")
+    m, k = dense.shape
+    groups = dense.reshape(m, k // 4, 4)
+    top = groups.abs().topk(2, dim=-1, sorted=False).indices
+    keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, top, True)
+    w24 = torch.where(keep, groups, torch.zeros((), dtype=dense.dtype, device=dense.device)).reshape(m, k)
+    return w24, dense - w24
+
+
+def residual_csr(residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A residual's non-zeros as plain CSR: ``(values (nnz,) in residual.dtype, row_offsets (M + 1,) int32,
+    column_indices (nnz,) int32)``, columns ascending within a row. ``residual: (M, K)``."""
+    rows, cols = residual.nonzero(as_tuple=True)  # row-major order: columns ascend within a row
+    counts = torch.bincount(rows, minlength=residual.shape[0])
+    row_offsets = torch.zeros(residual.shape[0] + 1, dtype=torch.int32, device=residual.device)
+    row_offsets[1:] = counts.cumsum(0)
+    return residual[rows, cols].contiguous(), row_offsets, cols.to(torch.int32).contiguous()
+
+
+def _residual_reference(
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    n_valid: int,
+    accumulate: bool,
+    relu: bool,
+) -> None:
+    m, n = y.shape
+    counts = (row_offsets[1:] - row_offsets[:-1]).long()
+    rows = torch.repeat_interleave(torch.arange(m, device=y.device), counts)
+    prod = torch.zeros(m, n, dtype=torch.float64, device=y.device)
+    if n_valid > 0 and values.numel() > 0:
+        xv = x[:n_valid].double()  # (n_valid, K)
+        contrib = values.double()[:, None] * xv[:, column_indices.long()].t()  # (nnz, n_valid)
+        prod[:, :n_valid].index_add_(0, rows, contrib)
+    out = prod + y.double() if accumulate else prod
+    if relu:
+        out = out.clamp_min(0)
+    y.copy_(out.to(y.dtype))
+
+
+def _define_residual_op():
+    qualname = "prunekit::csr_residual_rows"
+    try:
+        op = torch.library.custom_op(qualname, mutates_args=("y",), device_types="cpu")(_residual_reference)
+    except RuntimeError:  # registered by another copy of this module (a package runtime and prunekit)
+        return torch.ops.prunekit.csr_residual_rows.default
+    op.register_fake(lambda values, row_offsets, column_indices, x, y, n_valid, accumulate, relu: None)
+
+    @op.register_kernel("cuda")
+    def _cuda(values, row_offsets, column_indices, x, y, n_valid, accumulate, relu):
+        residual_rows_cuda(values, row_offsets, column_indices, x, y, n_valid, accumulate, relu)
+
+    return op
+
+
+def residual_row_parts(n: int, k: int, num_sms: int) -> int:
+    """Row parts of the residual kernel's grid (``blockIdx.y``): one block per ``tile_n`` tokens owns every row, so
+    where those blocks are fewer than the SMs the rows are split in as many parts as fill them (each part stages the
+    X tile again)."""
+    tiles = -(-n // residual_tile_n(k))
+    return max(1, min(65535, num_sms // max(1, tiles)))
+
+
+def residual_tile_n(k: int, smem_limit: int = 227 * 1024) -> int:
+    """Tokens per block of the residual kernel: the largest of 16 / 8 / 4 whose ``tile_n * K`` fp16 elements fit in
+    shared memory (``residual_tile_n`` in ``csrc/spmm_residual.cu``); 0 where none does."""
+    for tn in (16, 8, 4):
+        if k * tn * 2 <= smem_limit:
+            return tn
+    return 0
+
+
+def residual_rows_cuda(
+    values: torch.Tensor,
+    row_offsets: torch.Tensor,
+    column_indices: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    n_valid: int,
+    accumulate: bool = False,
+    relu: bool = False,
+    row_parts: int | None = None,
+) -> None:
+    """CUDA residual product in place: ``y = act([y +] R @ x[:n_valid]^T)``, zeros for the columns from ``n_valid``.
+
+    Args:
+        values: ``(nnz,)`` fp16/bf16; row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz,)`` int16/int32 (R as
+            CSR, e.g. from :func:`residual_csr`); x: ``(N, K)`` row-major (``nn.Linear`` activations), same dtype;
+            y: ``(M, N_out)`` row-major (unit stride along N), ``n_valid <= min(N, N_out)``; row_parts: the grid's row
+            split (default :func:`residual_row_parts`).
+
+    Raises:
+        KernelUnavailable: no GPU/compiler. RuntimeError: bad shapes, dtypes or layouts (the kernel's checks), or K
+        too large for 4 rows of X in shared memory.
+    """
+    gpu._ensure_loaded()
+    if row_parts is None:
+        row_parts = residual_row_parts(y.shape[1], x.shape[1], gpu._sm_count(y.device))
+    torch.ops.prunekit_ext.spmm_csr_residual_rows.default(
+        values, row_offsets, column_indices, x, y, n_valid, accumulate, relu, row_parts
+    )
+
+
+csr_residual_rows = _define_residual_op()
+"""``prunekit::csr_residual_rows(values, row_offsets, column_indices, x, y, n_valid, accumulate, relu) -> ()``: ``y
+(M, N_out) = act([y +] R @ x[:n_valid]^T)`` in place, R as CSR, ``x: (N, K)``. CPU: a float64 reference; CUDA:
+:func:`residual_rows_cuda`."""
+
+
+def mode(value: str | None = None) -> str:
+    """The ``split24`` mode (:data:`MODES`): ``value``, else ``$PRUNEKIT_SPLIT24_MODE``, else ``"beta"``.
+
+    Raises:
+        ValueError: not one of :data:`MODES`.
+    """
+    chosen = value if value is not None else os.environ.get(MODE_ENV, DEFAULT_MODE)
+    if chosen not in MODES:
+        raise ValueError(f"split24 mode must be one of {', '.join(MODES)}, got {chosen!r} (${MODE_ENV})")
+    return chosen
+
+
+class Split24Weight:
+    """A weight as its 2:4 part (registered with prunekit's cuSPARSELt binding, compressed once) and its residual.
+
+    Attributes: ``m``, ``k``; ``native`` (the binding's weight, ``native.id``); ``r_values`` / ``r_row_offsets`` /
+    ``r_column_indices`` (the residual as CSR, :func:`residual_csr`); ``version`` / ``data_ptr`` (of the stored
+    weight it was built from).
+    """
+
+    def __init__(self, dense: torch.Tensor, version: int = 0, data_ptr: int = 0):
+        m, k = dense.shape
+        w24, residual = split_24(dense)
+        self.m, self.k = m, k
+        self.native = structured._NativeWeight(w24.contiguous(), version, data_ptr)
+        self.r_values, self.r_row_offsets, self.r_column_indices = residual_csr(residual)
+        self.version, self.data_ptr = version, data_ptr
+
+    @property
+    def residual_nnz(self) -> int:
+        return int(self.r_values.numel())
+
+    def extra_bytes(self) -> int:
+        """Bytes held beside the stored weight: the 2:4 part (9/16 of the dense weight: half the values plus 2-bit
+        indices) and the residual's CSR."""
+        esize = self.r_values.element_size()
+        dense = self.m * self.k * esize
+        residual = sum(t.numel() * t.element_size() for t in (self.r_values, self.r_row_offsets, self.r_column_indices))
+        return dense // 2 + dense // 16 + residual
+
+
+def takes(m: int, k: int, dtype: torch.dtype) -> bool:
+    """True when a weight ``(M, K)`` of ``dtype`` can run ``split24``: fp16/bf16, ``M % 32 == 0`` and ``K % 64 == 0``
+    (prunekit's cuSPARSELt binding), K small enough for the residual kernel, cuSPARSELt present."""
+    return (
+        dtype in structured.KERNEL_DTYPES
+        and m > 0
+        and m % structured.CSLT_ALIGN_MK[0] == 0
+        and k % structured.CSLT_ALIGN_MK[1] == 0
+        and residual_tile_n(k) > 0
+        and structured.native_cslt_available()
+    )
+
+
+def split24_weight(
+    values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
+) -> Split24Weight:
+    """The :class:`Split24Weight` of a stored prunekit CSR weight on the GPU, built once (decompressed with
+    ``gpu.csr_to_dense``, split, the 2:4 part compressed by cuSPARSELt) and kept on ``values``; rebuilt only when
+    ``values`` was modified in place or moved.
+
+    Args:
+        values: ``(nnz_padded,)`` fp16/bf16 on CUDA; row_offsets: ``(M + 1,)`` int32; column_indices: int16/int32.
+
+    Raises:
+        KernelUnavailable: no GPU, compiler or cuSPARSELt.
+    """
+    state = getattr(values, _WEIGHT_ATTR, None)
+    if state is not None and state.version == tensor_version(values) and state.data_ptr == values.data_ptr():
+        return state
+    if not structured.native_cslt_available():
+        raise KernelUnavailable("split24 needs prunekit's cuSPARSELt binding, which is unavailable here.")
+    dense = gpu.csr_to_dense(values, row_offsets, column_indices, m, k)
+    state = Split24Weight(dense, tensor_version(values), values.data_ptr())
+    setattr(values, _WEIGHT_ATTR, state)
+    return state
+
+
+def linear(
+    weight: Split24Weight,
+    x2d: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str = "none",
+    split_mode: str | None = None,
+) -> torch.Tensor:
+    """``act(x2d @ W^T + bias)`` through the 2:4 part and the residual (CUDA).
+
+    Args:
+        weight: from :func:`split24_weight` (or :class:`Split24Weight`); x2d: ``(N, K)`` fp16/bf16 on its GPU (copied
+            to an aligned zero-padded buffer where N is not a multiple of 16 or the rows are not 16-byte aligned);
+            bias: ``(M,)`` or None; activation: ``"none"`` / ``"relu"``; split_mode: :func:`mode`'s argument.
+
+    Returns:
+        ``(N, M)``: the transposed view of a row-major ``(M, N_pad)`` buffer (what cuSPARSELt's fast configuration
+        writes; the 2:4 layer's ``"view"`` output).
+
+    Raises:
+        KernelUnavailable: no GPU/compiler/cuSPARSELt. ValueError: bad mode or activation. RuntimeError: bad shapes.
+    """
+    if activation not in ("none", "relu"):
+        raise ValueError(f"split24 supports the activations none and relu, got {activation!r}")
+    chosen = mode(split_mode)
+    n, k = x2d.shape
+    if k != weight.k:
+        raise RuntimeError(f"split24: x has {k} features, the weight {weight.k}")
+    n_pad = -(-n // 16) * 16
+    aligned = x2d.stride(1) == 1 and x2d.stride(0) % 8 == 0 and x2d.data_ptr() % 16 == 0 and n_pad == n and n > 0
+    xb = x2d if aligned else x2d.new_zeros(max(n_pad, 16), k)
+    if not aligned:
+        xb[:n].copy_(x2d)
+    y = torch.empty(weight.m, xb.shape[0], dtype=x2d.dtype, device=x2d.device)
+    relu = activation == "relu"
+    r = (weight.r_values, weight.r_row_offsets, weight.r_column_indices)
+    if chosen == "beta":
+        residual_rows_cuda(*r, xb, y, n, accumulate=False, relu=False)
+        torch.ops.prunekit_cslt.mm_beta.default(weight.native.id, xb.t(), y, bias, relu, 1.0)
+    else:
+        torch.ops.prunekit_cslt.mm.default(weight.native.id, xb.t(), y, bias, False)
+        residual_rows_cuda(*r, xb, y, n, accumulate=True, relu=relu)
+    return y[:, :n].t()
+
+
+def reference(
+    dense: torch.Tensor, x2d: torch.Tensor, bias: torch.Tensor | None = None, activation: str = "none"
+) -> torch.Tensor:
+    """float64 reference of :func:`linear`: ``act(x2d @ dense^T + bias)``, ``(N, M)`` float64."""
+    y = x2d.double() @ dense.double().t()
+    if bias is not None:
+        y = y + bias.double()
+    return y.clamp_min(0) if activation == "relu" else y
