@@ -89,15 +89,26 @@ def test_residual_op_fake_and_mutation_schema():
                   torch.empty(16, 32), y, 16, False, False) is None  # fmt: skip
 
 
-def test_tile_and_grid_rules():
-    assert split24.residual_tile_n(4096) == 16
-    assert split24.residual_tile_n(7264) == 16
-    assert split24.residual_tile_n(11008) == 8
-    assert split24.residual_tile_n(20000) == 4
+def test_tile_and_grid_rules(monkeypatch):
+    assert split24.residual_tile_n(1024) == 16
+    assert split24.residual_tile_n(4096) == 8  # two blocks of 64 KB per SM
+    assert split24.residual_tile_n(7264) == 4
+    assert split24.residual_tile_n(11008) == 4
+    assert split24.residual_tile_n(20000) == 4  # one block per SM: none lets two share it
     assert split24.residual_tile_n(60000) == 0
-    assert split24.residual_row_parts(2048, 4096, 132) == 1  # 128 token tiles
-    assert split24.residual_row_parts(256, 4096, 132) == 8  # 16 tiles
+    assert split24.residual_tile_n(4096, forced=16) == 16
+    assert split24.residual_tile_n(11008, forced=16) == 0
+    assert split24.residual_row_parts(2048, 4096, 132) == 1  # 256 token tiles
+    assert split24.residual_row_parts(256, 4096, 132) == 4  # 32 tiles
+    assert split24.residual_row_parts(256, 4096, 132, tile_n=16) == 8
     assert split24.residual_row_parts(1, 4096, 132) == 132
+    monkeypatch.delenv(split24.TILE_N_ENV, raising=False)
+    assert split24.forced_tile_n() == 0
+    monkeypatch.setenv(split24.TILE_N_ENV, "16")
+    assert split24.forced_tile_n() == 16
+    monkeypatch.setenv(split24.TILE_N_ENV, "32")
+    with pytest.raises(ValueError, match="PRUNEKIT_SPLIT24_TILE_N"):
+        split24.forced_tile_n()
 
 
 def test_mode_setting(monkeypatch):
@@ -158,6 +169,22 @@ def test_residual_kernel_against_float64(dtype, accumulate, relu, m, k, n, n_out
     assert relative_error(y, ref) < TOLERANCE[dtype]
     if not accumulate:
         assert torch.equal(y[:, n:].cpu(), torch.zeros(m, n_out - n, dtype=dtype))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tile_n", ["16", "8", "4"])
+@pytest.mark.parametrize("k", [1000, 4097])  # odd K: the 2-byte staging path
+def test_residual_kernel_every_tile(monkeypatch, tile_n, k):
+    monkeypatch.setenv(split24.TILE_N_ENV, tile_n)
+    for accumulate in (False, True):
+        m, n = 70, 45
+        r, x = _residual_case(m, k, n, 0.01, torch.float16, "cuda", empty_rows=3, seed=k)
+        values, row_offsets, cols = split24.residual_csr(r)
+        y0 = torch.randn(m, n, device="cuda", dtype=torch.float16)
+        y = y0.clone() if accumulate else torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        split24.residual_rows_cuda(values, row_offsets, cols, x, y, n, accumulate, True)
+        ref = r.double().cpu() @ x.double().cpu().t() + (y0.double().cpu() if accumulate else 0)
+        assert relative_error(y, ref.clamp_min(0)) < TOLERANCE[torch.float16]
 
 
 @pytest.mark.cuda

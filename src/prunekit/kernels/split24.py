@@ -31,7 +31,8 @@ from .tensor_cache import tensor_version
 MODES = ("beta", "post")
 MODE_ENV = "PRUNEKIT_SPLIT24_MODE"
 DEFAULT_MODE = "beta"
-RESIDUAL_THREADS = 1024
+TILE_N_ENV = "PRUNEKIT_SPLIT24_TILE_N"
+RESIDUAL_BLOCKS_PER_SM = 2  # kResidualBlocksPerSm in csrc/spmm_residual.cu
 _WEIGHT_ATTR = "_prunekit_split24"
 
 
@@ -108,21 +109,42 @@ def _define_residual_op():
     return op
 
 
-def residual_row_parts(n: int, k: int, num_sms: int) -> int:
+def residual_row_parts(n: int, k: int, num_sms: int, tile_n: int | None = None) -> int:
     """Row parts of the residual kernel's grid (``blockIdx.y``): one block per ``tile_n`` tokens owns every row, so
     where those blocks are fewer than the SMs the rows are split in as many parts as fill them (each part stages the
     X tile again)."""
-    tiles = -(-n // residual_tile_n(k))
+    tiles = -(-n // (tile_n or residual_tile_n(k)))
     return max(1, min(65535, num_sms // max(1, tiles)))
 
 
-def residual_tile_n(k: int, smem_limit: int = 227 * 1024) -> int:
-    """Tokens per block of the residual kernel: the largest of 16 / 8 / 4 whose ``tile_n * K`` fp16 elements fit in
-    shared memory (``residual_tile_n`` in ``csrc/spmm_residual.cu``); 0 where none does."""
+def residual_tile_n(k: int, smem_block: int = 227 * 1024, smem_sm: int = 228 * 1024, forced: int = 0) -> int:
+    """Tokens per block of the residual kernel (``residual_tile_n`` in ``csrc/spmm_residual.cu``): the largest of 16 /
+    8 / 4 whose X tile (``tile_n * K`` 16-bit elements, plus 1 KB) lets two blocks share an SM's shared memory, else
+    the largest that fits one block; 0 where none does. ``forced`` (4 / 8 / 16) takes that one where it fits.
+    Defaults: the H100's limits (227 KB per block, 228 KB per SM)."""
+    if forced:
+        return forced if k * forced * 2 <= smem_block else 0
     for tn in (16, 8, 4):
-        if k * tn * 2 <= smem_limit:
+        if (k * tn * 2 + 1024) * RESIDUAL_BLOCKS_PER_SM <= smem_sm and k * tn * 2 <= smem_block:
+            return tn
+    for tn in (16, 8, 4):
+        if k * tn * 2 <= smem_block:
             return tn
     return 0
+
+
+def forced_tile_n() -> int:
+    """``$PRUNEKIT_SPLIT24_TILE_N`` (4 / 8 / 16) as an int, 0 (the rule) when unset.
+
+    Raises:
+        ValueError: another value.
+    """
+    value = os.environ.get(TILE_N_ENV, "")
+    if value in ("", "0"):
+        return 0
+    if value not in ("4", "8", "16"):
+        raise ValueError(f"${TILE_N_ENV} must be 4, 8 or 16, got {value!r}")
+    return int(value)
 
 
 def residual_rows_cuda(
@@ -142,17 +164,19 @@ def residual_rows_cuda(
         values: ``(nnz,)`` fp16/bf16; row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz,)`` int16/int32 (R as
             CSR, e.g. from :func:`residual_csr`); x: ``(N, K)`` row-major (``nn.Linear`` activations), same dtype;
             y: ``(M, N_out)`` row-major (unit stride along N), ``n_valid <= min(N, N_out)``; row_parts: the grid's row
-            split (default :func:`residual_row_parts`).
+            split (default :func:`residual_row_parts`). Tokens per block: :func:`residual_tile_n`'s rule, or
+            ``$PRUNEKIT_SPLIT24_TILE_N``.
 
     Raises:
         KernelUnavailable: no GPU/compiler. RuntimeError: bad shapes, dtypes or layouts (the kernel's checks), or K
         too large for 4 rows of X in shared memory.
     """
     gpu._ensure_loaded()
+    tile_n = forced_tile_n()
     if row_parts is None:
-        row_parts = residual_row_parts(y.shape[1], x.shape[1], gpu._sm_count(y.device))
+        row_parts = residual_row_parts(y.shape[1], x.shape[1], gpu._sm_count(y.device), tile_n)
     torch.ops.prunekit_ext.spmm_csr_residual_rows.default(
-        values, row_offsets, column_indices, x, y, n_valid, accumulate, relu, row_parts
+        values, row_offsets, column_indices, x, y, n_valid, accumulate, relu, row_parts, tile_n
     )
 
 

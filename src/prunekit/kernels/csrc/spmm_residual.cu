@@ -28,44 +28,68 @@ namespace prunekit {
 
 namespace {
 
-constexpr int kResidualThreads = 1024;
+constexpr int kResidualThreads = 512;
+// Blocks per SM the tile rule aims for: with one block per SM its two phases (staging X, then the rows) cannot overlap
+// another block's (s29b: 28-34 us at 4096 x 4096, N = 2048, with one 1024-thread block of 16 tokens per SM).
+constexpr int64_t kResidualBlocksPerSm = 2;
 
 template <int BYTES> struct VecOf;
 template <> struct VecOf<8> { using type = uint2; };
 template <> struct VecOf<16> { using type = uint4; };
 
-// Load X's rows [n0, n0 + TN) (zero beyond n_valid) into xs[c * TN + t]: thread c copies one column, TN * 2 bytes,
-// stored as 16-byte (or 8-byte) vectors; where a column spans two vectors, lanes 4-7 of each group of 8 store the
-// second one first, so that a warp's stores fall on distinct banks.
-template <typename T, int TN>
-__device__ __forceinline__ void stage_x(uint16_t* xs, const T* __restrict__ x, int64_t ldx, int k, int n0,
-                                        int n_valid) {
+// Load X's rows [n0, n0 + TN) (zero beyond n_valid) into xs[c * TN + t]: each thread copies columns c, c + 1 (one
+// 4-byte load per token where `pairs`, else two 2-byte loads), 2 * TN * 2 bytes, stored as 16-byte (or 8-byte) vectors;
+// where a column spans two vectors, lanes 4-7 of each group of 8 store the second one first, so that a warp's stores
+// fall on distinct banks.
+template <int TN>
+__device__ __forceinline__ void store_column(uint16_t* xs, int c, const uint32_t* words) {
   constexpr int kBytes = TN * 2;
   constexpr int kVecBytes = kBytes < 16 ? kBytes : 16;
   constexpr int kVecs = kBytes / kVecBytes;
   using V = typename VecOf<kVecBytes>::type;
+  V* dst = reinterpret_cast<V*>(xs + static_cast<int64_t>(c) * TN);
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int q = kVecs == 2 ? (i + ((threadIdx.x >> 2) & 1)) & 1 : i;
+    V v;
+    if constexpr (kVecBytes == 16) {
+      v = make_uint4(words[4 * q], words[4 * q + 1], words[4 * q + 2], words[4 * q + 3]);
+    } else {
+      v = make_uint2(words[2 * q], words[2 * q + 1]);
+    }
+    dst[q] = v;
+  }
+}
+
+template <int TN>
+__device__ __forceinline__ void stage_x(uint16_t* xs, const uint16_t* __restrict__ x, int64_t ldx, int k, int n0,
+                                        int n_valid, bool pairs) {
   const int nt = min(TN, n_valid - n0);
-  const uint16_t* xb = reinterpret_cast<const uint16_t*>(x) + static_cast<int64_t>(n0) * ldx;
-  for (int c = threadIdx.x; c < k; c += blockDim.x) {
-    uint32_t words[TN / 2];
+  const uint16_t* xb = x + static_cast<int64_t>(n0) * ldx;
+  for (int c = 2 * threadIdx.x; c < k; c += 2 * blockDim.x) {
+    uint32_t lo_words[TN / 2], hi_words[TN / 2];  // columns c and c + 1, two tokens per word
+    uint32_t v[TN];
+    if (pairs) {  // K even, rows 4-byte aligned: c + 1 < k
+#pragma unroll
+      for (int t = 0; t < TN; ++t) {
+        v[t] = t < nt ? __ldg(reinterpret_cast<const unsigned int*>(xb + static_cast<int64_t>(t) * ldx + c)) : 0u;
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < TN; ++t) {
+        const uint16_t* p = xb + static_cast<int64_t>(t) * ldx + c;
+        const uint32_t a = t < nt ? __ldg(p) : 0u;
+        const uint32_t b = t < nt && c + 1 < k ? __ldg(p + 1) : 0u;
+        v[t] = a | (b << 16);
+      }
+    }
 #pragma unroll
     for (int t = 0; t < TN; t += 2) {
-      const uint32_t lo = t < nt ? __ldg(xb + static_cast<int64_t>(t) * ldx + c) : 0u;
-      const uint32_t hi = t + 1 < nt ? __ldg(xb + static_cast<int64_t>(t + 1) * ldx + c) : 0u;
-      words[t / 2] = lo | (hi << 16);
+      lo_words[t / 2] = (v[t] & 0xffffu) | (v[t + 1] << 16);
+      hi_words[t / 2] = (v[t] >> 16) | (v[t + 1] & 0xffff0000u);
     }
-    V* dst = reinterpret_cast<V*>(xs + static_cast<int64_t>(c) * TN);
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int q = kVecs == 2 ? (i + ((threadIdx.x >> 2) & 1)) & 1 : i;
-      V v;
-      if constexpr (kVecBytes == 16) {
-        v = make_uint4(words[4 * q], words[4 * q + 1], words[4 * q + 2], words[4 * q + 3]);
-      } else {
-        v = make_uint2(words[2 * q], words[2 * q + 1]);
-      }
-      dst[q] = v;
-    }
+    store_column<TN>(xs, c, lo_words);
+    if (c + 1 < k) store_column<TN>(xs, c + 1, hi_words);
   }
 }
 
@@ -73,19 +97,27 @@ template <typename T, typename I, int TN>
 __global__ void __launch_bounds__(kResidualThreads)
 csr_residual_rows_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets,
                          const I* __restrict__ cols, const T* __restrict__ x, int64_t ldx, T* __restrict__ y,
-                         int64_t ldy, int m, int k, int n, int n_valid, bool accumulate, bool relu, bool vec_y) {
+                         int64_t ldy, int m, int k, int n, int n_valid, bool accumulate, bool relu, bool vec_y,
+                         bool pairs) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem);
   const int n0 = blockIdx.x * TN;
-  if (n0 < n_valid) stage_x<T, TN>(xs, x, ldx, k, n0, n_valid);
+  if (n0 < n_valid) stage_x<TN>(xs, reinterpret_cast<const uint16_t*>(x), ldx, k, n0, n_valid, pairs);
   __syncthreads();
   const int nt = min(TN, n - n0);
   const bool vec = vec_y && nt == TN;
   const int rows_per_part = (m + gridDim.y - 1) / gridDim.y;
   const int r_begin = blockIdx.y * rows_per_part, r_end = min(m, r_begin + rows_per_part);
   constexpr int kWords = TN / 2;
-  for (int r = r_begin + threadIdx.x; r < r_end; r += blockDim.x) {
-    const int j0 = __ldg(row_offsets + r), j1 = __ldg(row_offsets + r + 1);
+  // each row's offsets are loaded one row ahead, so that their latency overlaps the row before
+  int r = r_begin + threadIdx.x;
+  int j0_next = r < r_end ? __ldg(row_offsets + r) : 0, j1_next = r < r_end ? __ldg(row_offsets + r + 1) : 0;
+  for (; r < r_end; r += blockDim.x) {
+    const int j0 = j0_next, j1 = j1_next;
+    if (r + static_cast<int>(blockDim.x) < r_end) {
+      j0_next = __ldg(row_offsets + r + blockDim.x);
+      j1_next = __ldg(row_offsets + r + blockDim.x + 1);
+    }
     if (accumulate && !relu && j0 == j1) continue;  // nothing to add
     T* yr = y + static_cast<int64_t>(r) * ldy + n0;
     float acc[TN];
@@ -152,16 +184,23 @@ csr_residual_rows_kernel(const T* __restrict__ values, const int* __restrict__ r
 
 }  // namespace
 
-int64_t residual_tile_n(int64_t k, int64_t smem_limit) {
+// Tokens per block: the largest of 16 / 8 / 4 whose X tile (tile_n * K 16-bit elements) lets kResidualBlocksPerSm
+// blocks share an SM's shared memory, else the largest that fits one block; 0 where none does. `forced` (16 / 8 / 4,
+// from $PRUNEKIT_SPLIT24_TILE_N through the op's tile_n argument) takes that one where it fits.
+int64_t residual_tile_n(int64_t k, int64_t smem_block, int64_t smem_sm, int64_t forced) {
+  if (forced > 0) return k * forced * 2 <= smem_block ? forced : 0;
   for (int64_t tn : {16, 8, 4}) {
-    if (k * tn * 2 <= smem_limit) return tn;
+    if ((k * tn * 2 + 1024) * kResidualBlocksPerSm <= smem_sm && k * tn * 2 <= smem_block) return tn;
+  }
+  for (int64_t tn : {16, 8, 4}) {
+    if (k * tn * 2 <= smem_block) return tn;
   }
   return 0;
 }
 
 void spmm_csr_residual_rows(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
                             const at::Tensor& x, const at::Tensor& y, int64_t n_valid, bool accumulate, bool relu,
-                            int64_t row_parts) {
+                            int64_t row_parts, int64_t tile_n) {
   constexpr const char* op = "spmm_csr_residual_rows";
   PRUNEKIT_CHECK(row_offsets.is_cuda() && column_indices.is_cuda() && values.is_cuda(), op,
                  ": CSR tensors must be on the GPU");
@@ -189,17 +228,21 @@ void spmm_csr_residual_rows(const at::Tensor& values, const at::Tensor& row_offs
   PRUNEKIT_CHECK(row_parts >= 1 && row_parts <= 65535, op, ": row_parts must be in [1, 65535], got ", row_parts);
   if (m == 0 || n == 0) return;
   const c10::cuda::CUDAGuard guard(values.device());
-  int device = 0, smem_limit = 0;
+  PRUNEKIT_CHECK(tile_n == 0 || tile_n == 4 || tile_n == 8 || tile_n == 16, op, ": tile_n must be 0 (the rule), 4, 8 or 16, got ",
+                 tile_n);
+  int device = 0, smem_block = 0, smem_sm = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const int64_t tn = residual_tile_n(std::max<int64_t>(k, 1), smem_limit);
-  PRUNEKIT_CHECK(tn > 0, op, ": K = ", k, " is too large: 4 rows of X must fit in shared memory (", smem_limit,
-                 " bytes)");
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  const int64_t tn = residual_tile_n(std::max<int64_t>(k, 1), smem_block, smem_sm, tile_n);
+  PRUNEKIT_CHECK(tn > 0, op, ": K = ", k, " is too large: ", std::max<int64_t>(tile_n, 4),
+                 " rows of X must fit in shared memory (", smem_block, " bytes)");
   const size_t smem = static_cast<size_t>(std::max<int64_t>(k, 1) * tn * 2);
   const bool vec_y = reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0 && (y.stride(0) * 2) % 16 == 0;
   const dim3 grid(static_cast<unsigned>((n + tn - 1) / tn), static_cast<unsigned>(row_parts));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t ldx = x.size(0) > 1 ? x.stride(0) : k, ldy = y.size(0) > 1 ? y.stride(0) : n;
+  const bool pairs = k % 2 == 0 && ldx % 2 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
   PRUNEKIT_DISPATCH_INDEX(column_indices.scalar_type(), [&] {
     auto run = [&](auto tag) {
       using scalar_t = decltype(tag);
@@ -212,7 +255,7 @@ void spmm_csr_residual_rows(const at::Tensor& values, const at::Tensor& row_offs
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         kernel<<<grid, kResidualThreads, smem, stream>>>(vals, row_offsets.data_ptr<int>(), cols, xp, ldx, yp, ldy,
                                                          static_cast<int>(m), static_cast<int>(k), static_cast<int>(n),
-                                                         static_cast<int>(n_valid), accumulate, relu, vec_y);
+                                                         static_cast<int>(n_valid), accumulate, relu, vec_y, pairs);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
       if (tn == 16) {
