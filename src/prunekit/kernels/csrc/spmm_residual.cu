@@ -102,7 +102,7 @@ csr_residual_rows_kernel(const T* __restrict__ values, const int* __restrict__ r
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem);
   const int n0 = blockIdx.x * TN;
-  if (n0 < n_valid) stage_x<TN>(xs, reinterpret_cast<const uint16_t*>(x), ldx, k, n0, n_valid, pairs);
+  stage_x<TN>(xs, reinterpret_cast<const uint16_t*>(x), ldx, k, n0, n_valid, pairs);  // zeros from n_valid on
   __syncthreads();
   const int nt = min(TN, n - n0);
   const bool vec = vec_y && nt == TN;
