@@ -65,7 +65,7 @@ def bench_point(m: int, k: int, n: int, sparsity: float, dtype: torch.dtype, tor
     sets = max(1, min(4, int(2 * L2_BYTES // (n * k * 2)) + 1))
     xs = [torch.randn(n, k, device="cuda", dtype=dtype) for _ in range(sets)]
     ys = [torch.empty(m, n, device="cuda", dtype=dtype) for _ in range(sets)]
-    rv = (weight.r_values, weight.r_row_offsets, weight.r_column_indices)
+    rv = (weight.r_values, weight.r_column_indices, weight.r_slice_offsets)
     wid = weight.native.id
     methods: dict = {}
     row = {"m": m, "k": k, "n": n, "sparsity": sparsity, "dtype": str(dtype).replace("torch.", "")}

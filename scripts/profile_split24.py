@@ -27,13 +27,13 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     w = random_sparse_weight(args.m, args.k, args.sparsity, torch.float16, device="cuda", generator=g)
     _, residual = split24.split_24(w)
-    rv = split24.residual_csr(residual)
+    rv = split24.residual_sell(residual)
     x = torch.randn(args.n, args.k, device="cuda", dtype=torch.float16)
     y = torch.empty(args.m, args.n, device="cuda", dtype=torch.float16)
     for accumulate in (False, False, False, True, True):  # launches 0-2 write, 3-4 add
         split24.residual_rows_cuda(*rv, x, y, args.n, accumulate, False)
     torch.cuda.synchronize()
-    print(f"residual nnz {rv[0].numel()}, tile_n {split24.residual_tile_n(args.k)}")
+    print(f"residual slots {rv[0].numel()}, tile_n {split24.residual_tile_n(args.k)}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """The ``split24`` SpMM variant (kernels/split24.py): a 2:4 part through cuSPARSELt plus a hypersparse residual
 (csrc/spmm_residual.cu).
 
-CPU: the split (exact, 2:4, the residual only where a group has more than two non-zeros), the residual's CSR, the
-public op ``prunekit::csr_residual_rows`` (CPU and fake implementations) against float64, the tile and grid rules,
+CPU: the split (exact, 2:4, the residual only where a group has more than two non-zeros), the residual's SELL layout, the
+public op ``prunekit::residual_rows`` (CPU and fake implementations) against float64, the tile and grid rules,
 the mode setting. GPU (``cuda``): the residual kernel against float64 into poisoned outputs (both modes, ReLU, every
-tile size, odd N, empty rows, int16 columns, bf16, row parts), cuSPARSELt's beta = 1 (old Y read in its epilogue),
+tile size, odd N and K, empty rows, int16 and int32 columns, bf16, row parts), cuSPARSELt's beta = 1 (old Y read in its epilogue),
 and the whole variant in both modes with bias and ReLU against float64, at odd N and in a CUDA graph.
 """
 
@@ -51,15 +51,19 @@ def test_split_rejects_bad_shapes():
         split24.split_24(torch.zeros(8))
 
 
-def test_residual_csr_round_trip():
-    r, _ = _residual_case(33, 64, 1, 0.05, torch.float32, empty_rows=3)
-    values, row_offsets, cols = split24.residual_csr(r)
-    assert row_offsets.dtype == torch.int32 and cols.dtype == torch.int32 and row_offsets.shape == (34,)
-    assert int(row_offsets[-1]) == values.numel() == int(r.count_nonzero())
-    back = torch.zeros_like(r)
-    rows = torch.repeat_interleave(torch.arange(33), (row_offsets[1:] - row_offsets[:-1]).long())
-    back[rows, cols.long()] = values
-    assert torch.equal(back, r)
+@pytest.mark.parametrize("m,k", [(33, 64), (1, 8), (64, 40000)])
+def test_residual_sell_round_trip(m, k):
+    r, _ = _residual_case(m, k, 1, 0.05 if k < 1000 else 0.0005, torch.float32, empty_rows=min(3, m - 1))
+    values, cols, slices = split24.residual_sell(r)
+    assert slices.dtype == torch.int32 and slices.shape == (-(-m // 32) + 1,)
+    assert cols.dtype == (torch.int16 if k <= 32767 else torch.int32)
+    assert values.numel() == cols.numel() == 32 * int(slices[-1])
+    counts = (r != 0).sum(1)
+    padded = torch.zeros(-(-m // 32) * 32, dtype=torch.int64)
+    padded[:m] = counts
+    assert torch.equal((slices[1:] - slices[:-1]).long(), padded.view(-1, 32).amax(1))  # slots: the longest row
+    assert torch.equal(split24.sell_to_dense(values, cols, slices, m, k), r.double())
+    assert bool((values[cols < 0] == 0).all())
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
@@ -67,10 +71,10 @@ def test_residual_csr_round_trip():
 def test_residual_op_cpu_against_float64(accumulate, relu):
     m, k, n, n_out = 40, 96, 19, 24
     r, x = _residual_case(m, k, n, 0.05, torch.float32, empty_rows=4, seed=1)
-    values, row_offsets, cols = split24.residual_csr(r)
+    values, cols, slices = split24.residual_sell(r)
     y0 = torch.randn(m, n_out)
     y = y0.clone() if accumulate else torch.full((m, n_out), float("nan"))
-    split24.csr_residual_rows(values, row_offsets, cols, x, y, n, accumulate, relu)
+    split24.residual_rows(values, cols, slices, x, y, n, accumulate, relu)
     ref = torch.zeros(m, n_out, dtype=torch.float64)
     ref[:, :n] = r.double() @ x.double().t()
     if accumulate:
@@ -81,11 +85,11 @@ def test_residual_op_cpu_against_float64(accumulate, relu):
 
 
 def test_residual_op_fake_and_mutation_schema():
-    op = torch.ops.prunekit.csr_residual_rows.default
+    op = torch.ops.prunekit.residual_rows.default
     assert op._schema.arguments[4].alias_info is not None and op._schema.arguments[4].alias_info.is_write
     with torch._subclasses.fake_tensor.FakeTensorMode():
         y = torch.empty(8, 16)
-        assert op(torch.empty(3), torch.zeros(9, dtype=torch.int32), torch.zeros(3, dtype=torch.int32),
+        assert op(torch.empty(64), torch.zeros(64, dtype=torch.int16), torch.zeros(2, dtype=torch.int32),
                   torch.empty(16, 32), y, 16, False, False) is None  # fmt: skip
 
 
@@ -155,10 +159,10 @@ def _needs_cslt():
 )
 def test_residual_kernel_against_float64(dtype, accumulate, relu, m, k, n, n_out, density, empty):
     r, x = _residual_case(m, k, n, density, dtype, "cuda", empty_rows=empty, seed=m + k + n)
-    values, row_offsets, cols = split24.residual_csr(r)
+    values, cols, slices = split24.residual_sell(r)
     y0 = torch.randn(m, n_out, device="cuda").to(dtype)
     y = y0.clone() if accumulate else torch.full((m, n_out), float("nan"), device="cuda", dtype=dtype)
-    split24.residual_rows_cuda(values, row_offsets, cols, x, y, n, accumulate, relu)
+    split24.residual_rows_cuda(values, cols, slices, x, y, n, accumulate, relu)
     ref = torch.zeros(m, n_out, dtype=torch.float64)
     ref[:, :n] = r.double().cpu() @ x.double().cpu().t()
     if accumulate:
@@ -179,23 +183,23 @@ def test_residual_kernel_every_tile(monkeypatch, tile_n, k):
     for accumulate in (False, True):
         m, n = 70, 45
         r, x = _residual_case(m, k, n, 0.01, torch.float16, "cuda", empty_rows=3, seed=k)
-        values, row_offsets, cols = split24.residual_csr(r)
+        values, cols, slices = split24.residual_sell(r)
         y0 = torch.randn(m, n, device="cuda", dtype=torch.float16)
         y = y0.clone() if accumulate else torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-        split24.residual_rows_cuda(values, row_offsets, cols, x, y, n, accumulate, True)
+        split24.residual_rows_cuda(values, cols, slices, x, y, n, accumulate, True)
         ref = r.double().cpu() @ x.double().cpu().t() + (y0.double().cpu() if accumulate else 0)
         assert relative_error(y, ref.clamp_min(0)) < TOLERANCE[torch.float16]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("row_parts", [1, 3, 64])
-def test_residual_kernel_row_parts_and_int16_columns(row_parts):
+def test_residual_kernel_row_parts_and_int32_columns(row_parts):
     m, k, n = 200, 4096, 50
     r, x = _residual_case(m, k, n, 0.003, torch.float16, "cuda", empty_rows=7, seed=5)
-    values, row_offsets, cols = split24.residual_csr(r)
-    for c in (cols, cols.to(torch.int16)):
+    values, cols, slices = split24.residual_sell(r)
+    for c in (cols, cols.to(torch.int32)):
         y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-        split24.residual_rows_cuda(values, row_offsets, c, x, y, n, row_parts=row_parts)
+        split24.residual_rows_cuda(values, c, slices, x, y, n, row_parts=row_parts)
         ref = r.double().cpu() @ x.double().cpu().t()
         assert relative_error(y, ref) < TOLERANCE[torch.float16]
 
@@ -204,30 +208,30 @@ def test_residual_kernel_row_parts_and_int16_columns(row_parts):
 def test_residual_kernel_through_the_op_and_a_strided_output():
     m, k, n = 64, 1024, 24
     r, x = _residual_case(m, k, n, 0.01, torch.float16, "cuda", seed=9)
-    values, row_offsets, cols = split24.residual_csr(r)
+    values, cols, slices = split24.residual_sell(r)
     buf = torch.full((m, 40), float("nan"), device="cuda", dtype=torch.float16)
     y = buf[:, 8:32]  # row stride 40, 16-byte aligned start: the vector path on a view
-    split24.csr_residual_rows(values, row_offsets, cols, x, y, n, False, False)
+    split24.residual_rows(values, cols, slices, x, y, n, False, False)
     assert relative_error(y, r.double().cpu() @ x.double().cpu().t()) < TOLERANCE[torch.float16]
     assert bool(buf[:, :8].isnan().all()) and bool(buf[:, 32:].isnan().all())  # nothing outside the view
     xwide = torch.zeros(n, k + 8, device="cuda", dtype=torch.float16)
     xwide[:, :k] = x
     y2 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-    split24.csr_residual_rows(values, row_offsets, cols, xwide[:, :k], y2, n, False, False)  # X's row stride K + 8
+    split24.residual_rows(values, cols, slices, xwide[:, :k], y2, n, False, False)  # X's row stride K + 8
     assert torch.equal(y, y2)
 
 
 @pytest.mark.cuda
 def test_residual_kernel_rejects_bad_input():
     r, x = _residual_case(32, 64, 8, 0.1, torch.float16, "cuda")
-    values, row_offsets, cols = split24.residual_csr(r)
+    values, cols, slices = split24.residual_sell(r)
     y = torch.empty(32, 8, device="cuda", dtype=torch.float16)
     with pytest.raises(RuntimeError, match="n_valid"):
-        split24.residual_rows_cuda(values, row_offsets, cols, x, y, 9)
+        split24.residual_rows_cuda(values, cols, slices, x, y, 9)
     with pytest.raises(RuntimeError, match="row-major"):
-        split24.residual_rows_cuda(values, row_offsets, cols, x.t().contiguous().t(), y, 8)
+        split24.residual_rows_cuda(values, cols, slices, x.t().contiguous().t(), y, 8)
     with pytest.raises(RuntimeError, match="one dtype"):
-        split24.residual_rows_cuda(values, row_offsets, cols, x.float(), y, 8)
+        split24.residual_rows_cuda(values, cols, slices, x.float(), y, 8)
 
 
 def _weight(m, k, sparsity, dtype, seed):

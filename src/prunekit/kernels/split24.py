@@ -30,7 +30,7 @@ from .tensor_cache import tensor_version
 
 MODES = ("beta", "post")
 MODE_ENV = "PRUNEKIT_SPLIT24_MODE"
-DEFAULT_MODE = "beta"
+DEFAULT_MODE = "post"  # faster than "beta" at all 12 points of split24-h100-2026-11-26-s29{b,c}.json
 TILE_N_ENV = "PRUNEKIT_SPLIT24_TILE_N"
 RESIDUAL_BLOCKS_PER_SM = 2  # kResidualBlocksPerSm in csrc/spmm_residual.cu
 _WEIGHT_ATTR = "_prunekit_split24"
@@ -60,20 +60,65 @@ def split_24(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return w24, dense - w24
 
 
-def residual_csr(residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A residual's non-zeros as plain CSR: ``(values (nnz,) in residual.dtype, row_offsets (M + 1,) int32,
-    column_indices (nnz,) int32)``, columns ascending within a row. ``residual: (M, K)``."""
+SLICE_ROWS = 32  # kSliceRows in csrc/spmm_residual.cu
+
+
+def residual_sell(residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A residual's non-zeros in the SELL layout the residual kernel reads (sliced ELLPACK with slices of 32 rows,
+    Kreutzer et al., "A unified sparse matrix data format for efficient general sparse matrix-vector multiplication
+    on modern processors with wide SIMD units", SIAM J. Sci. Comput. 2014; here without sorting, C = 32, sigma = 1).
+
+    Slice ``s`` (rows ``32 s .. 32 s + 31``) holds as many slots as its longest row has non-zeros, slots
+    ``slice_offsets[s] .. slice_offsets[s + 1] - 1``; slot ``e``'s entry for row ``32 s + l`` is at index ``32 e + l``
+    of ``values`` / ``column_indices``, the row's non-zeros in column order, then padding (value 0, column -1). A warp
+    then reads one slot of its 32 rows as one coalesced load.
+
+    Args:
+        residual: ``(M, K)`` float tensor.
+
+    Returns:
+        ``(values (32 * slots,) in residual.dtype, column_indices (32 * slots,) int16 where K <= 32767 else int32,
+        slice_offsets (ceil(M / 32) + 1,) int32)``.
+    """
+    m, k = residual.shape
     rows, cols = residual.nonzero(as_tuple=True)  # row-major order: columns ascend within a row
-    counts = torch.bincount(rows, minlength=residual.shape[0])
-    row_offsets = torch.zeros(residual.shape[0] + 1, dtype=torch.int32, device=residual.device)
-    row_offsets[1:] = counts.cumsum(0)
-    return residual[rows, cols].contiguous(), row_offsets, cols.to(torch.int32).contiguous()
+    slices = -(-m // SLICE_ROWS)
+    counts = torch.zeros(slices * SLICE_ROWS, dtype=torch.int64, device=residual.device)
+    counts[:m] = torch.bincount(rows, minlength=m)
+    slots = counts.view(slices, SLICE_ROWS).amax(dim=1)
+    slice_offsets = torch.zeros(slices + 1, dtype=torch.int64, device=residual.device)
+    slice_offsets[1:] = slots.cumsum(0)
+    total = int(slice_offsets[-1])
+    row_start = torch.zeros(m + 1, dtype=torch.int64, device=residual.device)
+    row_start[1:] = counts[:m].cumsum(0)
+    rank = torch.arange(rows.numel(), device=residual.device) - row_start[rows]
+    flat = (slice_offsets[rows // SLICE_ROWS] + rank) * SLICE_ROWS + rows % SLICE_ROWS
+    index_dtype = torch.int16 if k <= torch.iinfo(torch.int16).max else torch.int32
+    values = torch.zeros(total * SLICE_ROWS, dtype=residual.dtype, device=residual.device)
+    column_indices = torch.full((total * SLICE_ROWS,), -1, dtype=index_dtype, device=residual.device)
+    values[flat] = residual[rows, cols]
+    column_indices[flat] = cols.to(index_dtype)
+    return values, column_indices, slice_offsets.to(torch.int32)
+
+
+def sell_to_dense(
+    values: torch.Tensor, column_indices: torch.Tensor, slice_offsets: torch.Tensor, m: int, k: int
+) -> torch.Tensor:
+    """The ``(M, K)`` matrix a :func:`residual_sell` layout holds (float64, on its device)."""
+    slots = values.numel() // SLICE_ROWS
+    slot_slice = torch.searchsorted(slice_offsets[1:].long(), torch.arange(slots, device=values.device), right=True)
+    rows = (slot_slice[:, None] * SLICE_ROWS + torch.arange(SLICE_ROWS, device=values.device)).reshape(-1)
+    cols = column_indices.long()
+    keep = cols >= 0
+    dense = torch.zeros(m, k, dtype=torch.float64, device=values.device)
+    dense.index_put_((rows[keep], cols[keep]), values[keep].double(), accumulate=True)
+    return dense
 
 
 def _residual_reference(
     values: torch.Tensor,
-    row_offsets: torch.Tensor,
     column_indices: torch.Tensor,
+    slice_offsets: torch.Tensor,
     x: torch.Tensor,
     y: torch.Tensor,
     n_valid: int,
@@ -81,13 +126,10 @@ def _residual_reference(
     relu: bool,
 ) -> None:
     m, n = y.shape
-    counts = (row_offsets[1:] - row_offsets[:-1]).long()
-    rows = torch.repeat_interleave(torch.arange(m, device=y.device), counts)
+    r = sell_to_dense(values, column_indices, slice_offsets, m, x.shape[1])
     prod = torch.zeros(m, n, dtype=torch.float64, device=y.device)
-    if n_valid > 0 and values.numel() > 0:
-        xv = x[:n_valid].double()  # (n_valid, K)
-        contrib = values.double()[:, None] * xv[:, column_indices.long()].t()  # (nnz, n_valid)
-        prod[:, :n_valid].index_add_(0, rows, contrib)
+    if n_valid > 0:
+        prod[:, :n_valid] = r @ x[:n_valid].double().t()
     out = prod + y.double() if accumulate else prod
     if relu:
         out = out.clamp_min(0)
@@ -95,16 +137,16 @@ def _residual_reference(
 
 
 def _define_residual_op():
-    qualname = "prunekit::csr_residual_rows"
+    qualname = "prunekit::residual_rows"
     try:
         op = torch.library.custom_op(qualname, mutates_args=("y",), device_types="cpu")(_residual_reference)
     except RuntimeError:  # registered by another copy of this module (a package runtime and prunekit)
-        return torch.ops.prunekit.csr_residual_rows.default
-    op.register_fake(lambda values, row_offsets, column_indices, x, y, n_valid, accumulate, relu: None)
+        return torch.ops.prunekit.residual_rows.default
+    op.register_fake(lambda values, column_indices, slice_offsets, x, y, n_valid, accumulate, relu: None)
 
     @op.register_kernel("cuda")
-    def _cuda(values, row_offsets, column_indices, x, y, n_valid, accumulate, relu):
-        residual_rows_cuda(values, row_offsets, column_indices, x, y, n_valid, accumulate, relu)
+    def _cuda(values, column_indices, slice_offsets, x, y, n_valid, accumulate, relu):
+        residual_rows_cuda(values, column_indices, slice_offsets, x, y, n_valid, accumulate, relu)
 
     return op
 
@@ -149,8 +191,8 @@ def forced_tile_n() -> int:
 
 def residual_rows_cuda(
     values: torch.Tensor,
-    row_offsets: torch.Tensor,
     column_indices: torch.Tensor,
+    slice_offsets: torch.Tensor,
     x: torch.Tensor,
     y: torch.Tensor,
     n_valid: int,
@@ -161,8 +203,8 @@ def residual_rows_cuda(
     """CUDA residual product in place: ``y = act([y +] R @ x[:n_valid]^T)``, zeros for the columns from ``n_valid``.
 
     Args:
-        values: ``(nnz,)`` fp16/bf16; row_offsets: ``(M + 1,)`` int32; column_indices: ``(nnz,)`` int16/int32 (R as
-            CSR, e.g. from :func:`residual_csr`); x: ``(N, K)`` row-major (``nn.Linear`` activations), same dtype;
+        values, column_indices, slice_offsets: R in the SELL layout of :func:`residual_sell` (values fp16/bf16,
+            column_indices int16/int32); x: ``(N, K)`` row-major (``nn.Linear`` activations), same dtype;
             y: ``(M, N_out)`` row-major (unit stride along N), ``n_valid <= min(N, N_out)``; row_parts: the grid's row
             split (default :func:`residual_row_parts`). Tokens per block: :func:`residual_tile_n`'s rule, or
             ``$PRUNEKIT_SPLIT24_TILE_N``.
@@ -175,19 +217,19 @@ def residual_rows_cuda(
     tile_n = forced_tile_n()
     if row_parts is None:
         row_parts = residual_row_parts(y.shape[1], x.shape[1], gpu._sm_count(y.device), tile_n)
-    torch.ops.prunekit_ext.spmm_csr_residual_rows.default(
-        values, row_offsets, column_indices, x, y, n_valid, accumulate, relu, row_parts, tile_n
+    torch.ops.prunekit_ext.spmm_residual_rows.default(
+        values, column_indices, slice_offsets, x, y, n_valid, accumulate, relu, row_parts, tile_n
     )
 
 
-csr_residual_rows = _define_residual_op()
-"""``prunekit::csr_residual_rows(values, row_offsets, column_indices, x, y, n_valid, accumulate, relu) -> ()``: ``y
-(M, N_out) = act([y +] R @ x[:n_valid]^T)`` in place, R as CSR, ``x: (N, K)``. CPU: a float64 reference; CUDA:
-:func:`residual_rows_cuda`."""
+residual_rows = _define_residual_op()
+"""``prunekit::residual_rows(values, column_indices, slice_offsets, x, y, n_valid, accumulate, relu) -> ()``: ``y
+(M, N_out) = act([y +] R @ x[:n_valid]^T)`` in place, R in the SELL layout of :func:`residual_sell`, ``x: (N, K)``.
+CPU: a float64 reference; CUDA: :func:`residual_rows_cuda`."""
 
 
 def mode(value: str | None = None) -> str:
-    """The ``split24`` mode (:data:`MODES`): ``value``, else ``$PRUNEKIT_SPLIT24_MODE``, else ``"beta"``.
+    """The ``split24`` mode (:data:`MODES`): ``value``, else ``$PRUNEKIT_SPLIT24_MODE``, else :data:`DEFAULT_MODE`.
 
     Raises:
         ValueError: not one of :data:`MODES`.
@@ -201,9 +243,9 @@ def mode(value: str | None = None) -> str:
 class Split24Weight:
     """A weight as its 2:4 part (registered with prunekit's cuSPARSELt binding, compressed once) and its residual.
 
-    Attributes: ``m``, ``k``; ``native`` (the binding's weight, ``native.id``); ``r_values`` / ``r_row_offsets`` /
-    ``r_column_indices`` (the residual as CSR, :func:`residual_csr`); ``version`` / ``data_ptr`` (of the stored
-    weight it was built from).
+    Attributes: ``m``, ``k``; ``native`` (the binding's weight, ``native.id``); ``r_values`` / ``r_column_indices``
+    / ``r_slice_offsets`` (the residual in the SELL layout, :func:`residual_sell`); ``residual_nnz``; ``version`` /
+    ``data_ptr`` (of the stored weight it was built from).
     """
 
     def __init__(self, dense: torch.Tensor, version: int = 0, data_ptr: int = 0):
@@ -211,19 +253,18 @@ class Split24Weight:
         w24, residual = split_24(dense)
         self.m, self.k = m, k
         self.native = structured._NativeWeight(w24.contiguous(), version, data_ptr)
-        self.r_values, self.r_row_offsets, self.r_column_indices = residual_csr(residual)
+        self.r_values, self.r_column_indices, self.r_slice_offsets = residual_sell(residual)
+        self.residual_nnz = int(residual.count_nonzero())
         self.version, self.data_ptr = version, data_ptr
-
-    @property
-    def residual_nnz(self) -> int:
-        return int(self.r_values.numel())
 
     def extra_bytes(self) -> int:
         """Bytes held beside the stored weight: the 2:4 part (9/16 of the dense weight: half the values plus 2-bit
-        indices) and the residual's CSR."""
+        indices) and the residual's SELL layout."""
         esize = self.r_values.element_size()
         dense = self.m * self.k * esize
-        residual = sum(t.numel() * t.element_size() for t in (self.r_values, self.r_row_offsets, self.r_column_indices))
+        residual = sum(
+            t.numel() * t.element_size() for t in (self.r_values, self.r_column_indices, self.r_slice_offsets)
+        )
         return dense // 2 + dense // 16 + residual
 
 
@@ -298,7 +339,7 @@ def linear(
         xb[:n].copy_(x2d)
     y = torch.empty(weight.m, xb.shape[0], dtype=x2d.dtype, device=x2d.device)
     relu = activation == "relu"
-    r = (weight.r_values, weight.r_row_offsets, weight.r_column_indices)
+    r = (weight.r_values, weight.r_column_indices, weight.r_slice_offsets)
     if chosen == "beta":
         residual_rows_cuda(*r, xb, y, n, accumulate=False, relu=False)
         torch.ops.prunekit_cslt.mm_beta.default(weight.native.id, xb.t(), y, bias, relu, 1.0)

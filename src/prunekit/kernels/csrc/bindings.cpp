@@ -43,7 +43,7 @@ TORCH_LIBRARY(prunekit_ext, m) {
       "bool relu) -> ()");
   m.def("csr_to_dense(Tensor values, Tensor row_offsets, Tensor column_indices, int m, int k) -> Tensor");
   m.def(
-      "spmm_csr_residual_rows(Tensor values, Tensor row_offsets, Tensor column_indices, Tensor x, Tensor(a!) y, "
+      "spmm_residual_rows(Tensor values, Tensor column_indices, Tensor slice_offsets, Tensor x, Tensor(a!) y, "
       "int n_valid, bool accumulate, bool relu, int row_parts, int tile_n=0) -> ()");
   m.def("sddmm_csr(Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor a, Tensor b, Tensor(a!) out) -> ()");
   // The runtime's eager CSR call (spmm_entry.cu): allocates Y, chooses the CUDA-core variant, launches.
@@ -63,7 +63,7 @@ TORCH_LIBRARY_IMPL(prunekit_ext, CUDA, m) {
   m.impl("spmm_csr_scatter", &prunekit::spmm_csr_scatter);
   m.impl("spmm_csr_dense", &prunekit::spmm_csr_dense);
   m.impl("csr_to_dense", &prunekit::csr_to_dense);
-  m.impl("spmm_csr_residual_rows", &prunekit::spmm_csr_residual_rows);
+  m.impl("spmm_residual_rows", &prunekit::spmm_residual_rows);
   m.impl("sddmm_csr", &prunekit::sddmm_csr);
   m.impl("spmm_csr_auto", &prunekit::spmm_csr_auto);
 }

@@ -32,6 +32,8 @@ constexpr int kResidualThreads = 512;
 // Blocks per SM the tile rule aims for: with one block per SM its two phases (staging X, then the rows) cannot overlap
 // another block's (s29b: 28-34 us at 4096 x 4096, N = 2048, with one 1024-thread block of 16 tokens per SM).
 constexpr int64_t kResidualBlocksPerSm = 2;
+constexpr int kSliceRows = 32;  // rows per slice of the SELL layout: one warp, a lane per row
+constexpr int kSlotUnroll = 4;  // slots whose entries a lane loads before it uses them
 
 template <int BYTES> struct VecOf;
 template <> struct VecOf<8> { using type = uint2; };
@@ -93,12 +95,13 @@ __device__ __forceinline__ void stage_x(uint16_t* xs, const uint16_t* __restrict
   }
 }
 
+// One warp per slice of 32 rows (lane = row), slices strided over the block's warps; slot after slot, each lane
+// loads its row's entry (coalesced across the warp), then reads the TN values of X's column from shared memory.
 template <typename T, typename I, int TN>
 __global__ void __launch_bounds__(kResidualThreads)
-csr_residual_rows_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets,
-                         const I* __restrict__ cols, const T* __restrict__ x, int64_t ldx, T* __restrict__ y,
-                         int64_t ldy, int m, int k, int n, int n_valid, bool accumulate, bool relu, bool vec_y,
-                         bool pairs) {
+residual_rows_kernel(const T* __restrict__ values, const I* __restrict__ cols, const int* __restrict__ slice_offsets,
+                     const T* __restrict__ x, int64_t ldx, T* __restrict__ y, int64_t ldy, int m, int k, int n,
+                     int n_valid, bool accumulate, bool relu, bool vec_y, bool pairs) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem);
   const int n0 = blockIdx.x * TN;
@@ -106,61 +109,76 @@ csr_residual_rows_kernel(const T* __restrict__ values, const int* __restrict__ r
   __syncthreads();
   const int nt = min(TN, n - n0);
   const bool vec = vec_y && nt == TN;
-  const int rows_per_part = (m + gridDim.y - 1) / gridDim.y;
-  const int r_begin = blockIdx.y * rows_per_part, r_end = min(m, r_begin + rows_per_part);
+  const int slices = (m + kSliceRows - 1) / kSliceRows;
+  const int per_part = (slices + gridDim.y - 1) / gridDim.y;
+  const int s_begin = blockIdx.y * per_part, s_end = min(slices, s_begin + per_part);
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   constexpr int kWords = TN / 2;
-  // each row's offsets are loaded one row ahead, so that their latency overlaps the row before
-  int r = r_begin + threadIdx.x;
-  int j0_next = r < r_end ? __ldg(row_offsets + r) : 0, j1_next = r < r_end ? __ldg(row_offsets + r + 1) : 0;
-  for (; r < r_end; r += blockDim.x) {
-    const int j0 = j0_next, j1 = j1_next;
-    if (r + static_cast<int>(blockDim.x) < r_end) {
-      j0_next = __ldg(row_offsets + r + blockDim.x);
-      j1_next = __ldg(row_offsets + r + blockDim.x + 1);
+  // each slice's slot range is loaded one slice ahead, so that its latency overlaps the slice before
+  int s = s_begin + static_cast<int>(threadIdx.x >> 5);
+  int base_next = s < s_end ? __ldg(slice_offsets + s) : 0, end_next = s < s_end ? __ldg(slice_offsets + s + 1) : 0;
+  for (; s < s_end; s += warps) {
+    const int base = base_next, end = end_next;
+    if (s + warps < s_end) {
+      base_next = __ldg(slice_offsets + s + warps);
+      end_next = __ldg(slice_offsets + s + warps + 1);
     }
-    if (accumulate && !relu && j0 == j1) continue;  // nothing to add
-    T* yr = y + static_cast<int64_t>(r) * ldy + n0;
+    if (accumulate && !relu && base == end) continue;  // nothing to add to these 32 rows
+    const int r = s * kSliceRows + lane;
     float acc[TN];
-    uint32_t yw[kWords];
-    if (accumulate) {  // Y's old values, loaded before the row's non-zeros so that the two latencies overlap
+#pragma unroll
+    for (int t = 0; t < TN; ++t) acc[t] = 0.f;
+    bool any = false;
+    for (int q = base; q < end; q += kSlotUnroll) {
+      int c[kSlotUnroll];
+      float v[kSlotUnroll];
+#pragma unroll
+      for (int u = 0; u < kSlotUnroll; ++u) {  // the loads first, so that their latencies overlap
+        const int64_t e = static_cast<int64_t>(q + u) * kSliceRows + lane;
+        c[u] = q + u < end ? static_cast<int>(__ldg(cols + e)) : -1;
+        v[u] = q + u < end ? to_f(__ldg(values + e)) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kSlotUnroll; ++u) {
+        if (c[u] < 0) continue;  // padding (or past the slice's last slot)
+        any = true;
+        const uint32_t* xc = reinterpret_cast<const uint32_t*>(xs + static_cast<int64_t>(c[u]) * TN);
+        uint32_t w[kWords];
+#pragma unroll
+        for (int qq = 0; qq < kWords; qq += (kWords >= 4 ? 4 : 2)) {
+          if constexpr (kWords >= 4) {
+            const uint4 t4 = *reinterpret_cast<const uint4*>(xc + qq);
+            w[qq] = t4.x, w[qq + 1] = t4.y, w[qq + 2] = t4.z, w[qq + 3] = t4.w;
+          } else {
+            const uint2 t2 = *reinterpret_cast<const uint2*>(xc + qq);
+            w[qq] = t2.x, w[qq + 1] = t2.y;
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < TN; ++t) acc[t] = fmaf(v[u], word_elem<T>(w, t), acc[t]);
+      }
+    }
+    if (r >= m || (accumulate && !relu && !any)) continue;
+    T* yr = y + static_cast<int64_t>(r) * ldy + n0;
+    if (accumulate) {  // Y's old values, read only for rows that change
       if (vec) {
+        uint32_t yw[kWords];
         if constexpr (TN >= 8) {
 #pragma unroll
-          for (int q = 0; q < kWords; q += 4) {
-            const uint4 v = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(yr) + q);
-            yw[q] = v.x, yw[q + 1] = v.y, yw[q + 2] = v.z, yw[q + 3] = v.w;
+          for (int qq = 0; qq < kWords; qq += 4) {
+            const uint4 t4 = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(yr) + qq);
+            yw[qq] = t4.x, yw[qq + 1] = t4.y, yw[qq + 2] = t4.z, yw[qq + 3] = t4.w;
           }
         } else {
-          const uint2 v = *reinterpret_cast<const uint2*>(yr);
-          yw[0] = v.x, yw[1] = v.y;
+          const uint2 t2 = *reinterpret_cast<const uint2*>(yr);
+          yw[0] = t2.x, yw[1] = t2.y;
         }
 #pragma unroll
-        for (int t = 0; t < TN; ++t) acc[t] = word_elem<T>(yw, t);
+        for (int t = 0; t < TN; ++t) acc[t] += word_elem<T>(yw, t);
       } else {
 #pragma unroll
-        for (int t = 0; t < TN; ++t) acc[t] = t < nt ? to_f(yr[t]) : 0.f;
+        for (int t = 0; t < TN; ++t) acc[t] += t < nt ? to_f(yr[t]) : 0.f;
       }
-    } else {
-#pragma unroll
-      for (int t = 0; t < TN; ++t) acc[t] = 0.f;
-    }
-    for (int j = j0; j < j1; ++j) {
-      const float v = to_f(values[j]);
-      const int c = static_cast<int>(cols[j]);
-      const uint32_t* xc = reinterpret_cast<const uint32_t*>(xs + static_cast<int64_t>(c) * TN);
-      uint32_t w[kWords];
-#pragma unroll
-      for (int q = 0; q < kWords; q += (kWords >= 4 ? 4 : 2)) {
-        if constexpr (kWords >= 4) {
-          const uint4 u = *reinterpret_cast<const uint4*>(xc + q);
-          w[q] = u.x, w[q + 1] = u.y, w[q + 2] = u.z, w[q + 3] = u.w;
-        } else {
-          const uint2 u = *reinterpret_cast<const uint2*>(xc + q);
-          w[q] = u.x, w[q + 1] = u.y;
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < TN; ++t) acc[t] = fmaf(v, word_elem<T>(w, t), acc[t]);
     }
     if (relu) {
 #pragma unroll
@@ -198,14 +216,14 @@ int64_t residual_tile_n(int64_t k, int64_t smem_block, int64_t smem_sm, int64_t 
   return 0;
 }
 
-void spmm_csr_residual_rows(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
-                            const at::Tensor& x, const at::Tensor& y, int64_t n_valid, bool accumulate, bool relu,
-                            int64_t row_parts, int64_t tile_n) {
-  constexpr const char* op = "spmm_csr_residual_rows";
-  PRUNEKIT_CHECK(row_offsets.is_cuda() && column_indices.is_cuda() && values.is_cuda(), op,
-                 ": CSR tensors must be on the GPU");
-  PRUNEKIT_CHECK(row_offsets.scalar_type() == at::kInt && row_offsets.dim() == 1 && row_offsets.is_contiguous(), op,
-                 ": row_offsets must be a contiguous 1-D int32 tensor");
+void spmm_residual_rows(const at::Tensor& values, const at::Tensor& column_indices, const at::Tensor& slice_offsets,
+                        const at::Tensor& x, const at::Tensor& y, int64_t n_valid, bool accumulate, bool relu,
+                        int64_t row_parts, int64_t tile_n) {
+  constexpr const char* op = "spmm_residual_rows";
+  PRUNEKIT_CHECK(slice_offsets.is_cuda() && column_indices.is_cuda() && values.is_cuda(), op,
+                 ": the residual's tensors must be on the GPU");
+  PRUNEKIT_CHECK(slice_offsets.scalar_type() == at::kInt && slice_offsets.dim() == 1 && slice_offsets.is_contiguous(),
+                 op, ": slice_offsets must be a contiguous 1-D int32 tensor");
   PRUNEKIT_CHECK(column_indices.dim() == 1 && column_indices.is_contiguous() && values.dim() == 1 &&
                      values.is_contiguous() && values.numel() == column_indices.numel(),
                  op, ": values and column_indices must be contiguous 1-D tensors of one length");
@@ -214,22 +232,26 @@ void spmm_csr_residual_rows(const at::Tensor& values, const at::Tensor& row_offs
   PRUNEKIT_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, op, ": values must be float16 or bfloat16, got ", dtype);
   PRUNEKIT_CHECK(x.scalar_type() == dtype && y.scalar_type() == dtype, op, ": values, x and y must share one dtype");
   PRUNEKIT_CHECK(x.device() == values.device() && y.device() == values.device() &&
-                     row_offsets.device() == values.device() && column_indices.device() == values.device(),
+                     slice_offsets.device() == values.device() && column_indices.device() == values.device(),
                  op, ": every tensor must be on one GPU");
   PRUNEKIT_CHECK(x.stride(1) == 1 || x.size(1) <= 1, op, ": x must be row-major (N, K) (unit stride along K)");
   PRUNEKIT_CHECK(y.stride(1) == 1 || y.size(1) <= 1, op, ": y must be row-major (M, N_out) (unit stride along N)");
   const int64_t m = y.size(0), n = y.size(1), k = x.size(1);
-  PRUNEKIT_CHECK(row_offsets.numel() == m + 1, op, ": row_offsets has ", row_offsets.numel(),
-                 " entries, expected M + 1 = ", m + 1);
+  const int64_t slices = (m + kSliceRows - 1) / kSliceRows;
+  PRUNEKIT_CHECK(slice_offsets.numel() == slices + 1, op, ": slice_offsets has ", slice_offsets.numel(),
+                 " entries, expected ceil(M / 32) + 1 = ", slices + 1);
+  PRUNEKIT_CHECK(values.numel() % kSliceRows == 0, op, ": values must hold whole slots of 32 entries, got ",
+                 values.numel());
   PRUNEKIT_CHECK(n_valid >= 0 && n_valid <= x.size(0) && n_valid <= n, op, ": n_valid (", n_valid,
                  ") must be at most x's rows (", x.size(0), ") and y's columns (", n, ")");
-  PRUNEKIT_CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31), op,
-                 ": M, N and K must be < 2^31");
+  PRUNEKIT_CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31) &&
+                     values.numel() < (int64_t{1} << 31),
+                 op, ": M, N, K and the slots must be < 2^31");
   PRUNEKIT_CHECK(row_parts >= 1 && row_parts <= 65535, op, ": row_parts must be in [1, 65535], got ", row_parts);
+  PRUNEKIT_CHECK(tile_n == 0 || tile_n == 4 || tile_n == 8 || tile_n == 16, op,
+                 ": tile_n must be 0 (the rule), 4, 8 or 16, got ", tile_n);
   if (m == 0 || n == 0) return;
   const c10::cuda::CUDAGuard guard(values.device());
-  PRUNEKIT_CHECK(tile_n == 0 || tile_n == 4 || tile_n == 8 || tile_n == 16, op, ": tile_n must be 0 (the rule), 4, 8 or 16, got ",
-                 tile_n);
   int device = 0, smem_block = 0, smem_sm = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
@@ -239,7 +261,7 @@ void spmm_csr_residual_rows(const at::Tensor& values, const at::Tensor& row_offs
                  " rows of X must fit in shared memory (", smem_block, " bytes)");
   const size_t smem = static_cast<size_t>(std::max<int64_t>(k, 1) * tn * 2);
   const bool vec_y = reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0 && (y.stride(0) * 2) % 16 == 0;
-  const dim3 grid(static_cast<unsigned>((n + tn - 1) / tn), static_cast<unsigned>(row_parts));
+  const dim3 grid(static_cast<unsigned>((n + tn - 1) / tn), static_cast<unsigned>(std::min(row_parts, slices)));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t ldx = x.size(0) > 1 ? x.stride(0) : k, ldy = y.size(0) > 1 ? y.stride(0) : n;
   const bool pairs = k % 2 == 0 && ldx % 2 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0;
@@ -253,17 +275,17 @@ void spmm_csr_residual_rows(const at::Tensor& values, const at::Tensor& row_offs
       auto go = [&](auto kernel) {
         C10_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        kernel<<<grid, kResidualThreads, smem, stream>>>(vals, row_offsets.data_ptr<int>(), cols, xp, ldx, yp, ldy,
+        kernel<<<grid, kResidualThreads, smem, stream>>>(vals, cols, slice_offsets.data_ptr<int>(), xp, ldx, yp, ldy,
                                                          static_cast<int>(m), static_cast<int>(k), static_cast<int>(n),
                                                          static_cast<int>(n_valid), accumulate, relu, vec_y, pairs);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
       if (tn == 16) {
-        go(csr_residual_rows_kernel<scalar_t, index_t, 16>);
+        go(residual_rows_kernel<scalar_t, index_t, 16>);
       } else if (tn == 8) {
-        go(csr_residual_rows_kernel<scalar_t, index_t, 8>);
+        go(residual_rows_kernel<scalar_t, index_t, 8>);
       } else {
-        go(csr_residual_rows_kernel<scalar_t, index_t, 4>);
+        go(residual_rows_kernel<scalar_t, index_t, 4>);
       }
     };
     if (dtype == at::kHalf) {
