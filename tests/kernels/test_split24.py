@@ -113,6 +113,13 @@ def test_tile_and_grid_rules(monkeypatch):
     monkeypatch.setenv(split24.TILE_N_ENV, "32")
     with pytest.raises(ValueError, match="PRUNEKIT_SPLIT24_TILE_N"):
         split24.forced_tile_n()
+    monkeypatch.delenv(split24.SLICES_ENV, raising=False)
+    assert split24.slices_per_warp() == split24.DEFAULT_SLICES
+    monkeypatch.setenv(split24.SLICES_ENV, "2")
+    assert split24.slices_per_warp() == 2
+    monkeypatch.setenv(split24.SLICES_ENV, "3")
+    with pytest.raises(ValueError, match="PRUNEKIT_SPLIT24_SLICES"):
+        split24.slices_per_warp()
 
 
 def test_mode_setting(monkeypatch):
@@ -176,10 +183,12 @@ def test_residual_kernel_against_float64(dtype, accumulate, relu, m, k, n, n_out
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("slices", ["1", "2"])
 @pytest.mark.parametrize("tile_n", ["16", "8", "4"])
 @pytest.mark.parametrize("k", [1000, 4097])  # odd K: the 2-byte staging path
-def test_residual_kernel_every_tile(monkeypatch, tile_n, k):
+def test_residual_kernel_every_tile(monkeypatch, tile_n, k, slices):
     monkeypatch.setenv(split24.TILE_N_ENV, tile_n)
+    monkeypatch.setenv(split24.SLICES_ENV, slices)
     for accumulate in (False, True):
         m, n = 70, 45
         r, x = _residual_case(m, k, n, 0.01, torch.float16, "cuda", empty_rows=3, seed=k)

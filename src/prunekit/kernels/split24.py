@@ -32,6 +32,9 @@ MODES = ("beta", "post")
 MODE_ENV = "PRUNEKIT_SPLIT24_MODE"
 DEFAULT_MODE = "post"  # faster than "beta" at all 12 points of split24-h100-2026-11-26-s29{b,c}.json
 TILE_N_ENV = "PRUNEKIT_SPLIT24_TILE_N"
+SLICES_ENV = "PRUNEKIT_SPLIT24_SLICES"  # slices a warp works on at once (1 / 2)
+PHASES_ENV = "PRUNEKIT_SPLIT24_PHASES"  # diagnostics: 1 stages X only, 2 runs the rows only (wrong results), 3 both
+DEFAULT_SLICES = 1
 RESIDUAL_BLOCKS_PER_SM = 2  # kResidualBlocksPerSm in csrc/spmm_residual.cu
 _WEIGHT_ATTR = "_prunekit_split24"
 
@@ -175,6 +178,24 @@ def residual_tile_n(k: int, smem_block: int = 227 * 1024, smem_sm: int = 228 * 1
     return 0
 
 
+def _int_setting(name: str, default: int, allowed: tuple[int, ...]) -> int:
+    value = os.environ.get(name, "")
+    if value == "":
+        return default
+    if value not in tuple(str(a) for a in allowed):
+        raise ValueError(f"${name} must be one of {', '.join(str(a) for a in allowed)}, got {value!r}")
+    return int(value)
+
+
+def slices_per_warp() -> int:
+    """``$PRUNEKIT_SPLIT24_SLICES`` (1 / 2): slices of 32 rows a warp of the residual kernel works on at once.
+
+    Raises:
+        ValueError: another value.
+    """
+    return _int_setting(SLICES_ENV, DEFAULT_SLICES, (1, 2))
+
+
 def forced_tile_n() -> int:
     """``$PRUNEKIT_SPLIT24_TILE_N`` (4 / 8 / 16) as an int, 0 (the rule) when unset.
 
@@ -207,7 +228,8 @@ def residual_rows_cuda(
             column_indices int16/int32); x: ``(N, K)`` row-major (``nn.Linear`` activations), same dtype;
             y: ``(M, N_out)`` row-major (unit stride along N), ``n_valid <= min(N, N_out)``; row_parts: the grid's row
             split (default :func:`residual_row_parts`). Tokens per block: :func:`residual_tile_n`'s rule, or
-            ``$PRUNEKIT_SPLIT24_TILE_N``.
+            ``$PRUNEKIT_SPLIT24_TILE_N``; slices per warp: ``$PRUNEKIT_SPLIT24_SLICES``; ``$PRUNEKIT_SPLIT24_PHASES``
+            (diagnostics) runs a part of the kernel only.
 
     Raises:
         KernelUnavailable: no GPU/compiler. RuntimeError: bad shapes, dtypes or layouts (the kernel's checks), or K
@@ -217,8 +239,20 @@ def residual_rows_cuda(
     tile_n = forced_tile_n()
     if row_parts is None:
         row_parts = residual_row_parts(y.shape[1], x.shape[1], gpu._sm_count(y.device), tile_n)
+    phases = _int_setting(PHASES_ENV, 3, (1, 2, 3))
     torch.ops.prunekit_ext.spmm_residual_rows.default(
-        values, column_indices, slice_offsets, x, y, n_valid, accumulate, relu, row_parts, tile_n
+        values,
+        column_indices,
+        slice_offsets,
+        x,
+        y,
+        n_valid,
+        accumulate,
+        relu,
+        row_parts,
+        tile_n,
+        slices_per_warp(),
+        phases,
     )
 
 

@@ -44,7 +44,7 @@ TORCH_LIBRARY(prunekit_ext, m) {
   m.def("csr_to_dense(Tensor values, Tensor row_offsets, Tensor column_indices, int m, int k) -> Tensor");
   m.def(
       "spmm_residual_rows(Tensor values, Tensor column_indices, Tensor slice_offsets, Tensor x, Tensor(a!) y, "
-      "int n_valid, bool accumulate, bool relu, int row_parts, int tile_n=0) -> ()");
+      "int n_valid, bool accumulate, bool relu, int row_parts, int tile_n=0, int slices_per_warp=1, int phases=3) -> ()");
   m.def("sddmm_csr(Tensor row_offsets, Tensor column_indices, Tensor row_indices, Tensor a, Tensor b, Tensor(a!) out) -> ()");
   // The runtime's eager CSR call (spmm_entry.cu): allocates Y, chooses the CUDA-core variant, launches.
   m.def(

@@ -66,10 +66,11 @@ void spmm_csr_dense(const at::Tensor& values, const at::Tensor& row_offsets, con
 // slice_offsets[s + 1] - 1, slot e's entry for row 32 s + l at values / column_indices[32 e + l] (column -1:
 // padding); values fp16/bf16, column_indices int16/int32; x (N, K) row-major; X's rows from n_valid on count as zeros.
 // row_parts splits the slices over blockIdx.y (X is then staged once per part); tile_n: tokens per block (0: the
-// rule, else 4, 8 or 16). See spmm_residual.cu.
+// rule, else 4, 8 or 16); slices_per_warp: 1 or 2 slices a warp works on at once; phases: diagnostics (3: all).
+// See spmm_residual.cu.
 void spmm_residual_rows(const at::Tensor& values, const at::Tensor& column_indices, const at::Tensor& slice_offsets,
                         const at::Tensor& x, const at::Tensor& y, int64_t n_valid, bool accumulate, bool relu,
-                        int64_t row_parts, int64_t tile_n);
+                        int64_t row_parts, int64_t tile_n, int64_t slices_per_warp, int64_t phases);
 
 // Sputnik-style SDDMM: out[j] = dot(a[row(j)], b[col(j)]) at each stored CSR entry. See sddmm_csr.cu.
 void sddmm_csr(const at::Tensor& row_offsets, const at::Tensor& column_indices, const at::Tensor& row_indices,

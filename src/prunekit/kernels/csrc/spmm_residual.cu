@@ -20,6 +20,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <type_traits>
+
 #include "check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 #include "common.cuh"
 #include "kernels.h"
@@ -66,47 +68,101 @@ __device__ __forceinline__ void store_column(uint16_t* xs, int c, const uint32_t
 template <int TN>
 __device__ __forceinline__ void stage_x(uint16_t* xs, const uint16_t* __restrict__ x, int64_t ldx, int k, int n0,
                                         int n_valid, bool pairs) {
+  constexpr int kPairs = 32 / TN;  // column pairs per thread whose loads are all issued before the first store
   const int nt = min(TN, n_valid - n0);
   const uint16_t* xb = x + static_cast<int64_t>(n0) * ldx;
-  for (int c = 2 * threadIdx.x; c < k; c += 2 * blockDim.x) {
-    uint32_t lo_words[TN / 2], hi_words[TN / 2];  // columns c and c + 1, two tokens per word
-    uint32_t v[TN];
-    if (pairs) {  // K even, rows 4-byte aligned: c + 1 < k
+  const int step = 2 * static_cast<int>(blockDim.x);
+  for (int c0 = 2 * threadIdx.x; c0 < k; c0 += step * kPairs) {
+    uint32_t v[kPairs][TN];  // columns c and c + 1 of token t in one word
 #pragma unroll
-      for (int t = 0; t < TN; ++t) {
-        v[t] = t < nt ? __ldg(reinterpret_cast<const unsigned int*>(xb + static_cast<int64_t>(t) * ldx + c)) : 0u;
-      }
-    } else {
+    for (int u = 0; u < kPairs; ++u) {
+      const int c = c0 + u * step;
 #pragma unroll
       for (int t = 0; t < TN; ++t) {
         const uint16_t* p = xb + static_cast<int64_t>(t) * ldx + c;
-        const uint32_t a = t < nt ? __ldg(p) : 0u;
-        const uint32_t b = t < nt && c + 1 < k ? __ldg(p + 1) : 0u;
-        v[t] = a | (b << 16);
+        if (pairs) {  // K even, rows 4-byte aligned: c + 1 < k
+          v[u][t] = t < nt && c < k ? __ldg(reinterpret_cast<const unsigned int*>(p)) : 0u;
+        } else {
+          const uint32_t lo = t < nt && c < k ? __ldg(p) : 0u;
+          const uint32_t hi = t < nt && c + 1 < k ? __ldg(p + 1) : 0u;
+          v[u][t] = lo | (hi << 16);
+        }
       }
     }
 #pragma unroll
-    for (int t = 0; t < TN; t += 2) {
-      lo_words[t / 2] = (v[t] & 0xffffu) | (v[t + 1] << 16);
-      hi_words[t / 2] = (v[t] >> 16) | (v[t + 1] & 0xffff0000u);
+    for (int u = 0; u < kPairs; ++u) {
+      const int c = c0 + u * step;
+      if (c >= k) break;
+      uint32_t lo_words[TN / 2], hi_words[TN / 2];  // columns c and c + 1, two tokens per word
+#pragma unroll
+      for (int t = 0; t < TN; t += 2) {
+        lo_words[t / 2] = (v[u][t] & 0xffffu) | (v[u][t + 1] << 16);
+        hi_words[t / 2] = (v[u][t] >> 16) | (v[u][t + 1] & 0xffff0000u);
+      }
+      store_column<TN>(xs, c, lo_words);
+      if (c + 1 < k) store_column<TN>(xs, c + 1, hi_words);
     }
-    store_column<TN>(xs, c, lo_words);
-    if (c + 1 < k) store_column<TN>(xs, c + 1, hi_words);
   }
 }
 
-// One warp per slice of 32 rows (lane = row), slices strided over the block's warps; slot after slot, each lane
-// loads its row's entry (coalesced across the warp), then reads the TN values of X's column from shared memory.
-template <typename T, typename I, int TN>
-__global__ void __launch_bounds__(kResidualThreads)
+// Y's TN values of row r (its row pointer yr): acc (+ the old values where accumulate), ReLU, stored.
+template <typename T, int TN>
+__device__ __forceinline__ void finish_row(T* yr, float* acc, int nt, bool vec, bool accumulate, bool relu) {
+  constexpr int kWords = TN / 2;
+  if (accumulate) {  // Y's old values, read only for rows that change
+    if (vec) {
+      uint32_t yw[kWords];
+      if constexpr (TN >= 8) {
+#pragma unroll
+        for (int q = 0; q < kWords; q += 4) {
+          const uint4 t4 = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(yr) + q);
+          yw[q] = t4.x, yw[q + 1] = t4.y, yw[q + 2] = t4.z, yw[q + 3] = t4.w;
+        }
+      } else {
+        const uint2 t2 = *reinterpret_cast<const uint2*>(yr);
+        yw[0] = t2.x, yw[1] = t2.y;
+      }
+#pragma unroll
+      for (int t = 0; t < TN; ++t) acc[t] += word_elem<T>(yw, t);
+    } else {
+#pragma unroll
+      for (int t = 0; t < TN; ++t) acc[t] += t < nt ? to_f(yr[t]) : 0.f;
+    }
+  }
+  if (relu) {
+#pragma unroll
+    for (int t = 0; t < TN; ++t) acc[t] = fmaxf(acc[t], 0.f);
+  }
+  if (vec) {
+    if constexpr (TN >= 8) {
+#pragma unroll
+      for (int t = 0; t < TN; t += 8) store_vec16<T>(yr + t, acc + t);
+    } else {
+      store4<T>(yr, acc[0], acc[1], acc[2], acc[3]);
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < TN; ++t) {
+      if (t < nt) yr[t] = from_f<T>(acc[t]);
+    }
+  }
+}
+
+// One warp per slice of 32 rows (lane = row), P slices at a time (their loads interleaved, so that more of them are
+// in flight), slices strided over the block's warps; slot after slot, each lane loads its row's entry (coalesced
+// across the warp), then reads the TN values of X's column from shared memory. `phases` (diagnostics,
+// $PRUNEKIT_SPLIT24_PHASES): bit 0 stages X, bit 1 runs the rows; the result is only right with both.
+template <typename T, typename I, int TN, int P>
+__global__ void __launch_bounds__(kResidualThreads, 2)
 residual_rows_kernel(const T* __restrict__ values, const I* __restrict__ cols, const int* __restrict__ slice_offsets,
                      const T* __restrict__ x, int64_t ldx, T* __restrict__ y, int64_t ldy, int m, int k, int n,
-                     int n_valid, bool accumulate, bool relu, bool vec_y, bool pairs) {
+                     int n_valid, bool accumulate, bool relu, bool vec_y, bool pairs, int phases) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem);
   const int n0 = blockIdx.x * TN;
-  stage_x<TN>(xs, reinterpret_cast<const uint16_t*>(x), ldx, k, n0, n_valid, pairs);  // zeros from n_valid on
+  if (phases & 1) stage_x<TN>(xs, reinterpret_cast<const uint16_t*>(x), ldx, k, n0, n_valid, pairs);  // zeros past n_valid
   __syncthreads();
+  if (!(phases & 2)) return;
   const int nt = min(TN, n - n0);
   const bool vec = vec_y && nt == TN;
   const int slices = (m + kSliceRows - 1) / kSliceRows;
@@ -114,88 +170,65 @@ residual_rows_kernel(const T* __restrict__ values, const I* __restrict__ cols, c
   const int s_begin = blockIdx.y * per_part, s_end = min(slices, s_begin + per_part);
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   constexpr int kWords = TN / 2;
-  // each slice's slot range is loaded one slice ahead, so that its latency overlaps the slice before
-  int s = s_begin + static_cast<int>(threadIdx.x >> 5);
-  int base_next = s < s_end ? __ldg(slice_offsets + s) : 0, end_next = s < s_end ? __ldg(slice_offsets + s + 1) : 0;
-  for (; s < s_end; s += warps) {
-    const int base = base_next, end = end_next;
-    if (s + warps < s_end) {
-      base_next = __ldg(slice_offsets + s + warps);
-      end_next = __ldg(slice_offsets + s + warps + 1);
+  for (int s = s_begin + static_cast<int>(threadIdx.x >> 5); s < s_end; s += P * warps) {
+    int base[P], len[P];
+    int longest = 0;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int sp = s + p * warps;
+      base[p] = sp < s_end ? __ldg(slice_offsets + sp) : 0;
+      len[p] = sp < s_end ? __ldg(slice_offsets + sp + 1) - base[p] : 0;
+      longest = max(longest, len[p]);
     }
-    if (accumulate && !relu && base == end) continue;  // nothing to add to these 32 rows
-    const int r = s * kSliceRows + lane;
-    float acc[TN];
+    float acc[P][TN];
+    bool any[P];
 #pragma unroll
-    for (int t = 0; t < TN; ++t) acc[t] = 0.f;
-    bool any = false;
-    for (int q = base; q < end; q += kSlotUnroll) {
-      int c[kSlotUnroll];
-      float v[kSlotUnroll];
+    for (int p = 0; p < P; ++p) {
+      any[p] = false;
 #pragma unroll
-      for (int u = 0; u < kSlotUnroll; ++u) {  // the loads first, so that their latencies overlap
-        const int64_t e = static_cast<int64_t>(q + u) * kSliceRows + lane;
-        c[u] = q + u < end ? static_cast<int>(__ldg(cols + e)) : -1;
-        v[u] = q + u < end ? to_f(__ldg(values + e)) : 0.f;
-      }
+      for (int t = 0; t < TN; ++t) acc[p][t] = 0.f;
+    }
+    for (int q = 0; q < longest; q += kSlotUnroll) {
+      int c[P][kSlotUnroll];
+      float v[P][kSlotUnroll];
 #pragma unroll
-      for (int u = 0; u < kSlotUnroll; ++u) {
-        if (c[u] < 0) continue;  // padding (or past the slice's last slot)
-        any = true;
-        const uint32_t* xc = reinterpret_cast<const uint32_t*>(xs + static_cast<int64_t>(c[u]) * TN);
-        uint32_t w[kWords];
+      for (int p = 0; p < P; ++p) {
 #pragma unroll
-        for (int qq = 0; qq < kWords; qq += (kWords >= 4 ? 4 : 2)) {
-          if constexpr (kWords >= 4) {
-            const uint4 t4 = *reinterpret_cast<const uint4*>(xc + qq);
-            w[qq] = t4.x, w[qq + 1] = t4.y, w[qq + 2] = t4.z, w[qq + 3] = t4.w;
-          } else {
-            const uint2 t2 = *reinterpret_cast<const uint2*>(xc + qq);
-            w[qq] = t2.x, w[qq + 1] = t2.y;
-          }
+        for (int u = 0; u < kSlotUnroll; ++u) {  // the loads first, so that their latencies overlap
+          const bool in = q + u < len[p];
+          const int64_t e = static_cast<int64_t>(base[p] + q + u) * kSliceRows + lane;
+          c[p][u] = in ? static_cast<int>(__ldg(cols + e)) : -1;
+          v[p][u] = in ? to_f(__ldg(values + e)) : 0.f;
         }
-#pragma unroll
-        for (int t = 0; t < TN; ++t) acc[t] = fmaf(v[u], word_elem<T>(w, t), acc[t]);
       }
-    }
-    if (r >= m || (accumulate && !relu && !any)) continue;
-    T* yr = y + static_cast<int64_t>(r) * ldy + n0;
-    if (accumulate) {  // Y's old values, read only for rows that change
-      if (vec) {
-        uint32_t yw[kWords];
-        if constexpr (TN >= 8) {
 #pragma unroll
-          for (int qq = 0; qq < kWords; qq += 4) {
-            const uint4 t4 = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(yr) + qq);
-            yw[qq] = t4.x, yw[qq + 1] = t4.y, yw[qq + 2] = t4.z, yw[qq + 3] = t4.w;
+      for (int p = 0; p < P; ++p) {
+#pragma unroll
+        for (int u = 0; u < kSlotUnroll; ++u) {
+          if (c[p][u] < 0) continue;  // padding (or past the slice's last slot)
+          any[p] = true;
+          const uint32_t* xc = reinterpret_cast<const uint32_t*>(xs + static_cast<int64_t>(c[p][u]) * TN);
+          uint32_t w[kWords];
+#pragma unroll
+          for (int qq = 0; qq < kWords; qq += (kWords >= 4 ? 4 : 2)) {
+            if constexpr (kWords >= 4) {
+              const uint4 t4 = *reinterpret_cast<const uint4*>(xc + qq);
+              w[qq] = t4.x, w[qq + 1] = t4.y, w[qq + 2] = t4.z, w[qq + 3] = t4.w;
+            } else {
+              const uint2 t2 = *reinterpret_cast<const uint2*>(xc + qq);
+              w[qq] = t2.x, w[qq + 1] = t2.y;
+            }
           }
-        } else {
-          const uint2 t2 = *reinterpret_cast<const uint2*>(yr);
-          yw[0] = t2.x, yw[1] = t2.y;
+#pragma unroll
+          for (int t = 0; t < TN; ++t) acc[p][t] = fmaf(v[p][u], word_elem<T>(w, t), acc[p][t]);
         }
-#pragma unroll
-        for (int t = 0; t < TN; ++t) acc[t] += word_elem<T>(yw, t);
-      } else {
-#pragma unroll
-        for (int t = 0; t < TN; ++t) acc[t] += t < nt ? to_f(yr[t]) : 0.f;
       }
     }
-    if (relu) {
 #pragma unroll
-      for (int t = 0; t < TN; ++t) acc[t] = fmaxf(acc[t], 0.f);
-    }
-    if (vec) {
-      if constexpr (TN >= 8) {
-#pragma unroll
-        for (int t = 0; t < TN; t += 8) store_vec16<T>(yr + t, acc + t);
-      } else {
-        store4<T>(yr, acc[0], acc[1], acc[2], acc[3]);
-      }
-    } else {
-#pragma unroll
-      for (int t = 0; t < TN; ++t) {
-        if (t < nt) yr[t] = from_f<T>(acc[t]);
-      }
+    for (int p = 0; p < P; ++p) {
+      const int r = (s + p * warps) * kSliceRows + lane;
+      if (r >= m || (accumulate && !relu && !any[p])) continue;  // rows past M; rows with nothing to add
+      finish_row<T, TN>(y + static_cast<int64_t>(r) * ldy + n0, acc[p], nt, vec, accumulate, relu);
     }
   }
 }
@@ -218,7 +251,7 @@ int64_t residual_tile_n(int64_t k, int64_t smem_block, int64_t smem_sm, int64_t 
 
 void spmm_residual_rows(const at::Tensor& values, const at::Tensor& column_indices, const at::Tensor& slice_offsets,
                         const at::Tensor& x, const at::Tensor& y, int64_t n_valid, bool accumulate, bool relu,
-                        int64_t row_parts, int64_t tile_n) {
+                        int64_t row_parts, int64_t tile_n, int64_t slices_per_warp, int64_t phases) {
   constexpr const char* op = "spmm_residual_rows";
   PRUNEKIT_CHECK(slice_offsets.is_cuda() && column_indices.is_cuda() && values.is_cuda(), op,
                  ": the residual's tensors must be on the GPU");
@@ -250,6 +283,9 @@ void spmm_residual_rows(const at::Tensor& values, const at::Tensor& column_indic
   PRUNEKIT_CHECK(row_parts >= 1 && row_parts <= 65535, op, ": row_parts must be in [1, 65535], got ", row_parts);
   PRUNEKIT_CHECK(tile_n == 0 || tile_n == 4 || tile_n == 8 || tile_n == 16, op,
                  ": tile_n must be 0 (the rule), 4, 8 or 16, got ", tile_n);
+  PRUNEKIT_CHECK(slices_per_warp == 1 || slices_per_warp == 2, op, ": slices_per_warp must be 1 or 2, got ",
+                 slices_per_warp);
+  PRUNEKIT_CHECK(phases >= 0 && phases <= 3, op, ": phases must be in [0, 3], got ", phases);
   if (m == 0 || n == 0) return;
   const c10::cuda::CUDAGuard guard(values.device());
   int device = 0, smem_block = 0, smem_sm = 0;
@@ -277,15 +313,24 @@ void spmm_residual_rows(const at::Tensor& values, const at::Tensor& column_indic
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
         kernel<<<grid, kResidualThreads, smem, stream>>>(vals, cols, slice_offsets.data_ptr<int>(), xp, ldx, yp, ldy,
                                                          static_cast<int>(m), static_cast<int>(k), static_cast<int>(n),
-                                                         static_cast<int>(n_valid), accumulate, relu, vec_y, pairs);
+                                                         static_cast<int>(n_valid), accumulate, relu, vec_y, pairs,
+                                                         static_cast<int>(phases));
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
-      if (tn == 16) {
-        go(residual_rows_kernel<scalar_t, index_t, 16>);
-      } else if (tn == 8) {
-        go(residual_rows_kernel<scalar_t, index_t, 8>);
+      auto tiles = [&](auto p_tag) {
+        constexpr int P = decltype(p_tag)::value;
+        if (tn == 16) {
+          go(residual_rows_kernel<scalar_t, index_t, 16, P>);
+        } else if (tn == 8) {
+          go(residual_rows_kernel<scalar_t, index_t, 8, P>);
+        } else {
+          go(residual_rows_kernel<scalar_t, index_t, 4, P>);
+        }
+      };
+      if (slices_per_warp == 2) {
+        tiles(std::integral_constant<int, 2>{});
       } else {
-        go(residual_rows_kernel<scalar_t, index_t, 4>);
+        tiles(std::integral_constant<int, 1>{});
       }
     };
     if (dtype == at::kHalf) {
