@@ -323,3 +323,44 @@ def test_split24_linear_in_a_cuda_graph(split_mode):
     graph.replay()
     torch.cuda.synchronize()
     assert relative_error(out, split24.reference(w.cpu(), x.cpu(), None, "relu")) < 2e-3
+
+
+def test_enabled_only_when_asked_and_from_min_n(monkeypatch):
+    monkeypatch.delenv(split24.ENABLE_ENV, raising=False)
+    assert not split24.enabled(4096)
+    monkeypatch.setenv(split24.ENABLE_ENV, "1")
+    assert split24.enabled(split24.MIN_N) and split24.enabled(8192)
+    assert not split24.enabled(split24.MIN_N - 1)
+    monkeypatch.setenv(split24.ENABLE_ENV, "0")
+    assert not split24.enabled(4096)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("n", [2048, 2100])
+def test_sparse_linear_takes_split24_when_asked(monkeypatch, bias, n):
+    _needs_cslt()
+    from prunekit import formats
+    from prunekit.deploy.runtime.sparse_linear import SparseLinear
+
+    m, k = 256, 512
+    w = random_sparse_weight(m, k, 0.9, torch.float16, generator=torch.Generator().manual_seed(n))
+    b = torch.randn(m).half() if bias else None
+    layer = SparseLinear(formats.encode("csr", w, {}), bias=b).cuda()
+    x = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    ref = split24.reference(w, x.cpu(), b, "none")
+    monkeypatch.delenv(split24.ENABLE_ENV, raising=False)
+    with torch.inference_mode():
+        off = layer(x)
+    assert getattr(layer.w_values, split24._WEIGHT_ATTR, None) is None  # off by default: no 2:4 copy built
+    monkeypatch.setenv(split24.ENABLE_ENV, "1")
+    with torch.inference_mode():
+        on = layer(x)
+        again = layer(x.view(1, n, k))
+    assert isinstance(getattr(layer.w_values, split24._WEIGHT_ATTR, None), split24.Split24Weight)
+    assert on.shape == (n, m) and again.shape == (1, n, m)
+    for out in (off, on, again.view(n, m)):
+        assert relative_error(out, ref) < 2e-3
+    with torch.inference_mode():
+        small = layer(x[:64])  # below MIN_N: the usual CSR path
+    assert relative_error(small, ref[:64]) < 2e-3

@@ -28,6 +28,8 @@ from ..errors import KernelUnavailable
 from . import gpu, structured
 from .tensor_cache import tensor_version
 
+ENABLE_ENV = "PRUNEKIT_SPMM_SPLIT24"  # "1": the runtime's eager CSR layers take split24 from MIN_N tokens
+MIN_N = 2048  # the smallest N timed (issue 4's large-N targets start there)
 MODES = ("beta", "post")
 MODE_ENV = "PRUNEKIT_SPLIT24_MODE"
 DEFAULT_MODE = "post"  # faster than "beta" at all 12 points of split24-h100-2026-11-26-s29{b,c}.json
@@ -312,6 +314,23 @@ def takes(m: int, k: int, dtype: torch.dtype) -> bool:
         and k % structured.CSLT_ALIGN_MK[1] == 0
         and residual_tile_n(k) > 0
         and structured.native_cslt_available()
+    )
+
+
+def enabled(n: int) -> bool:
+    """Whether ``$PRUNEKIT_SPMM_SPLIT24=1`` asks the runtime's eager CSR layers to run ``split24`` at ``n`` tokens (from
+    :data:`MIN_N` on). Off by default: at 90% sparsity it was no faster than the ``dense`` variant, and it holds 9/16
+    of the dense weight's bytes per layer (docs/PERFORMANCE.md, "Twenty-ninth session")."""
+    return n >= MIN_N and os.environ.get(ENABLE_ENV) == "1"
+
+
+def layer_takes(values: torch.Tensor, x2d: torch.Tensor, bias: torch.Tensor | None, m: int) -> bool:
+    """Whether a CSR layer's call can run ``split24``: ``x2d (N, K)`` in the weight's dtype, a bias (if any) of that
+    dtype, contiguous, and :func:`takes` for the weight ``(M, K)``."""
+    return (
+        x2d.dtype == values.dtype
+        and (bias is None or (bias.dtype == values.dtype and bias.is_contiguous() and bias.numel() == m))
+        and takes(m, x2d.shape[1], values.dtype)
     )
 
 

@@ -14,7 +14,9 @@ first call and cached per dtype (BSR: per dtype and N class). CSR layers run wha
 ``gpu.spmm_csr_op`` runs: the bitmap decode kernel's C++ entry ``prunekit_nm24::bitmap_linear`` at the N where
 ``"auto"`` takes it, else ``prunekit_ext::spmm_csr_auto`` where ``gpu.eager_spmm_variant`` allows, else
 ``gpu.spmm_csr``, decided once per weight, dtype and N (kept with the weight's values), with the entry and its plan kept
-on the layer (``gpu.spmm_rows_call``). At decode sizes these operators take the activations ``(N, K)`` as given and
+on the layer (``gpu.spmm_rows_call``); with ``$PRUNEKIT_SPMM_SPLIT24=1``, from N = 2048 the ``split24`` variant
+(``kernels/split24.py``: a 2:4 part through cuSPARSELt plus a hypersparse residual). At decode sizes these operators
+take the activations ``(N, K)`` as given and
 return ``Y^T (N, M)`` (a ``ROWS`` flag; the transposes are made in C++): at small N the host time of an eager call,
 not the kernel, sets what a user sees (docs/PERFORMANCE_STRUCTURED.md, "Twentieth session"). Traced, compiled and
 CPU calls, and inputs that need a gradient, go through the custom ops.
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...formats import EncodedTensor, decode
-from ...kernels import gpu, nm24, ops, structured
+from ...kernels import gpu, nm24, ops, split24, structured
 from ...kernels.tensor_cache import stamp as tensor_stamp
 
 
@@ -144,10 +146,11 @@ def _csr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor:
     values, offsets, cols, rows = b["w_values"], b["w_row_offsets"], b["w_column_indices"], b["w_row_indices"]
     bias = _bias(layer)
     n = x2d.shape[0]
+    split = n > gpu.BITMAP_WIDE_MAX_N and split24.enabled(n)  # opt-in: $PRUNEKIT_SPMM_SPLIT24=1
     key = (
         x2d.dtype,
         None if bias is None else bias.dtype,
-        n if n <= gpu.BITMAP_WIDE_MAX_N else -gpu.eager_size_class(n),
+        n if n <= gpu.BITMAP_WIDE_MAX_N else -9 if split else -gpu.eager_size_class(n),
     )
     entry = layer._eager_plans.get(key, _UNSET)
     try:  # the stamp of the weight the parts were made for, written out: this runs on every eager call
@@ -155,11 +158,19 @@ def _csr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor:
     except RuntimeError:  # inference tensors keep no version counter (tensor_cache.tensor_version)
         now = sum(tensor_stamp((values, cols, offsets)), ())
     if entry is _UNSET or entry[0] != now:
-        entry = (now, gpu.spmm_rows_call(values, offsets, cols, rows, x2d, layer.out_features, bias))
+        call = None
+        if split and split24.layer_takes(values, x2d, bias, layer.out_features):
+            # the split24 variant: the weight's 2:4 part (built once, kept on values) and its residual
+            call = (2, split24.split24_weight(values, offsets, cols, layer.out_features, layer.in_features))
+        if call is None:
+            call = gpu.spmm_rows_call(values, offsets, cols, rows, x2d, layer.out_features, bias)
+        entry = (now, call)
         layer._eager_plans[key] = entry
     call = entry[1]
     if call is None:
         return gpu.spmm_csr(values, offsets, cols, rows, x2d.t(), layer.out_features, bias).t()
+    if call[0] == 2:  # split24 (an int marker beside the bitmap flag True / False below)
+        return split24.linear(call[1], x2d, bias)
     if call[0]:  # the bitmap entry
         return call[1](call[2], x2d, bias, False, call[3], call[4])
     return call[1](values, offsets, cols, rows, x2d, layer.out_features, bias, False, call[2])
