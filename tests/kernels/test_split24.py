@@ -133,6 +133,20 @@ def test_mode_setting(monkeypatch):
         split24.mode()
 
 
+def test_layer_rule(monkeypatch):
+    monkeypatch.setattr(split24, "takes", lambda m, k, dtype: True)  # the shape and cuSPARSELt checks: above
+    x = torch.zeros(4, 4096, dtype=torch.float16)
+    dense95 = random_sparse_weight(4096, 4096, 0.95, torch.float16, generator=torch.Generator().manual_seed(0))
+    values95 = dense95[dense95 != 0]
+    dense90 = random_sparse_weight(4096, 4096, 0.9, torch.float16, generator=torch.Generator().manual_seed(0))
+    assert split24.layer_takes(values95, x, None, 4096)
+    assert not split24.layer_takes(dense90[dense90 != 0], x, None, 4096)  # 90%: slower than the default path
+    assert not split24.layer_takes(values95[: 1024 * 4096 // 20], x, None, 1024)  # under MIN_ELEMENTS
+    assert not split24.layer_takes(values95, x.float(), None, 4096)
+    assert not split24.layer_takes(values95, x, torch.zeros(4096), 4096)  # fp32 bias
+    assert split24.layer_takes(values95, x, torch.zeros(4096, dtype=torch.float16), 4096)
+
+
 def test_takes_rejects_cpu_shapes_and_dtypes():
     assert not split24.takes(100, 4096, torch.float16)  # M % 32
     assert not split24.takes(128, 100, torch.float16)  # K % 64
@@ -344,7 +358,8 @@ def test_sparse_linear_takes_split24_when_asked(monkeypatch, bias, n):
     from prunekit.deploy.runtime.sparse_linear import SparseLinear
 
     m, k = 256, 512
-    w = random_sparse_weight(m, k, 0.9, torch.float16, generator=torch.Generator().manual_seed(n))
+    monkeypatch.setattr(split24, "MIN_ELEMENTS", m * k)
+    w = random_sparse_weight(m, k, 0.95, torch.float16, generator=torch.Generator().manual_seed(n))
     b = torch.randn(m).half() if bias else None
     layer = SparseLinear(formats.encode("csr", w, {}), bias=b).cuda()
     x = torch.randn(n, k, device="cuda", dtype=torch.float16)

@@ -30,6 +30,11 @@ from .tensor_cache import tensor_version
 
 ENABLE_ENV = "PRUNEKIT_SPMM_SPLIT24"  # "1": the runtime's eager CSR layers take split24 from MIN_N tokens
 MIN_N = 2048  # the smallest N timed (issue 4's large-N targets start there)
+# The layers the runtime's opt-in takes (split24-h100-2026-11-26-s29g.json, 15 points at N = 2048, in-sample): faster
+# than the default CSR path ("dense") at 95% and 98% on the shapes of 4096 x 4096 and more, slower at 90% on all five
+# shapes and on the two of 768 x 3072 / 3072 x 768 at every sparsity.
+MAX_DENSITY = 0.055  # stored non-zeros / (M * K): 95% sparsity and beyond, with room for a random pattern's spread
+MIN_ELEMENTS = 4096 * 4096  # M * K
 MODES = ("beta", "post")
 MODE_ENV = "PRUNEKIT_SPLIT24_MODE"
 DEFAULT_MODE = "post"  # faster than "beta" at all 12 points of split24-h100-2026-11-26-s29{b,c}.json
@@ -319,18 +324,23 @@ def takes(m: int, k: int, dtype: torch.dtype) -> bool:
 
 def enabled(n: int) -> bool:
     """Whether ``$PRUNEKIT_SPMM_SPLIT24=1`` asks the runtime's eager CSR layers to run ``split24`` at ``n`` tokens (from
-    :data:`MIN_N` on). Off by default: at 90% sparsity it was no faster than the ``dense`` variant, and it holds 9/16
-    of the dense weight's bytes per layer (docs/PERFORMANCE.md, "Twenty-ninth session")."""
+    :data:`MIN_N` on; :func:`layer_takes` then picks the layers). Off by default: it holds 9/16 of the dense weight's
+    bytes per layer beside the CSR weight (docs/PERFORMANCE.md, "Twenty-ninth session")."""
     return n >= MIN_N and os.environ.get(ENABLE_ENV) == "1"
 
 
 def layer_takes(values: torch.Tensor, x2d: torch.Tensor, bias: torch.Tensor | None, m: int) -> bool:
-    """Whether a CSR layer's call can run ``split24``: ``x2d (N, K)`` in the weight's dtype, a bias (if any) of that
-    dtype, contiguous, and :func:`takes` for the weight ``(M, K)``."""
+    """Whether a CSR layer's call can run ``split24`` and is one the measurements favour: ``x2d (N, K)`` in the
+    weight's dtype, a bias (if any) of that dtype, contiguous, :func:`takes` for the weight ``(M, K)``, at least
+    :data:`MIN_ELEMENTS` weights and a density of at most :data:`MAX_DENSITY` (non-zero ``values``; one device sync,
+    made once per layer and N class by the runtime)."""
+    k = x2d.shape[1]
     return (
         x2d.dtype == values.dtype
         and (bias is None or (bias.dtype == values.dtype and bias.is_contiguous() and bias.numel() == m))
-        and takes(m, x2d.shape[1], values.dtype)
+        and m * k >= MIN_ELEMENTS
+        and takes(m, k, values.dtype)
+        and int(torch.count_nonzero(values)) <= MAX_DENSITY * m * k
     )
 
 
