@@ -95,16 +95,17 @@ def test_residual_op_fake_and_mutation_schema():
 
 def test_tile_and_grid_rules(monkeypatch):
     assert split24.residual_tile_n(1024) == 16
-    assert split24.residual_tile_n(4096) == 8  # two blocks of 64 KB per SM
-    assert split24.residual_tile_n(7264) == 4
-    assert split24.residual_tile_n(11008) == 4
-    assert split24.residual_tile_n(20000) == 4  # one block per SM: none lets two share it
+    assert split24.residual_tile_n(4096) == 16
+    assert split24.residual_tile_n(7264) == 16  # 227 KB exactly
+    assert split24.residual_tile_n(7265) == 8
+    assert split24.residual_tile_n(11008) == 8
+    assert split24.residual_tile_n(20000) == 4
     assert split24.residual_tile_n(60000) == 0
     assert split24.residual_tile_n(4096, forced=16) == 16
     assert split24.residual_tile_n(11008, forced=16) == 0
-    assert split24.residual_row_parts(2048, 4096, 132) == 1  # 256 token tiles
-    assert split24.residual_row_parts(256, 4096, 132) == 4  # 32 tiles
-    assert split24.residual_row_parts(256, 4096, 132, tile_n=16) == 8
+    assert split24.residual_row_parts(2048, 4096, 132) == 1  # 128 token tiles
+    assert split24.residual_row_parts(256, 4096, 132) == 8  # 16 tiles
+    assert split24.residual_row_parts(256, 4096, 132, tile_n=8) == 4
     assert split24.residual_row_parts(1, 4096, 132) == 132
     monkeypatch.delenv(split24.TILE_N_ENV, raising=False)
     assert split24.forced_tile_n() == 0

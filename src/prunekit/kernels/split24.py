@@ -42,7 +42,6 @@ TILE_N_ENV = "PRUNEKIT_SPLIT24_TILE_N"
 SLICES_ENV = "PRUNEKIT_SPLIT24_SLICES"  # slices a warp works on at once (1 / 2)
 PHASES_ENV = "PRUNEKIT_SPLIT24_PHASES"  # diagnostics: 1 stages X only, 2 runs the rows only (wrong results), 3 both
 DEFAULT_SLICES = 1
-RESIDUAL_BLOCKS_PER_SM = 2  # kResidualBlocksPerSm in csrc/spmm_residual.cu
 _WEIGHT_ATTR = "_prunekit_split24"
 
 
@@ -169,16 +168,13 @@ def residual_row_parts(n: int, k: int, num_sms: int, tile_n: int | None = None) 
     return max(1, min(65535, num_sms // max(1, tiles)))
 
 
-def residual_tile_n(k: int, smem_block: int = 227 * 1024, smem_sm: int = 228 * 1024, forced: int = 0) -> int:
+def residual_tile_n(k: int, smem_block: int = 227 * 1024, forced: int = 0) -> int:
     """Tokens per block of the residual kernel (``residual_tile_n`` in ``csrc/spmm_residual.cu``): the largest of 16 /
-    8 / 4 whose X tile (``tile_n * K`` 16-bit elements, plus 1 KB) lets two blocks share an SM's shared memory, else
-    the largest that fits one block; 0 where none does. ``forced`` (4 / 8 / 16) takes that one where it fits.
-    Defaults: the H100's limits (227 KB per block, 228 KB per SM)."""
+    8 / 4 whose X tile (``tile_n * K`` 16-bit elements) fits a block's shared memory, 0 where none does; ``forced``
+    (4 / 8 / 16) takes that one where it fits. Default: the H100's 227 KB per block. A tile small enough for two blocks
+    per SM was slower in add mode at all 10 points timed against it (``split24-t{8,16}-h100-2026-11-26-s29{c,e}``)."""
     if forced:
         return forced if k * forced * 2 <= smem_block else 0
-    for tn in (16, 8, 4):
-        if (k * tn * 2 + 1024) * RESIDUAL_BLOCKS_PER_SM <= smem_sm and k * tn * 2 <= smem_block:
-            return tn
     for tn in (16, 8, 4):
         if k * tn * 2 <= smem_block:
             return tn

@@ -1,4 +1,4 @@
-// The residual of the `split24` SpMM variant: Y (M, N) row-major [+]= R @ X^T for a hypersparse CSR R.
+// The residual of the `split24` SpMM variant: Y (M, N) row-major [+]= R @ X^T for a hypersparse R.
 //
 // A random unstructured weight at 90% sparsity is, along K, a 2:4 weight (the two largest of every group of 4; Hopper's
 // sparse tensor cores through cuSPARSELt, prunekit_cslt) plus a residual R holding the rest: only groups with more
@@ -8,10 +8,17 @@
 // short that reads X many times over (s28g: 87-235 us at N = 2048 where writing Y takes 6-15 us).
 //
 // Here each block owns TN tokens and every row: X's TN rows (N, K row-major, nn.Linear's activations) are staged once
-// into shared memory transposed, xs[c][t], so that a non-zero's TN products read one contiguous 2 * TN bytes. Then each
-// thread takes rows r = tid, tid + blockDim, ... and writes Y[r, n0 : n0 + TN] (2 * TN contiguous bytes; 16-byte
-// stores where aligned). X is read from memory once per call, R once per block (from L2), Y once (or read and written
-// once when accumulating). TN = 16 where 16 * K elements fit in shared memory (K <= 7264 in fp16), else 8 or 4.
+// into shared memory transposed, xs[c][t], so that a non-zero's TN products read one contiguous 2 * TN bytes. R is
+// stored as SELL (sliced ELLPACK, slices of 32 rows, kernels/split24.py residual_sell): a warp takes a slice, a lane
+// a row, and each slot's 32 entries are one coalesced load. Each lane then writes Y[r, n0 : n0 + TN] (2 * TN
+// contiguous bytes; 16-byte stores where aligned). X is read from memory once per call, R once per block (from L2),
+// Y once (or read and written once when accumulating). TN: the largest of 16 / 8 / 4 whose tile fits a block's
+// shared memory (16 up to K = 7264 in fp16).
+//
+// Where the time goes (H100, 4096 x 4096, N = 2048; split24-{stage,rows}-h100-2026-11-26-s29f.json): staging X
+// takes 7.7 us, the rows 25 us in write mode whatever the number of non-zeros (16 K or 2 K). Y's rows are cuSPARSELt's
+// fast layout (tokens contiguous), and a block of TN tokens writes each of them in a 16- or 32-byte piece. The first
+// version (CSR rows, a lane per row, its non-zeros' loads scattered across the warp) took the same time in write mode.
 //
 // accumulate = false writes Y = R @ X^T (every row, zeros where R's row is empty): the C that cuSPARSELt then adds in
 // its epilogue (beta = 1). accumulate = true adds into Y (rows without non-zeros are skipped unless relu), then ReLU.
@@ -31,9 +38,6 @@ namespace prunekit {
 namespace {
 
 constexpr int kResidualThreads = 512;
-// Blocks per SM the tile rule aims for: with one block per SM its two phases (staging X, then the rows) cannot overlap
-// another block's (s29b: 28-34 us at 4096 x 4096, N = 2048, with one 1024-thread block of 16 tokens per SM).
-constexpr int64_t kResidualBlocksPerSm = 2;
 constexpr int kSliceRows = 32;  // rows per slice of the SELL layout: one warp, a lane per row
 constexpr int kSlotUnroll = 4;  // slots whose entries a lane loads before it uses them
 
@@ -235,14 +239,12 @@ residual_rows_kernel(const T* __restrict__ values, const I* __restrict__ cols, c
 
 }  // namespace
 
-// Tokens per block: the largest of 16 / 8 / 4 whose X tile (tile_n * K 16-bit elements) lets kResidualBlocksPerSm
-// blocks share an SM's shared memory, else the largest that fits one block; 0 where none does. `forced` (16 / 8 / 4,
-// from $PRUNEKIT_SPLIT24_TILE_N through the op's tile_n argument) takes that one where it fits.
-int64_t residual_tile_n(int64_t k, int64_t smem_block, int64_t smem_sm, int64_t forced) {
+// Tokens per block: the largest of 16 / 8 / 4 whose X tile (tile_n * K 16-bit elements) fits a block's shared
+// memory (one block per SM where it takes most of it); 0 where none does. `forced` (16 / 8 / 4, from
+// $PRUNEKIT_SPLIT24_TILE_N through the op's tile_n argument) takes that one where it fits. A tile small enough for two
+// blocks per SM was slower in add mode at all 10 points timed against it (split24-t{8,16}-h100-2026-11-26-s29{c,e}).
+int64_t residual_tile_n(int64_t k, int64_t smem_block, int64_t forced) {
   if (forced > 0) return k * forced * 2 <= smem_block ? forced : 0;
-  for (int64_t tn : {16, 8, 4}) {
-    if ((k * tn * 2 + 1024) * kResidualBlocksPerSm <= smem_sm && k * tn * 2 <= smem_block) return tn;
-  }
   for (int64_t tn : {16, 8, 4}) {
     if (k * tn * 2 <= smem_block) return tn;
   }
@@ -288,11 +290,10 @@ void spmm_residual_rows(const at::Tensor& values, const at::Tensor& column_indic
   PRUNEKIT_CHECK(phases >= 0 && phases <= 3, op, ": phases must be in [0, 3], got ", phases);
   if (m == 0 || n == 0) return;
   const c10::cuda::CUDAGuard guard(values.device());
-  int device = 0, smem_block = 0, smem_sm = 0;
+  int device = 0, smem_block = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  const int64_t tn = residual_tile_n(std::max<int64_t>(k, 1), smem_block, smem_sm, tile_n);
+  const int64_t tn = residual_tile_n(std::max<int64_t>(k, 1), smem_block, tile_n);
   PRUNEKIT_CHECK(tn > 0, op, ": K = ", k, " is too large: ", std::max<int64_t>(tile_n, 4),
                  " rows of X must fit in shared memory (", smem_block, " bytes)");
   const size_t smem = static_cast<size_t>(std::max<int64_t>(k, 1) * tn * 2);
