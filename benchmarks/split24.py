@@ -39,15 +39,31 @@ from prunekit.kernels import ops, split24  # noqa: E402
 from prunekit.kernels.testing import encode_csr, prunekit_settings, random_sparse_weight  # noqa: E402
 
 
-def timed(calls: list, methods: dict, name: str) -> float:
-    """Graph time (ms per call); where the calls cannot be captured (cuSPARSE's buffers), the median of eager loops."""
+def timed(calls: list, methods: dict, name: str, eager_trials: int = 7) -> float:
+    """Graph time (ms per call); where the calls cannot be captured (cuSPARSE's buffers), the median of
+    ``eager_trials`` eager loops. ``methods[name]`` records which."""
     try:
         methods[name] = "graph"
         return graph_time(calls)
     except RuntimeError:
         torch.cuda.synchronize()
         methods[name] = "eager"
-        return statistics.median(_ms_between(lambda: [c() for c in calls]) / len(calls) for _ in range(7))
+        return statistics.median(_ms_between(lambda: [c() for c in calls]) / len(calls) for _ in range(eager_trials))
+
+
+def result_meta() -> dict:
+    """The result file's ``meta``: device, torch / CUDA / Python versions, date, arguments, ``PRUNEKIT_*`` settings."""
+    return {
+        "device": torch.cuda.get_device_properties(0).name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "env": prunekit_settings(),
+        "method": "CUDA events; median over replays of a CUDA graph holding many calls (bsr.graph_time); eager loops "
+        "where a graph cannot hold the call (methods)",
+    }
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -151,18 +167,7 @@ def main() -> None:
             f"{r['w24_speedup']:.2f}", ts, f"{1e3 * r['res_write_ms']:.1f}", f"{r['beta_rel_error']:.1e}",
         )  # fmt: skip
     Console(width=200).print(table)
-    props = torch.cuda.get_device_properties(0)
-    meta = {
-        "device": props.name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "argv": sys.argv[1:],
-        "env": prunekit_settings(),
-        "method": "CUDA events; median over replays of a CUDA graph holding many calls (bsr.graph_time); eager loops "
-        "where a graph cannot hold the call (methods)",
-    }
+    meta = result_meta()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     print(f"wrote {args.out}")

@@ -23,9 +23,7 @@ torch version, date) and prints a table.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -34,7 +32,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bsr import L2_BYTES, _ms_between, graph_time  # noqa: E402
+from bsr import L2_BYTES  # noqa: E402
+from split24 import result_meta  # noqa: E402
+from split24 import timed as timed_calls  # noqa: E402
 
 
 def split_24(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,14 +67,7 @@ def time_point(
     methods = {}
 
     def timed(name: str, calls: list) -> float:
-        """Graph time; where the calls cannot be captured (cuSPARSE's buffers), the median of timed eager loops."""
-        try:
-            methods[name] = "graph"
-            return graph_time(calls)
-        except RuntimeError:
-            torch.cuda.synchronize()
-            methods[name] = "eager"
-            return statistics.median(_ms_between(lambda: [c() for c in calls]) / len(calls) for _ in range(15))
+        return timed_calls(calls, methods, name, eager_trials=15)
 
     row = {
         "dense_ms": timed("dense", [lambda x=x: F.linear(x, w) for x in xs]),
@@ -152,16 +145,7 @@ def main() -> None:
                     ),
                     flush=True,
                 )
-    props = torch.cuda.get_device_properties(0)
-    meta = {
-        "device": props.name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "argv": sys.argv[1:],
-        "method": "CUDA events; median over replays of a CUDA graph holding many calls (bsr.graph_time)",
-    }
+    meta = result_meta()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     print(f"wrote {args.out}; median speedup {statistics.median(r['speedup'] for r in rows):.2f}x")
