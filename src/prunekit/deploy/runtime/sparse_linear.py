@@ -136,6 +136,9 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     return op(blocks, crow, buffers["w_col_indices"], items, rows, x2d, layer.out_features, bias, False, variant)
 
 
+_SPLIT24_CLASS = -9  # _csr_rows's key for the split24 calls, beside the negated gpu.eager_size_class (0-8) above 256
+
+
 def _csr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor:
     """Eager CUDA CSR: ``Y^T (N, out_features)`` from ``x2d (N, in_features)``, what ``gpu.spmm_csr_op`` computes from
     ``x2d.t()``. Its parts (``gpu.spmm_rows_call``: the C++ entry and its plan or variant code) are kept per x dtype, bias
@@ -150,7 +153,7 @@ def _csr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor:
     key = (
         x2d.dtype,
         None if bias is None else bias.dtype,
-        n if n <= gpu.BITMAP_WIDE_MAX_N else -9 if split else -gpu.eager_size_class(n),
+        n if n <= gpu.BITMAP_WIDE_MAX_N else _SPLIT24_CLASS if split else -gpu.eager_size_class(n),
     )
     entry = layer._eager_plans.get(key, _UNSET)
     try:  # the stamp of the weight the parts were made for, written out: this runs on every eager call
