@@ -8,14 +8,17 @@ two non-zeros in a group of 4 along K with probability ``4 s (1 - s)^3 + (1 - s)
 ``W = W24 + R``: ``W24`` keeps the two largest-magnitude entries of every group (prunekit's cuSPARSELt binding,
 compressed once), the residual ``R`` the rest, a density of about 0.1% at 90% (0.012% at 95%):
 
-- ``"beta"`` mode: the residual kernel writes ``Y = R @ X^T`` (``csrc/spmm_residual.cu``), then cuSPARSELt computes
-  ``Y = act(W24 @ X^T + Y + bias)`` reading the old ``Y`` in its epilogue (``prunekit_cslt::mm_beta``);
-- ``"post"`` mode: cuSPARSELt writes ``Y = W24 @ X^T + bias``, then the residual kernel adds ``R @ X^T`` and applies
-  the activation (rows without residual non-zeros are skipped when there is none).
+- ``"post"`` mode (the default): cuSPARSELt writes ``Y = W24 @ X^T + bias``, then the residual kernel
+  (``csrc/spmm_residual.cu``) adds ``R @ X^T`` and applies the activation (rows without residual non-zeros are skipped
+  when there is none);
+- ``"beta"`` mode: the residual kernel writes ``Y = R @ X^T``, then cuSPARSELt computes ``Y = act(W24 @ X^T + Y +
+  bias)`` reading the old ``Y`` in its epilogue (``prunekit_cslt::mm_beta``).
 
-The price is memory: the 2:4 part holds 9/16 of the dense weight's bytes (compressed values and metadata) beside the
-stored CSR weight, built on first use and kept with it.
-torch only, like the rest of ``kernels``.
+On the H100 at N = 2048 it ran at 0.94-1.36x of dense cuBLAS at 95 / 98% on the three large shapes, against 0.84-1.00x
+for the ``dense`` variant; at 90% and on small shapes it was slower than that (docs/PERFORMANCE.md, "Twenty-ninth
+session"). The price is memory: the 2:4 part holds 9/16 of the dense weight's bytes (compressed values and metadata)
+beside the stored CSR weight, built on first use and kept with it. So the runtime takes it only when asked
+(``$PRUNEKIT_SPMM_SPLIT24=1``, :func:`enabled`, :func:`layer_takes`). torch only, like the rest of ``kernels``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ DEFAULT_MODE = "post"  # faster than "beta" at all 12 points of split24-h100-202
 TILE_N_ENV = "PRUNEKIT_SPLIT24_TILE_N"
 SLICES_ENV = "PRUNEKIT_SPLIT24_SLICES"  # slices a warp works on at once (1 / 2)
 PHASES_ENV = "PRUNEKIT_SPLIT24_PHASES"  # diagnostics: 1 stages X only, 2 runs the rows only (wrong results), 3 both
-DEFAULT_SLICES = 1
+DEFAULT_SLICES = 1  # 2 was slower at all 4 points of split24-P{1,2}-h100-2026-11-26-s29f.json
 _WEIGHT_ATTR = "_prunekit_split24"
 
 
@@ -53,7 +56,7 @@ def split_24(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     Returns:
         ``(w24, residual)``, both ``(M, K)`` in ``dense.dtype``, ``w24 + residual == dense`` exactly: ``w24`` holds the
-        two largest-magnitude entries of every group of 4 consecutive columns (ties to the lower column), ``residual``
+        two largest-magnitude entries of every group of 4 consecutive columns (either of a tie), ``residual``
         the others (non-zero only in groups with more than two non-zeros).
 
     Raises:
