@@ -1,8 +1,8 @@
 """Nsight Compute target for the split24 residual kernel (csrc/spmm_residual.cu): one weight, the kernel called a few
-times in write and add mode, so that ``ncu --kernel-name regex:csr_residual --launch-skip S --launch-count 1`` can pick
+times in write and add mode, so that ``ncu --kernel-name regex:residual_rows --launch-skip S --launch-count 1`` can pick
 one launch. Run from the repository root on the GPU machine (PYTHONPATH=src):
 
-    ncu --kernel-name regex:csr_residual --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
+    ncu --kernel-name regex:residual_rows --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
         python3 scripts/profile_split24.py --m 4096 --k 4096 --n 2048 --sparsity 0.9
 """

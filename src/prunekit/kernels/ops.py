@@ -4,7 +4,8 @@
 Each op has a CPU implementation (the pure-torch reference in ``reference.py``) and a fake
 (meta) implementation, so it runs eagerly, under ``torch.compile`` and in ``torch.export``.
 ``spmm_csr``, ``sddmm_csr`` and ``csr_to_dense`` also have CUDA implementations (``gpu.py``), which build or load
-the extension on first use and raise ``KernelUnavailable`` when they cannot.
+the extension on first use and raise ``KernelUnavailable`` when they cannot. The ``split24`` variant's residual op,
+``prunekit::residual_rows``, is registered by ``split24.py`` (imported below), ``prunekit::ks_mm`` by ``ks.py``.
 torch only: this package is copied into every exported package's ``runtime/``.
 """
 
@@ -209,4 +210,4 @@ from . import structured  # noqa: E402,F401  (CUDA impls of bsr_mm / nm_mm)
 
 from . import ks  # noqa: E402,F401  # isort: skip  (prunekit::ks_mm)
 
-from . import split24  # noqa: E402,F401  # isort: skip  (prunekit::csr_residual_rows)
+from . import split24  # noqa: E402,F401  # isort: skip  (prunekit::residual_rows)
