@@ -36,16 +36,7 @@ from bsr import L2_BYTES  # noqa: E402
 from split24 import result_meta  # noqa: E402
 from split24 import timed as timed_calls  # noqa: E402
 
-
-def split_24(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w (M, K)`` -> ``(w24, residual)``, ``w24 + residual == w``: ``w24`` the two largest-magnitude entries of
-    every group of 4 along K (2:4), ``residual`` the others (non-zero only in groups with more than 2 non-zeros)."""
-    m, k = w.shape
-    groups = w.view(m, k // 4, 4)
-    top = groups.abs().topk(2, dim=-1).indices
-    keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, top, True)
-    w24 = (groups * keep).view(m, k)
-    return w24, w - w24
+from prunekit.kernels.split24 import split_24  # noqa: E402  (the variant's own split)
 
 
 def time_point(
