@@ -56,6 +56,25 @@ def test_spmm_matches_float64_reference(variant, transposed, dtype, m, k, n, spa
         assert err <= TOLERANCE[dtype], f"{variant} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
 
 
+@pytest.mark.parametrize("lpr", [4, 8, 16, 32])
+@pytest.mark.parametrize("transposed", [False, True], ids=["xrow", "xT"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "m,k,n,sparsity", [(130, 301, 129, 0.9), (77, 203, 17, 0.8), (300, 700, 128, 0.98), (65, 64, 64, 0.5)]
+)
+def test_direct_every_lanes_per_row_setting(monkeypatch, lpr, transposed, dtype, m, k, n, sparsity):
+    """$PRUNEKIT_DIRECT_LPR: narrower column tiles (4 / 8 lanes per row: 32 / 64 fp16 columns per tile, 64 / 32 rows
+    per block) and the defaults, in both Y layouts, at odd N, with empty and single-entry rows."""
+    monkeypatch.setenv("PRUNEKIT_DIRECT_LPR", str(lpr))
+    for seed, activation in ((0, "relu"), (1, "none")):
+        dense, c, x, bias = _case(m, k, n, sparsity, dtype, seed + lpr, transposed)
+        y = _poisoned(m, n, dtype, transposed)
+        b = bias if activation == "relu" else None
+        gpu.spmm_csr(**c, x=x, m=m, bias=b, activation=activation, variant="direct", out=y)
+        err = relative_error(y, spmm_reference64(dense, x, b, activation))
+        assert err <= TOLERANCE[dtype], f"direct lpr={lpr} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
+
+
 @pytest.mark.parametrize("variant", ["rowwarp", "direct", "tiled"])
 def test_spmm_int32_column_indices(variant):
     m, k, n = 9, 33000, 20

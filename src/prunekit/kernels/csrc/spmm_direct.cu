@@ -8,6 +8,8 @@
 // accumulation). Rows are taken in row_indices order (row swizzle, sec. 5.3) for a row-major Y. For the transposed
 // Y of nn.Linear (tokens, out_features) a block takes 8 or 16 consecutive rows and writes them through shared
 // memory with 16-byte stores. Residue: N not a multiple of VN or unaligned X/Y falls back to element loads/stores with bounds.
+#include <cstdlib>
+
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -123,11 +125,13 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
       if (col >= n) break;
       T* dst = y + static_cast<int64_t>(col) * ys_n + r0;
       if (y_vec_ok && r0 + ROWS <= m) {
-        float vals[ROWS];
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) vals[r] = to_f(stage[r * kPitch + nn]);
+        for (int q = 0; q < ROWS / VN; ++q) {  // VN rows per 16-byte store (few registers at 32 or 64 rows)
+          float vals[VN];
 #pragma unroll
-        for (int q = 0; q < ROWS / VN; ++q) store_vec16<T>(dst + q * VN, vals + q * VN);
+          for (int r = 0; r < VN; ++r) vals[r] = to_f(stage[(q * VN + r) * kPitch + nn]);
+          store_vec16<T>(dst + q * VN, vals);
+        }
       } else {
         for (int r = 0; r < ROWS && r0 + r < m; ++r) dst[r] = stage[r * kPitch + nn];
       }
@@ -154,16 +158,35 @@ static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_of
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Rows get 32 lanes (32 * VN columns) when N fills them, else 16 lanes (two rows per warp) so that no lane idles.
+// Lanes per row (LPR): $PRUNEKIT_DIRECT_LPR (4 / 8 / 16 / 32, read at each call) forces it; by default rows get 32
+// lanes (32 * VN columns) when N fills them, else 16 lanes (two rows per warp) so that no lane idles. Fewer lanes per
+// row make narrower column tiles (LPR * VN columns): more blocks over N, and a smaller slice of X per tile.
+inline int direct_lpr_setting() {
+  const char* v = std::getenv("PRUNEKIT_DIRECT_LPR");
+  if (v == nullptr) return 0;
+  const int lpr = std::atoi(v);
+  return (lpr == 4 || lpr == 8 || lpr == 16 || lpr == 32) ? lpr : 0;
+}
+
 template <typename T, typename I, bool YT>
 static void launch_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
                           const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, bool y_vec_ok,
                           const T* bias, bool relu, int m, int n) {
   constexpr int VN = 16 / sizeof(T);
-  if (n <= 16 * VN) {
-    launch_direct_lpr<T, I, YT, 16>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
-  } else {
-    launch_direct_lpr<T, I, YT, 32>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+  int lpr = direct_lpr_setting();
+  if (lpr == 0) lpr = n <= 16 * VN ? 16 : 32;
+  switch (lpr) {
+    case 4:
+      launch_direct_lpr<T, I, YT, 4>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+      break;
+    case 8:
+      launch_direct_lpr<T, I, YT, 8>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+      break;
+    case 16:
+      launch_direct_lpr<T, I, YT, 16>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+      break;
+    default:
+      launch_direct_lpr<T, I, YT, 32>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
   }
 }
 

@@ -1,0 +1,117 @@
+"""The ``direct`` SpMM kernel's lanes per row (issue 4): ``$PRUNEKIT_DIRECT_LPR`` = 4 / 8 / 16 / 32 timed in one run.
+
+``direct`` (csrc/spmm_direct.cu, after Sputnik's 1-D tiling, Gale et al. SC 2020, sec. 4-5) gives each row LPR lanes
+of 16-byte X vectors, so a block covers ``LPR * 8`` fp16 columns. Its default takes 16 lanes up to N = 128 in fp16 and
+32 above. Fewer lanes make narrower column tiles: more blocks over N and a smaller slice of X per tile. This script
+times ``gpu.spmm_csr(..., variant="direct")`` at every setting, in both activation layouts (row-major ``X: (K, N)``
+and nn.Linear's ``x2d.t()``, which ``direct`` copies to row-major first), beside ``"auto"`` and dense cuBLAS
+(``F.linear``), on the same weights and inputs.
+
+Timing: CUDA events, median over replays of a CUDA graph holding many calls rotating over independent input sets
+(``spmm.graph_time``). The setting is read by the launcher at each call, so each graph is captured with the
+environment set for it. Errors: against a float64 product (``||Y - ref|| / ||ref||``).
+
+Run on the GPU machine (repository root): ``source scripts/gpu_env.sh; python3 benchmarks/direct_lpr.py --out
+$OUT/direct-lpr-<dev>-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from split24 import result_meta  # noqa: E402
+from spmm import MAX_SETS, graph_time  # noqa: E402
+
+from prunekit.kernels import build, gpu  # noqa: E402
+from prunekit.kernels.testing import encode_csr, random_sparse_weight  # noqa: E402
+
+LPRS = (4, 8, 16, 32)
+L2_BYTES = 50 * 2**20
+
+
+def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    diff = (y.double() - ref).norm()
+    return float(diff / ref.norm()) if bool(torch.isfinite(diff)) else float("inf")
+
+
+def bench(m: int, k: int, sparsity: float, ns: list[int], seed: int) -> list[dict]:
+    """Every setting at every N for one weight shape and sparsity: result rows."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    probe = encode_csr(random_sparse_weight(m, k, sparsity, torch.float16, "cuda", gen))
+    csr_bytes = sum(t.numel() * t.element_size() for t in probe.values())
+    nsets = max(2, min(MAX_SETS, -(-2 * L2_BYTES // max(1, csr_bytes))))
+    weights = [random_sparse_weight(m, k, sparsity, torch.float16, "cuda", gen) for _ in range(nsets)]
+    csrs = [encode_csr(w) for w in weights]
+    rows = []
+    for n in ns:
+        x2ds = [torch.randn(n, k, generator=gen, device="cuda").half() for _ in range(nsets)]
+        xs = [x.t().contiguous() for x in x2ds]  # row-major (K, N), the same values
+        ref = weights[0].double() @ xs[0].double()
+        row = {
+            "m": m,
+            "k": k,
+            "n": n,
+            "sparsity": sparsity,
+            "input_sets": nsets,
+            "nnz_padded": csrs[0]["values"].numel(),
+        }
+        row["dense_ms"] = graph_time([lambda w=w, x=x: F.linear(x, w) for w, x in zip(weights, x2ds, strict=True)])
+        row["auto_linear_ms"] = graph_time(
+            [lambda c=c, x=x: gpu.spmm_csr(**c, x=x.t(), m=m) for c, x in zip(csrs, x2ds, strict=True)]
+        )
+        for lpr in LPRS:
+            os.environ["PRUNEKIT_DIRECT_LPR"] = str(lpr)
+            for layout, inputs, view in (("rowmajor", xs, lambda x: x), ("linear", x2ds, lambda x: x.t())):
+                calls = [
+                    lambda c=c, x=x, view=view: gpu.spmm_csr(**c, x=view(x), m=m, variant="direct")
+                    for c, x in zip(csrs, inputs, strict=True)
+                ]
+                row[f"direct_lpr{lpr}_{layout}_rel_error"] = rel_error(calls[0](), ref)
+                row[f"direct_lpr{lpr}_{layout}_ms"] = graph_time(calls)
+        os.environ.pop("PRUNEKIT_DIRECT_LPR", None)
+        best = min(LPRS, key=lambda lpr: row[f"direct_lpr{lpr}_linear_ms"])
+        row["best_lpr_linear"] = best
+        print(
+            f"{m}x{k} N={n} sp={sparsity}: dense {row['dense_ms'] * 1e3:.1f} auto {row['auto_linear_ms'] * 1e3:.1f} "
+            + " ".join(
+                f"lpr{lpr} {row[f'direct_lpr{lpr}_rowmajor_ms'] * 1e3:.1f}/{row[f'direct_lpr{lpr}_linear_ms'] * 1e3:.1f}"
+                for lpr in LPRS
+            )
+            + " us (row-major / linear)",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shapes", default="4096x4096,11008x4096,4096x11008,768x3072,3072x768")
+    parser.add_argument("--ns", default="64,128,256")
+    parser.add_argument("--sparsities", default="0.9,0.95,0.98")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("error: this benchmark needs a CUDA GPU")
+    build.load()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    ns = [int(v) for v in args.ns.split(",")]
+    result = {"meta": result_meta(), "rows": []}
+    for i, ((m, k), sparsity) in enumerate((s, p) for s in shapes for p in map(float, args.sparsities.split(","))):
+        result["rows"].extend(bench(m, k, sparsity, ns, i))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, args.out)
+
+
+if __name__ == "__main__":
+    main()
