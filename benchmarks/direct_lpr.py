@@ -1,11 +1,15 @@
-"""The ``direct`` SpMM kernel's lanes per row (issue 4): ``$PRUNEKIT_DIRECT_LPR`` = 4 / 8 / 16 / 32 timed in one run.
+"""The ``direct`` SpMM kernel's tile settings (issue 4), timed in one run: lanes per row ``$PRUNEKIT_DIRECT_LPR`` (8 /
+16 / 32) and X loads in flight per lane ``$PRUNEKIT_DIRECT_UNROLL`` (4 / 8 / 16).
 
 ``direct`` (csrc/spmm_direct.cu, after Sputnik's 1-D tiling, Gale et al. SC 2020, sec. 4-5) gives each row LPR lanes
 of 16-byte X vectors, so a block covers ``LPR * 8`` fp16 columns. Its default takes 16 lanes up to N = 128 in fp16 and
-32 above. Fewer lanes make narrower column tiles: more blocks over N and a smaller slice of X per tile. This script
-times ``gpu.spmm_csr(..., variant="direct")`` at every setting, in both activation layouts (row-major ``X: (K, N)``
-and nn.Linear's ``x2d.t()``, which ``direct`` copies to row-major first), beside ``"auto"`` and dense cuBLAS
-(``F.linear``), on the same weights and inputs.
+32 above. Fewer lanes make narrower column tiles: more blocks over N and a smaller slice of X per tile. UNROLL = 4 is
+the original loop (four non-zeros' X loads in flight); 8 and 16 keep more loads in flight and load the next chunk's
+(value, column) pairs ahead. This script times ``gpu.spmm_csr(..., variant="direct")`` at every combination in
+nn.Linear's layout (``x2d.t()``, which ``direct`` copies to row-major first) and, at the default lanes, also with a
+row-major ``X: (K, N)``, beside ``"auto"`` and dense cuBLAS (``F.linear``), on the same weights and inputs.
+(``direct-lpr-h100-2026-11-27-s30f.json`` came from this script's first version: LPR 4 / 8 / 16 / 32 at UNROLL 4,
+both layouts for each.)
 
 Timing: CUDA events, median over replays of a CUDA graph holding many calls rotating over independent input sets
 (``spmm.graph_time``). The setting is read by the launcher at each call, so each graph is captured with the
@@ -33,7 +37,8 @@ from spmm import MAX_SETS, graph_time  # noqa: E402
 from prunekit.kernels import build, gpu  # noqa: E402
 from prunekit.kernels.testing import encode_csr, random_sparse_weight  # noqa: E402
 
-LPRS = (4, 8, 16, 32)
+LPRS = (8, 16, 32)
+UNROLLS = (4, 8, 16)
 L2_BYTES = 50 * 2**20
 
 
@@ -67,25 +72,32 @@ def bench(m: int, k: int, sparsity: float, ns: list[int], seed: int) -> list[dic
         row["auto_linear_ms"] = graph_time(
             [lambda c=c, x=x: gpu.spmm_csr(**c, x=x.t(), m=m) for c, x in zip(csrs, x2ds, strict=True)]
         )
-        for lpr in LPRS:
-            os.environ["PRUNEKIT_DIRECT_LPR"] = str(lpr)
-            for layout, inputs, view in (("rowmajor", xs, lambda x: x), ("linear", x2ds, lambda x: x.t())):
-                calls = [
-                    lambda c=c, x=x, view=view: gpu.spmm_csr(**c, x=view(x), m=m, variant="direct")
-                    for c, x in zip(csrs, inputs, strict=True)
-                ]
-                row[f"direct_lpr{lpr}_{layout}_rel_error"] = rel_error(calls[0](), ref)
-                row[f"direct_lpr{lpr}_{layout}_ms"] = graph_time(calls)
+        for lpr in (None, *LPRS):  # None: the launcher's default lanes
+            for unroll in UNROLLS:
+                if lpr is None:
+                    os.environ.pop("PRUNEKIT_DIRECT_LPR", None)
+                else:
+                    os.environ["PRUNEKIT_DIRECT_LPR"] = str(lpr)
+                os.environ["PRUNEKIT_DIRECT_UNROLL"] = str(unroll)
+                layouts = [("linear", x2ds, lambda x: x.t())]
+                if lpr is None:
+                    layouts.append(("rowmajor", xs, lambda x: x))
+                for layout, inputs, view in layouts:
+                    calls = [
+                        lambda c=c, x=x, view=view: gpu.spmm_csr(**c, x=view(x), m=m, variant="direct")
+                        for c, x in zip(csrs, inputs, strict=True)
+                    ]
+                    key = f"direct_lpr{lpr or 'default'}_u{unroll}_{layout}"
+                    row[f"{key}_rel_error"] = rel_error(calls[0](), ref)
+                    row[f"{key}_ms"] = graph_time(calls)
         os.environ.pop("PRUNEKIT_DIRECT_LPR", None)
-        best = min(LPRS, key=lambda lpr: row[f"direct_lpr{lpr}_linear_ms"])
-        row["best_lpr_linear"] = best
+        os.environ.pop("PRUNEKIT_DIRECT_UNROLL", None)
+        linear = {k[: -len("_linear_ms")]: v for k, v in row.items() if k.endswith("_linear_ms") and "direct" in k}
+        row["best_direct_linear"] = min(linear, key=linear.get)
         print(
             f"{m}x{k} N={n} sp={sparsity}: dense {row['dense_ms'] * 1e3:.1f} auto {row['auto_linear_ms'] * 1e3:.1f} "
-            + " ".join(
-                f"lpr{lpr} {row[f'direct_lpr{lpr}_rowmajor_ms'] * 1e3:.1f}/{row[f'direct_lpr{lpr}_linear_ms'] * 1e3:.1f}"
-                for lpr in LPRS
-            )
-            + " us (row-major / linear)",
+            + " ".join(f"{name[len('direct_') :]} {ms * 1e3:.1f}" for name, ms in linear.items())
+            + " us (nn.Linear layout)",
             flush=True,
         )
         rows.append(row)

@@ -56,23 +56,28 @@ def test_spmm_matches_float64_reference(variant, transposed, dtype, m, k, n, spa
         assert err <= TOLERANCE[dtype], f"{variant} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
 
 
-@pytest.mark.parametrize("lpr", [4, 8, 16, 32])
+@pytest.mark.parametrize("unroll", [4, 8, 16])
+@pytest.mark.parametrize("lpr", [8, 16, 32])
 @pytest.mark.parametrize("transposed", [False, True], ids=["xrow", "xT"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
-    "m,k,n,sparsity", [(130, 301, 129, 0.9), (77, 203, 17, 0.8), (300, 700, 128, 0.98), (65, 64, 64, 0.5)]
+    "m,k,n,sparsity",
+    [(130, 301, 129, 0.9), (77, 203, 17, 0.8), (300, 700, 128, 0.98), (65, 64, 64, 0.5), (40, 2000, 64, 0.9)],
 )
-def test_direct_every_lanes_per_row_setting(monkeypatch, lpr, transposed, dtype, m, k, n, sparsity):
-    """$PRUNEKIT_DIRECT_LPR: narrower column tiles (4 / 8 lanes per row: 32 / 64 fp16 columns per tile, 64 / 32 rows
-    per block) and the defaults, in both Y layouts, at odd N, with empty and single-entry rows."""
+def test_direct_every_tile_setting(monkeypatch, unroll, lpr, transposed, dtype, m, k, n, sparsity):
+    """$PRUNEKIT_DIRECT_LPR (8 lanes per row: 64 fp16 columns per tile and 32 rows per block; 16 and 32, the defaults)
+    and $PRUNEKIT_DIRECT_UNROLL (8 / 16 X loads in flight with the next chunk's pairs loaded ahead; 4, the original
+    loop), in both Y layouts, at odd N (the element path), with empty and single-entry rows, rows of one chunk and rows
+    of many (40 x 2000 at 90%: about 200 entries, chunks of LPR entries)."""
     monkeypatch.setenv("PRUNEKIT_DIRECT_LPR", str(lpr))
+    monkeypatch.setenv("PRUNEKIT_DIRECT_UNROLL", str(unroll))
     for seed, activation in ((0, "relu"), (1, "none")):
-        dense, c, x, bias = _case(m, k, n, sparsity, dtype, seed + lpr, transposed)
+        dense, c, x, bias = _case(m, k, n, sparsity, dtype, seed + lpr + unroll, transposed)
         y = _poisoned(m, n, dtype, transposed)
         b = bias if activation == "relu" else None
         gpu.spmm_csr(**c, x=x, m=m, bias=b, activation=activation, variant="direct", out=y)
         err = relative_error(y, spmm_reference64(dense, x, b, activation))
-        assert err <= TOLERANCE[dtype], f"direct lpr={lpr} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
+        assert err <= TOLERANCE[dtype], f"direct lpr={lpr} unroll={unroll} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
 
 
 @pytest.mark.parametrize("variant", ["rowwarp", "direct", "tiled"])

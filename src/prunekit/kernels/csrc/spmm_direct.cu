@@ -22,7 +22,7 @@ namespace prunekit {
 
 constexpr int kDirectWarps = 8;
 
-template <typename T, typename I, bool YT, bool VEC, int LPR>
+template <typename T, typename I, bool YT, bool VEC, int LPR, int U>
 __global__ void __launch_bounds__(32 * kDirectWarps, 2)
 spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
                    const int* __restrict__ row_indices, const T* __restrict__ x, int64_t xs_k,
@@ -54,12 +54,53 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
 #pragma unroll
   for (int t = 0; t < VN; ++t) acc[t] = 0.0f;
 
+  // U > 4 (the vector path only): U non-zeros' X loads in flight per group instead of 4, and the next chunk's
+  // (value, column) pairs loaded before this chunk's X loads (software pipelining); U = 4 is the original loop.
+  constexpr bool kPipe = VEC && U > 4;
+  constexpr int kGroup = VEC ? (U < LPR ? U : LPR) : 4;
+  float v_next = 0.0f;
+  int c_next = 0;
+  if constexpr (kPipe) {
+    const int j = start + lane;
+    v_next = j < end ? to_f(values[j]) : 0.0f;
+    c_next = j < end ? static_cast<int>(cols[j]) : 0;
+  }
   for (int base = start; base < end; base += LPR) {
-    const int j = base + lane;
-    const float v = j < end ? to_f(values[j]) : 0.0f;
-    const int c = j < end ? static_cast<int>(cols[j]) : 0;
+    float v;
+    int c;
+    if constexpr (kPipe) {
+      v = v_next;
+      c = c_next;
+      const int jn = base + LPR + lane;
+      v_next = jn < end ? to_f(values[jn]) : 0.0f;
+      c_next = jn < end ? static_cast<int>(cols[jn]) : 0;
+    } else {
+      const int j = base + lane;
+      v = j < end ? to_f(values[j]) : 0.0f;
+      c = j < end ? static_cast<int>(cols[j]) : 0;
+    }
     const int cnt = min(LPR, end - base);
     int e = 0;
+    if constexpr (kGroup > 4) {
+      for (; e + kGroup <= cnt; e += kGroup) {
+        float a[kGroup];
+        int cc[kGroup];
+#pragma unroll
+        for (int u = 0; u < kGroup; ++u) {
+          a[u] = __shfl_sync(mask, v, e + u, LPR);
+          cc[u] = __shfl_sync(mask, c, e + u, LPR);
+        }
+        Words<16> w[kGroup];
+        if (lane_in) {
+#pragma unroll
+          for (int u = 0; u < kGroup; ++u) w[u].load(xl + static_cast<int64_t>(cc[u]) * xs_k);
+#pragma unroll
+          for (int u = 0; u < kGroup; ++u)
+#pragma unroll
+            for (int t = 0; t < VN; ++t) acc[t] = fmaf(a[u], word_elem<T>(w[u].w, t), acc[t]);
+        }
+      }
+    }
     // Rows are padded to multiples of 4 entries or more (formats/csr.py), so groups of 4 cover every row.
     for (; e + 4 <= cnt; e += 4) {
       float a[4];
@@ -139,6 +180,25 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
   }
 }
 
+// Lanes per row (LPR): $PRUNEKIT_DIRECT_LPR (8 / 16 / 32, read at each call) forces it; by default rows get 32 lanes
+// (32 * VN columns) when N fills them, else 16 lanes (two rows per warp) so that no lane idles. Fewer lanes per row
+// make narrower column tiles (LPR * VN columns): more blocks over N, and a smaller slice of X per tile.
+inline int direct_lpr_setting() {
+  const char* v = std::getenv("PRUNEKIT_DIRECT_LPR");
+  if (v == nullptr) return 0;
+  const int lpr = std::atoi(v);
+  return (lpr == 8 || lpr == 16 || lpr == 32) ? lpr : 0;
+}
+
+// X loads in flight per lane (U): $PRUNEKIT_DIRECT_UNROLL (4 / 8 / 16, read at each call); 4 is the original loop,
+// 8 and 16 also load the next chunk's (value, column) pairs ahead (the kernel's kPipe).
+inline int direct_unroll_setting() {
+  const char* v = std::getenv("PRUNEKIT_DIRECT_UNROLL");
+  if (v == nullptr) return 4;
+  const int u = std::atoi(v);
+  return (u == 8 || u == 16) ? u : 4;
+}
+
 template <typename T, typename I, bool YT, int LPR>
 static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
                               const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, bool y_vec_ok,
@@ -149,23 +209,17 @@ static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_of
                    (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   const dim3 grid((m + ROWS - 1) / ROWS, (n + LPR * VN - 1) / (LPR * VN));
   PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_direct: N too large");
-  auto kernel = vec ? spmm_direct_kernel<T, I, YT, true, LPR> : spmm_direct_kernel<T, I, YT, false, LPR>;
+  const int unroll = direct_unroll_setting();
+  auto kernel = !vec           ? spmm_direct_kernel<T, I, YT, false, LPR, 4>
+                : unroll == 16 ? spmm_direct_kernel<T, I, YT, true, LPR, 16>
+                : unroll == 8  ? spmm_direct_kernel<T, I, YT, true, LPR, 8>
+                               : spmm_direct_kernel<T, I, YT, true, LPR, 4>;
   kernel<<<grid, 32 * kDirectWarps, 0, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
       reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
       reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<T*>(y.data_ptr()), y.stride(0),
       y.stride(1), y_vec_ok, bias, relu, m, n);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-// Lanes per row (LPR): $PRUNEKIT_DIRECT_LPR (4 / 8 / 16 / 32, read at each call) forces it; by default rows get 32
-// lanes (32 * VN columns) when N fills them, else 16 lanes (two rows per warp) so that no lane idles. Fewer lanes per
-// row make narrower column tiles (LPR * VN columns): more blocks over N, and a smaller slice of X per tile.
-inline int direct_lpr_setting() {
-  const char* v = std::getenv("PRUNEKIT_DIRECT_LPR");
-  if (v == nullptr) return 0;
-  const int lpr = std::atoi(v);
-  return (lpr == 4 || lpr == 8 || lpr == 16 || lpr == 32) ? lpr : 0;
 }
 
 template <typename T, typename I, bool YT>
@@ -176,9 +230,6 @@ static void launch_direct(const at::Tensor& values, const at::Tensor& row_offset
   int lpr = direct_lpr_setting();
   if (lpr == 0) lpr = n <= 16 * VN ? 16 : 32;
   switch (lpr) {
-    case 4:
-      launch_direct_lpr<T, I, YT, 4>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
-      break;
     case 8:
       launch_direct_lpr<T, I, YT, 8>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
       break;
