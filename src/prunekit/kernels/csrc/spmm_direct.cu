@@ -4,10 +4,11 @@
 // sec. 5.1) computes one row times a tile of LPR * VN output columns (VN = 16 bytes of X per lane: 8 fp16/bf16 or 4
 // fp32 columns); the lanes load LPR (value, column) pairs of the row with coalesced loads and broadcast each with a
 // shuffle; every lane then reads the 16-byte vector of X's
-// row at that column (vector memory instructions, sec. 5.2), four non-zeros' loads in flight before their FMAs (fp32
-// accumulation). Rows are taken in row_indices order (row swizzle, sec. 5.3) for a row-major Y. For the transposed
-// Y of nn.Linear (tokens, out_features) a block takes 8 or 16 consecutive rows and writes them through shared
-// memory with 16-byte stores. Residue: N not a multiple of VN or unaligned X/Y falls back to element loads/stores with bounds.
+// row at that column (vector memory instructions, sec. 5.2), U non-zeros' loads in flight before their FMAs (fp32
+// accumulation; U = 4, or 8 at 16 lanes in fp16 / bf16 with the next chunk's pairs loaded ahead: see
+// direct_unroll_setting). Rows are taken in row_indices order (row swizzle, sec. 5.3) for a row-major Y. For the
+// transposed Y of nn.Linear (tokens, out_features) a block takes 8 or 16 consecutive rows (32 at 8 lanes) and writes
+// them through shared memory with 16-byte stores. Residue: N not a multiple of VN or unaligned X/Y falls back to element loads/stores with bounds.
 #include <cstdlib>
 
 #include <c10/cuda/CUDAException.h>
@@ -190,13 +191,17 @@ inline int direct_lpr_setting() {
   return (lpr == 8 || lpr == 16 || lpr == 32) ? lpr : 0;
 }
 
-// X loads in flight per lane (U): $PRUNEKIT_DIRECT_UNROLL (4 / 8 / 16, read at each call); 4 is the original loop,
-// 8 and 16 also load the next chunk's (value, column) pairs ahead (the kernel's kPipe).
+// X loads in flight per lane (U): $PRUNEKIT_DIRECT_UNROLL (4 / 8 / 16, read at each call) forces it; 4 is the
+// original loop, 8 and 16 also load the next chunk's (value, column) pairs ahead (the kernel's kPipe). Default: 8 for
+// 16-bit types at 16 lanes per row (N <= 128), else 4. Measured on the H100 (benchmarks/direct_lpr.py,
+// direct-tiles-h100-2026-11-27-s30g.json; 5 shapes, 90 / 95 / 98%, fp16): at N = 64 and 128, 8 was faster than 4 at
+// 30 of 30 points in either X layout (0.76-1.00 of the time); at N = 256 (32 lanes) it was faster at 8 / 6 of 15 (up
+// to 1.22x slower), 16 at 5 / 3.
 inline int direct_unroll_setting() {
   const char* v = std::getenv("PRUNEKIT_DIRECT_UNROLL");
-  if (v == nullptr) return 4;
+  if (v == nullptr) return 0;
   const int u = std::atoi(v);
-  return (u == 8 || u == 16) ? u : 4;
+  return (u == 4 || u == 8 || u == 16) ? u : 0;
 }
 
 template <typename T, typename I, bool YT, int LPR>
@@ -209,7 +214,8 @@ static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_of
                    (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   const dim3 grid((m + ROWS - 1) / ROWS, (n + LPR * VN - 1) / (LPR * VN));
   PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_direct: N too large");
-  const int unroll = direct_unroll_setting();
+  int unroll = direct_unroll_setting();
+  if (unroll == 0) unroll = (LPR == 16 && sizeof(T) == 2) ? 8 : 4;
   auto kernel = !vec           ? spmm_direct_kernel<T, I, YT, false, LPR, 4>
                 : unroll == 16 ? spmm_direct_kernel<T, I, YT, true, LPR, 16>
                 : unroll == 8  ? spmm_direct_kernel<T, I, YT, true, LPR, 8>
