@@ -80,6 +80,25 @@ def test_direct_every_tile_setting(monkeypatch, unroll, lpr, transposed, dtype, 
         assert err <= TOLERANCE[dtype], f"direct lpr={lpr} unroll={unroll} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["every-other-token", "padded-rows"])
+def test_direct_reads_x_of_other_strides(dtype, layout):
+    """X neither row-major nor nn.Linear's transpose: the op copies it to row-major itself (row_major_copy) or, with
+    unit stride along N, reads it in place (padded rows: the element path)."""
+    m, k, n = 70, 300, 72
+    g = torch.Generator(device="cuda").manual_seed(21)
+    dense = random_sparse_weight(m, k, 0.9, dtype, "cuda", g, empty_rows=2, single_rows=2)
+    if layout == "every-other-token":
+        x = torch.randn(2 * n, k, generator=g, device="cuda").to(dtype)[::2].t()  # strides (1, 2K)
+    else:
+        x = torch.randn(k, n + 3, generator=g, device="cuda").to(dtype)[:, :n]  # strides (N + 3, 1)
+    bias = torch.randn(m, generator=g, device="cuda").to(dtype)
+    for transposed_y in (False, True):
+        y = _poisoned(m, n, dtype, transposed_y)
+        gpu.spmm_csr(**encode_csr(dense), x=x, m=m, bias=bias, activation="relu", variant="direct", out=y)
+        assert relative_error(y, spmm_reference64(dense, x, bias, "relu")) <= TOLERANCE[dtype]
+
+
 @pytest.mark.parametrize("variant", ["rowwarp", "direct", "tiled"])
 def test_spmm_int32_column_indices(variant):
     m, k, n = 9, 33000, 20

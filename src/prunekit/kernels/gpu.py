@@ -676,9 +676,8 @@ def spmm_csr(
         # X as it is: cuBLAS reads either layout (the GEMM's operand transposes)
         _OPS["dense"](values, row_offsets, column_indices, x, y, bias, relu)
     elif plan.variant == "direct":
-        if n > 1 and x.stride(1) != 1:
-            # Row-major copy of transposed activations (one extra pass over X, 2 * N * K elements moved).
-            x = x.contiguous()
+        # X as it is: the op copies transposed activations to row-major itself with a coalescing transpose kernel
+        # (csrc/spmm_rowwarp.cu, row_major_copy; one extra pass over X, 2 * N * K elements moved).
         _OPS["direct"](values, row_offsets, column_indices, row_indices, x, y, bias, relu)
     else:
         if not (x.stride(1) == 1 or transposed_io(x)):

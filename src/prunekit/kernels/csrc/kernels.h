@@ -30,7 +30,12 @@ void spmm_csr_tiled(const at::Tensor& values, const at::Tensor& row_offsets, con
                     const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu,
                     int64_t rows_per_warp);
 
-// Sputnik's direct SpMM: one warp per row times 32 16-byte vectors of X's row-major columns. See spmm_direct.cu.
+// Row-major copy of x (K, N) of any strides (coalesced reads of column-major activations; rows padded to 8, the (K, N)
+// view returned), or x itself where its rows are contiguous or N <= 1. See spmm_rowwarp.cu.
+at::Tensor row_major_copy(const at::Tensor& x);
+
+// Sputnik's direct SpMM: one warp per row times 32 16-byte vectors of X's row-major columns; other layouts of X are
+// copied with row_major_copy first. See spmm_direct.cu.
 void spmm_csr_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
                      const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y,
                      const std::optional<at::Tensor>& bias, bool relu);

@@ -248,33 +248,35 @@ static void launch_direct(const at::Tensor& values, const at::Tensor& row_offset
 }
 
 void spmm_csr_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
-                     const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y,
+                     const at::Tensor& row_indices, const at::Tensor& x_in, const at::Tensor& y,
                      const std::optional<at::Tensor>& bias, bool relu) {
   check_csr(row_offsets, column_indices, "spmm_csr_direct");
-  PRUNEKIT_CHECK(x.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_direct: tensors must be on the GPU");
-  PRUNEKIT_CHECK(x.dim() == 2 && y.dim() == 2, "spmm_csr_direct: x and y must be 2-D");
-  PRUNEKIT_CHECK(values.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
+  PRUNEKIT_CHECK(x_in.is_cuda() && y.is_cuda() && values.is_cuda(), "spmm_csr_direct: tensors must be on the GPU");
+  PRUNEKIT_CHECK(x_in.dim() == 2 && y.dim() == 2, "spmm_csr_direct: x and y must be 2-D");
+  PRUNEKIT_CHECK(values.scalar_type() == x_in.scalar_type() && y.scalar_type() == x_in.scalar_type(),
               "spmm_csr_direct: values, x and y must share one dtype");
   PRUNEKIT_CHECK(values.is_contiguous(), "spmm_csr_direct: values must be contiguous");
   PRUNEKIT_CHECK(row_indices.scalar_type() == at::kInt && row_indices.is_contiguous(),
               "spmm_csr_direct: row_indices must be contiguous int32");
   const int64_t m = y.size(0), n = y.size(1);
-  PRUNEKIT_CHECK(row_offsets.numel() == m + 1 && row_indices.numel() == m && x.size(1) == n,
+  PRUNEKIT_CHECK(row_offsets.numel() == m + 1 && row_indices.numel() == m && x_in.size(1) == n,
               "spmm_csr_direct: shapes disagree");
-  PRUNEKIT_CHECK(x.stride(1) == 1 || n <= 1, "spmm_csr_direct: x must be row-major (unit stride along N)");
   PRUNEKIT_CHECK(m < (int64_t(1) << 31) && n < (int64_t(1) << 31), "spmm_csr_direct: too large");
   const bool yt = y.stride(1) != 1 && y.stride(0) == 1;
   PRUNEKIT_CHECK(yt || y.stride(1) == 1 || n <= 1, "spmm_csr_direct: y must have unit stride along M or along N");
-  const int64_t esize = x.element_size();
+  const int64_t esize = x_in.element_size();
   const bool y_vec_ok = reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0 &&
                         (yt ? (y.stride(1) * esize) % 16 == 0 : (y.stride(0) * esize) % 16 == 0 && y.stride(1) == 1);
   if (bias) {
-    PRUNEKIT_CHECK(bias->is_cuda() && bias->scalar_type() == x.scalar_type() && bias->is_contiguous() &&
+    PRUNEKIT_CHECK(bias->is_cuda() && bias->scalar_type() == x_in.scalar_type() && bias->is_contiguous() &&
                     bias->numel() == m,
                 "spmm_csr_direct: bias must be a contiguous (M,) tensor of x's dtype");
   }
   if (m == 0 || n == 0) return;
-  const c10::cuda::CUDAGuard guard(x.device());
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  // X of any other layout (nn.Linear's x2d.t() above all): a row-major copy by the coalescing transpose kernel of
+  // spmm_rowwarp.cu (one extra pass over X, 2 * N * K elements moved), in place of x.contiguous().
+  const at::Tensor x = row_major_copy(x_in);
   PRUNEKIT_DISPATCH_FLOAT(x.scalar_type(), [&] {
     PRUNEKIT_DISPATCH_INDEX(column_indices.scalar_type(), [&] {
       const scalar_t* b = bias ? reinterpret_cast<const scalar_t*>(bias->data_ptr()) : nullptr;

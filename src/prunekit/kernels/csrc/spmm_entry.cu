@@ -190,11 +190,10 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
       // the SpMV kernel takes them as they are (spmv_csr.cu).
       spmm_csr_rowwarp(values_c, offsets_c, cols_c, rows_c, x, y, bias_c, relu, plan[1], plan[2], plan[4] != 0);
       break;
-    case kDirect: {
-      const at::Tensor xr = n > 1 && x.stride(1) != 1 ? x.contiguous() : x;
-      spmm_csr_direct(values_c, offsets_c, cols_c, rows_c, xr, y, bias_c, relu);
+    case kDirect:
+      // X as it is: the launcher copies other layouts to row-major itself (spmm_direct.cu, row_major_copy).
+      spmm_csr_direct(values_c, offsets_c, cols_c, rows_c, x, y, bias_c, relu);
       break;
-    }
     case kTiled: {
       // The tiled kernel reads row-major X and the transposed view of a row-major (N, K) buffer.
       const at::Tensor xr = x.stride(1) == 1 || transposed_io ? x : x.contiguous();

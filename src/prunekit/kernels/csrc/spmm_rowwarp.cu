@@ -357,4 +357,20 @@ void spmm_csr_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, c
   });
 }
 
+// Row-major copy of x (K, N) of any strides for the kernels that need unit stride along N (spmm_direct.cu): the
+// transpose kernel above with 8-token groups, rows padded to a multiple of 8 (zeros), returned as the (K, N) view. It
+// coalesces the reads of column-major activations (nn.Linear's x2d.t()), which a generic x.contiguous() does not.
+at::Tensor row_major_copy(const at::Tensor& x) {
+  PRUNEKIT_CHECK(x.is_cuda() && x.dim() == 2, "row_major_copy: x must be a 2-D CUDA tensor");
+  const int64_t n = x.size(1);
+  if (n <= 1 || x.stride(1) == 1) return x;
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out;
+  PRUNEKIT_DISPATCH_FLOAT(x.scalar_type(), [&] {
+    bool pdl = false, padded = false;
+    out = row_major_x<scalar_t, 8>(x, n, pdl, padded).narrow(1, 0, n);
+  });
+  return out;
+}
+
 }  // namespace prunekit
