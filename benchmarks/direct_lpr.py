@@ -116,7 +116,12 @@ def main() -> None:
     build.load()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     ns = [int(v) for v in args.ns.split(",")]
-    result = {"meta": result_meta(), "rows": []}
+    meta = {
+        **result_meta(),
+        "method": "CUDA events; median over replays of a CUDA graph holding many calls rotating over input sets "
+        "(spmm.graph_time); each graph captured with its PRUNEKIT_DIRECT_* setting in the environment",
+    }
+    result = {"meta": meta, "rows": []}
     for i, ((m, k), sparsity) in enumerate((s, p) for s in shapes for p in map(float, args.sparsities.split(","))):
         result["rows"].extend(bench(m, k, sparsity, ns, i))
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -41,10 +41,8 @@ benchmarks/sputnik_compare.py --out $OUT/sputnik-compare-<dev>-<date>.json``. Wr
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -57,10 +55,11 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from split24 import result_meta  # noqa: E402
 from spmm import MAX_SETS, NS, SHAPES, eager_time, graph_time  # noqa: E402
 
 from prunekit.kernels import build, gpu, ops  # noqa: E402
-from prunekit.kernels.testing import encode_csr, prunekit_settings, random_sparse_weight  # noqa: E402
+from prunekit.kernels.testing import encode_csr, random_sparse_weight  # noqa: E402
 
 SPARSITIES = [0.7, 0.8, 0.9, 0.95, 0.98]
 L2_BYTES = 50 * 2**20
@@ -313,17 +312,12 @@ def main() -> None:
     build.load()
     result = {
         "meta": {
-            "device": torch.cuda.get_device_properties(0).name,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "python": platform.python_version(),
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "argv": sys.argv[1:],
-            "env": prunekit_settings(),
+            **result_meta(),
             "sputnik": f"google-research/sputnik {sputnik_commit(args.sputnik_src)}, sputnik/spmm/cuda_spmm.cu.cc",
             "method": "CUDA events; median over replays of a CUDA graph holding many calls rotating over input sets "
-            "(spmm.graph_time); torch.sparse.mm eager (spmm.eager_time). Row-major X (K, N) and Y (M, N) for all; "
-            "fp16 inputs; errors against float64 into NaN-poisoned outputs.",
+            "(spmm.graph_time); torch.sparse.mm eager (spmm.eager_time). Row-major X (K, N) and Y (M, N), and "
+            "nn.Linear's x2d (N, K) / Y (N, M) for the *_linear contenders; fp16 inputs; errors against float64 "
+            "(Sputnik's outputs NaN-poisoned first).",
             "build_s": time.monotonic() - started,
         },
         "rows": [],
