@@ -8,7 +8,8 @@
 // accumulation; U = 4, or 8 at 16 lanes in fp16 / bf16 with the next chunk's pairs loaded ahead: see
 // direct_unroll_setting). Rows are taken in row_indices order (row swizzle, sec. 5.3) for a row-major Y. For the
 // transposed Y of nn.Linear (tokens, out_features) a block takes 8 or 16 consecutive rows (32 at 8 lanes) and writes
-// them through shared memory with 16-byte stores. Residue: N not a multiple of VN or unaligned X/Y falls back to element loads/stores with bounds.
+// them through shared memory with 16-byte stores. Residue: N not a multiple of VN or unaligned X/Y falls back to
+// element loads/stores with bounds. X of another layout is copied to row-major first (row_major_copy).
 #include <cstdlib>
 
 #include <c10/cuda/CUDAException.h>
