@@ -22,7 +22,6 @@ $OUT/direct-lpr-<dev>-<date>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from split24 import result_meta  # noqa: E402
-from spmm import MAX_SETS, graph_time  # noqa: E402
+from spmm import MAX_SETS, graph_time, write_json  # noqa: E402
 
 from prunekit.kernels import build, gpu  # noqa: E402
 from prunekit.kernels.testing import encode_csr, random_sparse_weight  # noqa: E402
@@ -124,10 +123,7 @@ def main() -> None:
     result = {"meta": meta, "rows": []}
     for i, ((m, k), sparsity) in enumerate((s, p) for s in shapes for p in map(float, args.sparsities.split(","))):
         result["rows"].extend(bench(m, k, sparsity, ns, i))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, args.out)
+        write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -435,6 +435,14 @@ def render(rows: list, title: str) -> None:
     console.print(table)
 
 
+def write_json(path: Path, result: dict) -> None:
+    """Write ``result`` to ``path`` atomically (a temporary file, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON results path")
@@ -491,10 +499,7 @@ def main() -> None:
             rows = bench_config(dtype_name, m, k, sparsity, ns, l2, args.seed + i, forced_only)
         result["rows"].extend(rows)
         result["elapsed_s"] = time.monotonic() - started
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, args.out)
+        write_json(args.out, result)
         console.print(
             f"[{i + 1}/{len(configs)}] {dtype_name} {m}x{k} sp={sparsity} done in {time.monotonic() - t0:.1f}s"
         )
@@ -504,6 +509,7 @@ def main() -> None:
     if not args.variants:
         render(result["rows"], f"prunekit spmm_csr on {env['device']} (torch {env['torch']}, {env['date_utc']})")
     if result["skipped"]:
+        write_json(args.out, result)  # the skipped list too: nothing was written after the last measured one
         console.print(f"[yellow]{len(result['skipped'])} configurations skipped by the time budget[/yellow]")
 
 

@@ -41,7 +41,6 @@ benchmarks/sputnik_compare.py --out $OUT/sputnik-compare-<dev>-<date>.json``. Wr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -56,7 +55,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from split24 import result_meta  # noqa: E402
-from spmm import MAX_SETS, NS, SHAPES, eager_time, graph_time  # noqa: E402
+from spmm import MAX_SETS, NS, SHAPES, eager_time, graph_time, write_json  # noqa: E402
 
 from prunekit.kernels import build, gpu, ops  # noqa: E402
 from prunekit.kernels.testing import encode_csr, random_sparse_weight  # noqa: E402
@@ -331,14 +330,12 @@ def main() -> None:
         rows = bench_weight(sp, m, k, sparsity, ns, args.seed + i)
         result["rows"].extend(rows)
         result["meta"]["elapsed_s"] = time.monotonic() - started
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, args.out)
+        write_json(args.out, result)
         best = statistics.median(r.get("prunekit_vs_sputnik_fp16", r["prunekit_vs_sputnik_fp32"]) for r in rows)
         console.print(f"{m}x{k} sp={sparsity}: {time.monotonic() - t0:.1f} s, median prunekit/Sputnik {best:.2f}x")
     render(result["rows"], f"prunekit vs Sputnik on {result['meta']['device']} ({result['meta']['date_utc']})")
     if result["skipped"]:
+        write_json(args.out, result)  # the skipped list too: nothing was written after the last measured one
         console.print(f"[yellow]{len(result['skipped'])} weights skipped by the time budget[/yellow]")
 
 
