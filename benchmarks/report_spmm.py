@@ -154,14 +154,16 @@ def sputnik_table(data: dict) -> str:
 
 def render(result: dict, variants: dict | None, sputnik: dict | None = None, extra: dict | None = None) -> str:
     env = result["environment"]
+    # the issue's targets are stated for fp16; each dtype of the file gets its own tables (fp16 only: as before)
+    dtypes = list(dict.fromkeys(r["dtype"] for r in result["rows"])) or ["float16"]
     parts = [
         f"Device: **{env['device']}** ({env['sm_count']} SMs, L2 {env['l2_bytes'] / 2**20:.0f} MiB), "
         f"torch {env['torch']}, CUDA {env['cuda']}, date {env['date_utc']}, kernel build {env['kernel_build_key']}.\n",
         f"Command: `{env['command']}`. Method: {env['method']}.\n",
         "### Targets of issue 4\n",
-        targets(result["rows"]),
+        *(targets(result["rows"], dtype) for dtype in dtypes),
         "### Fraction of the limit\n",
-        fractions(result["rows"]),
+        *(fractions(result["rows"], dtype) for dtype in dtypes),
         "### All results\n",
         "`vs dense` = dense cuBLAS device time / prunekit device time (CUDA graphs); eager columns include host "
         "overhead; `sets` = independent (W, X) input sets rotated (`*`: their total still fits in twice the L2).\n",
