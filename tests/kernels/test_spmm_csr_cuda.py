@@ -56,7 +56,8 @@ def test_spmm_matches_float64_reference(variant, transposed, dtype, m, k, n, spa
         assert err <= TOLERANCE[dtype], f"{variant} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
 
 
-@pytest.mark.parametrize("unroll", [4, 8, 16])
+@pytest.mark.parametrize("warps", [2, 8])
+@pytest.mark.parametrize("unroll", [4, 8, 16, 32])
 @pytest.mark.parametrize("lpr", [8, 16, 32])
 @pytest.mark.parametrize("transposed", [False, True], ids=["xrow", "xT"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -64,20 +65,59 @@ def test_spmm_matches_float64_reference(variant, transposed, dtype, m, k, n, spa
     "m,k,n,sparsity",
     [(130, 301, 129, 0.9), (77, 203, 17, 0.8), (300, 700, 128, 0.98), (65, 64, 64, 0.5), (40, 2000, 64, 0.9)],
 )
-def test_direct_every_tile_setting(monkeypatch, unroll, lpr, transposed, dtype, m, k, n, sparsity):
-    """$PRUNEKIT_DIRECT_LPR (8 lanes per row: 64 fp16 columns per tile and 32 rows per block; 16 and 32, the defaults)
-    and $PRUNEKIT_DIRECT_UNROLL (8 / 16 X loads in flight with the next chunk's pairs loaded ahead; 4, the original
-    loop), in both Y layouts, at odd N (the element path), with empty and single-entry rows, rows of one chunk and rows
-    of many (40 x 2000 at 90%: about 200 entries, chunks of LPR entries)."""
+def test_direct_every_tile_setting(monkeypatch, warps, unroll, lpr, transposed, dtype, m, k, n, sparsity):
+    """$PRUNEKIT_DIRECT_LPR (8 lanes per row: 64 fp16 columns per tile; 16 and 32, the defaults),
+    $PRUNEKIT_DIRECT_UNROLL (8 / 16 / 32 X loads in flight with the next chunk's pairs loaded ahead, several pairs per
+    lane where it exceeds the lanes; 4, the original loop) and $PRUNEKIT_DIRECT_WARPS (2: blocks of 2-8 rows, fewer
+    than VN at 32 lanes, so the transposed Y takes the element stores), in both Y layouts, at odd N (the element path),
+    with empty and single-entry rows, rows of one chunk and rows of many (40 x 2000 at 90%: about 200 entries)."""
     monkeypatch.setenv("PRUNEKIT_DIRECT_LPR", str(lpr))
     monkeypatch.setenv("PRUNEKIT_DIRECT_UNROLL", str(unroll))
+    monkeypatch.setenv("PRUNEKIT_DIRECT_WARPS", str(warps))
     for seed, activation in ((0, "relu"), (1, "none")):
-        dense, c, x, bias = _case(m, k, n, sparsity, dtype, seed + lpr + unroll, transposed)
+        dense, c, x, bias = _case(m, k, n, sparsity, dtype, seed + lpr + unroll + warps, transposed)
         y = _poisoned(m, n, dtype, transposed)
         b = bias if activation == "relu" else None
         gpu.spmm_csr(**c, x=x, m=m, bias=b, activation=activation, variant="direct", out=y)
         err = relative_error(y, spmm_reference64(dense, x, b, activation))
-        assert err <= TOLERANCE[dtype], f"direct lpr={lpr} unroll={unroll} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
+        assert err <= TOLERANCE[dtype], (
+            f"direct lpr={lpr} unroll={unroll} warps={warps} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
+        )
+
+
+@pytest.mark.parametrize("unroll", [16, 32])
+@pytest.mark.parametrize("lpr", [8, 16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_direct_partial_chunks(monkeypatch, unroll, lpr, dtype):
+    """Several pairs per lane (U > LPR): rows whose last chunk holds every count of entries from 1 to U (rows padded
+    to 4 entries, and one row of each count unpadded through a CSR built by hand), X row-major, N = 64."""
+    monkeypatch.setenv("PRUNEKIT_DIRECT_LPR", str(lpr))
+    monkeypatch.setenv("PRUNEKIT_DIRECT_UNROLL", str(unroll))
+    g = torch.Generator(device="cuda").manual_seed(lpr * unroll)
+    k, n = 512, 64
+    counts = [c + unroll * r for r in range(3) for c in range(1, unroll + 1)]  # 1..3U entries per row
+    m = len(counts)
+    cols = [torch.randperm(k, generator=g, device="cuda")[:c].sort().values for c in counts]
+    column_indices = torch.cat(cols).int()
+    values = torch.randn(column_indices.numel(), generator=g, device="cuda").to(dtype)
+    row_offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    row_indices = torch.arange(m, dtype=torch.int32, device="cuda")
+    dense = torch.zeros(m, k, dtype=dtype, device="cuda")
+    for r, c in enumerate(cols):
+        dense[r, c.long()] = values[row_offsets[r] : row_offsets[r + 1]]
+    x = torch.randn(k, n, generator=g, device="cuda").to(dtype)
+    y = _poisoned(m, n, dtype, False)
+    gpu.spmm_csr(
+        values=values,
+        row_offsets=row_offsets,
+        column_indices=column_indices,
+        row_indices=row_indices,
+        x=x,
+        m=m,
+        variant="direct",
+        out=y,
+    )
+    assert relative_error(y, spmm_reference64(dense, x, None, "none")) <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

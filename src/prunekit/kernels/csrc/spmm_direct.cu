@@ -2,14 +2,14 @@
 //
 // Gale et al., SC 2020: 1-D tiling of the output (sec. 4): a warp (or, for N <= 16 * VN, a half-warp: subwarp tiling,
 // sec. 5.1) computes one row times a tile of LPR * VN output columns (VN = 16 bytes of X per lane: 8 fp16/bf16 or 4
-// fp32 columns); the lanes load LPR (value, column) pairs of the row with coalesced loads and broadcast each with a
-// shuffle; every lane then reads the 16-byte vector of X's
-// row at that column (vector memory instructions, sec. 5.2), U non-zeros' loads in flight before their FMAs (fp32
-// accumulation; U = 4, or 8 at 16 lanes in fp16 / bf16 with the next chunk's pairs loaded ahead: see
-// direct_unroll_setting). Rows are taken in row_indices order (row swizzle, sec. 5.3) for a row-major Y. For the
-// transposed Y of nn.Linear (tokens, out_features) a block takes 8 or 16 consecutive rows (32 at 8 lanes) and writes
-// them through shared memory with 16-byte stores. Residue: N not a multiple of VN or unaligned X/Y falls back to
-// element loads/stores with bounds. X of another layout is copied to row-major first (row_major_copy).
+// fp32 columns); the lanes load chunks of the row's (value, column) pairs with coalesced loads (LPR pairs, or U where
+// U > LPR: U / LPR per lane) and broadcast each with a shuffle; every lane then reads the 16-byte vector of X's row at
+// that column (vector memory instructions, sec. 5.2), U non-zeros' loads in flight before their FMAs (fp32
+// accumulation; U = 4 / 8 / 16 / 32, the next chunk's pairs loaded ahead for U > 4: see direct_unroll_setting). Rows
+// are taken in row_indices order (row swizzle, sec. 5.3) for a row-major Y. For the transposed Y of nn.Linear
+// (tokens, out_features) a block takes consecutive rows (warps x 32 / LPR of them) and writes them through shared
+// memory with 16-byte stores. Residue: N not a multiple of VN or unaligned X/Y falls back to element loads/stores with
+// bounds. X of another layout is copied to row-major first (row_major_copy).
 #include <cstdlib>
 
 #include <c10/cuda/CUDAException.h>
@@ -22,10 +22,57 @@
 
 namespace prunekit {
 
-constexpr int kDirectWarps = 8;
+constexpr int kDirectWarps = 8;  // warps per block at most ($PRUNEKIT_DIRECT_WARPS: 2 / 4 / 8)
 
+// Entry idx of a row's chunk, held by lane idx % LPR of the row's segment in its register idx / LPR, broadcast to the
+// segment. Callers pass a compile-time idx where P > 1, so the select folds away.
+template <int LPR, int P, typename V>
+__device__ __forceinline__ V chunk_entry(const V (&r)[P], int idx, unsigned mask) {
+  V s = r[0];
+#pragma unroll
+  for (int q = 1; q < P; ++q)
+    if (idx / LPR == q) s = r[q];
+  return __shfl_sync(mask, s, idx % LPR, LPR);
+}
+
+// Entries [e, e + G) of a chunk: G non-zeros' 16-byte X loads in flight, then their FMAs (fp32 accumulation).
+template <typename T, int G, int LPR, int P>
+__device__ __forceinline__ void mac_vec(float* acc, const float (&v)[P], const int (&c)[P], int e, unsigned mask,
+                                        const T* xl, int64_t xs_k, bool lane_in) {
+  constexpr int VN = 16 / sizeof(T);
+  float a[G];
+  int cc[G];
+#pragma unroll
+  for (int u = 0; u < G; ++u) {
+    a[u] = chunk_entry<LPR>(v, e + u, mask);
+    cc[u] = chunk_entry<LPR>(c, e + u, mask);
+  }
+  if (!lane_in) return;
+  Words<16> w[G];
+#pragma unroll
+  for (int u = 0; u < G; ++u) w[u].load(xl + static_cast<int64_t>(cc[u]) * xs_k);
+#pragma unroll
+  for (int u = 0; u < G; ++u)
+#pragma unroll
+    for (int t = 0; t < VN; ++t) acc[t] = fmaf(a[u], word_elem<T>(w[u].w, t), acc[t]);
+}
+
+// Entry e alone, element loads with bounds: N not a multiple of VN or unaligned X, or a row not padded to 4 entries.
+template <typename T, int LPR, int P>
+__device__ __forceinline__ void mac_elem(float* acc, const float (&v)[P], const int (&c)[P], int e, unsigned mask,
+                                         const T* xl, int64_t xs_k, int nl, int n) {
+  constexpr int VN = 16 / sizeof(T);
+  const float a = chunk_entry<LPR>(v, e, mask);
+  const T* xp = xl + static_cast<int64_t>(chunk_entry<LPR>(c, e, mask)) * xs_k;
+#pragma unroll
+  for (int t = 0; t < VN; ++t)
+    if (nl + t < n) acc[t] = fmaf(a, to_f(xp[t]), acc[t]);
+}
+
+// U: X loads in flight per lane (vector path). Chunks hold CH = max(LPR, U) entries of a row, P = CH / LPR (value,
+// column) pairs per lane; U > 4 also loads the next chunk's pairs before this chunk's X loads (software pipelining).
 template <typename T, typename I, bool YT, bool VEC, int LPR, int U>
-__global__ void __launch_bounds__(32 * kDirectWarps, 2)
+__global__ void __launch_bounds__(32 * kDirectWarps, (U >= 32 ? 1 : 2))
 spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets, const I* __restrict__ cols,
                    const int* __restrict__ row_indices, const T* __restrict__ x, int64_t xs_k,
                    T* __restrict__ y, int64_t ys_m, int64_t ys_n, bool y_vec_ok, const T* __restrict__ bias,
@@ -33,16 +80,20 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
   constexpr int VN = 16 / sizeof(T);
   constexpr int NTILE = LPR * VN;            // output columns per row tile
   constexpr int RPW = 32 / LPR;              // rows per warp (one per segment of LPR lanes)
-  constexpr int ROWS = kDirectWarps * RPW;   // rows per block
+  constexpr int kMaxRows = kDirectWarps * RPW;
   constexpr int kPitch = NTILE + VN;         // shared-memory pitch of the YT staging tile
-  __shared__ __align__(16) T stage[YT ? ROWS * kPitch : 1];
+  constexpr int P = VEC && U > LPR ? U / LPR : 1;
+  constexpr int CH = LPR * P;
+  constexpr bool kPipe = VEC && U > 4;
+  __shared__ __align__(16) T stage[YT ? kMaxRows * kPitch : 1];
 
+  const int rows = static_cast<int>(blockDim.x / 32) * RPW;  // rows per block
   const int warp = threadIdx.x / 32;
   const int seg = (threadIdx.x % 32) / LPR, lane = threadIdx.x % LPR;
   // Segments of one warp walk different rows (different trip counts): shuffles use the segment's lanes only.
   const unsigned mask = LPR == 32 ? 0xffffffffu : (((1u << LPR) - 1u) << (seg * LPR));
   const int rl = warp * RPW + seg;
-  const int slot = blockIdx.x * ROWS + rl;
+  const int slot = blockIdx.x * rows + rl;
   const bool active = slot < m;
   const int row = active ? (YT ? slot : __ldg(row_indices + slot)) : 0;
   const int start = active ? __ldg(row_offsets + row) : 0;
@@ -56,88 +107,57 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
 #pragma unroll
   for (int t = 0; t < VN; ++t) acc[t] = 0.0f;
 
-  // U > 4 (the vector path only): U non-zeros' X loads in flight per group instead of 4, and the next chunk's
-  // (value, column) pairs loaded before this chunk's X loads (software pipelining); U = 4 is the original loop.
-  constexpr bool kPipe = VEC && U > 4;
-  constexpr int kGroup = VEC ? (U < LPR ? U : LPR) : 4;
-  float v_next = 0.0f;
-  int c_next = 0;
-  if constexpr (kPipe) {
-    const int j = start + lane;
-    v_next = j < end ? to_f(values[j]) : 0.0f;
-    c_next = j < end ? static_cast<int>(cols[j]) : 0;
-  }
-  for (int base = start; base < end; base += LPR) {
-    float v;
-    int c;
+  float v[P], v_next[P];
+  int c[P], c_next[P];
+  auto load_pairs = [&](int base, float (&vv)[P], int (&cc)[P]) {
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const int j = base + q * LPR + lane;
+      vv[q] = j < end ? to_f(values[j]) : 0.0f;
+      cc[q] = j < end ? static_cast<int>(cols[j]) : 0;
+    }
+  };
+  if constexpr (kPipe) load_pairs(start, v_next, c_next);
+  for (int base = start; base < end; base += CH) {
     if constexpr (kPipe) {
-      v = v_next;
-      c = c_next;
-      const int jn = base + LPR + lane;
-      v_next = jn < end ? to_f(values[jn]) : 0.0f;
-      c_next = jn < end ? static_cast<int>(cols[jn]) : 0;
+#pragma unroll
+      for (int q = 0; q < P; ++q) {
+        v[q] = v_next[q];
+        c[q] = c_next[q];
+      }
+      load_pairs(base + CH, v_next, c_next);
     } else {
-      const int j = base + lane;
-      v = j < end ? to_f(values[j]) : 0.0f;
-      c = j < end ? static_cast<int>(cols[j]) : 0;
+      load_pairs(base, v, c);
     }
-    const int cnt = min(LPR, end - base);
-    int e = 0;
-    if constexpr (kGroup > 4) {
-      for (; e + kGroup <= cnt; e += kGroup) {
-        float a[kGroup];
-        int cc[kGroup];
+    const int cnt = min(CH, end - base);
+    int e = 0;  // the next entry of the chunk (P = 1)
+    if constexpr (VEC) {
+      if constexpr (P > 1) {
+        // Entry indices stay compile-time constants (a runtime index into v / c would put them in local memory):
+        // a full chunk is one group; a row's last, partial chunk takes groups of 4, then single entries.
+        if (cnt == CH) {
+          mac_vec<T, CH, LPR>(acc, v, c, 0, mask, xl, xs_k, lane_in);
+        } else {
 #pragma unroll
-        for (int u = 0; u < kGroup; ++u) {
-          a[u] = __shfl_sync(mask, v, e + u, LPR);
-          cc[u] = __shfl_sync(mask, c, e + u, LPR);
-        }
-        Words<16> w[kGroup];
-        if (lane_in) {
+          for (int g = 0; g < CH; g += 4)
+            if (g + 4 <= cnt) mac_vec<T, 4, LPR>(acc, v, c, g, mask, xl, xs_k, lane_in);
 #pragma unroll
-          for (int u = 0; u < kGroup; ++u) w[u].load(xl + static_cast<int64_t>(cc[u]) * xs_k);
-#pragma unroll
-          for (int u = 0; u < kGroup; ++u)
-#pragma unroll
-            for (int t = 0; t < VN; ++t) acc[t] = fmaf(a[u], word_elem<T>(w[u].w, t), acc[t]);
-        }
-      }
-    }
-    // Rows are padded to multiples of 4 entries or more (formats/csr.py), so groups of 4 cover every row.
-    for (; e + 4 <= cnt; e += 4) {
-      float a[4];
-      int cc[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        a[u] = __shfl_sync(mask, v, e + u, LPR);
-        cc[u] = __shfl_sync(mask, c, e + u, LPR);
-      }
-      if constexpr (VEC) {
-        Words<16> w[4];
-        if (lane_in) {
-#pragma unroll
-          for (int u = 0; u < 4; ++u) w[u].load(xl + static_cast<int64_t>(cc[u]) * xs_k);
-#pragma unroll
-          for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int t = 0; t < VN; ++t) acc[t] = fmaf(a[u], word_elem<T>(w[u].w, t), acc[t]);
+          for (int q = 0; q < CH; ++q)
+            if (q >= (cnt & ~3) && q < cnt) mac_elem<T, LPR>(acc, v, c, q, mask, xl, xs_k, nl, n);
         }
       } else {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const T* xp = xl + static_cast<int64_t>(cc[u]) * xs_k;
-#pragma unroll
-          for (int t = 0; t < VN; ++t)
-            if (nl + t < n) acc[t] = fmaf(a[u], to_f(xp[t]), acc[t]);
+        if constexpr (U > 4) {
+          for (; e + U <= cnt; e += U) mac_vec<T, U, LPR>(acc, v, c, e, mask, xl, xs_k, lane_in);
         }
+        // Rows are padded to multiples of 4 entries or more (formats/csr.py), so groups of 4 cover every row.
+        for (; e + 4 <= cnt; e += 4) mac_vec<T, 4, LPR>(acc, v, c, e, mask, xl, xs_k, lane_in);
+        for (; e < cnt; ++e) mac_elem<T, LPR>(acc, v, c, e, mask, xl, xs_k, nl, n);
       }
-    }
-    for (; e < cnt; ++e) {
-      const float a = __shfl_sync(mask, v, e, LPR);
-      const T* xp = xl + static_cast<int64_t>(__shfl_sync(mask, c, e, LPR)) * xs_k;
+    } else {
+      for (; e + 4 <= cnt; e += 4)
 #pragma unroll
-      for (int t = 0; t < VN; ++t)
-        if (nl + t < n) acc[t] = fmaf(a, to_f(xp[t]), acc[t]);
+        for (int u = 0; u < 4; ++u) mac_elem<T, LPR>(acc, v, c, e + u, mask, xl, xs_k, nl, n);
+      for (; e < cnt; ++e) mac_elem<T, LPR>(acc, v, c, e, mask, xl, xs_k, nl, n);
     }
   }
 
@@ -157,26 +177,25 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
         if (nl + t < n) y[static_cast<int64_t>(row) * ys_m + static_cast<int64_t>(nl + t) * ys_n] = from_f<T>(o[t]);
     }
   } else {
-    // Transposed Y (element (row, col) at col * ys_n + row): stage the block's ROWS rows x NTILE, then one thread
-    // per output column writes the ROWS consecutive rows.
+    // Transposed Y (element (row, col) at col * ys_n + row): stage the block's rows x NTILE, then one thread per
+    // output column writes the block's consecutive rows.
 #pragma unroll
     for (int t = 0; t < VN; ++t) stage[rl * kPitch + lane * VN + t] = from_f<T>(o[t]);
     __syncthreads();
-    const int r0 = blockIdx.x * ROWS;
-    for (int nn = threadIdx.x; nn < NTILE; nn += 32 * kDirectWarps) {
+    const int r0 = blockIdx.x * rows;
+    for (int nn = threadIdx.x; nn < NTILE; nn += blockDim.x) {
       const int col = tile0 + nn;
       if (col >= n) break;
       T* dst = y + static_cast<int64_t>(col) * ys_n + r0;
-      if (y_vec_ok && r0 + ROWS <= m) {
-#pragma unroll
-        for (int q = 0; q < ROWS / VN; ++q) {  // VN rows per 16-byte store (few registers at 32 or 64 rows)
+      if (y_vec_ok && r0 + rows <= m && rows % VN == 0) {
+        for (int q = 0; q < rows / VN; ++q) {  // VN rows per 16-byte store
           float vals[VN];
 #pragma unroll
           for (int r = 0; r < VN; ++r) vals[r] = to_f(stage[(q * VN + r) * kPitch + nn]);
           store_vec16<T>(dst + q * VN, vals);
         }
       } else {
-        for (int r = 0; r < ROWS && r0 + r < m; ++r) dst[r] = stage[r * kPitch + nn];
+        for (int r = 0; r < rows && r0 + r < m; ++r) dst[r] = stage[r * kPitch + nn];
       }
     }
   }
@@ -192,17 +211,26 @@ inline int direct_lpr_setting() {
   return (lpr == 8 || lpr == 16 || lpr == 32) ? lpr : 0;
 }
 
-// X loads in flight per lane (U): $PRUNEKIT_DIRECT_UNROLL (4 / 8 / 16, read at each call) forces it; 4 is the
-// original loop, 8 and 16 also load the next chunk's (value, column) pairs ahead (the kernel's kPipe). Default: 8 for
-// 16-bit types at 16 lanes per row (N <= 128), else 4. Measured on the H100 (benchmarks/direct_lpr.py,
-// direct-tiles-h100-2026-11-27-s30g.json; 5 shapes, 90 / 95 / 98%, fp16): at N = 64 and 128, 8 was faster than 4 at
-// 30 of 30 points in either X layout (0.76-1.00 of the time); at N = 256 (32 lanes) it was faster at 8 / 6 of 15 (up
-// to 1.22x slower), 16 at 5 / 3.
+// X loads in flight per lane (U): $PRUNEKIT_DIRECT_UNROLL (4 / 8 / 16 / 32, read at each call) forces it; 4 is the
+// original loop, 8 and more also load the next chunk's (value, column) pairs ahead (the kernel's kPipe), and above the
+// lanes per row each lane holds U / LPR pairs of a chunk. Default: 8 for 16-bit types at 16 lanes per row (N <= 128),
+// else 4. Measured on the H100 (benchmarks/direct_lpr.py, direct-tiles-h100-2026-11-27-s30g.json; 5 shapes, 90 / 95 /
+// 98%, fp16): at N = 64 and 128, 8 was faster than 4 at 30 of 30 points in either X layout (0.76-1.00 of the time); at
+// N = 256 (32 lanes) it was faster at 8 / 6 of 15 (up to 1.22x slower), 16 at 5 / 3.
 inline int direct_unroll_setting() {
   const char* v = std::getenv("PRUNEKIT_DIRECT_UNROLL");
   if (v == nullptr) return 0;
   const int u = std::atoi(v);
-  return (u == 4 || u == 8 || u == 16) ? u : 0;
+  return (u == 4 || u == 8 || u == 16 || u == 32) ? u : 0;
+}
+
+// Warps per block: $PRUNEKIT_DIRECT_WARPS (2 / 4 / 8, read at each call) forces it; default 8. Fewer warps make
+// blocks of fewer rows: more blocks where M / rows per block leaves SMs idle (768 rows at 8 lanes: 24 blocks of 32).
+inline int direct_warps_setting() {
+  const char* v = std::getenv("PRUNEKIT_DIRECT_WARPS");
+  if (v == nullptr) return 0;
+  const int w = std::atoi(v);
+  return (w == 2 || w == 4 || w == 8) ? w : 0;
 }
 
 template <typename T, typename I, bool YT, int LPR>
@@ -210,18 +238,21 @@ static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_of
                               const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, bool y_vec_ok,
                               const T* bias, bool relu, int m, int n) {
   constexpr int VN = 16 / sizeof(T);
-  constexpr int ROWS = kDirectWarps * (32 / LPR);
+  int warps = direct_warps_setting();
+  if (warps == 0) warps = kDirectWarps;
+  const int rows = warps * (32 / LPR);
   const bool vec = n % VN == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                    (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
-  const dim3 grid((m + ROWS - 1) / ROWS, (n + LPR * VN - 1) / (LPR * VN));
+  const dim3 grid((m + rows - 1) / rows, (n + LPR * VN - 1) / (LPR * VN));
   PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_direct: N too large");
   int unroll = direct_unroll_setting();
   if (unroll == 0) unroll = (LPR == 16 && sizeof(T) == 2) ? 8 : 4;
   auto kernel = !vec           ? spmm_direct_kernel<T, I, YT, false, LPR, 4>
+                : unroll == 32 ? spmm_direct_kernel<T, I, YT, true, LPR, 32>
                 : unroll == 16 ? spmm_direct_kernel<T, I, YT, true, LPR, 16>
                 : unroll == 8  ? spmm_direct_kernel<T, I, YT, true, LPR, 8>
                                : spmm_direct_kernel<T, I, YT, true, LPR, 4>;
-  kernel<<<grid, 32 * kDirectWarps, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<grid, 32 * warps, 0, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const T*>(values.data_ptr()), row_offsets.data_ptr<int>(),
       reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
       reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<T*>(y.data_ptr()), y.stride(0),
