@@ -16,7 +16,7 @@ against F.linear and torch.sparse.mm: ``speedup_layer_vs_dense_eager``, ``speedu
 For fp16/bf16 and N > 16 it times the CUDA-core ``direct`` variant and the bitmap kernel (32- or 64-token blocks) forced,
 and from N >= TC_BENCH_MIN_N also the tensor-core variant (``variant="tc"``, transposed activations copied to
 row-major inside the call, so the copy is timed), and from N >= gpu.DENSE_MIN_N the ``dense`` variant (the weight
-decompressed, then cuBLAS)
+decompressed, then cuBLAS; below that N too where ``--forced`` names it, and ``rowwarp`` up to gpu.ROWWARP_MAX_N)
 (``direct_gpu_ms``, ``bitmap_gpu_ms``, ``tc_gpu_ms``, ``dense_variant_gpu_ms``), and records the tc plan's statistics (compute fraction, ldmatrix conflict factor,
 build time of the plan on the GPU, first call only; later calls reuse the plan cached on the weight), and the dense
 variant's decompression alone (``dense_variant_decompress_gpu_ms``; ``dense_variant_decompress_gbps`` counts the
@@ -217,7 +217,8 @@ def bench_config(
             # Wide N: the CUDA-core direct kernel and the bitmap kernel (64-token blocks) forced, and the tensor-core
             # tc kernel from TC_BENCH_MIN_N
             wide = ("tc", "direct", "bitmap") if tc_stats and n >= TC_BENCH_MIN_N else ("direct", "bitmap")
-            wide += ("dense",) if n >= gpu.DENSE_MIN_N else ()
+            wide += ("dense",) if n >= gpu.DENSE_MIN_N or "dense" in (forced_only or ()) else ()
+            wide += ("rowwarp",) if n <= gpu.ROWWARP_MAX_N and "rowwarp" in (forced_only or ()) else ()  # only asked
             wide = tuple(v for v in wide if forced_only is None or v in forced_only)
             forced.update(time_forced(wide, csrs, xs, m, ref, dense_gpu))
             if "tc" in wide:

@@ -34,8 +34,10 @@ void spmm_csr_tiled(const at::Tensor& values, const at::Tensor& row_offsets, con
 // view returned), or x itself where its rows are contiguous or N <= 1. See spmm_rowwarp.cu.
 at::Tensor row_major_copy(const at::Tensor& x);
 
-// Sputnik's direct SpMM: one warp per row times 32 16-byte vectors of X's row-major columns; other layouts of X are
-// copied with row_major_copy first. See spmm_direct.cu.
+int sm_count(int device);  // streaming multiprocessors, cached per device (spmm_entry.cu)
+
+// Sputnik's direct SpMM: 8 / 16 / 32 lanes per row, each a 16-byte vector of X's row-major columns; other layouts of X
+// are copied with row_major_copy first. See spmm_direct.cu.
 void spmm_csr_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& column_indices,
                      const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y,
                      const std::optional<at::Tensor>& bias, bool relu);

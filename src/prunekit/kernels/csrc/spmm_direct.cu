@@ -202,8 +202,11 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
 }
 
 // Lanes per row (LPR): $PRUNEKIT_DIRECT_LPR (8 / 16 / 32, read at each call) forces it; by default rows get 32 lanes
-// (32 * VN columns) when N fills them, else 16 lanes (two rows per warp) so that no lane idles. Fewer lanes per row
-// make narrower column tiles (LPR * VN columns): more blocks over N, and a smaller slice of X per tile.
+// (32 * VN columns) when N fills them, else 16 lanes (two rows per warp) so that no lane idles, and 16-bit types 8
+// lanes up to N = 64. Fewer lanes per row make narrower column tiles (LPR * VN columns): more blocks over N, and a
+// smaller slice of X per tile. At N = 32 / 64 (direct-u32-h100-2026-11-27-s31a.json, both layouts, each lane count at
+// its fastest loads in flight) 16 lanes took 1.03-1.30 of 8's time at 4096 x 4096, 1.47-1.80 at 11008 x 4096 and
+// 1.09-1.45 at 4096 x 11008; 0.96-1.15 at 3072 x 768, and 0.87-0.98 at 768 x 3072 (24 blocks of 32 rows at 8 lanes).
 inline int direct_lpr_setting() {
   const char* v = std::getenv("PRUNEKIT_DIRECT_LPR");
   if (v == nullptr) return 0;
@@ -213,15 +216,29 @@ inline int direct_lpr_setting() {
 
 // X loads in flight per lane (U): $PRUNEKIT_DIRECT_UNROLL (4 / 8 / 16 / 32, read at each call) forces it; 4 is the
 // original loop, 8 and more also load the next chunk's (value, column) pairs ahead (the kernel's kPipe), and above the
-// lanes per row each lane holds U / LPR pairs of a chunk. Default: 8 for 16-bit types at 16 lanes per row (N <= 128),
-// else 4. Measured on the H100 (benchmarks/direct_lpr.py, direct-tiles-h100-2026-11-27-s30g.json; 5 shapes, 90 / 95 /
-// 98%, fp16): at N = 64 and 128, 8 was faster than 4 at 30 of 30 points in either X layout (0.76-1.00 of the time); at
-// N = 256 (32 lanes) it was faster at 8 / 6 of 15 (up to 1.22x slower), 16 at 5 / 3.
+// lanes per row each lane holds U / LPR pairs of a chunk. Default: direct_default_unroll. Measured on the H100
+// (benchmarks/direct_lpr.py, direct-tiles-h100-2026-11-27-s30g.json; 5 shapes, 90 / 95 / 98%, fp16): at N = 64 and
+// 128, 8 was faster than 4 at 30 of 30 points in either X layout (0.76-1.00 of the time); at N = 256 (32 lanes) it was
+// faster at 8 / 6 of 15 (up to 1.22x slower), 16 at 5 / 3.
 inline int direct_unroll_setting() {
   const char* v = std::getenv("PRUNEKIT_DIRECT_UNROLL");
   if (v == nullptr) return 0;
   const int u = std::atoi(v);
   return (u == 4 || u == 8 || u == 16 || u == 32) ? u : 0;
+}
+
+// The default X loads in flight (U) where $PRUNEKIT_DIRECT_UNROLL is unset: 16-bit types at 8 or 16 lanes per row take
+// 16 where the grid has fewer than two blocks per SM (few warps to hide latency with, so more loads per lane) and X's
+// rows are long (K > 1024: a tile's slice of X does not stay in L1), else 8; 32 lanes (and fp32) take 4. Measured on
+// the H100 (benchmarks/direct_lpr.py, direct-u32-h100-2026-11-27-s31a.json; 5 shapes, N = 32 / 64 / 128, 90-98%,
+// fp16, both X layouts, 8 lanes up to N = 64 and 16 above): 16 loads took 0.71-1.01 of 8's time at 4096 x 4096 (128
+// blocks at 8 lanes, 256 at 16), 0.66-0.95 at 4096 x 11008 and 0.76-1.02 at 768 x 3072 (24 / 48 blocks), but
+// 1.04-1.38 at 11008 x 4096 (344 / 688 blocks) and 0.86-1.18 at 3072 x 768 (K = 768). 32 loads were the fastest only
+// on the under-filled shapes with row-major X, and lost in nn.Linear's layout (one block per SM at 200+ registers).
+template <typename T, int LPR>
+inline int direct_default_unroll(int64_t blocks, int64_t k, int num_sms) {
+  if (sizeof(T) != 2 || LPR == 32) return 4;
+  return blocks < 2 * static_cast<int64_t>(num_sms) && k > 1024 ? 16 : 8;
 }
 
 // Warps per block: $PRUNEKIT_DIRECT_WARPS (2 / 4 / 8, read at each call) forces it; default 8. Fewer warps make
@@ -246,7 +263,8 @@ static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_of
   const dim3 grid((m + rows - 1) / rows, (n + LPR * VN - 1) / (LPR * VN));
   PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_direct: N too large");
   int unroll = direct_unroll_setting();
-  if (unroll == 0) unroll = (LPR == 16 && sizeof(T) == 2) ? 8 : 4;
+  if (unroll == 0) unroll = direct_default_unroll<T, LPR>(static_cast<int64_t>(grid.x) * grid.y, x.size(0),
+                                                          sm_count(x.get_device()));
   auto kernel = !vec           ? spmm_direct_kernel<T, I, YT, false, LPR, 4>
                 : unroll == 32 ? spmm_direct_kernel<T, I, YT, true, LPR, 32>
                 : unroll == 16 ? spmm_direct_kernel<T, I, YT, true, LPR, 16>
@@ -266,7 +284,7 @@ static void launch_direct(const at::Tensor& values, const at::Tensor& row_offset
                           const T* bias, bool relu, int m, int n) {
   constexpr int VN = 16 / sizeof(T);
   int lpr = direct_lpr_setting();
-  if (lpr == 0) lpr = n <= 16 * VN ? 16 : 32;
+  if (lpr == 0) lpr = (sizeof(T) == 2 && n <= 8 * VN) ? 8 : n <= 16 * VN ? 16 : 32;
   switch (lpr) {
     case 8:
       launch_direct_lpr<T, I, YT, 8>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);

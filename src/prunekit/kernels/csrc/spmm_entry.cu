@@ -58,6 +58,11 @@ constexpr std::array<std::array<int64_t, 2>, 3> TC_TILES{{{2, 128}, {1, 128}, {1
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+}  // namespace
+
+// Streaming multiprocessors of a device (kernels.h), cached per device.
 int sm_count(int device) {
   static std::array<std::atomic<int>, 64> counts{};  // per device, filled on first use (a race writes one value)
   if (device < 0 || device >= 64) {
@@ -72,10 +77,6 @@ int sm_count(int device) {
   }
   return value;
 }
-
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
-}  // namespace
 
 std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_padded, int64_t num_sms,
                                  int64_t variant, bool tensor_core_dtype, bool tc_auto) {
