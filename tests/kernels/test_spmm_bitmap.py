@@ -184,6 +184,38 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
     assert auto(4096, 4096, 16, 0.8) == "scatter"
 
 
+def test_plan_spmm_direct_mid_n_rule(monkeypatch):
+    """N 33-64, fp16/bf16 (the thirty-first session's H100 rule): direct where the padded density is at most 1/16 and M
+    gives at least 16 rows per SM, over bitmap and rowwarp; never for fp32, below N = 33 or with the rule off
+    ($PRUNEKIT_SPMM_DIRECT_MID=0), where eager_spmm_code hands the call back to the entry's own rule."""
+    for env in (gpu.BITMAP_AUTO_ENV, gpu.DENSE_AUTO_ENV, gpu.TC_AUTO_ENV, gpu.DIRECT_MID_N_AUTO_ENV):
+        monkeypatch.delenv(env, raising=False)
+
+    def auto(m, k, n, nnz, dtype=torch.float16, sms=132):
+        return gpu.plan_spmm(m, k, n, nnz, sms, "auto", dtype).variant
+
+    m, k = 4096, 4096
+    edge = m * k // gpu.DIRECT_MID_N_MIN_SPARSITY_DENOMINATOR  # padded density 1/16 exactly
+    for n in (33, 48, 64):
+        assert auto(m, k, n, edge) == "direct", n
+        assert auto(m, k, n, edge + 1) == "bitmap", n  # above 1/16: the wide bitmap rule (>= 5%)
+        assert auto(m, k, n, m * k // 50, torch.bfloat16) == "direct", n  # 98%
+        assert auto(m, k, n, m * k // 50, torch.float32) == "rowwarp", n
+    assert auto(m, k, 32, m * k // 50) == "rowwarp"
+    assert auto(m, k, 65, m * k // 50) == "direct"  # direct from TC_MIN_N anyway
+    rows = gpu.DIRECT_MID_N_MIN_ROWS_PER_SM * 132
+    assert auto(rows, k, 64, rows * k // 50) == "direct"
+    assert auto(rows - 1, k, 64, (rows - 1) * k // 50) == "rowwarp"
+    assert auto(rows, k, 64, rows * k // 50, sms=133) == "rowwarp"
+    half = torch.float16
+    assert gpu.eager_spmm_code("auto", half, half, 48, tc_auto=False) is None  # the rule reads the density
+    assert gpu.eager_spmm_code("auto", torch.float32, torch.float32, 48, tc_auto=False) == 0
+    monkeypatch.setenv(gpu.DIRECT_MID_N_AUTO_ENV, "0")
+    assert auto(m, k, 64, m * k // 50) == "rowwarp"
+    monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")
+    assert gpu.eager_spmm_code("auto", half, half, 48, tc_auto=False) == 0
+
+
 def test_plan_spmm_bitmap_wide_rule(monkeypatch):
     """N 17-256 (the H100 rule, fourteenth to sixteenth sessions): bitmap at density >= 10% with K >= 768 (N 17-64
     with K >= 1024: >= 5%, and from N = 65 where M gives fewer than 16 rows per SM; from N = 65 with K < 1024: >= 1/6);
@@ -198,7 +230,8 @@ def test_plan_spmm_bitmap_wide_rule(monkeypatch):
     for m, k in ((4096, 4096), (11008, 4096), (4096, 11008), (768, 3072)):
         for n in (17, 32, 64, 65, 128, 256):
             assert [auto(m, k, n, s) for s in (0.5, 0.7, 0.8, 0.9)] == ["bitmap"] * 4, (m, k, n)
-            assert (auto(m, k, n, 0.95) == "bitmap") == (n < gpu.TC_MIN_N or m == 768), (m, k, n)
+            # 95%, N 33-64 with M >= 16 rows per SM: the mid-N direct rule (test_plan_spmm_direct_mid_n_rule)
+            assert (auto(m, k, n, 0.95) == "bitmap") == (n < gpu.DIRECT_MID_N_MIN_N or m == 768), (m, k, n)
             assert auto(m, k, n, 0.98) != "bitmap", (m, k, n)
         assert auto(m, k, 257, 0.8) != "bitmap"
         assert auto(m, k, 64, 0.8, torch.float32) == "rowwarp"
@@ -206,7 +239,7 @@ def test_plan_spmm_bitmap_wide_rule(monkeypatch):
     # K = 768: at 90% up to N = 64 only, at 80% up to 256; K = 512: never
     assert [auto(3072, 768, n, 0.9) for n in (17, 64, 65, 256)] == ["bitmap"] * 2 + ["direct"] * 2
     assert [auto(3072, 768, n, 0.8) for n in (17, 64, 65, 256)] == ["bitmap"] * 4
-    assert [auto(3072, 768, n, 0.95) for n in (17, 64)] == ["rowwarp"] * 2
+    assert [auto(3072, 768, n, 0.95) for n in (17, 64)] == ["rowwarp", "direct"]
     pairs = ((64, 768), (65, 768), (65, 1024), (17, 1024), (64, 4096))
     assert [gpu.bitmap_wide_min_density_denominator(n, k) for n, k in pairs] == [10, 6, 10, 20, 20]
     assert auto(3072, 512, 32, 0.8) == "rowwarp"

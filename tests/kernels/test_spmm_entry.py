@@ -53,6 +53,7 @@ def test_eager_spmm_code_never_takes_the_tensor_core_plan(monkeypatch):
     monkeypatch.setenv(
         gpu.DENSE_AUTO_ENV, "0"
     )  # the dense rule's range from DENSE_MIN_N: tests/kernels/test_spmm_dense.py
+    monkeypatch.setenv(gpu.DIRECT_MID_N_AUTO_ENV, "0")  # N 33-64: test_spmm_bitmap.py's test of the mid-N direct rule
     half = torch.float16
     assert gpu.eager_spmm_code("tc", half, half, 1, tc_auto=False) is None
     assert gpu.eager_spmm_code("auto", half, half, gpu.TC_MIN_N, tc_auto=True) is None
@@ -90,8 +91,9 @@ def test_eager_spmm_code_leaves_the_scatter_and_bitmap_range_to_python(monkeypat
     monkeypatch.delenv(gpu.SCATTER_AUTO_ENV)
     assert gpu.eager_spmm_code("auto", half, half, 4, tc_auto=False) == 0  # below the scatter range
     assert gpu.eager_spmm_code("auto", half, half, 9, tc_auto=False) is None
-    classes = [gpu.eager_size_class(n) for n in (1, 2, 4, 5, 8, 9, 15, 16, 17, 64, 65, 128, 129, 256, 257, 4096)]
-    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7, 8, 8]
+    sizes = (1, 2, 4, 5, 8, 9, 15, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 4096)
+    classes = [gpu.eager_size_class(n) for n in sizes]
+    assert classes == [0, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9]
     # N 17-256: the wide bitmap rule reads the density too (fp32: the entry)
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV)
     for n in (17, 64, 65, gpu.BITMAP_WIDE_MAX_N):
@@ -639,6 +641,7 @@ def test_size_classes_hold_the_density_floors_constant():
                 gpu.SCATTER_MIN_N <= n <= gpu.SCATTER_MAX_N,
                 n <= gpu.SPMV_MAX_N,
                 n <= gpu.ROWWARP_MAX_N,
+                gpu.DIRECT_MID_N_MIN_N <= n <= gpu.ROWWARP_MAX_N,
             )
             assert seen.setdefault(gpu.eager_size_class(n), floors) == floors, (k, n)
 

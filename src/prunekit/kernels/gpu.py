@@ -105,6 +105,20 @@ SCATTER_MAX_KR_GROUPS = 12  # = kScMaxKrGroups in spmm_scatter.cu (shared memory
 # Largest N sent to the rowwarp kernel by "auto". Measured on the H100 (benchmarks/results/spmm-variants-h100-*.json):
 # rowwarp is fastest up to N = 32 everywhere and at N = 64 for most shapes; direct from N = 128 up (or equal).
 ROWWARP_MAX_N = 64
+# 32 < N <= ROWWARP_MAX_N (thirty-first session): "auto" takes `direct` (8 lanes per row, its default there) for
+# fp16/bf16 where the padded density is at most 1 / DIRECT_MID_N_MIN_SPARSITY_DENOMINATOR and M gives at least
+# DIRECT_MID_N_MIN_ROWS_PER_SM rows per SM, instead of rowwarp / bitmap. Measured on the H100
+# (benchmarks/results/spmm-n32to64-h100-2026-11-27-s31b.json: 5 shapes, N = 32 / 48 / 64, 90 / 95 / 98%, fp16,
+# direct, bitmap, rowwarp and dense forced in one run; in-sample): at N = 48 / 64 and 95 / 98% (padded density
+# 2.0-5.5%) on the four shapes with M >= 3072, direct was faster than what "auto" ran at 14 of 16 points (11008 x
+# 4096, 98%, N = 64: 21.8 against rowwarp's 50.3 us; 4096 x 11008, 95%, N = 64: 52.5 against bitmap's 73.4); the two
+# others 1.01x / 1.07x slower (4096 x 4096, 98%, N = 48: 14.4 against 14.2; 3072 x 768, 95%, N = 48: 8.8 against
+# 8.2). At 90% (density ~10%) bitmap or the dense variant was faster everywhere; on 768 x 3072 (5.8 rows per SM)
+# rowwarp / bitmap were (6.5-10.0 against direct's 12.0-27.9 us); at N = 32 rowwarp / bitmap won 3 of 4 shapes at 98%.
+DIRECT_MID_N_MIN_N = 33
+DIRECT_MID_N_MIN_SPARSITY_DENOMINATOR = 16  # padded density <= 6.25%
+DIRECT_MID_N_MIN_ROWS_PER_SM = 16
+DIRECT_MID_N_AUTO_ENV = "PRUNEKIT_SPMM_DIRECT_MID"  # "0": the rule off
 TILED_ROWS_PER_BLOCK = {2: 16, 8: 64}  # rows_per_warp -> rows per block (8 warps)
 TILED_N_TILE = 128  # output columns per tiled block
 SUBWARP_MIN_NNZ = 128
@@ -310,6 +324,13 @@ def bitmap_wide_min_density_denominator(n: int, k: int, m: int | None = None, nu
     return BITMAP_WIDE_MIN_DENSITY_DENOMINATOR
 
 
+def direct_mid_auto_enabled() -> bool:
+    """Whether ``auto`` may choose ``direct`` at ``DIRECT_MID_N_MIN_N <= N <= ROWWARP_MAX_N`` (the thirty-first
+    session's rule, see the constants): ``$PRUNEKIT_SPMM_DIRECT_MID`` (``1``/``0``), on by default."""
+    env = os.environ.get(DIRECT_MID_N_AUTO_ENV)
+    return env is None or env.strip() not in ("", "0", "false", "False")
+
+
 def dense_auto_enabled() -> bool:
     """Whether ``auto`` may choose the ``dense`` variant (decompression + cuBLAS): ``$PRUNEKIT_SPMM_DENSE``
     (``1``/``0``), else :data:`DENSE_AUTO_DEFAULT`."""
@@ -402,6 +423,7 @@ def plan_spmm(
         scatter_strip_rows(),
         bitmap_auto_enabled(),
         dense_auto_enabled(),
+        direct_mid_auto_enabled(),
     )
 
 
@@ -419,6 +441,7 @@ def _plan_spmm(
     scatter_rows: int = 8,
     bitmap_auto: bool = False,
     dense_auto: bool = False,
+    direct_mid_auto: bool = False,
 ) -> SpmmPlan:
     """Choose the SpMM kernel and tiling for ``A (m, k)`` with ``nnz_padded`` stored entries times ``X (k, n)``.
 
@@ -441,6 +464,10 @@ def _plan_spmm(
     N = 16; 1% at N 9-16 where M * K <= BITMAP_SMALL_ELEMENTS and M or K <= BITMAP_SMALL_MAX_SIDE), and for ``16 < n <=
     BITMAP_WIDE_MAX_N`` with ``k >= BITMAP_MIN_K_SMALL_N`` at density >= ``1 / bitmap_wide_min_density_denominator(n,
     k, m, num_sms)``; measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
+    With ``direct_mid_auto`` (:func:`direct_mid_auto_enabled`), for fp16/bf16 at ``DIRECT_MID_N_MIN_N <= n <=
+    ROWWARP_MAX_N`` it takes ``direct`` over rowwarp and bitmap where the
+    padded density is at most ``1 / DIRECT_MID_N_MIN_SPARSITY_DENOMINATOR`` and ``m >= DIRECT_MID_N_MIN_ROWS_PER_SM *
+    num_sms``.
     With ``dense_auto`` (:func:`dense_auto_enabled`) and fp16/bf16, ``auto`` takes ``dense`` (the weight decompressed,
     then cuBLAS) over all of these for ``n >= DENSE_MIN_N`` at density >= ``1 / dense_min_density_denominator(n, k)``.
 
@@ -479,6 +506,14 @@ def _plan_spmm(
             and nnz_padded * bitmap_wide_min_density_denominator(n, k, m, num_sms) >= m * k
         ):
             variant = "bitmap"
+        if (
+            dtype in TC_DTYPES
+            and DIRECT_MID_N_MIN_N <= n <= ROWWARP_MAX_N
+            and direct_mid_auto
+            and m >= DIRECT_MID_N_MIN_ROWS_PER_SM * num_sms
+            and nnz_padded * DIRECT_MID_N_MIN_SPARSITY_DENOMINATOR <= m * k
+        ):
+            variant = "direct"
         if (
             dtype in TC_DTYPES
             and n >= DENSE_MIN_N
@@ -838,9 +873,10 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
         and (
             (scatter_auto_enabled() and SCATTER_MIN_N <= n <= SCATTER_MAX_N)
             or (bitmap_auto_enabled() and BITMAP_MIN_N <= n <= BITMAP_WIDE_MAX_N)
+            or (direct_mid_auto_enabled() and DIRECT_MID_N_MIN_N <= n <= ROWWARP_MAX_N)
         )
     ):
-        return None  # the scatter and bitmap rules also read the density: gpu.spmm_csr decides
+        return None  # the scatter, bitmap and mid-N direct rules also read the density: gpu.spmm_csr decides
     if x_dtype != values_dtype or x_dtype not in EAGER_DTYPES:
         return None
     return SPMM_VARIANT_CODES[variant]
@@ -850,10 +886,10 @@ def eager_size_class(n: int) -> int:
     """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < BITMAP_MIN_N, 1 up to
     SPMV_MAX_N (bitmap's range, K >= BITMAP_MIN_K only), 2 below SCATTER_MIN_N (bitmap's range from
     BITMAP_MIN_K_SMALL_N, no scatter), 3 below BITMAP_MAX_N (the scatter kernel's range too), 4 for N = BITMAP_MAX_N (its own bitmap
-    density floor), 5 below TC_MIN_N (bitmap's wide range from BITMAP_MIN_K_SMALL_N), 6 up to TC_SMALL_N (the
-    tensor-core ``tc`` range at its N <= TC_SMALL_N density floor, and bitmap's from BITMAP_MIN_K), 7 up to
-    BITMAP_WIDE_MAX_N (``tc``'s other floors), 8 above. Within a class, the rules' density floors do not change. The
-    runtime caches one answer per layer, dtype pair and class."""
+    density floor), 5 below DIRECT_MID_N_MIN_N (bitmap's wide range from BITMAP_MIN_K_SMALL_N), 6 below TC_MIN_N (the
+    mid-N ``direct`` rule too), 7 up to TC_SMALL_N (the tensor-core ``tc`` range at its N <= TC_SMALL_N density floor,
+    and bitmap's from BITMAP_MIN_K), 8 up to BITMAP_WIDE_MAX_N (``tc``'s other floors), 9 above. Within a class, the
+    rules' density floors do not change. The runtime caches one answer per layer, dtype pair and class."""
     if n < BITMAP_MIN_N:
         return 0
     if n <= SPMV_MAX_N:
@@ -862,11 +898,13 @@ def eager_size_class(n: int) -> int:
         return 2
     if n <= BITMAP_MAX_N:
         return 3 if n < BITMAP_MAX_N else 4
-    if n < TC_MIN_N:
+    if n < DIRECT_MID_N_MIN_N:
         return 5
-    if n <= TC_SMALL_N:
+    if n < TC_MIN_N:
         return 6
-    return 7 if n <= BITMAP_WIDE_MAX_N else 8
+    if n <= TC_SMALL_N:
+        return 7
+    return 8 if n <= BITMAP_WIDE_MAX_N else 9
 
 
 def eager_spmm_variant(
@@ -881,7 +919,8 @@ def eager_spmm_variant(
     ``tc`` is possible but not chosen: ``direct`` from TC_MIN_N through the entry).
 
     The answer depends on ``x`` only through its dtype, its device and :func:`eager_size_class` of N (and on
-    ``$PRUNEKIT_SPMM_CPP`` / ``$PRUNEKIT_SPMM_TC`` / ``$PRUNEKIT_SPMM_SCATTER`` / ``$PRUNEKIT_SPMM_BITMAP``, read now):
+    ``$PRUNEKIT_SPMM_CPP`` / ``$PRUNEKIT_SPMM_TC`` / ``$PRUNEKIT_SPMM_SCATTER`` / ``$PRUNEKIT_SPMM_BITMAP`` /
+    ``$PRUNEKIT_SPMM_DIRECT_MID``, read now):
     :func:`spmm_op_entry` asks once per weight, dtype, bias, M and N (size class above BITMAP_WIDE_MAX_N) and keeps
     the answer on the weight's values.
 
@@ -898,8 +937,8 @@ def eager_spmm_variant(
     code = eager_spmm_code(variant, x.dtype, values.dtype, n, tc_auto_enabled())
     if code is None and m is not None and variant == "auto" and x.dtype == values.dtype and x.dtype in EAGER_DTYPES:
         plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), "auto", x.dtype)
-        if plan.variant == "dense":
-            code = SPMM_VARIANT_CODES["dense"]  # the entry runs it forced: its own rule never takes dense
+        if plan.variant == "dense" or (plan.variant == "direct" and n <= ROWWARP_MAX_N):
+            code = SPMM_VARIANT_CODES[plan.variant]  # the entry runs it forced: its own rule takes neither here
         elif plan.variant not in ("tc", "scatter", "bitmap"):
             code = SPMM_VARIANT_CODES["auto"]
     if code is not None:

@@ -136,7 +136,7 @@ def _bsr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor | None:
     return op(blocks, crow, buffers["w_col_indices"], items, rows, x2d, layer.out_features, bias, False, variant)
 
 
-_SPLIT24_CLASS = -9  # _csr_rows's key for the split24 calls, beside the negated gpu.eager_size_class (0-8) above 256
+_SPLIT24_CLASS = -100  # _csr_rows's key for the split24 calls, beside the negated gpu.eager_size_class above 256
 
 
 def _csr_rows(layer: SparseLinear, x2d: torch.Tensor) -> torch.Tensor:

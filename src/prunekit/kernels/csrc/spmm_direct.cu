@@ -228,21 +228,27 @@ inline int direct_unroll_setting() {
 }
 
 // The default X loads in flight (U) where $PRUNEKIT_DIRECT_UNROLL is unset: 16-bit types at 8 or 16 lanes per row take
-// 16 where the grid has fewer than two blocks per SM (few warps to hide latency with, so more loads per lane) and X's
-// rows are long (K > 1024: a tile's slice of X does not stay in L1), else 8; 32 lanes (and fp32) take 4. Measured on
+// 16 where the grid has fewer than 16 warps of work per SM (few warps to hide latency with, so more loads per lane)
+// and X's rows are long (K > 1024: a tile's slice of X does not stay in L1), else 8; 32 lanes (and fp32) take 4. The
+// sweep below counted blocks of 8 warps (two per SM: the same line). Measured on
 // the H100 (benchmarks/direct_lpr.py, direct-u32-h100-2026-11-27-s31a.json; 5 shapes, N = 32 / 64 / 128, 90-98%,
 // fp16, both X layouts, 8 lanes up to N = 64 and 16 above): 16 loads took 0.71-1.01 of 8's time at 4096 x 4096 (128
 // blocks at 8 lanes, 256 at 16), 0.66-0.95 at 4096 x 11008 and 0.76-1.02 at 768 x 3072 (24 / 48 blocks), but
 // 1.04-1.38 at 11008 x 4096 (344 / 688 blocks) and 0.86-1.18 at 3072 x 768 (K = 768). 32 loads were the fastest only
 // on the under-filled shapes with row-major X, and lost in nn.Linear's layout (one block per SM at 200+ registers).
+// (warps: the grid's warps of work; 16 per SM = two blocks of 8 warps, whatever $PRUNEKIT_DIRECT_WARPS.)
 template <typename T, int LPR>
-inline int direct_default_unroll(int64_t blocks, int64_t k, int num_sms) {
+inline int direct_default_unroll(int64_t warps, int64_t k, int num_sms) {
   if (sizeof(T) != 2 || LPR == 32) return 4;
-  return blocks < 2 * static_cast<int64_t>(num_sms) && k > 1024 ? 16 : 8;
+  return warps < 2 * kDirectWarps * static_cast<int64_t>(num_sms) && k > 1024 ? 16 : 8;
 }
 
-// Warps per block: $PRUNEKIT_DIRECT_WARPS (2 / 4 / 8, read at each call) forces it; default 8. Fewer warps make
-// blocks of fewer rows: more blocks where M / rows per block leaves SMs idle (768 rows at 8 lanes: 24 blocks of 32).
+// Warps per block: $PRUNEKIT_DIRECT_WARPS (2 / 4 / 8, read at each call) forces it; default 4 at 8 lanes per row (16
+// rows per block), else 8. Fewer warps make blocks of fewer rows: more blocks where M / rows per block leaves SMs idle
+// (768 rows at 8 lanes: 24 blocks of 32 rows). Measured on the H100 (benchmarks/direct_lpr.py,
+// direct-warps-h100-2026-11-27-s31b.json; 768 x 3072, 3072 x 768, 4096 x 4096, N = 64, 90-98%, fp16, both X layouts):
+// at 8 lanes 4 warps took 0.88-0.94 of 8's time on 768 x 3072 and 0.97-1.00 on the other two. 2 warps were no faster
+// than 4 (their 4096 x 4096 figures ran at 8 loads in flight: the sweep's loads rule counted blocks then).
 inline int direct_warps_setting() {
   const char* v = std::getenv("PRUNEKIT_DIRECT_WARPS");
   if (v == nullptr) return 0;
@@ -256,14 +262,14 @@ static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_of
                               const T* bias, bool relu, int m, int n) {
   constexpr int VN = 16 / sizeof(T);
   int warps = direct_warps_setting();
-  if (warps == 0) warps = kDirectWarps;
+  if (warps == 0) warps = LPR == 8 ? 4 : kDirectWarps;
   const int rows = warps * (32 / LPR);
   const bool vec = n % VN == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                    (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   const dim3 grid((m + rows - 1) / rows, (n + LPR * VN - 1) / (LPR * VN));
   PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_direct: N too large");
   int unroll = direct_unroll_setting();
-  if (unroll == 0) unroll = direct_default_unroll<T, LPR>(static_cast<int64_t>(grid.x) * grid.y, x.size(0),
+  if (unroll == 0) unroll = direct_default_unroll<T, LPR>(static_cast<int64_t>(grid.x) * grid.y * warps, x.size(0),
                                                           sm_count(x.get_device()));
   auto kernel = !vec           ? spmm_direct_kernel<T, I, YT, false, LPR, 4>
                 : unroll == 32 ? spmm_direct_kernel<T, I, YT, true, LPR, 32>
