@@ -536,14 +536,14 @@ def test_sparse_linear_eager_csr_goes_through_the_cpp_entry(dtype, cpp_on, monke
     assert relative_error(y, x.double() @ dense.double().cuda().t() + bias.double().cuda()) <= TOLERANCE[dtype]
     # x (2, tokens, 80) gives N = 2, 10, 140, 260. At N = 2 the bitmap rule does not take K = 80 < BITMAP_MIN_K, so the
     # rules choose rowwarp and the entry runs it; at N = 10 16-bit types get scatter (30% dense), which stays in
-    # Python; N = 140 (bitmap's wide range, K too small for it) and 260 (size class 8) take the entry: with the dense
+    # Python; N = 140 (bitmap's wide range, K too small for it) and 260 (size class 9, keyed -9) take the entry: with the dense
     # variant in 16-bit types (30% dense, over its floor; its code passed to the entry), else its own rule (direct)
     entries = gpu.spmm_op_entries(layer.w_values)
-    assert {key[3] for key in entries} == {1, 2, 10, 140, -8}
+    assert {key[3] for key in entries} == {1, 2, 10, 140, -9}
     small = None if dtype in gpu.TC_DTYPES else gpu.SPMM_VARIANT_CODES["auto"]
     wide = gpu.SPMM_VARIANT_CODES["dense" if dtype in gpu.TC_DTYPES else "auto"]
     assert {key[3]: entry for key, entry in entries.items()} == {
-        n: ("auto", small if n == 10 else wide if n in (140, -8) else 0) for n in (1, 2, 10, 140, -8)
+        n: ("auto", small if n == 10 else wide if n in (140, -9) else 0) for n in (1, 2, 10, 140, -9)
     }
 
 
