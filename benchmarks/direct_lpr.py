@@ -1,5 +1,5 @@
-"""The ``direct`` SpMM kernel's tile settings (issue 4), timed in one run: lanes per row ``$PRUNEKIT_DIRECT_LPR`` (8 /
-16 / 32), X loads in flight per lane ``$PRUNEKIT_DIRECT_UNROLL`` (4 / 8 / 16 / 32) and warps per block
+"""The ``direct`` SpMM kernel's tile settings (issue 4), timed in one run: lanes per row ``$PRUNEKIT_DIRECT_LPR`` (4 /
+8 / 16 / 32), X loads in flight per lane ``$PRUNEKIT_DIRECT_UNROLL`` (4 / 8 / 16 / 32) and warps per block
 ``$PRUNEKIT_DIRECT_WARPS`` (2 / 4 / 8).
 
 ``direct`` (csrc/spmm_direct.cu, after Sputnik's 1-D tiling, Gale et al. SC 2020, sec. 4-5) gives each row LPR lanes
@@ -41,7 +41,7 @@ from prunekit.kernels import build, gpu  # noqa: E402
 from prunekit.kernels.testing import encode_csr, random_sparse_weight  # noqa: E402
 
 SETTINGS = {  # environment variable -> what --lprs / --unrolls / --warps may name ("default": unset)
-    "PRUNEKIT_DIRECT_LPR": ("8", "16", "32"),
+    "PRUNEKIT_DIRECT_LPR": ("4", "8", "16", "32"),
     "PRUNEKIT_DIRECT_UNROLL": ("4", "8", "16", "32"),
     "PRUNEKIT_DIRECT_WARPS": ("2", "4", "8"),
 }

@@ -58,7 +58,7 @@ def test_spmm_matches_float64_reference(variant, transposed, dtype, m, k, n, spa
 
 @pytest.mark.parametrize("warps", [2, 8])
 @pytest.mark.parametrize("unroll", [4, 8, 16, 32])
-@pytest.mark.parametrize("lpr", [8, 16, 32])
+@pytest.mark.parametrize("lpr", [4, 8, 16, 32])
 @pytest.mark.parametrize("transposed", [False, True], ids=["xrow", "xT"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_spmm_matches_float64_reference(variant, transposed, dtype, m, k, n, spa
     [(130, 301, 129, 0.9), (77, 203, 17, 0.8), (300, 700, 128, 0.98), (65, 64, 64, 0.5), (40, 2000, 64, 0.9)],
 )
 def test_direct_every_tile_setting(monkeypatch, warps, unroll, lpr, transposed, dtype, m, k, n, sparsity):
-    """$PRUNEKIT_DIRECT_LPR (8 lanes per row: 64 fp16 columns per tile; 16 and 32, the defaults),
+    """$PRUNEKIT_DIRECT_LPR (4 / 8 lanes per row: 32 / 64 fp16 columns per tile; 16 and 32),
     $PRUNEKIT_DIRECT_UNROLL (8 / 16 / 32 X loads in flight with the next chunk's pairs loaded ahead, several pairs per
     lane where it exceeds the lanes; 4, the original loop) and $PRUNEKIT_DIRECT_WARPS (2: blocks of 2-8 rows, fewer
     than VN at 32 lanes, so the transposed Y takes the element stores), in both Y layouts, at odd N (the element path),
@@ -86,7 +86,7 @@ def test_direct_every_tile_setting(monkeypatch, warps, unroll, lpr, transposed, 
 
 
 @pytest.mark.parametrize("unroll", [16, 32])
-@pytest.mark.parametrize("lpr", [8, 16])
+@pytest.mark.parametrize("lpr", [4, 8, 16])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_direct_partial_chunks(monkeypatch, unroll, lpr, dtype):
     """Several pairs per lane (U > LPR): rows whose last chunk holds every count of entries from 1 to U (rows padded

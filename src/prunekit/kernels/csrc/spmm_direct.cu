@@ -201,7 +201,7 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
   }
 }
 
-// Lanes per row (LPR): $PRUNEKIT_DIRECT_LPR (8 / 16 / 32, read at each call) forces it; by default rows get 32 lanes
+// Lanes per row (LPR): $PRUNEKIT_DIRECT_LPR (4 / 8 / 16 / 32, read at each call) forces it; by default rows get 32 lanes
 // (32 * VN columns) when N fills them, else 16 lanes (two rows per warp) so that no lane idles, and 16-bit types 8
 // lanes up to N = 64. Fewer lanes per row make narrower column tiles (LPR * VN columns): more blocks over N, and a
 // smaller slice of X per tile. At N = 32 / 64 (direct-u32-h100-2026-11-27-s31a.json, both layouts, each lane count at
@@ -211,7 +211,7 @@ inline int direct_lpr_setting() {
   const char* v = std::getenv("PRUNEKIT_DIRECT_LPR");
   if (v == nullptr) return 0;
   const int lpr = std::atoi(v);
-  return (lpr == 8 || lpr == 16 || lpr == 32) ? lpr : 0;
+  return (lpr == 4 || lpr == 8 || lpr == 16 || lpr == 32) ? lpr : 0;
 }
 
 // X loads in flight per lane (U): $PRUNEKIT_DIRECT_UNROLL (4 / 8 / 16 / 32, read at each call) forces it; 4 is the
@@ -262,7 +262,7 @@ static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_of
                               const T* bias, bool relu, int m, int n) {
   constexpr int VN = 16 / sizeof(T);
   int warps = direct_warps_setting();
-  if (warps == 0) warps = LPR == 8 ? 4 : kDirectWarps;
+  if (warps == 0) warps = LPR <= 8 ? 4 : kDirectWarps;
   const int rows = warps * (32 / LPR);
   const bool vec = n % VN == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                    (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
@@ -271,8 +271,9 @@ static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_of
   int unroll = direct_unroll_setting();
   if (unroll == 0) unroll = direct_default_unroll<T, LPR>(static_cast<int64_t>(grid.x) * grid.y * warps, x.size(0),
                                                           sm_count(x.get_device()));
+  if (LPR == 4 && unroll == 32) unroll = 16;  // 4 lanes per row hold at most 4 pairs each: U = 32 is not built there
   auto kernel = !vec           ? spmm_direct_kernel<T, I, YT, false, LPR, 4>
-                : unroll == 32 ? spmm_direct_kernel<T, I, YT, true, LPR, 32>
+                : unroll == 32 ? spmm_direct_kernel<T, I, YT, true, LPR, (LPR > 4 ? 32 : 16)>
                 : unroll == 16 ? spmm_direct_kernel<T, I, YT, true, LPR, 16>
                 : unroll == 8  ? spmm_direct_kernel<T, I, YT, true, LPR, 8>
                                : spmm_direct_kernel<T, I, YT, true, LPR, 4>;
@@ -292,6 +293,9 @@ static void launch_direct(const at::Tensor& values, const at::Tensor& row_offset
   int lpr = direct_lpr_setting();
   if (lpr == 0) lpr = (sizeof(T) == 2 && n <= 8 * VN) ? 8 : n <= 16 * VN ? 16 : 32;
   switch (lpr) {
+    case 4:
+      launch_direct_lpr<T, I, YT, 4>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+      break;
     case 8:
       launch_direct_lpr<T, I, YT, 8>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
       break;
