@@ -185,9 +185,10 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
 
 
 def test_plan_spmm_direct_mid_n_rule(monkeypatch):
-    """N 33-64, fp16/bf16 (the thirty-first session's H100 rule): direct where the padded density is at most 1/16 and M
-    gives at least 16 rows per SM, over bitmap and rowwarp; never for fp32, below N = 33 or with the rule off
-    ($PRUNEKIT_SPMM_DIRECT_MID=0), where eager_spmm_code hands the call back to the entry's own rule."""
+    """N 33-64, fp16/bf16 (the thirty-first session's H100 rules): direct where the padded density is at most 1/16 and M
+    gives at least 16 rows per SM, over bitmap and rowwarp; at N 17-32 from 64 rows per SM; never for fp32, at N <= 16
+    or with the rules off ($PRUNEKIT_SPMM_DIRECT_MID=0), where eager_spmm_code hands the call back to the entry's own
+    rule."""
     for env in (gpu.BITMAP_AUTO_ENV, gpu.DENSE_AUTO_ENV, gpu.TC_AUTO_ENV, gpu.DIRECT_MID_N_AUTO_ENV):
         monkeypatch.delenv(env, raising=False)
 
@@ -201,8 +202,14 @@ def test_plan_spmm_direct_mid_n_rule(monkeypatch):
         assert auto(m, k, n, edge + 1) == "bitmap", n  # above 1/16: the wide bitmap rule (>= 5%)
         assert auto(m, k, n, m * k // 50, torch.bfloat16) == "direct", n  # 98%
         assert auto(m, k, n, m * k // 50, torch.float32) == "rowwarp", n
-    assert auto(m, k, 32, m * k // 50) == "rowwarp"
+    assert auto(m, k, 32, m * k // 50) == "rowwarp"  # N 17-32: only from 64 rows per SM
     assert auto(m, k, 65, m * k // 50) == "direct"  # direct from TC_MIN_N anyway
+    big = gpu.DIRECT_LOW_N_MIN_ROWS_PER_SM * 132
+    assert [auto(big, k, n, big * k // 50) for n in (16, 17, 32, 33)] == ["rowwarp", "direct", "direct", "direct"]
+    assert auto(big, k, 24, big * k // 20) == "direct"  # 95%
+    assert auto(big, k, 24, big * k // 10) == "bitmap"  # 90%
+    assert auto(big - 1, k, 24, (big - 1) * k // 50) == "rowwarp"
+    assert auto(big, k, 24, big * k // 50, torch.float32) == "rowwarp"
     rows = gpu.DIRECT_MID_N_MIN_ROWS_PER_SM * 132
     assert auto(rows, k, 64, rows * k // 50) == "direct"
     assert auto(rows - 1, k, 64, (rows - 1) * k // 50) == "rowwarp"
@@ -230,8 +237,10 @@ def test_plan_spmm_bitmap_wide_rule(monkeypatch):
     for m, k in ((4096, 4096), (11008, 4096), (4096, 11008), (768, 3072)):
         for n in (17, 32, 64, 65, 128, 256):
             assert [auto(m, k, n, s) for s in (0.5, 0.7, 0.8, 0.9)] == ["bitmap"] * 4, (m, k, n)
-            # 95%, N 33-64 with M >= 16 rows per SM: the mid-N direct rule (test_plan_spmm_direct_mid_n_rule)
-            assert (auto(m, k, n, 0.95) == "bitmap") == (n < gpu.DIRECT_MID_N_MIN_N or m == 768), (m, k, n)
+            # 95%: the mid-N direct rules (test_plan_spmm_direct_mid_n_rule) from N = 33 with M >= 16 rows per SM, from
+            # N = 17 with 64 (11008 rows)
+            low = n < gpu.DIRECT_MID_N_MIN_N and m < gpu.DIRECT_LOW_N_MIN_ROWS_PER_SM * 132
+            assert (auto(m, k, n, 0.95) == "bitmap") == (low or m == 768), (m, k, n)
             assert auto(m, k, n, 0.98) != "bitmap", (m, k, n)
         assert auto(m, k, 257, 0.8) != "bitmap"
         assert auto(m, k, 64, 0.8, torch.float32) == "rowwarp"

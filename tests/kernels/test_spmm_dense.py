@@ -111,7 +111,8 @@ def test_eager_code_runs_dense_in_the_entry_and_leaves_its_range_to_python(monke
     assert gpu.eager_spmm_code("auto", half, half, 4096, tc_auto=False) is None
     assert gpu.eager_spmm_code("auto", torch.float32, torch.float32, 4096, tc_auto=False) == 0
     assert gpu.eager_spmm_code("auto", half, half, gpu.DENSE_MIN_N - 1, tc_auto=False) is None  # mid-N direct rule
-    assert gpu.eager_spmm_code("auto", half, half, gpu.DIRECT_MID_N_MIN_N - 1, tc_auto=False) == 0
+    monkeypatch.setenv(gpu.DIRECT_MID_N_AUTO_ENV, "0")
+    assert gpu.eager_spmm_code("auto", half, half, gpu.DENSE_MIN_N - 1, tc_auto=False) == 0
     monkeypatch.setenv(gpu.DENSE_AUTO_ENV, "0")
     assert gpu.eager_spmm_code("auto", half, half, 4096, tc_auto=False) == 0
 

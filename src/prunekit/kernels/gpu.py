@@ -118,6 +118,16 @@ ROWWARP_MAX_N = 64
 DIRECT_MID_N_MIN_N = 33
 DIRECT_MID_N_MIN_SPARSITY_DENOMINATOR = 16  # padded density <= 6.25%
 DIRECT_MID_N_MIN_ROWS_PER_SM = 16
+# 16 < N <= 32, the same density floor, and only where M gives at least DIRECT_LOW_N_MIN_ROWS_PER_SM rows per SM
+# (`direct` at 4 lanes per row there, its default up to 32 fp16 columns). Measured on the H100
+# (benchmarks/results/direct-lpr4-h100-2026-11-27-s31e.json: 5 shapes, N = 16 / 24 / 32, 90-98%, fp16, "auto" and
+# direct at 4 / 8 lanes in one run; in-sample, one shape): on 11008 x 4096 (83 rows per SM) at 95 / 98% and N = 24 /
+# 32, direct took 0.86-0.95 / 0.65-0.67 of what "auto" ran (bitmap / rowwarp: 28.7-35.9 us) in nn.Linear's layout; on
+# the four shapes with M <= 4096 "auto" was faster at every point (4096 x 4096, 98%, N = 32: 11.8 against 13.3-14.1
+# us), and at N = 16 everywhere. "auto"'s own time jumps from N = 16 to N = 24 there (13.2 to 28.7 us at 98%:
+# rowwarp's 16-token tiles); N = 17-23 were not measured.
+DIRECT_LOW_N_MIN_N = 17
+DIRECT_LOW_N_MIN_ROWS_PER_SM = 64
 DIRECT_MID_N_AUTO_ENV = "PRUNEKIT_SPMM_DIRECT_MID"  # "0": the rule off
 TILED_ROWS_PER_BLOCK = {2: 16, 8: 64}  # rows_per_warp -> rows per block (8 warps)
 TILED_N_TILE = 128  # output columns per tiled block
@@ -325,8 +335,8 @@ def bitmap_wide_min_density_denominator(n: int, k: int, m: int | None = None, nu
 
 
 def direct_mid_auto_enabled() -> bool:
-    """Whether ``auto`` may choose ``direct`` at ``DIRECT_MID_N_MIN_N <= N <= ROWWARP_MAX_N`` (the thirty-first
-    session's rule, see the constants): ``$PRUNEKIT_SPMM_DIRECT_MID`` (``1``/``0``), on by default."""
+    """Whether ``auto`` may choose ``direct`` at ``DIRECT_LOW_N_MIN_N <= N <= ROWWARP_MAX_N`` (the thirty-first
+    session's rules, see the constants): ``$PRUNEKIT_SPMM_DIRECT_MID`` (``1``/``0``), on by default."""
     env = os.environ.get(DIRECT_MID_N_AUTO_ENV)
     return env is None or env.strip() not in ("", "0", "false", "False")
 
@@ -467,6 +477,7 @@ def _plan_spmm(
     With ``direct_mid_auto`` (:func:`direct_mid_auto_enabled`), for fp16/bf16 at ``DIRECT_MID_N_MIN_N <= n <=
     ROWWARP_MAX_N`` it takes ``direct`` over rowwarp and bitmap where the
     padded density is at most ``1 / DIRECT_MID_N_MIN_SPARSITY_DENOMINATOR`` and ``m >= DIRECT_MID_N_MIN_ROWS_PER_SM *
+    num_sms``, and at ``DIRECT_LOW_N_MIN_N <= n < DIRECT_MID_N_MIN_N`` where ``m >= DIRECT_LOW_N_MIN_ROWS_PER_SM *
     num_sms``.
     With ``dense_auto`` (:func:`dense_auto_enabled`) and fp16/bf16, ``auto`` takes ``dense`` (the weight decompressed,
     then cuBLAS) over all of these for ``n >= DENSE_MIN_N`` at density >= ``1 / dense_min_density_denominator(n, k)``.
@@ -508,9 +519,10 @@ def _plan_spmm(
             variant = "bitmap"
         if (
             dtype in TC_DTYPES
-            and DIRECT_MID_N_MIN_N <= n <= ROWWARP_MAX_N
+            and DIRECT_LOW_N_MIN_N <= n <= ROWWARP_MAX_N
             and direct_mid_auto
-            and m >= DIRECT_MID_N_MIN_ROWS_PER_SM * num_sms
+            and m
+            >= (DIRECT_MID_N_MIN_ROWS_PER_SM if n >= DIRECT_MID_N_MIN_N else DIRECT_LOW_N_MIN_ROWS_PER_SM) * num_sms
             and nnz_padded * DIRECT_MID_N_MIN_SPARSITY_DENOMINATOR <= m * k
         ):
             variant = "direct"
@@ -873,7 +885,7 @@ def eager_spmm_code(variant: str, x_dtype: torch.dtype, values_dtype: torch.dtyp
         and (
             (scatter_auto_enabled() and SCATTER_MIN_N <= n <= SCATTER_MAX_N)
             or (bitmap_auto_enabled() and BITMAP_MIN_N <= n <= BITMAP_WIDE_MAX_N)
-            or (direct_mid_auto_enabled() and DIRECT_MID_N_MIN_N <= n <= ROWWARP_MAX_N)
+            or (direct_mid_auto_enabled() and DIRECT_LOW_N_MIN_N <= n <= ROWWARP_MAX_N)
         )
     ):
         return None  # the scatter, bitmap and mid-N direct rules also read the density: gpu.spmm_csr decides

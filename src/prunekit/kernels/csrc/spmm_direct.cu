@@ -203,10 +203,14 @@ spmm_direct_kernel(const T* __restrict__ values, const int* __restrict__ row_off
 
 // Lanes per row (LPR): $PRUNEKIT_DIRECT_LPR (4 / 8 / 16 / 32, read at each call) forces it; by default rows get 32 lanes
 // (32 * VN columns) when N fills them, else 16 lanes (two rows per warp) so that no lane idles, and 16-bit types 8
-// lanes up to N = 64. Fewer lanes per row make narrower column tiles (LPR * VN columns): more blocks over N, and a
+// lanes up to N = 64 (4 up to 32, below). Fewer lanes per row make narrower column tiles (LPR * VN columns): more blocks over N, and a
 // smaller slice of X per tile. At N = 32 / 64 (direct-u32-h100-2026-11-27-s31a.json, both layouts, each lane count at
 // its fastest loads in flight) 16 lanes took 1.03-1.30 of 8's time at 4096 x 4096, 1.47-1.80 at 11008 x 4096 and
 // 1.09-1.45 at 4096 x 11008; 0.96-1.15 at 3072 x 768, and 0.87-0.98 at 768 x 3072 (24 blocks of 32 rows at 8 lanes).
+// Up to N = 32 16-bit types take 4 lanes (32 columns, eight rows per warp): at N = 16 / 24 / 32
+// (direct-lpr4-h100-2026-11-27-s31e.json, both layouts, each at its fastest loads in flight) 4 lanes took 0.67-0.83 of
+// 8's time at 11008 x 4096, the shape where "auto" takes direct at these N (gpu.DIRECT_LOW_N_MIN_ROWS_PER_SM), and
+// 0.95-1.11 on the other four shapes.
 inline int direct_lpr_setting() {
   const char* v = std::getenv("PRUNEKIT_DIRECT_LPR");
   if (v == nullptr) return 0;
@@ -291,7 +295,7 @@ static void launch_direct(const at::Tensor& values, const at::Tensor& row_offset
                           const T* bias, bool relu, int m, int n) {
   constexpr int VN = 16 / sizeof(T);
   int lpr = direct_lpr_setting();
-  if (lpr == 0) lpr = (sizeof(T) == 2 && n <= 8 * VN) ? 8 : n <= 16 * VN ? 16 : 32;
+  if (lpr == 0) lpr = sizeof(T) == 2 && n <= 4 * VN ? 4 : sizeof(T) == 2 && n <= 8 * VN ? 8 : n <= 16 * VN ? 16 : 32;
   switch (lpr) {
     case 4:
       launch_direct_lpr<T, I, YT, 4>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
