@@ -898,8 +898,9 @@ def eager_size_class(n: int) -> int:
     """The classes of N between which :func:`eager_spmm_variant`'s answer can change: 0 for N < BITMAP_MIN_N, 1 up to
     SPMV_MAX_N (bitmap's range, K >= BITMAP_MIN_K only), 2 below SCATTER_MIN_N (bitmap's range from
     BITMAP_MIN_K_SMALL_N, no scatter), 3 below BITMAP_MAX_N (the scatter kernel's range too), 4 for N = BITMAP_MAX_N (its own bitmap
-    density floor), 5 below DIRECT_MID_N_MIN_N (bitmap's wide range from BITMAP_MIN_K_SMALL_N), 6 below TC_MIN_N (the
-    mid-N ``direct`` rule too), 7 up to TC_SMALL_N (the tensor-core ``tc`` range at its N <= TC_SMALL_N density floor,
+    density floor), 5 below DIRECT_MID_N_MIN_N (bitmap's wide range from BITMAP_MIN_K_SMALL_N, and ``direct`` from
+    DIRECT_LOW_N_MIN_ROWS_PER_SM rows per SM), 6 below TC_MIN_N (``direct`` from DIRECT_MID_N_MIN_ROWS_PER_SM rows per
+    SM), 7 up to TC_SMALL_N (the tensor-core ``tc`` range at its N <= TC_SMALL_N density floor,
     and bitmap's from BITMAP_MIN_K), 8 up to BITMAP_WIDE_MAX_N (``tc``'s other floors), 9 above. Within a class, the
     rules' density floors do not change. The runtime caches one answer per layer, dtype pair and class."""
     if n < BITMAP_MIN_N:

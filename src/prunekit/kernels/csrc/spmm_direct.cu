@@ -1,7 +1,7 @@
 // SpMM, Sputnik's direct design for moderate/large N: Y (M, N) = act(A @ X + bias), A in prunekit CSR, X row-major.
 //
-// Gale et al., SC 2020: 1-D tiling of the output (sec. 4): a warp (or, for N <= 16 * VN, a half-warp: subwarp tiling,
-// sec. 5.1) computes one row times a tile of LPR * VN output columns (VN = 16 bytes of X per lane: 8 fp16/bf16 or 4
+// Gale et al., SC 2020: 1-D tiling of the output (sec. 4): LPR lanes (32, or 16 / 8 / 4 at smaller N: subwarp tiling,
+// sec. 5.1) compute one row times a tile of LPR * VN output columns (VN = 16 bytes of X per lane: 8 fp16/bf16 or 4
 // fp32 columns); the lanes load chunks of the row's (value, column) pairs with coalesced loads (LPR pairs, or U where
 // U > LPR: U / LPR per lane) and broadcast each with a shuffle; every lane then reads the 16-byte vector of X's row at
 // that column (vector memory instructions, sec. 5.2), U non-zeros' loads in flight before their FMAs (fp32
