@@ -127,7 +127,7 @@ def decode_plan_nbytes(enc: EncodedTensor) -> int | None:
     c = enc.components
     dtype = getattr(torch, enc.dtype)
     nnz = c["values"].numel()
-    sizes = (*range(gpu.BITMAP_MIN_N, gpu.BITMAP_MAX_N + 1), gpu.BITMAP_MAX_N + 1, gpu.TC_MIN_N)
+    sizes = (*range(gpu.BITMAP_MIN_N, gpu.BITMAP_MAX_N + 1), gpu.BITMAP_MAX_N + 1, gpu.DIRECT_MID_N_MIN_N, gpu.TC_MIN_N)
     if not any(gpu.plan_spmm(m, k, n, nnz, 132, "auto", dtype).variant == "bitmap" for n in sizes):
         return None
     return bitmap_plan_nbytes(c["values"], c["row_offsets"], c["column_indices"], m, k)
