@@ -4,12 +4,9 @@ variant-table logic on a small synthetic result."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,19 +14,10 @@ import torch
 from prunekit.formats.ks import blocks_to_dense
 from prunekit.kernels import ks
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import load_benchmark
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("ks")
-report = _load("ks_report")
+bench = load_benchmark("ks")
+report = load_benchmark("ks_report")
 
 
 def test_subsample_file_is_the_documented_draw():

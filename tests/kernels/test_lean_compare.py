@@ -4,20 +4,15 @@ errors)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import load_benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bench_lean_compare", ROOT / "benchmarks" / "lean_compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("lean_compare")
 
 
 def _sweep_row(m, k, n, kernel, ms, warps=None, chunk_arg="auto", ring="3x8"):

@@ -3,20 +3,15 @@ result file (ranges, counts of points where prunekit is as fast or faster, missi
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import load_benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bench_report_sputnik", ROOT / "benchmarks" / "report_sputnik.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("report_sputnik")
 
 
 def _row(m, k, n, sparsity, row_major, linear, sputnik_ms, ours_linear_ms, variant="direct"):
