@@ -87,6 +87,20 @@ def _ms_between(fn) -> float:
     return start.elapsed_time(end)
 
 
+def warm_up(seconds: float = 2.0) -> None:
+    """Keep the GPU and the host's launch loop busy for ``seconds`` before the first timing. In two runs of the
+    thirty-first session the first configuration's eager times, cuBLAS's included, were about twice the later ones' on
+    the same shape and N (cuBLAS eager at 4096 x 4096, N = 48: 43.4 us first, 15.9 two configurations later,
+    spmm-midn-h100-2026-11-27-s31d.json; N = 32: 39.3 against 19.6, spmm-n32to64-h100-2026-11-27-s31b.json)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(50):
+            F.linear(x, a)
+        torch.cuda.synchronize()
+
+
 def eager_time(
     calls: list, min_reps: int = 3, trials: int = 5, target_s: float = EAGER_TARGET_S, inference: bool = True
 ) -> float:
@@ -465,6 +479,8 @@ def main() -> None:
     forced_only = tuple(args.forced.split(",")) if args.forced else None
 
     build.load()
+    if not args.profile:
+        warm_up()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     ns = [int(v) for v in args.ns.split(",")]
     sparsities = [float(v) for v in args.sparsities.split(",")]
