@@ -294,18 +294,22 @@ class SpmmPlan:
     strip_rows: int = 8  # scatter: rows per strip (8 or 16)
 
 
+def _env_switch(name: str, default: bool) -> bool:
+    """An on/off setting read now: ``default`` where ``$name`` is unset, off where it is empty, ``0`` or ``false``."""
+    env = os.environ.get(name)
+    return default if env is None else env.strip() not in ("", "0", "false", "False")
+
+
 def tc_auto_enabled() -> bool:
     """Whether ``auto`` may choose the tensor-core kernel: ``$PRUNEKIT_SPMM_TC`` (``1``/``0``) or
     :data:`TC_AUTO_DEFAULT`."""
-    env = os.environ.get(TC_AUTO_ENV)
-    return TC_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+    return _env_switch(TC_AUTO_ENV, TC_AUTO_DEFAULT)
 
 
 def scatter_auto_enabled() -> bool:
     """Whether ``auto`` may choose the scatter kernel for N <= 16: ``$PRUNEKIT_SPMM_SCATTER`` (``1``/``0``) or
     :data:`SCATTER_AUTO_DEFAULT`."""
-    env = os.environ.get(SCATTER_AUTO_ENV)
-    return SCATTER_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+    return _env_switch(SCATTER_AUTO_ENV, SCATTER_AUTO_DEFAULT)
 
 
 def bitmap_min_density_denominator(n: int, k: int | None = None, m: int | None = None) -> int:
@@ -337,15 +341,13 @@ def bitmap_wide_min_density_denominator(n: int, k: int, m: int | None = None, nu
 def direct_mid_auto_enabled() -> bool:
     """Whether ``auto`` may choose ``direct`` at ``DIRECT_LOW_N_MIN_N <= N <= ROWWARP_MAX_N`` (the thirty-first
     session's rules, see the constants): ``$PRUNEKIT_SPMM_DIRECT_MID`` (``1``/``0``), on by default."""
-    env = os.environ.get(DIRECT_MID_N_AUTO_ENV)
-    return env is None or env.strip() not in ("", "0", "false", "False")
+    return _env_switch(DIRECT_MID_N_AUTO_ENV, True)
 
 
 def dense_auto_enabled() -> bool:
     """Whether ``auto`` may choose the ``dense`` variant (decompression + cuBLAS): ``$PRUNEKIT_SPMM_DENSE``
     (``1``/``0``), else :data:`DENSE_AUTO_DEFAULT`."""
-    env = os.environ.get(DENSE_AUTO_ENV)
-    return DENSE_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+    return _env_switch(DENSE_AUTO_ENV, DENSE_AUTO_DEFAULT)
 
 
 def dense_min_density_denominator(n: int, k: int) -> int:
@@ -366,8 +368,7 @@ def dense_min_density_denominator(n: int, k: int) -> int:
 def bitmap_auto_enabled() -> bool:
     """Whether ``auto`` may choose the bitmap kernel for 2 <= N <= BITMAP_WIDE_MAX_N: ``$PRUNEKIT_SPMM_BITMAP`` (``1``/``0``) or
     :data:`BITMAP_AUTO_DEFAULT`."""
-    env = os.environ.get(BITMAP_AUTO_ENV)
-    return BITMAP_AUTO_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+    return _env_switch(BITMAP_AUTO_ENV, BITMAP_AUTO_DEFAULT)
 
 
 def scatter_strip_rows() -> int:
@@ -840,8 +841,7 @@ def bitmap_linear(
 def eager_cpp_enabled() -> bool:
     """Whether eager CUDA calls of the runtime take the C++ entry ``prunekit_ext::spmm_csr_auto``:
     ``$PRUNEKIT_SPMM_CPP`` (``1``/``0``), else :data:`EAGER_CPP_DEFAULT` (True since its H100 run)."""
-    env = os.environ.get(EAGER_CPP_ENV)
-    return EAGER_CPP_DEFAULT if env is None else env.strip() not in ("", "0", "false", "False")
+    return _env_switch(EAGER_CPP_ENV, EAGER_CPP_DEFAULT)
 
 
 def spmm_plan_code(plan: SpmmPlan) -> tuple[int, int, int, int, int, int]:
