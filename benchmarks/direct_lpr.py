@@ -38,7 +38,7 @@ from split24 import result_meta  # noqa: E402
 from spmm import MAX_SETS, graph_time, write_json  # noqa: E402
 
 from prunekit.kernels import build, gpu  # noqa: E402
-from prunekit.kernels.testing import encode_csr, random_sparse_weight  # noqa: E402
+from prunekit.kernels.testing import encode_csr, random_sparse_weight, relative_error  # noqa: E402
 
 SETTINGS = {  # environment variable -> what --lprs / --unrolls / --warps may name ("default": unset)
     "PRUNEKIT_DIRECT_LPR": ("4", "8", "16", "32"),
@@ -47,11 +47,6 @@ SETTINGS = {  # environment variable -> what --lprs / --unrolls / --warps may na
 }
 SHORT = {"PRUNEKIT_DIRECT_LPR": "lpr", "PRUNEKIT_DIRECT_UNROLL": "u", "PRUNEKIT_DIRECT_WARPS": "w"}  # result keys
 L2_BYTES = 50 * 2**20
-
-
-def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = (y.double() - ref).norm()
-    return float(diff / ref.norm()) if bool(torch.isfinite(diff)) else float("inf")
 
 
 def bench(m: int, k: int, sparsity: float, ns: list[int], seed: int, combos: list[dict], layouts: list[str]) -> list:
@@ -97,7 +92,7 @@ def bench(m: int, k: int, sparsity: float, ns: list[int], seed: int, combos: lis
                     for c, x in zip(csrs, xs, strict=True)
                 ]
                 key = f"direct_{tag}_{layout}"
-                row[f"{key}_rel_error"] = rel_error(calls[0](), ref)
+                row[f"{key}_rel_error"] = relative_error(calls[0](), ref)
                 row[f"{key}_ms"] = graph_time(calls)
         for name in SETTINGS:
             os.environ.pop(name, None)

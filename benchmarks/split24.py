@@ -36,7 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bsr import L2_BYTES, _ms_between, graph_time  # noqa: E402
 
 from prunekit.kernels import ops, split24  # noqa: E402
-from prunekit.kernels.testing import encode_csr, prunekit_settings, random_sparse_weight  # noqa: E402
+from prunekit.kernels.testing import (  # noqa: E402
+    encode_csr,
+    prunekit_settings,
+    random_sparse_weight,
+    relative_error,
+)
 
 
 def timed(calls: list, methods: dict, name: str, eager_trials: int = 7) -> float:
@@ -64,11 +69,6 @@ def result_meta() -> dict:
         "method": "CUDA events; median over replays of a CUDA graph holding many calls (bsr.graph_time); eager loops "
         "where a graph cannot hold the call (methods)",
     }
-
-
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = (out.double() - ref).norm()
-    return float(diff / ref.norm()) if bool(torch.isfinite(diff)) else float("inf")
 
 
 def bench_point(m: int, k: int, n: int, sparsity: float, dtype: torch.dtype, torch_sparse: bool) -> dict:
@@ -117,9 +117,9 @@ def bench_point(m: int, k: int, n: int, sparsity: float, dtype: torch.dtype, tor
         row[f"{split_mode}_ms"] = timed(
             [lambda x=x, s=split_mode: split24.linear(weight, x, None, "none", s) for x in xs], methods, split_mode
         )
-        row[f"{split_mode}_rel_error"] = rel_error(split24.linear(weight, xs[0], None, "none", split_mode), ref)
+        row[f"{split_mode}_rel_error"] = relative_error(split24.linear(weight, xs[0], None, "none", split_mode), ref)
         row[f"{split_mode}_speedup"] = row["dense_ms"] / row[f"{split_mode}_ms"]
-    row["auto_rel_error"] = rel_error(ops.spmm_csr(*args, xs[0].t(), m).t(), ref)
+    row["auto_rel_error"] = relative_error(ops.spmm_csr(*args, xs[0].t(), m).t(), ref)
     row["auto_speedup"] = row["dense_ms"] / row["auto_ms"]
     row["w24_speedup"] = row["dense_ms"] / row["w24_ms"]
     # bytes of Y (M x N) and X (N x K): what the residual pass moves at least (Y written, X read)

@@ -58,7 +58,7 @@ from split24 import result_meta  # noqa: E402
 from spmm import MAX_SETS, NS, SHAPES, eager_time, graph_time, write_json  # noqa: E402
 
 from prunekit.kernels import build, gpu, ops  # noqa: E402
-from prunekit.kernels.testing import encode_csr, random_sparse_weight  # noqa: E402
+from prunekit.kernels.testing import encode_csr, random_sparse_weight, relative_error  # noqa: E402
 
 SPARSITIES = [0.7, 0.8, 0.9, 0.95, 0.98]
 L2_BYTES = 50 * 2**20
@@ -136,12 +136,6 @@ def sputnik_commit(root: Path) -> str:
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||y - ref|| / ||ref||`` in float64 on the GPU; inf where y holds NaN or inf (an unwritten poisoned entry)."""
-    diff = (y.double() - ref).norm()
-    return float(diff / ref.norm()) if bool(torch.isfinite(diff)) else float("inf")
 
 
 def sputnik_call(fn, m: int, k: int, n: int, csr: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -233,7 +227,7 @@ def bench_weight(sp, m: int, k: int, sparsity: float, ns: list[int], seed: int) 
         for name, (fns, linear) in calls.items():
             out = fns[0]()
             torch.cuda.synchronize()
-            row[f"{name}_rel_error"] = rel_error(out.t() if linear else out, ref)
+            row[f"{name}_rel_error"] = relative_error(out.t() if linear else out, ref)
             row[f"{name}_ms"] = graph_time(fns)
         tsp = [lambda s=s, x=x: torch.sparse.mm(s, x) for s, x in zip(torch_csrs, xs, strict=True)]
         row["torch_sparse_eager_ms"] = eager_time(tsp, min_reps=1, trials=3)
