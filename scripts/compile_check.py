@@ -8,6 +8,7 @@ generated header (``c10/cuda/impl/cuda_cmake_macros.h``), which this script stub
     python scripts/compile_check.py                      # every extension, sm_80 + sm_90
     python scripts/compile_check.py --only prunekit_ks --ptxas --archs 90
     python scripts/compile_check.py --source spmm_tc.cu  # one file (name or path suffix)
+    python scripts/compile_check.py --source spmm_rowwarp.cu --archs 90 --keep /tmp/obj  # then cuobjdump -sass
 
 Exit status 1 when any source fails; the failing compiler output is printed.
 """
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--archs", default="80,90", help="compute capabilities, comma-separated (default 80,90)")
     parser.add_argument("--ptxas", action="store_true", help="print ptxas register/spill lines (-Xptxas -v)")
     parser.add_argument("-j", "--jobs", type=int, default=2)
+    parser.add_argument(
+        "--keep", type=Path, help="copy each object file into this folder (for `cuobjdump -sass`: the kernels' SASS)"
+    )
     args = parser.parse_args(argv)
     archs = tuple(a.strip().replace(".", "") for a in args.archs.split(",") if a.strip())
     if cpp_extension.CUDA_HOME is None and shutil.which("nvcc") is None:
@@ -131,10 +135,14 @@ def main(argv: list[str] | None = None) -> int:
 
         failed = 0
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            for (namespace, source, _), proc, elapsed in pool.map(run, jobs):
+            for (namespace, source, cmd), proc, elapsed in pool.map(run, jobs):
                 ok = proc.returncode == 0
                 failed += not ok
                 print(f"{'ok  ' if ok else 'FAIL'} {namespace}/{source} ({elapsed:.0f} s)", flush=True)
+                if ok and args.keep is not None:
+                    args.keep.mkdir(parents=True, exist_ok=True)
+                    obj = Path(cmd[-1])
+                    shutil.copy2(obj, args.keep / obj.name)
                 output = proc.stdout + proc.stderr
                 if not ok:
                     print(output)

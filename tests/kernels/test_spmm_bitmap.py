@@ -186,8 +186,8 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
 
 def test_plan_spmm_direct_mid_n_rule(monkeypatch):
     """N 33-64, fp16/bf16 (the thirty-first session's H100 rules): direct where the padded density is at most 1/16 and M
-    gives at least 16 rows per SM, over bitmap and rowwarp; at N 17-32 from 64 rows per SM; never for fp32, at N <= 16
-    or with the rules off ($PRUNEKIT_SPMM_DIRECT_MID=0), where eager_spmm_code hands the call back to the entry's own
+    gives at least 16 rows per SM, over bitmap and rowwarp; at N 17-32 from DIRECT_LOW_N_MIN_ROWS_PER_SM (48) rows per
+    SM; never for fp32, at N <= 16 or with the rules off ($PRUNEKIT_SPMM_DIRECT_MID=0), where eager_spmm_code hands the call back to the entry's own
     rule."""
     for env in (gpu.BITMAP_AUTO_ENV, gpu.DENSE_AUTO_ENV, gpu.TC_AUTO_ENV, gpu.DIRECT_MID_N_AUTO_ENV):
         monkeypatch.delenv(env, raising=False)
@@ -202,7 +202,7 @@ def test_plan_spmm_direct_mid_n_rule(monkeypatch):
         assert auto(m, k, n, edge + 1) == "bitmap", n  # above 1/16: the wide bitmap rule (>= 5%)
         assert auto(m, k, n, m * k // 50, torch.bfloat16) == "direct", n  # 98%
         assert auto(m, k, n, m * k // 50, torch.float32) == "rowwarp", n
-    assert auto(m, k, 32, m * k // 50) == "rowwarp"  # N 17-32: only from 64 rows per SM
+    assert auto(m, k, 32, m * k // 50) == "rowwarp"  # N 17-32: only from 48 rows per SM
     assert auto(m, k, 65, m * k // 50) == "direct"  # direct from TC_MIN_N anyway
     big = gpu.DIRECT_LOW_N_MIN_ROWS_PER_SM * 132
     assert [auto(big, k, n, big * k // 50) for n in (16, 17, 32, 33)] == ["rowwarp", "direct", "direct", "direct"]
@@ -238,7 +238,7 @@ def test_plan_spmm_bitmap_wide_rule(monkeypatch):
         for n in (17, 32, 64, 65, 128, 256):
             assert [auto(m, k, n, s) for s in (0.5, 0.7, 0.8, 0.9)] == ["bitmap"] * 4, (m, k, n)
             # 95%: the mid-N direct rules (test_plan_spmm_direct_mid_n_rule) from N = 33 with M >= 16 rows per SM, from
-            # N = 17 with 64 (11008 rows)
+            # N = 17 with 48 (6336 rows)
             low = n < gpu.DIRECT_MID_N_MIN_N and m < gpu.DIRECT_LOW_N_MIN_ROWS_PER_SM * 132
             assert (auto(m, k, n, 0.95) == "bitmap") == (low or m == 768), (m, k, n)
             assert auto(m, k, n, 0.98) != "bitmap", (m, k, n)

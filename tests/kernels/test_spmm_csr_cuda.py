@@ -69,8 +69,9 @@ def test_direct_every_tile_setting(monkeypatch, warps, unroll, lpr, transposed, 
     """$PRUNEKIT_DIRECT_LPR (4 / 8 lanes per row: 32 / 64 fp16 columns per tile; 16 and 32),
     $PRUNEKIT_DIRECT_UNROLL (8 / 16 / 32 X loads in flight with the next chunk's pairs loaded ahead, several pairs per
     lane where it exceeds the lanes; 4, the original loop) and $PRUNEKIT_DIRECT_WARPS (2: blocks of 2-8 rows, fewer
-    than VN at 32 lanes, so the transposed Y takes the element stores), in both Y layouts, at odd N (the element path),
-    with empty and single-entry rows, rows of one chunk and rows of many (40 x 2000 at 90%: about 200 entries)."""
+    than VN at 32 lanes, so the transposed Y takes the element stores), in both Y layouts, at odd N (X copied into rows
+    padded to whole vectors), with empty and single-entry rows, rows of one chunk and rows of many (40 x 2000 at 90%:
+    about 200 entries)."""
     monkeypatch.setenv("PRUNEKIT_DIRECT_LPR", str(lpr))
     monkeypatch.setenv("PRUNEKIT_DIRECT_UNROLL", str(unroll))
     monkeypatch.setenv("PRUNEKIT_DIRECT_WARPS", str(warps))
@@ -118,6 +119,27 @@ def test_direct_partial_chunks(monkeypatch, unroll, lpr, dtype):
         out=y,
     )
     assert relative_error(y, spmm_reference64(dense, x, None, "none")) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("transpose_env", ["1", "0"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["xrow", "xT"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [17, 20, 23, 33, 63])
+def test_direct_n_not_a_multiple_of_the_vector(monkeypatch, transpose_env, transposed, dtype, n):
+    """N not a multiple of the 16-byte vector: X of either layout is copied into rows padded with zeros to whole vectors
+    (row_major_copy), and every lane loads vectors, the last one reading the padding; with
+    $PRUNEKIT_ROWWARP_TRANSPOSE=0 torch's unpadded copy (or X as it is) takes the element loads. Y is stored only up
+    to N (NaN-poisoned), at 4 / 8 lanes per row (the defaults up to N = 32 / 64)."""
+    monkeypatch.setenv("PRUNEKIT_ROWWARP_TRANSPOSE", transpose_env)
+    m, k = 300, 520
+    for seed, activation in ((0, "relu"), (1, "none")):
+        dense, c, x, bias = _case(m, k, n, 0.9, dtype, seed + n, transposed)
+        b = bias if activation == "relu" else None
+        for transposed_y in (False, True):
+            y = _poisoned(m, n, dtype, transposed_y)
+            gpu.spmm_csr(**c, x=x, m=m, bias=b, activation=activation, variant="direct", out=y)
+            err = relative_error(y, spmm_reference64(dense, x, b, activation))
+            assert err <= TOLERANCE[dtype], f"direct {dtype} N={n} env={transpose_env}: rel err {err:.2e}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

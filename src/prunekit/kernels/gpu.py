@@ -125,9 +125,15 @@ DIRECT_MID_N_MIN_ROWS_PER_SM = 16
 # 32, direct took 0.86-0.95 / 0.65-0.67 of what "auto" ran (bitmap / rowwarp: 28.7-35.9 us) in nn.Linear's layout; on
 # the four shapes with M <= 4096 "auto" was faster at every point (4096 x 4096, 98%, N = 32: 11.8 against 13.3-14.1
 # us), and at N = 16 everywhere. "auto"'s own time jumps from N = 16 to N = 24 there (13.2 to 28.7 us at 98%:
-# rowwarp's 16-token tiles); N = 17-23 were not measured.
+# rowwarp's 16-token tiles). Thirty-second session (benchmarks/results/spmm-lown-h100-2026-11-27-s32a.json: 16384 x
+# 4096, 14336 x 4096, 11008 x 4096 and 8192 x 8192, N = 17 / 20 / 24 / 32, 95 / 98%, fp16 and bf16, direct, bitmap and
+# rowwarp forced in one run): at N = 24 / 32 direct was the fastest at every point, 1.02-1.04x ahead of the next on
+# the three M >= 11008 shapes and 1.13-1.38x on 8192 x 8192 (62 rows per SM, where the former floor of 64 kept
+# bitmap / rowwarp). At N = 17 / 20 it took 1.6-2.5x the time of the best: its X loads fell back to element loads
+# where N is not a multiple of 8, which csrc/spmm_direct.cu now avoids by padding the copy of X. Between 4096 x 4096
+# (31 rows per SM, "auto" faster in -s31f) and 8192 x 8192 (62) the floor is not measured; 48 lies between.
 DIRECT_LOW_N_MIN_N = 17
-DIRECT_LOW_N_MIN_ROWS_PER_SM = 64
+DIRECT_LOW_N_MIN_ROWS_PER_SM = 48
 DIRECT_MID_N_AUTO_ENV = "PRUNEKIT_SPMM_DIRECT_MID"  # "0": the rule off
 TILED_ROWS_PER_BLOCK = {2: 16, 8: 64}  # rows_per_warp -> rows per block (8 warps)
 TILED_N_TILE = 128  # output columns per tiled block

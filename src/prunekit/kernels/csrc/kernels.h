@@ -30,9 +30,11 @@ void spmm_csr_tiled(const at::Tensor& values, const at::Tensor& row_offsets, con
                     const at::Tensor& x, const at::Tensor& y, const std::optional<at::Tensor>& bias, bool relu,
                     int64_t rows_per_warp);
 
-// Row-major copy of x (K, N) of any strides (coalesced reads of column-major activations; rows padded to 8, the (K, N)
-// view returned), or x itself where its rows are contiguous or N <= 1. See spmm_rowwarp.cu.
-at::Tensor row_major_copy(const at::Tensor& x);
+// Row-major copy of x (K, N) of any strides (coalesced reads of column-major activations), or x itself where its rows
+// are contiguous and N is a multiple of 8, or N <= 1. The copy's rows are padded to a multiple of 8 columns (zeros; the
+// (K, N) view is returned) and `padded` is set: a 16-byte vector load at any column < N stays inside the buffer.
+// $PRUNEKIT_ROWWARP_TRANSPOSE=0: torch's x.contiguous(), unpadded. See spmm_rowwarp.cu.
+at::Tensor row_major_copy(const at::Tensor& x, bool& padded);
 
 int sm_count(int device);  // streaming multiprocessors, cached per device (spmm_entry.cu)
 

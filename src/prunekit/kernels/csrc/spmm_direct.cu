@@ -8,8 +8,10 @@
 // accumulation; U = 4 / 8 / 16 / 32, the next chunk's pairs loaded ahead for U > 4: see direct_unroll_setting). Rows
 // are taken in row_indices order (row swizzle, sec. 5.3) for a row-major Y. For the transposed Y of nn.Linear
 // (tokens, out_features) a block takes consecutive rows (warps x 32 / LPR of them) and writes them through shared
-// memory with 16-byte stores. Residue: N not a multiple of VN or unaligned X/Y falls back to element loads/stores with
-// bounds. X of another layout is copied to row-major first (row_major_copy).
+// memory with 16-byte stores. X of another layout, and a row-major X whose N is not a multiple of VN, is copied first
+// into row-major rows padded to whole vectors (row_major_copy), so every lane loads vectors: with element loads N = 17
+// / 20 took 1.9-2.5x the time of N = 24 (spmm-lown-h100-2026-11-27-s32a.json). Residue: unaligned X/Y, and X as given
+// with $PRUNEKIT_ROWWARP_TRANSPOSE=0, fall back to element loads/stores with bounds.
 #include <cstdlib>
 
 #include <c10/cuda/CUDAException.h>
@@ -262,13 +264,15 @@ inline int direct_warps_setting() {
 
 template <typename T, typename I, bool YT, int LPR>
 static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
-                              const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, bool y_vec_ok,
-                              const T* bias, bool relu, int m, int n) {
+                              const at::Tensor& row_indices, const at::Tensor& x, bool x_padded, const at::Tensor& y,
+                              bool y_vec_ok, const T* bias, bool relu, int m, int n) {
   constexpr int VN = 16 / sizeof(T);
   int warps = direct_warps_setting();
   if (warps == 0) warps = LPR <= 8 ? 4 : kDirectWarps;
   const int rows = warps * (32 / LPR);
-  const bool vec = n % VN == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+  // Vector loads: rows of whole 16-byte vectors (N a multiple of VN, or a padded copy: the last vector of a row reads
+  // zeros past N, and the kernel stores no column past N), 16-byte aligned.
+  const bool vec = (n % VN == 0 || x_padded) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                    (x.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   const dim3 grid((m + rows - 1) / rows, (n + LPR * VN - 1) / (LPR * VN));
   PRUNEKIT_CHECK(grid.y <= 65535, "spmm_csr_direct: N too large");
@@ -291,23 +295,27 @@ static void launch_direct_lpr(const at::Tensor& values, const at::Tensor& row_of
 
 template <typename T, typename I, bool YT>
 static void launch_direct(const at::Tensor& values, const at::Tensor& row_offsets, const at::Tensor& cols,
-                          const at::Tensor& row_indices, const at::Tensor& x, const at::Tensor& y, bool y_vec_ok,
-                          const T* bias, bool relu, int m, int n) {
+                          const at::Tensor& row_indices, const at::Tensor& x, bool x_padded, const at::Tensor& y,
+                          bool y_vec_ok, const T* bias, bool relu, int m, int n) {
   constexpr int VN = 16 / sizeof(T);
   int lpr = direct_lpr_setting();
   if (lpr == 0) lpr = sizeof(T) == 2 && n <= 4 * VN ? 4 : sizeof(T) == 2 && n <= 8 * VN ? 8 : n <= 16 * VN ? 16 : 32;
   switch (lpr) {
     case 4:
-      launch_direct_lpr<T, I, YT, 4>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+      launch_direct_lpr<T, I, YT, 4>(values, row_offsets, cols, row_indices, x, x_padded, y, y_vec_ok, bias, relu, m,
+                                          n);
       break;
     case 8:
-      launch_direct_lpr<T, I, YT, 8>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+      launch_direct_lpr<T, I, YT, 8>(values, row_offsets, cols, row_indices, x, x_padded, y, y_vec_ok, bias, relu, m,
+                                          n);
       break;
     case 16:
-      launch_direct_lpr<T, I, YT, 16>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+      launch_direct_lpr<T, I, YT, 16>(values, row_offsets, cols, row_indices, x, x_padded, y, y_vec_ok, bias, relu, m,
+                                          n);
       break;
     default:
-      launch_direct_lpr<T, I, YT, 32>(values, row_offsets, cols, row_indices, x, y, y_vec_ok, bias, relu, m, n);
+      launch_direct_lpr<T, I, YT, 32>(values, row_offsets, cols, row_indices, x, x_padded, y, y_vec_ok, bias, relu, m,
+                                          n);
   }
 }
 
@@ -340,16 +348,17 @@ void spmm_csr_direct(const at::Tensor& values, const at::Tensor& row_offsets, co
   const c10::cuda::CUDAGuard guard(x_in.device());
   // X of any other layout (nn.Linear's x2d.t() above all): a row-major copy by the coalescing transpose kernel of
   // spmm_rowwarp.cu (one extra pass over X, 2 * N * K elements moved), in place of x.contiguous().
-  const at::Tensor x = row_major_copy(x_in);
+  bool x_padded = false;
+  const at::Tensor x = row_major_copy(x_in, x_padded);
   PRUNEKIT_DISPATCH_FLOAT(x.scalar_type(), [&] {
     PRUNEKIT_DISPATCH_INDEX(column_indices.scalar_type(), [&] {
       const scalar_t* b = bias ? reinterpret_cast<const scalar_t*>(bias->data_ptr()) : nullptr;
       if (yt) {
-        launch_direct<scalar_t, index_t, true>(values, row_offsets, column_indices, row_indices, x, y, y_vec_ok, b,
-                                               relu, m, n);
+        launch_direct<scalar_t, index_t, true>(values, row_offsets, column_indices, row_indices, x, x_padded, y,
+                                               y_vec_ok, b, relu, m, n);
       } else {
-        launch_direct<scalar_t, index_t, false>(values, row_offsets, column_indices, row_indices, x, y, y_vec_ok, b,
-                                                relu, m, n);
+        launch_direct<scalar_t, index_t, false>(values, row_offsets, column_indices, row_indices, x, x_padded, y,
+                                                y_vec_ok, b, relu, m, n);
       }
     });
   });

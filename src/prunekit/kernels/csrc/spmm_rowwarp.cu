@@ -36,14 +36,59 @@ namespace prunekit {
 // (row-major global X), or one vector from the block's shared-memory copy of X[:, n0:n0+NT].
 enum XMode { kXStrided = 0, kXVector = 1, kXShared = 2 };
 
-template <int BYTES> __device__ __forceinline__ void load_shared_words(Words<BYTES>& w, const void* p) {
+// The shared-memory copy of X holds row k's NV 16-byte vectors at k * NV + (q ^ x_swizzle<NV>(k)). Without the XOR the
+// first vector of every row sits at an even 16-byte slot of its 128-byte line when NV = 2 (NT = 16 in fp16), so the 32
+// lanes' loads of one instruction (one random row each) share 4 of the 8 slots: Nsight Compute counted 11.6 shared
+// wavefronts per load at 4096 x 4096, N = 16, 90% (ncu-spmm-h100-2026-11-27-s32a.txt; 4 is the least for 512 bytes).
+// The XOR spreads a row's vectors over all 8 slots as the row varies.
+template <int NV> __device__ __forceinline__ unsigned x_swizzle(unsigned k) {
+  constexpr unsigned kRowsPerLine = NV >= 8 ? 1 : 8 / NV;  // rows of X per 128-byte line of shared memory
+  return (k / kRowsPerLine) & (NV - 1);                    // unsigned: a shift and a mask
+}
+
+template <int BYTES> __device__ __forceinline__ void load_shared_words(Words<BYTES>& w, const void* base, int k) {
+  constexpr int NV = BYTES / 16;
+  // Byte offset of the row's first vector; the low bits of k * BYTES are zero, so OR and XOR place the vectors.
+  const unsigned a0 = static_cast<unsigned>(k) * BYTES | x_swizzle<NV>(static_cast<unsigned>(k)) << 4;
 #pragma unroll
-  for (int q = 0; q < BYTES / 16; ++q) {
-    const uint4 t = reinterpret_cast<const uint4*>(p)[q];
+  for (int q = 0; q < NV; ++q) {
+    const uint4 t = *reinterpret_cast<const uint4*>(static_cast<const char*>(base) + (a0 ^ (q << 4)));
     w.w[4 * q + 0] = t.x;
     w.w[4 * q + 1] = t.y;
     w.w[4 * q + 2] = t.z;
     w.w[4 * q + 3] = t.w;
+  }
+}
+
+// Reduce-scatter of a subwarp's NT partial sums: at each butterfly level a lane keeps half of its live columns and
+// sends the other half to its partner, so a level costs one shuffle per kept column, and once one column is left the
+// levels below add it whole. Afterwards a lane holds the full sums of kOut = max(1, NT / SW) consecutive columns
+// starting at the returned column; lanes that differ only in the low kSame bits hold the same columns. It replaces
+// NT full butterflies (NT * log2(SW) shuffles) and the NT one-lane stores after them: at NT = 16, SW = 32 that epilogue
+// was about 490 of a row's instructions in SASS, against 313 per pass of its non-zero loop (8 non-zeros per lane).
+template <int NT, int SW> struct ReduceScatter {
+  static constexpr int kOut = NT > SW ? NT / SW : 1;
+  static constexpr int kSame = NT >= SW ? 0 : SW / NT - 1;  // lanes with (lane & kSame) != 0 hold duplicates
+};
+
+template <int C, int OFF, int SW>
+__device__ __forceinline__ void reduce_scatter_level(float* acc, int lane, int& t0) {
+  if constexpr (OFF > 0) {
+    if constexpr (C > 1) {
+      constexpr int H = C / 2;
+      const bool upper = (lane & OFF) != 0;
+#pragma unroll
+      for (int i = 0; i < H; ++i) {
+        const float send = upper ? acc[i] : acc[i + H];
+        const float keep = upper ? acc[i + H] : acc[i];
+        acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF, SW);
+      }
+      if (upper) t0 += H;
+      reduce_scatter_level<H, OFF / 2, SW>(acc, lane, t0);
+    } else {
+      acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], OFF, SW);
+      reduce_scatter_level<1, OFF / 2, SW>(acc, lane, t0);
+    }
   }
 }
 
@@ -92,7 +137,7 @@ __device__ __forceinline__ void rowwarp_row(int sub, int lane, const T* __restri
       const int col = word_index<I>(idx.w, v);
       if constexpr (XMODE == kXShared) {
         Words<NT * sizeof(T)> xw;
-        load_shared_words(xw, xb + col * NT);
+        load_shared_words(xw, xb, col);
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, word_elem<T>(xw.w, t), acc[t]);
       } else if constexpr (XMODE == kXVector) {
@@ -118,18 +163,15 @@ __device__ __forceinline__ void rowwarp_row(int sub, int lane, const T* __restri
     j = jn;
   }
 
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-#pragma unroll
-    for (int off = SW / 2; off > 0; off >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off, SW);
-  }
-  if (!active) return;
+  int t0 = 0;  // the first of this lane's columns after the reduce-scatter
+  reduce_scatter_level<NT, SW / 2, SW>(acc, lane, t0);
+  using RS = ReduceScatter<NT, SW>;
+  if (!active || (lane & RS::kSame) != 0) return;
   const float b = bias != nullptr ? to_f(bias[row]) : 0.0f;
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (lane == t % SW && n0 + t < n) {
-      y[static_cast<int64_t>(row) * ys_m + static_cast<int64_t>(n0 + t) * ys_n] = from_f<T>(epilogue(acc[t], b, relu));
-    }
+  for (int j = 0; j < RS::kOut; ++j) {
+    const int t = n0 + t0 + j;
+    if (t < n) y[static_cast<int64_t>(row) * ys_m + static_cast<int64_t>(t) * ys_n] = from_f<T>(epilogue(acc[j], b, relu));
   }
 }
 
@@ -173,7 +215,7 @@ spmm_rowwarp_smem_kernel(const T* __restrict__ values, const int* __restrict__ r
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
       const int u = base + i * kSmemThreads;
-      if (u < k * NV) reinterpret_cast<uint4*>(xsm)[u] = r[i];
+      if (u < k * NV) reinterpret_cast<uint4*>(xsm)[u - u % NV + ((u % NV) ^ x_swizzle<NV>(static_cast<unsigned>(u / NV)))] = r[i];
     }
   }
   __syncthreads();
@@ -218,9 +260,10 @@ static bool rowwarp_pdl() {
 // (rowwarp_transpose_kernel, N rounded up to NT with zeros, `pdl` set where the kernel after it may launch early; or
 // torch's x.contiguous() with $PRUNEKIT_ROWWARP_TRANSPOSE=0). `padded`: the copy's rows hold whole NT tiles.
 template <typename T, int NT>
-static at::Tensor row_major_x(const at::Tensor& x, int64_t n, bool& pdl, bool& padded) {
+static at::Tensor row_major_x(const at::Tensor& x, int64_t n, bool& pdl, bool& padded, bool pad_row_major = false) {
   pdl = padded = false;
-  if (n <= 1 || x.stride(1) == 1) return x;
+  // pad_row_major: a row-major X whose N is not a multiple of NT is copied too, into rows of whole NT tiles.
+  if (n <= 1 || (x.stride(1) == 1 && !(pad_row_major && n % NT != 0))) return x;
   if constexpr (NT < 4) {
     return x.contiguous();  // a forced 1-column tile: no vector loads to gain
   } else {
@@ -360,15 +403,16 @@ void spmm_csr_rowwarp(const at::Tensor& values, const at::Tensor& row_offsets, c
 // Row-major copy of x (K, N) of any strides for the kernels that need unit stride along N (spmm_direct.cu): the
 // transpose kernel above with 8-token groups, rows padded to a multiple of 8 (zeros), returned as the (K, N) view. It
 // coalesces the reads of column-major activations (nn.Linear's x2d.t()), which a generic x.contiguous() does not.
-at::Tensor row_major_copy(const at::Tensor& x) {
+at::Tensor row_major_copy(const at::Tensor& x, bool& padded) {
   PRUNEKIT_CHECK(x.is_cuda() && x.dim() == 2, "row_major_copy: x must be a 2-D CUDA tensor");
+  padded = false;
   const int64_t n = x.size(1);
-  if (n <= 1 || x.stride(1) == 1) return x;
+  if (n <= 1 || (x.stride(1) == 1 && n % 8 == 0)) return x;
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out;
   PRUNEKIT_DISPATCH_FLOAT(x.scalar_type(), [&] {
-    bool pdl = false, padded = false;
-    out = row_major_x<scalar_t, 8>(x, n, pdl, padded).narrow(1, 0, n);
+    bool pdl = false;
+    out = row_major_x<scalar_t, 8>(x, n, pdl, padded, /*pad_row_major=*/true).narrow(1, 0, n);
   });
   return out;
 }
