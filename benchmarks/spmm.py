@@ -248,11 +248,13 @@ def bench_config(
                     written / (forced["dense_variant_decompress_gpu_ms"] * 1e-3) / 1e9
                 )
         if dtype in gpu.TC_DTYPES and n <= gpu.SCATTER_MAX_N:
-            # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel as "auto" runs it at N <= 16
-            # (X gathered from global memory: "rowwarp_global"; forced "rowwarp" would stage X in shared memory).
-            decode = tuple(
-                v for v in ("scatter", "rowwarp_global", "bitmap") if forced_only is None or v in forced_only
+            # Decode: the tensor-core scatter kernel and the CUDA-core rowwarp kernel with X gathered from global
+            # memory ("rowwarp_global"), and the bitmap kernel; forced "rowwarp" (X staged in shared memory where it
+            # fits) only where --forced names it
+            decode = ("scatter", "rowwarp_global", "bitmap") + (
+                ("rowwarp",) if "rowwarp" in (forced_only or ()) else ()
             )
+            decode = tuple(v for v in decode if forced_only is None or v in forced_only)
             forced.update(time_forced(decode, csrs, xs, m, ref, dense_gpu))
         if "scatter_gpu_ms" in forced:
             strip = gpu.scatter_strip_rows()
