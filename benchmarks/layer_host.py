@@ -135,7 +135,7 @@ def bitmap_floor(denominator: int | None):
     from prunekit.kernels import gpu
 
     names = (
-        "BITMAP_MIN_DENSITY_DENOMINATOR_MID_N",
+        "BITMAP_MIN_DENSITY_DENOMINATOR_STAGED",
         "BITMAP_MIN_DENSITY_DENOMINATOR_16",
         "BITMAP_SMALL_MIN_DENSITY_DENOMINATOR",
     )

@@ -140,22 +140,24 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
         # nnz_padded about 1% above the non-zeros, as the CSR padding makes it in the benchmark
         return gpu.plan_spmm(m, k, n, int((1 - sparsity) * m * k * 1.01), 132, "auto", dtype).variant
 
-    # The H100 rule with K >= 1024: rowwarp at N = 1; bitmap at N 2-8 up to 90% sparsity, at N 9-15 up to 98%, at
-    # N = 16 up to 95% (both up to 99% where M * K <= BITMAP_SMALL_ELEMENTS); rowwarp above. The scatter rule (or
-    # rowwarp) where K < 1024.
+    # The H100 rule with K >= 1024: rowwarp at N = 1; bitmap at N 2-8 up to 90% sparsity, at N 9-16 up to 95% (up to
+    # 99% where M * K <= BITMAP_SMALL_ELEMENTS), and up to 90% where rowwarp's shared copy of X can pay
+    # (decode_stages_x: 4096 x 4096 and 11008 x 4096); rowwarp above. The scatter rule (or rowwarp) where K < 1024.
     sparsities = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
     for m, k in ((4096, 4096), (11008, 4096), (4096, 11008), (768, 3072)):
         assert [auto(m, k, 1, s) for s in sparsities] == ["rowwarp"] * 7, (m, k)
         for n in (2, 4, 8):
             assert [auto(m, k, n, s) for s in sparsities] == ["bitmap"] * 4 + ["rowwarp"] * 3, (m, k, n)
         small = (m, k) == (768, 3072)  # M * K <= BITMAP_SMALL_ELEMENTS, M <= 768: bitmap at N 9-16 down to 1% density
-        for n in (9, 12, 15):
-            want = ["bitmap"] * 7 if small else ["bitmap"] * 6 + ["rowwarp"]
+        staged = k == 4096  # K x 16 fp16 tokens fit in 227 KB, M >= 31 rows per SM
+        for n in (9, 12, 15, 16):
+            want = ["bitmap"] * 7 if small else ["bitmap"] * (4 if staged else 5) + ["rowwarp"] * (3 if staged else 2)
             assert [auto(m, k, n, s) for s in sparsities] == want, (m, k, n)
-        want = ["bitmap"] * 7 if small else ["bitmap"] * 5 + ["rowwarp"] * 2
-        assert [auto(m, k, 16, s) for s in sparsities] == want, (m, k)
+            assert gpu.decode_stages_x(n, k, m) == staged, (m, k, n)
     assert [auto(4096, 4096, n, 0.8) for n in (1, 2, 8, 9, 16, 17)] == ["rowwarp"] + ["bitmap"] * 5
-    assert [gpu.bitmap_min_density_denominator(n) for n in (2, 8, 9, 15, 16)] == [10, 10, 50, 50, 20]
+    assert [gpu.bitmap_min_density_denominator(n) for n in (2, 8, 9, 15, 16)] == [10, 10, 20, 20, 20]
+    assert [gpu.bitmap_min_density_denominator(16, 4096, m) for m in (4091, 4092)] == [20, 14]  # 31 rows per SM
+    assert [gpu.bitmap_min_density_denominator(9, k, 4096) for k in (7264, 7265)] == [14, 20]  # 227 KB of X
     # K = 768: rowwarp (the SpMV kernel's 4-token tile) at N <= 4, bitmap from N = 5 (the lean kernel from N = 9 too);
     # K = 512: rowwarp, and the scatter rule from N = 9
     assert [auto(3072, 768, n, 0.8) for n in (2, 4, 5, 8, 9, 16)] == ["rowwarp"] * 2 + ["bitmap"] * 4
@@ -182,6 +184,29 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
     assert gpu.eager_spmm_code("auto", torch.float16, torch.float16, 16, tc_auto=False) is None
     monkeypatch.setenv(gpu.BITMAP_AUTO_ENV, "0")
     assert auto(4096, 4096, 16, 0.8) == "scatter"
+
+
+def test_plan_spmm_decode_shared_copy_of_x(monkeypatch):
+    """N 9-16, fp16 / bf16, where gpu.decode_stages_x (the thirty-second session's H100 rule): rowwarp stages X in
+    shared memory from padded density 1/30 up to bitmap's floor of 1/14, and gathers it from global memory below; fp32,
+    and shapes where X does not fit or M gives fewer than 31 rows per SM, keep the global gathers."""
+    monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
+
+    def plan(m, k, n, nnz, dtype=torch.float16):
+        return gpu.plan_spmm(m, k, n, nnz, 132, "auto", dtype)
+
+    m, k = 4096, 4096
+    low = -(-m * k // gpu.DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR)  # the least nnz at density 1/30
+    high = -(-m * k // gpu.BITMAP_MIN_DENSITY_DENOMINATOR_STAGED)  # bitmap from here
+    for n in (9, 12, 16):
+        assert plan(m, k, n, low) == gpu.SpmmPlan("rowwarp", subwarp=32, ntile=16, stage_x=True), n
+        assert plan(m, k, n, low - 1).stage_x is False, n
+        assert plan(m, k, n, high - 1, torch.bfloat16).stage_x is True, n
+        assert plan(m, k, n, high).variant == "bitmap", n
+        assert plan(m, k, n, low, torch.float32).stage_x is False, n
+    assert plan(m, k, 8, low).variant == "rowwarp" and plan(m, k, 8, low).stage_x is False  # N <= 8: not this rule
+    assert plan(4091, k, 16, low).stage_x is False  # 30.99 rows per SM
+    assert plan(m, 7265, 16, m * 7265 // 25) == gpu.SpmmPlan("rowwarp", subwarp=32, ntile=16, stage_x=False)  # > 227 KB
 
 
 def test_plan_spmm_direct_mid_n_rule(monkeypatch):

@@ -624,6 +624,29 @@ def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(mo
             assert kinds == {4: ("bitmap", "plan"), 16: ("bitmap", "plan")}
 
 
+@pytest.mark.cuda
+def test_sparse_linear_runs_the_decode_shared_copy_through_the_entry(monkeypatch):
+    """fp16 at N = 12 and 16, 4096 x 4096 at 95% (gpu.decode_stages_x, padded density between 1/30 and 1/14): the rules
+    choose rowwarp with its shared-memory copy of X, which the entry's own "auto" does not make below STAGE_X_MIN_N, so
+    the layer hands the entry the forced rowwarp code (its copy of X) and the result matches float64."""
+    monkeypatch.delenv(gpu.EAGER_CPP_ENV, raising=False)
+    monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
+    g = torch.Generator().manual_seed(95)
+    dense = random_sparse_weight(4096, 4096, 0.95, torch.float16, "cpu", g)
+    bias = torch.randn(4096, generator=g).half()
+    layer = SparseLinear(formats.encode("csr", dense), bias).cuda()
+    for n in (12, 16):
+        x = torch.randn(n, 4096, device="cuda").half()
+        plan = gpu.plan_spmm(4096, 4096, n, layer.w_values.numel(), gpu._sm_count(x.device), "auto", torch.float16)
+        if plan != gpu.SpmmPlan("rowwarp", subwarp=32, ntile=16, stage_x=True):
+            pytest.skip(f"this GPU's SM count gives another plan: {plan}")
+        assert gpu.eager_spmm_variant(layer.w_values, x.t(), m=4096) == gpu.SPMM_VARIANT_CODES["rowwarp"]
+        with torch.inference_mode():
+            y = layer(x)
+        ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()
+        assert relative_error(y, ref) <= TOLERANCE[torch.float16], n
+
+
 def test_size_classes_hold_the_density_floors_constant():
     """The runtime and the custom op cache one eager decision per size class (gpu.eager_size_class), so inside a class
     none of the rules' density floors may change: tc's (from TC_MIN_N), bitmap's at N <= 16 and its wide one, the dense
@@ -642,6 +665,7 @@ def test_size_classes_hold_the_density_floors_constant():
                 n <= gpu.SPMV_MAX_N,
                 n <= gpu.ROWWARP_MAX_N,
                 gpu.DIRECT_MID_N_MIN_N <= n <= gpu.ROWWARP_MAX_N,
+                gpu.decode_stages_x(n, k, 11008),
             )
             assert seen.setdefault(gpu.eager_size_class(n), floors) == floors, (k, n)
 

@@ -139,7 +139,28 @@ TILED_ROWS_PER_BLOCK = {2: 16, 8: 64}  # rows_per_warp -> rows per block (8 warp
 TILED_N_TILE = 128  # output columns per tiled block
 SUBWARP_MIN_NNZ = 128
 STAGE_X_MIN_N = 32  # auto: rowwarp stages X in shared memory only from this N ...
-STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
+STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM
+# Decode, N = 9-16, fp16 / bf16 (thirty-second session): rowwarp's shared-memory copy of X, with the XOR-swizzled rows
+# and the reduce-scatter epilogue of csrc/spmm_rowwarp.cu, beats bitmap at 95% on the shapes where X (K x 16 tokens)
+# fits in shared memory and M gives enough rows per SM. Measured on the H100
+# (benchmarks/results/spmm-n16smem-h100-2026-11-27-s32d.json: 5 shapes, N = 12 / 16, 90 / 95 / 98%, fp16, rowwarp with
+# and without the shared copy and bitmap forced in one run; in-sample): on 4096 x 4096 and 11008 x 4096 at 95% the
+# shared copy took 10.1-10.5 / 18.1-18.3 us against bitmap's 11.3-11.5 / 21.1-21.6 and the global gathers'
+# 13.0-13.3 / 21.7-22.2; at 90% bitmap was faster (11.9-12.1 against 12.8-12.9; 22.5-22.7 against 25.4-25.6); at 98%
+# the global gathers were (7.1-7.9 against 11.7-12.4 shared, 11.1-11.4 bitmap; 12.4-12.5 against 13.2-13.8 and
+# 20.5-21.0). At N = 12 rowwarp ran as at N = 16 (its copy of X pads to 16 tokens since the twenty-second session), so
+# N = 9-15 now share N = 16's bitmap floor (5%, was 2%): at 98% on 4096 x 11008 (no shared copy: K x 16 x 2 bytes >
+# 227 KB) the global gathers took 14.7 against bitmap's 20.9 us. The small shapes (BITMAP_SMALL_ELEMENTS) keep bitmap.
+# So where X fits (DECODE_STAGE_X_MAX_BYTES, the H100's opt-in shared memory per block; the launcher falls back to the
+# global gathers where the device has less) and M >= DECODE_STAGE_X_MIN_ROWS_PER_SM rows per SM: bitmap from padded
+# density 1 / BITMAP_MIN_DENSITY_DENOMINATOR_STAGED (between the 5.1% and 10.1% measured), rowwarp with the shared
+# copy from 1 / DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR (between 2.1% and 5.1%), global gathers below.
+DECODE_STAGE_X_MAX_BYTES = 227 * 1024
+DECODE_STAGE_X_MIN_ROWS_PER_SM = 31  # 4096 rows on 132 SMs
+BITMAP_MIN_DENSITY_DENOMINATOR_STAGED = 14  # padded density >= 7.1%
+DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR = (
+    30  # padded density >= 3.3%  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
+)
 # Variant codes of the C++ entry prunekit_ext::spmm_csr_auto and of prunekit_ext::plan_spmm_code (csrc/spmm_entry.cu
 # kAuto ... kBitmap hold the same numbers; the entry takes 0-4, tc, scatter and bitmap stay on this module's launcher).
 SPMM_VARIANT_CODES = {
@@ -177,8 +198,7 @@ BITMAP_AUTO_ENV = "PRUNEKIT_SPMM_BITMAP"
 BITMAP_AUTO_DEFAULT = True
 BITMAP_MIN_N = 2
 BITMAP_MIN_DENSITY_DENOMINATOR = 10  # N = 2..8
-BITMAP_MIN_DENSITY_DENOMINATOR_MID_N = 50  # N = 9..15 (rowwarp's element-load tile)
-BITMAP_MIN_DENSITY_DENOMINATOR_16 = 20  # N = 16
+BITMAP_MIN_DENSITY_DENOMINATOR_16 = 20  # N = 9..16 (N = 9-15: 2% until the thirty-second session, below)
 BITMAP_MIN_K = 1024
 # At N = 5-8, where scatter is not a candidate, K from 768: at 3072 x 768, N = 4 / 8, bitmap took 4.7-6.5 us against
 # rowwarp's 6.1-10.4 at 70-90% in both twelfth-session grids (spmm-bitmap-grid-...-s12.json,
@@ -318,18 +338,33 @@ def scatter_auto_enabled() -> bool:
     return _env_switch(SCATTER_AUTO_ENV, SCATTER_AUTO_DEFAULT)
 
 
-def bitmap_min_density_denominator(n: int, k: int | None = None, m: int | None = None) -> int:
+def decode_stages_x(n: int, k: int, m: int, num_sms: int = 132, esize: int = 2) -> bool:
+    """Whether rowwarp's shared-memory copy of X can pay at decode ``N`` (9..16, one 16-token tile): X (``k`` x 16
+    elements of ``esize`` bytes) fits in :data:`DECODE_STAGE_X_MAX_BYTES` and ``m`` gives at least
+    :data:`DECODE_STAGE_X_MIN_ROWS_PER_SM` rows per SM (the thirty-second session's H100 rule; the density window is
+    :func:`plan_spmm`'s)."""
+    return (
+        SCATTER_MIN_N <= n <= BITMAP_MAX_N
+        and k * BITMAP_MAX_N * esize <= DECODE_STAGE_X_MAX_BYTES
+        and m >= DECODE_STAGE_X_MIN_ROWS_PER_SM * num_sms
+    )
+
+
+def bitmap_min_density_denominator(n: int, k: int | None = None, m: int | None = None, num_sms: int = 132) -> int:
     """``auto`` takes the bitmap kernel at ``N`` (2..16) when the padded density is at least one over this (measured on
     the H100, see the constants): 10% at N <= 8 (5% at N 5-8 with ``k`` below BITMAP_MIN_K, where the lean decode
-    kernel runs it), 2% at N 9-15, 5% at N = 16; 1% at N 9-16 where ``m * k`` (both given) is at most
-    BITMAP_SMALL_ELEMENTS and ``min(m, k)`` at most BITMAP_SMALL_MAX_SIDE."""
+    kernel runs it), 5% at N 9-16, or 7.1% where rowwarp's shared copy of X can pay (:func:`decode_stages_x`, ``k``
+    and ``m`` given); 1% at N 9-16 where ``m * k`` (both given) is at most BITMAP_SMALL_ELEMENTS and ``min(m, k)`` at
+    most BITMAP_SMALL_MAX_SIDE."""
     if n <= 8:
         if k is not None and k < BITMAP_MIN_K and n > SPMV_MAX_N:
             return BITMAP_MIN_DENSITY_DENOMINATOR_16
         return BITMAP_MIN_DENSITY_DENOMINATOR
     if m is not None and k is not None and m * k <= BITMAP_SMALL_ELEMENTS and min(m, k) <= BITMAP_SMALL_MAX_SIDE:
         return BITMAP_SMALL_MIN_DENSITY_DENOMINATOR
-    return BITMAP_MIN_DENSITY_DENOMINATOR_16 if n >= 16 else BITMAP_MIN_DENSITY_DENOMINATOR_MID_N
+    if m is not None and k is not None and decode_stages_x(n, k, m, num_sms):
+        return BITMAP_MIN_DENSITY_DENOMINATOR_STAGED
+    return BITMAP_MIN_DENSITY_DENOMINATOR_16
 
 
 def bitmap_wide_min_density_denominator(n: int, k: int, m: int | None = None, num_sms: int = 132) -> int:
@@ -466,7 +501,8 @@ def _plan_spmm(
     H100 variant sweep found ``tiled`` slower than ``direct`` at every measured shape; it stays available when
     forced). The tiled kernel uses 64-row blocks when that still gives at least two blocks per SM, else 16-row
     blocks. ``rowwarp`` copies X to shared memory (``stage_x``) only for ``n >= STAGE_X_MIN_N``, at least
-    ``STAGE_X_MIN_ROWS_PER_SM`` rows per SM and ``nnz_padded >= 2 * k * num_sms``.
+    ``STAGE_X_MIN_ROWS_PER_SM`` rows per SM and ``nnz_padded >= 2 * k * num_sms``, and in fp16 / bf16 at N 9-16 where
+    :func:`decode_stages_x` and the padded density is at least ``1 / DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR``.
 
     With ``dtype`` fp16 or bf16 and ``tc_auto`` (:func:`tc_auto_enabled`), ``auto`` takes the tensor-core ``tc`` kernel for
     ``n >= TC_MIN_N`` and density ``>= 1 / tc_min_density_denominator(n, k)`` instead of ``direct`` (measured on the
@@ -477,8 +513,9 @@ def _plan_spmm(
     :func:`scatter_kr_groups`, its strip height ``scatter_rows`` (:func:`scatter_strip_rows`). With ``bitmap_auto``
     (:func:`bitmap_auto_enabled`) it takes ``bitmap`` instead for ``2 <= n <= 16`` when ``k >= BITMAP_MIN_K`` (``k >=
     BITMAP_MIN_K_SMALL_N`` for ``n > SPMV_MAX_N``) and the density is at least ``1 /
-    bitmap_min_density_denominator(n, k, m)`` (10% at N <= 8, 5% at N 5-8 with K < BITMAP_MIN_K, 2% at N 9-15, 5% at
-    N = 16; 1% at N 9-16 where M * K <= BITMAP_SMALL_ELEMENTS and M or K <= BITMAP_SMALL_MAX_SIDE), and for ``16 < n <=
+    bitmap_min_density_denominator(n, k, m, num_sms)`` (10% at N <= 8, 5% at N 5-8 with K < BITMAP_MIN_K, 5% at N
+    9-16, 7.1% where :func:`decode_stages_x`; 1% at N 9-16 where M * K <= BITMAP_SMALL_ELEMENTS and M or K <=
+    BITMAP_SMALL_MAX_SIDE), and for ``16 < n <=
     BITMAP_WIDE_MAX_N`` with ``k >= BITMAP_MIN_K_SMALL_N`` at density >= ``1 / bitmap_wide_min_density_denominator(n,
     k, m, num_sms)``; measured on the H100, see the constants. ``rowwarp`` runs the SpMV kernel at N <= 4 where :func:`spmv_takes`.
     With ``direct_mid_auto`` (:func:`direct_mid_auto_enabled`), for fp16/bf16 at ``DIRECT_MID_N_MIN_N <= n <=
@@ -513,7 +550,7 @@ def _plan_spmm(
             and BITMAP_MIN_N <= n <= BITMAP_MAX_N
             and bitmap_auto
             and k >= (BITMAP_MIN_K_SMALL_N if SPMV_MAX_N < n else BITMAP_MIN_K)
-            and nnz_padded * bitmap_min_density_denominator(n, k, m) >= m * k
+            and nnz_padded * bitmap_min_density_denominator(n, k, m, num_sms) >= m * k
         ):
             variant = "bitmap"
         if (
@@ -543,6 +580,8 @@ def _plan_spmm(
         # Shared-memory copy of X only where the H100 sweep (spmm-variants-v3) found it faster: N >= 32, enough rows
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.
         stage_x = n >= STAGE_X_MIN_N and m >= STAGE_X_MIN_ROWS_PER_SM * num_sms and nnz_padded >= 2 * k * num_sms
+        if dtype in TC_DTYPES and decode_stages_x(n, k, m, num_sms):
+            stage_x = nnz_padded * DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR >= m * k
     else:
         stage_x = variant != "rowwarp_global"
     if variant in ("direct", "dense"):
@@ -958,6 +997,10 @@ def eager_spmm_variant(
         plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), "auto", x.dtype)
         if plan.variant == "dense" or (plan.variant == "direct" and n <= ROWWARP_MAX_N):
             code = SPMM_VARIANT_CODES[plan.variant]  # the entry runs it forced: its own rule takes neither here
+        elif plan.variant == "rowwarp" and plan.stage_x and n < STAGE_X_MIN_N:
+            # the decode shared copy of X (decode_stages_x), which the entry's own rule does not make below
+            # STAGE_X_MIN_N: forced rowwarp stages X, with the same subwarp and N tile as its "auto"
+            code = SPMM_VARIANT_CODES["rowwarp"]
         elif plan.variant not in ("tc", "scatter", "bitmap"):
             code = SPMM_VARIANT_CODES["auto"]
     if code is not None:
