@@ -163,8 +163,12 @@ def test_cpp_entry_constants_match_gpu_py():
         "SUBWARP_MIN_NNZ",
         "STAGE_X_MIN_N",
         "STAGE_X_MIN_ROWS_PER_SM",
+        "DECODE_STAGE_X_MAX_BYTES",
+        "DECODE_STAGE_X_MIN_ROWS_PER_SM",
+        "DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR",
     ):
         assert cpp[name] == getattr(gpu, name), name
+    assert (cpp["DECODE_STAGE_X_MIN_N"], cpp["DECODE_STAGE_X_MAX_N"]) == (gpu.SCATTER_MIN_N, gpu.BITMAP_MAX_N)
     assert cpp["TILED_N_TILE"] == gpu.TILED_N_TILE
     assert cpp["TILED_BIG_ROWS_PER_BLOCK"] == gpu.TILED_ROWS_PER_BLOCK[8]
     assert cpp["TC_WARPS"] == gpu.TC_WARPS
@@ -627,8 +631,8 @@ def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(mo
 @pytest.mark.cuda
 def test_sparse_linear_runs_the_decode_shared_copy_through_the_entry(monkeypatch):
     """fp16 at N = 12 and 16, 4096 x 4096 at 95% (gpu.decode_stages_x, padded density between 1/30 and 1/14): the rules
-    choose rowwarp with its shared-memory copy of X, which the entry's own "auto" does not make below STAGE_X_MIN_N, so
-    the layer hands the entry the forced rowwarp code (its copy of X) and the result matches float64."""
+    choose rowwarp with its shared-memory copy of X, the entry's own "auto" plans the same (plan_spmm_code), so the
+    layer hands it the call, and the result matches float64."""
     monkeypatch.delenv(gpu.EAGER_CPP_ENV, raising=False)
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
     g = torch.Generator().manual_seed(95)
@@ -640,7 +644,11 @@ def test_sparse_linear_runs_the_decode_shared_copy_through_the_entry(monkeypatch
         plan = gpu.plan_spmm(4096, 4096, n, layer.w_values.numel(), gpu._sm_count(x.device), "auto", torch.float16)
         if plan != gpu.SpmmPlan("rowwarp", subwarp=32, ntile=16, stage_x=True):
             pytest.skip(f"this GPU's SM count gives another plan: {plan}")
-        assert gpu.eager_spmm_variant(layer.w_values, x.t(), m=4096) == gpu.SPMM_VARIANT_CODES["rowwarp"]
+        assert gpu.eager_spmm_variant(layer.w_values, x.t(), m=4096) == gpu.SPMM_VARIANT_CODES["auto"]
+        cpp = torch.ops.prunekit_ext.plan_spmm_code(
+            4096, 4096, n, layer.w_values.numel(), gpu._sm_count(x.device), 0, torch.float16, False
+        )
+        assert cpp == [gpu.SPMM_VARIANT_CODES["rowwarp"], 32, 16, 8, 1, 1], n
         with torch.inference_mode():
             y = layer(x)
         ref = x.double() @ dense.double().cuda().t() + bias.double().cuda()

@@ -997,10 +997,6 @@ def eager_spmm_variant(
         plan = plan_spmm(m, x.shape[0], n, values.numel(), _sm_count(x.device), "auto", x.dtype)
         if plan.variant == "dense" or (plan.variant == "direct" and n <= ROWWARP_MAX_N):
             code = SPMM_VARIANT_CODES[plan.variant]  # the entry runs it forced: its own rule takes neither here
-        elif plan.variant == "rowwarp" and plan.stage_x and n < STAGE_X_MIN_N:
-            # the decode shared copy of X (decode_stages_x), which the entry's own rule does not make below
-            # STAGE_X_MIN_N: forced rowwarp stages X, with the same subwarp and N tile as its "auto"
-            code = SPMM_VARIANT_CODES["rowwarp"]
         elif plan.variant not in ("tc", "scatter", "bitmap"):
             code = SPMM_VARIANT_CODES["auto"]
     if code is not None:

@@ -51,6 +51,13 @@ constexpr int64_t TC_MIN_DENSITY_DENOMINATOR_SMALL_K = 8;
 constexpr int64_t SUBWARP_MIN_NNZ = 128;
 constexpr int64_t STAGE_X_MIN_N = 32;
 constexpr int64_t STAGE_X_MIN_ROWS_PER_SM = 16;
+// gpu.decode_stages_x (thirty-second session): at N 9-16 in 16-bit types, the shared copy of X where K x 16 tokens fit,
+// M gives enough rows per SM and the padded density is at least 1 / DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR
+constexpr int64_t DECODE_STAGE_X_MIN_N = 9;   // gpu.SCATTER_MIN_N
+constexpr int64_t DECODE_STAGE_X_MAX_N = 16;  // gpu.BITMAP_MAX_N
+constexpr int64_t DECODE_STAGE_X_MAX_BYTES = 232448;  // 227 KB
+constexpr int64_t DECODE_STAGE_X_MIN_ROWS_PER_SM = 31;
+constexpr int64_t DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR = 30;
 constexpr int64_t TILED_BIG_ROWS_PER_BLOCK = 64;  // TILED_ROWS_PER_BLOCK[8]
 constexpr int64_t TILED_N_TILE = 128;
 constexpr int64_t TC_WARPS = 8;
@@ -92,6 +99,10 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
                                              : TC_MIN_DENSITY_DENOMINATOR;
     if (tensor_core_dtype && n >= TC_MIN_N && tc_auto && nnz_padded * tc_den >= m * k) variant = kTc;
     stage_x = n >= STAGE_X_MIN_N && m >= STAGE_X_MIN_ROWS_PER_SM * num_sms && nnz_padded >= 2 * k * num_sms;
+    if (tensor_core_dtype && n >= DECODE_STAGE_X_MIN_N && n <= DECODE_STAGE_X_MAX_N &&
+        k * DECODE_STAGE_X_MAX_N * 2 <= DECODE_STAGE_X_MAX_BYTES && m >= DECODE_STAGE_X_MIN_ROWS_PER_SM * num_sms) {
+      stage_x = nnz_padded * DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR >= m * k;
+    }
   } else {
     stage_x = variant != kRowwarpGlobal;
   }
