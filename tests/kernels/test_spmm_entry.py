@@ -631,8 +631,8 @@ def test_sparse_linear_takes_the_entry_where_the_density_rules_choose_rowwarp(mo
 @pytest.mark.cuda
 def test_sparse_linear_runs_the_decode_shared_copy_through_the_entry(monkeypatch):
     """fp16 at N = 12 and 16, 4096 x 4096 at 95% (gpu.decode_stages_x, padded density between 1/30 and 1/14): the rules
-    choose rowwarp with its shared-memory copy of X, the entry's own "auto" plans the same (plan_spmm_code), so the
-    layer hands it the call, and the result matches float64."""
+    choose rowwarp with its shared-memory copy of X, the entry's own "auto" plans the same (plan_spmm_code with
+    tc_auto False is the plan spmm_csr_auto runs), so the layer hands it the call, and the result matches float64."""
     monkeypatch.delenv(gpu.EAGER_CPP_ENV, raising=False)
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
     g = torch.Generator().manual_seed(95)

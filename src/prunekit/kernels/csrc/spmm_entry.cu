@@ -194,8 +194,10 @@ at::Tensor spmm_csr_auto(const at::Tensor& values, const at::Tensor& row_offsets
   const at::Tensor offsets_c = row_offsets.contiguous();
   const at::Tensor rows_c = row_indices.contiguous();
 
-  const auto plan =
-      plan_spmm(m, k, n, values_c.numel(), sm_count(x.get_device()), variant, /*tensor_core_dtype=*/false, false);
+  // tc_auto false: the entry never takes the tensor-core plan; the 16-bit flag still decides the decode copy of X
+  // (plan_spmm_code(..., dtype, tc_auto=False) gives this same plan)
+  const bool half_dtype = dtype == at::kHalf || dtype == at::kBFloat16;
+  const auto plan = plan_spmm(m, k, n, values_c.numel(), sm_count(x.get_device()), variant, half_dtype, false);
   switch (plan[0]) {
     case kRowwarp:
       // X as it is: the launcher transposes transposed activations itself (spmm_rowwarp.cu, row_major_x), except where
