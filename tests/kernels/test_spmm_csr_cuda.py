@@ -121,22 +121,6 @@ def test_direct_partial_chunks(monkeypatch, unroll, lpr, dtype):
     assert relative_error(y, spmm_reference64(dense, x, None, "none")) <= TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("rotate", ["1", "0"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("m,k,n", [(4000, 1031, 16), (3000, 700, 12), (2000, 333, 8), (900, 4096, 4)])
-def test_rowwarp_shared_copy_of_x_with_and_without_rotation(monkeypatch, rotate, dtype, m, k, n):
-    """rowwarp's shared-memory kernel (one block per SM, each copying all of X, XOR-swizzled) with every block starting
-    its copy at its own offset ($PRUNEKIT_ROWWARP_STAGE_ROTATE, default on) and without: odd K, so the offsets do not
-    fall on row or block boundaries; N tiles of 16 / 8 / 4 tokens (2 / 1 / 1 vectors per row in fp16)."""
-    monkeypatch.setenv("PRUNEKIT_ROWWARP_STAGE_ROTATE", rotate)
-    for transposed in (False, True):
-        dense, c, x, bias = _case(m, k, n, 0.9, dtype, m + n, transposed)
-        y = _poisoned(m, n, dtype, transposed)
-        gpu.spmm_csr(**c, x=x, m=m, bias=bias, activation="relu", variant="rowwarp", out=y)
-        err = relative_error(y, spmm_reference64(dense, x, bias, "relu"))
-        assert err <= TOLERANCE[dtype], f"rowwarp rotate={rotate} {dtype} {m}x{k}x{n}: rel err {err:.2e}"
-
-
 @pytest.mark.parametrize("transpose_env", ["1", "0"])
 @pytest.mark.parametrize("transposed", [False, True], ids=["xrow", "xT"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

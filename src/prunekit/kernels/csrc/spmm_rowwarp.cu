@@ -198,32 +198,24 @@ __global__ void __launch_bounds__(kSmemThreads, 1)
 spmm_rowwarp_smem_kernel(const T* __restrict__ values, const int* __restrict__ row_offsets,
                          const I* __restrict__ cols, const int* __restrict__ row_indices, const T* __restrict__ x,
                          int64_t xs_k, T* __restrict__ y, int64_t ys_m, int64_t ys_n, const T* __restrict__ bias,
-                         bool relu, int m, int n, int k, bool rotate) {
+                         bool relu, int m, int n, int k) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* xsm = reinterpret_cast<T*>(smem_raw);
   constexpr int NV = NT * sizeof(T) / 16;  // 16-byte vectors per X row segment
   const int n0 = blockIdx.y * NT;
-  const int total = k * NV;
-  // Every block copies the same X. Started at the same vector, all of them would ask the same L2 lines at the same
-  // time; `rotate` starts block b at vector b * total / gridDim.x, so the copies spread over the L2 slices.
-  const int rot = rotate ? static_cast<int>(static_cast<int64_t>(blockIdx.x) * total / gridDim.x) : 0;
   prunekit_launch::wait_preceding_grid();  // programmatic dependent launch: X (the transpose's output) is complete
   constexpr int kInFlight = 8;  // independent 16-byte loads per thread before their stores
-  for (int base = threadIdx.x; base < total; base += kSmemThreads * kInFlight) {
+  for (int base = threadIdx.x; base < k * NV; base += kSmemThreads * kInFlight) {
     uint4 r[kInFlight];
-    int v[kInFlight];
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
       const int u = base + i * kSmemThreads;
-      v[i] = u + rot < total ? u + rot : u + rot - total;
-      if (u < total)
-        r[i] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(v[i] / NV) * xs_k + n0) + v[i] % NV);
+      if (u < k * NV) r[i] = __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(u / NV) * xs_k + n0) + u % NV);
     }
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
       const int u = base + i * kSmemThreads;
-      const int q = v[i] % NV;
-      if (u < total) reinterpret_cast<uint4*>(xsm)[v[i] - q + (q ^ x_swizzle<NV>(static_cast<unsigned>(v[i] / NV)))] = r[i];
+      if (u < k * NV) reinterpret_cast<uint4*>(xsm)[u - u % NV + ((u % NV) ^ x_swizzle<NV>(static_cast<unsigned>(u / NV)))] = r[i];
     }
   }
   __syncthreads();
@@ -338,7 +330,7 @@ static void launch_rowwarp(const at::Tensor& values, const at::Tensor& row_offse
                                 reinterpret_cast<const I*>(cols.data_ptr()), row_indices.data_ptr<int>(),
                                 reinterpret_cast<const T*>(x.data_ptr()), x.stride(0),
                                 reinterpret_cast<T*>(y.data_ptr()), y.stride(0), y.stride(1), bias, relu, m, n,
-                                static_cast<int>(k), !prunekit_launch::env_off("PRUNEKIT_ROWWARP_STAGE_ROTATE"));
+                                static_cast<int>(k));
         return;
       }
     }
