@@ -154,7 +154,11 @@ STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM
 # So where X fits (DECODE_STAGE_X_MAX_BYTES, the H100's opt-in shared memory per block; the launcher falls back to the
 # global gathers where the device has less) and M >= DECODE_STAGE_X_MIN_ROWS_PER_SM rows per SM: bitmap from padded
 # density 1 / BITMAP_MIN_DENSITY_DENOMINATOR_STAGED (between the 5.1% and 10.1% measured), rowwarp with the shared
-# copy from 1 / DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR (between 2.1% and 5.1%), global gathers below.
+# copy from 1 / DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR (between 2.1% and 5.1%), global gathers below. At 98% the rows
+# (85 padded entries) take 8-lane subwarps, and there the copy paid on 14336 x 4096 (14.3-14.8 against 17.8-17.9 us,
+# spmm-rot{0,1}-h100-2026-11-27-s32h.json), where the non-zeros are 2.3 K per SM, but not on 11008 x 4096 (1.7 K per
+# SM: 13.9-14.3 against 12.6) nor 4096 x 4096 (0.65 K): for such rows the copy is made where the padded non-zeros
+# reach 2 K per SM, the N >= 32 rule's measure (in-sample, three points).
 DECODE_STAGE_X_MAX_BYTES = 227 * 1024
 DECODE_STAGE_X_MIN_ROWS_PER_SM = 31  # 4096 rows on 132 SMs
 BITMAP_MIN_DENSITY_DENOMINATOR_STAGED = 14  # padded density >= 7.1%
@@ -581,7 +585,12 @@ def _plan_spmm(
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.
         stage_x = n >= STAGE_X_MIN_N and m >= STAGE_X_MIN_ROWS_PER_SM * num_sms and nnz_padded >= 2 * k * num_sms
         if dtype in TC_DTYPES and decode_stages_x(n, k, m, num_sms):
-            stage_x = nnz_padded * DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR >= m * k
+            # rows of 32-lane subwarps from density 1/30; shorter rows (8-lane subwarps) only where the non-zeros reach
+            # 2 K per SM, the measure of the N >= 32 rule (see DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR)
+            stage_x = nnz_padded >= 2 * k * num_sms or (
+                nnz_padded * DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR >= m * k
+                and nnz_padded >= SUBWARP_MIN_NNZ * max(1, m)
+            )
     else:
         stage_x = variant != "rowwarp_global"
     if variant in ("direct", "dense"):

@@ -101,7 +101,9 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
     stage_x = n >= STAGE_X_MIN_N && m >= STAGE_X_MIN_ROWS_PER_SM * num_sms && nnz_padded >= 2 * k * num_sms;
     if (tensor_core_dtype && n >= DECODE_STAGE_X_MIN_N && n <= DECODE_STAGE_X_MAX_N &&
         k * DECODE_STAGE_X_MAX_N * 2 <= DECODE_STAGE_X_MAX_BYTES && m >= DECODE_STAGE_X_MIN_ROWS_PER_SM * num_sms) {
-      stage_x = nnz_padded * DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR >= m * k;
+      // 32-lane rows from density 1/30; 8-lane rows where the non-zeros reach 2 K per SM
+      stage_x = nnz_padded >= 2 * k * num_sms || (nnz_padded * DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR >= m * k &&
+                                                  nnz_padded >= SUBWARP_MIN_NNZ * std::max<int64_t>(1, m));
     }
   } else {
     stage_x = variant != kRowwarpGlobal;
