@@ -158,7 +158,12 @@ STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM
 # (85 padded entries) take 8-lane subwarps, and there the copy paid on 14336 x 4096 (14.3-14.8 against 17.8-17.9 us,
 # spmm-rot{0,1}-h100-2026-11-27-s32h.json), where the non-zeros are 2.3 K per SM, but not on 11008 x 4096 (1.7 K per
 # SM: 13.9-14.3 against 12.6) nor 4096 x 4096 (0.65 K): for such rows the copy is made where the padded non-zeros
-# reach 2 K per SM, the N >= 32 rule's measure (in-sample, three points).
+# reach 2 K per SM, the N >= 32 rule's measure (in-sample, three points). Checked out of sample at 97 / 98 / 99% on
+# 16384, 14336, 12288 and 8192 x 4096 (spmm-decode98-h100-2026-11-27-s32i.json): right at 9 of 12 points; the three
+# misses cost 1.09-1.16x (16384 and 14336 x 4096 at 99%, where the copy still paid; 12288 x 4096 at 97%, where it did
+# not). In that run the copy paid at every sparsity from 108 rows per SM (14336) and at none up to 93 (12288), so a
+# rows-per-SM floor would fit better; the C++ entry's plan (csrc/spmm_entry.cu) holds the same rule and was left as it
+# was tested.
 DECODE_STAGE_X_MAX_BYTES = 227 * 1024
 DECODE_STAGE_X_MIN_ROWS_PER_SM = 31  # 4096 rows on 132 SMs
 BITMAP_MIN_DENSITY_DENOMINATOR_STAGED = 14  # padded density >= 7.1%
