@@ -127,9 +127,9 @@ DIRECT_MID_N_MIN_ROWS_PER_SM = 16
 # us), and at N = 16 everywhere. "auto"'s own time jumps from N = 16 to N = 24 there (13.2 to 28.7 us at 98%:
 # rowwarp's 16-token tiles). Thirty-second session (benchmarks/results/spmm-lown-h100-2026-11-27-s32a.json: 16384 x
 # 4096, 14336 x 4096, 11008 x 4096 and 8192 x 8192, N = 17 / 20 / 24 / 32, 95 / 98%, fp16 and bf16, direct, bitmap and
-# rowwarp forced in one run): at N = 24 / 32 direct was the fastest at every point, 1.02-1.04x ahead of the next on
-# the three M >= 11008 shapes and 1.13-1.38x on 8192 x 8192 (62 rows per SM, where the former floor of 64 kept
-# bitmap / rowwarp). At N = 17 / 20 it took 1.6-2.5x the time of the best: its X loads fell back to element loads
+# rowwarp forced in one run): at N = 24 / 32 direct was the fastest at every point, 1.07-1.45x ahead of the next on
+# the three M >= 11008 shapes and 1.13-1.33x on 8192 x 8192 (62 rows per SM, where the former floor of 64 kept
+# bitmap / rowwarp). At N = 17 / 20 it took 1.57-2.50x the time of the best: its X loads fell back to element loads
 # where N is not a multiple of 8, which csrc/spmm_direct.cu now avoids by padding the copy of X. Between 4096 x 4096
 # (31 rows per SM, "auto" faster in -s31f) and 8192 x 8192 (62) the floor is not measured; 48 lies between.
 DIRECT_LOW_N_MIN_N = 17
@@ -137,7 +137,7 @@ DIRECT_LOW_N_MIN_ROWS_PER_SM = 48
 DIRECT_MID_N_AUTO_ENV = "PRUNEKIT_SPMM_DIRECT_MID"  # "0": the rule off
 TILED_ROWS_PER_BLOCK = {2: 16, 8: 64}  # rows_per_warp -> rows per block (8 warps)
 TILED_N_TILE = 128  # output columns per tiled block
-SUBWARP_MIN_NNZ = 128
+SUBWARP_MIN_NNZ = 128  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
 STAGE_X_MIN_N = 32  # auto: rowwarp stages X in shared memory only from this N ...
 STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM
 # Decode, N = 9-16, fp16 / bf16 (thirty-second session): rowwarp's shared-memory copy of X, with the XOR-swizzled rows
@@ -167,9 +167,7 @@ STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM
 DECODE_STAGE_X_MAX_BYTES = 227 * 1024
 DECODE_STAGE_X_MIN_ROWS_PER_SM = 31  # 4096 rows on 132 SMs
 BITMAP_MIN_DENSITY_DENOMINATOR_STAGED = 14  # padded density >= 7.1%
-DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR = (
-    30  # padded density >= 3.3%  # rows averaging fewer padded non-zeros use 8-lane subwarps (Sputnik sec. 5.1)
-)
+DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR = 30  # padded density >= 3.3%
 # Variant codes of the C++ entry prunekit_ext::spmm_csr_auto and of prunekit_ext::plan_spmm_code (csrc/spmm_entry.cu
 # kAuto ... kBitmap hold the same numbers; the entry takes 0-4, tc, scatter and bitmap stay on this module's launcher).
 SPMM_VARIANT_CODES = {

@@ -10,7 +10,7 @@
 // (tokens, out_features) a block takes consecutive rows (warps x 32 / LPR of them) and writes them through shared
 // memory with 16-byte stores. X of another layout, and a row-major X whose N is not a multiple of VN, is copied first
 // into row-major rows padded to whole vectors (row_major_copy), so every lane loads vectors: with element loads N = 17
-// / 20 took 1.9-2.5x the time of N = 24 (spmm-lown-h100-2026-11-27-s32a.json). Residue: unaligned X/Y, and X as given
+// / 20 took 2.0-2.8x the time of N = 24 (spmm-lown-h100-2026-11-27-s32a.json). Residue: unaligned X/Y, and X as given
 // with $PRUNEKIT_ROWWARP_TRANSPOSE=0, fall back to element loads/stores with bounds.
 #include <cstdlib>
 

@@ -171,7 +171,9 @@ __device__ __forceinline__ void rowwarp_row(int sub, int lane, const T* __restri
 #pragma unroll
   for (int j = 0; j < RS::kOut; ++j) {
     const int t = n0 + t0 + j;
-    if (t < n) y[static_cast<int64_t>(row) * ys_m + static_cast<int64_t>(t) * ys_n] = from_f<T>(epilogue(acc[j], b, relu));
+    if (t < n) {
+      y[static_cast<int64_t>(row) * ys_m + static_cast<int64_t>(t) * ys_n] = from_f<T>(epilogue(acc[j], b, relu));
+    }
   }
 }
 
@@ -215,7 +217,8 @@ spmm_rowwarp_smem_kernel(const T* __restrict__ values, const int* __restrict__ r
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
       const int u = base + i * kSmemThreads;
-      if (u < k * NV) reinterpret_cast<uint4*>(xsm)[u - u % NV + ((u % NV) ^ x_swizzle<NV>(static_cast<unsigned>(u / NV)))] = r[i];
+      const int q = u % NV;  // vector q of row u / NV, at its swizzled slot
+      if (u < k * NV) reinterpret_cast<uint4*>(xsm)[u - q + (q ^ x_swizzle<NV>(static_cast<unsigned>(u / NV)))] = r[i];
     }
   }
   __syncthreads();
