@@ -24,6 +24,9 @@ for _ in range(5):  # plan build and warm-up around the profiled launch (ncu: --
     gpu.spmm_csr(**c, x=x, m=m, variant=variant)
 torch.cuda.synchronize()
 PY
+METRICS=dram__bytes_read.sum,smsp__inst_executed.sum,smsp__sass_inst_executed_op_shared_ld.sum
+METRICS+=,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+METRICS+=,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio
 declare -A regex=([rowwarp]=spmm_rowwarp [direct]=spmm_direct [bitmap]=nm24_decode [tc]=spmm_tc [scatter]=spmm_scatter
   [dense]=csr_to_dense [tiled]=spmm_tiled)
 : > "$NCU_OUT"
@@ -36,8 +39,12 @@ for case in "${cases[@]}"; do
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
     --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
     --section InstructionStats --section ComputeWorkloadAnalysis \
-    --metrics dram__bytes_read.sum,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,smsp__sass_inst_executed_op_shared_ld.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
+    --metrics "$METRICS" \
     python3 /tmp/ncu_spmm_case.py "${words[@]:0:5}" >> "$NCU_OUT" 2>&1
   echo "ncu exit code $?" | tee -a "$NCU_OUT"
 done
-grep -E "===|  Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit|inst_executed|wavefronts|bank_conflicts|stalled_.*(long|short|wait|barrier|mio|math|lg|dispatch|no_inst|not_sel|selected|branch|membar|tex)|Achieved Occupancy|Registers Per|Block Limit|Waves Per|Eligible Warps|Active Warps Per|Issued Warp|Executed Ipc A|Grid Size|Block Size|Dynamic Shared" "$NCU_OUT" | head -150
+STALLS="stalled_.*(long|short|wait|barrier|mio|math|lg|dispatch|no_inst|not_sel|selected|branch|membar|tex)"
+LAUNCH="Achieved Occupancy|Registers Per|Block Limit|Waves Per|Eligible Warps|Active Warps Per|Issued Warp"
+LAUNCH+="|Executed Ipc A|Grid Size|Block Size|Dynamic Shared"
+grep -E "===|  Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit|inst_executed|wavefronts|bank_conflicts|$STALLS|$LAUNCH" \
+  "$NCU_OUT" | head -150

@@ -218,8 +218,8 @@ def test_plan_spmm_decode_shared_copy_of_x(monkeypatch):
 def test_plan_spmm_direct_mid_n_rule(monkeypatch):
     """N 33-64, fp16/bf16 (the thirty-first session's H100 rules): direct where the padded density is at most 1/16 and M
     gives at least 16 rows per SM, over bitmap and rowwarp; at N 17-32 from DIRECT_LOW_N_MIN_ROWS_PER_SM (48) rows per
-    SM; never for fp32, at N <= 16 or with the rules off ($PRUNEKIT_SPMM_DIRECT_MID=0), where eager_spmm_code hands the call back to the entry's own
-    rule."""
+    SM; never for fp32, at N <= 16 or with the rules off ($PRUNEKIT_SPMM_DIRECT_MID=0), where eager_spmm_code hands
+    the call back to the entry's own rule."""
     for env in (gpu.BITMAP_AUTO_ENV, gpu.DENSE_AUTO_ENV, gpu.TC_AUTO_ENV, gpu.DIRECT_MID_N_AUTO_ENV):
         monkeypatch.delenv(env, raising=False)
 
