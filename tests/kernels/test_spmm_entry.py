@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import re
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -512,6 +514,64 @@ def test_plan_spmm_code_cpp_matches_python():
         cpp = torch.ops.prunekit_ext.plan_spmm_code(m, k, n, nnz, sms, gpu.SPMM_VARIANT_CODES[variant], dtype, tc_auto)
         python = gpu.spmm_plan_code(gpu._plan_spmm(m, k, n, nnz, sms, variant, dtype, tc_auto))
         assert tuple(cpp) == python, (m, k, n, nnz, sms, variant, dtype, tc_auto)
+
+
+PLAN_DRIVER = r"""
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#define PRUNEKIT_CHECK(cond, ...) \
+  do {                              \
+    if (!(cond)) throw std::runtime_error("check failed"); \
+  } while (0)
+%s
+int main() {
+  long long m, k, n, nnz, sms, variant, tcd, tca;
+  while (std::scanf("%%lld %%lld %%lld %%lld %%lld %%lld %%lld %%lld", &m, &k, &n, &nnz, &sms, &variant, &tcd, &tca) == 8) {
+    const auto p = plan_spmm(m, k, n, nnz, sms, variant, tcd != 0, tca != 0);
+    std::printf("%%lld %%lld %%lld %%lld %%lld %%lld\n", (long long)p[0], (long long)p[1], (long long)p[2],
+                (long long)p[3], (long long)p[4], (long long)p[5]);
+  }
+  return 0;
+}
+"""
+
+
+def _entry_plan_source() -> str:
+    """The C++ plan of csrc/spmm_entry.cu (its constants, ceil_div and plan_spmm), cut out of the source as it is."""
+    text = ENTRY_SOURCE.read_text()
+    consts = re.findall(r"^constexpr (?:int64_t|std::array<.*?>) \w+.*?;.*$", text, flags=re.M)
+    ceil = re.search(r"^int64_t ceil_div\(.*\}$", text, flags=re.M).group(0)
+    plan = re.search(r"^std::array<int64_t, 6> plan_spmm\(.*?^\}$", text, flags=re.M | re.S).group(0)
+    return "\n".join([*consts, ceil, plan])
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a host C++ compiler")
+def test_plan_spmm_cpp_source_matches_python_on_the_cpu(tmp_path):
+    """csrc/spmm_entry.cu's plan_spmm, compiled alone with the host compiler (no CUDA, no torch), against
+    gpu._plan_spmm over the GPU test's grid (test_plan_spmm_code_cpp_matches_python): every variant, dtype class,
+    tc_auto and SM count. A rule edited on one side only fails here without a GPU."""
+    source = tmp_path / "plan.cpp"
+    source.write_text(PLAN_DRIVER % _entry_plan_source())
+    exe = tmp_path / "plan"
+    subprocess.run(["c++", "-std=c++17", "-O1", str(source), "-o", str(exe)], check=True, capture_output=True)
+    dtypes = (None, torch.float16, torch.bfloat16, torch.float32)
+    cases, lines = [], []
+    for m, k, n, density, sms, variant, dtype, tc_auto in itertools.product(
+        (0, 1, 100, 2111, 4096, 11008, 14336), (7, 64, 4096, 7265), (0, 1, 4, 5, 8, 9, 12, 16, 17, 32, 64, 65, 129, 4096),
+        (0.0, 0.02, 0.03, 0.05, 0.5, 1.0), (108, 132), gpu.SPMM_VARIANTS, dtypes, (False, True),
+    ):  # fmt: skip
+        nnz = int(m * k * density)
+        cases.append((m, k, n, nnz, sms, variant, dtype, tc_auto))
+        tcd = dtype in (torch.float16, torch.bfloat16)
+        lines.append(f"{m} {k} {n} {nnz} {sms} {gpu.SPMM_VARIANT_CODES[variant]} {int(tcd)} {int(tc_auto)}")
+    out = subprocess.run([str(exe)], input="\n".join(lines), capture_output=True, text=True, check=True).stdout
+    cpp = [tuple(map(int, line.split())) for line in out.splitlines()]
+    assert len(cpp) == len(cases)
+    for case, got in zip(cases, cpp):
+        assert got == gpu.spmm_plan_code(gpu._plan_spmm(*case)), case
 
 
 # --- GPU: the runtime takes the entry ------------------------------------------------------------------------------
