@@ -502,18 +502,24 @@ def test_entry_refuses_the_tensor_core_code():
         torch.ops.prunekit_ext.spmm_csr_auto(*c.values(), x, m, None, False, gpu.SPMM_VARIANT_CODES["tc"])
 
 
+def _plan_cases():
+    """(m, k, n, nnz_padded, num_sms, variant, dtype, tc_auto) over which the C++ and Python plans must agree: every
+    variant, dtype class, tc_auto and SM count, around the rules' edges (the decode copy of X: 14336 rows, K = 7265)."""
+    dtypes = (None, torch.float16, torch.bfloat16, torch.float32)
+    for m, k, n, density, sms, variant, dtype, tc_auto in itertools.product(
+        (0, 1, 100, 2111, 4096, 11008, 14336), (7, 64, 4096, 7265), (0, 1, 4, 5, 8, 9, 12, 16, 17, 32, 64, 65, 129, 4096),
+        (0.0, 0.02, 0.03, 0.05, 0.5, 1.0), (108, 132), gpu.SPMM_VARIANTS, dtypes, (False, True),
+    ):  # fmt: skip
+        yield m, k, n, int(m * k * density), sms, variant, dtype, tc_auto
+
+
 @pytest.mark.cuda
 def test_plan_spmm_code_cpp_matches_python():
     gpu._ensure_loaded()
-    dtypes = (None, torch.float16, torch.bfloat16, torch.float32)
-    for m, k, n, density, sms, variant, dtype, tc_auto in itertools.product(
-        (0, 1, 100, 2111, 4096, 11008), (7, 64, 4096), (0, 1, 4, 5, 8, 9, 16, 32, 64, 65, 129, 4096),
-        (0.0, 0.05, 0.5, 1.0), (108, 132), gpu.SPMM_VARIANTS, dtypes, (False, True),
-    ):  # fmt: skip
-        nnz = int(m * k * density)
+    for case in _plan_cases():
+        m, k, n, nnz, sms, variant, dtype, tc_auto = case
         cpp = torch.ops.prunekit_ext.plan_spmm_code(m, k, n, nnz, sms, gpu.SPMM_VARIANT_CODES[variant], dtype, tc_auto)
-        python = gpu.spmm_plan_code(gpu._plan_spmm(m, k, n, nnz, sms, variant, dtype, tc_auto))
-        assert tuple(cpp) == python, (m, k, n, nnz, sms, variant, dtype, tc_auto)
+        assert tuple(cpp) == gpu.spmm_plan_code(gpu._plan_spmm(*case)), case
 
 
 PLAN_DRIVER = r"""
@@ -551,22 +557,17 @@ def _entry_plan_source() -> str:
 @pytest.mark.skipif(shutil.which("c++") is None, reason="needs a host C++ compiler")
 def test_plan_spmm_cpp_source_matches_python_on_the_cpu(tmp_path):
     """csrc/spmm_entry.cu's plan_spmm, compiled alone with the host compiler (no CUDA, no torch), against
-    gpu._plan_spmm over the GPU test's grid (test_plan_spmm_code_cpp_matches_python): every variant, dtype class,
-    tc_auto and SM count. A rule edited on one side only fails here without a GPU."""
+    gpu._plan_spmm over _plan_cases (the GPU test's grid, test_plan_spmm_code_cpp_matches_python). A rule edited on
+    one side only fails here without a GPU."""
     source = tmp_path / "plan.cpp"
     source.write_text(PLAN_DRIVER % _entry_plan_source())
     exe = tmp_path / "plan"
     subprocess.run(["c++", "-std=c++17", "-O1", str(source), "-o", str(exe)], check=True, capture_output=True)
-    dtypes = (None, torch.float16, torch.bfloat16, torch.float32)
-    cases, lines = [], []
-    for m, k, n, density, sms, variant, dtype, tc_auto in itertools.product(
-        (0, 1, 100, 2111, 4096, 11008, 14336), (7, 64, 4096, 7265), (0, 1, 4, 5, 8, 9, 12, 16, 17, 32, 64, 65, 129, 4096),
-        (0.0, 0.02, 0.03, 0.05, 0.5, 1.0), (108, 132), gpu.SPMM_VARIANTS, dtypes, (False, True),
-    ):  # fmt: skip
-        nnz = int(m * k * density)
-        cases.append((m, k, n, nnz, sms, variant, dtype, tc_auto))
-        tcd = dtype in (torch.float16, torch.bfloat16)
-        lines.append(f"{m} {k} {n} {nnz} {sms} {gpu.SPMM_VARIANT_CODES[variant]} {int(tcd)} {int(tc_auto)}")
+    cases = list(_plan_cases())
+    lines = [
+        f"{m} {k} {n} {nnz} {sms} {gpu.SPMM_VARIANT_CODES[variant]} {int(dtype in gpu.TC_DTYPES)} {int(tc_auto)}"
+        for m, k, n, nnz, sms, variant, dtype, tc_auto in cases
+    ]
     out = subprocess.run([str(exe)], input="\n".join(lines), capture_output=True, text=True, check=True).stdout
     cpp = [tuple(map(int, line.split())) for line in out.splitlines()]
     assert len(cpp) == len(cases)
