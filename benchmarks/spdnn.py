@@ -28,6 +28,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from prunekit.spdnn.balance import balance_enabled
 from prunekit.spdnn.run import run_network
 
 PLANS = {
@@ -95,6 +96,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, help="champion plan: data directory (official layout)")
     parser.add_argument("--neurons", type=int, default=1024, help="champion plan: N (1024 or 4096; files in --data)")
     parser.add_argument("--champion", type=Path, help="champion plan: their built ``inference`` binary")
+    parser.add_argument("--networks", help="NxL,NxL,...: run these networks instead of the plan's (e.g. 65536x1920)")
+    parser.add_argument("--tag", default="", help="appended to the results file name (several runs in one call)")
     args = parser.parse_args()
     if args.render:
         print(render(args.render), end="")
@@ -104,11 +107,14 @@ def main() -> None:
     plan, repeats = PLANS[args.plan], REPEATS[args.plan]
     if args.plan == "champion":
         plan = [(args.neurons, layers) for _, layers in plan]
+    if args.networks:
+        plan = [tuple(int(v) for v in net.lower().split("x")) for net in args.networks.split(",")]
 
     device = torch.cuda.get_device_name().replace(" ", "-")
     date = dt.date.today().isoformat()
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = f"-n{args.neurons}" if args.plan == "champion" and args.neurons != 1024 else ""
+    suffix += f"-{args.tag}" if args.tag else ""
     path = args.out / f"spdnn-{args.plan}{suffix}-{device}-{date}.json"
 
     def save() -> None:
@@ -304,6 +310,9 @@ def run_multi_plan(args, plan, rows, skipped, save, over_budget) -> None:
                     "teraedges_per_s": r["teraedges_per_s"],
                     "categories": r["n_categories"],
                     "passed": r["passed"],
+                    # the run's settings: tile groups on streams (csrc/spdnn), survivors evened out across ranks
+                    "tiled_streams": os.environ.get("PRUNEKIT_SPDNN_TILED_STREAMS", "default"),
+                    "balance": balance_enabled(),
                 }
             )
             Console().print(rows[-1])

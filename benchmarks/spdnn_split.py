@@ -4,18 +4,22 @@ The multi-GPU run (``prunekit.spdnn run --gpus G``, Hidayetoglu et al. 2020 sec.
 1/G of the 60000 inputs and reports the slowest rank. This script runs the same driver
 (``spdnn_cuda.infer_tiled``) on one GPU for the whole input set and for each share, and traces every launch of the
 chain schedule (layers, live inputs in and out, CUDA-event ms), so the part of the time that does not shrink with
-the share (per-layer launches over few live tiles, host round trips) can be read off. Each case runs three times: with
-the layers as built (output j in ELL column j), after ``spdnn_cuda.tiled_output_order_`` (run.py's default), and
-then with the ordered layers packed (``pack_ell``, 4 bytes per slot; opt-in ``$PRUNEKIT_SPDNN_TILED_PACK=1``). A diagnostic of our own driver;
-the scaling benchmark itself is ``benchmarks/spdnn.py --plan multi``.
+the share (per-layer launches over few live tiles, host round trips) can be read off. Each case runs with the layers
+as built (output j in ELL column j), after ``spdnn_cuda.tiled_output_order_`` (run.py's default), and with the
+ordered layers packed (``pack_ell``, 4 bytes per slot; opt-in ``$PRUNEKIT_SPDNN_TILED_PACK=1``), or the subset
+``--orders`` names; ``--streams 1,2,4`` times each case with that many tile groups on their own streams
+(``$PRUNEKIT_SPDNN_TILED_STREAMS``), the settings alternating within a case. A diagnostic of our own driver; the
+scaling benchmark itself is ``benchmarks/spdnn.py --plan multi``.
 
     PYTHONPATH=src python benchmarks/spdnn_split.py --neurons 16384 --layers 1920 --shares 2 --json out.json
+    PYTHONPATH=src python benchmarks/spdnn_split.py --orders ordered --streams 1,2,4 --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +31,8 @@ from rich.table import Table
 from prunekit.kernels import spdnn_cuda
 from prunekit.spdnn.generator import SPDNN_INPUTS, SPDNN_RELU_CAP, bias_for, iter_layers, synthetic_image_set
 from prunekit.spdnn.run import build_ell, partition
+
+STREAMS_ENV = "PRUNEKIT_SPDNN_TILED_STREAMS"  # read by the tiled op at each call (csrc/spdnn/spdnn_chain.cu)
 
 
 def timed(features: torch.Tensor, net: tuple, bias: float, repeats: int) -> tuple[float, list[float]]:
@@ -61,6 +67,14 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=1920)
     parser.add_argument("--shares", type=int, default=2, help="G: time each rank's contiguous 1/G of the inputs")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--orders",
+        default="plain,ordered,ordered+packed",
+        help="comma-separated subset of plain, ordered, ordered+packed (run in that order)",
+    )
+    parser.add_argument("--streams", default="",
+                        help="comma-separated tile-group counts ($PRUNEKIT_SPDNN_TILED_STREAMS) to time each case "
+                        "with; default: the kernel's own")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -77,9 +91,11 @@ def main() -> None:
         (f"share {r}/{args.shares}", *partition(SPDNN_INPUTS, r, args.shares)) for r in range(args.shares)
     ]
     order_s = 0.0
-    orders = ("plain", "ordered", "ordered+packed")
+    out_pos = None
+    orders = [o for o in ("plain", "ordered", "ordered+packed") if o in args.orders.split(",")]
+    streams = [int(v) for v in args.streams.split(",") if v.strip()] or [None]
     for order in orders:
-        if order == "ordered":  # the same layers, outputs with equal inputs side by side (run.py's default)
+        if order != "plain" and out_pos is None:  # the same layers, outputs with equal inputs side by side (run.py's)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             out_pos = spdnn_cuda.tiled_output_order_(ell_idx, ell_val)
@@ -94,24 +110,31 @@ def main() -> None:
         net = (ell_idx, ell_val, out_pos if order != "plain" else None, packed)
         for name, lo, hi in cases:
             features = images.rows(lo, hi, device, torch.float32, 1 << 26)
-            median, times = timed(features, net, bias, args.repeats)
-            trace = traced(features, net, bias)
-            runs.append({"order": order, "case": name, "lo": lo, "hi": hi, "inference_s": median, "times_s": times,
-                         "launches": trace})  # fmt: skip
+            for groups in streams:  # the settings alternate within a case: drift hits all of them alike
+                if groups is not None:
+                    os.environ[STREAMS_ENV] = str(groups)
+                median, times = timed(features, net, bias, args.repeats)
+                trace = traced(features, net, bias)
+                runs.append({"order": order, "case": name, "lo": lo, "hi": hi, "streams": groups,
+                             "inference_s": median, "times_s": times, "launches": trace})  # fmt: skip
+            os.environ.pop(STREAMS_ENV, None)
             del features
             torch.cuda.empty_cache()
 
     table = Table(title=f"SpDNN tiled driver, N={n} x {layers} layers, {torch.cuda.get_device_name()}")
-    for col in ("outputs", "case", "inputs", "wall (s)", "launches", "sum of launches (ms)", "survivors"):
+    for col in ("outputs", "case", "inputs", "streams", "wall (s)", "launches", "sum of launches (ms)",
+                "last launch (ms)", "survivors"):  # fmt: skip
         table.add_column(col)
     for r in runs:
         ms = sum(t["ms"] for t in r["launches"])
+        last = r["launches"][-1]["ms"] if r["launches"] else 0.0
         survivors = r["launches"][-1]["live_out"] if r["launches"] else 0
-        table.add_row(r["order"], r["case"], str(r["hi"] - r["lo"]), f"{r['inference_s']:.4f}",
-                      str(len(r["launches"])), f"{ms:.1f}", str(survivors))  # fmt: skip
+        table.add_row(r["order"], r["case"], str(r["hi"] - r["lo"]), str(r["streams"] or "default"),
+                      f"{r['inference_s']:.4f}", str(len(r["launches"])), f"{ms:.1f}", f"{last:.1f}",
+                      str(survivors))  # fmt: skip
     Console().print(table)
     for order in orders:
-        picked = [r["launches"] for r in runs if r["order"] == order][:2]
+        picked = [r["launches"] for r in runs if r["order"] == order and r["streams"] == streams[0]][:2]
         if len(picked) < 2:
             continue
         a, s = picked

@@ -10,6 +10,10 @@
 #                                        (writes the files first: 1920 TSV layers + binary copy; if the call runs out
 #                                        of time, call it again on the still-warm machine: finished steps are kept)
 #   bash scripts/gpu_spdnn.sh multi      (nvidia-h100-x2) two GPUs vs one on N=16384 x 1920 and 65536 x 480
+#   bash scripts/gpu_spdnn.sh scale      (nvidia-h100-x2) issue 7's two-GPU target in one call: tests, tile groups on
+#                                        streams timed on one GPU ($STREAMS_SWEEP), then 1 vs 2 GPUs with the best
+#                                        group count and the survivors evened out, against the old settings
+#                                        ($SCALE_NETWORKS, default 16384x1920,65536x480)
 #   bash scripts/gpu_spdnn.sh split      one GPU: the tiled driver on all inputs vs each half, as built, with the
 #                                        output order and packed, per-launch trace (N=16384 x 1920 and 65536 x 480)
 #   bash scripts/gpu_spdnn.sh quick      tests, then per-launch + driver wall times at N=1024 x 120 (official, relabelled)
@@ -21,6 +25,11 @@ set -uo pipefail
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 PRUNEKIT_CUDA_ARCHS=90
 export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}  # shared with the other gpu_*.sh
 OUT=${OUT:-/tmp/spdnn-out}; mkdir -p "$OUT"
+# The GPU image has no pydantic, which the CLI tests in tests/spdnn import: carry .whl (scripts/gpu_session.sh).
+if ! python3 -c "import pydantic" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 # shellcheck source=scripts/out_pack.sh
 source "$(dirname "${BASH_SOURCE[0]}")/out_pack.sh"; trap out_pack EXIT  # <= 8 files in $OUT
 what=${1:-tests}
@@ -82,6 +91,30 @@ case "$what" in
     build
     python3 benchmarks/spdnn.py --plan multi --budget-s "${BUDGET_S:-480}" --out "$OUT" 2>&1 | tee "$OUT/bench-multi.log" | tail -30
     ;;
+  scale)
+    build
+    timeout 240 python3 -m pytest -q tests/spdnn -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -4
+    python3 benchmarks/spdnn_split.py --neurons 16384 --layers 1920 --orders ordered --streams "${STREAMS_SWEEP:-1,2,4}" \
+      --json "$OUT/spdnn-split-streams-16384.json" 2>&1 | tee "$OUT/split.log" | grep -v "^[│|] *[0-9]*-" | tail -14
+    # the group count with the least time for all inputs plus the slower share (one GPU and the two-GPU ranks)
+    best=$(python3 -c "
+import json, sys
+runs = json.load(open('$OUT/spdnn-split-streams-16384.json'))['runs']
+cost = {}
+for r in runs:
+    key = 'all' if r['case'] == 'all' else 'share'
+    s = cost.setdefault(r['streams'], {'all': 0.0, 'share': 0.0})
+    s[key] = max(s[key], r['inference_s']) if key == 'share' else r['inference_s']
+print(min(cost, key=lambda k: cost[k]['all'] + cost[k]['share']))")
+    echo "tile groups chosen: $best"
+    nets=${SCALE_NETWORKS:-16384x1920,65536x480}
+    PRUNEKIT_SPDNN_TILED_STREAMS=$best python3 benchmarks/spdnn.py --plan multi --networks "$nets" --tag new \
+      --budget-s "${BUDGET_S:-200}" --out "$OUT" 2>&1 | tee "$OUT/bench-multi-new.log" | tail -12
+    PRUNEKIT_SPDNN_TILED_STREAMS=1 PRUNEKIT_SPDNN_BALANCE=0 python3 benchmarks/spdnn.py --plan multi \
+      --networks "${OLD_NETWORKS:-16384x1920}" --tag old --budget-s 60 --out "$OUT" 2>&1 \
+      | tee "$OUT/bench-multi-old.log" | tail -12
+    rm -f "$OUT"/multi-n*.json  # the per-run files: their rows are in the two spdnn-multi-*.json
+    ;;
   split)
     build
     python3 benchmarks/spdnn_split.py --neurons 16384 --layers 1920 --json "$OUT/spdnn-split-16384.json" 2>&1 \
@@ -115,5 +148,5 @@ case "$what" in
     build
     python3 scripts/debug_spdnn.py --neurons 4096 --layers 120 2>&1 | tee "$OUT/debug.log"
     ;;
-  *) echo "usage: bash scripts/gpu_spdnn.sh tests|split|quick|small|big|huge|champion|multi|profile|debug"; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_spdnn.sh tests|scale|split|quick|small|big|huge|champion|multi|profile|debug"; exit 2 ;;
 esac

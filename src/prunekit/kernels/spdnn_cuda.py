@@ -121,6 +121,7 @@ def infer_fused(
     row_pos: torch.Tensor | None = None,
     packed: torch.Tensor | None = None,
     trace: list[dict] | None = None,
+    balance=None,
 ) -> torch.Tensor:
     """Run every layer with the shared-memory chain kernel; return the 0-based indices of inputs whose final
     row is non-zero (CPU int64, sorted).
@@ -134,6 +135,7 @@ def infer_fused(
         packed: :func:`pack_ell` of the same layers, or None: when given, the kernel streams it instead of the
             (int32, float32) pairs (the same sums, bit for bit).
         trace: passed to :func:`infer_chained` (per-launch records, for benchmarks/spdnn_profile.py).
+        balance: passed to :func:`infer_chained` (several ranks: global indices are returned).
 
     Launches chains of 2, 2, 4, 8, ... (up to :data:`MAX_CHAIN`) layers, dropping dead inputs between them (the next
     launch reads only the live rows of the last one's output), and the rest in one launch once the survivors have
@@ -160,6 +162,7 @@ def infer_fused(
         gathers=True,
         trace=trace,
         one_layer=one_layer_rule(features.shape[1], 2 if keep and features.dtype != torch.float32 else 4),
+        balance=balance,
     )
 
 
@@ -188,9 +191,10 @@ def infer_tiled(
     out_pos: torch.Tensor | None = None,
     trace: list[dict] | None = None,
     packed: torch.Tensor | None = None,
+    balance=None,
 ) -> torch.Tensor:
     """As :func:`infer_fused` with the tiled kernel (any N; features in global memory). Batches of more than
-    :data:`MAX_TILED_BATCH` inputs are run in pieces.
+    :data:`MAX_TILED_BATCH` inputs are run in pieces (without ``balance``; with it, such a batch raises ValueError).
 
     Args:
         out_pos: ``(layers, N)`` int32 or None: the output each ELL column computes (:func:`tiled_output_order_`);
@@ -199,6 +203,7 @@ def infer_tiled(
         packed: :func:`pack_ell` of the same layers, or None: when given, ``prunekit_spdnn::tiled_packed`` streams it
             instead of the (int32, float32) pairs (the same sums, bit for bit; ``ell_idx`` / ``ell_val`` are then
             not read and may be the words themselves).
+        balance: passed to :func:`infer_chained` (several ranks: global indices are returned).
     """
     load()
     op = torch.ops.prunekit_spdnn.tiled
@@ -208,6 +213,10 @@ def infer_tiled(
         def op(y, words, _same, bias, cap, *out_pos_part):
             return torch.ops.prunekit_spdnn.tiled_packed(y, words, bias, cap, *out_pos_part)
 
+    if balance is not None:  # one piece: the ranks' collectives must pair up
+        if features.shape[0] > MAX_TILED_BATCH:
+            raise ValueError(f"infer_tiled: at most {MAX_TILED_BATCH} inputs per rank and batch with balance")
+        return infer_chained(op, features, ell_idx, ell_val, bias, cap, out_pos=out_pos, trace=trace, balance=balance)
     parts = []
     for lo in range(0, features.shape[0], MAX_TILED_BATCH):
         part = features[lo : lo + MAX_TILED_BATCH]
@@ -284,6 +293,7 @@ def infer_chained(
     trace: list[dict] | None = None,
     one_layer=None,
     out_pos: torch.Tensor | None = None,
+    balance=None,
 ):
     """Drive ``op(y, idx, val, bias, cap) -> (out, alive)`` over chains of 2, 2, 4, 8, ... 64 layers with
     compaction of the live inputs between chains; return the live inputs' 0-based indices (CPU int64, sorted).
@@ -301,7 +311,11 @@ def infer_chained(
         one_layer: ``callable(live inputs) -> bool``, or None: launch one layer alone while it says so (the chain op
             holds more inputs per block with the one buffer of a one-layer launch at some N; :func:`infer_fused`).
         trace: when a list, one dict per launch is appended (``first``, ``last``, ``live_in``, ``live_out`` and, on
-            CUDA, ``events``: start and end CUDA events around the launch; read them after a synchronize).
+            CUDA, ``events``: start and end CUDA events around the launch; read them after a synchronize; with
+            ``balance``, ``balanced``: live rows per rank before and after the exchange, on the launch before it).
+        balance: a :class:`prunekit.spdnn.balance.Balance` (several ranks), or None. Every rank then makes the chain
+            decisions from all ranks' counts, so that all stay in step; at the settle point the ranks even out their
+            live rows, and the returned indices are global (``balance.offset`` added), not local.
 
     The first chain is 2 layers ($PRUNEKIT_SPDNN_FIRST_CHAIN, :data:`FIRST_CHAIN`): in the challenge networks the first
     layer drops almost no input, so its compaction would cost a host round trip for nothing. Once a chain of at least
@@ -315,8 +329,16 @@ def infer_chained(
     first = max(1, int(os.environ.get(FIRST_CHAIN_ENV, FIRST_CHAIN)))
     rows = None  # gathers: the rows of y still alive (None: all)
     done, chain, chains = 0, first, 0  # chains: launches of the doubling schedule so far
-    while done < layers and (y.shape[0] if rows is None else rows.numel()) > 0:
-        single = one_layer is not None and one_layer(y.shape[0] if rows is None else rows.numel())
+
+    def local_live() -> int:
+        return y.shape[0] if rows is None else rows.numel()
+
+    counts = None  # with balance, until the exchange: every rank's live rows
+    if balance is not None:
+        live = live + balance.offset
+        counts = balance.exchange(False, local_live(), y.device)[1]
+    while done < layers and (sum(counts) if counts is not None else local_live()) > 0:
+        single = one_layer is not None and one_layer(max(counts) if counts is not None else local_live())
         stop = min(layers, done + (1 if single else chain))
         if gathers:
             extra = (None if row_pos is None else row_pos[done:stop], rows)
@@ -325,7 +347,11 @@ def infer_chained(
         if trace is not None and y.is_cuda:
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record()
-        y, alive = op(y, ell_idx[done:stop], ell_val[done:stop], bias, cap, *extra)
+        if local_live() > 0:
+            y, alive = op(y, ell_idx[done:stop], ell_val[done:stop], bias, cap, *extra)
+        else:  # balance: this rank has no input left, but still takes part in the collectives
+            y, rows = y[:0], None
+            alive = torch.zeros(0, dtype=torch.int32, device=y.device)
         if trace is not None:
             trace.append({"first": done, "last": stop - 1, "live_in": int(alive.numel())})
             if y.is_cuda:
@@ -343,7 +369,16 @@ def infer_chained(
                 y = y.index_select(0, keep)
         elif gathers:
             rows = None
+        if counts is not None:
+            lost, counts = balance.exchange(lost, local_live(), y.device)
         settled = settle and not lost and stop - done >= SETTLE_MIN_CHAIN
+        if settled and counts is not None:  # the survivors have settled on every rank: even them out, once
+            if rows is not None:
+                y, rows = y.index_select(0, rows), None
+            y, live = balance.rebalance(y, live, counts)
+            if trace is not None:
+                trace[-1]["balanced"] = {"before": balance.before, "after": balance.after}
+            counts = None
         if settled:
             chain = layers
         elif not single:

@@ -24,6 +24,7 @@ import torch
 
 from ..errors import PrunekitError
 from . import tsv
+from .balance import Balance, balance_enabled
 from .generator import (
     SPDNN_INPUTS,
     SPDNN_NNZ_PER_ROW,
@@ -208,6 +209,19 @@ def _world() -> tuple[int, int]:
 def partition(count: int, rank: int, world: int) -> tuple[int, int]:
     """Rank ``rank``'s contiguous share ``[lo, hi)`` of ``count`` inputs (sizes differ by at most one)."""
     return count * rank // world, count * (rank + 1) // world
+
+
+def _batches(share: int, batch_inputs: int, count: int, world: int, balanced: bool) -> list[tuple[int, int]]:
+    """A rank's inference batches ``[(lo, hi), ...]`` within its share of ``share`` inputs.
+
+    Without ``balanced``: pieces of ``batch_inputs``. With it, every rank runs the same number of batches (the ranks'
+    collectives pair up batch by batch): that of the largest share, ``ceil(max share / batch_inputs)``, each share cut
+    into that many near-equal pieces (:func:`partition`; a piece may be empty)."""
+    if not balanced:
+        return [(b, min(share, b + batch_inputs)) for b in range(0, share, batch_inputs)]
+    largest = max(hi - lo for lo, hi in (partition(count, r, world) for r in range(world)))
+    pieces = max(1, -(-largest // max(1, batch_inputs)))
+    return [partition(share, i, pieces) for i in range(pieces)]
 
 
 def _truth_batch(neurons: int, layers: int, inputs: int, device: str) -> int:
@@ -471,18 +485,25 @@ def run_network(
     _sync(device)
     build_s = _max_over_ranks(time.perf_counter() - t0, device)
 
+    balanced = world > 1 and kernel in ("fused", "tiled") and balance_enabled()
+    batches = _batches(hi - lo, batch_inputs, count, world, balanced)
+
     def inference() -> torch.Tensor:
         found = []
-        for b_lo in range(0, features.shape[0], batch_inputs):
-            y = features[b_lo : b_lo + batch_inputs]
+        for b_lo, b_hi in batches:
+            y = features[b_lo:b_hi]
+            # several ranks: the survivors are evened out across ranks (balance.py); indices come back global
+            even = Balance(lo + b_lo) if balanced else None
             if kernel == "fused":
-                live = spdnn_cuda.infer_fused(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP, row_pos, packed)
+                live = spdnn_cuda.infer_fused(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP, row_pos, packed, balance=even)
             elif kernel == "tiled":
-                live = spdnn_cuda.infer_tiled(y, ell_idx, ell_val, bias, SPDNN_RELU_CAP, out_pos, packed=packed)
+                live = spdnn_cuda.infer_tiled(
+                    y, ell_idx, ell_val, bias, SPDNN_RELU_CAP, out_pos, packed=packed, balance=even
+                )
             else:
                 live = _infer_reference(y, prepared, bias, step, layers)
-            found.append(live + b_lo)
-        return torch.cat(found) + lo if found else torch.zeros(0, dtype=torch.int64)
+            found.append(live if balanced else live + b_lo + lo)
+        return torch.cat(found) if found else torch.zeros(0, dtype=torch.int64)
 
     if repeats > 1:
         inference()  # warm-up: first launches, allocator, JIT

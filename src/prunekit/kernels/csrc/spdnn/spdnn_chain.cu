@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
 #include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
 
 namespace {
@@ -416,6 +417,23 @@ std::tuple<torch::Tensor, torch::Tensor> chain_packed(const torch::Tensor& y, co
 constexpr int kTiledThreads = 256;
 constexpr int kTileInputs = 16;
 constexpr int kTiledSlotBatch = 8;  // as kSlotBatch, for the tiled kernel
+// Tile groups, each on its own stream: a layer's launch waits for the previous layer of its own tiles only. With few
+// live tiles a layer is a few waves of blocks (N = 16384, 29 tiles: 1856 blocks, 3.5 waves of the 528 that fit the
+// H100 at 4 blocks per SM), and the last, partial wave took as long as a full one: a layer's time went with the wave
+// count rounded up (benchmarks/results/spdnn-split-16384-h100-2026-11-25-order.json). Independent groups let one
+// group's blocks fill the SMs that another's last wave leaves idle. $PRUNEKIT_SPDNN_TILED_STREAMS overrides.
+constexpr int kTiledStreams = 1;
+cudaEvent_t recorded_event(cudaStream_t stream) {
+  cudaEvent_t event;
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  C10_CUDA_CHECK(cudaEventRecord(event, stream));
+  return event;
+}
+int tiled_streams() {
+  int s = kTiledStreams;
+  if (const char* env = std::getenv("PRUNEKIT_SPDNN_TILED_STREAMS")) s = std::atoi(env);
+  return std::min(std::max(s, 1), 16);
+}
 
 // PACKED: ell_a holds the packed words (slot_row / slot_weight) and ell_b is unused; else ell_a the int32 rows and
 // ell_b the float32 weights' bits.
@@ -423,10 +441,10 @@ template <int BT, bool PACKED>
 __global__ void __launch_bounds__(kTiledThreads) spdnn_tiled_layer_kernel(
     const float* __restrict__ x, float* __restrict__ x_next, int batch, int n, int slots,
     const uint32_t* __restrict__ ell_a, const uint32_t* __restrict__ ell_b, const int* __restrict__ out_pos,
-    float bias, float cap, int* stamp, int layer) {
+    float bias, float cap, int* stamp, int layer, int tile0) {
   static_assert(BT % 4 == 0 && BT <= 32, "BT: a multiple of 4, at most 32 (bit mask)");
   __shared__ int block_bits;
-  const int t = blockIdx.y;
+  const int t = tile0 + static_cast<int>(blockIdx.y);
   const int b0 = t * BT;
   if (threadIdx.x == 0) block_bits = 0;
   int live = 0;
@@ -538,24 +556,43 @@ std::tuple<torch::Tensor, torch::Tensor> tiled_impl(const torch::Tensor& y, cons
   }
   auto b = torch::empty_like(a);
   auto stamp = torch::zeros({batch}, yc.options().dtype(torch::kInt));
-  const dim3 grid(static_cast<unsigned>((n + kTiledThreads - 1) / kTiledThreads), static_cast<unsigned>(tiles));
+  const unsigned blocks_x = static_cast<unsigned>((n + kTiledThreads - 1) / kTiledThreads);
   auto stream = c10::cuda::getCurrentCUDAStream();
+  // Tile groups g = 0 .. groups-1 hold tiles [tiles * g / groups, tiles * (g + 1) / groups): disjoint inputs, rows of
+  // a / b and stamps, so each group runs its layers on its own stream; the caller's stream waits for all at the end.
+  const int groups = static_cast<int>(std::min<int64_t>(tiled_streams(), tiles));
+  std::vector<c10::cuda::CUDAStream> streams(groups, stream);
+  if (groups > 1) {
+    const cudaEvent_t ready = recorded_event(stream);
+    for (int g = 0; g < groups; ++g) {
+      streams[g] = c10::cuda::getStreamFromPool(false, y.device().index());
+      C10_CUDA_CHECK(cudaStreamWaitEvent(streams[g], ready, 0));
+    }
+    C10_CUDA_CHECK(cudaEventDestroy(ready));  // released once recorded: the waits already enqueued still hold
+  }
   for (int l = 0; l < layers; ++l) {
     const size_t layer_at = static_cast<size_t>(l) * slots * n;
     const auto* ell_a = reinterpret_cast<const uint32_t*>(idx.data_ptr<int>()) + layer_at;
+    const auto* ell_b = packed ? nullptr : reinterpret_cast<const uint32_t*>(val.data_ptr<float>()) + layer_at;
     const int* pos_l = pos.defined() ? pos.data_ptr<int>() + static_cast<size_t>(l) * n : nullptr;
-    if (packed) {
-      spdnn_tiled_layer_kernel<BT, true><<<grid, kTiledThreads, 0, stream>>>(
-          a.data_ptr<float>(), b.data_ptr<float>(), static_cast<int>(batch), static_cast<int>(n), slots, ell_a,
-          nullptr, pos_l, static_cast<float>(bias), static_cast<float>(cap), stamp.data_ptr<int>(), l);
-    } else {
-      const auto* ell_b = reinterpret_cast<const uint32_t*>(val.data_ptr<float>()) + layer_at;
-      spdnn_tiled_layer_kernel<BT, false><<<grid, kTiledThreads, 0, stream>>>(
-          a.data_ptr<float>(), b.data_ptr<float>(), static_cast<int>(batch), static_cast<int>(n), slots, ell_a,
-          ell_b, pos_l, static_cast<float>(bias), static_cast<float>(cap), stamp.data_ptr<int>(), l);
+    for (int g = 0; g < groups; ++g) {
+      const int64_t t0 = tiles * g / groups, t1 = tiles * (g + 1) / groups;
+      const dim3 grid(blocks_x, static_cast<unsigned>(t1 - t0));
+      auto kernel = packed ? spdnn_tiled_layer_kernel<BT, true> : spdnn_tiled_layer_kernel<BT, false>;
+      kernel<<<grid, kTiledThreads, 0, streams[g]>>>(a.data_ptr<float>(), b.data_ptr<float>(),
+                                                    static_cast<int>(batch), static_cast<int>(n), slots, ell_a, ell_b,
+                                                    pos_l, static_cast<float>(bias), static_cast<float>(cap),
+                                                    stamp.data_ptr<int>(), l, static_cast<int>(t0));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
     std::swap(a, b);
+  }
+  if (groups > 1) {
+    for (int g = 0; g < groups; ++g) {
+      const cudaEvent_t done = recorded_event(streams[g]);
+      C10_CUDA_CHECK(cudaStreamWaitEvent(stream, done, 0));
+      C10_CUDA_CHECK(cudaEventDestroy(done));
+    }
   }
   b = torch::Tensor();  // release the other ping-pong buffer before the row-major copy
   alive = stamp.eq(layers).to(torch::kInt);
