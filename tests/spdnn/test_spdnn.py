@@ -712,6 +712,37 @@ def test_tiled_kernel_matches_float64_reference_on_cuda(neurons):
 
 @pytest.mark.cuda
 @CUDA
+@pytest.mark.parametrize("groups", [2, 3, 7, 200])  # 200: more groups than tiles (one tile each)
+def test_tiled_tile_groups_on_streams_give_the_same_bits(monkeypatch, groups):
+    """$PRUNEKIT_SPDNN_TILED_STREAMS: tile groups on their own streams compute every tile as one launch does (the
+    same sums, bit for bit), with the output poisoned first, ordered and packed layers alike."""
+    from prunekit.kernels import spdnn_cuda
+
+    spdnn_cuda.load()
+    neurons, count, layers = 1024, 1000, 12  # 63 tiles, the last one partial
+    features = synthetic_image_set(neurons, count, total_nnz=int(0.25 * neurons * count)).rows(0, count, "cuda")
+    net = list(relabel(iter_layers(neurons, layers, "cuda"), seed=4))
+    idx, val = _ell(net)
+    out_pos = spdnn_cuda.tiled_output_order_(idx, val)
+    words = spdnn_cuda.pack_ell(idx, val)
+    monkeypatch.setenv("PRUNEKIT_SPDNN_TILED_STREAMS", "1")
+    one = torch.ops.prunekit_spdnn.tiled(features, idx, val, bias_for(neurons), 32.0, out_pos)
+    one_packed = torch.ops.prunekit_spdnn.tiled_packed(features, words, bias_for(neurons), 32.0, out_pos)
+    truth = infer(features.double(), net, bias_for(neurons))
+    monkeypatch.setenv("PRUNEKIT_SPDNN_TILED_STREAMS", str(groups))
+    poison = [torch.full((-(-count // 16), neurons, 16), float("nan"), device="cuda") for _ in range(2)]
+    del poison
+    many = torch.ops.prunekit_spdnn.tiled(features, idx, val, bias_for(neurons), 32.0, out_pos)
+    many_packed = torch.ops.prunekit_spdnn.tiled_packed(features, words, bias_for(neurons), 32.0, out_pos)
+    assert torch.equal(many[0], one[0]) and torch.equal(many[1], one[1])
+    assert torch.equal(many_packed[0], one_packed[0]) and torch.equal(many_packed[1], one_packed[1])
+    assert not torch.isnan(many[0]).any() and truth.numel() > 0
+    assert torch.equal(many[1].nonzero().squeeze(1).cpu(), truth)
+    assert torch.equal(spdnn_cuda.infer_tiled(features, idx, val, bias_for(neurons), 32.0, out_pos), truth)
+
+
+@pytest.mark.cuda
+@CUDA
 def test_synthetic_images_are_the_same_on_cpu_and_cuda():
     source = synthetic_image_set(4096, 300)
     assert torch.equal(source.rows(0, 300, "cuda").cpu(), source.rows(0, 300))

@@ -15,6 +15,7 @@ chain decision from all ranks' counts (:meth:`Balance.exchange`), and a rank wit
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -78,16 +79,19 @@ class Balance:
         self.world = dist.get_world_size(group)
         self.before: list[int] | None = None  # live rows per rank when the exchange ran
         self.after: list[int] | None = None
+        self.seconds = 0.0  # host time in this object's collectives, waits for the other ranks included
 
     def exchange(self, lost: bool, live: int, device: torch.device) -> tuple[bool, list[int]]:
         """All ranks' chain outcome: ``(some rank lost an input, live rows per rank)``; a collective (every rank,
         same call order). ``device``: the tensors' device (CUDA for NCCL, CPU for gloo)."""
         import torch.distributed as dist
 
+        t0 = time.perf_counter()
         mine = torch.tensor([int(lost), live], dtype=torch.int64, device=device)
         parts = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(parts, mine, group=self.group)
         pairs = torch.stack(parts).tolist()
+        self.seconds += time.perf_counter() - t0
         return any(p[0] for p in pairs), [p[1] for p in pairs]
 
     def rebalance(self, y: torch.Tensor, ids: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,6 +106,7 @@ class Balance:
         """
         import torch.distributed as dist
 
+        t0 = time.perf_counter()
         send, recv = share_splits(counts, self.rank)
         self.before = list(counts)
         self.after = [sum(share_splits(counts, r)[1]) for r in range(self.world)]
@@ -110,4 +115,7 @@ class Balance:
         dist.all_to_all_single(out, y, recv, send, group=self.group)
         out_ids = ids.new_empty(sum(recv))
         dist.all_to_all_single(out_ids, ids.contiguous(), recv, send, group=self.group)
+        if out.is_cuda:  # the time of the exchange itself (the caller synchronizes at its next step anyway)
+            torch.cuda.current_stream(out.device).synchronize()
+        self.seconds += time.perf_counter() - t0
         return out, out_ids
