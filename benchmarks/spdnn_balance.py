@@ -36,7 +36,8 @@ def run_once(features, net, bias, balanced: bool, lo: int, trace=None):
     dist.barrier()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    live = spdnn_cuda.infer_tiled(features, *net, bias, SPDNN_RELU_CAP, trace=trace, balance=even)
+    idx, val, out_pos = net
+    live = spdnn_cuda.infer_tiled(features, idx, val, bias, SPDNN_RELU_CAP, out_pos, trace=trace, balance=even)
     torch.cuda.synchronize()
     return time.perf_counter() - t0, int(live.numel()), even
 
