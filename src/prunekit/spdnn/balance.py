@@ -80,6 +80,7 @@ class Balance:
         self.before: list[int] | None = None  # live rows per rank when the exchange ran
         self.after: list[int] | None = None
         self.seconds = 0.0  # host time in this object's collectives, waits for the other ranks included
+        self.calls: list[tuple[str, float]] = []  # (exchange / rebalance, seconds) per collective call
 
     def exchange(self, lost: bool, live: int, device: torch.device) -> tuple[bool, list[int]]:
         """All ranks' chain outcome: ``(some rank lost an input, live rows per rank)``; a collective (every rank,
@@ -91,7 +92,8 @@ class Balance:
         parts = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(parts, mine, group=self.group)
         pairs = torch.stack(parts).tolist()
-        self.seconds += time.perf_counter() - t0
+        self.calls.append(("exchange", time.perf_counter() - t0))
+        self.seconds += self.calls[-1][1]
         return any(p[0] for p in pairs), [p[1] for p in pairs]
 
     def rebalance(self, y: torch.Tensor, ids: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,5 +119,6 @@ class Balance:
         dist.all_to_all_single(out_ids, ids.contiguous(), recv, send, group=self.group)
         if out.is_cuda:  # the time of the exchange itself (the caller synchronizes at its next step anyway)
             torch.cuda.current_stream(out.device).synchronize()
-        self.seconds += time.perf_counter() - t0
+        self.calls.append(("rebalance", time.perf_counter() - t0))
+        self.seconds += self.calls[-1][1]
         return out, out_ids
