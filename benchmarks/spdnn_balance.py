@@ -76,7 +76,7 @@ def main() -> None:
         report["balanced" if balanced else "unbalanced"] = {
             "times_s": times[balanced], "median_s": sorted(times[balanced])[len(times[balanced]) // 2],
             "traced_s": seconds, "survivors": survivors, "launches": trace,
-            "collective_s": even.seconds if even else 0.0,
+            "collective_s": even.seconds if even else 0.0, "collective_calls": even.calls if even else [],
         }  # fmt: skip
     parts: list = [None] * world
     dist.all_gather_object(parts, {"rank": rank, "lo": lo, "hi": hi, **report})
@@ -99,6 +99,7 @@ def main() -> None:
                               f"{r['launches'][-1]['ms']:.1f}", f"{r['collective_s'] * 1e3:.2f}", str(r["survivors"]))  # fmt: skip
         Console().print(table)
         for p in parts:
+            print(p["rank"], [(name, round(sec * 1e3, 3)) for name, sec in p["balanced"]["collective_calls"]])
             print(
                 p["rank"],
                 [(t["first"], t["live_in"], round(t["ms"], 1), t.get("balanced")) for t in p["balanced"]["launches"]],
