@@ -1,10 +1,11 @@
 """Worker for test_balance.py: one gloo rank of the chained SpDNN driver with survivor balancing (CPU emulation).
 
-Run under ``python -m torch.distributed.run --standalone --nproc_per_node=2 balance_worker.py OUT CASE``. Every rank
-builds the same small network and the same global input set; rank 0 takes the first ``cut`` inputs, rank 1 the rest.
-CASE ``uneven``: 300 / 100 of 400 inputs. CASE ``empty``: rank 1 holds only all-zero inputs, which die in the first
-chain, so it runs the collectives with no input of its own until the exchange hands it survivors. Rank 0 writes
-OUT (JSON): each rank's returned global indices and the exchange record, and the single-process result.
+Run under ``python -m torch.distributed.run --standalone --nproc_per_node=2 balance_worker.py OUT CASE LAYER``. Every
+rank builds the same small network and the same global input set; rank 0 takes the first ``cut`` inputs, rank 1 the
+rest, and the ranks even out their live rows before layer LAYER. CASE ``uneven``: 300 / 100 of 400 inputs. CASE
+``empty``: rank 1 holds only all-zero inputs, which die in the first chain, so it runs its schedule with no input of
+its own until the exchange hands it survivors. Rank 0 writes OUT (JSON): each rank's returned global indices and the
+exchange record, and the single-process result.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ N, LAYERS, COUNT = 256, 40, 400
 
 
 def main() -> None:
-    out, case = sys.argv[1], sys.argv[2]
+    out, case, layer = sys.argv[1], sys.argv[2], int(sys.argv[3])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     images, pixels = synthetic_images(N, COUNT, total_nnz=int(0.25 * N * COUNT))
@@ -39,7 +40,7 @@ def main() -> None:
     lo, hi = (0, cut) if rank == 0 else (cut, features.shape[0])
     trace: list[dict] = []
     live = infer_chained(
-        emulate_tiled, features[lo:hi], ell_idx, ell_val, bias, SPDNN_RELU_CAP, trace=trace, balance=Balance(lo)
+        emulate_tiled, features[lo:hi], ell_idx, ell_val, bias, SPDNN_RELU_CAP, trace=trace, balance=Balance(lo, layer)
     )
     record = [t["balanced"] for t in trace if "balanced" in t]
     parts: list = [None] * dist.get_world_size()

@@ -313,9 +313,10 @@ def infer_chained(
         trace: when a list, one dict per launch is appended (``first``, ``last``, ``live_in``, ``live_out`` and, on
             CUDA, ``events``: start and end CUDA events around the launch; read them after a synchronize; with
             ``balance``, ``balanced``: live rows per rank before and after the exchange, on the launch before it).
-        balance: a :class:`prunekit.spdnn.balance.Balance` (several ranks), or None. Every rank then makes the chain
-            decisions from all ranks' counts, so that all stay in step; at the settle point the ranks even out their
-            live rows, and the returned indices are global (``balance.offset`` added), not local.
+        balance: a :class:`prunekit.spdnn.balance.Balance` (several ranks), or None. Every rank then ends a launch at
+            layer ``balance.layer`` (when the network is longer), and there the ranks even out their live rows, in
+            two collectives; a rank with no input left still runs its schedule up to that layer to take part. The
+            returned indices are then global (``balance.offset`` added), not local.
 
     The first chain is 2 layers ($PRUNEKIT_SPDNN_FIRST_CHAIN, :data:`FIRST_CHAIN`): in the challenge networks the first
     layer drops almost no input, so its compaction would cost a host round trip for nothing. Once a chain of at least
@@ -333,13 +334,14 @@ def infer_chained(
     def local_live() -> int:
         return y.shape[0] if rows is None else rows.numel()
 
-    counts = None  # with balance, until the exchange: every rank's live rows
+    pending = balance is not None and 0 < balance.layer < layers  # the exchange is still ahead
     if balance is not None:
         live = live + balance.offset
-        counts = balance.exchange(False, local_live(), y.device)[1]
-    while done < layers and (sum(counts) if counts is not None else local_live()) > 0:
-        single = one_layer is not None and one_layer(max(counts) if counts is not None else local_live())
+    while done < layers and (local_live() > 0 or pending):
+        single = one_layer is not None and one_layer(local_live())
         stop = min(layers, done + (1 if single else chain))
+        if pending:
+            stop = min(stop, balance.layer)
         if gathers:
             extra = (None if row_pos is None else row_pos[done:stop], rows)
         else:
@@ -369,16 +371,14 @@ def infer_chained(
                 y = y.index_select(0, keep)
         elif gathers:
             rows = None
-        if counts is not None:
-            lost, counts = balance.exchange(lost, local_live(), y.device)
-        settled = settle and not lost and stop - done >= SETTLE_MIN_CHAIN
-        if settled and counts is not None:  # the survivors have settled on every rank: even them out, once
+        if pending and stop == balance.layer:  # every rank is here: even out the live rows, once
             if rows is not None:
                 y, rows = y.index_select(0, rows), None
-            y, live = balance.rebalance(y, live, counts)
+            y, live = balance.rebalance(y, live, balance.counts(local_live(), y.device))
             if trace is not None:
                 trace[-1]["balanced"] = {"before": balance.before, "after": balance.after}
-            counts = None
+            pending = False
+        settled = settle and not lost and stop - done >= SETTLE_MIN_CHAIN
         if settled:
             chain = layers
         elif not single:

@@ -4,12 +4,14 @@ Hidayetoglu et al. (HPEC 2020, sec. IV) give every GPU a fixed 1/G share of the 
 most inputs die in the first layers and the survivors (about 3% of them) then run through all the remaining layers,
 so the run's time is that of the rank whose share happened to keep the most survivors. At N = 16384 x 1920 on two
 H100s, one share kept 454 of the 880 survivors, the other 426 (benchmarks/results/spdnn-split-16384-h100-2026-11-25-
-order.json). Once no input has died for a whole chain (the driver's settle point), every rank hands its surplus live
-rows to the ranks short of them, so that each holds an equal contiguous piece of the concatenated live rows in rank
-order. One ``all_to_all_single`` moves the feature rows and one their global input indices; every other row stays.
+order.json). At one layer, :data:`BALANCE_LAYER` (64: where the driver's doubling chains 2, 2, 4, ... 32 end, and the
+survivors of every challenge network have settled), every rank hands its surplus live rows to the ranks short of
+them, so that each holds an equal contiguous piece of the concatenated live rows in rank order. One ``all_gather``
+of the counts and two ``all_to_all_single`` (feature rows, global input indices) move them; every other row stays.
 
-The collectives need every rank at the same point of the same schedule: until the exchange, the driver makes each
-chain decision from all ranks' counts (:meth:`Balance.exchange`), and a rank with no live input still takes part.
+One exchange, at a fixed layer, rather than one at a data-dependent settle point: deciding that point together took
+a collective after every chain, 0.25-1.13 ms each on two H200s (``benchmarks/spdnn_balance.py``), 3.65-4.14 ms of
+a 152 ms run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import time
 import torch
 
 BALANCE_ENV = "PRUNEKIT_SPDNN_BALANCE"  # "0": every rank keeps its own survivors to the end
+BALANCE_LAYER_ENV = "PRUNEKIT_SPDNN_BALANCE_LAYER"  # the layer before which the ranks even out their live rows
+BALANCE_LAYER = 64
+"""Default layer of the exchange: the first 64 layers run as chains of 2, 2, 4, 8, 16 and 32 (spdnn_cuda.infer_chained),
+after which the challenge networks' survivors have settled (docs/PERFORMANCE_SPDNN.md, the per-launch traces)."""
 
 
 def balance_enabled() -> bool:
@@ -67,41 +73,44 @@ class Balance:
     Args:
         offset: global 0-based index of this rank's first input in the batch; the driver then tracks global input
             indices, so that rows may change rank.
+        layer: the exchange happens before this layer (0-based; default ``$PRUNEKIT_SPDNN_BALANCE_LAYER`` or
+            :data:`BALANCE_LAYER`); none when the network has no more layers than that.
         group: the process group (default: the world).
     """
 
-    def __init__(self, offset: int, group=None):
+    def __init__(self, offset: int, layer: int | None = None, group=None):
         import torch.distributed as dist
 
         self.offset = offset
+        self.layer = int(os.environ.get(BALANCE_LAYER_ENV, BALANCE_LAYER)) if layer is None else layer
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.before: list[int] | None = None  # live rows per rank when the exchange ran
         self.after: list[int] | None = None
         self.seconds = 0.0  # host time in this object's collectives, waits for the other ranks included
-        self.calls: list[tuple[str, float]] = []  # (exchange / rebalance, seconds) per collective call
+        self.calls: list[tuple[str, float]] = []  # (counts / rebalance, seconds) per collective call
 
-    def exchange(self, lost: bool, live: int, device: torch.device) -> tuple[bool, list[int]]:
-        """All ranks' chain outcome: ``(some rank lost an input, live rows per rank)``; a collective (every rank,
-        same call order). ``device``: the tensors' device (CUDA for NCCL, CPU for gloo)."""
+    def counts(self, live: int, device: torch.device) -> list[int]:
+        """Every rank's live rows (a collective: every rank calls it at the same layer). ``device``: the tensors'
+        device (CUDA for NCCL, CPU for gloo)."""
         import torch.distributed as dist
 
         t0 = time.perf_counter()
-        mine = torch.tensor([int(lost), live], dtype=torch.int64, device=device)
+        mine = torch.tensor([live], dtype=torch.int64, device=device)
         parts = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(parts, mine, group=self.group)
-        pairs = torch.stack(parts).tolist()
-        self.calls.append(("exchange", time.perf_counter() - t0))
+        counts = torch.cat(parts).tolist()
+        self.calls.append(("counts", time.perf_counter() - t0))
         self.seconds += self.calls[-1][1]
-        return any(p[0] for p in pairs), [p[1] for p in pairs]
+        return counts
 
     def rebalance(self, y: torch.Tensor, ids: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Move live rows so that every rank holds an equal share (:func:`share_splits`); a collective.
 
         Args:
             y: ``(counts[rank], N)`` this rank's live feature rows, any dtype. ids: ``(counts[rank],)`` int64, their
-                global input indices, ascending. counts: every rank's live rows (from :meth:`exchange`).
+                global input indices, ascending. counts: every rank's live rows (from :meth:`counts`).
 
         Returns:
             ``(y, ids)`` of this rank's new share, rows in the same (rank, then local) order.
