@@ -5,7 +5,8 @@ rank builds the same small network and the same global input set; rank 0 takes t
 rest, and the ranks even out their live rows before layer LAYER. CASE ``uneven``: 300 / 100 of 400 inputs. CASE
 ``empty``: rank 1 holds only all-zero inputs, which die in the first chain, so it runs its schedule with no input of
 its own until the exchange hands it survivors. Rank 0 writes OUT (JSON): each rank's returned global indices and the
-exchange record, and the single-process result.
+exchange record, and the single-process result. CASE ``gathers``: as ``uneven``, through the driver's ``gathers``
+mode (the chain op's calling convention: the live rows are passed as ``rows`` instead of compacted).
 """
 
 from __future__ import annotations
@@ -25,13 +26,20 @@ from prunekit.spdnn.run import build_ell
 N, LAYERS, COUNT = 256, 40, 400
 
 
+def gathered_op(y, idx, val, bias, cap, row_pos, rows):
+    """The chain op's convention over the tiled emulation: ``rows`` (or all rows of ``y``) are the live inputs, and the
+    output and flags have one row per live input."""
+    assert row_pos is None
+    return emulate_tiled(y if rows is None else y.index_select(0, rows), idx, val, bias, cap)
+
+
 def main() -> None:
     out, case, layer = sys.argv[1], sys.argv[2], int(sys.argv[3])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     images, pixels = synthetic_images(N, COUNT, total_nnz=int(0.25 * N * COUNT))
     real = dense_features(images, pixels, COUNT, N).float()
-    if case == "uneven":
+    if case in ("uneven", "gathers"):
         features, cut = real, 300
     else:
         features, cut = torch.cat([real, torch.zeros(40, N)]), COUNT
@@ -39,9 +47,11 @@ def main() -> None:
     bias = bias_for(N)
     lo, hi = (0, cut) if rank == 0 else (cut, features.shape[0])
     trace: list[dict] = []
+    gathers = case == "gathers"
     live = infer_chained(
-        emulate_tiled, features[lo:hi], ell_idx, ell_val, bias, SPDNN_RELU_CAP, trace=trace, balance=Balance(lo, layer)
-    )
+        gathered_op if gathers else emulate_tiled, features[lo:hi], ell_idx, ell_val, bias, SPDNN_RELU_CAP,
+        trace=trace, balance=Balance(lo, layer), gathers=gathers,
+    )  # fmt: skip
     record = [t["balanced"] for t in trace if "balanced" in t]
     parts: list = [None] * dist.get_world_size()
     dist.all_gather_object(parts, {"live": live.tolist(), "balanced": record, "rank": rank})

@@ -52,12 +52,13 @@ def test_balanced_batches_are_as_many_on_every_rank():
     assert _batches(10, 4, 20, 2, balanced=False) == [(0, 4), (4, 8), (8, 10)]
 
 
-@pytest.mark.parametrize(("case", "layer"), [("uneven", 16), ("empty", 16), ("uneven", 10)])
+@pytest.mark.parametrize(("case", "layer"), [("uneven", 16), ("empty", 16), ("uneven", 10), ("gathers", 10)])
 def test_two_gloo_ranks_even_out_the_survivors(tmp_path, case, layer):
     """Rank 0 starts with 300 inputs and rank 1 with 100 (``uneven``), or rank 1 with only all-zero inputs
     (``empty``: it runs its schedule with nothing of its own up to the exchange). The exchange comes where the chains
     of 2, 2, 4, 8 end (layer 16), or inside the chain of 8 (layer 10, inputs still dying). After it the ranks hold
-    equal shares of the live rows, and together they return exactly the single process's categories."""
+    equal shares of the live rows, and together they return exactly the single process's categories. ``gathers``: the
+    chain op's convention (live rows passed as ``rows``, not compacted), as the fused kernel runs."""
     import prunekit
 
     out = tmp_path / "balance.json"

@@ -8,7 +8,8 @@ are run in batches that fit beside them.
 
 Several GPUs (Hidayetoglu et al. 2020, sec. IV): every rank holds all layers and a contiguous 1/G share of
 the inputs; categories are gathered to every rank; the time is the maximum over ranks. Launched with
-torchrun (``torch.distributed``; NCCL on CUDA, gloo with ``--device cpu``).
+torchrun (``torch.distributed``; NCCL on CUDA, gloo with ``--device cpu``). With the CUDA kernels the ranks even
+out their surviving inputs once, before layer 64 (:mod:`prunekit.spdnn.balance`).
 """
 
 from __future__ import annotations
