@@ -188,9 +188,10 @@ def test_plan_spmm_bitmap_rule(monkeypatch):
 
 def test_plan_spmm_decode_shared_copy_of_x(monkeypatch):
     """N 9-16, fp16 / bf16, where gpu.decode_stages_x (the thirty-second session's H100 rule): rowwarp stages X in
-    shared memory from padded density 1/30 up to bitmap's floor of 1/14 for rows of 32-lane subwarps, for shorter rows
-    from 2 K padded non-zeros per SM, and gathers it from global memory otherwise; fp32, and shapes where X does not fit
-    or M gives fewer than 31 rows per SM, keep the global gathers."""
+    shared memory from padded density 1/30 up to bitmap's floor of 1/14 for rows of 32-lane subwarps, for any rows from
+    100 rows per SM (the thirty-third session's change; was 2 K padded non-zeros per SM), and gathers it from global
+    memory otherwise; fp32, and shapes where X does not fit or M gives fewer than 31 rows per SM, keep the global
+    gathers."""
     monkeypatch.delenv(gpu.BITMAP_AUTO_ENV, raising=False)
 
     def plan(m, k, n, nnz, dtype=torch.float16):
@@ -207,11 +208,14 @@ def test_plan_spmm_decode_shared_copy_of_x(monkeypatch):
         assert plan(m, k, n, low, torch.float32).stage_x is False, n
     assert plan(m, k, 8, low).variant == "rowwarp" and plan(m, k, 8, low).stage_x is False  # N <= 8: not this rule
     assert plan(4091, k, 16, low).stage_x is False  # 30.99 rows per SM
-    # 98%: rows of about 85 padded entries (8-lane subwarps) get the copy only from 2 K non-zeros per SM
+    # 98%: rows of about 85 padded entries (8-lane subwarps) get the copy only from 100 rows per SM
     for rows, staged in ((14336, True), (11008, False), (4096, False)):
         p98 = plan(rows, k, 16, rows * 88)
         assert (p98.subwarp, p98.stage_x) == (8, staged), rows
-    assert plan(8192, k, 16, 2 * k * 132).stage_x is True and plan(8192, k, 16, 2 * k * 132 - 8).stage_x is False
+    floor = gpu.DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM * 132
+    for per_row in (40, 88, 128):  # 99%, 98% and 97% (density just under 1/30): the rows per SM decide
+        assert plan(floor, k, 16, floor * per_row).stage_x is True, per_row
+        assert plan(floor - 1, k, 16, (floor - 1) * per_row).stage_x is False, per_row
     assert plan(m, 7265, 16, m * 7265 // 25) == gpu.SpmmPlan("rowwarp", subwarp=32, ntile=16, stage_x=False)  # > 227 KB
 
 

@@ -168,6 +168,7 @@ def test_cpp_entry_constants_match_gpu_py():
         "DECODE_STAGE_X_MAX_BYTES",
         "DECODE_STAGE_X_MIN_ROWS_PER_SM",
         "DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR",
+        "DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM",
     ):
         assert cpp[name] == getattr(gpu, name), name
     assert (cpp["DECODE_STAGE_X_MIN_N"], cpp["DECODE_STAGE_X_MAX_N"]) == (gpu.SCATTER_MIN_N, gpu.BITMAP_MAX_N)
@@ -504,10 +505,11 @@ def test_entry_refuses_the_tensor_core_code():
 
 def _plan_cases():
     """(m, k, n, nnz_padded, num_sms, variant, dtype, tc_auto) over which the C++ and Python plans must agree: every
-    variant, dtype class, tc_auto and SM count, around the rules' edges (the decode copy of X: 14336 rows, K = 7265)."""
+    variant, dtype class, tc_auto and SM count, around the rules' edges (the decode copy of X: 13199 / 13200 rows at 100
+    rows per SM of 132, 14336 rows, K = 7265)."""
     dtypes = (None, torch.float16, torch.bfloat16, torch.float32)
     for m, k, n, density, sms, variant, dtype, tc_auto in itertools.product(
-        (0, 1, 100, 2111, 4096, 11008, 14336), (7, 64, 4096, 7265), (0, 1, 4, 5, 8, 9, 12, 16, 17, 32, 64, 65, 129, 4096),
+        (0, 1, 100, 2111, 4096, 11008, 13199, 13200, 14336), (7, 64, 4096, 7265), (0, 1, 4, 5, 8, 9, 12, 16, 17, 32, 64, 65, 129, 4096),
         (0.0, 0.02, 0.03, 0.05, 0.5, 1.0), (108, 132), gpu.SPMM_VARIANTS, dtypes, (False, True),
     ):  # fmt: skip
         yield m, k, n, int(m * k * density), sms, variant, dtype, tc_auto

@@ -161,11 +161,13 @@ STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM
 # reach 2 K per SM, the N >= 32 rule's measure (in-sample, three points). Checked out of sample at 97 / 98 / 99% on
 # 16384, 14336, 12288 and 8192 x 4096 (spmm-decode98-h100-2026-11-27-s32i.json): right at 9 of 12 points; the three
 # misses cost 1.09-1.16x (16384 and 14336 x 4096 at 99%, where the copy still paid; 12288 x 4096 at 97%, where it did
-# not). In that run the copy paid at every sparsity from 108 rows per SM (14336) and at none up to 93 (12288), so a
-# rows-per-SM floor would fit better; the C++ entry's plan (csrc/spmm_entry.cu) holds the same rule and was left as it
-# was tested.
+# not). In that run the copy paid at every sparsity from 108 rows per SM (14336) and at none up to 93 (12288), whatever
+# the non-zeros per row (41-123 padded). So since the thirty-third session such rows get the copy from
+# DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM rows per SM instead (right at all 12 points of -s32i and the three of
+# -s32h; in-sample, all at K = 4096), in the C++ entry's plan (csrc/spmm_entry.cu) too.
 DECODE_STAGE_X_MAX_BYTES = 227 * 1024
 DECODE_STAGE_X_MIN_ROWS_PER_SM = 31  # 4096 rows on 132 SMs
+DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM = 100  # between 93 (12288 x 4096: no gain) and 108 (14336 x 4096: gain)
 BITMAP_MIN_DENSITY_DENOMINATOR_STAGED = 14  # padded density >= 7.1%
 DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR = 30  # padded density >= 3.3%
 # Variant codes of the C++ entry prunekit_ext::spmm_csr_auto and of prunekit_ext::plan_spmm_code (csrc/spmm_entry.cu
@@ -588,9 +590,9 @@ def _plan_spmm(
         # per SM and enough non-zeros per staged X element; otherwise gathers from L2 win.
         stage_x = n >= STAGE_X_MIN_N and m >= STAGE_X_MIN_ROWS_PER_SM * num_sms and nnz_padded >= 2 * k * num_sms
         if dtype in TC_DTYPES and decode_stages_x(n, k, m, num_sms):
-            # rows of 32-lane subwarps from density 1/30; shorter rows (8-lane subwarps) only where the non-zeros reach
-            # 2 K per SM, the measure of the N >= 32 rule (see DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR)
-            stage_x = nnz_padded >= 2 * k * num_sms or (
+            # rows of 32-lane subwarps from density 1/30; any rows from DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM rows
+            # per SM (see DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR)
+            stage_x = m >= DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM * num_sms or (
                 nnz_padded * DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR >= m * k
                 and nnz_padded >= SUBWARP_MIN_NNZ * max(1, m)
             )

@@ -58,6 +58,7 @@ constexpr int64_t DECODE_STAGE_X_MAX_N = 16;  // gpu.BITMAP_MAX_N
 constexpr int64_t DECODE_STAGE_X_MAX_BYTES = 232448;  // 227 KB
 constexpr int64_t DECODE_STAGE_X_MIN_ROWS_PER_SM = 31;
 constexpr int64_t DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR = 30;
+constexpr int64_t DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM = 100;  // any rows from here (thirty-third session)
 constexpr int64_t TILED_BIG_ROWS_PER_BLOCK = 64;  // TILED_ROWS_PER_BLOCK[8]
 constexpr int64_t TILED_N_TILE = 128;
 constexpr int64_t TC_WARPS = 8;
@@ -101,9 +102,10 @@ std::array<int64_t, 6> plan_spmm(int64_t m, int64_t k, int64_t n, int64_t nnz_pa
     stage_x = n >= STAGE_X_MIN_N && m >= STAGE_X_MIN_ROWS_PER_SM * num_sms && nnz_padded >= 2 * k * num_sms;
     if (tensor_core_dtype && n >= DECODE_STAGE_X_MIN_N && n <= DECODE_STAGE_X_MAX_N &&
         k * DECODE_STAGE_X_MAX_N * 2 <= DECODE_STAGE_X_MAX_BYTES && m >= DECODE_STAGE_X_MIN_ROWS_PER_SM * num_sms) {
-      // 32-lane rows from density 1/30; 8-lane rows where the non-zeros reach 2 K per SM
-      stage_x = nnz_padded >= 2 * k * num_sms || (nnz_padded * DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR >= m * k &&
-                                                  nnz_padded >= SUBWARP_MIN_NNZ * std::max<int64_t>(1, m));
+      // 32-lane rows from density 1/30; any rows from DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM rows per SM
+      stage_x = m >= DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM * num_sms ||
+                (nnz_padded * DECODE_STAGE_X_MIN_DENSITY_DENOMINATOR >= m * k &&
+                 nnz_padded >= SUBWARP_MIN_NNZ * std::max<int64_t>(1, m));
     }
   } else {
     stage_x = variant != kRowwarpGlobal;

@@ -422,7 +422,7 @@ constexpr int kTiledSlotBatch = 8;  // as kSlotBatch, for the tiled kernel
 // H100 at 4 blocks per SM), and the last, partial wave took as long as a full one: a layer's time went with the wave
 // count rounded up (benchmarks/results/spdnn-split-16384-h100-2026-11-25-order.json). Independent groups let one
 // group's blocks fill the SMs that another's last wave leaves idle. Two groups: N = 16384 x 1920 took 0.2884 s against
-// 0.3382 with one and 0.2892 with four on an H200, and each half of the inputs 0.78-0.81x of the time with one
+// 0.3382 with one and 0.2892 with four on an H200, and each half of the inputs 0.79-0.81x of the time with one
 // (benchmarks/results/spdnn-split-streams-16384-h200-2026-11-27-s33a.json). $PRUNEKIT_SPDNN_TILED_STREAMS overrides.
 constexpr int kTiledStreams = 2;
 cudaEvent_t recorded_event(cudaStream_t stream) {
