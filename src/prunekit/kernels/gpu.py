@@ -164,7 +164,10 @@ STAGE_X_MIN_ROWS_PER_SM = 16  # ... with at least this many rows per SM
 # not). In that run the copy paid at every sparsity from 108 rows per SM (14336) and at none up to 93 (12288), whatever
 # the non-zeros per row (41-123 padded). So since the thirty-third session such rows get the copy from
 # DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM rows per SM instead (right at all 12 points of -s32i and the three of
-# -s32h; in-sample, all at K = 4096), in the C++ entry's plan (csrc/spmm_entry.cu) too.
+# -s32h; in-sample, all at K = 4096), in the C++ entry's plan (csrc/spmm_entry.cu) too. Out of sample
+# (spmm-decode100-h100-2026-11-27-s33f.json: 13312 / 12800 / 15360 / 11520 x 4096 and 16384 / 10240 x 2048, 97-99%) it
+# picked the faster of the two at 15 of 18 points, the former rule at 12; the misses are 12800 x 4096 (97 rows per SM),
+# where the copy was 1.02-1.12x faster (floor left at 100: moving it to fit that run would make it in-sample too).
 DECODE_STAGE_X_MAX_BYTES = 227 * 1024
 DECODE_STAGE_X_MIN_ROWS_PER_SM = 31  # 4096 rows on 132 SMs
 DECODE_STAGE_X_SHORT_ROWS_MIN_ROWS_PER_SM = 100  # between 93 (12288 x 4096: no gain) and 108 (14336 x 4096: gain)
