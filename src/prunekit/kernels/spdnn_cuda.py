@@ -374,7 +374,7 @@ def infer_chained(
         if pending and stop == balance.layer:  # every rank is here: even out the live rows, once
             if rows is not None:
                 y, rows = y.index_select(0, rows), None
-            y, live = balance.rebalance(y, live, balance.counts(local_live(), y.device))
+            y, live = balance.rebalance(y, live)
             if trace is not None:
                 trace[-1]["balanced"] = {"before": balance.before, "after": balance.after}
             pending = False

@@ -88,12 +88,15 @@ class Balance:
         self.world = dist.get_world_size(group)
         self.before: list[int] | None = None  # live rows per rank when the exchange ran
         self.after: list[int] | None = None
-        self.seconds = 0.0  # host time in this object's collectives, waits for the other ranks included
-        self.calls: list[tuple[str, float]] = []  # (counts / rebalance, seconds) per collective call
+        self.calls: list[tuple[str, float]] = []  # (counts / rebalance, host seconds) per collective call
 
-    def counts(self, live: int, device: torch.device) -> list[int]:
-        """Every rank's live rows (a collective: every rank calls it at the same layer). ``device``: the tensors'
-        device (CUDA for NCCL, CPU for gloo)."""
+    @property
+    def seconds(self) -> float:
+        """Host seconds in this object's collectives, waits for the other ranks included."""
+        return sum(sec for _, sec in self.calls)
+
+    def _counts(self, live: int, device: torch.device) -> list[int]:
+        """Every rank's live rows (``all_gather``; tensors on ``device``: CUDA for NCCL, CPU for gloo)."""
         import torch.distributed as dist
 
         t0 = time.perf_counter()
@@ -102,24 +105,25 @@ class Balance:
         dist.all_gather(parts, mine, group=self.group)
         counts = torch.cat(parts).tolist()
         self.calls.append(("counts", time.perf_counter() - t0))
-        self.seconds += self.calls[-1][1]
         return counts
 
-    def rebalance(self, y: torch.Tensor, ids: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Move live rows so that every rank holds an equal share (:func:`share_splits`); a collective.
+    def rebalance(self, y: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Move live rows so that every rank holds an equal share (:func:`share_splits`); collectives that every rank
+        calls at the same layer.
 
         Args:
-            y: ``(counts[rank], N)`` this rank's live feature rows, any dtype. ids: ``(counts[rank],)`` int64, their
-                global input indices, ascending. counts: every rank's live rows (from :meth:`counts`).
+            y: ``(live, N)`` this rank's live feature rows, any dtype. ids: ``(live,)`` int64, their global input
+                indices, ascending.
 
         Returns:
             ``(y, ids)`` of this rank's new share, rows in the same (rank, then local) order.
         """
         import torch.distributed as dist
 
+        counts = self._counts(y.shape[0], y.device)
         t0 = time.perf_counter()
         send, recv = share_splits(counts, self.rank)
-        self.before = list(counts)
+        self.before = counts
         self.after = [sum(share_splits(counts, r)[1]) for r in range(self.world)]
         y = y.contiguous()
         out = y.new_empty((sum(recv), *y.shape[1:]))
@@ -129,5 +133,4 @@ class Balance:
         if out.is_cuda:  # the time of the exchange itself (the caller synchronizes at its next step anyway)
             torch.cuda.current_stream(out.device).synchronize()
         self.calls.append(("rebalance", time.perf_counter() - t0))
-        self.seconds += self.calls[-1][1]
         return out, out_ids
