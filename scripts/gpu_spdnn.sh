@@ -98,7 +98,7 @@ case "$what" in
       --json "$OUT/spdnn-split-streams-16384.json" 2>&1 | tee "$OUT/split.log" | grep -v "^[│|] *[0-9]*-" | tail -14
     # the group count with the least time for all inputs plus the slower share (one GPU and the two-GPU ranks)
     best=$(python3 -c "
-import json, sys
+import json
 runs = json.load(open('$OUT/spdnn-split-streams-16384.json'))['runs']
 cost = {}
 for r in runs:
