@@ -12,7 +12,7 @@ contenders compute the layer output as a user would call them:
   ``static_tile<BN>_gpu_ms`` each N tile of the mma.sync kernel, ``static_wgmma_*`` the sm_90a wgmma + TMA variant
   (every block size since the twenty-sixth session, when the library holds it; 16- and 32-row blocks run it with
   the roles swapped; ``static_wgmma_{xslabs,tma}_gpu_ms`` with ``--xslabs``: that kernel with ``$PRUNEKIT_BSR_XSLABS``
-  1 / 0);
+  1 / 0; ``static_tpc<v>_gpu_ms`` with ``--tiles-per-cta``: the static call with ``$PRUNEKIT_BSR_TILES_PER_CTA=v``);
 - prunekit layer: ``SparseLinear.forward(x2d)`` on the exported weight, eager: ``layer_wall_ms`` is wall-clock per
   call over many back-to-back calls with one synchronize at the end, ``layer_eager_overhead_us`` that minus the
   static device time (what eager calls add over the kernel; about 0 when the GPU is the bottleneck),
@@ -325,6 +325,11 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
                         res[f"static_wgmma_{key}_gpu_ms"] = graph_time([static_call(s, variant="wgmma") for s in sets])
         except Exception as exc:  # record why the variant could not run at this point; keep benchmarking
             res["static_wgmma_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    for per_cta in args.tiles_per_cta.split(",") if args.tiles_per_cta else ():
+        # the static call with $PRUNEKIT_BSR_TILES_PER_CTA forced (the wgmma kernels' N tiles per CTA), same sets
+        with env_setting(structured.TILES_PER_CTA_ENV, per_cta):
+            res[f"static_tpc{per_cta}_err"] = relative_error(static_call(sets[0])(), ref)
+            res[f"static_tpc{per_cta}_gpu_ms"] = graph_time([static_call(s) for s in sets])
     for tile_n in (32, 128) if n <= structured.DECODE_MAX_N else (128, 256):  # the N-tile sweep behind plan_tile_n
         res[f"static_tile{tile_n}_gpu_ms"] = graph_time([static_call(s, tile_n) for s in sets])
     triton_mm = _triton_bsr()
@@ -426,6 +431,11 @@ def main() -> None:
         help="comma-separated static-schedule orders (formats.bsr.SCHEDULE_ORDERS) to time besides the stored one",
     )
     parser.add_argument("--any-ns", help="comma-separated N to run at every shape instead of the grid's")
+    parser.add_argument(
+        "--tiles-per-cta",
+        help="comma-separated N tiles per CTA of the wgmma kernels ($PRUNEKIT_BSR_TILES_PER_CTA) to time the static "
+        "call with, as static_tpc<v>_gpu_ms",
+    )
     parser.add_argument(
         "--schedule-chunk", type=int, help="most blocks per static-schedule item (default: formats.bsr.schedule_chunk)"
     )

@@ -683,6 +683,69 @@ def test_bsr_wgmma_matches_float64(dtype, r, xslabs, c, mode, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize(("dtype", "r", "c", "xslabs"), [
+    (torch.float16, 64, 64, "0"), (torch.float16, 64, 16, "0"), (torch.bfloat16, 64, 32, "0"),
+    (torch.float16, 32, 32, "0"), (torch.float16, 32, 64, "1"), (torch.bfloat16, 16, 16, "1"),
+    (torch.float16, 16, 32, "0"),
+])  # fmt: skip
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_bsr_wgmma_tiles_per_cta_match_one_tile_per_cta(dtype, r, c, xslabs, mode, monkeypatch):
+    """$PRUNEKIT_BSR_TILES_PER_CTA: CTAs of several N tiles (their pipeline running on across tiles, the 64-row
+    kernel's staging tile of its own, empty block rows written straight from the bias) give bit for bit the output of
+    one tile per CTA, and match float64: N of 1 to 9 tiles with a partial last one, tiles per CTA that divide the
+    tiles, that do not, and more than there are; empty, single-block and split rows; both epilogues; poisoned Y."""
+    if not (structured.wgmma_available() and (r, c) in structured.WGMMA_BLOCKS):
+        pytest.skip("needs an sm_90 GPU, a library built for sm_90a and a block the wgmma kernels take")
+    monkeypatch.setenv(structured.XSLABS_ENV, xslabs)
+    m, k = 12 * r, 6 * c
+    dense = block_sparse_weight(m, k, r, c, 0.3, dtype, "cuda", seed=r + c, heavy_rows=1)
+    dense[5 * r : 8 * r] = 0  # more empty block rows, beside row 0
+    comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
+    extra = (None, None)
+    if mode == "static":
+        extra = tuple(t.cuda() for t in static_schedule(comp["crow_indices"], chunk=2))
+        assert extra[1].numel() > 0  # the heavy row is split
+    bias = torch.randn(m, device="cuda").to(dtype)
+    for n in (1000, 130, 2):
+        x2d = torch.randn(n, k, device="cuda").to(dtype)
+        for transposed in (True, False):
+            x = x2d.t() if transposed else x2d.t().contiguous()
+            for activation, b in (("relu", bias), ("none", None)):
+                ref = spmm_reference64(dense, x, b, activation)
+                for tile_n in structured.WGMMA_TILE_NS:
+                    for staged in (True, False):
+                        outs = {}
+                        for per_cta in ("1", "2", "3", "64"):
+                            monkeypatch.setenv(structured.TILES_PER_CTA_ENV, per_cta)
+                            out = _poisoned(m, n, dtype, transposed)
+                            structured.bsr_mm_cuda(
+                                comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, b, activation,
+                                *extra, out=out, tile_n=tile_n, staged_epilogue=staged, variant="wgmma",
+                            )  # fmt: skip
+                            torch.cuda.synchronize()
+                            outs[per_cta] = out
+                        case = (n, transposed, activation, tile_n, staged)
+                        assert relative_error(outs["1"], ref) < TOLERANCE[dtype], case
+                        for per_cta, out in outs.items():
+                            assert torch.equal(out, outs["1"]), (*case, per_cta)
+
+
+def test_tiles_per_cta_setting_is_checked(monkeypatch):
+    """A $PRUNEKIT_BSR_TILES_PER_CTA outside auto / 1-64 is refused with one sentence that names it (GPU: by the
+    launcher; without one the call fails before it, so only the constant's name is checked here)."""
+    assert structured.TILES_PER_CTA_ENV == "PRUNEKIT_BSR_TILES_PER_CTA"
+    if not (torch.cuda.is_available() and structured.wgmma_available()):
+        pytest.skip("the launcher's check needs the wgmma kernels")
+    dense = block_sparse_weight(128, 128, 64, 64, 0.5, torch.float16, "cuda", seed=1)
+    comp = {key: t.cuda() for key, t in _components(dense.cpu(), 64, 64).items()}
+    x = torch.randn(300, 128, device="cuda", dtype=torch.float16).t()
+    for bad in ("0", "65", "two", "1.5"):
+        monkeypatch.setenv(structured.TILES_PER_CTA_ENV, bad)
+        with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_TILES_PER_CTA"):
+            structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 128, variant="wgmma")
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("variant", ["mma", "wgmma"])
 @pytest.mark.parametrize(("r", "c"), [(16, 16), (32, 64), (64, 32), (64, 64)])
 def test_bsr_eager_entry_matches_float64_and_layout_rule(variant, r, c, monkeypatch):

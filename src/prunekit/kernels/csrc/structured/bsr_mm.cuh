@@ -111,6 +111,7 @@ struct BsrArgs {
   int staged;  // epilogue: 0 scalar stores; 1 Y^T rows (sym == 1) and 2 Y rows (syn == 1) staged in smem, 16-byte stores
   long long xr_npad;  // > 0: x is the wgmma kernel's X slabs (bsr_x_slabs_kernel), tokens padded to this; else 0
   int pdl;            // host only: launch the wgmma kernels with programmatic dependent launch (bsr_pdl)
+  int tiles_per_cta;  // host only: N tiles per CTA of the wgmma kernels (bsr_tiles_per_cta); 0 or 1: one
 };
 
 // Programmatic dependent launch of the lean decode and wgmma kernels: on sm_90 and newer unless $PRUNEKIT_BSR_PDL=0

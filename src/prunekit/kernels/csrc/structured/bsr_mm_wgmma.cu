@@ -113,6 +113,29 @@ bool use_x_slabs(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
   return x_slabs_rule(r, c, k, nblocks, n);
 }
 
+// N tiles per CTA of the wgmma kernels (BsrArgs::tiles_per_cta; the kernels take tiles blockIdx.y, + gridDim.y, ...
+// and run their pipeline on across them). The rule (plan_tiles_per_cta): one, as before the thirty-fourth session,
+// until measured.
+int64_t plan_tiles_per_cta(int64_t grid_rows, int64_t ntiles, int64_t num_sms) {
+  (void)grid_rows;
+  (void)ntiles;
+  (void)num_sms;
+  return 1;
+}
+
+// $PRUNEKIT_BSR_TILES_PER_CTA: unset / "" / "auto" the rule, else a whole number from 1 to 64 (read at each call).
+int bsr_tiles_per_cta(int64_t grid_rows, int64_t ntiles, int device) {
+  const char* v = std::getenv("PRUNEKIT_BSR_TILES_PER_CTA");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
+    return static_cast<int>(plan_tiles_per_cta(grid_rows, ntiles, prunekit_launch::device_props(device).sms));
+  }
+  char* end = nullptr;
+  const long value = std::strtol(v, &end, 10);
+  PRUNEKIT_CHECK(*end == '\0' && value >= 1 && value <= 64,
+                 "bsr_mm: $PRUNEKIT_BSR_TILES_PER_CTA must be auto or a whole number from 1 to 64, got '", v, "'");
+  return static_cast<int>(value);
+}
+
 namespace wgmma_bsr {
 
 // Copies x (K, N) into the XR kernels' X slabs (bsr_x_slabs_kernel) of `slabs` (K * npad elements).
@@ -190,7 +213,9 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
     xr_args.x = slabs.data_ptr();
     xr_args.xr_npad = npad;
   }
-  const BsrArgs& run_args = xr ? xr_args : args;
+  // tile_n tokens per CTA tile in both kernels (WG_N or WG_M times the consumer warpgroups)
+  xr_args.tiles_per_cta = bsr_tiles_per_cta(grid_rows, (args.n + tile_n - 1) / tile_n, x.get_device());
+  const BsrArgs& run_args = xr_args;
   auto run = [&](auto xr_tag) {
     constexpr bool XR = decltype(xr_tag)::value;
     if (r != R) {  // 16- and 32-row blocks: bsr_wgmma_t_kernel

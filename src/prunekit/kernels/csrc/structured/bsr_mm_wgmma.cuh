@@ -18,6 +18,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "bsr_mm.cuh"
@@ -42,10 +43,22 @@ struct WgConfig {
   static constexpr int B_BYTES = BN * C * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // a multiple of 1024: every stage stays swizzle-aligned
   static constexpr int OUT_LD = R + 8;                   // epilogue tile, Y^T rows of R (+8 halves: no conflicts)
-  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
+  // Shared memory: `stages` pipeline stages, the 2 * STAGES mbarriers, then (CTAs of several N tiles, which stage the
+  // epilogue in a tile of their own while the producer loads the next tile's stages) that tile.
+  static constexpr int EPI_BYTES = BN * OUT_LD * 2;
+  static constexpr int smem_bytes(int stages, bool own_tile) {
+    return 1024 + stages * STAGE_BYTES + 2 * STAGES * 8 + (own_tile ? EPI_BYTES : 0);
+  }
+  static constexpr int SMEM_BYTES = smem_bytes(STAGES, false);
+  // Stages of a CTA with several N tiles: one fewer where that lets two such CTAs share an SM (228 KB, 1 KB reserved
+  // per CTA) and one-consumer CTAs would otherwise fit two (C = 64: 4 -> 3 stages)
+  static constexpr int MULTI_STAGES =
+      2 * (smem_bytes(STAGES, true) + 1024) > 228 * 1024 && 2 * (smem_bytes(STAGES - 1, true) + 1024) <= 228 * 1024
+          ? STAGES - 1
+          : STAGES;
   static_assert(STAGE_BYTES % 1024 == 0, "stages must keep 1024-byte alignment");
   static_assert(BN * OUT_LD * 2 <= STAGES * STAGE_BYTES, "epilogue tile must fit in the pipeline's memory");
-  static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
+  static_assert(smem_bytes(STAGES, true) <= 227 * 1024, "shared memory");
 };
 
 // Shared-memory matrix descriptor of a K-major tile whose rows are C halves (= the swizzle width, 2 * C bytes) and
@@ -114,6 +127,13 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void consumer_sync(int threads) {
   asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory");
 }
+// A copy of v the compiler cannot see through: per-tile values derived from it (the epilogue's 64 addresses) are then
+// computed in each tile instead of being hoisted out of the tile loop, which held them in registers (90 -> 137
+// registers in bsr_wgmma_kernel, spills in bsr_wgmma_t_kernel).
+__device__ __forceinline__ int opaque(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
 __device__ __forceinline__ void fence_acc(float (&d)[64]) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
@@ -161,18 +181,47 @@ struct Wgmma<__nv_bfloat16> {
 __host__ __device__ constexpr int acc_row(int warp, int lane, int i) { return 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1); }
 __host__ __device__ constexpr int acc_col(int lane, int i) { return 8 * (i >> 2) + 2 * (lane & 3) + (i & 1); }
 
+// An empty block row's tile of Y^T rows (args.staged == 1: y[n * syn + m], sym == 1, syn % 8 == 0, 16-byte aligned):
+// act(bias) or zeros for rows m0 ... m0 + RB - 1 and tokens n0 ... n0 + BN - 1 (those below args.n), one 16-byte store
+// per 8 rows, by `threads` threads (a multiple of RB / 8, so each thread keeps the same 8 rows) numbered from `tid`.
+// No pipeline, no accumulators and no shared memory: the tile has no block to multiply.
+template <typename T, int RB, int BN>
+__device__ __forceinline__ void fill_empty_tile(const BsrArgs& args, long long m0, int n0, int tid, int threads) {
+  constexpr int PER_ROW = RB / 8;
+  const int ml = (tid % PER_ROW) * 8;
+  const T* bias = static_cast<const T*>(args.bias);
+  alignas(16) T v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float b = bias != nullptr ? to_f(bias[m0 + ml + j]) : 0.f;
+    if (args.relu) b = fmaxf(b, 0.f);
+    v[j] = from_f<T>(b);
+  }
+  const int4 value = *reinterpret_cast<const int4*>(v);
+  T* y = static_cast<T*>(args.y);
+  const int tokens = min(BN, args.n - n0);
+  for (int nl = tid / PER_ROW; nl < tokens; nl += threads / PER_ROW)
+    *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) = value;
+}
+
 template <typename T, int C, int CONSUMERS>
 __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
     bsr_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_x,
                      const BsrArgs args) {
 #ifdef PK_SM90A
   using Cfg = WgConfig<C, CONSUMERS>;
-  constexpr int STAGES = Cfg::STAGES, BN = Cfg::BN;
+  constexpr int BN = Cfg::BN;
+  // N tiles blockIdx.y, blockIdx.y + gridDim.y, ... (several where the launcher groups them, bsr_tiles_per_cta): the
+  // producer runs on into the next tile's blocks while the consumers finish a tile, and every stage use g counts on
+  // across tiles
+  const int ntiles = (args.n + BN - 1) / BN;
+  const bool own_tile = static_cast<int>(gridDim.y) < ntiles;
+  const int stages = own_tile ? Cfg::MULTI_STAGES : Cfg::STAGES;  // (WgConfig::smem_bytes: the launcher's layout)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
-  uint64_t* empty = full + STAGES;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + stages * Cfg::STAGE_BYTES);
+  uint64_t* empty = full + Cfg::STAGES;
 
   // programmatic dependent launch (args.pdl): anything below may be the preceding kernel's output (the pattern, X, a
   // schedule or indices the op's wrappers converted just before), so wait before reading or writing anything
@@ -180,11 +229,9 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
   const BsrWork work = bsr_work_item(args);
   const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
   const int count = end - start;
-  const int n0 = blockIdx.y * BN;
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
+    for (int s = 0; s < stages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 4 * CONSUMERS);  // lane 0 of every consumer warp
     }
@@ -194,86 +241,109 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
 
   if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
     if (threadIdx.x == 0) {
-      for (int it = 0; it < count; ++it) {
-        const int s = it % STAGES;
-        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);  // the (it / STAGES - 1)-th release
-        unsigned char* a_dst = smem + s * Cfg::STAGE_BYTES;
-        const int b = start + it;
-        mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
-        tma_load_2d(a_dst, &map_a, 0, b * R, &full[s]);
-        tma_load_2d(a_dst + Cfg::A_BYTES, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
+      int g = 0;
+      for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
+        for (int it = 0; it < count; ++it, ++g) {
+          const int s = g % stages;
+          if (g >= stages) mbar_wait(&empty[s], ((g / stages) + 1) & 1);  // the (g / stages - 1)-th release
+          unsigned char* a_dst = smem + s * Cfg::STAGE_BYTES;
+          const int b = start + it;
+          mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
+          tma_load_2d(a_dst, &map_a, 0, b * R, &full[s]);
+          tma_load_2d(a_dst + Cfg::A_BYTES, &map_x, __ldg(args.cols + b) * C, tile * BN, &full[s]);
+        }
       }
     }
     return;
   }
 
-  const int cw = wg - 1;  // consumer index: columns cw * 128 ... of the CTA tile
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  float acc[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  for (int it = 0; it < count; ++it) {
-    const int s = it % STAGES;
-    mbar_wait(&full[s], (it / STAGES) & 1);
-    const uint32_t a_addr = smem_u32(smem + s * Cfg::STAGE_BYTES);
-    const uint32_t b_addr = a_addr + Cfg::A_BYTES + cw * WG_N * C * 2;
-    fence_acc(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) Wgmma<T>::run(acc, make_desc<C>(a_addr + kk * 32), make_desc<C>(b_addr + kk * 32));
-    wgmma_commit();
-    fence_acc(acc);
-    wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
-    if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
-  }
-  wgmma_wait<0>();
-  fence_acc(acc);
-  prunekit_launch::allow_dependent_launch();  // the next kernel may start; its wait still covers these writes
-
   const long long m0 = static_cast<long long>(block_row) * R;
-  if (slot >= 0) {  // a slice of a split block row: fp32 partial sums, finished by bsr_finalize_kernel
-    float* ws = args.ws + static_cast<long long>(slot) * R * args.n;
+  T* y = static_cast<T*>(args.y);
+  const T* bias = static_cast<const T*>(args.bias);
+  // Y^T's staging tile: the pipeline's memory when this CTA has one N tile, else its own after the barriers
+  T* const out_tile = reinterpret_cast<T*>(own_tile ? reinterpret_cast<unsigned char*>(empty + Cfg::STAGES) : smem);
+  int g = 0;
+  for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
+    const int n0 = tile * BN;
+    // the next kernel may start once every CTA is at its last tile; its wait still covers these writes
+    if (tile + static_cast<int>(gridDim.y) >= ntiles) prunekit_launch::allow_dependent_launch();
+    if (count == 0 && slot < 0 && args.staged == 1) {  // an empty block row: act(bias), straight to Y^T
+      fill_empty_tile<T, R, BN>(args, m0, n0, threadIdx.x - 128, 128 * CONSUMERS);
+      continue;
+    }
+    const int cw = opaque(wg - 1);  // consumer index: columns cw * 128 ... of the CTA tile
+    const int warp = opaque((threadIdx.x >> 5) & 3), lane = opaque(threadIdx.x & 31);
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int it = 0; it < count; ++it, ++g) {
+      const int s = g % stages;
+      mbar_wait(&full[s], (g / stages) & 1);
+      const uint32_t a_addr = smem_u32(smem + s * Cfg::STAGE_BYTES);
+      const uint32_t b_addr = a_addr + Cfg::A_BYTES + cw * WG_N * C * 2;
+      fence_acc(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < C / 16; ++kk)
+        Wgmma<T>::run(acc, make_desc<C>(a_addr + kk * 32), make_desc<C>(b_addr + kk * 32));
+      wgmma_commit();
+      fence_acc(acc);
+      wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
+      if (it > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % stages]);
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+    if (count > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % stages]);  // the tile's last stage
+
+    if (slot >= 0) {  // a slice of a split block row: fp32 partial sums, finished by bsr_finalize_kernel
+      float* ws = args.ws + static_cast<long long>(slot) * R * args.n;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int nn = n0 + cw * WG_N + acc_col(lane, i);
+        if (nn < args.n) atomicAdd(ws + static_cast<long long>(acc_row(warp, lane, i)) * args.n + nn, acc[i]);
+      }
+      continue;
+    }
+    float bias_v[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) bias_v[h] = bias != nullptr ? to_f(bias[m0 + acc_row(warp, lane, 2 * h)]) : 0.f;
+    if (args.staged == 1) {  // Y^T (the runtime's (N, M) output): through shared memory, 16-byte stores along m
+      // every consumer's wgmmas have finished reading the pipeline stages (one tile per CTA), or its stores have
+      // read the previous tile (several)
+      consumer_sync(128 * CONSUMERS);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        float v = acc[i] + bias_v[(i >> 1) & 1];
+        if (args.relu) v = fmaxf(v, 0.f);
+        out_tile[(cw * WG_N + acc_col(lane, i)) * Cfg::OUT_LD + acc_row(warp, lane, i)] = from_f<T>(v);
+      }
+      consumer_sync(128 * CONSUMERS);
+      constexpr int PER_ROW = R / 8;
+      for (int idx = threadIdx.x - 128; idx < BN * PER_ROW; idx += 128 * CONSUMERS) {
+        const int nl = idx / PER_ROW, ml = (idx % PER_ROW) * 8;
+        if (n0 + nl < args.n)
+          *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) =
+              *reinterpret_cast<const int4*>(out_tile + nl * Cfg::OUT_LD + ml);
+      }
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       const int nn = n0 + cw * WG_N + acc_col(lane, i);
-      if (nn < args.n) atomicAdd(ws + static_cast<long long>(acc_row(warp, lane, i)) * args.n + nn, acc[i]);
-    }
-    return;
-  }
-  T* y = static_cast<T*>(args.y);
-  const T* bias = static_cast<const T*>(args.bias);
-  float bias_v[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) bias_v[h] = bias != nullptr ? to_f(bias[m0 + acc_row(warp, lane, 2 * h)]) : 0.f;
-  if (args.staged == 1) {  // Y^T (the runtime's (N, M) output): through shared memory, 16-byte stores along m
-    T* tile = reinterpret_cast<T*>(smem);
-    consumer_sync(128 * CONSUMERS);  // every consumer's wgmmas have finished reading the pipeline stages
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      float v = acc[i] + bias_v[(i >> 1) & 1];
-      if (args.relu) v = fmaxf(v, 0.f);
-      tile[(cw * WG_N + acc_col(lane, i)) * Cfg::OUT_LD + acc_row(warp, lane, i)] = from_f<T>(v);
-    }
-    consumer_sync(128 * CONSUMERS);
-    constexpr int PER_ROW = R / 8;
-    for (int idx = threadIdx.x - 128; idx < BN * PER_ROW; idx += 128 * CONSUMERS) {
-      const int nl = idx / PER_ROW, ml = (idx % PER_ROW) * 8;
-      if (n0 + nl < args.n)
-        *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) =
-            *reinterpret_cast<const int4*>(tile + nl * Cfg::OUT_LD + ml);
-    }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const int nn = n0 + cw * WG_N + acc_col(lane, i);
-    if (nn < args.n) {
-      float v = acc[i] + bias_v[(i >> 1) & 1];
-      if (args.relu) v = fmaxf(v, 0.f);
-      y[(m0 + acc_row(warp, lane, i)) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v);
+      if (nn < args.n) {
+        float v = acc[i] + bias_v[(i >> 1) & 1];
+        if (args.relu) v = fmaxf(v, 0.f);
+        y[(m0 + acc_row(warp, lane, i)) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v);
+      }
     }
   }
 #endif  // PK_SM90A
+}
+
+// The grid's y: N tiles in groups of at most tiles_per_cta (0 or 1: one per CTA), CTA y taking tiles y, y + groups, ...
+inline int tile_groups(int ntiles, int tiles_per_cta) {
+  const int per = std::max(1, std::min(tiles_per_cta, ntiles));
+  return (ntiles + per - 1) / per;
 }
 
 template <typename T, int C, int CONSUMERS>
@@ -287,11 +357,14 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
   C10_CUDA_CHECK(cudaGetDevice(&device));
   PRUNEKIT_CHECK(device >= 0 && device < MAX_DEVICES, "bsr_mm wgmma: device index ", device, " out of range");
   std::call_once(once[device], [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        std::max(Cfg::SMEM_BYTES, Cfg::smem_bytes(Cfg::MULTI_STAGES, true))));
   });
-  const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
-  prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x,
-                          args);
+  const int ntiles = (args.n + Cfg::BN - 1) / Cfg::BN, groups = tile_groups(ntiles, args.tiles_per_cta);
+  // CTAs of several tiles: MULTI_STAGES stages and a staging tile of their own (bsr_wgmma_kernel)
+  const int smem = groups < ntiles ? Cfg::smem_bytes(Cfg::MULTI_STAGES, true) : Cfg::SMEM_BYTES;
+  prunekit_launch::launch(kernel, dim3(grid_rows, groups), dim3(Cfg::THREADS), smem, stream, args.pdl != 0, map_a,
+                          map_x, args);
 }
 
 template <typename T, int CONSUMERS>
@@ -404,7 +477,7 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
   const BsrWork work = bsr_work_item(args);
   const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
   const int count = end - start;
-  const int n0 = blockIdx.y * BN;
+  const int ntiles = (args.n + BN - 1) / BN;  // this CTA's: blockIdx.y, blockIdx.y + gridDim.y, ... (bsr_wgmma_kernel)
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -418,96 +491,110 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
 
   if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
     if (threadIdx.x == 0) {
-      for (int it = 0; it < count; ++it) {
-        const int s = it % STAGES;
-        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);
-        unsigned char* dst = smem + s * Cfg::STAGE_BYTES;
-        const int b = start + it;
-        mbar_expect_tx(&full[s], Cfg::X_BYTES + Cfg::BLOCK_TX);
-        if constexpr (XR) {
-          const T* slab = static_cast<const T*>(args.x) + (__ldg(args.cols + b) * args.xr_npad + n0) * C;
-          bulk_load(dst, slab, Cfg::X_BYTES, &full[s]);
-        } else {
-          tma_load_2d(dst, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
+      int g = 0;
+      for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
+        const int n0 = tile * BN;
+        for (int it = 0; it < count; ++it, ++g) {
+          const int s = g % STAGES;
+          if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) + 1) & 1);
+          unsigned char* dst = smem + s * Cfg::STAGE_BYTES;
+          const int b = start + it;
+          mbar_expect_tx(&full[s], Cfg::X_BYTES + Cfg::BLOCK_TX);
+          if constexpr (XR) {
+            const T* slab = static_cast<const T*>(args.x) + (__ldg(args.cols + b) * args.xr_npad + n0) * C;
+            bulk_load(dst, slab, Cfg::X_BYTES, &full[s]);
+          } else {
+            tma_load_2d(dst, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
+          }
+          tma_load_2d(dst + Cfg::X_BYTES, &map_a, 0, b * RB, &full[s]);
         }
-        tma_load_2d(dst + Cfg::X_BYTES, &map_a, 0, b * RB, &full[s]);
       }
     }
     return;
   }
-
-  const int cw = wg - 1;  // consumer index: tokens cw * WG_M ... of the CTA tile
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  float acc[2][NACC];
-#pragma unroll
-  for (int t = 0; t < 2; ++t)
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) acc[t][i] = 0.f;
-  for (int it = 0; it < count; ++it) {
-    const int s = it % STAGES;
-    mbar_wait(&full[s], (it / STAGES) & 1);
-    const uint32_t x_addr = smem_u32(smem + s * Cfg::STAGE_BYTES) + cw * WG_M * C * 2;
-    const uint32_t b_addr = smem_u32(smem + s * Cfg::STAGE_BYTES + Cfg::X_BYTES);
-    fence_regs(acc[0]);
-    fence_regs(acc[1]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-#pragma unroll
-      for (int t = 0; t < 2; ++t)
-        WgmmaT<T, RB>::run(acc[t], make_desc<C>(x_addr + t * 64 * C * 2 + kk * 32), make_desc<C>(b_addr + kk * 32));
-    }
-    wgmma_commit();
-    fence_regs(acc[0]);
-    fence_regs(acc[1]);
-    wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
-    if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
-  }
-  wgmma_wait<0>();
-  fence_regs(acc[0]);
-  fence_regs(acc[1]);
-  prunekit_launch::allow_dependent_launch();  // the next kernel may start; its wait still covers these writes
 
   // acc[t][i] is Y(m0 + acc_col(lane, i), n0 + cw * WG_M + 64 t + acc_row(warp, lane, i)): D's rows are tokens
   const long long m0 = static_cast<long long>(block_row) * RB;
-  const int tok0 = n0 + cw * WG_M;
-  if (slot >= 0) {  // a slice of a split block row: fp32 partial sums (n_split, RB, N), finished by bsr_finalize_kernel
-    float* ws = args.ws + static_cast<long long>(slot) * RB * args.n;
+  T* y = static_cast<T*>(args.y);
+  const T* bias = static_cast<const T*>(args.bias);
+  int g = 0;
+  for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
+    const int n0 = tile * BN;
+    // the next kernel may start once every CTA is at its last tile; its wait still covers these writes
+    if (tile + static_cast<int>(gridDim.y) >= ntiles) prunekit_launch::allow_dependent_launch();
+    if (count == 0 && slot < 0 && args.staged == 1) {  // an empty block row: act(bias), straight to Y^T
+      fill_empty_tile<T, RB, BN>(args, m0, n0, threadIdx.x - 128, 128 * CONSUMERS);
+      continue;
+    }
+    const int cw = opaque(wg - 1);  // consumer index: tokens cw * WG_M ... of the CTA tile
+    const int warp = opaque((threadIdx.x >> 5) & 3), lane = opaque(threadIdx.x & 31);
+    float acc[2][NACC];
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int i = 0; i < NACC; ++i) {
-        const int nn = tok0 + 64 * t + acc_row(warp, lane, i);
-        if (nn < args.n) atomicAdd(ws + static_cast<long long>(acc_col(lane, i)) * args.n + nn, acc[t][i]);
-      }
-    return;
-  }
-  T* y = static_cast<T*>(args.y);
-  const T* bias = static_cast<const T*>(args.bias);
-  float bias_v[NACC];
+      for (int i = 0; i < NACC; ++i) acc[t][i] = 0.f;
+    for (int it = 0; it < count; ++it, ++g) {
+      const int s = g % STAGES;
+      mbar_wait(&full[s], (g / STAGES) & 1);
+      const uint32_t x_addr = smem_u32(smem + s * Cfg::STAGE_BYTES) + cw * WG_M * C * 2;
+      const uint32_t b_addr = smem_u32(smem + s * Cfg::STAGE_BYTES + Cfg::X_BYTES);
+      fence_regs(acc[0]);
+      fence_regs(acc[1]);
+      wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < NACC; ++i) bias_v[i] = bias != nullptr ? to_f(bias[m0 + acc_col(lane, i)]) : 0.f;
+      for (int kk = 0; kk < C / 16; ++kk) {
 #pragma unroll
-  for (int t = 0; t < 2; ++t)
-#pragma unroll
-    for (int i = 0; i < NACC; i += 2) {  // registers i, i + 1: columns m, m + 1 of one token
-      const int nn = tok0 + 64 * t + acc_row(warp, lane, i);
-      if (nn >= args.n) continue;
-      float v0 = acc[t][i] + bias_v[i], v1 = acc[t][i + 1] + bias_v[i + 1];
-      if (args.relu) {
-        v0 = fmaxf(v0, 0.f);
-        v1 = fmaxf(v1, 0.f);
+        for (int t = 0; t < 2; ++t)
+          WgmmaT<T, RB>::run(acc[t], make_desc<C>(x_addr + t * 64 * C * 2 + kk * 32), make_desc<C>(b_addr + kk * 32));
       }
-      const long long mm = m0 + acc_col(lane, i);
-      if (args.staged == 1) {  // Y^T rows (sym == 1, syn % 8 == 0, 16-byte aligned): one 4-byte store per pair
-        T pair[2] = {from_f<T>(v0), from_f<T>(v1)};
-        *reinterpret_cast<uint32_t*>(y + static_cast<long long>(nn) * args.syn + mm) =
-            *reinterpret_cast<const uint32_t*>(pair);
-      } else {
-        y[mm * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v0);
-        y[(mm + 1) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v1);
-      }
+      wgmma_commit();
+      fence_regs(acc[0]);
+      fence_regs(acc[1]);
+      wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
+      if (it > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % STAGES]);
     }
+    wgmma_wait<0>();
+    fence_regs(acc[0]);
+    fence_regs(acc[1]);
+    if (count > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % STAGES]);  // the tile's last stage
+
+    const int tok0 = n0 + cw * WG_M;
+    if (slot >= 0) {  // a slice of a split block row: fp32 partial sums (n_split, RB, N), finished by bsr_finalize_kernel
+      float* ws = args.ws + static_cast<long long>(slot) * RB * args.n;
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) {
+          const int nn = tok0 + 64 * t + acc_row(warp, lane, i);
+          if (nn < args.n) atomicAdd(ws + static_cast<long long>(acc_col(lane, i)) * args.n + nn, acc[t][i]);
+        }
+      continue;
+    }
+    float bias_v[NACC];  // read per tile: kept out of the main loop's registers
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) bias_v[i] = bias != nullptr ? to_f(bias[m0 + acc_col(lane, i)]) : 0.f;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int i = 0; i < NACC; i += 2) {  // registers i, i + 1: columns m, m + 1 of one token
+        const int nn = tok0 + 64 * t + acc_row(warp, lane, i);
+        if (nn >= args.n) continue;
+        float v0 = acc[t][i] + bias_v[i], v1 = acc[t][i + 1] + bias_v[i + 1];
+        if (args.relu) {
+          v0 = fmaxf(v0, 0.f);
+          v1 = fmaxf(v1, 0.f);
+        }
+        const long long mm = m0 + acc_col(lane, i);
+        if (args.staged == 1) {  // Y^T rows (sym == 1, syn % 8 == 0, 16-byte aligned): one 4-byte store per pair
+          T pair[2] = {from_f<T>(v0), from_f<T>(v1)};
+          *reinterpret_cast<uint32_t*>(y + static_cast<long long>(nn) * args.syn + mm) =
+              *reinterpret_cast<const uint32_t*>(pair);
+        } else {
+          y[mm * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v0);
+          y[(mm + 1) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v1);
+        }
+      }
+  }
 #endif  // PK_SM90A
 }
 
@@ -524,9 +611,9 @@ void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs&
   std::call_once(once[device], [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });
-  const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
-  prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x,
-                          args);
+  const int ntiles = (args.n + Cfg::BN - 1) / Cfg::BN;
+  prunekit_launch::launch(kernel, dim3(grid_rows, tile_groups(ntiles, args.tiles_per_cta)), dim3(Cfg::THREADS),
+                          Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x, args);
 }
 
 // Blocks of r in {16, 32} rows and c in {16, 32, 64} columns.
