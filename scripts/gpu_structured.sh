@@ -32,6 +32,8 @@
 #                                          # $PRUNEKIT_NM24_LEAN=1 ($BITMAP_LEAN_WARPS, _SHAPES, _NS, _SPARSITIES)
 #   scripts/gpu_structured.sh leandefaults # the lean kernels as defaults: memcheck, racecheck, bsr.py at N = 1 / 16 and
 #                                          # 50 / 70%, spmm.py at 3072 x 768, nm.py decode points
+#   scripts/gpu_structured.sh tiles        # the wgmma kernels' N tiles per CTA: tests, memcheck, bsr.py sweeps
+#                                          # ($BSR_TPC, $BSR_TPC_SHAPES, $BSR_TPC_NS, $BSR_TPC_CONTROL, $TAG)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -190,6 +192,66 @@ bench_bsr() {
   has_arg --time-limit-s "$@" || extra=(--time-limit-s 420)
   timeout 540 python3 benchmarks/bsr.py --out "$OUT/bsr-$DEV-$DATE.json" "${extra[@]}" "$@" > "$OUT/bench_bsr.log" 2>&1
   echo "bsr benchmark exit code $?"; grep -v "^\s*$" "$OUT/bench_bsr.log" | tail -45
+}
+
+# CTAs of several N tiles in the wgmma BSR kernels ($PRUNEKIT_BSR_TILES_PER_CTA): build, the BSR CUDA tests, a memcheck
+# of grouped tiles, then bsr.py with --tiles-per-cta $BSR_TPC at $BSR_TPC_SHAPES (the six points where torch's Triton
+# BSR was faster in the thirtieth session) and at $BSR_TPC_CONTROL (large shapes, to see what the rule must leave).
+tiles() {
+  build
+  step tests
+  timeout 200 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -rs tests/kernels/test_bsr_mm.py \
+    > "$OUT/tests-bsr.log" 2>&1
+  echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests-bsr.log" | tail -3
+  grep -E "^(FAILED|ERROR)" "$OUT/tests-bsr.log" | head -20
+  step memcheck of grouped tiles
+  cat > /tmp/sanitize_tiles.py <<'PY'
+import os, sys, torch
+sys.path.insert(0, "tests/kernels")
+from test_bsr_mm import block_sparse_weight, _components
+from prunekit.formats.bsr import static_schedule
+from prunekit.kernels import structured
+for per_cta in ("1", "3"):
+    os.environ[structured.TILES_PER_CTA_ENV] = per_cta
+    for r, c in ((16, 16), (32, 64), (64, 16), (64, 64)):
+        m, k, n = 6 * r, 3 * c, 700
+        dense = block_sparse_weight(m, k, r, c, 0.5, torch.float16, heavy_rows=1)
+        comp = {key: t.cuda() for key, t in _components(dense, r, c).items()}
+        sched, split = (t.cuda() for t in static_schedule(comp["crow_indices"], chunk=1))
+        x = torch.randn(n, k, device="cuda").half().t()
+        bias = torch.randn(m, device="cuda").half()
+        base = (comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, bias, "relu")
+        for tile_n in structured.WGMMA_TILE_NS:
+            for staged in (True, False):
+                structured.bsr_mm_cuda(*base, tile_n=tile_n, staged_epilogue=staged, variant="wgmma")
+                structured.bsr_mm_cuda(*base, sched, split, tile_n=tile_n, staged_epilogue=staged, variant="wgmma")
+torch.cuda.synchronize()
+print("sanitize cases ran")
+PY
+  timeout 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 python3 /tmp/sanitize_tiles.py \
+    > "$OUT/memcheck-tiles.log" 2>&1
+  echo "compute-sanitizer exit code $?"; grep -E "ERROR SUMMARY|ran" "$OUT/memcheck-tiles.log" | tail -3
+  step bsr benchmark, tiles per CTA
+  timeout "${BSR_TPC_TIMEOUT:-160}" python3 benchmarks/bsr.py --out "$OUT/bsr-tiles-$DEV-$DATE${TAG:-}.json" \
+    --shapes "${BSR_TPC_SHAPES:-3072x768}" --any-ns "${BSR_TPC_NS:-2048,4096}" --blocks 32,64 --sparsities 0.9,0.95 \
+    --dtypes float16 --tiles-per-cta "${BSR_TPC:-1,2,4,8}" > "$OUT/bench-tiles.log" 2>&1
+  echo "exit code $?"; grep -E "static" "$OUT/bench-tiles.log" | tail -12
+  if [[ -n ${BSR_TPC_CONTROL:-11008x4096} ]]; then
+    timeout "${BSR_TPC_CONTROL_TIMEOUT:-120}" python3 benchmarks/bsr.py \
+      --out "$OUT/bsr-tiles-control-$DEV-$DATE${TAG:-}.json" --shapes "${BSR_TPC_CONTROL:-11008x4096}" \
+      --any-ns 2048 --blocks 32,64 --sparsities 0.9,0.95 --dtypes float16 --tiles-per-cta "${BSR_TPC:-1,2,4,8}" \
+      > "$OUT/bench-tiles-control.log" 2>&1
+    echo "exit code $?"; grep -E "static" "$OUT/bench-tiles-control.log" | tail -8
+  fi
+  python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+for f in sorted(Path(sys.argv[1]).glob("bsr-tiles*.json")):
+    for r in json.loads(f.read_text())["results"]:
+        tpc = {k[10:-7]: round(v * 1e3, 2) for k, v in r.items() if k.startswith("static_tpc") and k.endswith("_gpu_ms")}
+        print(r["m"], r["k"], r["n"], r["block"], r["sparsity"], "static", round(r["static_gpu_ms"] * 1e3, 2),
+              "triton", round(r.get("torch_bsr_gpu_ms", float("nan")) * 1e3, 2), "tpc", tpc)
+PY
 }
 
 bench_nm() {
@@ -566,6 +628,7 @@ leandefaults_spmm_nm() {
 
 case $MODE in
   build-test) build; build_test ;;
+  tiles) tiles ;;
   nm24lean) nm24lean ;;
   bsrlean) bsrlean ;;
   bitmaplean) bitmaplean ;;
