@@ -32,8 +32,9 @@
 #                                          # $PRUNEKIT_NM24_LEAN=1 ($BITMAP_LEAN_WARPS, _SHAPES, _NS, _SPARSITIES)
 #   scripts/gpu_structured.sh leandefaults # the lean kernels as defaults: memcheck, racecheck, bsr.py at N = 1 / 16 and
 #                                          # 50 / 70%, spmm.py at 3072 x 768, nm.py decode points
-#   scripts/gpu_structured.sh tiles        # the wgmma kernels' N tiles per CTA: tests, memcheck, bsr.py sweeps
-#                                          # ($BSR_TPC, $BSR_TPC_SHAPES, $BSR_TPC_NS, $BSR_TPC_CONTROL, $TAG)
+#   scripts/gpu_structured.sh tiles        # the wgmma kernels' tiles per CTA and stages: tests, memcheck, bsr.py
+#                                          # sweeps ($BSR_TPC, $BSR_STAGES, $BSR_TILE_NS, $BSR_TPC_SHAPES, $BSR_TPC_NS,
+#                                          # $BSR_TPC_CONTROL, $TAG)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -194,8 +195,9 @@ bench_bsr() {
   echo "bsr benchmark exit code $?"; grep -v "^\s*$" "$OUT/bench_bsr.log" | tail -45
 }
 
-# CTAs of several N tiles in the wgmma BSR kernels ($PRUNEKIT_BSR_TILES_PER_CTA): build, the BSR CUDA tests, a memcheck
-# of grouped tiles, then bsr.py with --tiles-per-cta $BSR_TPC at $BSR_TPC_SHAPES (the six points where torch's Triton
+# CTAs of several output tiles in the wgmma BSR kernels ($PRUNEKIT_BSR_TILES_PER_CTA) and their stages
+# ($PRUNEKIT_BSR_STAGES): build, the BSR CUDA tests, a memcheck of grouped tiles, then bsr.py with --tiles-per-cta
+# $BSR_TPC x --stages $BSR_STAGES x --wgmma-tile-ns $BSR_TILE_NS at $BSR_TPC_SHAPES (the six points where torch's Triton
 # BSR was faster in the thirtieth session) and at $BSR_TPC_CONTROL (large shapes, to see what the rule must leave).
 tiles() {
   build
@@ -211,8 +213,9 @@ sys.path.insert(0, "tests/kernels")
 from test_bsr_mm import block_sparse_weight, _components
 from prunekit.formats.bsr import static_schedule
 from prunekit.kernels import structured
-for per_cta in ("1", "3"):
+for per_cta, stages in (("1", "auto"), ("3", "auto"), ("wave", "2")):
     os.environ[structured.TILES_PER_CTA_ENV] = per_cta
+    os.environ[structured.STAGES_ENV] = stages
     for r, c in ((16, 16), (32, 64), (64, 16), (64, 64)):
         m, k, n = 6 * r, 3 * c, 700
         dense = block_sparse_weight(m, k, r, c, 0.5, torch.float16, heavy_rows=1)
@@ -232,15 +235,16 @@ PY
     > "$OUT/memcheck-tiles.log" 2>&1
   echo "compute-sanitizer exit code $?"; grep -E "ERROR SUMMARY|ran" "$OUT/memcheck-tiles.log" | tail -3
   step bsr benchmark, tiles per CTA
-  timeout "${BSR_TPC_TIMEOUT:-160}" python3 benchmarks/bsr.py --out "$OUT/bsr-tiles-$DEV-$DATE${TAG:-}.json" \
+  timeout "${BSR_TPC_TIMEOUT:-200}" python3 benchmarks/bsr.py --out "$OUT/bsr-tiles-$DEV-$DATE${TAG:-}.json" \
     --shapes "${BSR_TPC_SHAPES:-3072x768}" --any-ns "${BSR_TPC_NS:-2048,4096}" --blocks 32,64 --sparsities 0.9,0.95 \
-    --dtypes float16 --tiles-per-cta "${BSR_TPC:-1,2,4,8}" > "$OUT/bench-tiles.log" 2>&1
+    --dtypes float16 --tiles-per-cta "${BSR_TPC:-1,2,wave}" --stages "${BSR_STAGES:-auto,2,3}" \
+    --wgmma-tile-ns "${BSR_TILE_NS:-128,256}" > "$OUT/bench-tiles.log" 2>&1
   echo "exit code $?"; grep -E "static" "$OUT/bench-tiles.log" | tail -12
   if [[ -n ${BSR_TPC_CONTROL:-11008x4096} ]]; then
     timeout "${BSR_TPC_CONTROL_TIMEOUT:-120}" python3 benchmarks/bsr.py \
       --out "$OUT/bsr-tiles-control-$DEV-$DATE${TAG:-}.json" --shapes "${BSR_TPC_CONTROL:-11008x4096}" \
-      --any-ns 2048 --blocks 32,64 --sparsities 0.9,0.95 --dtypes float16 --tiles-per-cta "${BSR_TPC:-1,2,4,8}" \
-      > "$OUT/bench-tiles-control.log" 2>&1
+      --any-ns 2048 --blocks 32,64 --sparsities 0.9,0.95 --dtypes float16 --tiles-per-cta "${BSR_TPC:-1,2,wave}" \
+      --stages "${BSR_STAGES:-auto,2,3}" --wgmma-tile-ns "${BSR_TILE_NS:-128,256}" > "$OUT/bench-tiles-control.log" 2>&1
     echo "exit code $?"; grep -E "static" "$OUT/bench-tiles-control.log" | tail -8
   fi
   python3 - "$OUT" <<'PY'

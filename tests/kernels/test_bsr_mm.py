@@ -690,10 +690,12 @@ def test_bsr_wgmma_matches_float64(dtype, r, xslabs, c, mode, monkeypatch):
 ])  # fmt: skip
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_bsr_wgmma_tiles_per_cta_match_one_tile_per_cta(dtype, r, c, xslabs, mode, monkeypatch):
-    """$PRUNEKIT_BSR_TILES_PER_CTA: CTAs of several N tiles (their pipeline running on across tiles, the 64-row
-    kernel's staging tile of its own, empty block rows written straight from the bias) give bit for bit the output of
-    one tile per CTA, and match float64: N of 1 to 9 tiles with a partial last one, tiles per CTA that divide the
-    tiles, that do not, and more than there are; empty, single-block and split rows; both epilogues; poisoned Y."""
+    """$PRUNEKIT_BSR_TILES_PER_CTA and $PRUNEKIT_BSR_STAGES: CTAs of several output tiles (their pipeline running on
+    across tiles, the 64-row kernel's staging tile of its own, empty block rows written straight from the bias), one
+    wave of CTAs, and rings of two stages give the output of one tile per CTA bit for bit (split rows, whose fp32
+    partial sums are added by atomics in any order: within tolerance), and match float64. N of 1 to 8 tiles with a
+    partial last one; tiles per CTA that divide the tiles, that do not, and more than there are; empty, single-block
+    and split rows; both epilogues; poisoned Y."""
     if not (structured.wgmma_available() and (r, c) in structured.WGMMA_BLOCKS):
         pytest.skip("needs an sm_90 GPU, a library built for sm_90a and a block the wgmma kernels take")
     monkeypatch.setenv(structured.XSLABS_ENV, xslabs)
@@ -702,10 +704,14 @@ def test_bsr_wgmma_tiles_per_cta_match_one_tile_per_cta(dtype, r, c, xslabs, mod
     dense[5 * r : 8 * r] = 0  # more empty block rows, beside row 0
     comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
     extra = (None, None)
+    exact_rows = torch.ones(m, dtype=torch.bool, device="cuda")
     if mode == "static":
         extra = tuple(t.cuda() for t in static_schedule(comp["crow_indices"], chunk=2))
         assert extra[1].numel() > 0  # the heavy row is split
+        for row in extra[1].tolist():
+            exact_rows[row * r : (row + 1) * r] = False
     bias = torch.randn(m, device="cuda").to(dtype)
+    settings = [("1", None), ("2", None), ("3", None), ("64", None), ("wave", None), ("3", "2"), ("1", "2")]
     for n in (1000, 130, 2):
         x2d = torch.randn(n, k, device="cuda").to(dtype)
         for transposed in (True, False):
@@ -715,34 +721,51 @@ def test_bsr_wgmma_tiles_per_cta_match_one_tile_per_cta(dtype, r, c, xslabs, mod
                 for tile_n in structured.WGMMA_TILE_NS:
                     for staged in (True, False):
                         outs = {}
-                        for per_cta in ("1", "2", "3", "64"):
+                        for per_cta, stages in settings:
                             monkeypatch.setenv(structured.TILES_PER_CTA_ENV, per_cta)
+                            if stages is None:
+                                monkeypatch.delenv(structured.STAGES_ENV, raising=False)
+                            else:
+                                monkeypatch.setenv(structured.STAGES_ENV, stages)
                             out = _poisoned(m, n, dtype, transposed)
                             structured.bsr_mm_cuda(
                                 comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, b, activation,
                                 *extra, out=out, tile_n=tile_n, staged_epilogue=staged, variant="wgmma",
                             )  # fmt: skip
                             torch.cuda.synchronize()
-                            outs[per_cta] = out
-                        case = (n, transposed, activation, tile_n, staged)
-                        assert relative_error(outs["1"], ref) < TOLERANCE[dtype], case
-                        for per_cta, out in outs.items():
-                            assert torch.equal(out, outs["1"]), (*case, per_cta)
+                            outs[(per_cta, stages)] = out
+                        one = outs[("1", None)]
+                        for setting, out in outs.items():
+                            case = (n, transposed, activation, tile_n, staged, setting)
+                            assert relative_error(out, ref) < TOLERANCE[dtype], case
+                            assert torch.equal(out[exact_rows], one[exact_rows]), case
 
 
 def test_tiles_per_cta_setting_is_checked(monkeypatch):
-    """A $PRUNEKIT_BSR_TILES_PER_CTA outside auto / 1-64 is refused with one sentence that names it (GPU: by the
-    launcher; without one the call fails before it, so only the constant's name is checked here)."""
-    assert structured.TILES_PER_CTA_ENV == "PRUNEKIT_BSR_TILES_PER_CTA"
+    """A $PRUNEKIT_BSR_TILES_PER_CTA outside auto / wave / 1-64, or a $PRUNEKIT_BSR_STAGES outside auto / 2-12, is
+    refused with one sentence that names it (by the C++ launcher, so only on a GPU with the wgmma kernels)."""
+    assert (structured.TILES_PER_CTA_ENV, structured.STAGES_ENV) == (
+        "PRUNEKIT_BSR_TILES_PER_CTA",
+        "PRUNEKIT_BSR_STAGES",
+    )
     if not (torch.cuda.is_available() and structured.wgmma_available()):
         pytest.skip("the launcher's check needs the wgmma kernels")
     dense = block_sparse_weight(128, 128, 64, 64, 0.5, torch.float16, "cuda", seed=1)
     comp = {key: t.cuda() for key, t in _components(dense.cpu(), 64, 64).items()}
     x = torch.randn(300, 128, device="cuda", dtype=torch.float16).t()
-    for bad in ("0", "65", "two", "1.5"):
-        monkeypatch.setenv(structured.TILES_PER_CTA_ENV, bad)
-        with pytest.raises(RuntimeError, match="PRUNEKIT_BSR_TILES_PER_CTA"):
-            structured.bsr_mm_cuda(comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 128, variant="wgmma")
+    for env, bad in (
+        (structured.TILES_PER_CTA_ENV, ("0", "65", "two", "1.5", "")),
+        (structured.STAGES_ENV, ("1", "13")),
+    ):
+        for value in bad:
+            if not value:  # "" is "auto": accepted
+                continue
+            monkeypatch.setenv(env, value)
+            with pytest.raises(RuntimeError, match=env):
+                structured.bsr_mm_cuda(
+                    comp["blocks"], comp["crow_indices"], comp["col_indices"], x, 128, variant="wgmma"
+                )
+            monkeypatch.delenv(env)
 
 
 @pytest.mark.cuda

@@ -149,11 +149,14 @@ LEAN_NARROW_MAX_N = 16  # also lean_warps' bound: above this many tokens (the 4-
 # launcher at each call, csrc/structured/bsr_mm.cuh bsr_pdl): a kernel may start while the preceding kernel in the
 # stream finishes, and waits for it before it reads or writes anything.
 PDL_ENV = "PRUNEKIT_BSR_PDL"
-# N tiles per CTA of the wgmma kernels (read by the C++ launcher at each call, csrc/structured/bsr_mm_wgmma.cu
-# bsr_tiles_per_cta): "1"-"64" forces the count, unset / "auto" the launcher's rule. A CTA of several tiles takes
-# tiles y, y + gridDim.y, ... and runs its TMA pipeline on across them, so the next tile's loads overlap this one's
-# epilogue and the CTA's set-up is paid once.
+# Output tiles per CTA of the wgmma kernels (read by the C++ launcher at each call, csrc/structured/bsr_mm_wgmma.cu
+# bsr_tiles_per_cta): "1"-"64" forces the count, "wave" launches one wave of resident CTAs, unset / "auto" the
+# launcher's rule. A CTA of several tiles takes tiles x, x + gridDim.x, ... and runs its TMA pipeline on across them,
+# so the next tile's loads overlap this one's epilogue and the CTA's set-up is paid once.
 TILES_PER_CTA_ENV = "PRUNEKIT_BSR_TILES_PER_CTA"
+# Pipeline stages of the wgmma kernels (same launcher, bsr_stages): "2"-"12", capped at each kernel's most; unset /
+# "auto": the most (fewer stages: less shared memory per CTA, so more CTAs per SM where rows hold few blocks).
+STAGES_ENV = "PRUNEKIT_BSR_STAGES"
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the
 # chunk) cost a zeroed fp32 workspace, atomic adds and a finalize kernel per call. On the H100 (fp16, graph time,

@@ -111,7 +111,10 @@ struct BsrArgs {
   int staged;  // epilogue: 0 scalar stores; 1 Y^T rows (sym == 1) and 2 Y rows (syn == 1) staged in smem, 16-byte stores
   long long xr_npad;  // > 0: x is the wgmma kernel's X slabs (bsr_x_slabs_kernel), tokens padded to this; else 0
   int pdl;            // host only: launch the wgmma kernels with programmatic dependent launch (bsr_pdl)
-  int tiles_per_cta;  // host only: N tiles per CTA of the wgmma kernels (bsr_tiles_per_cta); 0 or 1: one
+  // wgmma kernels (bsr_mm_wgmma.cuh plan_launch): output tiles per CTA (host only; bsr_tiles_per_cta: 0 or 1 one,
+  // TILES_WAVE one wave of CTAs), work items (schedule items or block rows), pipeline stages (the launcher's choice;
+  // bsr_stages: 0 the kernel's most), and whether bsr_wgmma_kernel stages Y^T in a tile of its own
+  int tiles_per_cta, n_items, stages, own_tile;
 };
 
 // Programmatic dependent launch of the lean decode and wgmma kernels: on sm_90 and newer unless $PRUNEKIT_BSR_PDL=0
@@ -129,14 +132,14 @@ inline bool bsr_pdl(int device) {
 struct BsrWork {
   int block_row, start, end, slot;
 };
-__device__ __forceinline__ BsrWork bsr_work_item(const BsrArgs& args) {
+__device__ __forceinline__ BsrWork bsr_work_at(const BsrArgs& args, int index) {
   if (args.schedule != nullptr) {
-    const int4 item = args.schedule[blockIdx.x];
+    const int4 item = args.schedule[index];
     return {item.x, item.y, item.z, item.w};
   }
-  const int block_row = blockIdx.x;
-  return {block_row, args.crow[block_row], args.crow[block_row + 1], -1};
+  return {index, args.crow[index], args.crow[index + 1], -1};
 }
+__device__ __forceinline__ BsrWork bsr_work_item(const BsrArgs& args) { return bsr_work_at(args, blockIdx.x); }
 
 template <typename T, int R, int C, int BN_>
 __global__ void __launch_bounds__(BsrConfig<R, C, BN_>::THREADS) bsr_mm_kernel(const BsrArgs args) {

@@ -113,9 +113,9 @@ bool use_x_slabs(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
   return x_slabs_rule(r, c, k, nblocks, n);
 }
 
-// N tiles per CTA of the wgmma kernels (BsrArgs::tiles_per_cta; the kernels take tiles blockIdx.y, + gridDim.y, ...
-// and run their pipeline on across them). The rule (plan_tiles_per_cta): one, as before the thirty-fourth session,
-// until measured.
+// Output tiles per CTA of the wgmma kernels (BsrArgs::tiles_per_cta; a CTA takes tiles blockIdx.x, + gridDim.x, ...
+// and runs its pipeline on across them; wgmma_bsr::TILES_WAVE: one wave of resident CTAs). The rule
+// (plan_tiles_per_cta): one, as before the thirty-fourth session, until measured.
 int64_t plan_tiles_per_cta(int64_t grid_rows, int64_t ntiles, int64_t num_sms) {
   (void)grid_rows;
   (void)ntiles;
@@ -123,18 +123,27 @@ int64_t plan_tiles_per_cta(int64_t grid_rows, int64_t ntiles, int64_t num_sms) {
   return 1;
 }
 
-// $PRUNEKIT_BSR_TILES_PER_CTA: unset / "" / "auto" the rule, else a whole number from 1 to 64 (read at each call).
-int bsr_tiles_per_cta(int64_t grid_rows, int64_t ntiles, int device) {
-  const char* v = std::getenv("PRUNEKIT_BSR_TILES_PER_CTA");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) {
-    return static_cast<int>(plan_tiles_per_cta(grid_rows, ntiles, prunekit_launch::device_props(device).sms));
-  }
+// A whole number from `lo` to `hi` in the environment variable `name`; `fallback` where it is unset, "" or "auto".
+int env_count(const char* name, int lo, int hi, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return fallback;
   char* end = nullptr;
   const long value = std::strtol(v, &end, 10);
-  PRUNEKIT_CHECK(*end == '\0' && value >= 1 && value <= 64,
-                 "bsr_mm: $PRUNEKIT_BSR_TILES_PER_CTA must be auto or a whole number from 1 to 64, got '", v, "'");
+  PRUNEKIT_CHECK(end != v && *end == '\0' && value >= lo && value <= hi, "bsr_mm: $", name,
+                 " must be auto or a whole number from ", lo, " to ", hi, ", got '", v, "'");
   return static_cast<int>(value);
 }
+
+// $PRUNEKIT_BSR_TILES_PER_CTA: unset / "" / "auto" the rule, "wave" one wave of resident CTAs, else 1-64 tiles per
+// CTA. $PRUNEKIT_BSR_STAGES: unset / "" / "auto" each kernel's most stages, else 2-12 (capped at the kernel's most).
+// Both read at each call.
+int bsr_tiles_per_cta(int64_t grid_rows, int64_t ntiles, int device) {
+  const char* v = std::getenv("PRUNEKIT_BSR_TILES_PER_CTA");
+  if (v != nullptr && std::strcmp(v, "wave") == 0) return wgmma_bsr::TILES_WAVE;
+  const int rule = static_cast<int>(plan_tiles_per_cta(grid_rows, ntiles, prunekit_launch::device_props(device).sms));
+  return env_count("PRUNEKIT_BSR_TILES_PER_CTA", 1, 64, rule);
+}
+int bsr_stages() { return env_count("PRUNEKIT_BSR_STAGES", 2, 12, 0); }
 
 namespace wgmma_bsr {
 
@@ -215,6 +224,7 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
   }
   // tile_n tokens per CTA tile in both kernels (WG_N or WG_M times the consumer warpgroups)
   xr_args.tiles_per_cta = bsr_tiles_per_cta(grid_rows, (args.n + tile_n - 1) / tile_n, x.get_device());
+  xr_args.stages = bsr_stages();
   const BsrArgs& run_args = xr_args;
   auto run = [&](auto xr_tag) {
     constexpr bool XR = decltype(xr_tag)::value;

@@ -19,7 +19,9 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
+#include <tuple>
 
 #include "bsr_mm.cuh"
 #include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
@@ -211,12 +213,7 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
 #ifdef PK_SM90A
   using Cfg = WgConfig<C, CONSUMERS>;
   constexpr int BN = Cfg::BN;
-  // N tiles blockIdx.y, blockIdx.y + gridDim.y, ... (several where the launcher groups them, bsr_tiles_per_cta): the
-  // producer runs on into the next tile's blocks while the consumers finish a tile, and every stage use g counts on
-  // across tiles
-  const int ntiles = (args.n + BN - 1) / BN;
-  const bool own_tile = static_cast<int>(gridDim.y) < ntiles;
-  const int stages = own_tile ? Cfg::MULTI_STAGES : Cfg::STAGES;  // (WgConfig::smem_bytes: the launcher's layout)
+  const int stages = args.stages;  // the launcher's choice, at most Cfg::STAGES (WgConfig::smem_bytes: its layout)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -226,9 +223,11 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
   // programmatic dependent launch (args.pdl): anything below may be the preceding kernel's output (the pattern, X, a
   // schedule or indices the op's wrappers converted just before), so wait before reading or writing anything
   prunekit_launch::wait_preceding_grid();
-  const BsrWork work = bsr_work_item(args);
-  const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
-  const int count = end - start;
+  // Output tiles u = (N tile u / n_items, work item u % n_items): this CTA's are blockIdx.x, + gridDim.x, ... (one, or
+  // several where the launcher groups them, bsr_tiles_per_cta). The producer runs on into the next tile's blocks while
+  // the consumers finish a tile; the stage uses g count on across tiles.
+  const int ntiles = (args.n + BN - 1) / BN;
+  const int units = args.n_items * ntiles;
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
@@ -242,12 +241,13 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
   if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
     if (threadIdx.x == 0) {
       int g = 0;
-      for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
-        for (int it = 0; it < count; ++it, ++g) {
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const int tile = u / args.n_items;
+        const BsrWork work = bsr_work_at(args, u - tile * args.n_items);
+        for (int b = work.start; b < work.end; ++b, ++g) {
           const int s = g % stages;
           if (g >= stages) mbar_wait(&empty[s], ((g / stages) + 1) & 1);  // the (g / stages - 1)-th release
           unsigned char* a_dst = smem + s * Cfg::STAGE_BYTES;
-          const int b = start + it;
           mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
           tma_load_2d(a_dst, &map_a, 0, b * R, &full[s]);
           tma_load_2d(a_dst + Cfg::A_BYTES, &map_x, __ldg(args.cols + b) * C, tile * BN, &full[s]);
@@ -257,17 +257,21 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
     return;
   }
 
-  const long long m0 = static_cast<long long>(block_row) * R;
   T* y = static_cast<T*>(args.y);
   const T* bias = static_cast<const T*>(args.bias);
-  // Y^T's staging tile: the pipeline's memory when this CTA has one N tile, else its own after the barriers
-  T* const out_tile = reinterpret_cast<T*>(own_tile ? reinterpret_cast<unsigned char*>(empty + Cfg::STAGES) : smem);
+  // Y^T's staging tile: the pipeline's memory (one output tile per CTA), else a tile of its own after the barriers
+  T* const out_tile = reinterpret_cast<T*>(args.own_tile ? reinterpret_cast<unsigned char*>(empty + Cfg::STAGES) : smem);
   int g = 0;
-  for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const int tile = u / args.n_items;
+    const BsrWork work = bsr_work_at(args, u - tile * args.n_items);
+    const int count = work.end - work.start, slot = work.slot;
+    const long long m0 = static_cast<long long>(work.block_row) * R;
     const int n0 = tile * BN;
-    // the next kernel may start once every CTA is at its last tile; its wait still covers these writes
-    if (tile + static_cast<int>(gridDim.y) >= ntiles) prunekit_launch::allow_dependent_launch();
+    // the next kernel may start once every CTA has reached its last tile's epilogue; its wait still covers the writes
+    const bool last = u + static_cast<int>(gridDim.x) >= units;
     if (count == 0 && slot < 0 && args.staged == 1) {  // an empty block row: act(bias), straight to Y^T
+      if (last) prunekit_launch::allow_dependent_launch();
       fill_empty_tile<T, R, BN>(args, m0, n0, threadIdx.x - 128, 128 * CONSUMERS);
       continue;
     }
@@ -294,6 +298,7 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
     wgmma_wait<0>();
     fence_acc(acc);
     if (count > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % stages]);  // the tile's last stage
+    if (last) prunekit_launch::allow_dependent_launch();
 
     if (slot >= 0) {  // a slice of a split block row: fp32 partial sums, finished by bsr_finalize_kernel
       float* ws = args.ws + static_cast<long long>(slot) * R * args.n;
@@ -340,14 +345,54 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
 #endif  // PK_SM90A
 }
 
-// The grid's y: N tiles in groups of at most tiles_per_cta (0 or 1: one per CTA), CTA y taking tiles y, y + groups, ...
-inline int tile_groups(int ntiles, int tiles_per_cta) {
-  const int per = std::max(1, std::min(tiles_per_cta, ntiles));
-  return (ntiles + per - 1) / per;
+// The launch of either wgmma kernel: its grid (a CTA per output tile, or per group of tiles_per_cta tiles, or one wave
+// of resident CTAs for tiles_per_cta == TILES_WAVE), stages and staging tile, set in `args`. `resident(smem)`: CTAs of
+// the kernel that fit one SM with that much dynamic shared memory. max_stages: the kernel's capacity; stage_bytes:
+// bytes per stage; epi_bytes: the 64-row kernel's own staging tile (0 for the other).
+constexpr int TILES_WAVE = -1;  // BsrArgs::tiles_per_cta: as many CTAs as one wave holds, each looping over tiles
+struct WgLaunch {
+  int ctas, smem;
+};
+template <typename Resident, typename SmemOf>
+WgLaunch plan_launch(BsrArgs& args, int grid_rows, int bn, int max_stages, int stages_wanted, int epi_bytes,
+                     int stage_bytes, const Resident& resident, const SmemOf& smem_of) {
+  const long long units = static_cast<long long>(grid_rows) * ((args.n + bn - 1) / bn);
+  PRUNEKIT_CHECK(units < (1LL << 31), "bsr_mm wgmma: too many output tiles (", units, ")");
+  args.n_items = grid_rows;
+  args.stages = std::max(2, std::min(stages_wanted > 0 ? stages_wanted : max_stages, max_stages));
+  long long ctas = units;
+  if (args.tiles_per_cta == TILES_WAVE) {
+    args.own_tile = epi_bytes > 0 ? 1 : 0;  // the wave is sized with the staging tile it will have
+    ctas = std::min<long long>(units, static_cast<long long>(resident(smem_of(args.stages, args.own_tile != 0))));
+  } else if (args.tiles_per_cta > 1) {
+    ctas = (units + args.tiles_per_cta - 1) / args.tiles_per_cta;
+  }
+  // the 64-row kernel stages Y^T in the pipeline's memory only with one tile per CTA and room for the tile there
+  args.own_tile = epi_bytes > 0 && (ctas < units || args.stages * stage_bytes < epi_bytes) ? 1 : 0;
+  return {static_cast<int>(std::max<long long>(ctas, 1)), smem_of(args.stages, args.own_tile != 0)};
+}
+
+// CTAs of `kernel` that one SM holds with `threads` threads and `smem` bytes of dynamic shared memory, times the SMs of
+// the current device: the occupancy query once per kernel, device and size.
+template <typename Kernel>
+int wave_ctas(Kernel kernel, int threads, int smem) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int>, int> cache;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, smem);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int ctas = std::max(1, per_sm) * prunekit_launch::device_props(device).sms;
+  cache.emplace(key, ctas);
+  return ctas;
 }
 
 template <typename T, int C, int CONSUMERS>
-void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
+void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args_in, int grid_rows,
             cudaStream_t stream) {
   using Cfg = WgConfig<C, CONSUMERS>;
   auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS>;
@@ -358,13 +403,18 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
   PRUNEKIT_CHECK(device >= 0 && device < MAX_DEVICES, "bsr_mm wgmma: device index ", device, " out of range");
   std::call_once(once[device], [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        std::max(Cfg::SMEM_BYTES, Cfg::smem_bytes(Cfg::MULTI_STAGES, true))));
+                                        Cfg::smem_bytes(Cfg::STAGES, true)));
   });
-  const int ntiles = (args.n + Cfg::BN - 1) / Cfg::BN, groups = tile_groups(ntiles, args.tiles_per_cta);
-  // CTAs of several tiles: MULTI_STAGES stages and a staging tile of their own (bsr_wgmma_kernel)
-  const int smem = groups < ntiles ? Cfg::smem_bytes(Cfg::MULTI_STAGES, true) : Cfg::SMEM_BYTES;
-  prunekit_launch::launch(kernel, dim3(grid_rows, groups), dim3(Cfg::THREADS), smem, stream, args.pdl != 0, map_a,
-                          map_x, args);
+  BsrArgs args = args_in;
+  // several tiles per CTA: MULTI_STAGES, so that two one-consumer CTAs still fit an SM with their staging tiles
+  const bool grouped = args.tiles_per_cta > 1 || args.tiles_per_cta == TILES_WAVE;
+  const int max_stages = grouped ? Cfg::MULTI_STAGES : Cfg::STAGES;
+  const auto smem_of = [](int stages, bool own) { return Cfg::smem_bytes(stages, own); };
+  const auto resident = [&](int smem) { return wave_ctas(kernel, Cfg::THREADS, smem); };
+  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, max_stages, args_in.stages, Cfg::EPI_BYTES,
+                                    Cfg::STAGE_BYTES, resident, smem_of);
+  prunekit_launch::launch(kernel, dim3(plan.ctas), dim3(Cfg::THREADS), plan.smem, stream, args.pdl != 0, map_a, map_x,
+                          args);
 }
 
 template <typename T, int CONSUMERS>
@@ -403,7 +453,8 @@ struct WgtConfig {
   static constexpr int STAGE_BYTES = X_BYTES + BLOCK_BYTES;
   static constexpr int STAGES_FIT = T_SMEM_BUDGET / STAGE_BYTES;
   static constexpr int STAGES = STAGES_FIT > 12 ? 12 : (STAGES_FIT < 2 ? 2 : STAGES_FIT);
-  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
+  static constexpr int smem_bytes(int stages) { return 1024 + stages * STAGE_BYTES + 2 * STAGES * 8; }
+  static constexpr int SMEM_BYTES = smem_bytes(STAGES);
   static constexpr int NACC = RB / 2;  // fp32 accumulators per thread of one m64nRBk16 tile
   static_assert(X_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "stages must keep 1024-byte alignment");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
@@ -464,24 +515,22 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
                        const BsrArgs args) {
 #ifdef PK_SM90A
   using Cfg = WgtConfig<RB, C, CONSUMERS>;
-  constexpr int STAGES = Cfg::STAGES, BN = Cfg::BN, NACC = Cfg::NACC;
+  constexpr int BN = Cfg::BN, NACC = Cfg::NACC;
+  const int stages = args.stages;  // the launcher's choice, at most Cfg::STAGES (WgtConfig::smem_bytes)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
-  uint64_t* empty = full + STAGES;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + stages * Cfg::STAGE_BYTES);
+  uint64_t* empty = full + Cfg::STAGES;
 
   // programmatic dependent launch (args.pdl): anything below may be the preceding kernel's output (the pattern, X, a
   // schedule or indices the op's wrappers converted just before), so wait before reading or writing anything
   prunekit_launch::wait_preceding_grid();
-  const BsrWork work = bsr_work_item(args);
-  const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
-  const int count = end - start;
-  const int ntiles = (args.n + BN - 1) / BN;  // this CTA's: blockIdx.y, blockIdx.y + gridDim.y, ... (bsr_wgmma_kernel)
+  const int ntiles = (args.n + BN - 1) / BN;  // output tiles u as in bsr_wgmma_kernel
+  const int units = args.n_items * ntiles;
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
+    for (int s = 0; s < stages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 4 * CONSUMERS);  // lane 0 of every consumer warp
     }
@@ -492,13 +541,14 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
   if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
     if (threadIdx.x == 0) {
       int g = 0;
-      for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const int tile = u / args.n_items;
+        const BsrWork work = bsr_work_at(args, u - tile * args.n_items);
         const int n0 = tile * BN;
-        for (int it = 0; it < count; ++it, ++g) {
-          const int s = g % STAGES;
-          if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) + 1) & 1);
+        for (int b = work.start; b < work.end; ++b, ++g) {
+          const int s = g % stages;
+          if (g >= stages) mbar_wait(&empty[s], ((g / stages) + 1) & 1);
           unsigned char* dst = smem + s * Cfg::STAGE_BYTES;
-          const int b = start + it;
           mbar_expect_tx(&full[s], Cfg::X_BYTES + Cfg::BLOCK_TX);
           if constexpr (XR) {
             const T* slab = static_cast<const T*>(args.x) + (__ldg(args.cols + b) * args.xr_npad + n0) * C;
@@ -513,16 +563,19 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
     return;
   }
 
-  // acc[t][i] is Y(m0 + acc_col(lane, i), n0 + cw * WG_M + 64 t + acc_row(warp, lane, i)): D's rows are tokens
-  const long long m0 = static_cast<long long>(block_row) * RB;
   T* y = static_cast<T*>(args.y);
   const T* bias = static_cast<const T*>(args.bias);
   int g = 0;
-  for (int tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const int tile = u / args.n_items;
+    const BsrWork work = bsr_work_at(args, u - tile * args.n_items);
+    const int count = work.end - work.start, slot = work.slot;
+    const long long m0 = static_cast<long long>(work.block_row) * RB;
     const int n0 = tile * BN;
-    // the next kernel may start once every CTA is at its last tile; its wait still covers these writes
-    if (tile + static_cast<int>(gridDim.y) >= ntiles) prunekit_launch::allow_dependent_launch();
+    // the next kernel may start once every CTA has reached its last tile's epilogue; its wait still covers the writes
+    const bool last = u + static_cast<int>(gridDim.x) >= units;
     if (count == 0 && slot < 0 && args.staged == 1) {  // an empty block row: act(bias), straight to Y^T
+      if (last) prunekit_launch::allow_dependent_launch();
       fill_empty_tile<T, RB, BN>(args, m0, n0, threadIdx.x - 128, 128 * CONSUMERS);
       continue;
     }
@@ -534,8 +587,8 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
 #pragma unroll
       for (int i = 0; i < NACC; ++i) acc[t][i] = 0.f;
     for (int it = 0; it < count; ++it, ++g) {
-      const int s = g % STAGES;
-      mbar_wait(&full[s], (g / STAGES) & 1);
+      const int s = g % stages;
+      mbar_wait(&full[s], (g / stages) & 1);
       const uint32_t x_addr = smem_u32(smem + s * Cfg::STAGE_BYTES) + cw * WG_M * C * 2;
       const uint32_t b_addr = smem_u32(smem + s * Cfg::STAGE_BYTES + Cfg::X_BYTES);
       fence_regs(acc[0]);
@@ -551,13 +604,15 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
       fence_regs(acc[0]);
       fence_regs(acc[1]);
       wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
-      if (it > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % STAGES]);
+      if (it > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % stages]);
     }
     wgmma_wait<0>();
     fence_regs(acc[0]);
     fence_regs(acc[1]);
-    if (count > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % STAGES]);  // the tile's last stage
+    if (count > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % stages]);  // the tile's last stage
+    if (last) prunekit_launch::allow_dependent_launch();
 
+    // acc[t][i] is Y(m0 + acc_col(lane, i), n0 + cw * WG_M + 64 t + acc_row(warp, lane, i)): D's rows are tokens
     const int tok0 = n0 + cw * WG_M;
     if (slot >= 0) {  // a slice of a split block row: fp32 partial sums (n_split, RB, N), finished by bsr_finalize_kernel
       float* ws = args.ws + static_cast<long long>(slot) * RB * args.n;
@@ -599,7 +654,7 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
 }
 
 template <typename T, int RB, int C, int CONSUMERS, bool XR>
-void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
+void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args_in, int grid_rows,
               cudaStream_t stream) {
   using Cfg = WgtConfig<RB, C, CONSUMERS>;
   auto kernel = bsr_wgmma_t_kernel<T, RB, C, CONSUMERS, XR>;
@@ -611,9 +666,13 @@ void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs&
   std::call_once(once[device], [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });
-  const int ntiles = (args.n + Cfg::BN - 1) / Cfg::BN;
-  prunekit_launch::launch(kernel, dim3(grid_rows, tile_groups(ntiles, args.tiles_per_cta)), dim3(Cfg::THREADS),
-                          Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x, args);
+  BsrArgs args = args_in;
+  const auto smem_of = [](int stages, bool) { return Cfg::smem_bytes(stages); };
+  const auto resident = [&](int smem) { return wave_ctas(kernel, Cfg::THREADS, smem); };
+  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, Cfg::STAGES, args_in.stages, 0, Cfg::STAGE_BYTES,
+                                    resident, smem_of);
+  prunekit_launch::launch(kernel, dim3(plan.ctas), dim3(Cfg::THREADS), plan.smem, stream, args.pdl != 0, map_a, map_x,
+                          args);
 }
 
 // Blocks of r in {16, 32} rows and c in {16, 32, 64} columns.
