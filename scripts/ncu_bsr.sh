@@ -43,7 +43,7 @@ METRICS+=,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio
 IFS=';' read -ra cases <<< "${NCU_CASES:?set NCU_CASES}"
 for case in "${cases[@]}"; do
   read -ra words <<< "$case"
-  kern=${NCU_KERNEL:-$([[ ${words[5]} == triton ]] && echo _bsr_strided_dense || echo bsr_wgmma)}
+  kern=${NCU_KERNEL:-$([[ ${words[5]} == triton ]] && echo _bsr_strided || echo bsr_wgmma)}
   echo "=== $case (kernel regex $kern)" | tee -a "$NCU_OUT"
   env "${words[@]:6}" timeout 150 ncu -k "regex:$kern" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats \

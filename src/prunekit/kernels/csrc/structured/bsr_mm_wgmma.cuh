@@ -346,9 +346,10 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
 }
 
 // The launch of either wgmma kernel: its grid (a CTA per output tile, or per group of tiles_per_cta tiles, or one wave
-// of resident CTAs for tiles_per_cta == TILES_WAVE), stages and staging tile, set in `args`. `resident(smem)`: CTAs of
-// the kernel that fit one SM with that much dynamic shared memory. max_stages: the kernel's capacity; stage_bytes:
-// bytes per stage; epi_bytes: the 64-row kernel's own staging tile (0 for the other).
+// of resident CTAs for tiles_per_cta == TILES_WAVE), stages and staging tile, set in `args`. resident(smem): CTAs of
+// the kernel that the GPU holds at once with that much dynamic shared memory each; smem_of(stages, own_tile): the
+// kernel's dynamic shared memory. max_stages: the kernel's most stages; stage_bytes: bytes per stage; epi_bytes: the
+// Y^T staging tile (0: the epilogue needs none).
 constexpr int TILES_WAVE = -1;  // BsrArgs::tiles_per_cta: as many CTAs as one wave holds, each looping over tiles
 struct WgLaunch {
   int ctas, smem;
@@ -367,7 +368,7 @@ WgLaunch plan_launch(BsrArgs& args, int grid_rows, int bn, int max_stages, int s
   } else if (args.tiles_per_cta > 1) {
     ctas = (units + args.tiles_per_cta - 1) / args.tiles_per_cta;
   }
-  // the 64-row kernel stages Y^T in the pipeline's memory only with one tile per CTA and room for the tile there
+  // Y^T is staged in the pipeline's memory only with one tile per CTA and room for the tile there
   args.own_tile = epi_bytes > 0 && (ctas < units || args.stages * stage_bytes < epi_bytes) ? 1 : 0;
   return {static_cast<int>(std::max<long long>(ctas, 1)), smem_of(args.stages, args.own_tile != 0)};
 }
@@ -406,13 +407,14 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
                                         Cfg::smem_bytes(Cfg::STAGES, true)));
   });
   BsrArgs args = args_in;
-  // several tiles per CTA: MULTI_STAGES, so that two one-consumer CTAs still fit an SM with their staging tiles
+  // a staging tile only for the Y^T epilogue; CTAs of several tiles keep one of their own, with MULTI_STAGES so that
+  // two one-consumer CTAs still fit an SM
   const bool grouped = args.tiles_per_cta > 1 || args.tiles_per_cta == TILES_WAVE;
-  const int max_stages = grouped ? Cfg::MULTI_STAGES : Cfg::STAGES;
+  const int epi = args.staged == 1 ? Cfg::EPI_BYTES : 0;
   const auto smem_of = [](int stages, bool own) { return Cfg::smem_bytes(stages, own); };
   const auto resident = [&](int smem) { return wave_ctas(kernel, Cfg::THREADS, smem); };
-  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, max_stages, args_in.stages, Cfg::EPI_BYTES,
-                                    Cfg::STAGE_BYTES, resident, smem_of);
+  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, grouped && epi > 0 ? Cfg::MULTI_STAGES : Cfg::STAGES,
+                                    args_in.stages, epi, Cfg::STAGE_BYTES, resident, smem_of);
   prunekit_launch::launch(kernel, dim3(plan.ctas), dim3(Cfg::THREADS), plan.smem, stream, args.pdl != 0, map_a, map_x,
                           args);
 }
@@ -453,11 +455,20 @@ struct WgtConfig {
   static constexpr int STAGE_BYTES = X_BYTES + BLOCK_BYTES;
   static constexpr int STAGES_FIT = T_SMEM_BUDGET / STAGE_BYTES;
   static constexpr int STAGES = STAGES_FIT > 12 ? 12 : (STAGES_FIT < 2 ? 2 : STAGES_FIT);
-  static constexpr int smem_bytes(int stages) { return 1024 + stages * STAGE_BYTES + 2 * STAGES * 8; }
-  static constexpr int SMEM_BYTES = smem_bytes(STAGES);
+  // Y^T's staging tile (args.staged == 1): BN token rows of RB outputs, OUT_LD apart (+8 halves: the pair writes of
+  // a warp's 8 tokens x 4 lanes land in 32 distinct banks); in the stages, or after the barriers where own_tile
+  static constexpr int OUT_LD = RB + 8;
+  static constexpr int EPI_BYTES = BN * OUT_LD * 2;
+  static constexpr int smem_bytes(int stages, bool own_tile) {
+    return 1024 + stages * STAGE_BYTES + 2 * STAGES * 8 + (own_tile ? EPI_BYTES : 0);
+  }
+  static constexpr int SMEM_BYTES = smem_bytes(STAGES, false);
+  // stages of CTAs of several tiles (a staging tile of their own): two such CTAs still fit an SM (228 KB, 1 KB each)
+  static constexpr int MULTI_FIT = (114 * 1024 - 1024 - 2 * STAGES * 8 - EPI_BYTES) / STAGE_BYTES;
+  static constexpr int MULTI_STAGES = MULTI_FIT > STAGES ? STAGES : (MULTI_FIT < 2 ? 2 : MULTI_FIT);
   static constexpr int NACC = RB / 2;  // fp32 accumulators per thread of one m64nRBk16 tile
   static_assert(X_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "stages must keep 1024-byte alignment");
-  static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
+  static_assert(smem_bytes(STAGES, true) <= 227 * 1024, "shared memory");
 };
 
 #ifdef PK_SM90A
@@ -509,8 +520,9 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 }
 #endif  // PK_SM90A
 
+// (at most 80 registers either way: two CTAs of two consumers, or three of one, fit an SM's registers)
 template <typename T, int RB, int C, int CONSUMERS, bool XR>
-__global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
+__global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, CONSUMERS == 1 ? 3 : 2)
     bsr_wgmma_t_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_x,
                        const BsrArgs args) {
 #ifdef PK_SM90A
@@ -565,6 +577,8 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
 
   T* y = static_cast<T*>(args.y);
   const T* bias = static_cast<const T*>(args.bias);
+  // Y^T's staging tile: the pipeline's memory (one output tile per CTA), else a tile of its own after the barriers
+  T* const out_tile = reinterpret_cast<T*>(args.own_tile ? reinterpret_cast<unsigned char*>(empty + Cfg::STAGES) : smem);
   int g = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int tile = u / args.n_items;
@@ -628,6 +642,35 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
     float bias_v[NACC];  // read per tile: kept out of the main loop's registers
 #pragma unroll
     for (int i = 0; i < NACC; ++i) bias_v[i] = bias != nullptr ? to_f(bias[m0 + acc_col(lane, i)]) : 0.f;
+    if (args.staged == 1) {
+      // Y^T rows (sym == 1, syn % 8 == 0, 16-byte aligned) through shared memory: 16-byte stores that fill whole
+      // 32-byte sectors (the pairs' 4-byte stores filled half of one each, doubling the L2 traffic of Y: Nsight
+      // Compute, 3072 x 768 @ 4096, 32-row blocks at 95%, benchmarks/results/ncu-bsr-h100-2026-11-27-s34c.txt)
+      consumer_sync(128 * CONSUMERS);  // the stages are read (one tile per CTA), or the previous tile is stored
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < NACC; i += 2) {
+          float v0 = acc[t][i] + bias_v[i], v1 = acc[t][i + 1] + bias_v[i + 1];
+          if (args.relu) {
+            v0 = fmaxf(v0, 0.f);
+            v1 = fmaxf(v1, 0.f);
+          }
+          T pair[2] = {from_f<T>(v0), from_f<T>(v1)};
+          const int tl = cw * WG_M + 64 * t + acc_row(warp, lane, i);
+          *reinterpret_cast<uint32_t*>(out_tile + tl * Cfg::OUT_LD + acc_col(lane, i)) =
+              *reinterpret_cast<const uint32_t*>(pair);
+        }
+      consumer_sync(128 * CONSUMERS);
+      constexpr int PER_ROW = RB / 8;
+      for (int idx = threadIdx.x - 128; idx < BN * PER_ROW; idx += 128 * CONSUMERS) {
+        const int nl = idx / PER_ROW, ml = (idx % PER_ROW) * 8;
+        if (n0 + nl < args.n)
+          *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) =
+              *reinterpret_cast<const int4*>(out_tile + nl * Cfg::OUT_LD + ml);
+      }
+      continue;
+    }
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -640,14 +683,8 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, 2)
           v1 = fmaxf(v1, 0.f);
         }
         const long long mm = m0 + acc_col(lane, i);
-        if (args.staged == 1) {  // Y^T rows (sym == 1, syn % 8 == 0, 16-byte aligned): one 4-byte store per pair
-          T pair[2] = {from_f<T>(v0), from_f<T>(v1)};
-          *reinterpret_cast<uint32_t*>(y + static_cast<long long>(nn) * args.syn + mm) =
-              *reinterpret_cast<const uint32_t*>(pair);
-        } else {
-          y[mm * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v0);
-          y[(mm + 1) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v1);
-        }
+        y[mm * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v0);
+        y[(mm + 1) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v1);
       }
   }
 #endif  // PK_SM90A
@@ -664,13 +701,17 @@ void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs&
   C10_CUDA_CHECK(cudaGetDevice(&device));
   PRUNEKIT_CHECK(device >= 0 && device < MAX_DEVICES, "bsr_mm wgmma: device index ", device, " out of range");
   std::call_once(once[device], [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        Cfg::smem_bytes(Cfg::STAGES, true)));
   });
   BsrArgs args = args_in;
-  const auto smem_of = [](int stages, bool) { return Cfg::smem_bytes(stages); };
+  const bool grouped = args.tiles_per_cta > 1 || args.tiles_per_cta == TILES_WAVE;
+  const auto smem_of = [](int stages, bool own) { return Cfg::smem_bytes(stages, own); };
   const auto resident = [&](int smem) { return wave_ctas(kernel, Cfg::THREADS, smem); };
-  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, Cfg::STAGES, args_in.stages, 0, Cfg::STAGE_BYTES,
-                                    resident, smem_of);
+  // a staging tile only for the Y^T epilogue; MULTI_STAGES where CTAs of several tiles keep one of their own
+  const int epi = args.staged == 1 ? Cfg::EPI_BYTES : 0;
+  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, grouped && epi > 0 ? Cfg::MULTI_STAGES : Cfg::STAGES,
+                                    args_in.stages, epi, Cfg::STAGE_BYTES, resident, smem_of);
   prunekit_launch::launch(kernel, dim3(plan.ctas), dim3(Cfg::THREADS), plan.smem, stream, args.pdl != 0, map_a, map_x,
                           args);
 }
