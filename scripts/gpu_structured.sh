@@ -34,7 +34,8 @@
 #                                          # 50 / 70%, spmm.py at 3072 x 768, nm.py decode points
 #   scripts/gpu_structured.sh tiles        # the wgmma kernels' tiles per CTA and stages: tests, memcheck, bsr.py
 #                                          # sweeps ($BSR_TPC, $BSR_STAGES, $BSR_TILE_NS, $BSR_TPC_SHAPES, $BSR_TPC_NS,
-#                                          # $BSR_TPC_CONTROL, $TAG)
+#                                          # $BSR_TPC_BLOCKS, $BSR_TPC_SPARSITIES, $BSR_TPC_CONTROL, $BSR_CONTROL_NS,
+#                                          # $BSR_CONTROL_BLOCKS, $TAG)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -202,8 +203,8 @@ bench_bsr() {
 tiles() {
   build
   step tests
-  timeout 200 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -rs tests/kernels/test_bsr_mm.py \
-    > "$OUT/tests-bsr.log" 2>&1
+  timeout 240 python3 -m pytest -q --maxfail=10 -p no:cacheprovider -rs tests/kernels/test_bsr_mm.py \
+    tests/kernels/test_structured_tiling.py ${BSR_TPC_TESTS:-tests/kernels/test_bsr_pdl.py} > "$OUT/tests-bsr.log" 2>&1
   echo "pytest exit code $?"; grep -E "passed|failed" "$OUT/tests-bsr.log" | tail -3
   grep -E "^(FAILED|ERROR)" "$OUT/tests-bsr.log" | head -20
   step memcheck of grouped tiles
@@ -236,14 +237,16 @@ PY
   echo "compute-sanitizer exit code $?"; grep -E "ERROR SUMMARY|ran" "$OUT/memcheck-tiles.log" | tail -3
   step bsr benchmark, tiles per CTA
   timeout "${BSR_TPC_TIMEOUT:-200}" python3 benchmarks/bsr.py --out "$OUT/bsr-tiles-$DEV-$DATE${TAG:-}.json" \
-    --shapes "${BSR_TPC_SHAPES:-3072x768}" --any-ns "${BSR_TPC_NS:-2048,4096}" --blocks 32,64 --sparsities 0.9,0.95 \
+    --shapes "${BSR_TPC_SHAPES:-3072x768}" --any-ns "${BSR_TPC_NS:-2048,4096}" --blocks "${BSR_TPC_BLOCKS:-32,64}" \
+    --sparsities "${BSR_TPC_SPARSITIES:-0.9,0.95}" \
     --dtypes float16 --tiles-per-cta "${BSR_TPC:-1,2,wave}" --stages "${BSR_STAGES:-auto,2,3}" \
     --wgmma-tile-ns "${BSR_TILE_NS:-128,256}" > "$OUT/bench-tiles.log" 2>&1
   echo "exit code $?"; grep -E "static" "$OUT/bench-tiles.log" | tail -12
   if [[ -n ${BSR_TPC_CONTROL:-11008x4096} ]]; then
     timeout "${BSR_TPC_CONTROL_TIMEOUT:-120}" python3 benchmarks/bsr.py \
       --out "$OUT/bsr-tiles-control-$DEV-$DATE${TAG:-}.json" --shapes "${BSR_TPC_CONTROL:-11008x4096}" \
-      --any-ns 2048 --blocks 32,64 --sparsities 0.9,0.95 --dtypes float16 --tiles-per-cta "${BSR_TPC:-1,2,wave}" \
+      --any-ns "${BSR_CONTROL_NS:-2048}" --blocks "${BSR_CONTROL_BLOCKS:-32,64}" --sparsities 0.9,0.95 --dtypes float16 \
+      --tiles-per-cta "${BSR_TPC:-1,2,wave}" \
       --stages "${BSR_STAGES:-auto,2,3}" --wgmma-tile-ns "${BSR_TILE_NS:-128,256}" > "$OUT/bench-tiles-control.log" 2>&1
     echo "exit code $?"; grep -E "static" "$OUT/bench-tiles-control.log" | tail -8
   fi

@@ -831,9 +831,11 @@ def test_plan_tile_n_wgmma_cpp_matches_python():
     for m in (64, 4096, 11008, 16384):
         for r in (16, 32, 64):
             for n in (1, 128, 129, 2048, 8192):
-                for nblocks in (m // r * 3, m // r * 9, m // r * 10, m // r * 26):
+                for nblocks in (m // r * 3, m // r * 4, m // r * 4 + 1, m // r * 9, m // r * 10, m // r * 26):
                     cpp = torch.ops.prunekit_structured.plan_tile_n_wgmma(m, r, n, 132, nblocks)
                     assert cpp == structured.plan_tile_n_wgmma(m, r, n, 132, nblocks), (m, r, n, nblocks)
+                    cpp = torch.ops.prunekit_structured.short_rows(m, r, nblocks)
+                    assert cpp == structured.short_rows(m, r, nblocks), (m, r, nblocks)
 
 
 @pytest.mark.cuda

@@ -418,9 +418,15 @@ def test_wgmma_tile_rule_matches_its_docstring():
     assert structured.plan_tile_n_wgmma(11008, 64, 2048, 132, nblocks=rows * 9) == 128
     assert structured.plan_tile_n_wgmma(11008, 64, 2048, 132, nblocks=rows * 10) == 256
     assert structured.plan_tile_n_wgmma(16384, 64, 8192, 132, nblocks=256 * 13) == 256
-    # 16- and 32-row blocks keep the 256 tile however short their rows
-    assert structured.plan_tile_n_wgmma(11008, 32, 2048, 132, nblocks=344 * 3) == 256
+    # 32-row blocks in short rows (at most SHORT_ROWS_MAX_BLOCKS_PER_ROW per block row): 128, which the launcher runs
+    # with 3 stages; above that, and 16-row blocks however short their rows, the 256 tile
+    assert structured.SHORT_ROWS_MAX_BLOCKS_PER_ROW == 4
+    assert structured.plan_tile_n_wgmma(11008, 32, 2048, 132, nblocks=344 * 3) == 128
+    assert structured.plan_tile_n_wgmma(11008, 32, 2048, 132, nblocks=344 * 4) == 128
+    assert structured.plan_tile_n_wgmma(11008, 32, 2048, 132, nblocks=344 * 4 + 1) == 256
     assert structured.plan_tile_n_wgmma(11008, 16, 2048, 132, nblocks=688 * 3) == 256
+    assert [structured.short_rows(3072, 64, n) for n in (0, 192, 193)] == [True, True, False]
+    assert structured.short_rows(16, 32, 4)  # fewer rows than one block row: counted as one
     assert structured.WGMMA_TILE_NS == (128, 256)
 
 

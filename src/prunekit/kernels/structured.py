@@ -75,6 +75,7 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 TILE_NS = (32, 128, 256)  # N tiles the kernel is instantiated for (csrc/structured/bsr_mm.cuh, BsrConfig)
 DECODE_MAX_N = 32  # N up to this takes the 32-wide tile: less wasted tensor-core work at decode shapes
 WIDE_TILE_MIN_BLOCKS_PER_ROW = 10  # 64-row blocks: the 256 tile paid off from ~13 blocks per row, lost at <= 6.4
+SHORT_ROWS_MAX_BLOCKS_PER_ROW = 4  # short_rows: the launch settings for block rows of a block or two
 VARIANTS = {"auto": 0, "mma": 1, "wgmma": 2}  # csrc/structured/bsr_mm.cu VARIANT_*; "auto": wgmma where it applies
 # Flag or-ed into a variant number of prunekit_structured::bsr_mm (bsr_mm.cu ROWS_FLAG): x is the activations (N, K) and
 # the result Y^T (N, M), nn.Linear's layout, with the transposes made in C++ (the runtime's SparseLinear call)
@@ -284,14 +285,29 @@ def plan_tile_n_wgmma(m: int, r: int, n: int, num_sms: int = 132, nblocks: int |
     benchmarks/results/bsr-h100-2026-11-26-s26e.json and bsr-xslabs64-h100-2026-11-26-s26f.json) the 128 tile took
     0.84-1.00x of the 256 tile's time at all 12 points with 3.0-6.8 blocks per row (11008 x 4096 at 95%, N = 2048:
     46.1 against 53.2 us), and 1.07-1.22x at the 6 points with 12.6-25.6. 16- and 32-row blocks: the 128 tile took
-    0.96-1.22x of the 256 tile's time, at least 1.00x at 114 of 116 points (all ``-s26`` files).
+    0.96-1.22x of the 256 tile's time, at least 1.00x at 114 of 116 points (all ``-s26`` files); but 32-row blocks in
+    :func:`short_rows` take 128, which the launcher runs with 3 stages (three CTAs per SM).
     ``csrc/structured/bsr_mm.cu`` ``plan_tile_n_wgmma`` is the same rule for the eager C++ entry (a CUDA test
     compares them).
     """
     rows = max(1, m // r)
     if r == 64 and nblocks is not None and nblocks / rows < WIDE_TILE_MIN_BLOCKS_PER_ROW:
         return 128
+    if r == 32 and nblocks is not None and short_rows(m, r, nblocks):
+        return 128
     return 256 if n > 128 and rows * -(-n // 256) >= num_sms else 128
+
+
+def short_rows(m: int, r: int, nblocks: int) -> bool:
+    """Whether a BSR weight of ``M = m`` rows in blocks of ``r`` rows with ``nblocks`` stored blocks (dynamic mode: the
+    declared maximum) has short block rows: at most :data:`SHORT_ROWS_MAX_BLOCKS_PER_ROW` blocks per block row on
+    average. There each CTA of the wgmma kernels has a block or two to multiply and its time is mostly latency, so the
+    C++ launcher keeps more CTAs in flight: 32-row blocks take the 128 N tile (:func:`plan_tile_n_wgmma`) with 3
+    pipeline stages (three CTAs per SM), 64-row blocks one wave of CTAs that loop over the output tiles
+    (``$PRUNEKIT_BSR_TILES_PER_CTA`` / ``$PRUNEKIT_BSR_STAGES`` override both). ``csrc/structured/bsr_mm_wgmma.cu``
+    ``short_rows`` is the same rule, with the figures it rests on (H100, fp16, N = 2048 / 4096: 0.86-0.95x of the time
+    at 0.5-3.2 blocks per row, 1.01-1.14x at 6.4-12.9)."""
+    return r > 0 and nblocks <= SHORT_ROWS_MAX_BLOCKS_PER_ROW * max(1, m // r)
 
 
 def bsr_variant(variant: str | None = None) -> str:

@@ -25,7 +25,8 @@ extern template void dispatch_rc<__nv_bfloat16, 256>(int, int, const BsrArgs&, i
 bool bsr_wgmma_available();
 bool x_slabs_rule(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n);
 void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrArgs& args, int grid_rows, int tile_n,
-                      cudaStream_t stream);
+                      int64_t m, cudaStream_t stream);
+bool short_rows(int64_t m, int64_t r, int64_t nblocks);
 
 // bsr_decode_lean.cu: the lean decode kernel where it takes the call (N <= lean_max_n unless $PRUNEKIT_BSR_LEAN=0)
 int64_t lean_warps(int64_t m, int64_t num_sms, int64_t n);  // bsr_decode_lean.cu
@@ -56,6 +57,7 @@ int64_t plan_tile_n(int64_t m, int64_t r, int64_t n, int64_t num_sms, int64_t nb
 int64_t plan_tile_n_wgmma(int64_t m, int64_t r, int64_t n, int64_t num_sms, int64_t nblocks) {
   const int64_t rows = std::max<int64_t>(1, m / r);
   if (r == 64 && nblocks >= 0 && nblocks < WIDE_TILE_MIN_BLOCKS_PER_ROW * rows) return 128;
+  if (r == 32 && nblocks >= 0 && short_rows(m, r, nblocks)) return 128;  // with 3 stages: 3 CTAs per SM
   return n > 128 && rows * ((n + 255) / 256) >= num_sms ? 256 : 128;
 }
 
@@ -136,7 +138,7 @@ void bsr_mm_out(const at::Tensor& blocks, const at::Tensor& crow, const at::Tens
   const bool wgmma = variant == VARIANT_WGMMA && blocks.size(0) > 0;
   args.pdl = wgmma && bsr_pdl(x.get_device()) ? 1 : 0;
   if (grid_rows > 0 && wgmma) {
-    launch_bsr_wgmma(blocks, x, args, grid_rows, static_cast<int>(tile_n), stream);
+    launch_bsr_wgmma(blocks, x, args, grid_rows, static_cast<int>(tile_n), m, stream);
   } else if (grid_rows > 0) {
     const bool half = x.scalar_type() == at::kHalf;
     if (half || x.scalar_type() == at::kBFloat16) {
@@ -253,6 +255,7 @@ TORCH_LIBRARY(prunekit_structured, m) {
   m.def("lean_max_n(int r, int c) -> int", &prunekit_structured::lean_max_n);
   m.def("wgmma_available() -> bool", &prunekit_structured::wgmma_available_op);
   m.def("x_slabs_rule(int r, int c, int k, int nblocks, int n) -> bool", &prunekit_structured::x_slabs_rule);
+  m.def("short_rows(int m, int r, int nblocks) -> bool", &prunekit_structured::short_rows);
 }
 
 TORCH_LIBRARY_IMPL(prunekit_structured, CUDA, m) {

@@ -113,14 +113,18 @@ bool use_x_slabs(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
   return x_slabs_rule(r, c, k, nblocks, n);
 }
 
-// Output tiles per CTA of the wgmma kernels (BsrArgs::tiles_per_cta; a CTA takes tiles blockIdx.x, + gridDim.x, ...
-// and runs its pipeline on across them; wgmma_bsr::TILES_WAVE: one wave of resident CTAs). The rule
-// (plan_tiles_per_cta): one, as before the thirty-fourth session, until measured.
-int64_t plan_tiles_per_cta(int64_t grid_rows, int64_t ntiles, int64_t num_sms) {
-  (void)grid_rows;
-  (void)ntiles;
-  (void)num_sms;
-  return 1;
+// Short rows (structured.short_rows, the same rule): at most SHORT_ROWS_MAX_BLOCKS_PER_ROW stored blocks per block row
+// on average (dynamic mode: the declared maximum). There a CTA's tile is a block or two, its time mostly latency, and
+// the launch keeps more of them in flight: 32-row blocks take the 128 N tile (plan_tile_n_wgmma) with 3 stages
+// (three one-consumer CTAs per SM instead of two), 64-row blocks one wave of CTAs that loop over the tiles. Measured
+// on the H100 (fp16, N = 2048 / 4096, 90 / 95%; benchmarks/results/bsr-tiles-h100-2026-11-27-s34d.json and
+// bsr-tiles-control-h100-2026-11-27-s34d.json): at 3072 x 768 (0.5-2.4 blocks per row) 32-row blocks took 0.86-0.90x
+// of the time, 64-row blocks 0.89-0.95x; 11008 x 4096 with 64-row blocks at 95% (3.2 per row) 0.97x. Where rows held
+// more (11008 x 4096 at 6.4-12.9 blocks per row) both lost: 32-row blocks 1.13x at 95% and 1.01x at 90%, 64-row ones
+// 1.14x at 90%. In-sample: the edge lies between 3.2 and 6.4 blocks per row.
+constexpr int64_t SHORT_ROWS_MAX_BLOCKS_PER_ROW = 4;
+bool short_rows(int64_t m, int64_t r, int64_t nblocks) {
+  return r > 0 && nblocks <= SHORT_ROWS_MAX_BLOCKS_PER_ROW * std::max<int64_t>(1, m / r);
 }
 
 // A whole number from `lo` to `hi` in the environment variable `name`; `fallback` where it is unset, "" or "auto".
@@ -137,13 +141,17 @@ int env_count(const char* name, int lo, int hi, int fallback) {
 // $PRUNEKIT_BSR_TILES_PER_CTA: unset / "" / "auto" the rule, "wave" one wave of resident CTAs, else 1-64 tiles per
 // CTA. $PRUNEKIT_BSR_STAGES: unset / "" / "auto" each kernel's most stages, else 2-12 (capped at the kernel's most).
 // Both read at each call.
-int bsr_tiles_per_cta(int64_t grid_rows, int64_t ntiles, int device) {
+// The rules: one wave of CTAs for 64-row blocks in short rows, else one tile per CTA; 3 stages for 32-row blocks in
+// short rows, else each kernel's most (0).
+int bsr_tiles_per_cta(int64_t r, bool short_rows_) {
   const char* v = std::getenv("PRUNEKIT_BSR_TILES_PER_CTA");
   if (v != nullptr && std::strcmp(v, "wave") == 0) return wgmma_bsr::TILES_WAVE;
-  const int rule = static_cast<int>(plan_tiles_per_cta(grid_rows, ntiles, prunekit_launch::device_props(device).sms));
+  const int rule = r == 64 && short_rows_ ? wgmma_bsr::TILES_WAVE : 1;
   return env_count("PRUNEKIT_BSR_TILES_PER_CTA", 1, 64, rule);
 }
-int bsr_stages() { return env_count("PRUNEKIT_BSR_STAGES", 2, 12, 0); }
+int bsr_stages(int64_t r, bool short_rows_) {
+  return env_count("PRUNEKIT_BSR_STAGES", 2, 12, r == 32 && short_rows_ ? 3 : 0);
+}
 
 namespace wgmma_bsr {
 
@@ -190,7 +198,7 @@ bool bsr_wgmma_available() {
 }
 
 void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrArgs& args, int grid_rows, int tile_n,
-                      cudaStream_t stream) {
+                      int64_t m, cudaStream_t stream) {
   using namespace wgmma_bsr;
   const int r = static_cast<int>(blocks.size(1)), c = static_cast<int>(blocks.size(2));
   PRUNEKIT_CHECK((r == 16 || r == 32 || r == 64) && (c == 16 || c == 32 || c == 64),
@@ -222,9 +230,9 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
     xr_args.x = slabs.data_ptr();
     xr_args.xr_npad = npad;
   }
-  // tile_n tokens per CTA tile in both kernels (WG_N or WG_M times the consumer warpgroups)
-  xr_args.tiles_per_cta = bsr_tiles_per_cta(grid_rows, (args.n + tile_n - 1) / tile_n, x.get_device());
-  xr_args.stages = bsr_stages();
+  const bool short_ = short_rows(m, r, blocks.size(0));
+  xr_args.tiles_per_cta = bsr_tiles_per_cta(r, short_);
+  xr_args.stages = bsr_stages(r, short_);
   const BsrArgs& run_args = xr_args;
   auto run = [&](auto xr_tag) {
     constexpr bool XR = decltype(xr_tag)::value;
