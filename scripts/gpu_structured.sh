@@ -35,7 +35,7 @@
 #   scripts/gpu_structured.sh tiles        # the wgmma kernels' tiles per CTA and stages: tests, memcheck, bsr.py
 #                                          # sweeps ($BSR_TPC, $BSR_STAGES, $BSR_TILE_NS, $BSR_TPC_SHAPES, $BSR_TPC_NS,
 #                                          # $BSR_TPC_BLOCKS, $BSR_TPC_SPARSITIES, $BSR_TPC_CONTROL, $BSR_CONTROL_NS,
-#                                          # $BSR_CONTROL_BLOCKS, $TAG)
+#                                          # $BSR_CONTROL_BLOCKS, $TAG; BSR_TPC_BENCH=0: no benchmark)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
 MODE=${1:-build-test}
@@ -235,6 +235,7 @@ PY
   timeout 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 python3 /tmp/sanitize_tiles.py \
     > "$OUT/memcheck-tiles.log" 2>&1
   echo "compute-sanitizer exit code $?"; grep -E "ERROR SUMMARY|ran" "$OUT/memcheck-tiles.log" | tail -3
+  [[ ${BSR_TPC_BENCH:-1} == 0 ]] && return 0  # tests and memcheck only
   step bsr benchmark, tiles per CTA
   timeout "${BSR_TPC_TIMEOUT:-200}" python3 benchmarks/bsr.py --out "$OUT/bsr-tiles-$DEV-$DATE${TAG:-}.json" \
     --shapes "${BSR_TPC_SHAPES:-3072x768}" --any-ns "${BSR_TPC_NS:-2048,4096}" --blocks "${BSR_TPC_BLOCKS:-32,64}" \

@@ -121,7 +121,12 @@ bool use_x_slabs(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
 // bsr-tiles-control-h100-2026-11-27-s34d.json): at 3072 x 768 (0.5-2.4 blocks per row) 32-row blocks took 0.86-0.90x
 // of the time, 64-row blocks 0.89-0.95x; 11008 x 4096 with 64-row blocks at 95% (3.2 per row) 0.97x. Where rows held
 // more (11008 x 4096 at 6.4-12.9 blocks per row) both lost: 32-row blocks 1.13x at 95% and 1.01x at 90%, 64-row ones
-// 1.14x at 90%. In-sample: the edge lies between 3.2 and 6.4 blocks per row.
+// 1.14x at 90%. In-sample: the edge lies between 3.2 and 6.4 blocks per row. Out of sample (-s34e, against the
+// former settings through the same call path): 4096 x 4096 with 64-row blocks at 95% (3.3-3.6 per row) 0.96-0.97x;
+// 768 x 3072 at 95% (1.6-2.8 per row) 1.02-1.04x: its 12 block rows give 192 tiles at N = 2048 (one per CTA, but with
+// 3 stages instead of 4) and 384 at N = 4096 for 264 resident CTAs (a tail of CTAs with a second tile). Since then a
+// wave is launched only where each CTA gets two tiles or more (WAVE_MIN_TILES), else one tile per CTA with all the
+// stages, as before.
 constexpr int64_t SHORT_ROWS_MAX_BLOCKS_PER_ROW = 4;
 bool short_rows(int64_t m, int64_t r, int64_t nblocks) {
   return r > 0 && nblocks <= SHORT_ROWS_MAX_BLOCKS_PER_ROW * std::max<int64_t>(1, m / r);

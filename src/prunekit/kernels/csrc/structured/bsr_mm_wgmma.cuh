@@ -345,31 +345,36 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
 #endif  // PK_SM90A
 }
 
-// The launch of either wgmma kernel: its grid (a CTA per output tile, or per group of tiles_per_cta tiles, or one wave
-// of resident CTAs for tiles_per_cta == TILES_WAVE), stages and staging tile, set in `args`. resident(smem): CTAs of
-// the kernel that the GPU holds at once with that much dynamic shared memory each; smem_of(stages, own_tile): the
-// kernel's dynamic shared memory. max_stages: the kernel's most stages; stage_bytes: bytes per stage; epi_bytes: the
-// Y^T staging tile (0: the epilogue needs none).
+// The launch of either wgmma kernel: its grid (a CTA per output tile, or per group of tiles_per_cta tiles, or for
+// tiles_per_cta == TILES_WAVE one wave of resident CTAs where that gives each at least WAVE_MIN_TILES tiles: with
+// fewer, the CTAs holding one tile more would leave a tail), stages and staging tile, set in `args`. resident(smem):
+// CTAs of the kernel that the GPU holds at once with that much dynamic shared memory each; smem_of(stages, own_tile):
+// the kernel's dynamic shared memory. single_stages / multi_stages: the most stages of CTAs of one tile / of several
+// (which keep a staging tile of their own); stage_bytes: bytes per stage; epi_bytes: the Y^T staging tile (0: the
+// epilogue needs none).
 constexpr int TILES_WAVE = -1;  // BsrArgs::tiles_per_cta: as many CTAs as one wave holds, each looping over tiles
+constexpr int WAVE_MIN_TILES = 2;
 struct WgLaunch {
   int ctas, smem;
 };
 template <typename Resident, typename SmemOf>
-WgLaunch plan_launch(BsrArgs& args, int grid_rows, int bn, int max_stages, int stages_wanted, int epi_bytes,
-                     int stage_bytes, const Resident& resident, const SmemOf& smem_of) {
+WgLaunch plan_launch(BsrArgs& args, int grid_rows, int bn, int single_stages, int multi_stages, int stages_wanted,
+                     int epi_bytes, int stage_bytes, const Resident& resident, const SmemOf& smem_of) {
   const long long units = static_cast<long long>(grid_rows) * ((args.n + bn - 1) / bn);
   PRUNEKIT_CHECK(units < (1LL << 31), "bsr_mm wgmma: too many output tiles (", units, ")");
-  args.n_items = grid_rows;
-  args.stages = std::max(2, std::min(stages_wanted > 0 ? stages_wanted : max_stages, max_stages));
+  const auto stages_of = [&](int most) { return std::max(2, std::min(stages_wanted > 0 ? stages_wanted : most, most)); };
   long long ctas = units;
   if (args.tiles_per_cta == TILES_WAVE) {
-    args.own_tile = epi_bytes > 0 ? 1 : 0;  // the wave is sized with the staging tile it will have
-    ctas = std::min<long long>(units, static_cast<long long>(resident(smem_of(args.stages, args.own_tile != 0))));
+    const long long wave = resident(smem_of(stages_of(multi_stages), epi_bytes > 0));
+    if (units >= WAVE_MIN_TILES * wave) ctas = wave;
   } else if (args.tiles_per_cta > 1) {
     ctas = (units + args.tiles_per_cta - 1) / args.tiles_per_cta;
   }
+  const bool grouped = ctas < units;
+  args.n_items = grid_rows;
+  args.stages = stages_of(grouped ? multi_stages : single_stages);
   // Y^T is staged in the pipeline's memory only with one tile per CTA and room for the tile there
-  args.own_tile = epi_bytes > 0 && (ctas < units || args.stages * stage_bytes < epi_bytes) ? 1 : 0;
+  args.own_tile = epi_bytes > 0 && (grouped || args.stages * stage_bytes < epi_bytes) ? 1 : 0;
   return {static_cast<int>(std::max<long long>(ctas, 1)), smem_of(args.stages, args.own_tile != 0)};
 }
 
@@ -409,11 +414,10 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
   BsrArgs args = args_in;
   // a staging tile only for the Y^T epilogue; CTAs of several tiles keep one of their own, with MULTI_STAGES so that
   // two one-consumer CTAs still fit an SM
-  const bool grouped = args.tiles_per_cta > 1 || args.tiles_per_cta == TILES_WAVE;
   const int epi = args.staged == 1 ? Cfg::EPI_BYTES : 0;
   const auto smem_of = [](int stages, bool own) { return Cfg::smem_bytes(stages, own); };
   const auto resident = [&](int smem) { return wave_ctas(kernel, Cfg::THREADS, smem); };
-  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, grouped && epi > 0 ? Cfg::MULTI_STAGES : Cfg::STAGES,
+  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, Cfg::STAGES, epi > 0 ? Cfg::MULTI_STAGES : Cfg::STAGES,
                                     args_in.stages, epi, Cfg::STAGE_BYTES, resident, smem_of);
   prunekit_launch::launch(kernel, dim3(plan.ctas), dim3(Cfg::THREADS), plan.smem, stream, args.pdl != 0, map_a, map_x,
                           args);
@@ -705,12 +709,11 @@ void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs&
                                         Cfg::smem_bytes(Cfg::STAGES, true)));
   });
   BsrArgs args = args_in;
-  const bool grouped = args.tiles_per_cta > 1 || args.tiles_per_cta == TILES_WAVE;
   const auto smem_of = [](int stages, bool own) { return Cfg::smem_bytes(stages, own); };
   const auto resident = [&](int smem) { return wave_ctas(kernel, Cfg::THREADS, smem); };
   // a staging tile only for the Y^T epilogue; MULTI_STAGES where CTAs of several tiles keep one of their own
   const int epi = args.staged == 1 ? Cfg::EPI_BYTES : 0;
-  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, grouped && epi > 0 ? Cfg::MULTI_STAGES : Cfg::STAGES,
+  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, Cfg::STAGES, epi > 0 ? Cfg::MULTI_STAGES : Cfg::STAGES,
                                     args_in.stages, epi, Cfg::STAGE_BYTES, resident, smem_of);
   prunekit_launch::launch(kernel, dim3(plan.ctas), dim3(Cfg::THREADS), plan.smem, stream, args.pdl != 0, map_a, map_x,
                           args);
