@@ -150,13 +150,14 @@ LEAN_NARROW_MAX_N = 16  # also lean_warps' bound: above this many tokens (the 4-
 # launcher at each call, csrc/structured/bsr_mm.cuh bsr_pdl): a kernel may start while the preceding kernel in the
 # stream finishes, and waits for it before it reads or writes anything.
 PDL_ENV = "PRUNEKIT_BSR_PDL"
-# Output tiles per CTA of the wgmma kernels (read by the C++ launcher at each call, csrc/structured/bsr_mm_wgmma.cu
-# bsr_tiles_per_cta): "1"-"64" forces the count, "wave" launches one wave of resident CTAs, unset / "auto" the
-# launcher's rule. A CTA of several tiles takes tiles x, x + gridDim.x, ... and runs its TMA pipeline on across them,
-# so the next tile's loads overlap this one's epilogue and the CTA's set-up is paid once.
+# Output tiles per CTA of the wgmma kernel for 16- and 32-row blocks (read by the C++ launcher at each call,
+# csrc/structured/bsr_mm_wgmma.cu bsr_tiles_per_cta): "1"-"64" forces the count, "wave" launches one wave of resident
+# CTAs, unset / "auto": one. A CTA of several tiles takes tiles x, x + gridDim.x, ... and runs its TMA pipeline on
+# across them, so the next tile's loads overlap this one's epilogue and the CTA's set-up is paid once. Not the default:
+# it lost or tied wherever it was timed (benchmarks/results/bsr-tiles-*-s34{b,d}.json).
 TILES_PER_CTA_ENV = "PRUNEKIT_BSR_TILES_PER_CTA"
-# Pipeline stages of the wgmma kernels (same launcher, bsr_stages): "2"-"12", capped at each kernel's most; unset /
-# "auto": the most (fewer stages: less shared memory per CTA, so more CTAs per SM where rows hold few blocks).
+# Pipeline stages of the same kernel (same launcher, bsr_stages): "2"-"12", capped at the kernel's most; unset /
+# "auto": 3 for 32-row blocks in short_rows, else the most (fewer stages: less shared memory per CTA).
 STAGES_ENV = "PRUNEKIT_BSR_STAGES"
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the
@@ -301,12 +302,11 @@ def plan_tile_n_wgmma(m: int, r: int, n: int, num_sms: int = 132, nblocks: int |
 def short_rows(m: int, r: int, nblocks: int) -> bool:
     """Whether a BSR weight of ``M = m`` rows in blocks of ``r`` rows with ``nblocks`` stored blocks (dynamic mode: the
     declared maximum) has short block rows: at most :data:`SHORT_ROWS_MAX_BLOCKS_PER_ROW` blocks per block row on
-    average. There each CTA of the wgmma kernels has a block or two to multiply and its time is mostly latency, so the
-    C++ launcher keeps more CTAs in flight: 32-row blocks take the 128 N tile (:func:`plan_tile_n_wgmma`) with 3
-    pipeline stages (three CTAs per SM), 64-row blocks one wave of CTAs that loop over the output tiles
-    (``$PRUNEKIT_BSR_TILES_PER_CTA`` / ``$PRUNEKIT_BSR_STAGES`` override both). ``csrc/structured/bsr_mm_wgmma.cu``
-    ``short_rows`` is the same rule, with the figures it rests on (H100, fp16, N = 2048 / 4096: 0.86-0.95x of the time
-    at 0.5-3.2 blocks per row, 1.01-1.14x at 6.4-12.9)."""
+    average. There each CTA of the wgmma kernel has a block or two to multiply and its time is mostly latency, so
+    32-row blocks take the 128 N tile (:func:`plan_tile_n_wgmma`) and the C++ launcher gives them 3 pipeline stages,
+    three CTAs per SM instead of two (``$PRUNEKIT_BSR_STAGES`` overrides it). ``csrc/structured/bsr_mm_wgmma.cu``
+    ``short_rows`` is the same rule, with the figures it rests on (H100, fp16, 3072 x 768 at N = 2048 / 4096:
+    0.88-0.91x of the time at 1.1-2.4 blocks per row; 1.13x at 6.4 blocks per row on 11008 x 4096)."""
     return r > 0 and nblocks <= SHORT_ROWS_MAX_BLOCKS_PER_ROW * max(1, m // r)
 
 

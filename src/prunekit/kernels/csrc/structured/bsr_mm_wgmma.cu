@@ -114,19 +114,16 @@ bool use_x_slabs(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
 }
 
 // Short rows (structured.short_rows, the same rule): at most SHORT_ROWS_MAX_BLOCKS_PER_ROW stored blocks per block row
-// on average (dynamic mode: the declared maximum). There a CTA's tile is a block or two, its time mostly latency, and
-// the launch keeps more of them in flight: 32-row blocks take the 128 N tile (plan_tile_n_wgmma) with 3 stages
-// (three one-consumer CTAs per SM instead of two), 64-row blocks one wave of CTAs that loop over the tiles. Measured
-// on the H100 (fp16, N = 2048 / 4096, 90 / 95%; benchmarks/results/bsr-tiles-h100-2026-11-27-s34d.json and
-// bsr-tiles-control-h100-2026-11-27-s34d.json): at 3072 x 768 (0.5-2.4 blocks per row) 32-row blocks took 0.86-0.90x
-// of the time, 64-row blocks 0.89-0.95x; 11008 x 4096 with 64-row blocks at 95% (3.2 per row) 0.97x. Where rows held
-// more (11008 x 4096 at 6.4-12.9 blocks per row) both lost: 32-row blocks 1.13x at 95% and 1.01x at 90%, 64-row ones
-// 1.14x at 90%. In-sample: the edge lies between 3.2 and 6.4 blocks per row. Out of sample (-s34e, against the
-// former settings through the same call path): 4096 x 4096 with 64-row blocks at 95% (3.3-3.6 per row) 0.96-0.97x;
-// 768 x 3072 at 95% (1.6-2.8 per row) 1.02-1.04x: its 12 block rows give 192 tiles at N = 2048 (one per CTA, but with
-// 3 stages instead of 4) and 384 at N = 4096 for 264 resident CTAs (a tail of CTAs with a second tile). Since then a
-// wave is launched only where each CTA gets two tiles or more (WAVE_MIN_TILES), else one tile per CTA with all the
-// stages, as before.
+// on average (dynamic mode: the declared maximum). There a CTA's tile is a block or two and its time mostly latency:
+// 32-row blocks take the 128 N tile (plan_tile_n_wgmma) with 3 stages, three one-consumer CTAs per SM instead of two.
+// Measured on the H100 (fp16, N = 2048 / 4096, 90 / 95%, against the former 256 tile and 6 stages through the same call
+// path; benchmarks/results/bsr-tiles-h100-2026-11-27-s34e.json): at 3072 x 768 (1.1-2.4 blocks per row) 0.88-0.91x of
+// the time; where rows held more (11008 x 4096 at 6.4 blocks per row, -s34d) the same settings took 1.13x. In-sample;
+// the edge lies between 2.4 and 6.4 blocks per row.
+// 64-row blocks (bsr_wgmma_kernel) are left as they were: a version of that kernel that looped over several tiles per
+// CTA, with one wave of CTAs in short rows, took 0.88-0.95x of the time at 3072 x 768 (-s34e) but stayed 1.10-1.27x
+// slower than torch's Triton BSR there (-s34f), and across the session's runs it was 6-12% slower against Triton at
+// 11008 x 4096 with 64-row blocks at 90% (0.81-0.86 of Triton's time in -s34a/b/d, 0.76 in the thirtieth session).
 constexpr int64_t SHORT_ROWS_MAX_BLOCKS_PER_ROW = 4;
 bool short_rows(int64_t m, int64_t r, int64_t nblocks) {
   return r > 0 && nblocks <= SHORT_ROWS_MAX_BLOCKS_PER_ROW * std::max<int64_t>(1, m / r);
@@ -144,15 +141,14 @@ int env_count(const char* name, int lo, int hi, int fallback) {
 }
 
 // $PRUNEKIT_BSR_TILES_PER_CTA: unset / "" / "auto" the rule, "wave" one wave of resident CTAs, else 1-64 tiles per
-// CTA. $PRUNEKIT_BSR_STAGES: unset / "" / "auto" each kernel's most stages, else 2-12 (capped at the kernel's most).
-// Both read at each call.
-// The rules: one wave of CTAs for 64-row blocks in short rows, else one tile per CTA; 3 stages for 32-row blocks in
-// short rows, else each kernel's most (0).
-int bsr_tiles_per_cta(int64_t r, bool short_rows_) {
+// CTA. $PRUNEKIT_BSR_STAGES: unset / "" / "auto" the rule, else 2-12 (capped at the kernel's most). Both read at each
+// call (the value is checked for 64-row blocks too).
+// Both settings reach the 16- and 32-row kernel (bsr_wgmma_t_kernel) only. The rules: one tile per CTA; 3 stages for
+// 32-row blocks in short rows, else the kernel's most (0).
+int bsr_tiles_per_cta() {
   const char* v = std::getenv("PRUNEKIT_BSR_TILES_PER_CTA");
   if (v != nullptr && std::strcmp(v, "wave") == 0) return wgmma_bsr::TILES_WAVE;
-  const int rule = r == 64 && short_rows_ ? wgmma_bsr::TILES_WAVE : 1;
-  return env_count("PRUNEKIT_BSR_TILES_PER_CTA", 1, 64, rule);
+  return env_count("PRUNEKIT_BSR_TILES_PER_CTA", 1, 64, 1);
 }
 int bsr_stages(int64_t r, bool short_rows_) {
   return env_count("PRUNEKIT_BSR_STAGES", 2, 12, r == 32 && short_rows_ ? 3 : 0);
@@ -236,7 +232,7 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
     xr_args.xr_npad = npad;
   }
   const bool short_ = short_rows(m, r, blocks.size(0));
-  xr_args.tiles_per_cta = bsr_tiles_per_cta(r, short_);
+  xr_args.tiles_per_cta = bsr_tiles_per_cta();
   xr_args.stages = bsr_stages(r, short_);
   const BsrArgs& run_args = xr_args;
   auto run = [&](auto xr_tag) {

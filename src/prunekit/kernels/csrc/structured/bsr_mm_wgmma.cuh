@@ -45,22 +45,10 @@ struct WgConfig {
   static constexpr int B_BYTES = BN * C * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // a multiple of 1024: every stage stays swizzle-aligned
   static constexpr int OUT_LD = R + 8;                   // epilogue tile, Y^T rows of R (+8 halves: no conflicts)
-  // Shared memory: `stages` pipeline stages, the 2 * STAGES mbarriers, then (CTAs of several N tiles, which stage the
-  // epilogue in a tile of their own while the producer loads the next tile's stages) that tile.
-  static constexpr int EPI_BYTES = BN * OUT_LD * 2;
-  static constexpr int smem_bytes(int stages, bool own_tile) {
-    return 1024 + stages * STAGE_BYTES + 2 * STAGES * 8 + (own_tile ? EPI_BYTES : 0);
-  }
-  static constexpr int SMEM_BYTES = smem_bytes(STAGES, false);
-  // Stages of a CTA with several N tiles: one fewer where that lets two such CTAs share an SM (228 KB, 1 KB reserved
-  // per CTA) and one-consumer CTAs would otherwise fit two (C = 64: 4 -> 3 stages)
-  static constexpr int MULTI_STAGES =
-      2 * (smem_bytes(STAGES, true) + 1024) > 228 * 1024 && 2 * (smem_bytes(STAGES - 1, true) + 1024) <= 228 * 1024
-          ? STAGES - 1
-          : STAGES;
+  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
   static_assert(STAGE_BYTES % 1024 == 0, "stages must keep 1024-byte alignment");
   static_assert(BN * OUT_LD * 2 <= STAGES * STAGE_BYTES, "epilogue tile must fit in the pipeline's memory");
-  static_assert(smem_bytes(STAGES, true) <= 227 * 1024, "shared memory");
+  static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
 };
 
 // Shared-memory matrix descriptor of a K-major tile whose rows are C halves (= the swizzle width, 2 * C bytes) and
@@ -129,9 +117,9 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void consumer_sync(int threads) {
   asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory");
 }
-// A copy of v the compiler cannot see through: per-tile values derived from it (the epilogue's 64 addresses) are then
-// computed in each tile instead of being hoisted out of the tile loop, which held them in registers (90 -> 137
-// registers in bsr_wgmma_kernel, spills in bsr_wgmma_t_kernel).
+// A copy of v the compiler cannot see through: per-tile values derived from it (the epilogue's addresses) are then
+// computed in each tile instead of being hoisted out of bsr_wgmma_t_kernel's tile loop, which held them in registers
+// (spills at its 80-register bound).
 __device__ __forceinline__ int opaque(int v) {
   asm volatile("" : "+r"(v));
   return v;
@@ -212,25 +200,24 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
                      const BsrArgs args) {
 #ifdef PK_SM90A
   using Cfg = WgConfig<C, CONSUMERS>;
-  constexpr int BN = Cfg::BN;
-  const int stages = args.stages;  // the launcher's choice, at most Cfg::STAGES (WgConfig::smem_bytes: its layout)
+  constexpr int STAGES = Cfg::STAGES, BN = Cfg::BN;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + stages * Cfg::STAGE_BYTES);
-  uint64_t* empty = full + Cfg::STAGES;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
+  uint64_t* empty = full + STAGES;
 
   // programmatic dependent launch (args.pdl): anything below may be the preceding kernel's output (the pattern, X, a
   // schedule or indices the op's wrappers converted just before), so wait before reading or writing anything
   prunekit_launch::wait_preceding_grid();
-  // Output tiles u = (N tile u / n_items, work item u % n_items): this CTA's are blockIdx.x, + gridDim.x, ... (one, or
-  // several where the launcher groups them, bsr_tiles_per_cta). The producer runs on into the next tile's blocks while
-  // the consumers finish a tile; the stage uses g count on across tiles.
-  const int ntiles = (args.n + BN - 1) / BN;
-  const int units = args.n_items * ntiles;
+  const BsrWork work = bsr_work_item(args);
+  const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
+  const int count = end - start;
+  const int n0 = blockIdx.y * BN;
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 4 * CONSUMERS);  // lane 0 of every consumer warp
     }
@@ -240,112 +227,89 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
 
   if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
     if (threadIdx.x == 0) {
-      int g = 0;
-      for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        const int tile = u / args.n_items;
-        const BsrWork work = bsr_work_at(args, u - tile * args.n_items);
-        for (int b = work.start; b < work.end; ++b, ++g) {
-          const int s = g % stages;
-          if (g >= stages) mbar_wait(&empty[s], ((g / stages) + 1) & 1);  // the (g / stages - 1)-th release
-          unsigned char* a_dst = smem + s * Cfg::STAGE_BYTES;
-          mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
-          tma_load_2d(a_dst, &map_a, 0, b * R, &full[s]);
-          tma_load_2d(a_dst + Cfg::A_BYTES, &map_x, __ldg(args.cols + b) * C, tile * BN, &full[s]);
-        }
+      for (int it = 0; it < count; ++it) {
+        const int s = it % STAGES;
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);  // the (it / STAGES - 1)-th release
+        unsigned char* a_dst = smem + s * Cfg::STAGE_BYTES;
+        const int b = start + it;
+        mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
+        tma_load_2d(a_dst, &map_a, 0, b * R, &full[s]);
+        tma_load_2d(a_dst + Cfg::A_BYTES, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
       }
     }
     return;
   }
 
-  T* y = static_cast<T*>(args.y);
-  const T* bias = static_cast<const T*>(args.bias);
-  // Y^T's staging tile: the pipeline's memory (one output tile per CTA), else a tile of its own after the barriers
-  T* const out_tile = reinterpret_cast<T*>(args.own_tile ? reinterpret_cast<unsigned char*>(empty + Cfg::STAGES) : smem);
-  int g = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const int tile = u / args.n_items;
-    const BsrWork work = bsr_work_at(args, u - tile * args.n_items);
-    const int count = work.end - work.start, slot = work.slot;
-    const long long m0 = static_cast<long long>(work.block_row) * R;
-    const int n0 = tile * BN;
-    // the next kernel may start once every CTA has reached its last tile's epilogue; its wait still covers the writes
-    const bool last = u + static_cast<int>(gridDim.x) >= units;
-    if (count == 0 && slot < 0 && args.staged == 1) {  // an empty block row: act(bias), straight to Y^T
-      if (last) prunekit_launch::allow_dependent_launch();
-      fill_empty_tile<T, R, BN>(args, m0, n0, threadIdx.x - 128, 128 * CONSUMERS);
-      continue;
-    }
-    const int cw = opaque(wg - 1);  // consumer index: columns cw * 128 ... of the CTA tile
-    const int warp = opaque((threadIdx.x >> 5) & 3), lane = opaque(threadIdx.x & 31);
-    float acc[64];
+  const int cw = wg - 1;  // consumer index: columns cw * 128 ... of the CTA tile
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  float acc[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    for (int it = 0; it < count; ++it, ++g) {
-      const int s = g % stages;
-      mbar_wait(&full[s], (g / stages) & 1);
-      const uint32_t a_addr = smem_u32(smem + s * Cfg::STAGE_BYTES);
-      const uint32_t b_addr = a_addr + Cfg::A_BYTES + cw * WG_N * C * 2;
-      fence_acc(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk)
-        Wgmma<T>::run(acc, make_desc<C>(a_addr + kk * 32), make_desc<C>(b_addr + kk * 32));
-      wgmma_commit();
-      fence_acc(acc);
-      wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
-      if (it > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % stages]);
-    }
-    wgmma_wait<0>();
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  for (int it = 0; it < count; ++it) {
+    const int s = it % STAGES;
+    mbar_wait(&full[s], (it / STAGES) & 1);
+    const uint32_t a_addr = smem_u32(smem + s * Cfg::STAGE_BYTES);
+    const uint32_t b_addr = a_addr + Cfg::A_BYTES + cw * WG_N * C * 2;
     fence_acc(acc);
-    if (count > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % stages]);  // the tile's last stage
-    if (last) prunekit_launch::allow_dependent_launch();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) Wgmma<T>::run(acc, make_desc<C>(a_addr + kk * 32), make_desc<C>(b_addr + kk * 32));
+    wgmma_commit();
+    fence_acc(acc);
+    wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
+    if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+  prunekit_launch::allow_dependent_launch();  // the next kernel may start; its wait still covers these writes
 
-    if (slot >= 0) {  // a slice of a split block row: fp32 partial sums, finished by bsr_finalize_kernel
-      float* ws = args.ws + static_cast<long long>(slot) * R * args.n;
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int nn = n0 + cw * WG_N + acc_col(lane, i);
-        if (nn < args.n) atomicAdd(ws + static_cast<long long>(acc_row(warp, lane, i)) * args.n + nn, acc[i]);
-      }
-      continue;
-    }
-    float bias_v[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) bias_v[h] = bias != nullptr ? to_f(bias[m0 + acc_row(warp, lane, 2 * h)]) : 0.f;
-    if (args.staged == 1) {  // Y^T (the runtime's (N, M) output): through shared memory, 16-byte stores along m
-      // every consumer's wgmmas have finished reading the pipeline stages (one tile per CTA), or its stores have
-      // read the previous tile (several)
-      consumer_sync(128 * CONSUMERS);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        float v = acc[i] + bias_v[(i >> 1) & 1];
-        if (args.relu) v = fmaxf(v, 0.f);
-        out_tile[(cw * WG_N + acc_col(lane, i)) * Cfg::OUT_LD + acc_row(warp, lane, i)] = from_f<T>(v);
-      }
-      consumer_sync(128 * CONSUMERS);
-      constexpr int PER_ROW = R / 8;
-      for (int idx = threadIdx.x - 128; idx < BN * PER_ROW; idx += 128 * CONSUMERS) {
-        const int nl = idx / PER_ROW, ml = (idx % PER_ROW) * 8;
-        if (n0 + nl < args.n)
-          *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) =
-              *reinterpret_cast<const int4*>(out_tile + nl * Cfg::OUT_LD + ml);
-      }
-      continue;
-    }
+  const long long m0 = static_cast<long long>(block_row) * R;
+  if (slot >= 0) {  // a slice of a split block row: fp32 partial sums, finished by bsr_finalize_kernel
+    float* ws = args.ws + static_cast<long long>(slot) * R * args.n;
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       const int nn = n0 + cw * WG_N + acc_col(lane, i);
-      if (nn < args.n) {
-        float v = acc[i] + bias_v[(i >> 1) & 1];
-        if (args.relu) v = fmaxf(v, 0.f);
-        y[(m0 + acc_row(warp, lane, i)) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v);
-      }
+      if (nn < args.n) atomicAdd(ws + static_cast<long long>(acc_row(warp, lane, i)) * args.n + nn, acc[i]);
+    }
+    return;
+  }
+  T* y = static_cast<T*>(args.y);
+  const T* bias = static_cast<const T*>(args.bias);
+  float bias_v[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) bias_v[h] = bias != nullptr ? to_f(bias[m0 + acc_row(warp, lane, 2 * h)]) : 0.f;
+  if (args.staged == 1) {  // Y^T (the runtime's (N, M) output): through shared memory, 16-byte stores along m
+    T* tile = reinterpret_cast<T*>(smem);
+    consumer_sync(128 * CONSUMERS);  // every consumer's wgmmas have finished reading the pipeline stages
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      float v = acc[i] + bias_v[(i >> 1) & 1];
+      if (args.relu) v = fmaxf(v, 0.f);
+      tile[(cw * WG_N + acc_col(lane, i)) * Cfg::OUT_LD + acc_row(warp, lane, i)] = from_f<T>(v);
+    }
+    consumer_sync(128 * CONSUMERS);
+    constexpr int PER_ROW = R / 8;
+    for (int idx = threadIdx.x - 128; idx < BN * PER_ROW; idx += 128 * CONSUMERS) {
+      const int nl = idx / PER_ROW, ml = (idx % PER_ROW) * 8;
+      if (n0 + nl < args.n)
+        *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) =
+            *reinterpret_cast<const int4*>(tile + nl * Cfg::OUT_LD + ml);
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int nn = n0 + cw * WG_N + acc_col(lane, i);
+    if (nn < args.n) {
+      float v = acc[i] + bias_v[(i >> 1) & 1];
+      if (args.relu) v = fmaxf(v, 0.f);
+      y[(m0 + acc_row(warp, lane, i)) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v);
     }
   }
 #endif  // PK_SM90A
 }
 
-// The launch of either wgmma kernel: its grid (a CTA per output tile, or per group of tiles_per_cta tiles, or for
+// The launch of bsr_wgmma_t_kernel (16- and 32-row blocks; bsr_wgmma_kernel above keeps one tile per CTA): its grid (a CTA per output tile, or per group of tiles_per_cta tiles, or for
 // tiles_per_cta == TILES_WAVE one wave of resident CTAs where that gives each at least WAVE_MIN_TILES tiles: with
 // fewer, the CTAs holding one tile more would leave a tail), stages and staging tile, set in `args`. resident(smem):
 // CTAs of the kernel that the GPU holds at once with that much dynamic shared memory each; smem_of(stages, own_tile):
@@ -398,7 +362,7 @@ int wave_ctas(Kernel kernel, int threads, int smem) {
 }
 
 template <typename T, int C, int CONSUMERS>
-void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args_in, int grid_rows,
+void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
             cudaStream_t stream) {
   using Cfg = WgConfig<C, CONSUMERS>;
   auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS>;
@@ -408,18 +372,10 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
   C10_CUDA_CHECK(cudaGetDevice(&device));
   PRUNEKIT_CHECK(device >= 0 && device < MAX_DEVICES, "bsr_mm wgmma: device index ", device, " out of range");
   std::call_once(once[device], [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        Cfg::smem_bytes(Cfg::STAGES, true)));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });
-  BsrArgs args = args_in;
-  // a staging tile only for the Y^T epilogue; CTAs of several tiles keep one of their own, with MULTI_STAGES so that
-  // two one-consumer CTAs still fit an SM
-  const int epi = args.staged == 1 ? Cfg::EPI_BYTES : 0;
-  const auto smem_of = [](int stages, bool own) { return Cfg::smem_bytes(stages, own); };
-  const auto resident = [&](int smem) { return wave_ctas(kernel, Cfg::THREADS, smem); };
-  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, Cfg::STAGES, epi > 0 ? Cfg::MULTI_STAGES : Cfg::STAGES,
-                                    args_in.stages, epi, Cfg::STAGE_BYTES, resident, smem_of);
-  prunekit_launch::launch(kernel, dim3(plan.ctas), dim3(Cfg::THREADS), plan.smem, stream, args.pdl != 0, map_a, map_x,
+  const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
+  prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x,
                           args);
 }
 
