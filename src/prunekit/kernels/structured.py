@@ -154,7 +154,8 @@ PDL_ENV = "PRUNEKIT_BSR_PDL"
 # csrc/structured/bsr_mm_wgmma.cu bsr_tiles_per_cta): "1"-"64" forces the count, "wave" launches one wave of resident
 # CTAs, unset / "auto": one. A CTA of several tiles takes tiles x, x + gridDim.x, ... and runs its TMA pipeline on
 # across them, so the next tile's loads overlap this one's epilogue and the CTA's set-up is paid once. Not the default:
-# it lost or tied wherever it was timed (benchmarks/results/bsr-tiles-*-s34{b,d}.json).
+# with 32-row blocks, 3 stages and the 128 tile, a wave took 0.93-1.09x of the time of one tile per CTA (faster at
+# 3072 x 768 @ 4096, slower @ 2048 and on 11008 x 4096; benchmarks/results/bsr-tiles-h100-2026-11-27-s34d.json).
 TILES_PER_CTA_ENV = "PRUNEKIT_BSR_TILES_PER_CTA"
 # Pipeline stages of the same kernel (same launcher, bsr_stages): "2"-"12", capped at the kernel's most; unset /
 # "auto": 3 for 32-row blocks in short_rows, else the most (fewer stages: less shared memory per CTA).

@@ -111,9 +111,9 @@ struct BsrArgs {
   int staged;  // epilogue: 0 scalar stores; 1 Y^T rows (sym == 1) and 2 Y rows (syn == 1) staged in smem, 16-byte stores
   long long xr_npad;  // > 0: x is the wgmma kernel's X slabs (bsr_x_slabs_kernel), tokens padded to this; else 0
   int pdl;            // host only: launch the wgmma kernels with programmatic dependent launch (bsr_pdl)
-  // wgmma kernels (bsr_mm_wgmma.cuh plan_launch): output tiles per CTA (host only; bsr_tiles_per_cta: 0 or 1 one,
-  // TILES_WAVE one wave of CTAs), work items (schedule items or block rows), pipeline stages (the launcher's choice;
-  // bsr_stages: 0 the kernel's most), and whether bsr_wgmma_kernel stages Y^T in a tile of its own
+  // bsr_wgmma_t_kernel (set by bsr_mm_wgmma.cuh plan_launch): output tiles per CTA (host only; bsr_tiles_per_cta: 0
+  // or 1 one, TILES_WAVE one wave of CTAs), work items (schedule items or block rows), pipeline stages (bsr_stages: 0
+  // the kernel's most), and whether it stages Y^T in a tile of its own
   int tiles_per_cta, n_items, stages, own_tile;
 };
 

@@ -141,10 +141,9 @@ int env_count(const char* name, int lo, int hi, int fallback) {
 }
 
 // $PRUNEKIT_BSR_TILES_PER_CTA: unset / "" / "auto" the rule, "wave" one wave of resident CTAs, else 1-64 tiles per
-// CTA. $PRUNEKIT_BSR_STAGES: unset / "" / "auto" the rule, else 2-12 (capped at the kernel's most). Both read at each
-// call (the value is checked for 64-row blocks too).
-// Both settings reach the 16- and 32-row kernel (bsr_wgmma_t_kernel) only. The rules: one tile per CTA; 3 stages for
-// 32-row blocks in short rows, else the kernel's most (0).
+// CTA. $PRUNEKIT_BSR_STAGES: unset / "" / "auto" the rule, else 2-12 (capped at the kernel's most). Both are read at
+// each call and checked for every block shape, but reach the 16- and 32-row kernel (bsr_wgmma_t_kernel) only. The
+// rules: one tile per CTA; 3 stages for 32-row blocks in short rows, else the kernel's most (0).
 int bsr_tiles_per_cta() {
   const char* v = std::getenv("PRUNEKIT_BSR_TILES_PER_CTA");
   if (v != nullptr && std::strcmp(v, "wave") == 0) return wgmma_bsr::TILES_WAVE;
