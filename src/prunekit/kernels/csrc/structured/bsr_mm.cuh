@@ -111,10 +111,8 @@ struct BsrArgs {
   int staged;  // epilogue: 0 scalar stores; 1 Y^T rows (sym == 1) and 2 Y rows (syn == 1) staged in smem, 16-byte stores
   long long xr_npad;  // > 0: x is the wgmma kernel's X slabs (bsr_x_slabs_kernel), tokens padded to this; else 0
   int pdl;            // host only: launch the wgmma kernels with programmatic dependent launch (bsr_pdl)
-  // bsr_wgmma_t_kernel (set by bsr_mm_wgmma.cuh plan_launch): output tiles per CTA (host only; bsr_tiles_per_cta: 0
-  // or 1 one, TILES_WAVE one wave of CTAs), work items (schedule items or block rows), pipeline stages (bsr_stages: 0
-  // the kernel's most), and whether it stages Y^T in a tile of its own
-  int tiles_per_cta, n_items, stages, own_tile;
+  // (bsr_wgmma_t_kernel's launch plan is in BsrTArgs, bsr_mm_wgmma.cuh: this struct's size is part of how nvcc
+  // compiles the kernels that take it)
 };
 
 // Programmatic dependent launch of the lean decode and wgmma kernels: on sm_90 and newer unless $PRUNEKIT_BSR_PDL=0
@@ -132,6 +130,16 @@ inline bool bsr_pdl(int device) {
 struct BsrWork {
   int block_row, start, end, slot;
 };
+__device__ __forceinline__ BsrWork bsr_work_item(const BsrArgs& args) {
+  if (args.schedule != nullptr) {
+    const int4 item = args.schedule[blockIdx.x];
+    return {item.x, item.y, item.z, item.w};
+  }
+  const int block_row = blockIdx.x;
+  return {block_row, args.crow[block_row], args.crow[block_row + 1], -1};
+}
+// The same for work item `index` (bsr_wgmma_t_kernel, whose CTAs may take several); bsr_work_item is kept apart from
+// it because the kernels that call it compile to other code through this one (cuobjdump -sass).
 __device__ __forceinline__ BsrWork bsr_work_at(const BsrArgs& args, int index) {
   if (args.schedule != nullptr) {
     const int4 item = args.schedule[index];
@@ -139,7 +147,6 @@ __device__ __forceinline__ BsrWork bsr_work_at(const BsrArgs& args, int index) {
   }
   return {index, args.crow[index], args.crow[index + 1], -1};
 }
-__device__ __forceinline__ BsrWork bsr_work_item(const BsrArgs& args) { return bsr_work_at(args, blockIdx.x); }
 
 template <typename T, int R, int C, int BN_>
 __global__ void __launch_bounds__(BsrConfig<R, C, BN_>::THREADS) bsr_mm_kernel(const BsrArgs args) {

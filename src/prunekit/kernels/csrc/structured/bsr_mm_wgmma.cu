@@ -19,21 +19,21 @@ extern template void dispatch_c<__nv_bfloat16, 1>(int, const CUtensorMap&, const
 extern template void dispatch_c<__nv_bfloat16, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                                int, cudaStream_t);
 extern template void dispatch_rc_t<__half, 1, false>(int, int, const CUtensorMap&, const CUtensorMap&,
-                                                  const BsrArgs&, int, cudaStream_t);
+                                                  const BsrArgs&, int, int, int, cudaStream_t);
 extern template void dispatch_rc_t<__half, 1, true>(int, int, const CUtensorMap&, const CUtensorMap&,
-                                                  const BsrArgs&, int, cudaStream_t);
+                                                  const BsrArgs&, int, int, int, cudaStream_t);
 extern template void dispatch_rc_t<__half, 2, false>(int, int, const CUtensorMap&, const CUtensorMap&,
-                                                  const BsrArgs&, int, cudaStream_t);
+                                                  const BsrArgs&, int, int, int, cudaStream_t);
 extern template void dispatch_rc_t<__half, 2, true>(int, int, const CUtensorMap&, const CUtensorMap&,
-                                                  const BsrArgs&, int, cudaStream_t);
+                                                  const BsrArgs&, int, int, int, cudaStream_t);
 extern template void dispatch_rc_t<__nv_bfloat16, 1, false>(int, int, const CUtensorMap&, const CUtensorMap&,
-                                                  const BsrArgs&, int, cudaStream_t);
+                                                  const BsrArgs&, int, int, int, cudaStream_t);
 extern template void dispatch_rc_t<__nv_bfloat16, 1, true>(int, int, const CUtensorMap&, const CUtensorMap&,
-                                                  const BsrArgs&, int, cudaStream_t);
+                                                  const BsrArgs&, int, int, int, cudaStream_t);
 extern template void dispatch_rc_t<__nv_bfloat16, 2, false>(int, int, const CUtensorMap&, const CUtensorMap&,
-                                                  const BsrArgs&, int, cudaStream_t);
+                                                  const BsrArgs&, int, int, int, cudaStream_t);
 extern template void dispatch_rc_t<__nv_bfloat16, 2, true>(int, int, const CUtensorMap&, const CUtensorMap&,
-                                                  const BsrArgs&, int, cudaStream_t);
+                                                  const BsrArgs&, int, int, int, cudaStream_t);
 
 __global__ void sm90a_probe_kernel(int* out) {
 #ifdef PK_SM90A
@@ -230,20 +230,15 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
     xr_args.x = slabs.data_ptr();
     xr_args.xr_npad = npad;
   }
-  const bool short_ = short_rows(m, r, blocks.size(0));
-  xr_args.tiles_per_cta = bsr_tiles_per_cta();
-  xr_args.stages = bsr_stages(r, short_);
-  const BsrArgs& run_args = xr_args;
+  const BsrArgs& run_args = xr ? xr_args : args;
+  // bsr_wgmma_t_kernel's launch plan (64-row blocks: checked, not used)
+  const int tiles_per_cta = bsr_tiles_per_cta(), stages = bsr_stages(r, short_rows(m, r, blocks.size(0)));
   auto run = [&](auto xr_tag) {
     constexpr bool XR = decltype(xr_tag)::value;
     if (r != R) {  // 16- and 32-row blocks: bsr_wgmma_t_kernel
-      if (half) {
-        tile_n == 256 ? dispatch_rc_t<__half, 2, XR>(r, c, map_a, map_x, run_args, grid_rows, stream)
-                      : dispatch_rc_t<__half, 1, XR>(r, c, map_a, map_x, run_args, grid_rows, stream);
-      } else {
-        tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2, XR>(r, c, map_a, map_x, run_args, grid_rows, stream)
-                      : dispatch_rc_t<__nv_bfloat16, 1, XR>(r, c, map_a, map_x, run_args, grid_rows, stream);
-      }
+      auto t = half ? (tile_n == 256 ? dispatch_rc_t<__half, 2, XR> : dispatch_rc_t<__half, 1, XR>)
+                    : (tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2, XR> : dispatch_rc_t<__nv_bfloat16, 1, XR>);
+      t(r, c, map_a, map_x, run_args, grid_rows, tiles_per_cta, stages, stream);
     } else if (half) {  // 64-row blocks: bsr_wgmma_kernel, X through TMA boxes (use_x_slabs is false for them)
       tile_n == 256 ? dispatch_c<__half, 2>(c, map_a, map_x, run_args, grid_rows, stream)
                     : dispatch_c<__half, 1>(c, map_a, map_x, run_args, grid_rows, stream);

@@ -309,30 +309,39 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
 #endif  // PK_SM90A
 }
 
-// The launch of bsr_wgmma_t_kernel (16- and 32-row blocks; bsr_wgmma_kernel above keeps one tile per CTA): its grid (a CTA per output tile, or per group of tiles_per_cta tiles, or for
-// tiles_per_cta == TILES_WAVE one wave of resident CTAs where that gives each at least WAVE_MIN_TILES tiles: with
-// fewer, the CTAs holding one tile more would leave a tail), stages and staging tile, set in `args`. resident(smem):
-// CTAs of the kernel that the GPU holds at once with that much dynamic shared memory each; smem_of(stages, own_tile):
-// the kernel's dynamic shared memory. single_stages / multi_stages: the most stages of CTAs of one tile / of several
-// (which keep a staging tile of their own); stage_bytes: bytes per stage; epi_bytes: the Y^T staging tile (0: the
-// epilogue needs none).
-constexpr int TILES_WAVE = -1;  // BsrArgs::tiles_per_cta: as many CTAs as one wave holds, each looping over tiles
+// The launch of bsr_wgmma_t_kernel (16- and 32-row blocks; bsr_wgmma_kernel above keeps one tile per CTA): its grid
+// (a CTA per output tile, or per group of tiles_per_cta tiles, or for tiles_per_cta == TILES_WAVE one wave of resident
+// CTAs where that gives each at least WAVE_MIN_TILES tiles: with fewer, the CTAs holding one tile more would leave a
+// tail), stages and staging tile, set in `args`. resident(smem): CTAs of the kernel that the GPU holds at once with
+// that much dynamic shared memory each; smem_of(stages, own_tile): the kernel's dynamic shared memory. single_stages /
+// multi_stages: the most stages of CTAs of one tile / of several (which keep a staging tile of their own);
+// stages_wanted: $PRUNEKIT_BSR_STAGES or the rule (0: the most); stage_bytes: bytes per stage; epi_bytes: the Y^T
+// staging tile (0: the epilogue needs none).
+constexpr int TILES_WAVE = -1;  // tiles_per_cta: as many CTAs as one wave holds, each looping over tiles
 constexpr int WAVE_MIN_TILES = 2;
+// bsr_wgmma_t_kernel's arguments: BsrArgs and the launch plan, work items (schedule items or block rows), pipeline
+// stages and whether Y^T is staged in a tile of its own. A struct of its own so that BsrArgs keeps its size: 16 more
+// bytes in BsrArgs changed how nvcc compiled bsr_wgmma_kernel's epilogue (half its stores; cuobjdump -sass), a kernel
+// this plan does not reach.
+struct BsrTArgs : BsrArgs {
+  int n_items, stages, own_tile;
+};
 struct WgLaunch {
   int ctas, smem;
 };
 template <typename Resident, typename SmemOf>
-WgLaunch plan_launch(BsrArgs& args, int grid_rows, int bn, int single_stages, int multi_stages, int stages_wanted,
-                     int epi_bytes, int stage_bytes, const Resident& resident, const SmemOf& smem_of) {
+WgLaunch plan_launch(BsrTArgs& args, int tiles_per_cta, int grid_rows, int bn, int single_stages, int multi_stages,
+                     int stages_wanted, int epi_bytes, int stage_bytes, const Resident& resident,
+                     const SmemOf& smem_of) {
   const long long units = static_cast<long long>(grid_rows) * ((args.n + bn - 1) / bn);
   PRUNEKIT_CHECK(units < (1LL << 31), "bsr_mm wgmma: too many output tiles (", units, ")");
   const auto stages_of = [&](int most) { return std::max(2, std::min(stages_wanted > 0 ? stages_wanted : most, most)); };
   long long ctas = units;
-  if (args.tiles_per_cta == TILES_WAVE) {
+  if (tiles_per_cta == TILES_WAVE) {
     const long long wave = resident(smem_of(stages_of(multi_stages), epi_bytes > 0));
     if (units >= WAVE_MIN_TILES * wave) ctas = wave;
-  } else if (args.tiles_per_cta > 1) {
-    ctas = (units + args.tiles_per_cta - 1) / args.tiles_per_cta;
+  } else if (tiles_per_cta > 1) {
+    ctas = (units + tiles_per_cta - 1) / tiles_per_cta;
   }
   const bool grouped = ctas < units;
   args.n_items = grid_rows;
@@ -484,7 +493,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 template <typename T, int RB, int C, int CONSUMERS, bool XR>
 __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, CONSUMERS == 1 ? 3 : 2)
     bsr_wgmma_t_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_x,
-                       const BsrArgs args) {
+                       const BsrTArgs args) {
 #ifdef PK_SM90A
   using Cfg = WgtConfig<RB, C, CONSUMERS>;
   constexpr int BN = Cfg::BN, NACC = Cfg::NACC;
@@ -651,8 +660,8 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, CONSUMER
 }
 
 template <typename T, int RB, int C, int CONSUMERS, bool XR>
-void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args_in, int grid_rows,
-              cudaStream_t stream) {
+void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& base, int grid_rows,
+              int tiles_per_cta, int stages, cudaStream_t stream) {
   using Cfg = WgtConfig<RB, C, CONSUMERS>;
   auto kernel = bsr_wgmma_t_kernel<T, RB, C, CONSUMERS, XR>;
   constexpr int MAX_DEVICES = 64;
@@ -664,13 +673,15 @@ void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs&
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         Cfg::smem_bytes(Cfg::STAGES, true)));
   });
-  BsrArgs args = args_in;
-  const auto smem_of = [](int stages, bool own) { return Cfg::smem_bytes(stages, own); };
+  BsrTArgs args{};
+  static_cast<BsrArgs&>(args) = base;
+  const auto smem_of = [](int n_stages, bool own) { return Cfg::smem_bytes(n_stages, own); };
   const auto resident = [&](int smem) { return wave_ctas(kernel, Cfg::THREADS, smem); };
   // a staging tile only for the Y^T epilogue; MULTI_STAGES where CTAs of several tiles keep one of their own
   const int epi = args.staged == 1 ? Cfg::EPI_BYTES : 0;
-  const WgLaunch plan = plan_launch(args, grid_rows, Cfg::BN, Cfg::STAGES, epi > 0 ? Cfg::MULTI_STAGES : Cfg::STAGES,
-                                    args_in.stages, epi, Cfg::STAGE_BYTES, resident, smem_of);
+  const WgLaunch plan = plan_launch(args, tiles_per_cta, grid_rows, Cfg::BN, Cfg::STAGES,
+                                    epi > 0 ? Cfg::MULTI_STAGES : Cfg::STAGES, stages, epi, Cfg::STAGE_BYTES, resident,
+                                    smem_of);
   prunekit_launch::launch(kernel, dim3(plan.ctas), dim3(Cfg::THREADS), plan.smem, stream, args.pdl != 0, map_a, map_x,
                           args);
 }
@@ -678,15 +689,17 @@ void launch_t(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs&
 // Blocks of r in {16, 32} rows and c in {16, 32, 64} columns.
 template <typename T, int CONSUMERS, bool XR>
 void dispatch_rc_t(int r, int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args,
-                   int grid_rows, cudaStream_t stream) {
+                   int grid_rows, int tiles_per_cta, int stages, cudaStream_t stream) {
   if (r == 32) {
-    if (c == 64) return launch_t<T, 32, 64, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
-    if (c == 32) return launch_t<T, 32, 32, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
-    return launch_t<T, 32, 16, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
+    if (c == 64) return launch_t<T, 32, 64, CONSUMERS, XR>(map_a, map_x, args, grid_rows, tiles_per_cta, stages,
+                                                           stream);
+    if (c == 32) return launch_t<T, 32, 32, CONSUMERS, XR>(map_a, map_x, args, grid_rows, tiles_per_cta, stages,
+                                                           stream);
+    return launch_t<T, 32, 16, CONSUMERS, XR>(map_a, map_x, args, grid_rows, tiles_per_cta, stages, stream);
   }
-  if (c == 64) return launch_t<T, 16, 64, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
-  if (c == 32) return launch_t<T, 16, 32, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
-  return launch_t<T, 16, 16, CONSUMERS, XR>(map_a, map_x, args, grid_rows, stream);
+  if (c == 64) return launch_t<T, 16, 64, CONSUMERS, XR>(map_a, map_x, args, grid_rows, tiles_per_cta, stages, stream);
+  if (c == 32) return launch_t<T, 16, 32, CONSUMERS, XR>(map_a, map_x, args, grid_rows, tiles_per_cta, stages, stream);
+  return launch_t<T, 16, 16, CONSUMERS, XR>(map_a, map_x, args, grid_rows, tiles_per_cta, stages, stream);
 }
 
 // The X slabs of the XR kernels: x (N tokens of K, at x[n * ldx + k], 16-byte aligned, ldx % 8 == 0) into xr of

@@ -4,9 +4,9 @@
 
 namespace prunekit_structured {
 namespace wgmma_bsr {
-template void dispatch_rc_t<__half, 1, false>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
+template void dispatch_rc_t<__half, 1, false>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int, int, int,
                                      cudaStream_t);
-template void dispatch_rc_t<__half, 2, false>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
+template void dispatch_rc_t<__half, 2, false>(int, int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int, int, int,
                                      cudaStream_t);
 }  // namespace wgmma_bsr
 }  // namespace prunekit_structured
