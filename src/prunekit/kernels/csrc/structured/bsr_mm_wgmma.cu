@@ -123,7 +123,8 @@ bool use_x_slabs(int64_t r, int64_t c, int64_t k, int64_t nblocks, int64_t n) {
 // 64-row blocks (bsr_wgmma_kernel) are left as they were: a version of that kernel that looped over several tiles per
 // CTA, with one wave of CTAs in short rows, took 0.88-0.95x of the time at 3072 x 768 (-s34e) but stayed 1.10-1.27x
 // slower than torch's Triton BSR there (-s34f), and across the session's runs it was 6-12% slower against Triton at
-// 11008 x 4096 with 64-row blocks at 90% (0.81-0.86 of Triton's time in -s34a/b/d, 0.76 in the thirtieth session).
+// 11008 x 4096 with 64-row blocks at 90% (0.81-0.86 of Triton's time in -s34a/b/d, 0.76 in the thirtieth session;
+// those builds also compiled bsr_wgmma_kernel's epilogue otherwise, see BsrTArgs in bsr_mm_wgmma.cuh).
 constexpr int64_t SHORT_ROWS_MAX_BLOCKS_PER_ROW = 4;
 bool short_rows(int64_t m, int64_t r, int64_t nblocks) {
   return r > 0 && nblocks <= SHORT_ROWS_MAX_BLOCKS_PER_ROW * std::max<int64_t>(1, m / r);
