@@ -23,6 +23,10 @@ reads the wrong elements or unwritten (NaN) bytes here.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -715,3 +719,79 @@ def test_x_slabs_rule_follows_the_reuse_thresholds():
     # the measured points: 16384 x 16384 at 90% keeps about 0.1 of its blocks
     assert structured.x_slabs_rule(16, 16, 16384, 104858, 8192) and structured.x_slabs_rule(32, 32, 16384, 26214, 8192)
     assert not structured.x_slabs_rule(32, 32, 4096, 1638, 4096)  # 4096 x 4096 at 90%: reuse 12.8, a tie measured
+
+
+# --- bsr_wgmma_t_kernel's launch plan (plan_launch), compiled alone on the CPU ---------------------------------------
+
+WGMMA_HEADER = Path(structured.__file__).parent / "csrc" / "structured" / "bsr_mm_wgmma.cuh"
+PLAN_LAUNCH_DRIVER = r"""
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#define PRUNEKIT_CHECK(cond, ...) \
+  if (!(cond)) throw 1
+struct BsrArgs {
+  int n, staged;
+};
+%s
+int main() {
+  int grid_rows, n, tpc, bn, single, multi, wanted, epi, stage_bytes, wave;
+  while (std::cin >> grid_rows >> n >> tpc >> bn >> single >> multi >> wanted >> epi >> stage_bytes >> wave) {
+    BsrTArgs args{};
+    args.n = n;
+    const auto resident = [&](int smem) { return smem >= 100000 ? wave / 2 : wave; };  // a bigger CTA: half the wave
+    const auto smem_of = [&](int stages, bool own) { return stages * stage_bytes + (own ? epi : 0); };
+    const WgLaunch plan = plan_launch(args, tpc, grid_rows, bn, single, multi, wanted, epi, stage_bytes, resident,
+                                      smem_of);
+    std::printf("%%d %%d %%d %%d %%d\n", plan.ctas, plan.smem, args.n_items, args.stages, args.own_tile);
+  }
+}
+"""
+
+
+def _plan_launch_source() -> str:
+    """bsr_mm_wgmma.cuh from TILES_WAVE to the end of plan_launch (BsrTArgs and WgLaunch included), as it is."""
+    text = WGMMA_HEADER.read_text()
+    start = text.index("constexpr int TILES_WAVE")
+    end = text.index("\n}\n", text.index("WgLaunch plan_launch(")) + 3
+    return text[start:end]
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a host C++ compiler")
+def test_plan_launch_on_the_cpu(tmp_path):
+    """The 16/32-row kernel's launch plan, cut out of the header and compiled with the host compiler: CTAs, dynamic
+    shared memory, stages and the own staging tile for one tile per CTA, groups of tiles, one wave (only where every
+    CTA gets WAVE_MIN_TILES tiles), the stage cap and floor, and the staging tile where the stages cannot hold it."""
+    source = tmp_path / "plan.cpp"
+    source.write_text(PLAN_LAUNCH_DRIVER % _plan_launch_source())
+    exe = tmp_path / "plan"
+    subprocess.run(["c++", "-std=c++17", "-O1", str(source), "-o", str(exe)], check=True, capture_output=True)
+    # (grid_rows, n, tiles_per_cta, bn, single, multi, wanted, epi, stage_bytes, wave) -> (ctas, smem, n_items,
+    # stages, own_tile); smem_of = stages * stage_bytes (+ epi with an own tile); a wave of 264 CTAs, 132 from 100 KB
+    cases = {
+        # one tile per CTA: 96 rows x 16 tiles; 6 stages hold the 20 KB tile
+        (96, 4096, 1, 256, 6, 5, 0, 20480, 18432, 264): (1536, 6 * 18432, 96, 6, 0),
+        # 2 stages of 9 KB cannot hold it: a tile of its own, one tile per CTA still
+        (96, 4096, 1, 256, 6, 5, 2, 20480, 9216, 264): (1536, 2 * 9216 + 20480, 96, 2, 1),
+        # groups of 3 over 10 tiles: 4 CTAs with the multi-tile stages and their own tile
+        (5, 256, 3, 128, 6, 5, 0, 20480, 18432, 264): (4, 5 * 18432 + 20480, 5, 5, 1),
+        # more tiles per CTA than tiles: one CTA
+        (5, 256, 64, 128, 6, 5, 0, 20480, 18432, 264): (1, 5 * 18432 + 20480, 5, 5, 1),
+        # a wave where it gives fewer than 2 tiles a CTA (384 tiles, a wave of 264 with 3 stages): one tile per CTA,
+        # as with 1; and where it gives 2 or more (768 tiles, a wave of 132 with 5 stages and the tile): the wave
+        (96, 1024, -1, 256, 6, 5, 3, 20480, 18432, 264): (384, 3 * 18432, 96, 3, 0),
+        (96, 2048, -1, 256, 6, 5, 0, 20480, 18432, 264): (132, 5 * 18432 + 20480, 96, 5, 1),
+        # a wave of 132 (the multi-tile CTA is over 100 KB) over 1536 tiles
+        (96, 4096, -1, 256, 6, 5, 0, 20480, 18432, 264): (132, 5 * 18432 + 20480, 96, 5, 1),
+        # the same with 3 stages: 75 KB, a wave of 264
+        (96, 4096, -1, 256, 6, 5, 3, 20480, 18432, 264): (264, 3 * 18432 + 20480, 96, 3, 1),
+        # no staging tile (another epilogue): never an own tile
+        (96, 4096, 2, 256, 6, 6, 0, 0, 18432, 264): (768, 6 * 18432, 96, 6, 0),
+        # stages wanted over the most: capped; under 2: 2
+        (8, 300, 1, 128, 6, 5, 12, 20480, 18432, 264): (24, 6 * 18432, 8, 6, 0),
+        (8, 300, 1, 128, 6, 5, 1, 20480, 18432, 264): (24, 2 * 18432, 8, 2, 0),
+    }
+    lines = "\n".join(" ".join(map(str, case)) for case in cases)
+    out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, check=True).stdout
+    got = [tuple(map(int, line.split())) for line in out.splitlines()]
+    assert got == list(cases.values())
