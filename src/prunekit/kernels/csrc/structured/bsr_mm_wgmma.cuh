@@ -402,10 +402,11 @@ void dispatch_c(int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const
 // wgmma's A operand has 64 rows, so a 16- or 32-row block cannot be it. This kernel computes the transposed product of
 // the same CTA tile, Y^T tile (BN tokens x R) += X slab^T (BN x C) * block^T (C x R): the X slab that TMA writes
 // (BN rows of C halves, K-major) is the A operand, 64 tokens per wgmma, and the block (R rows of C halves, K-major)
-// is the B operand, wgmma's N = R (m64n32k16 / m64n16k16). Pipeline, schedule, split rows and the mbarrier protocol
-// are bsr_wgmma_kernel's; a consumer warpgroup owns WG_M = 128 tokens (two m64 wgmmas per k-step, R fp32
-// accumulators per thread). The X slab is every stored block's traffic either way (1/R bytes per flop from L2); TMA
-// and wgmma replace mma.sync's cp.async + ldmatrix path for it.
+// is the B operand, wgmma's N = R (m64n32k16 / m64n16k16). Schedule, split rows and the mbarrier protocol are
+// bsr_wgmma_kernel's; a consumer warpgroup owns WG_M = 128 tokens (two m64 wgmmas per k-step, R fp32 accumulators per
+// thread). Unlike that kernel, a CTA may take several output tiles (plan_launch) and the stage count is the launcher's.
+// The X slab is every stored block's traffic either way (1/R bytes per flop from L2); TMA and wgmma replace mma.sync's
+// cp.async + ldmatrix path for it.
 //
 // XR (X slabs): x is not the activations but their copy by bsr_x_slabs_kernel, in which every block column's C x npad
 // slab is contiguous and already in the byte order TMA's swizzle gives the box in shared memory, so that one bulk copy
@@ -507,7 +508,10 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, CONSUMER
   // programmatic dependent launch (args.pdl): anything below may be the preceding kernel's output (the pattern, X, a
   // schedule or indices the op's wrappers converted just before), so wait before reading or writing anything
   prunekit_launch::wait_preceding_grid();
-  const int ntiles = (args.n + BN - 1) / BN;  // output tiles u as in bsr_wgmma_kernel
+  // output tiles u = (N tile u / n_items, work item u % n_items), so that CTAs launched together share an X tile; this
+  // CTA's are blockIdx.x, + gridDim.x, ... The stage uses g count on across them: the producer loads the next tile's
+  // blocks while the consumers finish a tile.
+  const int ntiles = (args.n + BN - 1) / BN;
   const int units = args.n_items * ntiles;
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
