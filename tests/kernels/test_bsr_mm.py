@@ -740,12 +740,68 @@ def test_bsr_wgmma_tiles_per_cta_match_one_tile_per_cta(dtype, r, c, xslabs, mod
                             assert torch.equal(out[exact_rows], one[exact_rows]), case
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize(("dtype", "c"), [(torch.float16, 64), (torch.float16, 32), (torch.bfloat16, 16)])
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_bsr_wgmma_warp_producer_matches_warpgroup(dtype, c, mode, monkeypatch):
+    """$PRUNEKIT_BSR_WARP_PRODUCER=1 (the 64-row kernel with a producer warp after its consumers, the launcher's stage
+    count, empty block rows written straight from the bias) gives the output of the producer warpgroup bit for bit
+    (split rows, whose fp32 partial sums are added by atomics in any order: within tolerance), and matches float64,
+    at stages auto / 2 / 3 / 12 (raised to the fewest that hold the epilogue tile, capped at the most). N of 1 to 8
+    tiles with a partial last one; empty, single-block and split rows; both epilogues; both N tiles; poisoned Y."""
+    r = 64
+    if not (structured.wgmma_available() and (r, c) in structured.WGMMA_BLOCKS):
+        pytest.skip("needs an sm_90 GPU, a library built for sm_90a and a block the wgmma kernels take")
+    m, k = 10 * r, 6 * c
+    dense = block_sparse_weight(m, k, r, c, 0.3, dtype, "cuda", seed=c, heavy_rows=1)
+    dense[4 * r : 7 * r] = 0  # more empty block rows, beside row 0
+    comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
+    extra = (None, None)
+    exact_rows = torch.ones(m, dtype=torch.bool, device="cuda")
+    if mode == "static":
+        extra = tuple(t.cuda() for t in static_schedule(comp["crow_indices"], chunk=2))
+        assert extra[1].numel() > 0  # the heavy row is split
+        for row in extra[1].tolist():
+            exact_rows[row * r : (row + 1) * r] = False
+    bias = torch.randn(m, device="cuda").to(dtype)
+    settings = [("0", None), ("1", None), ("1", "2"), ("1", "3"), ("1", "12")]
+    for n in (1000, 130, 2):
+        x2d = torch.randn(n, k, device="cuda").to(dtype)
+        for transposed in (True, False):
+            x = x2d.t() if transposed else x2d.t().contiguous()
+            for activation, b in (("relu", bias), ("none", None)):
+                ref = spmm_reference64(dense, x, b, activation)
+                for tile_n in structured.WGMMA_TILE_NS:
+                    for staged in (True, False):
+                        outs = {}
+                        for producer, stages in settings:
+                            monkeypatch.setenv(structured.WARP_PRODUCER_ENV, producer)
+                            if stages is None:
+                                monkeypatch.delenv(structured.STAGES_ENV, raising=False)
+                            else:
+                                monkeypatch.setenv(structured.STAGES_ENV, stages)
+                            out = _poisoned(m, n, dtype, transposed)
+                            structured.bsr_mm_cuda(
+                                comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, b, activation,
+                                *extra, out=out, tile_n=tile_n, staged_epilogue=staged, variant="wgmma",
+                            )  # fmt: skip
+                            torch.cuda.synchronize()
+                            outs[(producer, stages)] = out
+                        base = outs[("0", None)]
+                        for setting, out in outs.items():
+                            case = (n, transposed, activation, tile_n, staged, setting)
+                            assert relative_error(out, ref) < TOLERANCE[dtype], case
+                            assert torch.equal(out[exact_rows], base[exact_rows]), case
+
+
 def test_tiles_per_cta_setting_is_checked(monkeypatch):
-    """A $PRUNEKIT_BSR_TILES_PER_CTA outside auto / wave / 1-64, or a $PRUNEKIT_BSR_STAGES outside auto / 2-12, is
-    refused with one sentence that names it (by the C++ launcher, so only on a GPU with the wgmma kernels)."""
-    assert (structured.TILES_PER_CTA_ENV, structured.STAGES_ENV) == (
+    """A $PRUNEKIT_BSR_TILES_PER_CTA outside auto / wave / 1-64, a $PRUNEKIT_BSR_STAGES outside auto / 2-12, or a
+    $PRUNEKIT_BSR_WARP_PRODUCER outside auto / 0 / 1, is refused with one sentence that names it (by the C++ launcher,
+    so only on a GPU with the wgmma kernels)."""
+    assert (structured.TILES_PER_CTA_ENV, structured.STAGES_ENV, structured.WARP_PRODUCER_ENV) == (
         "PRUNEKIT_BSR_TILES_PER_CTA",
         "PRUNEKIT_BSR_STAGES",
+        "PRUNEKIT_BSR_WARP_PRODUCER",
     )
     if not (torch.cuda.is_available() and structured.wgmma_available()):
         pytest.skip("the launcher's check needs the wgmma kernels")
@@ -755,6 +811,7 @@ def test_tiles_per_cta_setting_is_checked(monkeypatch):
     for env, bad in (
         (structured.TILES_PER_CTA_ENV, ("0", "65", "two", "1.5", "")),
         (structured.STAGES_ENV, ("1", "13")),
+        (structured.WARP_PRODUCER_ENV, ("2", "yes")),
     ):
         for value in bad:
             if not value:  # "" is "auto": accepted

@@ -750,11 +750,14 @@ int main() {
 
 
 def _plan_launch_source() -> str:
-    """bsr_mm_wgmma.cuh from TILES_WAVE to the end of plan_launch (BsrTArgs and WgLaunch included), as it is."""
+    """bsr_mm_wgmma.cuh's BsrTArgs, then the header from TILES_WAVE to the end of plan_launch (WgLaunch included), as
+    they are."""
     text = WGMMA_HEADER.read_text()
+    args_start = text.index("struct BsrTArgs : BsrArgs {")
+    args_end = text.index("};\n", args_start) + 3
     start = text.index("constexpr int TILES_WAVE")
     end = text.index("\n}\n", text.index("WgLaunch plan_launch(")) + 3
-    return text[start:end]
+    return text[args_start:args_end] + text[start:end]
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="needs a host C++ compiler")

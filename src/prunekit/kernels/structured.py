@@ -61,6 +61,8 @@ SOURCES = (
         "bsr_mm_wgmma.cu",
         "bsr_mm_wgmma_f16.cu",
         "bsr_mm_wgmma_bf16.cu",
+        "bsr_mm_wgmma_wp_f16.cu",
+        "bsr_mm_wgmma_wp_bf16.cu",
         "bsr_mm_wgmma_t_f16.cu",
         "bsr_mm_wgmma_t_bf16.cu",
         "bsr_mm_wgmma_tx_f16.cu",
@@ -160,6 +162,11 @@ TILES_PER_CTA_ENV = "PRUNEKIT_BSR_TILES_PER_CTA"
 # Pipeline stages of the same kernel (same launcher, bsr_stages): "2"-"12", capped at the kernel's most; unset /
 # "auto": 3 for 32-row blocks in short_rows, else the most (fewer stages: less shared memory per CTA).
 STAGES_ENV = "PRUNEKIT_BSR_STAGES"
+# The producer of the wgmma kernel for 64-row blocks (csrc/structured/bsr_mm_wgmma.cu bsr_warp_producer): "1" one warp
+# after the consumer warpgroups, whose CTAs have 96 fewer threads and take their stage count from $PRUNEKIT_BSR_STAGES
+# (auto: 2 in short_rows, else the most), and write empty block rows straight from the bias; "0" a warpgroup before
+# them, with the kernel's fixed stages; unset / "auto": the warp in short_rows.
+WARP_PRODUCER_ENV = "PRUNEKIT_BSR_WARP_PRODUCER"
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the
 # chunk) cost a zeroed fp32 workspace, atomic adds and a finalize kernel per call. On the H100 (fp16, graph time,

@@ -10,14 +10,22 @@
 namespace prunekit_structured {
 namespace wgmma_bsr {
 
-extern template void dispatch_c<__half, 1>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                               int, cudaStream_t);
-extern template void dispatch_c<__half, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                               int, cudaStream_t);
-extern template void dispatch_c<__nv_bfloat16, 1>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                               int, cudaStream_t);
-extern template void dispatch_c<__nv_bfloat16, 2>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                               int, cudaStream_t);
+extern template void dispatch_c<__half, 1, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                              int, int, cudaStream_t);
+extern template void dispatch_c<__half, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                              int, int, cudaStream_t);
+extern template void dispatch_c<__half, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                              int, int, cudaStream_t);
+extern template void dispatch_c<__half, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                              int, int, cudaStream_t);
+extern template void dispatch_c<__nv_bfloat16, 1, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                              int, int, cudaStream_t);
+extern template void dispatch_c<__nv_bfloat16, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                              int, int, cudaStream_t);
+extern template void dispatch_c<__nv_bfloat16, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                              int, int, cudaStream_t);
+extern template void dispatch_c<__nv_bfloat16, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                              int, int, cudaStream_t);
 extern template void dispatch_rc_t<__half, 1, false>(int, int, const CUtensorMap&, const CUtensorMap&,
                                                   const BsrArgs&, int, int, int, cudaStream_t);
 extern template void dispatch_rc_t<__half, 1, true>(int, int, const CUtensorMap&, const CUtensorMap&,
@@ -151,7 +159,18 @@ int bsr_tiles_per_cta() {
   return env_count("PRUNEKIT_BSR_TILES_PER_CTA", 1, 64, 1);
 }
 int bsr_stages(int64_t r, bool short_rows_) {
-  return env_count("PRUNEKIT_BSR_STAGES", 2, 12, r == 32 && short_rows_ ? 3 : 0);
+  return env_count("PRUNEKIT_BSR_STAGES", 2, 12, short_rows_ && (r == 32 || r == 64) ? (r == 32 ? 3 : 2) : 0);
+}
+
+// $PRUNEKIT_BSR_WARP_PRODUCER: "1" the 64-row kernel with a producer warp (bsr_wgmma_kernel's WARP_PRODUCER), "0" with
+// a producer warpgroup, unset / "" / "auto" the rule: the producer warp in short rows.
+bool bsr_warp_producer(bool short_rows_) {
+  const char* v = std::getenv("PRUNEKIT_BSR_WARP_PRODUCER");
+  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
+  PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0,
+                 "bsr_mm: $PRUNEKIT_BSR_WARP_PRODUCER must be 0, 1 or auto, got '", v, "'");
+  return short_rows_;
 }
 
 namespace wgmma_bsr {
@@ -232,20 +251,25 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
     xr_args.xr_npad = npad;
   }
   const BsrArgs& run_args = xr ? xr_args : args;
-  // bsr_wgmma_t_kernel's launch plan (64-row blocks: checked, not used)
-  const int tiles_per_cta = bsr_tiles_per_cta(), stages = bsr_stages(r, short_rows(m, r, blocks.size(0)));
+  // the launch plan: tiles per CTA (bsr_wgmma_t_kernel; 64-row blocks: checked, not used), stages (both kernels; the
+  // 64-row kernel with a producer warp only) and the producer (64-row blocks)
+  const bool short_ = short_rows(m, r, blocks.size(0));
+  const int tiles_per_cta = bsr_tiles_per_cta(), stages = bsr_stages(r, short_);
+  const bool warp_producer = bsr_warp_producer(short_);
   auto run = [&](auto xr_tag) {
     constexpr bool XR = decltype(xr_tag)::value;
     if (r != R) {  // 16- and 32-row blocks: bsr_wgmma_t_kernel
       auto t = half ? (tile_n == 256 ? dispatch_rc_t<__half, 2, XR> : dispatch_rc_t<__half, 1, XR>)
                     : (tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2, XR> : dispatch_rc_t<__nv_bfloat16, 1, XR>);
       t(r, c, map_a, map_x, run_args, grid_rows, tiles_per_cta, stages, stream);
-    } else if (half) {  // 64-row blocks: bsr_wgmma_kernel, X through TMA boxes (use_x_slabs is false for them)
-      tile_n == 256 ? dispatch_c<__half, 2>(c, map_a, map_x, run_args, grid_rows, stream)
-                    : dispatch_c<__half, 1>(c, map_a, map_x, run_args, grid_rows, stream);
-    } else {
-      tile_n == 256 ? dispatch_c<__nv_bfloat16, 2>(c, map_a, map_x, run_args, grid_rows, stream)
-                    : dispatch_c<__nv_bfloat16, 1>(c, map_a, map_x, run_args, grid_rows, stream);
+    } else {  // 64-row blocks: bsr_wgmma_kernel, X through TMA boxes (use_x_slabs is false for them)
+      auto k = half ? (tile_n == 256 ? (warp_producer ? dispatch_c<__half, 2, true> : dispatch_c<__half, 2, false>)
+                                     : (warp_producer ? dispatch_c<__half, 1, true> : dispatch_c<__half, 1, false>))
+                    : (tile_n == 256 ? (warp_producer ? dispatch_c<__nv_bfloat16, 2, true>
+                                                      : dispatch_c<__nv_bfloat16, 2, false>)
+                                     : (warp_producer ? dispatch_c<__nv_bfloat16, 1, true>
+                                                      : dispatch_c<__nv_bfloat16, 1, false>));
+      k(c, map_a, map_x, run_args, grid_rows, stages, stream);
     }
   };
   if (xr) {

@@ -22,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "bsr_mm.cuh"
 #include "../check.h"  // PRUNEKIT_CHECK: TORCH_CHECK without iostreams
@@ -36,18 +37,25 @@ namespace wgmma_bsr {
 constexpr int R = 64;      // block rows: wgmma's M
 constexpr int WG_N = 128;  // output columns per consumer warpgroup (m64n128k16)
 
-template <int C, int CONSUMERS>
+// WARP_PRODUCER: the TMA loads come from one warp after the consumers (128 * CONSUMERS + 32 threads) instead of a
+// warpgroup before them, and the stage count is the launcher's (args.stages of BsrTArgs, at most STAGES): 96 fewer
+// threads' registers and, with fewer stages, less shared memory per CTA, so that more CTAs fit an SM.
+template <int C, int CONSUMERS, bool WARP_PRODUCER = false>
 struct WgConfig {
   static constexpr int BN = WG_N * CONSUMERS;
-  static constexpr int THREADS = 128 * (CONSUMERS + 1);
-  static constexpr int STAGES = C == 64 ? 4 : (C == 32 ? 6 : 8);
+  static constexpr int THREADS = 128 * CONSUMERS + (WARP_PRODUCER ? 32 : 128);
+  static constexpr int STAGES = C == 64 ? 4 : (C == 32 ? 6 : 8);  // the most (the only count without WARP_PRODUCER)
   static constexpr int A_BYTES = R * C * 2;
   static constexpr int B_BYTES = BN * C * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // a multiple of 1024: every stage stays swizzle-aligned
   static constexpr int OUT_LD = R + 8;                   // epilogue tile, Y^T rows of R (+8 halves: no conflicts)
-  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
+  static constexpr int smem_bytes(int stages) { return 1024 + stages * STAGE_BYTES + 2 * STAGES * 8; }
+  static constexpr int SMEM_BYTES = smem_bytes(STAGES);
+  // the fewest stages: two, and enough to hold the epilogue tile, which reuses the pipeline's memory
+  static constexpr int EPI_STAGES = (BN * OUT_LD * 2 + STAGE_BYTES - 1) / STAGE_BYTES;
+  static constexpr int MIN_STAGES = EPI_STAGES > 2 ? EPI_STAGES : 2;
   static_assert(STAGE_BYTES % 1024 == 0, "stages must keep 1024-byte alignment");
-  static_assert(BN * OUT_LD * 2 <= STAGES * STAGE_BYTES, "epilogue tile must fit in the pipeline's memory");
+  static_assert(MIN_STAGES <= STAGES, "epilogue tile must fit in the pipeline's memory");
   static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
 };
 
@@ -171,6 +179,14 @@ struct Wgmma<__nv_bfloat16> {
 __host__ __device__ constexpr int acc_row(int warp, int lane, int i) { return 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1); }
 __host__ __device__ constexpr int acc_col(int lane, int i) { return 8 * (i >> 2) + 2 * (lane & 3) + (i & 1); }
 
+// bsr_wgmma_t_kernel's arguments (and bsr_wgmma_kernel's with WARP_PRODUCER, which reads `stages` only): BsrArgs and
+// the launch plan, work items (schedule items or block rows), pipeline stages and whether Y^T is staged in a tile of
+// its own. A struct of its own so that BsrArgs keeps its size: 16 more bytes in BsrArgs changed how nvcc compiled
+// bsr_wgmma_kernel's epilogue (half its stores; cuobjdump -sass), a kernel this plan does not reach.
+struct BsrTArgs : BsrArgs {
+  int n_items, stages, own_tile;
+};
+
 // An empty block row's tile of Y^T rows (args.staged == 1: y[n * syn + m], sym == 1, syn % 8 == 0, 16-byte aligned):
 // act(bias) or zeros for rows m0 ... m0 + RB - 1 and tokens n0 ... n0 + BN - 1 (those below args.n), one 16-byte store
 // per 8 rows, by `threads` threads (a multiple of RB / 8, so each thread keeps the same 8 rows) numbered from `tid`.
@@ -194,18 +210,32 @@ __device__ __forceinline__ void fill_empty_tile(const BsrArgs& args, long long m
     *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) = value;
 }
 
-template <typename T, int C, int CONSUMERS>
-__global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
+// The arguments of bsr_wgmma_kernel: BsrArgs, or BsrTArgs (its `stages`) with WARP_PRODUCER.
+template <bool WARP_PRODUCER>
+using WgArgs = std::conditional_t<WARP_PRODUCER, BsrTArgs, BsrArgs>;
+// Pipeline stages of bsr_wgmma_kernel: Cfg::STAGES, a constant, or the launcher's count with WARP_PRODUCER.
+template <typename Cfg, bool WARP_PRODUCER>
+__device__ __forceinline__ int wg_stages(const WgArgs<WARP_PRODUCER>& args) {
+  if constexpr (WARP_PRODUCER) {
+    return args.stages;
+  } else {
+    return Cfg::STAGES;
+  }
+}
+
+template <typename T, int C, int CONSUMERS, bool WARP_PRODUCER>
+__global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER>::THREADS, 1)
     bsr_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_x,
-                     const BsrArgs args) {
+                     const WgArgs<WARP_PRODUCER> args) {
 #ifdef PK_SM90A
-  using Cfg = WgConfig<C, CONSUMERS>;
-  constexpr int STAGES = Cfg::STAGES, BN = Cfg::BN;
+  using Cfg = WgConfig<C, CONSUMERS, WARP_PRODUCER>;
+  constexpr int BN = Cfg::BN;
+  const int STAGES = wg_stages<Cfg, WARP_PRODUCER>(args);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
-  uint64_t* empty = full + STAGES;
+  uint64_t* empty = full + Cfg::STAGES;
 
   // programmatic dependent launch (args.pdl): anything below may be the preceding kernel's output (the pattern, X, a
   // schedule or indices the op's wrappers converted just before), so wait before reading or writing anything
@@ -215,6 +245,13 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
   const int count = end - start;
   const int n0 = blockIdx.y * BN;
   const int wg = threadIdx.x >> 7;
+  if constexpr (WARP_PRODUCER) {  // an empty block row: act(bias), straight to Y^T, without the pipeline
+    if (count == 0 && slot < 0 && args.staged == 1) {
+      prunekit_launch::allow_dependent_launch();
+      fill_empty_tile<T, R, BN>(args, static_cast<long long>(block_row) * R, n0, threadIdx.x, Cfg::THREADS);
+      return;
+    }
+  }
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
@@ -225,8 +262,11 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
   }
   __syncthreads();
 
-  if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
-    if (threadIdx.x == 0) {
+  // producer: the warpgroup before the consumers, or with WARP_PRODUCER the warp after them; one thread issues every
+  // TMA load
+  constexpr int PRODUCER0 = WARP_PRODUCER ? 128 * CONSUMERS : 0;  // its first thread
+  if (WARP_PRODUCER ? threadIdx.x >= PRODUCER0 : wg == 0) {
+    if (threadIdx.x == PRODUCER0) {
       for (int it = 0; it < count; ++it) {
         const int s = it % STAGES;
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);  // the (it / STAGES - 1)-th release
@@ -240,7 +280,7 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
     return;
   }
 
-  const int cw = wg - 1;  // consumer index: columns cw * 128 ... of the CTA tile
+  const int cw = WARP_PRODUCER ? wg : wg - 1;  // consumer index: columns cw * 128 ... of the CTA tile
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   float acc[64];
 #pragma unroll
@@ -289,7 +329,7 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
     }
     consumer_sync(128 * CONSUMERS);
     constexpr int PER_ROW = R / 8;
-    for (int idx = threadIdx.x - 128; idx < BN * PER_ROW; idx += 128 * CONSUMERS) {
+    for (int idx = threadIdx.x - (WARP_PRODUCER ? 0 : 128); idx < BN * PER_ROW; idx += 128 * CONSUMERS) {
       const int nl = idx / PER_ROW, ml = (idx % PER_ROW) * 8;
       if (n0 + nl < args.n)
         *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) =
@@ -319,13 +359,6 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS>::THREADS, 1)
 // staging tile (0: the epilogue needs none).
 constexpr int TILES_WAVE = -1;  // tiles_per_cta: as many CTAs as one wave holds, each looping over tiles
 constexpr int WAVE_MIN_TILES = 2;
-// bsr_wgmma_t_kernel's arguments: BsrArgs and the launch plan, work items (schedule items or block rows), pipeline
-// stages and whether Y^T is staged in a tile of its own. A struct of its own so that BsrArgs keeps its size: 16 more
-// bytes in BsrArgs changed how nvcc compiled bsr_wgmma_kernel's epilogue (half its stores; cuobjdump -sass), a kernel
-// this plan does not reach.
-struct BsrTArgs : BsrArgs {
-  int n_items, stages, own_tile;
-};
 struct WgLaunch {
   int ctas, smem;
 };
@@ -370,11 +403,21 @@ int wave_ctas(Kernel kernel, int threads, int smem) {
   return ctas;
 }
 
-template <typename T, int C, int CONSUMERS>
-void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
+// Pipeline stages of bsr_wgmma_kernel with WARP_PRODUCER: `wanted` ($PRUNEKIT_BSR_STAGES or the rule; 0: the most)
+// between the kernel's fewest and most.
+template <int C, int CONSUMERS>
+constexpr int wp_stages(int wanted) {
+  using Cfg = WgConfig<C, CONSUMERS, true>;
+  return std::max(Cfg::MIN_STAGES, std::min(wanted > 0 ? wanted : Cfg::STAGES, Cfg::STAGES));
+}
+
+// The launch of bsr_wgmma_kernel: a CTA per output tile (work item, N tile); with WARP_PRODUCER `stages` pipeline
+// stages (wp_stages), else the kernel's constant count (`stages` unused).
+template <typename T, int C, int CONSUMERS, bool WARP_PRODUCER>
+void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& base, int grid_rows, int stages,
             cudaStream_t stream) {
-  using Cfg = WgConfig<C, CONSUMERS>;
-  auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS>;
+  using Cfg = WgConfig<C, CONSUMERS, WARP_PRODUCER>;
+  auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS, WARP_PRODUCER>;
   constexpr int MAX_DEVICES = 64;
   static std::once_flag once[MAX_DEVICES];  // per instantiation and device: the attribute is set per device
   int device = 0;
@@ -383,17 +426,26 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& a
   std::call_once(once[device], [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });
-  const dim3 grid(grid_rows, (args.n + Cfg::BN - 1) / Cfg::BN);
-  prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, args.pdl != 0, map_a, map_x,
-                          args);
+  const dim3 grid(grid_rows, (base.n + Cfg::BN - 1) / Cfg::BN);
+  if constexpr (WARP_PRODUCER) {
+    BsrTArgs args{};
+    static_cast<BsrArgs&>(args) = base;
+    args.n_items = grid_rows;
+    args.stages = wp_stages<C, CONSUMERS>(stages);
+    prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::smem_bytes(args.stages), stream, args.pdl != 0,
+                            map_a, map_x, args);
+  } else {
+    prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, base.pdl != 0, map_a, map_x,
+                            base);
+  }
 }
 
-template <typename T, int CONSUMERS>
+template <typename T, int CONSUMERS, bool WARP_PRODUCER>
 void dispatch_c(int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
-                cudaStream_t stream) {
-  if (c == 64) return launch<T, 64, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
-  if (c == 32) return launch<T, 32, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
-  return launch<T, 16, CONSUMERS>(map_a, map_x, args, grid_rows, stream);
+                int stages, cudaStream_t stream) {
+  if (c == 64) return launch<T, 64, CONSUMERS, WARP_PRODUCER>(map_a, map_x, args, grid_rows, stages, stream);
+  if (c == 32) return launch<T, 32, CONSUMERS, WARP_PRODUCER>(map_a, map_x, args, grid_rows, stages, stream);
+  return launch<T, 16, CONSUMERS, WARP_PRODUCER>(map_a, map_x, args, grid_rows, stages, stream);
 }
 
 
