@@ -35,7 +35,8 @@
 #   scripts/gpu_structured.sh tiles        # the wgmma kernels' tiles per CTA and stages: tests, memcheck, bsr.py
 #                                          # sweeps ($BSR_TPC, $BSR_STAGES, $BSR_TILE_NS, $BSR_TPC_SHAPES, $BSR_TPC_NS,
 #                                          # $BSR_TPC_BLOCKS, $BSR_TPC_SPARSITIES, $BSR_TPC_CONTROL, $BSR_CONTROL_NS,
-#                                          # $BSR_CONTROL_BLOCKS, $BSR_WP (--warp-producer values), $TAG;
+#                                          # $BSR_CONTROL_BLOCKS, $BSR_WP (--warp-producer values),
+#                                          # $BSR_TPC_TIME_LIMIT (bsr.py --time-limit-s), $TAG;
 #                                          # BSR_TPC_BENCH=0: no benchmark)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
 set -uo pipefail
@@ -241,7 +242,7 @@ PY
   step bsr benchmark, tiles per CTA
   timeout "${BSR_TPC_TIMEOUT:-200}" python3 benchmarks/bsr.py --out "$OUT/bsr-tiles-$DEV-$DATE${TAG:-}.json" \
     --shapes "${BSR_TPC_SHAPES:-3072x768}" --any-ns "${BSR_TPC_NS:-2048,4096}" --blocks "${BSR_TPC_BLOCKS:-32,64}" \
-    --sparsities "${BSR_TPC_SPARSITIES:-0.9,0.95}" \
+    --sparsities "${BSR_TPC_SPARSITIES:-0.9,0.95}" --time-limit-s "${BSR_TPC_TIME_LIMIT:-1e9}" \
     --dtypes float16 --tiles-per-cta "${BSR_TPC:-1,2,wave}" --stages "${BSR_STAGES:-auto,2,3}" \
     ${BSR_WP:+--warp-producer "$BSR_WP"} --wgmma-tile-ns "${BSR_TILE_NS-128,256}" \
     > "$OUT/bench-tiles.log" 2>&1
