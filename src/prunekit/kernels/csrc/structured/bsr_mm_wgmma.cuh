@@ -240,24 +240,10 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER>::THREADS
   // programmatic dependent launch (args.pdl): anything below may be the preceding kernel's output (the pattern, X, a
   // schedule or indices the op's wrappers converted just before), so wait before reading or writing anything
   prunekit_launch::wait_preceding_grid();
-  // this CTA's output tile: work item blockIdx.x and N tile blockIdx.y; with WARP_PRODUCER a 1-D grid that walks the
-  // N tiles first (items x N tiles), so that the schedule's order, longest items first, is the launch order: the
-  // last CTAs to start are the short items' (empty block rows' writes of act(bias)), not a long item of the last N
-  // tile
-  int item_tile = 0;
-  BsrWork work;
-  if constexpr (WARP_PRODUCER) {
-    const int ntiles = (args.n + BN - 1) / BN;
-    const int item = blockIdx.x / ntiles;
-    item_tile = blockIdx.x - item * ntiles;
-    work = bsr_work_at(args, item);
-  } else {
-    item_tile = blockIdx.y;
-    work = bsr_work_item(args);
-  }
+  const BsrWork work = bsr_work_item(args);
   const int block_row = work.block_row, start = work.start, end = work.end, slot = work.slot;
   const int count = end - start;
-  const int n0 = item_tile * BN;
+  const int n0 = blockIdx.y * BN;
   const int wg = threadIdx.x >> 7;
   if constexpr (WARP_PRODUCER) {  // an empty block row: act(bias), straight to Y^T, without the pipeline
     if (count == 0 && slot < 0 && args.staged == 1) {
@@ -440,11 +426,8 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& b
   std::call_once(once[device], [&] {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
   });
-  const int ntiles = (base.n + Cfg::BN - 1) / Cfg::BN;
-  if constexpr (WARP_PRODUCER) {  // a 1-D grid of items x N tiles, N tiles first (bsr_wgmma_kernel)
-    const long long ctas = static_cast<long long>(grid_rows) * ntiles;
-    PRUNEKIT_CHECK(ctas < (1LL << 31), "bsr_mm wgmma: too many output tiles (", ctas, ")");
-    const dim3 grid(static_cast<unsigned>(ctas));
+  const dim3 grid(grid_rows, (base.n + Cfg::BN - 1) / Cfg::BN);
+  if constexpr (WARP_PRODUCER) {
     BsrTArgs args{};
     static_cast<BsrArgs&>(args) = base;
     args.n_items = grid_rows;
@@ -452,7 +435,6 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& b
     prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::smem_bytes(args.stages), stream, args.pdl != 0,
                             map_a, map_x, args);
   } else {
-    const dim3 grid(grid_rows, ntiles);
     prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, base.pdl != 0, map_a, map_x,
                             base);
   }
