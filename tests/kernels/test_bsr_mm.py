@@ -884,14 +884,19 @@ def test_lean_warps_cpp_matches_python():
 @pytest.mark.cuda
 def test_plan_tile_n_wgmma_cpp_matches_python():
     structured.load()
-    for m in (64, 4096, 11008, 16384):
+    for m in (64, 3072, 4096, 11008, 16384):
         for r in (16, 32, 64):
-            for n in (1, 128, 129, 2048, 8192):
-                for nblocks in (m // r * 3, m // r * 4, m // r * 4 + 1, m // r * 9, m // r * 10, m // r * 26):
+            for n in (1, 128, 129, 2048, 4096, 8192):
+                rows = m // r
+                for nblocks in (0, rows // 2, rows, rows * 3, rows * 4, rows * 4 + 1, rows * 9, rows * 10, rows * 26):
                     cpp = torch.ops.prunekit_structured.plan_tile_n_wgmma(m, r, n, 132, nblocks)
                     assert cpp == structured.plan_tile_n_wgmma(m, r, n, 132, nblocks), (m, r, n, nblocks)
                     cpp = torch.ops.prunekit_structured.short_rows(m, r, nblocks)
                     assert cpp == structured.short_rows(m, r, nblocks), (m, r, nblocks)
+                    for tile_n in (128, 256):
+                        cpp = torch.ops.prunekit_structured.warp_producer_rule(m, r, n, nblocks, tile_n, 132)
+                        py = structured.warp_producer_rule(m, r, n, nblocks, tile_n, 132)
+                        assert cpp == py, (m, r, n, nblocks, tile_n)
 
 
 @pytest.mark.cuda

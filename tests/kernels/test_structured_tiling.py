@@ -431,6 +431,16 @@ def test_wgmma_tile_rule_matches_its_docstring():
     assert structured.plan_tile_n_wgmma(11008, 16, 2048, 132, nblocks=688 * 3) == 256
     assert [structured.short_rows(3072, 64, n) for n in (0, 192, 193)] == [True, True, False]
     assert structured.short_rows(16, 32, 4)  # fewer rows than one block row: counted as one
+    # the producer warp of the 64-row kernel: short rows and at least 4 CTAs per SM per block per block row
+    assert structured.WARP_PRODUCER_MIN_CTAS_PER_SM == 4
+    wp = structured.warp_producer_rule
+    assert wp(3072, 64, 4096, 29, 128, 132) and wp(3072, 64, 2048, 25, 128, 132)  # 48 x 32 / 16 CTAs, 0.5 per row
+    assert not wp(3072, 64, 128, 29, 128, 132)  # 48 CTAs: too few
+    assert not wp(3072, 32, 4096, 29, 128, 132) and not wp(3072, 64, 4096, 193, 128, 132)  # 32-row; long rows
+    # 48 rows x 16 tiles = 768 CTAs: up to 768 * 48 / (4 * 132) = 69.8 blocks (1.45 per row)
+    assert wp(3072, 64, 2048, 69, 128, 132) and not wp(3072, 64, 2048, 70, 128, 132)
+    assert wp(3072, 64, 2048, 0, 128, 132) and not wp(3072, 64, 2048, 0, 256, 132)  # fewer than one block per row
+    assert not wp(3072, 64, 2048, 10, 128, 0) and not wp(3072, 64, 2048, 10, 0, 132)
     assert structured.WGMMA_TILE_NS == (128, 256)
 
 

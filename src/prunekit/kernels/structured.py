@@ -165,8 +165,9 @@ STAGES_ENV = "PRUNEKIT_BSR_STAGES"
 # The producer of the wgmma kernel for 64-row blocks (csrc/structured/bsr_mm_wgmma.cu bsr_warp_producer): "1" one warp
 # after the consumer warpgroups, whose CTAs have 96 fewer threads and take their stage count from $PRUNEKIT_BSR_STAGES
 # (auto: 2 in short_rows, else the most), and write empty block rows straight from the bias; "0" a warpgroup before
-# them, with the kernel's fixed stages; unset / "auto": the warp in short_rows.
+# them, with the kernel's fixed stages; unset / "auto": warp_producer_rule.
 WARP_PRODUCER_ENV = "PRUNEKIT_BSR_WARP_PRODUCER"
+WARP_PRODUCER_MIN_CTAS_PER_SM = 4  # warp_producer_rule: CTAs per SM per stored block per block row
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the
 # chunk) cost a zeroed fp32 workspace, atomic adds and a finalize kernel per call. On the H100 (fp16, graph time,
@@ -316,6 +317,27 @@ def short_rows(m: int, r: int, nblocks: int) -> bool:
     ``short_rows`` is the same rule, with the figures it rests on (H100, fp16, 3072 x 768 at N = 2048 / 4096:
     0.88-0.91x of the time at 1.1-2.4 blocks per row; 1.13x at 6.4 blocks per row on 11008 x 4096)."""
     return r > 0 and nblocks <= SHORT_ROWS_MAX_BLOCKS_PER_ROW * max(1, m // r)
+
+
+def warp_producer_rule(m: int, r: int, n: int, nblocks: int, tile_n: int, num_sms: int) -> bool:
+    """Whether the wgmma kernel for 64-row blocks runs with a producer warp (``$PRUNEKIT_BSR_WARP_PRODUCER`` unset):
+    ``r == 64``, :func:`short_rows`, and a launch of ``M / 64 * ceil(N / tile_n)`` CTAs that gives every SM at least
+    :data:`WARP_PRODUCER_MIN_CTAS_PER_SM` of them per stored block per block row (and at least that many where rows
+    hold fewer than one block). There the kernel's two stages fit four CTAs per SM instead of two, and empty block rows
+    skip the pipeline. ``csrc/structured/bsr_mm_wgmma.cu`` ``warp_producer_rule`` is the same rule, with the figures it
+    rests on (H100 and H200, fp16, against the producer warpgroup in the same runs: 0.80-0.99x of the time at 25 of the
+    26 points where it holds; a loss at 13 of the 16 short-row points where it fails, and at all 63 with longer rows).
+    In-sample; a CUDA test checks that both sides agree.
+
+    Args:
+        m: M; r: block rows; n: N (tokens); nblocks: stored blocks (dynamic mode: the declared maximum); tile_n: the
+            N tile (:func:`plan_tile_n_wgmma`); num_sms: SMs of the GPU.
+    """
+    if r != 64 or tile_n <= 0 or num_sms <= 0 or not short_rows(m, r, nblocks):
+        return False
+    rows = max(1, m // r)
+    ctas = rows * -(-n // tile_n)
+    return ctas * rows >= WARP_PRODUCER_MIN_CTAS_PER_SM * num_sms * max(rows, nblocks)
 
 
 def bsr_variant(variant: str | None = None) -> str:

@@ -150,9 +150,10 @@ int env_count(const char* name, int lo, int hi, int fallback) {
 }
 
 // $PRUNEKIT_BSR_TILES_PER_CTA: unset / "" / "auto" the rule, "wave" one wave of resident CTAs, else 1-64 tiles per
-// CTA. $PRUNEKIT_BSR_STAGES: unset / "" / "auto" the rule, else 2-12 (capped at the kernel's most). Both are read at
-// each call and checked for every block shape, but reach the 16- and 32-row kernel (bsr_wgmma_t_kernel) only. The
-// rules: one tile per CTA; 3 stages for 32-row blocks in short rows, else the kernel's most (0).
+// CTA. $PRUNEKIT_BSR_STAGES: unset / "" / "auto" the rule, else 2-12 (capped at the kernel's most, raised to its
+// fewest). Both are read at each call and checked for every block shape; tiles per CTA reach the 16- and 32-row kernel
+// (bsr_wgmma_t_kernel) only, stages that kernel and the 64-row one with a producer warp. The rules: one tile per CTA;
+// in short rows 3 stages for 32-row blocks and 2 for 64-row ones, else the kernel's most (0).
 int bsr_tiles_per_cta() {
   const char* v = std::getenv("PRUNEKIT_BSR_TILES_PER_CTA");
   if (v != nullptr && std::strcmp(v, "wave") == 0) return wgmma_bsr::TILES_WAVE;
@@ -162,15 +163,36 @@ int bsr_stages(int64_t r, bool short_rows_) {
   return env_count("PRUNEKIT_BSR_STAGES", 2, 12, short_rows_ && (r == 32 || r == 64) ? (r == 32 ? 3 : 2) : 0);
 }
 
-// $PRUNEKIT_BSR_WARP_PRODUCER: "1" the 64-row kernel with a producer warp (bsr_wgmma_kernel's WARP_PRODUCER), "0" with
-// a producer warpgroup, unset / "" / "auto" the rule: the producer warp in short rows.
-bool bsr_warp_producer(bool short_rows_) {
+// Whether the 64-row kernel runs with a producer warp (bsr_wgmma_kernel's WARP_PRODUCER; structured.warp_producer_rule,
+// the same rule): 64-row blocks in short rows whose launch has at least WARP_PRODUCER_MIN_CTAS_PER_SM CTAs per SM for
+// every stored block per block row (and at least that many where rows hold fewer than one): CTAs = M / 64 block rows x
+// N tiles of tile_n. There the kernel's two stages (short_rows: bsr_stages) fit four CTAs per SM instead of two, and
+// empty block rows skip the pipeline. Measured against the producer warpgroup in the same runs, fp16, N = 128 / 2048 /
+// 4096, 50-95% and 99%, three runs on the H100 and one on an H200 (benchmarks/results/: bsr-tiles-h100-2026-11-27-s35a
+// and its -control- file, bsr-wp-h200-2026-11-27-s35b, bsr-wp-tiles-h100-2026-11-27-s35c):
+// - where the rule holds, 0.80-0.99x of the time at 25 of 26 points (3072 x 768 @ 2048 / 4096 at 80-99%, 11008 x 4096
+//   at 95 / 99%, 4096 x 4096 at 95 / 99%); the miss is 3072 x 768 @ 2048 at 99% (0.17 blocks per row, 1.11x);
+// - in short rows where it fails, the warp lost at 13 of 16 points (1.02-1.51x: N = 128, 768 x 3072 @ 2048, or 2.5-3.8
+//   blocks per row at 6-8 CTAs per SM; the three wins 0.98x), and with longer rows at all 63 (1.03-1.24x).
+// In-sample.
+constexpr int64_t WARP_PRODUCER_MIN_CTAS_PER_SM = 4;
+bool warp_producer_rule(int64_t m, int64_t r, int64_t n, int64_t nblocks, int64_t tile_n, int64_t sms) {
+  if (r != 64 || tile_n <= 0 || sms <= 0 || !short_rows(m, r, nblocks)) return false;
+  const int64_t rows = std::max<int64_t>(1, m / r);
+  const int64_t ctas = rows * ((n + tile_n - 1) / tile_n);
+  // ctas >= MIN * sms * max(1, nblocks / rows), without the division
+  return ctas * rows >= WARP_PRODUCER_MIN_CTAS_PER_SM * sms * std::max(rows, nblocks);
+}
+
+// $PRUNEKIT_BSR_WARP_PRODUCER: "1" the 64-row kernel with a producer warp, "0" with a producer warpgroup, unset / "" /
+// "auto" warp_producer_rule.
+bool bsr_warp_producer(int64_t m, int64_t r, int64_t n, int64_t nblocks, int64_t tile_n, int64_t sms) {
   const char* v = std::getenv("PRUNEKIT_BSR_WARP_PRODUCER");
   if (v != nullptr && std::strcmp(v, "0") == 0) return false;
   if (v != nullptr && std::strcmp(v, "1") == 0) return true;
   PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0,
                  "bsr_mm: $PRUNEKIT_BSR_WARP_PRODUCER must be 0, 1 or auto, got '", v, "'");
-  return short_rows_;
+  return warp_producer_rule(m, r, n, nblocks, tile_n, sms);
 }
 
 namespace wgmma_bsr {
@@ -255,7 +277,8 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
   // 64-row kernel with a producer warp only) and the producer (64-row blocks)
   const bool short_ = short_rows(m, r, blocks.size(0));
   const int tiles_per_cta = bsr_tiles_per_cta(), stages = bsr_stages(r, short_);
-  const bool warp_producer = bsr_warp_producer(short_);
+  const bool warp_producer = bsr_warp_producer(m, r, args.n, blocks.size(0), tile_n,
+                                                prunekit_launch::device_props(x.get_device()).sms);
   auto run = [&](auto xr_tag) {
     constexpr bool XR = decltype(xr_tag)::value;
     if (r != R) {  // 16- and 32-row blocks: bsr_wgmma_t_kernel
