@@ -173,7 +173,7 @@ int bsr_stages(int64_t r, bool short_rows_) {
 // - where the rule holds, 0.80-0.99x of the time at 25 of 26 points (3072 x 768 @ 2048 / 4096 at 80-99%, 11008 x 4096
 //   at 95 / 99%, 4096 x 4096 at 95 / 99%); the miss is 3072 x 768 @ 2048 at 99% (0.17 blocks per row, 1.11x);
 // - in short rows where it fails, the warp lost at 13 of 16 points (1.02-1.51x: N = 128, 768 x 3072 @ 2048, or 2.5-3.8
-//   blocks per row at 6-8 CTAs per SM; the three wins 0.98x), and with longer rows at all 63 (1.03-1.24x).
+//   blocks per row at 6-8 CTAs per SM; the three wins 0.98-0.99x), and with longer rows at all 63 (1.03-1.24x).
 // In-sample.
 constexpr int64_t WARP_PRODUCER_MIN_CTAS_PER_SM = 4;
 bool warp_producer_rule(int64_t m, int64_t r, int64_t n, int64_t nblocks, int64_t tile_n, int64_t sms) {
