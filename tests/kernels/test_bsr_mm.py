@@ -682,6 +682,53 @@ def test_bsr_wgmma_matches_float64(dtype, r, xslabs, c, mode, monkeypatch):
                         assert err < TOLERANCE[dtype], (m, k, n, x_layout, activation, tile_n, staged, err)
 
 
+def _check_launch_settings(dtype, r, c, block_rows, empty, mode, names, settings, monkeypatch):
+    """The wgmma kernel under each launch setting of ``settings`` (values of the environment variables ``names``; None
+    unsets one) gives the output of the first setting bit for bit outside split rows (whose fp32 partial sums are added
+    by atomics in any order), and matches float64 everywhere: a weight of ``block_rows`` block rows of ``r x c`` blocks
+    with a heavy (split in static mode) row and the block rows ``empty`` (a range) zeroed besides row 0; N of 1 to 8
+    tiles with a partial last one, X transposed or not, with and without bias + ReLU, both N tiles, both epilogues,
+    Y poisoned first."""
+    m, k = block_rows * r, 6 * c
+    dense = block_sparse_weight(m, k, r, c, 0.3, dtype, "cuda", seed=r + c, heavy_rows=1)
+    dense[empty.start * r : empty.stop * r] = 0
+    comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
+    extra = (None, None)
+    exact_rows = torch.ones(m, dtype=torch.bool, device="cuda")
+    if mode == "static":
+        extra = tuple(t.cuda() for t in static_schedule(comp["crow_indices"], chunk=2))
+        assert extra[1].numel() > 0  # the heavy row is split
+        for row in extra[1].tolist():
+            exact_rows[row * r : (row + 1) * r] = False
+    bias = torch.randn(m, device="cuda").to(dtype)
+    for n in (1000, 130, 2):
+        x2d = torch.randn(n, k, device="cuda").to(dtype)
+        for transposed in (True, False):
+            x = x2d.t() if transposed else x2d.t().contiguous()
+            for activation, b in (("relu", bias), ("none", None)):
+                ref = spmm_reference64(dense, x, b, activation)
+                for tile_n in structured.WGMMA_TILE_NS:
+                    for staged in (True, False):
+                        outs = []
+                        for setting in settings:
+                            for name, value in zip(names, setting, strict=True):
+                                if value is None:
+                                    monkeypatch.delenv(name, raising=False)
+                                else:
+                                    monkeypatch.setenv(name, value)
+                            out = _poisoned(m, n, dtype, transposed)
+                            structured.bsr_mm_cuda(
+                                comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, b, activation,
+                                *extra, out=out, tile_n=tile_n, staged_epilogue=staged, variant="wgmma",
+                            )  # fmt: skip
+                            torch.cuda.synchronize()
+                            outs.append(out)
+                        for setting, out in zip(settings, outs, strict=True):
+                            case = (n, transposed, activation, tile_n, staged, setting)
+                            assert relative_error(out, ref) < TOLERANCE[dtype], case
+                            assert torch.equal(out[exact_rows], outs[0][exact_rows]), case
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize(("dtype", "r", "c", "xslabs"), [
     (torch.float16, 32, 32, "0"), (torch.float16, 32, 64, "1"), (torch.bfloat16, 32, 16, "0"),
@@ -691,53 +738,15 @@ def test_bsr_wgmma_matches_float64(dtype, r, xslabs, c, mode, monkeypatch):
 def test_bsr_wgmma_tiles_per_cta_match_one_tile_per_cta(dtype, r, c, xslabs, mode, monkeypatch):
     """$PRUNEKIT_BSR_TILES_PER_CTA and $PRUNEKIT_BSR_STAGES (the 16- and 32-row kernel): CTAs of several output tiles
     (their pipeline running on across tiles, the Y^T staging tile of their own, empty block rows written straight from
-    the bias), one wave of CTAs, and rings of two stages give the output of one tile per CTA bit for bit (split rows, whose fp32
-    partial sums are added by atomics in any order: within tolerance), and match float64. N of 1 to 8 tiles with a
-    partial last one; tiles per CTA that divide the tiles, that do not, and more than there are; empty, single-block
-    and split rows; both epilogues; poisoned Y."""
+    the bias), one wave of CTAs, and rings of two stages give the output of one tile per CTA bit for bit (split rows:
+    within tolerance), and match float64 (_check_launch_settings). Tiles per CTA that divide the tiles, that do not,
+    and more than there are."""
     if not (structured.wgmma_available() and (r, c) in structured.WGMMA_BLOCKS):
         pytest.skip("needs an sm_90 GPU, a library built for sm_90a and a block the wgmma kernels take")
     monkeypatch.setenv(structured.XSLABS_ENV, xslabs)
-    m, k = 12 * r, 6 * c
-    dense = block_sparse_weight(m, k, r, c, 0.3, dtype, "cuda", seed=r + c, heavy_rows=1)
-    dense[5 * r : 8 * r] = 0  # more empty block rows, beside row 0
-    comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
-    extra = (None, None)
-    exact_rows = torch.ones(m, dtype=torch.bool, device="cuda")
-    if mode == "static":
-        extra = tuple(t.cuda() for t in static_schedule(comp["crow_indices"], chunk=2))
-        assert extra[1].numel() > 0  # the heavy row is split
-        for row in extra[1].tolist():
-            exact_rows[row * r : (row + 1) * r] = False
-    bias = torch.randn(m, device="cuda").to(dtype)
     settings = [("1", None), ("2", None), ("3", None), ("64", None), ("wave", None), ("3", "2"), ("1", "2")]
-    for n in (1000, 130, 2):
-        x2d = torch.randn(n, k, device="cuda").to(dtype)
-        for transposed in (True, False):
-            x = x2d.t() if transposed else x2d.t().contiguous()
-            for activation, b in (("relu", bias), ("none", None)):
-                ref = spmm_reference64(dense, x, b, activation)
-                for tile_n in structured.WGMMA_TILE_NS:
-                    for staged in (True, False):
-                        outs = {}
-                        for per_cta, stages in settings:
-                            monkeypatch.setenv(structured.TILES_PER_CTA_ENV, per_cta)
-                            if stages is None:
-                                monkeypatch.delenv(structured.STAGES_ENV, raising=False)
-                            else:
-                                monkeypatch.setenv(structured.STAGES_ENV, stages)
-                            out = _poisoned(m, n, dtype, transposed)
-                            structured.bsr_mm_cuda(
-                                comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, b, activation,
-                                *extra, out=out, tile_n=tile_n, staged_epilogue=staged, variant="wgmma",
-                            )  # fmt: skip
-                            torch.cuda.synchronize()
-                            outs[(per_cta, stages)] = out
-                        one = outs[("1", None)]
-                        for setting, out in outs.items():
-                            case = (n, transposed, activation, tile_n, staged, setting)
-                            assert relative_error(out, ref) < TOLERANCE[dtype], case
-                            assert torch.equal(out[exact_rows], one[exact_rows]), case
+    names = (structured.TILES_PER_CTA_ENV, structured.STAGES_ENV)
+    _check_launch_settings(dtype, r, c, 12, range(5, 8), mode, names, settings, monkeypatch)
 
 
 @pytest.mark.cuda
@@ -746,52 +755,13 @@ def test_bsr_wgmma_tiles_per_cta_match_one_tile_per_cta(dtype, r, c, xslabs, mod
 def test_bsr_wgmma_warp_producer_matches_warpgroup(dtype, c, mode, monkeypatch):
     """$PRUNEKIT_BSR_WARP_PRODUCER=1 (the 64-row kernel with a producer warp after its consumers, the launcher's stage
     count, empty block rows written straight from the bias) gives the output of the producer warpgroup bit for bit
-    (split rows, whose fp32 partial sums are added by atomics in any order: within tolerance), and matches float64,
-    at stages auto / 2 / 3 / 12 (raised to the fewest that hold the epilogue tile, capped at the most). N of 1 to 8
-    tiles with a partial last one; empty, single-block and split rows; both epilogues; both N tiles; poisoned Y."""
-    r = 64
-    if not (structured.wgmma_available() and (r, c) in structured.WGMMA_BLOCKS):
+    (split rows: within tolerance), and matches float64 (_check_launch_settings), at stages auto / 2 / 3 / 12 (raised
+    to the fewest that hold the epilogue tile, capped at the most)."""
+    if not (structured.wgmma_available() and (64, c) in structured.WGMMA_BLOCKS):
         pytest.skip("needs an sm_90 GPU, a library built for sm_90a and a block the wgmma kernels take")
-    m, k = 10 * r, 6 * c
-    dense = block_sparse_weight(m, k, r, c, 0.3, dtype, "cuda", seed=c, heavy_rows=1)
-    dense[4 * r : 7 * r] = 0  # more empty block rows, beside row 0
-    comp = {key: t.cuda() for key, t in _components(dense.cpu(), r, c).items()}
-    extra = (None, None)
-    exact_rows = torch.ones(m, dtype=torch.bool, device="cuda")
-    if mode == "static":
-        extra = tuple(t.cuda() for t in static_schedule(comp["crow_indices"], chunk=2))
-        assert extra[1].numel() > 0  # the heavy row is split
-        for row in extra[1].tolist():
-            exact_rows[row * r : (row + 1) * r] = False
-    bias = torch.randn(m, device="cuda").to(dtype)
     settings = [("0", None), ("1", None), ("1", "2"), ("1", "3"), ("1", "12")]
-    for n in (1000, 130, 2):
-        x2d = torch.randn(n, k, device="cuda").to(dtype)
-        for transposed in (True, False):
-            x = x2d.t() if transposed else x2d.t().contiguous()
-            for activation, b in (("relu", bias), ("none", None)):
-                ref = spmm_reference64(dense, x, b, activation)
-                for tile_n in structured.WGMMA_TILE_NS:
-                    for staged in (True, False):
-                        outs = {}
-                        for producer, stages in settings:
-                            monkeypatch.setenv(structured.WARP_PRODUCER_ENV, producer)
-                            if stages is None:
-                                monkeypatch.delenv(structured.STAGES_ENV, raising=False)
-                            else:
-                                monkeypatch.setenv(structured.STAGES_ENV, stages)
-                            out = _poisoned(m, n, dtype, transposed)
-                            structured.bsr_mm_cuda(
-                                comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, b, activation,
-                                *extra, out=out, tile_n=tile_n, staged_epilogue=staged, variant="wgmma",
-                            )  # fmt: skip
-                            torch.cuda.synchronize()
-                            outs[(producer, stages)] = out
-                        base = outs[("0", None)]
-                        for setting, out in outs.items():
-                            case = (n, transposed, activation, tile_n, staged, setting)
-                            assert relative_error(out, ref) < TOLERANCE[dtype], case
-                            assert torch.equal(out[exact_rows], base[exact_rows]), case
+    names = (structured.WARP_PRODUCER_ENV, structured.STAGES_ENV)
+    _check_launch_settings(dtype, 64, c, 10, range(4, 7), mode, names, settings, monkeypatch)
 
 
 def test_tiles_per_cta_setting_is_checked(monkeypatch):
