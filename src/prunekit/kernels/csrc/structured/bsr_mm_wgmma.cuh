@@ -4,7 +4,8 @@
 // 64 x C blocks, C in {16, 32, 64}; dynamic mode or PopSparse's static schedule, Li et al. 2023), restructured the way
 // a Hopper dense GEMM is: every stored block is one k-step of a dense mainloop whose A tile is the block itself (one
 // contiguous 64 x C tile of `blocks`) and whose B tile is the C x BN slab of X at the block's column, a TMA box load
-// at a runtime coordinate (col * C, n0). One producer warpgroup issues the TMA loads into a STAGES-deep ring of
+// at a runtime coordinate (col * C, n0). One producer warpgroup (or, with WARP_PRODUCER, one warp after the consumers:
+// fewer threads and stages per CTA, for short block rows) issues the TMA loads into a STAGES-deep ring of
 // shared-memory stages guarded by mbarriers (full: TMA bytes landed; empty: every consumer warp is done with the
 // stage); CONSUMERS warpgroups each own 64 x 128 of the CTA's 64 x BN output tile (BN = 128 * CONSUMERS) and run
 // wgmma.mma_async m64n128k16 straight from shared memory (descriptors with the hardware swizzle TMA wrote: 128-,
