@@ -328,8 +328,9 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
                         res[f"static_wgmma_{key}_gpu_ms"] = graph_time([static_call(s, variant="wgmma") for s in sets])
         except Exception as exc:  # record why the variant could not run at this point; keep benchmarking
             res["static_wgmma_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    # the static call with the wgmma kernels' output tiles per CTA ($PRUNEKIT_BSR_TILES_PER_CTA), pipeline stages
-    # ($PRUNEKIT_BSR_STAGES) and N tile forced, every combination, same sets: static_tpc<v>[_st<s>][_t<tile>]_gpu_ms
+    # the static call with the wgmma kernels' output tiles per CTA ($PRUNEKIT_BSR_TILES_PER_CTA), 64-row producer
+    # ($PRUNEKIT_BSR_WARP_PRODUCER), pipeline stages ($PRUNEKIT_BSR_STAGES) and N tile forced, every combination, same
+    # sets: static_tpc<v>[_wp<p>][_st<s>][_t<tile>]_gpu_ms
     tpc_sweep = args.tiles_per_cta.split(",") if args.tiles_per_cta else []
     sweep = itertools.product(
         tpc_sweep,
@@ -456,7 +457,8 @@ def main() -> None:
     parser.add_argument(
         "--tiles-per-cta",
         help="comma-separated output tiles per CTA of the wgmma kernels ($PRUNEKIT_BSR_TILES_PER_CTA: 1-64 or wave) "
-        "to time the static call with, as static_tpc<v>_gpu_ms (crossed with --stages and --wgmma-tile-ns)",
+        "to time the static call with, as static_tpc<v>_gpu_ms (crossed with --warp-producer, --stages and "
+        "--wgmma-tile-ns)",
     )
     parser.add_argument("--stages", help="with --tiles-per-cta: comma-separated $PRUNEKIT_BSR_STAGES values")
     parser.add_argument(
