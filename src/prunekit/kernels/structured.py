@@ -168,6 +168,10 @@ STAGES_ENV = "PRUNEKIT_BSR_STAGES"
 # them, with the kernel's fixed stages; unset / "auto": warp_producer_rule.
 WARP_PRODUCER_ENV = "PRUNEKIT_BSR_WARP_PRODUCER"
 WARP_PRODUCER_MIN_CTAS_PER_SM = 4  # warp_producer_rule: CTAs per SM per stored block per block row
+# The N tile of the 64-row kernel with a producer warp where the plan gives 128 (csrc/structured/bsr_mm_wgmma.cu
+# bsr_warp_tile_n): "64" consumers of 64 tokens (m64n64k16, 32 accumulators, six CTAs per SM), "128"; unset / "auto":
+# 128.
+WARP_TILE_N_ENV = "PRUNEKIT_BSR_WARP_TILE_N"
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the
 # chunk) cost a zeroed fp32 workspace, atomic adds and a finalize kernel per call. On the H100 (fp16, graph time,

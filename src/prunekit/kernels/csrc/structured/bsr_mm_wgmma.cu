@@ -14,6 +14,8 @@ extern template void dispatch_c<__half, 1, false>(int, const CUtensorMap&, const
                                               int, int, cudaStream_t);
 extern template void dispatch_c<__half, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
+extern template void dispatch_c<__half, 1, true, 64>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                              int, int, cudaStream_t);
 extern template void dispatch_c<__half, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
 extern template void dispatch_c<__half, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
@@ -21,6 +23,8 @@ extern template void dispatch_c<__half, 2, true>(int, const CUtensorMap&, const 
 extern template void dispatch_c<__nv_bfloat16, 1, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
 extern template void dispatch_c<__nv_bfloat16, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
+                                              int, int, cudaStream_t);
+extern template void dispatch_c<__nv_bfloat16, 1, true, 64>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
 extern template void dispatch_c<__nv_bfloat16, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
@@ -184,6 +188,16 @@ bool warp_producer_rule(int64_t m, int64_t r, int64_t n, int64_t nblocks, int64_
   return ctas * rows >= WARP_PRODUCER_MIN_CTAS_PER_SM * sms * std::max(rows, nblocks);
 }
 
+// $PRUNEKIT_BSR_WARP_TILE_N: the N tile of the 64-row kernel with a producer warp where the plan gives 128: "64"
+// (consumers of 64 tokens, m64n64k16) or "128"; unset / "" / "auto": 128.
+int bsr_warp_tile_n() {
+  const char* v = std::getenv("PRUNEKIT_BSR_WARP_TILE_N");
+  if (v != nullptr && std::strcmp(v, "64") == 0) return 64;
+  PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "128") == 0,
+                 "bsr_mm: $PRUNEKIT_BSR_WARP_TILE_N must be 64, 128 or auto, got '", v, "'");
+  return 128;
+}
+
 // $PRUNEKIT_BSR_WARP_PRODUCER: "1" the 64-row kernel with a producer warp, "0" with a producer warpgroup, unset / "" /
 // "auto" warp_producer_rule.
 bool bsr_warp_producer(int64_t m, int64_t r, int64_t n, int64_t nblocks, int64_t tile_n, int64_t sms) {
@@ -257,9 +271,17 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
   const uint64_t capacity_rows = static_cast<uint64_t>(std::max<int64_t>(blocks.size(0), 1)) * r;
   // 64-row blocks: box of one block (the A operand). 16 / 32 rows: box of one block too, the B operand of
   // bsr_wgmma_t_kernel (X's slab is then the A operand).
+  // the launch plan: tiles per CTA (bsr_wgmma_t_kernel; 64-row blocks: checked, not used), stages (both kernels; the
+  // 64-row kernel with a producer warp only), the producer (64-row blocks) and its N tile
+  const bool short_ = short_rows(m, r, blocks.size(0));
+  const int tiles_per_cta = bsr_tiles_per_cta(), stages = bsr_stages(r, short_);
+  const bool warp_producer = bsr_warp_producer(m, r, args.n, blocks.size(0), tile_n,
+                                                prunekit_launch::device_props(x.get_device()).sms);
+  const int warp_tile_n = bsr_warp_tile_n();  // read and checked at every call, as the settings above
+  const bool narrow = r == R && warp_producer && tile_n == 128 && warp_tile_n == 64;  // 64-token consumers
   const CUtensorMap map_a = make_map(blocks.data_ptr(), half, c, capacity_rows, static_cast<uint64_t>(c) * 2, c, r);
   const CUtensorMap map_x = make_map(x.data_ptr(), half, x.size(0), x.size(1), static_cast<uint64_t>(x.stride(1)) * 2,
-                                     c, tile_n);
+                                     c, narrow ? 64 : tile_n);
   // The X-slab copy (use_x_slabs): tokens padded to the largest N tile, so every bulk copy stays inside its slab; freed
   // after the launch (the caching allocator reuses it only for later work on this stream).
   at::Tensor slabs;
@@ -273,12 +295,6 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
     xr_args.xr_npad = npad;
   }
   const BsrArgs& run_args = xr ? xr_args : args;
-  // the launch plan: tiles per CTA (bsr_wgmma_t_kernel; 64-row blocks: checked, not used), stages (both kernels; the
-  // 64-row kernel with a producer warp only) and the producer (64-row blocks)
-  const bool short_ = short_rows(m, r, blocks.size(0));
-  const int tiles_per_cta = bsr_tiles_per_cta(), stages = bsr_stages(r, short_);
-  const bool warp_producer = bsr_warp_producer(m, r, args.n, blocks.size(0), tile_n,
-                                                prunekit_launch::device_props(x.get_device()).sms);
   auto run = [&](auto xr_tag) {
     constexpr bool XR = decltype(xr_tag)::value;
     if (r != R) {  // 16- and 32-row blocks: bsr_wgmma_t_kernel
@@ -287,11 +303,14 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
       t(r, c, map_a, map_x, run_args, grid_rows, tiles_per_cta, stages, stream);
     } else {  // 64-row blocks: bsr_wgmma_kernel, X through TMA boxes (use_x_slabs is false for them)
       auto k = half ? (tile_n == 256 ? (warp_producer ? dispatch_c<__half, 2, true> : dispatch_c<__half, 2, false>)
-                                     : (warp_producer ? dispatch_c<__half, 1, true> : dispatch_c<__half, 1, false>))
+                                     : (narrow          ? dispatch_c<__half, 1, true, 64>
+                                        : warp_producer ? dispatch_c<__half, 1, true>
+                                                        : dispatch_c<__half, 1, false>))
                     : (tile_n == 256 ? (warp_producer ? dispatch_c<__nv_bfloat16, 2, true>
                                                       : dispatch_c<__nv_bfloat16, 2, false>)
-                                     : (warp_producer ? dispatch_c<__nv_bfloat16, 1, true>
-                                                      : dispatch_c<__nv_bfloat16, 1, false>));
+                                     : (narrow          ? dispatch_c<__nv_bfloat16, 1, true, 64>
+                                        : warp_producer ? dispatch_c<__nv_bfloat16, 1, true>
+                                                        : dispatch_c<__nv_bfloat16, 1, false>));
       k(c, map_a, map_x, run_args, grid_rows, stages, stream);
     }
   };

@@ -41,9 +41,13 @@ constexpr int WG_N = 128;  // output columns per consumer warpgroup (m64n128k16)
 // WARP_PRODUCER: the TMA loads come from one warp after the consumers (128 * CONSUMERS + 32 threads) instead of a
 // warpgroup before them, and the stage count is the launcher's (args.stages of BsrTArgs, at most STAGES): 96 fewer
 // threads' registers and, with fewer stages, less shared memory per CTA, so that more CTAs fit an SM.
-template <int C, int CONSUMERS, bool WARP_PRODUCER = false>
+// WN: output columns (tokens) per consumer warpgroup, WG_N or, with WARP_PRODUCER, 64 (m64n64k16: half the
+// accumulators and of the X slab, so that more CTAs fit an SM).
+template <int C, int CONSUMERS, bool WARP_PRODUCER = false, int WN = WG_N>
 struct WgConfig {
-  static constexpr int BN = WG_N * CONSUMERS;
+  static_assert(WN == WG_N || (WN == 64 && WARP_PRODUCER), "64-token consumers only with the producer warp");
+  static constexpr int BN = WN * CONSUMERS;
+  static constexpr int NACC = WN / 2;  // fp32 accumulators per thread
   static constexpr int THREADS = 128 * CONSUMERS + (WARP_PRODUCER ? 32 : 128);
   static constexpr int STAGES = C == 64 ? 4 : (C == 32 ? 6 : 8);  // the most (the only count without WARP_PRODUCER)
   static constexpr int A_BYTES = R * C * 2;
@@ -137,6 +141,10 @@ __device__ __forceinline__ void fence_acc(float (&d)[64]) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+__device__ __forceinline__ void fence_acc(float (&d)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 
 template <typename T>
 struct Wgmma;
@@ -171,6 +179,36 @@ template <>
 struct Wgmma<__nv_bfloat16> {
   // D (64 x 128, fp32, registers) += A (64 x 16, smem descriptor) * B (16 x 128, smem descriptor), both K-major.
   PRUNEKIT_WGMMA_M64N128K16("bf16")
+};
+// One wgmma.mma_async m64n64k16 with fp32 accumulators (bsr_wgmma_kernel's 64-token consumers).
+#define PRUNEKIT_WGMMA_M64N64K16(AB) \
+  static __device__ __forceinline__ void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." AB "." AB " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+        "%32, %33, p, 1, 1, 0, 0;\n}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+        : "l"(desc_a), "l"(desc_b), "r"(1)); \
+  }
+// The wgmma of a consumer of WN tokens: Wgmma (m64n128k16) or m64n64k16.
+template <typename T, int WN>
+struct WgmmaW {
+  static __device__ __forceinline__ void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+    Wgmma<T>::run(d, desc_a, desc_b);
+  }
+};
+template <>
+struct WgmmaW<__half, 64> {
+  PRUNEKIT_WGMMA_M64N64K16("f16")
+};
+template <>
+struct WgmmaW<__nv_bfloat16, 64> {
+  PRUNEKIT_WGMMA_M64N64K16("bf16")
 };
 #endif  // PK_SM90A
 
@@ -224,12 +262,13 @@ __device__ __forceinline__ int wg_stages(const WgArgs<WARP_PRODUCER>& args) {
   }
 }
 
-template <typename T, int C, int CONSUMERS, bool WARP_PRODUCER>
-__global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER>::THREADS, 1)
+template <typename T, int C, int CONSUMERS, bool WARP_PRODUCER, int WN = WG_N>
+__global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER, WN>::THREADS, 1)
     bsr_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_x,
                      const WgArgs<WARP_PRODUCER> args) {
 #ifdef PK_SM90A
-  using Cfg = WgConfig<C, CONSUMERS, WARP_PRODUCER>;
+  using Cfg = WgConfig<C, CONSUMERS, WARP_PRODUCER, WN>;
+  constexpr int NACC = Cfg::NACC;
   constexpr int BN = Cfg::BN;
   const int STAGES = wg_stages<Cfg, WARP_PRODUCER>(args);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -281,20 +320,21 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER>::THREADS
     return;
   }
 
-  const int cw = WARP_PRODUCER ? wg : wg - 1;  // consumer index: columns cw * 128 ... of the CTA tile
+  const int cw = WARP_PRODUCER ? wg : wg - 1;  // consumer index: columns cw * WN ... of the CTA tile
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  float acc[64];
+  float acc[NACC];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
   for (int it = 0; it < count; ++it) {
     const int s = it % STAGES;
     mbar_wait(&full[s], (it / STAGES) & 1);
     const uint32_t a_addr = smem_u32(smem + s * Cfg::STAGE_BYTES);
-    const uint32_t b_addr = a_addr + Cfg::A_BYTES + cw * WG_N * C * 2;
+    const uint32_t b_addr = a_addr + Cfg::A_BYTES + cw * WN * C * 2;
     fence_acc(acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) Wgmma<T>::run(acc, make_desc<C>(a_addr + kk * 32), make_desc<C>(b_addr + kk * 32));
+    for (int kk = 0; kk < C / 16; ++kk)
+      WgmmaW<T, WN>::run(acc, make_desc<C>(a_addr + kk * 32), make_desc<C>(b_addr + kk * 32));
     wgmma_commit();
     fence_acc(acc);
     wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
@@ -308,8 +348,8 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER>::THREADS
   if (slot >= 0) {  // a slice of a split block row: fp32 partial sums, finished by bsr_finalize_kernel
     float* ws = args.ws + static_cast<long long>(slot) * R * args.n;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int nn = n0 + cw * WG_N + acc_col(lane, i);
+    for (int i = 0; i < NACC; ++i) {
+      const int nn = n0 + cw * WN + acc_col(lane, i);
       if (nn < args.n) atomicAdd(ws + static_cast<long long>(acc_row(warp, lane, i)) * args.n + nn, acc[i]);
     }
     return;
@@ -323,10 +363,10 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER>::THREADS
     T* tile = reinterpret_cast<T*>(smem);
     consumer_sync(128 * CONSUMERS);  // every consumer's wgmmas have finished reading the pipeline stages
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < NACC; ++i) {
       float v = acc[i] + bias_v[(i >> 1) & 1];
       if (args.relu) v = fmaxf(v, 0.f);
-      tile[(cw * WG_N + acc_col(lane, i)) * Cfg::OUT_LD + acc_row(warp, lane, i)] = from_f<T>(v);
+      tile[(cw * WN + acc_col(lane, i)) * Cfg::OUT_LD + acc_row(warp, lane, i)] = from_f<T>(v);
     }
     consumer_sync(128 * CONSUMERS);
     constexpr int PER_ROW = R / 8;
@@ -339,8 +379,8 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER>::THREADS
     return;
   }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const int nn = n0 + cw * WG_N + acc_col(lane, i);
+  for (int i = 0; i < NACC; ++i) {
+    const int nn = n0 + cw * WN + acc_col(lane, i);
     if (nn < args.n) {
       float v = acc[i] + bias_v[(i >> 1) & 1];
       if (args.relu) v = fmaxf(v, 0.f);
@@ -406,19 +446,19 @@ int wave_ctas(Kernel kernel, int threads, int smem) {
 
 // Pipeline stages of bsr_wgmma_kernel with WARP_PRODUCER: `wanted` ($PRUNEKIT_BSR_STAGES or the rule; 0: the most)
 // between the kernel's fewest and most.
-template <int C, int CONSUMERS>
+template <int C, int CONSUMERS, int WN>
 constexpr int wp_stages(int wanted) {
-  using Cfg = WgConfig<C, CONSUMERS, true>;
+  using Cfg = WgConfig<C, CONSUMERS, true, WN>;
   return std::max(Cfg::MIN_STAGES, std::min(wanted > 0 ? wanted : Cfg::STAGES, Cfg::STAGES));
 }
 
 // The launch of bsr_wgmma_kernel: a CTA per output tile (work item, N tile); with WARP_PRODUCER `stages` pipeline
 // stages (wp_stages), else the kernel's constant count (`stages` unused).
-template <typename T, int C, int CONSUMERS, bool WARP_PRODUCER>
+template <typename T, int C, int CONSUMERS, bool WARP_PRODUCER, int WN>
 void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& base, int grid_rows, int stages,
             cudaStream_t stream) {
-  using Cfg = WgConfig<C, CONSUMERS, WARP_PRODUCER>;
-  auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS, WARP_PRODUCER>;
+  using Cfg = WgConfig<C, CONSUMERS, WARP_PRODUCER, WN>;
+  auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS, WARP_PRODUCER, WN>;
   constexpr int MAX_DEVICES = 64;
   static std::once_flag once[MAX_DEVICES];  // per instantiation and device: the attribute is set per device
   int device = 0;
@@ -432,7 +472,7 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& b
     BsrTArgs args{};
     static_cast<BsrArgs&>(args) = base;
     args.n_items = grid_rows;
-    args.stages = wp_stages<C, CONSUMERS>(stages);
+    args.stages = wp_stages<C, CONSUMERS, WN>(stages);
     prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::smem_bytes(args.stages), stream, args.pdl != 0,
                             map_a, map_x, args);
   } else {
@@ -441,12 +481,13 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& b
   }
 }
 
-template <typename T, int CONSUMERS, bool WARP_PRODUCER>
+// WN: tokens per consumer warpgroup (WG_N; 64 with WARP_PRODUCER and one consumer: the 64-token N tile)
+template <typename T, int CONSUMERS, bool WARP_PRODUCER, int WN = WG_N>
 void dispatch_c(int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
                 int stages, cudaStream_t stream) {
-  if (c == 64) return launch<T, 64, CONSUMERS, WARP_PRODUCER>(map_a, map_x, args, grid_rows, stages, stream);
-  if (c == 32) return launch<T, 32, CONSUMERS, WARP_PRODUCER>(map_a, map_x, args, grid_rows, stages, stream);
-  return launch<T, 16, CONSUMERS, WARP_PRODUCER>(map_a, map_x, args, grid_rows, stages, stream);
+  if (c == 64) return launch<T, 64, CONSUMERS, WARP_PRODUCER, WN>(map_a, map_x, args, grid_rows, stages, stream);
+  if (c == 32) return launch<T, 32, CONSUMERS, WARP_PRODUCER, WN>(map_a, map_x, args, grid_rows, stages, stream);
+  return launch<T, 16, CONSUMERS, WARP_PRODUCER, WN>(map_a, map_x, args, grid_rows, stages, stream);
 }
 
 
