@@ -867,6 +867,8 @@ def test_plan_tile_n_wgmma_cpp_matches_python():
                     assert cpp == structured.plan_tile_n_wgmma(m, r, n, 132, nblocks), (m, r, n, nblocks)
                     cpp = torch.ops.prunekit_structured.short_rows(m, r, nblocks)
                     assert cpp == structured.short_rows(m, r, nblocks), (m, r, nblocks)
+                    cpp = torch.ops.prunekit_structured.warp_tile_n_rule(m, r, nblocks)
+                    assert cpp == structured.warp_tile_n_rule(m, r, nblocks), (m, r, nblocks)
                     for tile_n in (128, 256):
                         cpp = torch.ops.prunekit_structured.warp_producer_rule(m, r, n, nblocks, tile_n, 132)
                         py = structured.warp_producer_rule(m, r, n, nblocks, tile_n, 132)

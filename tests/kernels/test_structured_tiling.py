@@ -441,6 +441,10 @@ def test_wgmma_tile_rule_matches_its_docstring():
     assert wp(3072, 64, 2048, 69, 128, 132) and not wp(3072, 64, 2048, 70, 128, 132)
     assert wp(3072, 64, 2048, 0, 128, 132) and not wp(3072, 64, 2048, 0, 256, 132)  # fewer than one block per row
     assert not wp(3072, 64, 2048, 10, 128, 0) and not wp(3072, 64, 2048, 10, 0, 132)
+    # its 64-token tile: at most 1.5 blocks per block row (48 rows: 72 blocks)
+    wt = structured.warp_tile_n_rule
+    assert wt(3072, 64, 72) and not wt(3072, 64, 73) and wt(3072, 64, 0) and not wt(3072, 32, 10)
+    assert wt(32, 64, 1) and not wt(32, 64, 2)  # fewer rows than one block row: counted as one
     assert structured.WGMMA_TILE_NS == (128, 256)
 
 

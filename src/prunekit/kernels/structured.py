@@ -170,7 +170,7 @@ WARP_PRODUCER_ENV = "PRUNEKIT_BSR_WARP_PRODUCER"
 WARP_PRODUCER_MIN_CTAS_PER_SM = 4  # warp_producer_rule: CTAs per SM per stored block per block row
 # The N tile of the 64-row kernel with a producer warp where the plan gives 128 (csrc/structured/bsr_mm_wgmma.cu
 # bsr_warp_tile_n): "64" consumers of 64 tokens (m64n64k16, 32 accumulators, six CTAs per SM), "128"; unset / "auto":
-# 128.
+# warp_tile_n_rule.
 WARP_TILE_N_ENV = "PRUNEKIT_BSR_WARP_TILE_N"
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the
@@ -342,6 +342,16 @@ def warp_producer_rule(m: int, r: int, n: int, nblocks: int, tile_n: int, num_sm
     rows = max(1, m // r)
     ctas = rows * -(-n // tile_n)
     return ctas * rows >= WARP_PRODUCER_MIN_CTAS_PER_SM * num_sms * max(rows, nblocks)
+
+
+def warp_tile_n_rule(m: int, r: int, nblocks: int) -> bool:
+    """Whether the wgmma kernel for 64-row blocks, where it runs with a producer warp (:func:`warp_producer_rule`) on
+    the 128 N tile, takes consumers of 64 tokens instead (``$PRUNEKIT_BSR_WARP_TILE_N`` unset): ``r == 64`` and at most
+    1.5 stored blocks per block row (``nblocks``; dynamic mode: the declared maximum). Six CTAs then fit an SM instead
+    of four. ``csrc/structured/bsr_mm_wgmma.cu`` ``warp_tile_n_rule`` is the same rule, with its figures (H100, fp16:
+    0.90-0.99x of the time at all 10 points with 0.1-1.35 blocks per row, slower at the short rows with 2.4-3.6).
+    In-sample; a CUDA test checks that both sides agree."""
+    return r == 64 and 2 * nblocks <= 3 * max(1, m // r)
 
 
 def bsr_variant(variant: str | None = None) -> str:

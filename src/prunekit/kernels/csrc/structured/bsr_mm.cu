@@ -28,6 +28,7 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
                       int64_t m, cudaStream_t stream);
 bool short_rows(int64_t m, int64_t r, int64_t nblocks);
 bool warp_producer_rule(int64_t m, int64_t r, int64_t n, int64_t nblocks, int64_t tile_n, int64_t sms);
+bool warp_tile_n_rule(int64_t m, int64_t r, int64_t nblocks);
 
 // bsr_decode_lean.cu: the lean decode kernel where it takes the call (N <= lean_max_n unless $PRUNEKIT_BSR_LEAN=0)
 int64_t lean_warps(int64_t m, int64_t num_sms, int64_t n);  // bsr_decode_lean.cu
@@ -259,6 +260,7 @@ TORCH_LIBRARY(prunekit_structured, m) {
   m.def("short_rows(int m, int r, int nblocks) -> bool", &prunekit_structured::short_rows);
   m.def("warp_producer_rule(int m, int r, int n, int nblocks, int tile_n, int num_sms) -> bool",
         &prunekit_structured::warp_producer_rule);
+  m.def("warp_tile_n_rule(int m, int r, int nblocks) -> bool", &prunekit_structured::warp_tile_n_rule);
 }
 
 TORCH_LIBRARY_IMPL(prunekit_structured, CUDA, m) {

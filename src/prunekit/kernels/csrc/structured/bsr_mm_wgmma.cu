@@ -188,14 +188,25 @@ bool warp_producer_rule(int64_t m, int64_t r, int64_t n, int64_t nblocks, int64_
   return ctas * rows >= WARP_PRODUCER_MIN_CTAS_PER_SM * sms * std::max(rows, nblocks);
 }
 
+// The 64-token N tile for the 64-row kernel with a producer warp, where the plan gives 128 (structured.warp_tile_n_rule,
+// the same rule): at most 1.5 stored blocks per block row. Consumers of 64 tokens (m64n64k16: 58 registers, two stages
+// of 16 KB) fit six CTAs per SM instead of four. Against the 128 tile in the same run (H100, fp16, 2 stages;
+// benchmarks/results/bsr-tiles{,-control}-h100-2026-11-27-s35j.json): 0.90-0.99x of the time at all 10 points with
+// 0.1-1.35 blocks per row (3072 x 768 @ 2048 / 4096 at 90-99%; 11008 x 4096 and 4096 x 4096 at 99%), 0.99-1.25x at
+// the 16 with 2.4-13.5 (0.99-1.16x at the 7 short-row points among them, 2.4-3.6 blocks per row). In-sample.
+bool warp_tile_n_rule(int64_t m, int64_t r, int64_t nblocks) {
+  return r == 64 && 2 * nblocks <= 3 * std::max<int64_t>(1, m / r);
+}
+
 // $PRUNEKIT_BSR_WARP_TILE_N: the N tile of the 64-row kernel with a producer warp where the plan gives 128: "64"
-// (consumers of 64 tokens, m64n64k16) or "128"; unset / "" / "auto": 128.
-int bsr_warp_tile_n() {
+// (consumers of 64 tokens, m64n64k16) or "128"; unset / "" / "auto": warp_tile_n_rule.
+int bsr_warp_tile_n(int64_t m, int64_t r, int64_t nblocks) {
   const char* v = std::getenv("PRUNEKIT_BSR_WARP_TILE_N");
   if (v != nullptr && std::strcmp(v, "64") == 0) return 64;
-  PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "128") == 0,
+  if (v != nullptr && std::strcmp(v, "128") == 0) return 128;
+  PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0,
                  "bsr_mm: $PRUNEKIT_BSR_WARP_TILE_N must be 64, 128 or auto, got '", v, "'");
-  return 128;
+  return warp_tile_n_rule(m, r, nblocks) ? 64 : 128;
 }
 
 // $PRUNEKIT_BSR_WARP_PRODUCER: "1" the 64-row kernel with a producer warp, "0" with a producer warpgroup, unset / "" /
@@ -277,7 +288,7 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
   const int tiles_per_cta = bsr_tiles_per_cta(), stages = bsr_stages(r, short_);
   const bool warp_producer = bsr_warp_producer(m, r, args.n, blocks.size(0), tile_n,
                                                 prunekit_launch::device_props(x.get_device()).sms);
-  const int warp_tile_n = bsr_warp_tile_n();  // read and checked at every call, as the settings above
+  const int warp_tile_n = bsr_warp_tile_n(m, r, blocks.size(0));  // read and checked at every call, as above
   const bool narrow = r == R && warp_producer && tile_n == 128 && warp_tile_n == 64;  // 64-token consumers
   const CUtensorMap map_a = make_map(blocks.data_ptr(), half, c, capacity_rows, static_cast<uint64_t>(c) * 2, c, r);
   const CUtensorMap map_x = make_map(x.data_ptr(), half, x.size(0), x.size(1), static_cast<uint64_t>(x.stride(1)) * 2,
