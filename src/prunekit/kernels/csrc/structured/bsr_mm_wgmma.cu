@@ -280,8 +280,6 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
               "bsr_mm wgmma: x must be K-contiguous with a leading dimension >= K and a multiple of 8");
   const bool half = x.scalar_type() == at::kHalf;
   const uint64_t capacity_rows = static_cast<uint64_t>(std::max<int64_t>(blocks.size(0), 1)) * r;
-  // 64-row blocks: box of one block (the A operand). 16 / 32 rows: box of one block too, the B operand of
-  // bsr_wgmma_t_kernel (X's slab is then the A operand).
   // the launch plan: tiles per CTA (bsr_wgmma_t_kernel; 64-row blocks: checked, not used), stages (both kernels; the
   // 64-row kernel with a producer warp only), the producer (64-row blocks) and its N tile
   const bool short_ = short_rows(m, r, blocks.size(0));
@@ -290,6 +288,8 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
                                                 prunekit_launch::device_props(x.get_device()).sms);
   const int warp_tile_n = bsr_warp_tile_n(m, r, blocks.size(0));  // read and checked at every call, as above
   const bool narrow = r == R && warp_producer && tile_n == 128 && warp_tile_n == 64;  // 64-token consumers
+  // 64-row blocks: box of one block (the A operand). 16 / 32 rows: box of one block too, the B operand of
+  // bsr_wgmma_t_kernel (X's slab is then the A operand). X: boxes of the N tile (64 tokens where `narrow`).
   const CUtensorMap map_a = make_map(blocks.data_ptr(), half, c, capacity_rows, static_cast<uint64_t>(c) * 2, c, r);
   const CUtensorMap map_x = make_map(x.data_ptr(), half, x.size(0), x.size(1), static_cast<uint64_t>(x.stride(1)) * 2,
                                      c, narrow ? 64 : tile_n);
