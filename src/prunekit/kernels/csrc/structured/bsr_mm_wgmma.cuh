@@ -137,18 +137,18 @@ __device__ __forceinline__ int opaque(int v) {
   asm volatile("" : "+r"(v));
   return v;
 }
-__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+// Accumulator registers the compiler must keep in place around the asynchronous wgmmas that read and write them.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void fence_acc(float (&d)[32]) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-template <typename T>
-struct Wgmma;
-// One wgmma.mma_async m64n128k16 with fp32 accumulators; AB names the A/B element type in PTX (f16 or bf16).
+// One wgmma.mma_async m64nNk16 with fp32 accumulators (N / 2 per thread), both operands K-major in shared memory:
+// D (64 x N) += A (64 x 16, descriptor) * B (16 x N, descriptor). N = 128 / 64: bsr_wgmma_kernel's consumers of
+// WN tokens; N = 32 / 16: bsr_wgmma_t_kernel's blocks of RB rows. AB names the A/B element type in PTX.
+template <typename T, int N>
+struct WgmmaN;
 #define PRUNEKIT_WGMMA_M64N128K16(AB) \
   static __device__ __forceinline__ void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b) { \
     asm volatile( \
@@ -170,17 +170,6 @@ struct Wgmma;
         : "l"(desc_a), "l"(desc_b), "r"(1)); \
   }
 
-template <>
-struct Wgmma<__half> {
-  // D (64 x 128, fp32, registers) += A (64 x 16, smem descriptor) * B (16 x 128, smem descriptor), both K-major.
-  PRUNEKIT_WGMMA_M64N128K16("f16")
-};
-template <>
-struct Wgmma<__nv_bfloat16> {
-  // D (64 x 128, fp32, registers) += A (64 x 16, smem descriptor) * B (16 x 128, smem descriptor), both K-major.
-  PRUNEKIT_WGMMA_M64N128K16("bf16")
-};
-// One wgmma.mma_async m64n64k16 with fp32 accumulators (bsr_wgmma_kernel's 64-token consumers).
 #define PRUNEKIT_WGMMA_M64N64K16(AB) \
   static __device__ __forceinline__ void run(float (&d)[32], uint64_t desc_a, uint64_t desc_b) { \
     asm volatile( \
@@ -195,20 +184,58 @@ struct Wgmma<__nv_bfloat16> {
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
         : "l"(desc_a), "l"(desc_b), "r"(1)); \
   }
-// The wgmma of a consumer of WN tokens: Wgmma (m64n128k16) or m64n64k16.
-template <typename T, int WN>
-struct WgmmaW {
-  static __device__ __forceinline__ void run(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-    Wgmma<T>::run(d, desc_a, desc_b);
+#define PRUNEKIT_WGMMA_M64N32K16(AB) \
+  static __device__ __forceinline__ void run(float (&d)[16], uint64_t desc_a, uint64_t desc_b) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32." AB "." AB " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
+        "%16, %17, p, 1, 1, 0, 0;\n}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+        : "l"(desc_a), "l"(desc_b), "r"(1)); \
   }
+#define PRUNEKIT_WGMMA_M64N16K16(AB) \
+  static __device__ __forceinline__ void run(float (&d)[8], uint64_t desc_a, uint64_t desc_b) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32." AB "." AB " " \
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, " \
+        "%8, %9, p, 1, 1, 0, 0;\n}\n" \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+        : "l"(desc_a), "l"(desc_b), "r"(1)); \
+  }
+
+template <>
+struct WgmmaN<__half, 128> {
+  PRUNEKIT_WGMMA_M64N128K16("f16")
 };
 template <>
-struct WgmmaW<__half, 64> {
+struct WgmmaN<__nv_bfloat16, 128> {
+  PRUNEKIT_WGMMA_M64N128K16("bf16")
+};
+template <>
+struct WgmmaN<__half, 64> {
   PRUNEKIT_WGMMA_M64N64K16("f16")
 };
 template <>
-struct WgmmaW<__nv_bfloat16, 64> {
+struct WgmmaN<__nv_bfloat16, 64> {
   PRUNEKIT_WGMMA_M64N64K16("bf16")
+};
+template <>
+struct WgmmaN<__half, 32> {
+  PRUNEKIT_WGMMA_M64N32K16("f16")
+};
+template <>
+struct WgmmaN<__nv_bfloat16, 32> {
+  PRUNEKIT_WGMMA_M64N32K16("bf16")
+};
+template <>
+struct WgmmaN<__half, 16> {
+  PRUNEKIT_WGMMA_M64N16K16("f16")
+};
+template <>
+struct WgmmaN<__nv_bfloat16, 16> {
+  PRUNEKIT_WGMMA_M64N16K16("bf16")
 };
 #endif  // PK_SM90A
 
@@ -330,18 +357,18 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER, WN>::THR
     mbar_wait(&full[s], (it / STAGES) & 1);
     const uint32_t a_addr = smem_u32(smem + s * Cfg::STAGE_BYTES);
     const uint32_t b_addr = a_addr + Cfg::A_BYTES + cw * WN * C * 2;
-    fence_acc(acc);
+    fence_regs(acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C / 16; ++kk)
-      WgmmaW<T, WN>::run(acc, make_desc<C>(a_addr + kk * 32), make_desc<C>(b_addr + kk * 32));
+      WgmmaN<T, WN>::run(acc, make_desc<C>(a_addr + kk * 32), make_desc<C>(b_addr + kk * 32));
     wgmma_commit();
-    fence_acc(acc);
+    fence_regs(acc);
     wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
     if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
   }
   wgmma_wait<0>();
-  fence_acc(acc);
+  fence_regs(acc);
   prunekit_launch::allow_dependent_launch();  // the next kernel may start; its wait still covers these writes
 
   const long long m0 = static_cast<long long>(block_row) * R;
@@ -535,54 +562,6 @@ struct WgtConfig {
   static_assert(smem_bytes(STAGES, true) <= 227 * 1024, "shared memory");
 };
 
-#ifdef PK_SM90A
-template <typename T, int RB>
-struct WgmmaT;
-#define PRUNEKIT_WGMMA_M64N32K16(AB) \
-  static __device__ __forceinline__ void run(float (&d)[16], uint64_t desc_a, uint64_t desc_b) { \
-    asm volatile( \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32." AB "." AB " " \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
-        "%16, %17, p, 1, 1, 0, 0;\n}\n" \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
-        : "l"(desc_a), "l"(desc_b), "r"(1)); \
-  }
-#define PRUNEKIT_WGMMA_M64N16K16(AB) \
-  static __device__ __forceinline__ void run(float (&d)[8], uint64_t desc_a, uint64_t desc_b) { \
-    asm volatile( \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n" \
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32." AB "." AB " " \
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, " \
-        "%8, %9, p, 1, 1, 0, 0;\n}\n" \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
-        : "l"(desc_a), "l"(desc_b), "r"(1)); \
-  }
-
-template <>
-struct WgmmaT<__half, 32> {
-  // D (64 x 32, fp32) += A (64 x 16, smem descriptor) * B (16 x 32, smem descriptor), both K-major.
-  PRUNEKIT_WGMMA_M64N32K16("f16")
-};
-template <>
-struct WgmmaT<__nv_bfloat16, 32> {
-  PRUNEKIT_WGMMA_M64N32K16("bf16")
-};
-template <>
-struct WgmmaT<__half, 16> {
-  // D (64 x 16, fp32) += A (64 x 16, smem descriptor) * B (16 x 16, smem descriptor), both K-major.
-  PRUNEKIT_WGMMA_M64N16K16("f16")
-};
-template <>
-struct WgmmaT<__nv_bfloat16, 16> {
-  PRUNEKIT_WGMMA_M64N16K16("bf16")
-};
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-#endif  // PK_SM90A
 
 // (at most 80 registers either way: two CTAs of two consumers, or three of one, fit an SM's registers)
 template <typename T, int RB, int C, int CONSUMERS, bool XR>
@@ -679,7 +658,7 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, CONSUMER
       for (int kk = 0; kk < C / 16; ++kk) {
 #pragma unroll
         for (int t = 0; t < 2; ++t)
-          WgmmaT<T, RB>::run(acc[t], make_desc<C>(x_addr + t * 64 * C * 2 + kk * 32), make_desc<C>(b_addr + kk * 32));
+          WgmmaN<T, RB>::run(acc[t], make_desc<C>(x_addr + t * 64 * C * 2 + kk * 32), make_desc<C>(b_addr + kk * 32));
       }
       wgmma_commit();
       fence_regs(acc[0]);
