@@ -164,7 +164,10 @@ int bsr_tiles_per_cta() {
   return env_count("PRUNEKIT_BSR_TILES_PER_CTA", 1, 64, 1);
 }
 int bsr_stages(int64_t r, bool short_rows_) {
-  return env_count("PRUNEKIT_BSR_STAGES", 2, 12, short_rows_ && (r == 32 || r == 64) ? (r == 32 ? 3 : 2) : 0);
+  int rule = 0;                                  // the kernel's most
+  if (short_rows_ && r == 32) rule = 3;          // three one-consumer CTAs per SM
+  if (short_rows_ && r == 64) rule = 2;          // the producer warp's fewest (wp_stages: enough for its epilogue)
+  return env_count("PRUNEKIT_BSR_STAGES", 2, 12, rule);
 }
 
 // Whether the 64-row kernel runs with a producer warp (bsr_wgmma_kernel's WARP_PRODUCER; structured.warp_producer_rule,
