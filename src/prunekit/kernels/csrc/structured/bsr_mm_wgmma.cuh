@@ -205,38 +205,20 @@ struct WgmmaN;
         : "l"(desc_a), "l"(desc_b), "r"(1)); \
   }
 
-template <>
-struct WgmmaN<__half, 128> {
-  PRUNEKIT_WGMMA_M64N128K16("f16")
-};
-template <>
-struct WgmmaN<__nv_bfloat16, 128> {
-  PRUNEKIT_WGMMA_M64N128K16("bf16")
-};
-template <>
-struct WgmmaN<__half, 64> {
-  PRUNEKIT_WGMMA_M64N64K16("f16")
-};
-template <>
-struct WgmmaN<__nv_bfloat16, 64> {
-  PRUNEKIT_WGMMA_M64N64K16("bf16")
-};
-template <>
-struct WgmmaN<__half, 32> {
-  PRUNEKIT_WGMMA_M64N32K16("f16")
-};
-template <>
-struct WgmmaN<__nv_bfloat16, 32> {
-  PRUNEKIT_WGMMA_M64N32K16("bf16")
-};
-template <>
-struct WgmmaN<__half, 16> {
-  PRUNEKIT_WGMMA_M64N16K16("f16")
-};
-template <>
-struct WgmmaN<__nv_bfloat16, 16> {
-  PRUNEKIT_WGMMA_M64N16K16("bf16")
-};
+// WgmmaN<__half, N> and WgmmaN<__nv_bfloat16, N> from one of the macros above
+#define PRUNEKIT_WGMMA_N(N, MMA) \
+  template <> \
+  struct WgmmaN<__half, N> { \
+    MMA("f16") \
+  }; \
+  template <> \
+  struct WgmmaN<__nv_bfloat16, N> { \
+    MMA("bf16") \
+  };
+PRUNEKIT_WGMMA_N(128, PRUNEKIT_WGMMA_M64N128K16)
+PRUNEKIT_WGMMA_N(64, PRUNEKIT_WGMMA_M64N64K16)
+PRUNEKIT_WGMMA_N(32, PRUNEKIT_WGMMA_M64N32K16)
+PRUNEKIT_WGMMA_N(16, PRUNEKIT_WGMMA_M64N16K16)
 #endif  // PK_SM90A
 
 // Accumulator element i of lane `lane` in warp `warp` (0-3) of a consumer warpgroup, m64nNk16 fp32 layout (PTX ISA,
