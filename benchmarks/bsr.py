@@ -12,10 +12,10 @@ contenders compute the layer output as a user would call them:
   ``static_tile<BN>_gpu_ms`` each N tile of the mma.sync kernel, ``static_wgmma_*`` the sm_90a wgmma + TMA variant
   (every block size since the twenty-sixth session, when the library holds it; 16- and 32-row blocks run it with
   the roles swapped; ``static_wgmma_{xslabs,tma}_gpu_ms`` with ``--xslabs``: that kernel with ``$PRUNEKIT_BSR_XSLABS``
-  1 / 0; ``static_tpc<v>[_wp<p>][_wt<w>][_pi<i>][_st<s>][_t<tile>]_gpu_ms`` with ``--tiles-per-cta``
-  (``--warp-producer``, ``--warp-tile-n``, ``--pair-items``, ``--stages``, ``--wgmma-tile-ns``): the static call with
-  ``$PRUNEKIT_BSR_TILES_PER_CTA=v`` (``$PRUNEKIT_BSR_WARP_PRODUCER=p``, ``$PRUNEKIT_BSR_WARP_TILE_N=w``,
-  ``$PRUNEKIT_BSR_PAIR_ITEMS=i``, ``$PRUNEKIT_BSR_STAGES=s``, the wgmma kernel at that N tile));
+  1 / 0; ``static_tpc<v>[_wp<p>][_wt<w>][_st<s>][_t<tile>]_gpu_ms`` with ``--tiles-per-cta`` (``--warp-producer``,
+  ``--warp-tile-n``, ``--stages``, ``--wgmma-tile-ns``): the static call with ``$PRUNEKIT_BSR_TILES_PER_CTA=v``
+  (``$PRUNEKIT_BSR_WARP_PRODUCER=p``, ``$PRUNEKIT_BSR_WARP_TILE_N=w``, ``$PRUNEKIT_BSR_STAGES=s``, the wgmma kernel
+  at that N tile));
 - prunekit layer: ``SparseLinear.forward(x2d)`` on the exported weight, eager: ``layer_wall_ms`` is wall-clock per
   call over many back-to-back calls with one synchronize at the end, ``layer_eager_overhead_us`` that minus the
   static device time (what eager calls add over the kernel; about 0 when the GPU is the bottleneck),
@@ -330,24 +330,21 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
         except Exception as exc:  # record why the variant could not run at this point; keep benchmarking
             res["static_wgmma_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     # the static call with the wgmma kernels' output tiles per CTA ($PRUNEKIT_BSR_TILES_PER_CTA), 64-row producer
-    # ($PRUNEKIT_BSR_WARP_PRODUCER), its N tile ($PRUNEKIT_BSR_WARP_TILE_N), work items per CTA
-    # ($PRUNEKIT_BSR_PAIR_ITEMS), pipeline stages ($PRUNEKIT_BSR_STAGES) and N tile forced, every combination, same
-    # sets: static_tpc<v>[_wp<p>][_wt<w>][_pi<i>][_st<s>][_t<tile>]_gpu_ms
+    # ($PRUNEKIT_BSR_WARP_PRODUCER), pipeline stages ($PRUNEKIT_BSR_STAGES) and N tile forced, every combination, same
+    # sets: static_tpc<v>[_wp<p>][_st<s>][_t<tile>]_gpu_ms
     tpc_sweep = args.tiles_per_cta.split(",") if args.tiles_per_cta else []
     sweep = itertools.product(
         tpc_sweep,
         args.warp_producer.split(",") if args.warp_producer else [None],
         args.warp_tile_n.split(",") if args.warp_tile_n else [None],
-        args.pair_items.split(",") if args.pair_items else [None],
         args.stages.split(",") if args.stages else [None],
         [int(t) for t in args.wgmma_tile_ns.split(",")] if args.wgmma_tile_ns else [None],
     )
-    for per_cta, producer, warp_tile, pair, stages, tile_n in sweep:
+    for per_cta, producer, warp_tile, stages, tile_n in sweep:
         key = (
             f"static_tpc{per_cta}"
             + (f"_wp{producer}" if producer else "")
             + (f"_wt{warp_tile}" if warp_tile else "")
-            + (f"_pi{pair}" if pair else "")
             + (f"_st{stages}" if stages else "")
             + (f"_t{tile_n}" if tile_n else "")
         )
@@ -356,7 +353,6 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
             env_setting(structured.STAGES_ENV, stages),
             env_setting(structured.WARP_PRODUCER_ENV, producer),
             env_setting(structured.WARP_TILE_N_ENV, warp_tile),
-            env_setting(structured.PAIR_ITEMS_ENV, pair),
         ):
             variant = "wgmma" if tile_n else None
             res[f"{key}_err"] = relative_error(static_call(sets[0], tile_n, variant)(), ref)
@@ -475,9 +471,6 @@ def main() -> None:
     parser.add_argument("--wgmma-tile-ns", help="with --tiles-per-cta: comma-separated wgmma N tiles (128, 256)")
     parser.add_argument(
         "--warp-tile-n", help="with --tiles-per-cta: comma-separated $PRUNEKIT_BSR_WARP_TILE_N values (64, 128)"
-    )
-    parser.add_argument(
-        "--pair-items", help="with --tiles-per-cta: comma-separated $PRUNEKIT_BSR_PAIR_ITEMS values (0, 1)"
     )
     parser.add_argument(
         "--schedule-chunk", type=int, help="most blocks per static-schedule item (default: formats.bsr.schedule_chunk)"

@@ -35,8 +35,7 @@
 #   scripts/gpu_structured.sh tiles        # the wgmma kernels' tiles per CTA and stages: tests, memcheck, bsr.py
 #                                          # sweeps ($BSR_TPC, $BSR_STAGES, $BSR_TILE_NS, $BSR_TPC_SHAPES, $BSR_TPC_NS,
 #                                          # $BSR_TPC_BLOCKS, $BSR_TPC_SPARSITIES, $BSR_TPC_CONTROL, $BSR_CONTROL_NS,
-#                                          # $BSR_CONTROL_BLOCKS, $BSR_WP / $BSR_WT / $BSR_PI (--warp-producer /
-#                                          # --warp-tile-n / --pair-items),
+#                                          # $BSR_CONTROL_BLOCKS, $BSR_WP / $BSR_WT (--warp-producer / --warp-tile-n),
 #                                          # $BSR_TPC_TIME_LIMIT (bsr.py --time-limit-s), $TAG;
 #                                          # BSR_TPC_BENCH=0: no benchmark)
 #   scripts/gpu_structured.sh all          # all three in a row (only for a machine without the 10-minute limit)
@@ -217,11 +216,7 @@ sys.path.insert(0, "tests/kernels")
 from test_bsr_mm import block_sparse_weight, _components
 from prunekit.formats.bsr import static_schedule
 from prunekit.kernels import structured
-for per_cta, stages, producer, warp_tile, pair in (
-    ("1", "auto", "0", "128", "0"), ("3", "auto", "1", "128", "0"), ("wave", "2", "1", "64", "0"),
-    ("1", "2", "1", "64", "1"), ("1", "3", "1", "64", "1"),
-):
-    os.environ[structured.PAIR_ITEMS_ENV] = pair
+for per_cta, stages, producer, warp_tile in (("1", "auto", "0", "128"), ("3", "auto", "1", "128"), ("wave", "2", "1", "64")):
     os.environ[structured.TILES_PER_CTA_ENV] = per_cta
     os.environ[structured.STAGES_ENV] = stages
     os.environ[structured.WARP_PRODUCER_ENV] = producer
@@ -250,7 +245,7 @@ PY
     --shapes "${BSR_TPC_SHAPES:-3072x768}" --any-ns "${BSR_TPC_NS:-2048,4096}" --blocks "${BSR_TPC_BLOCKS:-32,64}" \
     --sparsities "${BSR_TPC_SPARSITIES:-0.9,0.95}" --time-limit-s "${BSR_TPC_TIME_LIMIT:-1e9}" \
     --dtypes float16 --tiles-per-cta "${BSR_TPC:-1,2,wave}" --stages "${BSR_STAGES:-auto,2,3}" \
-    ${BSR_WP:+--warp-producer "$BSR_WP"} ${BSR_WT:+--warp-tile-n "$BSR_WT"} ${BSR_PI:+--pair-items "$BSR_PI"} --wgmma-tile-ns "${BSR_TILE_NS-128,256}" \
+    ${BSR_WP:+--warp-producer "$BSR_WP"} ${BSR_WT:+--warp-tile-n "$BSR_WT"} --wgmma-tile-ns "${BSR_TILE_NS-128,256}" \
     > "$OUT/bench-tiles.log" 2>&1
   echo "exit code $?"; grep -E "static" "$OUT/bench-tiles.log" | tail -12
   if [[ -n ${BSR_TPC_CONTROL:-11008x4096} ]]; then
@@ -258,7 +253,7 @@ PY
       --out "$OUT/bsr-tiles-control-$DEV-$DATE${TAG:-}.json" --shapes "${BSR_TPC_CONTROL:-11008x4096}" \
       --any-ns "${BSR_CONTROL_NS:-2048}" --blocks "${BSR_CONTROL_BLOCKS:-32,64}" --sparsities 0.9,0.95 --dtypes float16 \
       --tiles-per-cta "${BSR_TPC:-1,2,wave}" \
-      --stages "${BSR_STAGES:-auto,2,3}" ${BSR_WP:+--warp-producer "$BSR_WP"} ${BSR_WT:+--warp-tile-n "$BSR_WT"} ${BSR_PI:+--pair-items "$BSR_PI"} \
+      --stages "${BSR_STAGES:-auto,2,3}" ${BSR_WP:+--warp-producer "$BSR_WP"} ${BSR_WT:+--warp-tile-n "$BSR_WT"} \
       --wgmma-tile-ns "${BSR_TILE_NS-128,256}" > "$OUT/bench-tiles-control.log" 2>&1
     echo "exit code $?"; grep -E "static" "$OUT/bench-tiles-control.log" | tail -8
   fi

@@ -766,42 +766,16 @@ def test_bsr_wgmma_warp_producer_matches_warpgroup(dtype, c, mode, monkeypatch):
     _check_launch_settings(dtype, 64, c, 10, range(4, 7), mode, names, settings, monkeypatch)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("mode", ["dynamic", "static"])
-@pytest.mark.parametrize("block_rows", [10, 11])
-def test_bsr_wgmma_pair_items_match_one_item(dtype, mode, block_rows, monkeypatch):
-    """$PRUNEKIT_BSR_PAIR_ITEMS=1 (64 x 64 blocks, the producer warp on the 64-token tile, two work items per CTA:
-    empty ones first, each tile staged in its item's last stage) gives the output of one item per CTA bit for bit
-    (split rows: within tolerance) and matches float64 (_check_launch_settings), at stages auto / 2 / 3 / 12, with an
-    even and an odd number of work items (block rows 10 / 11; static mode adds the heavy row's slices)."""
-    if not (structured.wgmma_available() and (64, 64) in structured.WGMMA_BLOCKS):
-        pytest.skip("needs an sm_90 GPU, a library built for sm_90a and a block the wgmma kernels take")
-    monkeypatch.setenv(structured.WARP_PRODUCER_ENV, "1")
-    monkeypatch.setenv(structured.WARP_TILE_N_ENV, "64")
-    settings = [("0", None), ("1", None), ("1", "2"), ("1", "3"), ("1", "12")]
-    names = (structured.PAIR_ITEMS_ENV, structured.STAGES_ENV)
-    _check_launch_settings(dtype, 64, 64, block_rows, range(4, 7), mode, names, settings, monkeypatch)
-
-
 def test_tiles_per_cta_setting_is_checked(monkeypatch):
     """A $PRUNEKIT_BSR_TILES_PER_CTA outside auto / wave / 1-64, a $PRUNEKIT_BSR_STAGES outside auto / 2-12, a
-    $PRUNEKIT_BSR_WARP_PRODUCER or $PRUNEKIT_BSR_PAIR_ITEMS outside auto / 0 / 1, or a $PRUNEKIT_BSR_WARP_TILE_N outside
-    auto / 64 / 128, is refused with one sentence that names it (by the C++ launcher, so only on a GPU with the wgmma
-    kernels)."""
+    $PRUNEKIT_BSR_WARP_PRODUCER outside auto / 0 / 1, or a $PRUNEKIT_BSR_WARP_TILE_N outside auto / 64 / 128, is
+    refused with one sentence that names it (by the C++ launcher, so only on a GPU with the wgmma kernels)."""
     assert (
         structured.TILES_PER_CTA_ENV,
         structured.STAGES_ENV,
         structured.WARP_PRODUCER_ENV,
         structured.WARP_TILE_N_ENV,
-        structured.PAIR_ITEMS_ENV,
-    ) == (
-        "PRUNEKIT_BSR_TILES_PER_CTA",
-        "PRUNEKIT_BSR_STAGES",
-        "PRUNEKIT_BSR_WARP_PRODUCER",
-        "PRUNEKIT_BSR_WARP_TILE_N",
-        "PRUNEKIT_BSR_PAIR_ITEMS",
-    )
+    ) == ("PRUNEKIT_BSR_TILES_PER_CTA", "PRUNEKIT_BSR_STAGES", "PRUNEKIT_BSR_WARP_PRODUCER", "PRUNEKIT_BSR_WARP_TILE_N")
     if not (torch.cuda.is_available() and structured.wgmma_available()):
         pytest.skip("the launcher's check needs the wgmma kernels")
     dense = block_sparse_weight(128, 128, 64, 64, 0.5, torch.float16, "cuda", seed=1)
@@ -812,7 +786,6 @@ def test_tiles_per_cta_setting_is_checked(monkeypatch):
         (structured.STAGES_ENV, ("1", "13")),
         (structured.WARP_PRODUCER_ENV, ("2", "yes")),
         (structured.WARP_TILE_N_ENV, ("32", "256")),
-        (structured.PAIR_ITEMS_ENV, ("2", "yes")),
     ):
         for value in bad:
             if not value:  # "" is "auto": accepted

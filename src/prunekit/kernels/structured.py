@@ -172,10 +172,6 @@ WARP_PRODUCER_MIN_CTAS_PER_SM = 4  # warp_producer_rule: CTAs per SM per stored 
 # bsr_warp_tile_n): "64" consumers of 64 tokens (m64n64k16, 32 accumulators, six CTAs per SM), "128"; unset / "auto":
 # warp_tile_n_rule.
 WARP_TILE_N_ENV = "PRUNEKIT_BSR_WARP_TILE_N"
-# Two work items per CTA for 64 x 64 blocks where the 64-row kernel runs with a producer warp on the 64-token tile
-# (csrc/structured/bsr_mm_wgmma.cu bsr_pair_items, kernel bsr_wgmma_pair_kernel): "1" pairs items i and
-# i + ceil(items / 2), empty ones written first while the other's loads are in flight; "0" / unset / "auto": one item.
-PAIR_ITEMS_ENV = "PRUNEKIT_BSR_PAIR_ITEMS"
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the
 # chunk) cost a zeroed fp32 workspace, atomic adds and a finalize kernel per call. On the H100 (fp16, graph time,

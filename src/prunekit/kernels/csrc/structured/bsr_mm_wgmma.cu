@@ -30,10 +30,6 @@ extern template void dispatch_c<__nv_bfloat16, 2, false>(int, const CUtensorMap&
                                               int, int, cudaStream_t);
 extern template void dispatch_c<__nv_bfloat16, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
-extern template void launch_pair<__half, 64>(const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int, int,
-                                              cudaStream_t);
-extern template void launch_pair<__nv_bfloat16, 64>(const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int, int,
-                                                     cudaStream_t);
 extern template void dispatch_rc_t<__half, 1, false>(int, int, const CUtensorMap&, const CUtensorMap&,
                                                   const BsrArgs&, int, int, int, cudaStream_t);
 extern template void dispatch_rc_t<__half, 1, true>(int, int, const CUtensorMap&, const CUtensorMap&,
@@ -227,16 +223,6 @@ bool bsr_warp_producer(int64_t m, int64_t r, int64_t n, int64_t nblocks, int64_t
   return warp_producer_rule(m, r, n, nblocks, tile_n, sms);
 }
 
-// $PRUNEKIT_BSR_PAIR_ITEMS: "1" two work items per CTA (bsr_wgmma_pair_kernel) where the 64-row kernel runs with a
-// producer warp on the 64-token tile and 64 x 64 blocks, "0" one; unset / "" / "auto": one (not measured yet).
-bool bsr_pair_items() {
-  const char* v = std::getenv("PRUNEKIT_BSR_PAIR_ITEMS");
-  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
-  PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0 || std::strcmp(v, "auto") == 0,
-                 "bsr_mm: $PRUNEKIT_BSR_PAIR_ITEMS must be 0, 1 or auto, got '", v, "'");
-  return false;
-}
-
 namespace wgmma_bsr {
 
 // Copies x (K, N) into the XR kernels' X slabs (bsr_x_slabs_kernel) of `slabs` (K * npad elements).
@@ -305,7 +291,6 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
                                                 prunekit_launch::device_props(x.get_device()).sms);
   const int warp_tile_n = bsr_warp_tile_n(m, r, blocks.size(0));  // read and checked at every call, as above
   const bool narrow = r == R && warp_producer && tile_n == 128 && warp_tile_n == 64;  // 64-token consumers
-  const bool pair = bsr_pair_items() && narrow && c == R;  // read and checked at every call
   // 64-row blocks: box of one block (the A operand). 16 / 32 rows: box of one block too, the B operand of
   // bsr_wgmma_t_kernel (X's slab is then the A operand). X: boxes of the N tile (64 tokens where `narrow`).
   const CUtensorMap map_a = make_map(blocks.data_ptr(), half, c, capacity_rows, static_cast<uint64_t>(c) * 2, c, r);
@@ -330,9 +315,6 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
       auto t = half ? (tile_n == 256 ? dispatch_rc_t<__half, 2, XR> : dispatch_rc_t<__half, 1, XR>)
                     : (tile_n == 256 ? dispatch_rc_t<__nv_bfloat16, 2, XR> : dispatch_rc_t<__nv_bfloat16, 1, XR>);
       t(r, c, map_a, map_x, run_args, grid_rows, tiles_per_cta, stages, stream);
-    } else if (pair) {  // 64 x 64 blocks, two work items per CTA: bsr_wgmma_pair_kernel
-      (half ? launch_pair<__half, 64> : launch_pair<__nv_bfloat16, 64>)(map_a, map_x, run_args, grid_rows, stages,
-                                                                         stream);
     } else {  // 64-row blocks: bsr_wgmma_kernel, X through TMA boxes (use_x_slabs is false for them)
       auto k = half ? (tile_n == 256 ? (warp_producer ? dispatch_c<__half, 2, true> : dispatch_c<__half, 2, false>)
                                      : (narrow          ? dispatch_c<__half, 1, true, 64>

@@ -399,167 +399,6 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER, WN>::THR
 #endif  // PK_SM90A
 }
 
-// ---- 64-row blocks, two work items per CTA --------------------------------------------------------------------------
-//
-// bsr_wgmma_kernel with a producer warp and square 64 x 64 blocks, each CTA taking work items blockIdx.x and
-// blockIdx.x + gridDim.x of one N tile (the static schedule's "length" order then pairs its longest items with its
-// shortest). Where short rows leave many block rows empty, a CTA of the one-item kernel spends most of its life on a
-// dependent load (its work item) before its stores; here the consumers write an empty item's tile while the producer's
-// TMA loads for the other item are in flight, and two empty items share one CTA and one load latency. Items in order:
-// empty ones (act(bias), straight to Y^T) first, then the others, their stages counted on across items (g). An item's
-// Y^T tile is staged in its last stage, which the consumers release only after reading the tile back, so that the
-// producer can load the next item's first block into the other stage meanwhile (the tile fits one stage: static_assert).
-template <typename T, int WN>
-__global__ void __launch_bounds__(WgConfig<64, 1, true, WN>::THREADS, 1)
-    bsr_wgmma_pair_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_x,
-                          const BsrTArgs args) {
-#ifdef PK_SM90A
-  constexpr int C = 64;
-  using Cfg = WgConfig<C, 1, true, WN>;
-  constexpr int NACC = Cfg::NACC, BN = Cfg::BN;
-  static_assert(BN * Cfg::OUT_LD * 2 <= Cfg::STAGE_BYTES, "an item's Y^T tile must fit the stage it is staged in");
-  const int STAGES = args.stages;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * Cfg::STAGE_BYTES);
-  uint64_t* empty = full + Cfg::STAGES;
-
-  // programmatic dependent launch (args.pdl): wait before reading or writing anything (see bsr_wgmma_kernel)
-  prunekit_launch::wait_preceding_grid();
-  BsrWork item[2];
-  item[0] = bsr_work_at(args, blockIdx.x);
-  const bool two = blockIdx.x + gridDim.x < args.n_items;
-  if (two) item[1] = bsr_work_at(args, blockIdx.x + gridDim.x);
-  const auto is_fill = [&](const BsrWork& w) { return w.end == w.start && w.slot < 0 && args.staged == 1; };
-  if (two && is_fill(item[1]) && !is_fill(item[0])) {  // empty items first
-    const BsrWork t = item[0];
-    item[0] = item[1];
-    item[1] = t;
-  }
-  const int items = two ? 2 : 1;
-  const int n0 = blockIdx.y * BN;
-  const bool all_fill = is_fill(item[0]) && (!two || is_fill(item[1]));
-  if (all_fill) {  // no block to multiply: every thread writes
-    prunekit_launch::allow_dependent_launch();
-    fill_empty_tile<T, R, BN>(args, static_cast<long long>(item[0].block_row) * R, n0, threadIdx.x, Cfg::THREADS);
-    if (two) fill_empty_tile<T, R, BN>(args, static_cast<long long>(item[1].block_row) * R, n0, threadIdx.x, Cfg::THREADS);
-    return;
-  }
-  if (threadIdx.x == 0) {
-#pragma unroll 1
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 4);  // lane 0 of every consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  if (threadIdx.x >= 128) {  // the producer warp: one thread issues every TMA load, the items' blocks in turn
-    if (threadIdx.x == 128) {
-      int g = 0;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (j == items) break;
-        for (int b = item[j].start; b < item[j].end; ++b, ++g) {
-          const int s = g % STAGES;
-          if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) + 1) & 1);  // the (g / STAGES - 1)-th release
-          unsigned char* a_dst = smem + s * Cfg::STAGE_BYTES;
-          mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
-          tma_load_2d(a_dst, &map_a, 0, b * R, &full[s]);
-          tma_load_2d(a_dst + Cfg::A_BYTES, &map_x, __ldg(args.cols + b) * C, n0, &full[s]);
-        }
-      }
-    }
-    return;
-  }
-
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  T* y = static_cast<T*>(args.y);
-  const T* bias = static_cast<const T*>(args.bias);
-  int g = 0;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {  // unrolled: item[] stays in registers
-    if (j == items) break;
-    const BsrWork w = item[j];
-    const long long m0 = static_cast<long long>(w.block_row) * R;
-    if (is_fill(w)) {  // an empty block row (only ever before the items with blocks)
-      fill_empty_tile<T, R, BN>(args, m0, n0, threadIdx.x, 128);
-      continue;
-    }
-    const int count = w.end - w.start;
-    float acc[NACC];
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
-    for (int it = 0; it < count; ++it, ++g) {
-      const int s = g % STAGES;
-      mbar_wait(&full[s], (g / STAGES) & 1);
-      const uint32_t a_addr = smem_u32(smem + s * Cfg::STAGE_BYTES);
-      const uint32_t b_addr = a_addr + Cfg::A_BYTES;
-      fence_regs(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk)
-        WgmmaN<T, WN>::run(acc, make_desc<C>(a_addr + kk * 32), make_desc<C>(b_addr + kk * 32));
-      wgmma_commit();
-      fence_regs(acc);
-      wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
-      if (it > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_regs(acc);
-    if (j == items - 1) prunekit_launch::allow_dependent_launch();  // its wait still covers the writes below
-    // the item's last stage (held until its tile is read back when Y^T is staged in it)
-    const int last = (g - 1 + STAGES) % STAGES;
-    if (w.slot >= 0) {  // a slice of a split block row: fp32 partial sums, finished by bsr_finalize_kernel
-      float* ws = args.ws + static_cast<long long>(w.slot) * R * args.n;
-#pragma unroll
-      for (int i = 0; i < NACC; ++i) {
-        const int nn = n0 + acc_col(lane, i);
-        if (nn < args.n) atomicAdd(ws + static_cast<long long>(acc_row(warp, lane, i)) * args.n + nn, acc[i]);
-      }
-    } else {
-      float bias_v[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) bias_v[h] = bias != nullptr ? to_f(bias[m0 + acc_row(warp, lane, 2 * h)]) : 0.f;
-      if (args.staged == 1) {  // Y^T through the last stage, 16-byte stores along m (as bsr_wgmma_kernel)
-        T* tile = reinterpret_cast<T*>(smem + last * Cfg::STAGE_BYTES);
-        consumer_sync(128);  // every warp's wgmmas have finished reading the stage
-#pragma unroll
-        for (int i = 0; i < NACC; ++i) {
-          float v = acc[i] + bias_v[(i >> 1) & 1];
-          if (args.relu) v = fmaxf(v, 0.f);
-          tile[acc_col(lane, i) * Cfg::OUT_LD + acc_row(warp, lane, i)] = from_f<T>(v);
-        }
-        consumer_sync(128);
-        constexpr int PER_ROW = R / 8;
-        for (int idx = threadIdx.x; idx < BN * PER_ROW; idx += 128) {
-          const int nl = idx / PER_ROW, ml = (idx % PER_ROW) * 8;
-          if (n0 + nl < args.n)
-            *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) =
-                *reinterpret_cast<const int4*>(tile + nl * Cfg::OUT_LD + ml);
-        }
-        // the tile's generic-proxy accesses before the producer's next TMA write of the stage (async proxy)
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      } else {
-#pragma unroll
-        for (int i = 0; i < NACC; ++i) {
-          const int nn = n0 + acc_col(lane, i);
-          if (nn < args.n) {
-            float v = acc[i] + bias_v[(i >> 1) & 1];
-            if (args.relu) v = fmaxf(v, 0.f);
-            y[(m0 + acc_row(warp, lane, i)) * args.sym + static_cast<long long>(nn) * args.syn] = from_f<T>(v);
-          }
-        }
-      }
-    }
-    __syncwarp();
-    if (count > 0 && lane == 0) mbar_arrive(&empty[last]);  // the item's last stage, back to the producer
-  }
-#endif  // PK_SM90A
-}
-
 // The launch of bsr_wgmma_t_kernel (16- and 32-row blocks; bsr_wgmma_kernel above keeps one tile per CTA): its grid
 // (a CTA per output tile, or per group of tiles_per_cta tiles, or for tiles_per_cta == TILES_WAVE one wave of resident
 // CTAs where that gives each at least WAVE_MIN_TILES tiles: with fewer, the CTAs holding one tile more would leave a
@@ -622,20 +461,6 @@ constexpr int wp_stages(int wanted) {
   return std::max(Cfg::MIN_STAGES, std::min(wanted > 0 ? wanted : Cfg::STAGES, Cfg::STAGES));
 }
 
-// Lets `Kernel` take up to `bytes` of dynamic shared memory on the current device: once per kernel and device (the
-// attribute is set per device).
-template <auto Kernel>
-void allow_smem(int bytes) {
-  constexpr int MAX_DEVICES = 64;
-  static std::once_flag once[MAX_DEVICES];
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  PRUNEKIT_CHECK(device >= 0 && device < MAX_DEVICES, "bsr_mm wgmma: device index ", device, " out of range");
-  std::call_once(once[device], [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  });
-}
-
 // The launch of bsr_wgmma_kernel: a CTA per output tile (work item, N tile); with WARP_PRODUCER `stages` pipeline
 // stages (wp_stages), else the kernel's constant count (`stages` unused).
 template <typename T, int C, int CONSUMERS, bool WARP_PRODUCER, int WN>
@@ -643,7 +468,14 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& b
             cudaStream_t stream) {
   using Cfg = WgConfig<C, CONSUMERS, WARP_PRODUCER, WN>;
   auto kernel = bsr_wgmma_kernel<T, C, CONSUMERS, WARP_PRODUCER, WN>;
-  allow_smem<bsr_wgmma_kernel<T, C, CONSUMERS, WARP_PRODUCER, WN>>(Cfg::SMEM_BYTES);
+  constexpr int MAX_DEVICES = 64;
+  static std::once_flag once[MAX_DEVICES];  // per instantiation and device: the attribute is set per device
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  PRUNEKIT_CHECK(device >= 0 && device < MAX_DEVICES, "bsr_mm wgmma: device index ", device, " out of range");
+  std::call_once(once[device], [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES));
+  });
   const dim3 grid(grid_rows, (base.n + Cfg::BN - 1) / Cfg::BN);
   if constexpr (WARP_PRODUCER) {
     BsrTArgs args{};
@@ -656,22 +488,6 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& b
     prunekit_launch::launch(kernel, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, base.pdl != 0, map_a, map_x,
                             base);
   }
-}
-
-// The launch of bsr_wgmma_pair_kernel (64 x 64 blocks, a producer warp, WN tokens): a CTA per two work items and N
-// tile, `stages` pipeline stages (wp_stages).
-template <typename T, int WN>
-void launch_pair(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& base, int grid_rows, int stages,
-                 cudaStream_t stream) {
-  using Cfg = WgConfig<64, 1, true, WN>;
-  allow_smem<bsr_wgmma_pair_kernel<T, WN>>(Cfg::SMEM_BYTES);
-  BsrTArgs args{};
-  static_cast<BsrArgs&>(args) = base;
-  args.n_items = grid_rows;
-  args.stages = wp_stages<64, 1, WN>(stages);
-  const dim3 grid((grid_rows + 1) / 2, (base.n + Cfg::BN - 1) / Cfg::BN);
-  prunekit_launch::launch(bsr_wgmma_pair_kernel<T, WN>, grid, dim3(Cfg::THREADS), Cfg::smem_bytes(args.stages), stream,
-                          args.pdl != 0, map_a, map_x, args);
 }
 
 // WN: tokens per consumer warpgroup (WG_N; 64 with WARP_PRODUCER and one consumer: the 64-token N tile)
