@@ -470,7 +470,7 @@ def main() -> None:
     )
     parser.add_argument("--wgmma-tile-ns", help="with --tiles-per-cta: comma-separated wgmma N tiles (128, 256)")
     parser.add_argument(
-        "--warp-tile-n", help="with --tiles-per-cta: comma-separated $PRUNEKIT_BSR_WARP_TILE_N values (32, 64, 128)"
+        "--warp-tile-n", help="with --tiles-per-cta: comma-separated $PRUNEKIT_BSR_WARP_TILE_N values (64, 128)"
     )
     parser.add_argument(
         "--schedule-chunk", type=int, help="most blocks per static-schedule item (default: formats.bsr.schedule_chunk)"

@@ -216,9 +216,7 @@ sys.path.insert(0, "tests/kernels")
 from test_bsr_mm import block_sparse_weight, _components
 from prunekit.formats.bsr import static_schedule
 from prunekit.kernels import structured
-for per_cta, stages, producer, warp_tile in (
-    ("1", "auto", "0", "128"), ("3", "auto", "1", "128"), ("wave", "2", "1", "64"), ("1", "2", "1", "32"),
-):
+for per_cta, stages, producer, warp_tile in (("1", "auto", "0", "128"), ("3", "auto", "1", "128"), ("wave", "2", "1", "64")):
     os.environ[structured.TILES_PER_CTA_ENV] = per_cta
     os.environ[structured.STAGES_ENV] = stages
     os.environ[structured.WARP_PRODUCER_ENV] = producer

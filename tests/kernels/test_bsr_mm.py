@@ -756,20 +756,19 @@ def test_bsr_wgmma_warp_producer_matches_warpgroup(dtype, c, mode, monkeypatch):
     """$PRUNEKIT_BSR_WARP_PRODUCER=1 (the 64-row kernel with a producer warp after its consumers, the launcher's stage
     count, empty block rows written straight from the bias) gives the output of the producer warpgroup bit for bit
     (split rows: within tolerance), and matches float64 (_check_launch_settings), at stages auto / 2 / 3 / 12 (raised
-    to the fewest that hold the epilogue tile, capped at the most), and with $PRUNEKIT_BSR_WARP_TILE_N=64 / 32
-    (consumers of 64 / 32 tokens where the plan gives the 128 tile; no effect on the warpgroup or the 256 tile)."""
+    to the fewest that hold the epilogue tile, capped at the most), and with $PRUNEKIT_BSR_WARP_TILE_N=64 (consumers
+    of 64 tokens where the plan gives the 128 tile; no effect on the warpgroup or the 256 tile)."""
     if not (structured.wgmma_available() and (64, c) in structured.WGMMA_BLOCKS):
         pytest.skip("needs an sm_90 GPU, a library built for sm_90a and a block the wgmma kernels take")
     settings = [("0", None, None), ("1", None, None), ("1", "2", None), ("1", "3", None), ("1", "12", None)]
     settings += [("1", None, "64"), ("1", "3", "64"), ("1", "12", "64"), ("0", None, "64")]
-    settings += [("1", None, "32"), ("1", "3", "32")]
     names = (structured.WARP_PRODUCER_ENV, structured.STAGES_ENV, structured.WARP_TILE_N_ENV)
     _check_launch_settings(dtype, 64, c, 10, range(4, 7), mode, names, settings, monkeypatch)
 
 
 def test_tiles_per_cta_setting_is_checked(monkeypatch):
     """A $PRUNEKIT_BSR_TILES_PER_CTA outside auto / wave / 1-64, a $PRUNEKIT_BSR_STAGES outside auto / 2-12, a
-    $PRUNEKIT_BSR_WARP_PRODUCER outside auto / 0 / 1, or a $PRUNEKIT_BSR_WARP_TILE_N outside auto / 32 / 64 / 128, is
+    $PRUNEKIT_BSR_WARP_PRODUCER outside auto / 0 / 1, or a $PRUNEKIT_BSR_WARP_TILE_N outside auto / 64 / 128, is
     refused with one sentence that names it (by the C++ launcher, so only on a GPU with the wgmma kernels)."""
     assert (
         structured.TILES_PER_CTA_ENV,
@@ -786,7 +785,7 @@ def test_tiles_per_cta_setting_is_checked(monkeypatch):
         (structured.TILES_PER_CTA_ENV, ("0", "65", "two", "1.5", "")),
         (structured.STAGES_ENV, ("1", "13")),
         (structured.WARP_PRODUCER_ENV, ("2", "yes")),
-        (structured.WARP_TILE_N_ENV, ("16", "256")),
+        (structured.WARP_TILE_N_ENV, ("32", "256")),
     ):
         for value in bad:
             if not value:  # "" is "auto": accepted

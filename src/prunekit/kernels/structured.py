@@ -169,8 +169,8 @@ STAGES_ENV = "PRUNEKIT_BSR_STAGES"
 WARP_PRODUCER_ENV = "PRUNEKIT_BSR_WARP_PRODUCER"
 WARP_PRODUCER_MIN_CTAS_PER_SM = 4  # warp_producer_rule: CTAs per SM per stored block per block row
 # The N tile of the 64-row kernel with a producer warp where the plan gives 128 (csrc/structured/bsr_mm_wgmma.cu
-# bsr_warp_tile_n): "64" consumers of 64 tokens (m64n64k16, 32 accumulators, six CTAs per SM), "32" of 32 tokens
-# (m64n32k16), "128"; unset / "auto": warp_tile_n_rule.
+# bsr_warp_tile_n): "64" consumers of 64 tokens (m64n64k16, 32 accumulators, six CTAs per SM), "128"; unset / "auto":
+# warp_tile_n_rule.
 WARP_TILE_N_ENV = "PRUNEKIT_BSR_WARP_TILE_N"
 _DECODE_SCHEDULE_ATTR = "_prunekit_bsr_decode_schedule"  # on crow_indices (tensor_cache.cached)
 # Split rows of the stored static schedule (formats.bsr.static_schedule: rows over twice the median, in slices of the

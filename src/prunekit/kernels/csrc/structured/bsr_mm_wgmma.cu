@@ -16,8 +16,6 @@ extern template void dispatch_c<__half, 1, true>(int, const CUtensorMap&, const 
                                               int, int, cudaStream_t);
 extern template void dispatch_c<__half, 1, true, 64>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
-extern template void dispatch_c<__half, 1, true, 32>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                              int, int, cudaStream_t);
 extern template void dispatch_c<__half, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
 extern template void dispatch_c<__half, 2, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
@@ -27,8 +25,6 @@ extern template void dispatch_c<__nv_bfloat16, 1, false>(int, const CUtensorMap&
 extern template void dispatch_c<__nv_bfloat16, 1, true>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
 extern template void dispatch_c<__nv_bfloat16, 1, true, 64>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
-                                              int, int, cudaStream_t);
-extern template void dispatch_c<__nv_bfloat16, 1, true, 32>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
 extern template void dispatch_c<__nv_bfloat16, 2, false>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&,
                                               int, int, cudaStream_t);
@@ -206,14 +202,13 @@ bool warp_tile_n_rule(int64_t m, int64_t r, int64_t nblocks) {
 }
 
 // $PRUNEKIT_BSR_WARP_TILE_N: the N tile of the 64-row kernel with a producer warp where the plan gives 128: "64"
-// (consumers of 64 tokens, m64n64k16), "32" (32 tokens, m64n32k16) or "128"; unset / "" / "auto": warp_tile_n_rule.
+// (consumers of 64 tokens, m64n64k16) or "128"; unset / "" / "auto": warp_tile_n_rule.
 int bsr_warp_tile_n(int64_t m, int64_t r, int64_t nblocks) {
   const char* v = std::getenv("PRUNEKIT_BSR_WARP_TILE_N");
   if (v != nullptr && std::strcmp(v, "64") == 0) return 64;
-  if (v != nullptr && std::strcmp(v, "32") == 0) return 32;
   if (v != nullptr && std::strcmp(v, "128") == 0) return 128;
   PRUNEKIT_CHECK(v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0,
-                 "bsr_mm: $PRUNEKIT_BSR_WARP_TILE_N must be 32, 64, 128 or auto, got '", v, "'");
+                 "bsr_mm: $PRUNEKIT_BSR_WARP_TILE_N must be 64, 128 or auto, got '", v, "'");
   return warp_tile_n_rule(m, r, nblocks) ? 64 : 128;
 }
 
@@ -295,12 +290,12 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
   const bool warp_producer = bsr_warp_producer(m, r, args.n, blocks.size(0), tile_n,
                                                 prunekit_launch::device_props(x.get_device()).sms);
   const int warp_tile_n = bsr_warp_tile_n(m, r, blocks.size(0));  // read and checked at every call, as above
-  const bool narrow = r == R && warp_producer && tile_n == 128 && warp_tile_n < 128;  // 64- or 32-token consumers
+  const bool narrow = r == R && warp_producer && tile_n == 128 && warp_tile_n == 64;  // 64-token consumers
   // 64-row blocks: box of one block (the A operand). 16 / 32 rows: box of one block too, the B operand of
-  // bsr_wgmma_t_kernel (X's slab is then the A operand). X: boxes of the N tile (warp_tile_n tokens where `narrow`).
+  // bsr_wgmma_t_kernel (X's slab is then the A operand). X: boxes of the N tile (64 tokens where `narrow`).
   const CUtensorMap map_a = make_map(blocks.data_ptr(), half, c, capacity_rows, static_cast<uint64_t>(c) * 2, c, r);
   const CUtensorMap map_x = make_map(x.data_ptr(), half, x.size(0), x.size(1), static_cast<uint64_t>(x.stride(1)) * 2,
-                                     c, narrow ? warp_tile_n : tile_n);
+                                     c, narrow ? 64 : tile_n);
   // The X-slab copy (use_x_slabs): tokens padded to the largest N tile, so every bulk copy stays inside its slab; freed
   // after the launch (the caching allocator reuses it only for later work on this stream).
   at::Tensor slabs;
@@ -322,14 +317,12 @@ void launch_bsr_wgmma(const at::Tensor& blocks, const at::Tensor& x, const BsrAr
       t(r, c, map_a, map_x, run_args, grid_rows, tiles_per_cta, stages, stream);
     } else {  // 64-row blocks: bsr_wgmma_kernel, X through TMA boxes (use_x_slabs is false for them)
       auto k = half ? (tile_n == 256 ? (warp_producer ? dispatch_c<__half, 2, true> : dispatch_c<__half, 2, false>)
-                                     : (narrow          ? (warp_tile_n == 64 ? dispatch_c<__half, 1, true, 64>
-                                                                             : dispatch_c<__half, 1, true, 32>)
+                                     : (narrow          ? dispatch_c<__half, 1, true, 64>
                                         : warp_producer ? dispatch_c<__half, 1, true>
                                                         : dispatch_c<__half, 1, false>))
                     : (tile_n == 256 ? (warp_producer ? dispatch_c<__nv_bfloat16, 2, true>
                                                       : dispatch_c<__nv_bfloat16, 2, false>)
-                                     : (narrow          ? (warp_tile_n == 64 ? dispatch_c<__nv_bfloat16, 1, true, 64>
-                                                                             : dispatch_c<__nv_bfloat16, 1, true, 32>)
+                                     : (narrow          ? dispatch_c<__nv_bfloat16, 1, true, 64>
                                         : warp_producer ? dispatch_c<__nv_bfloat16, 1, true>
                                                         : dispatch_c<__nv_bfloat16, 1, false>));
       k(c, map_a, map_x, run_args, grid_rows, stages, stream);

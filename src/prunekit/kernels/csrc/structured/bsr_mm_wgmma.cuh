@@ -41,11 +41,11 @@ constexpr int WG_N = 128;  // output columns per consumer warpgroup (m64n128k16)
 // WARP_PRODUCER: the TMA loads come from one warp after the consumers (128 * CONSUMERS + 32 threads) instead of a
 // warpgroup before them, and the stage count is the launcher's (args.stages of BsrTArgs, at most STAGES): 96 fewer
 // threads' registers and, with fewer stages, less shared memory per CTA, so that more CTAs fit an SM.
-// WN: output columns (tokens) per consumer warpgroup, WG_N or, with WARP_PRODUCER, 64 or 32 (m64n64k16 / m64n32k16:
-// a half / a quarter of the accumulators and of the X slab, so that more CTAs fit an SM).
+// WN: output columns (tokens) per consumer warpgroup, WG_N or, with WARP_PRODUCER, 64 (m64n64k16: half the
+// accumulators and of the X slab, so that more CTAs fit an SM).
 template <int C, int CONSUMERS, bool WARP_PRODUCER = false, int WN = WG_N>
 struct WgConfig {
-  static_assert(WN == WG_N || ((WN == 64 || WN == 32) && WARP_PRODUCER), "narrow consumers only with the producer warp");
+  static_assert(WN == WG_N || (WN == 64 && WARP_PRODUCER), "64-token consumers only with the producer warp");
   static constexpr int BN = WN * CONSUMERS;
   static constexpr int NACC = WN / 2;  // fp32 accumulators per thread
   static constexpr int THREADS = 128 * CONSUMERS + (WARP_PRODUCER ? 32 : 128);
@@ -490,7 +490,7 @@ void launch(const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& b
   }
 }
 
-// WN: tokens per consumer warpgroup (WG_N; 64 or 32 with WARP_PRODUCER and one consumer: the 64- / 32-token N tile)
+// WN: tokens per consumer warpgroup (WG_N; 64 with WARP_PRODUCER and one consumer: the 64-token N tile)
 template <typename T, int CONSUMERS, bool WARP_PRODUCER, int WN = WG_N>
 void dispatch_c(int c, const CUtensorMap& map_a, const CUtensorMap& map_x, const BsrArgs& args, int grid_rows,
                 int stages, cudaStream_t stream) {

@@ -10,7 +10,5 @@ template void dispatch_c<__half, 2, true>(int, const CUtensorMap&, const CUtenso
                                       cudaStream_t);
 template void dispatch_c<__half, 1, true, 64>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
                                           int, cudaStream_t);
-template void dispatch_c<__half, 1, true, 32>(int, const CUtensorMap&, const CUtensorMap&, const BsrArgs&, int,
-                                          int, cudaStream_t);
 }  // namespace wgmma_bsr
 }  // namespace prunekit_structured
