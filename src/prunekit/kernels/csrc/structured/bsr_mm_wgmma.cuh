@@ -258,6 +258,21 @@ __device__ __forceinline__ void fill_empty_tile(const BsrArgs& args, long long m
     *reinterpret_cast<int4*>(y + static_cast<long long>(n0 + nl) * args.syn + m0 + ml) = value;
 }
 
+// The position in a ring of `stages` pipeline stages (a run-time count), advanced one use at a time: the stage and the
+// parity of its mbarriers' current phase, without the integer division per use that g % stages and g / stages cost.
+// In bsr_wgmma_t_kernel, whose stages carry little math (one or two m64n16k16 / m64n32k16 per consumer), those
+// divisions had made it 1.04-1.50x slower (H100, fp16, same call: 16-row blocks at N = 2048, 32-row at N = 128;
+// benchmarks/results/bsr-ab-{base,fix}{16,32}-h100-2026-11-27-s36e.json, scripts/bsr_ab.sh).
+struct StageRing {
+  int stage = 0, phase = 0;
+  __device__ __forceinline__ void next(int stages) {
+    if (++stage == stages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 // The arguments of bsr_wgmma_kernel: BsrArgs, or BsrTArgs (its `stages`) with WARP_PRODUCER.
 template <bool WARP_PRODUCER>
 using WgArgs = std::conditional_t<WARP_PRODUCER, BsrTArgs, BsrArgs>;
@@ -581,13 +596,14 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, CONSUMER
   if (wg == 0) {  // producer warpgroup: one thread issues every TMA load
     if (threadIdx.x == 0) {
       int g = 0;
+      StageRing ring;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const int tile = u / args.n_items;
         const BsrWork work = bsr_work_at(args, u - tile * args.n_items);
         const int n0 = tile * BN;
-        for (int b = work.start; b < work.end; ++b, ++g) {
-          const int s = g % stages;
-          if (g >= stages) mbar_wait(&empty[s], ((g / stages) + 1) & 1);
+        for (int b = work.start; b < work.end; ++b, ++g, ring.next(stages)) {
+          const int s = ring.stage;
+          if (g >= stages) mbar_wait(&empty[s], ring.phase ^ 1);  // the (g / stages - 1)-th release
           unsigned char* dst = smem + s * Cfg::STAGE_BYTES;
           mbar_expect_tx(&full[s], Cfg::X_BYTES + Cfg::BLOCK_TX);
           if constexpr (XR) {
@@ -607,7 +623,8 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, CONSUMER
   const T* bias = static_cast<const T*>(args.bias);
   // Y^T's staging tile: the pipeline's memory (one output tile per CTA), else a tile of its own after the barriers
   T* const out_tile = reinterpret_cast<T*>(args.own_tile ? reinterpret_cast<unsigned char*>(empty + Cfg::STAGES) : smem);
-  int g = 0;
+  StageRing ring;
+  int prev = 0;  // the stage used last (released when the next one's wgmmas are in flight, or at the tile's end)
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int tile = u / args.n_items;
     const BsrWork work = bsr_work_at(args, u - tile * args.n_items);
@@ -628,9 +645,9 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, CONSUMER
     for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int i = 0; i < NACC; ++i) acc[t][i] = 0.f;
-    for (int it = 0; it < count; ++it, ++g) {
-      const int s = g % stages;
-      mbar_wait(&full[s], (g / stages) & 1);
+    for (int it = 0; it < count; ++it, ring.next(stages)) {
+      const int s = ring.stage;
+      mbar_wait(&full[s], ring.phase);
       const uint32_t x_addr = smem_u32(smem + s * Cfg::STAGE_BYTES) + cw * WG_M * C * 2;
       const uint32_t b_addr = smem_u32(smem + s * Cfg::STAGE_BYTES + Cfg::X_BYTES);
       fence_regs(acc[0]);
@@ -646,12 +663,13 @@ __global__ void __launch_bounds__(WgtConfig<RB, C, CONSUMERS>::THREADS, CONSUMER
       fence_regs(acc[0]);
       fence_regs(acc[1]);
       wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
-      if (it > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % stages]);
+      if (it > 0 && lane == 0) mbar_arrive(&empty[prev]);
+      prev = s;
     }
     wgmma_wait<0>();
     fence_regs(acc[0]);
     fence_regs(acc[1]);
-    if (count > 0 && lane == 0) mbar_arrive(&empty[(g - 1) % stages]);  // the tile's last stage
+    if (count > 0 && lane == 0) mbar_arrive(&empty[prev]);  // the tile's last stage
     if (last) prunekit_launch::allow_dependent_launch();
 
     // acc[t][i] is Y(m0 + acc_col(lane, i), n0 + cw * WG_M + 64 t + acc_row(warp, lane, i)): D's rows are tokens
