@@ -12,10 +12,9 @@
 # $TAG.json, one pair per argument set i. (The thirty-sixth session's -s36e files came from a first, fixed-argument
 # version of this script, which named the working tree's files "fix" and its two sets "16" and "32".)
 set -uo pipefail
-OUT=${OUT:-$PWD/out}
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # $OUT, kernel cache, archs (each command below sets PYTHONPATH)
 BASE=${BSR_AB_BASE:-ab_base}
-mkdir -p "$OUT"
-export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache} PRUNEKIT_CUDA_ARCHS=90
 export PRUNEKIT_STRUCTURED_CPP=1 MAX_JOBS=${MAX_JOBS:-16}
 ROOT=$PWD
 DEV=$(python3 -c "import torch; n=torch.cuda.get_device_name(0).lower(); print('h100' if 'h100' in n else 'h200' if 'h200' in n else 'gpu')")
