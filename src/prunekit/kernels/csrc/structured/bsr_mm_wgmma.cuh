@@ -331,9 +331,10 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER, WN>::THR
   constexpr int PRODUCER0 = WARP_PRODUCER ? 128 * CONSUMERS : 0;  // its first thread
   if (WARP_PRODUCER ? threadIdx.x >= PRODUCER0 : wg == 0) {
     if (threadIdx.x == PRODUCER0) {
-      for (int it = 0; it < count; ++it) {
-        const int s = it % STAGES;
-        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);  // the (it / STAGES - 1)-th release
+      StageRing ring;  // (a run-time stage count with WARP_PRODUCER: no division per stage)
+      for (int it = 0; it < count; ++it, ring.next(STAGES)) {
+        const int s = ring.stage;
+        if (it >= STAGES) mbar_wait(&empty[s], ring.phase ^ 1);  // the consumers' previous release of stage s
         unsigned char* a_dst = smem + s * Cfg::STAGE_BYTES;
         const int b = start + it;
         mbar_expect_tx(&full[s], Cfg::STAGE_BYTES);
@@ -349,9 +350,11 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER, WN>::THR
   float acc[NACC];
 #pragma unroll
   for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
-  for (int it = 0; it < count; ++it) {
-    const int s = it % STAGES;
-    mbar_wait(&full[s], (it / STAGES) & 1);
+  StageRing ring;
+  int prev = 0;  // the stage before ring.stage, released once its wgmmas are done
+  for (int it = 0; it < count; ++it, prev = ring.stage, ring.next(STAGES)) {
+    const int s = ring.stage;
+    mbar_wait(&full[s], ring.phase);
     const uint32_t a_addr = smem_u32(smem + s * Cfg::STAGE_BYTES);
     const uint32_t b_addr = a_addr + Cfg::A_BYTES + cw * WN * C * 2;
     fence_regs(acc);
@@ -362,7 +365,7 @@ __global__ void __launch_bounds__(WgConfig<C, CONSUMERS, WARP_PRODUCER, WN>::THR
     wgmma_commit();
     fence_regs(acc);
     wgmma_wait<1>();  // the previous stage's wgmmas are done: release it to the producer
-    if (it > 0 && lane == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+    if (it > 0 && lane == 0) mbar_arrive(&empty[prev]);
   }
   wgmma_wait<0>();
   fence_regs(acc);
