@@ -262,7 +262,9 @@ __device__ __forceinline__ void fill_empty_tile(const BsrArgs& args, long long m
 // parity of its mbarriers' current phase, without the integer division per use that g % stages and g / stages cost.
 // In bsr_wgmma_t_kernel, whose stages carry little math (one or two m64n16k16 / m64n32k16 per consumer), those
 // divisions had made it 1.04-1.50x slower (H100, fp16, same call: 16-row blocks at N = 2048, 32-row at N = 128;
-// benchmarks/results/bsr-ab-{base,fix}{16,32}-h100-2026-11-27-s36e.json, scripts/bsr_ab.sh).
+// benchmarks/results/bsr-ab-{base,fix}{16,32}-h100-2026-11-27-s36e.json, scripts/bsr_ab.sh). bsr_wgmma_kernel (64-row
+// blocks) with a producer warp took 0.95-0.99x of the time with it at 3072 x 768 @ 2048 / 4096, 90 / 95%
+// (bsr-ab-{base,new}0-h100-2026-11-27-s37{a,d}.json).
 struct StageRing {
   int stage = 0, phase = 0;
   __device__ __forceinline__ void next(int stages) {
