@@ -20,6 +20,9 @@ contenders compute the layer output as a user would call them:
   call over many back-to-back calls with one synchronize at the end, ``layer_eager_overhead_us`` that minus the
   static device time (what eager calls add over the kernel; about 0 when the GPU is the bottleneck),
   ``layer_host_us`` the host time to issue one call (perf_counter over a burst shorter than the launch queue);
+  ``layer_eager_overhead_paired_us`` the same difference with both sides timed in alternating rounds (``overhead_pair``:
+  the layer's own calls in a CUDA graph, ``layer_graph_ms``, against eager loops of them, ``layer_paired_wall_ms``),
+  so that a drift of the GPU's or the host's speed during the run falls on both; the target's number where present;
 - prunekit dynamic: ``structured.bsr_mm_cuda(blocks, crow, cols, x2d.t(), M)`` (no schedule);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch BSR: ``torch.sparse._triton_ops.bsr_dense_mm(W_bsr, x2d.t())`` (Triton; eager and CUDA-graph replayed).
@@ -111,6 +114,13 @@ def eager_time(calls: list, trials: int = 5, target_s: float = EAGER_TARGET_S) -
 
 def graph_time(calls: list, replays: int = 7, target_s: float = GRAPH_TARGET_S) -> float:
     """Median per-call ms over replays of one CUDA graph holding many calls rotating over ``calls`` (device time)."""
+    graph, reps = capture_graph(calls, target_s)
+    return statistics.median(_ms_between(graph.replay) / reps for _ in range(replays))
+
+
+def capture_graph(calls: list, target_s: float = GRAPH_TARGET_S) -> tuple[torch.cuda.CUDAGraph, int]:
+    """One CUDA graph holding ``reps`` calls rotating over ``calls`` (about ``target_s`` of device time, at most 200
+    calls), warmed up and replayed once: ``(graph, reps)``."""
     for c in calls:
         c()
     torch.cuda.synchronize()
@@ -128,7 +138,7 @@ def graph_time(calls: list, replays: int = 7, target_s: float = GRAPH_TARGET_S) 
             calls[i % len(calls)]()
     graph.replay()
     torch.cuda.synchronize()
-    return statistics.median(_ms_between(graph.replay) / reps for _ in range(replays))
+    return graph, reps
 
 
 def _eager_reps(calls: list, target_s: float) -> int:
@@ -179,6 +189,38 @@ def wall_pair(a_calls: list, b_calls: list, rounds: int = 9, target_s: float = E
         "b_over_a": statistics.median(b / a for a, b in zip(a_rounds, b_rounds, strict=True)),
         "a_rounds": a_rounds,
         "b_rounds": b_rounds,
+    }
+
+
+def overhead_pair(calls: list, rounds: int = 7, replays: int = 3, target_s: float = EAGER_TARGET_S) -> dict:
+    """What eager calls add over their own device time, both timed in the same window: a CUDA graph of ``calls``
+    (:func:`capture_graph`; the median of ``replays`` replays) and a loop of back-to-back eager calls with one
+    synchronize at the end (:func:`_eager_loop`, wall-clock) take turns in ``rounds`` rounds, the order swapped every
+    round. A drift of the GPU's speed (clocks, temperature) or of the host's during the run then falls on both alike;
+    timed minutes apart (``wall_time`` minus ``graph_time``), the difference of two long kernels' times carried that
+    drift (up to 72 us on a 461 us kernel in ``bsr-final-h100-2026-11-27-s37c.json``, where the same kernel's three
+    eager paths gave 7, 45 and 72 us). Returns ``graph_ms`` and ``wall_ms`` (ms per call, medians over the rounds),
+    ``overhead_us`` (the median over the rounds of wall - graph, microseconds per call) and the per-round lists
+    ``graph_rounds`` / ``wall_rounds`` (ms)."""
+    graph, reps = capture_graph(calls, target_s)
+    eager_reps = _eager_reps(calls, target_s)
+    graph_rounds, wall_rounds = [], []
+
+    def device() -> None:
+        graph_rounds.append(statistics.median(_ms_between(graph.replay) / reps for _ in range(replays)))
+
+    def eager() -> None:
+        wall_rounds.append(_eager_loop(calls, eager_reps))
+
+    for r in range(rounds):
+        for step in (device, eager) if r % 2 == 0 else (eager, device):
+            step()
+    return {
+        "graph_ms": statistics.median(graph_rounds),
+        "wall_ms": statistics.median(wall_rounds),
+        "overhead_us": 1e3 * statistics.median(w - g for g, w in zip(graph_rounds, wall_rounds, strict=True)),
+        "graph_rounds": graph_rounds,
+        "wall_rounds": wall_rounds,
     }
 
 
@@ -314,6 +356,10 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
     res["layer_wall_ms"] = wall_time(layers)
     res["layer_host_us"] = host_time_us(layers)
     res["layer_eager_overhead_us"] = 1e3 * (res["layer_wall_ms"] - res["static_gpu_ms"])
+    if not args.no_paired_overhead:  # the same calls' device time and wall time in alternating rounds
+        pair = overhead_pair(layers, args.overhead_rounds)
+        res["layer_graph_ms"], res["layer_paired_wall_ms"] = pair["graph_ms"], pair["wall_ms"]
+        res["layer_eager_overhead_paired_us"] = pair["overhead_us"]
     if args.wgmma and structured.wgmma_available():
         try:
             res["static_wgmma_err"] = relative_error(static_call(sets[0], variant="wgmma")(), ref)
@@ -384,6 +430,13 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
     return res
 
 
+def layer_overhead_us(row: dict) -> float:
+    """The eager-overhead target's number for a result row: ``layer_eager_overhead_paired_us`` where the row has it
+    (timed in alternating rounds with the layer's own graph), else ``layer_eager_overhead_us`` (wall minus the static
+    call's graph time, timed apart: the only one in files before the thirty-eighth session)."""
+    return row.get("layer_eager_overhead_paired_us", row["layer_eager_overhead_us"])
+
+
 def table(results: list[dict]) -> Table:
     t = Table(title="prunekit bsr_mm vs cuBLAS dense and torch Triton BSR (speedups vs dense, same run)")
     for col in ("dtype", "M x K", "N", "blk", "sp", "static ms", "x dense", "eager x", "layer ovh us", "host us",
@@ -395,7 +448,7 @@ def table(results: list[dict]) -> Table:
         t.add_row(
             r["dtype"], f"{r['m']}x{r['k']}", str(r["n"]), str(r["block"]), f"{r['sparsity']:.2f}",
             f"{r['static_gpu_ms']:.3f}", f"{r['static_speedup_gpu']:.2f}", f"{r['static_speedup_eager']:.2f}",
-            f"{r['layer_eager_overhead_us']:.1f}", f"{r['layer_host_us']:.1f}",
+            f"{layer_overhead_us(r):.1f}", f"{r['layer_host_us']:.1f}",
             f"{r['static_wgmma_speedup_gpu']:.2f}" if "static_wgmma_speedup_gpu" in r else "-",
             f"{r['dynamic_over_static']:.2f}", tb, te, f"{max(r['static_err'], r['dynamic_err']):.1e}",
         )  # fmt: skip
@@ -420,7 +473,7 @@ def markdown(path: Path) -> str:
             tb = f"{r['torch_bsr_speedup_gpu']:.2f} / {r['dense_eager_ms'] / r['torch_bsr_eager_ms']:.2f}"
         layer = "-"
         if "layer_wall_ms" in r:
-            layer = f"{r['layer_eager_overhead_us']:.1f} / {r['layer_host_us']:.1f}"
+            layer = f"{layer_overhead_us(r):.1f} / {r['layer_host_us']:.1f}"
         wg = f"{r['static_wgmma_speedup_gpu']:.2f}" if "static_wgmma_speedup_gpu" in r else "-"
         lines.append(
             f"| {r['dtype']} | {r['m']}x{r['k']} | {r['n']} | {r['block']} | {r['sparsity']:.2f} | "
@@ -438,6 +491,12 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="the whole grid (about an hour); default: quick grid")
     parser.add_argument("--max-sets", type=int, default=8)
     parser.add_argument("--no-torch-bsr", action="store_true")
+    parser.add_argument(
+        "--no-paired-overhead",
+        action="store_true",
+        help="skip layer_eager_overhead_paired_us (the layer's graph and eager loops in alternating rounds)",
+    )
+    parser.add_argument("--overhead-rounds", type=int, default=7, help="rounds of bsr.overhead_pair per point")
     parser.add_argument("--wgmma", action=argparse.BooleanOptionalAction, default=True, help="time the wgmma variant")
     parser.add_argument("--blocks", help="comma-separated block sizes (default: the grid's)")
     parser.add_argument("--sparsities", help="comma-separated block sparsities (default: the grid's)")

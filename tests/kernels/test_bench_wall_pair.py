@@ -1,5 +1,6 @@
 """CPU: ``benchmarks/bsr.py``'s ``wall_pair`` times its two contenders in alternating rounds, swaps their order every
-round, and reports the median of the per-round ratios (a drift of the GPU's speed during a run falls on both)."""
+round, and reports the median of the per-round ratios (a drift of the GPU's speed during a run falls on both); its
+``overhead_pair`` does the same for a layer's CUDA graph and its eager loops, and reports the median difference."""
 
 from __future__ import annotations
 
@@ -49,3 +50,36 @@ def test_wall_pair_alternates_the_order_and_reports_the_median_ratio(clock):
     # b costs twice a; the drift moves both, the per-round ratio stays near 2
     assert out["b_over_a"] == pytest.approx(2.0, rel=0.02)
     assert out["b_ms"] > out["a_ms"] > 0
+
+
+def test_overhead_pair_alternates_graph_and_eager_rounds_and_reports_the_median_difference(clock, monkeypatch):
+    # the device side: a graph of `reps` calls whose replay costs 1 ms per call, drifting like the eager calls
+    reps = 4
+    kernel = clock.contender("graph", 1e-3 * reps)
+
+    class _Graph:
+        def replay(self):
+            kernel()
+
+    monkeypatch.setattr(bsr, "capture_graph", lambda calls, target_s: (_Graph(), reps))
+
+    def ms_between(fn):
+        start = clock.now
+        fn()
+        return (clock.now - start) * 1e3
+
+    monkeypatch.setattr(bsr, "_ms_between", ms_between)
+    eager = [clock.contender("eager", 1.25e-3)]  # 0.25 ms more per call than the device time
+    out = bsr.overhead_pair(eager, rounds=5, replays=3, target_s=0.0102)
+    assert len(out["graph_rounds"]) == len(out["wall_rounds"]) == 5
+    # after the warm-up call and the single-call probe: graph-then-eager, eager-then-graph, ... (3 replays per graph
+    # step; 10 eager calls per loop: _eager_reps' floor, over the 8 that target_s = 10.2 ms gives at 1.25 ms each)
+    device, loop = ["graph"] * 3, ["eager"] * 10
+    rounds = [device + loop if r % 2 == 0 else loop + device for r in range(5)]
+    assert clock.log[2:] == [name for rnd in rounds for name in rnd]
+    assert out["graph_ms"] == pytest.approx(1.0, rel=0.02)
+    assert out["wall_ms"] == pytest.approx(1.25, rel=0.02)
+    # the drift (1e-4 per call) moves both sides alike: the per-round difference stays near 0.25 ms
+    assert out["overhead_us"] == pytest.approx(250.0, rel=0.05)
+    rounds_diff = [1e3 * (w - g) for g, w in zip(out["graph_rounds"], out["wall_rounds"], strict=True)]
+    assert sorted(rounds_diff)[2] == pytest.approx(out["overhead_us"])
