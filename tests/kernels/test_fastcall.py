@@ -3,8 +3,9 @@ with the arguments it was given, and ``entry`` falls back to the ``OpOverload``.
 
 On the CPU the module is built for real, and the five operators are defined with the schemas the kernel sources
 register (read from those sources), with CPU implementations that echo their arguments: a wrong order, a dropped
-argument, or a signature that differs from the registration's shows up here without a GPU. The GPU tests of the
-runtime's eager paths run the real operators through it."""
+argument, or a signature that differs from the registration's shows up here without a GPU, and so does whether a
+call skipped torch's autograd fallback (only where no argument requires a gradient, or under no_grad). The GPU tests
+of the runtime's eager paths run the real operators through it."""
 
 from __future__ import annotations
 
@@ -158,7 +159,10 @@ CHILD = textwrap.dedent(
         out["missing"] = str(exc).splitlines()[0]
     out["ready_before"] = [module.ready(name) for name in fastcall.ENTRIES] + [module.ready("nm_mm")]
 
+    below = []  # per call: whether the autograd keys were excluded while the operator ran
+
     def echo(*args):  # every argument as a number: tensors by their sum, None as -1
+        below.append(torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.AutogradOther))
         vals = [-1.0 if a is None else float(a.sum()) if isinstance(a, torch.Tensor) else float(a) for a in args]
         return torch.tensor(vals, dtype=torch.float64)
 
@@ -184,11 +188,22 @@ CHILD = textwrap.dedent(
     for name, a in args.items():
         ns, op = fastcall.ENTRIES[name]
         fast = fastcall.entry(name)
-        out["calls"][name] = {
+        overload = getattr(getattr(torch.ops, ns), op).default
+        call = out["calls"][name] = {
             "fast_is_module": fast is getattr(module, name),
             "fast": getattr(module, name)(*a).tolist(),
-            "op": getattr(getattr(torch.ops, ns), op).default(*a).tolist(),
         }
+        call["fast_below"] = below[-1]
+        call["op"] = overload(*a).tolist()
+        call["op_below"] = below[-1]
+        # the first tensor argument requiring a gradient: the fast call keeps the autograd keys (torch's fallback
+        # runs), except under no_grad
+        g = (a[0].clone().requires_grad_(),) + a[1:]
+        call["grad"] = getattr(module, name)(*g).detach().tolist()
+        call["grad_below"] = below[-1]
+        with torch.no_grad():
+            getattr(module, name)(*g)
+        call["no_grad_below"] = below[-1]
     print(json.dumps(out))
     """
 )
@@ -222,7 +237,10 @@ def test_fast_entries_call_their_operators_with_the_same_arguments(tmp_path):
     for name, want in expected.items():
         call = out["calls"][name]
         assert call["fast_is_module"], name
-        assert call["fast"] == call["op"] == want, name
+        assert call["fast"] == call["op"] == call["grad"] == want, name
+        # no argument requiring a gradient: the fast call skips torch's autograd fallback (the OpOverload does not)
+        assert call["fast_below"] and not call["op_below"], name
+        assert not call["grad_below"] and call["no_grad_below"], name
     # a package's prebuilt copy (build.copy_prebuilt ships it) is imported without building: an empty cache here
     prebuilt = tmp_path / "prebuilt"
     prebuilt.mkdir()

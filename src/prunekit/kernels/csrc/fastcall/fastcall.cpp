@@ -3,10 +3,11 @@
 // Calling an operator from Python as torch.ops.NS.OP.default(...) converts every argument to an IValue against the
 // schema before the dispatcher runs: about 1.3 us for five arguments and 2 us for ten on the build machine, measured
 // against the functions below, which take the same arguments through pybind11's casters and call the same operator
-// through its typed dispatcher handle. The dispatcher still runs (autograd fallback, profiler, dispatch modes); only
-// the Python-side argument parsing is skipped. Each operator is looked up by name on its first call, so this module
-// loads before or without the kernel libraries: a call whose library is not loaded raises RuntimeError ("Could not
-// find schema for ..."), and the next call looks again.
+// through its typed dispatcher handle. The dispatcher still runs (profiler, dispatch modes); the Python-side argument
+// parsing is skipped, and so is torch's autograd fallback where no tensor argument requires a gradient
+// (BelowAutograd). Each operator is looked up by name on its first call, so this module loads before or without the
+// kernel libraries: a call whose library is not loaded raises RuntimeError ("Could not find schema for ..."), and the
+// next call looks again.
 //
 // This is a Python extension module (tied to one Python version, unlike the kernel libraries, which register their
 // operators with TORCH_LIBRARY and load under any Python of the same torch build). It holds no kernels: C++ only,
@@ -14,6 +15,8 @@
 #include <torch/extension.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstdint>
 #include <optional>
@@ -70,29 +73,53 @@ const c10::TypedOperatorHandle<SpmmCsrAuto>& spmm_csr_auto_op() {
   return op;
 }
 
+// The operators have no autograd kernel, so a call with the autograd dispatch keys in effect runs torch's autograd
+// fallback for custom operators: a boxed kernel (every argument packed into IValues, then unpacked again for the
+// operator's own kernel) that looks for arguments requiring a gradient and redispatches. Where grad mode is off or no
+// tensor argument requires a gradient, that fallback has nothing to do, and the call excludes the autograd keys (and
+// ADInplaceOrView) for its duration, as torch.inference_mode() does; the output is an ordinary tensor. Where an
+// argument requires a gradient, the call goes through the fallback as before (its warning included).
+bool needs_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
+bool needs_grad(const OptTensor& t) { return t.has_value() && needs_grad(*t); }
+template <typename... Ts>
+bool any_needs_grad(const Ts&... ts) {
+  return c10::GradMode::is_enabled() && (needs_grad(ts) || ...);
+}
+struct BelowAutograd {
+  explicit BelowAutograd(bool skip) {
+    if (skip) guard.emplace(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+  }
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> guard;
+};
+
 Tensor bsr_mm(const Tensor& blocks, const Tensor& crow, const Tensor& cols, const OptTensor& schedule,
               const OptTensor& split_rows, const Tensor& x, int64_t m, const OptTensor& bias, bool relu,
               int64_t variant) {
+  const BelowAutograd below(!any_needs_grad(blocks, crow, cols, schedule, split_rows, x, bias));
   return bsr_mm_op().call(blocks, crow, cols, schedule, split_rows, x, m, bias, relu, variant);
 }
 
 Tensor nm24_linear(const Tensor& plan, const Tensor& x, const OptTensor& bias, bool relu, int64_t cfg) {
+  const BelowAutograd below(!any_needs_grad(plan, x, bias));
   return nm24_linear_op().call(plan, x, bias, relu, cfg);
 }
 
 Tensor bitmap_linear(const Tensor& plan, const Tensor& x, const OptTensor& bias, bool relu, int64_t cfg,
                      int64_t shape) {
+  const BelowAutograd below(!any_needs_grad(plan, x, bias));
   return bitmap_linear_op().call(plan, x, bias, relu, cfg, shape);
 }
 
 Tensor spmv24(const Tensor& values, const Tensor& metadata, const Tensor& x, const OptTensor& bias, bool relu,
               bool rows) {
+  const BelowAutograd below(!any_needs_grad(values, metadata, x, bias));
   return spmv24_op().call(values, metadata, x, bias, relu, rows);
 }
 
 Tensor spmm_csr_auto(const Tensor& values, const Tensor& row_offsets, const Tensor& column_indices,
                      const Tensor& row_indices, const Tensor& x, int64_t m, const OptTensor& bias, bool relu,
                      int64_t variant) {
+  const BelowAutograd below(!any_needs_grad(values, row_offsets, column_indices, row_indices, x, bias));
   return spmm_csr_auto_op().call(values, row_offsets, column_indices, row_indices, x, m, bias, relu, variant);
 }
 

@@ -72,8 +72,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 // Row-major 2-D tensor map: `outer` rows of `inner` elements, rows `row_bytes` apart, boxes of box_inner x box_outer
 // with the swizzle of a box_inner * 2-byte row; out-of-range elements read as zero.
-CUtensorMap make_map(const void* ptr, bool half, uint64_t inner, uint64_t outer, uint64_t row_bytes,
-                     uint32_t box_inner, uint32_t box_outer) {
+CUtensorMap encode_map(const void* ptr, bool half, uint64_t inner, uint64_t outer, uint64_t row_bytes,
+                       uint32_t box_inner, uint32_t box_outer) {
   CUtensorMap map{};
   const cuuint64_t dims[2] = {inner, outer};
   const cuuint64_t strides[1] = {row_bytes};
@@ -88,6 +88,46 @@ CUtensorMap make_map(const void* ptr, bool half, uint64_t inner, uint64_t outer,
                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   PRUNEKIT_CHECK(res == CUDA_SUCCESS, "bsr_mm wgmma: cuTensorMapEncodeTiled failed with error ", static_cast<int>(res));
   return map;
+}
+
+// encode_map's result, remembered per thread for the last MAP_CACHE_SLOTS distinct arguments (direct-mapped by a hash
+// of them). A tensor map holds the address, sizes, strides, box and swizzle, not the data, so the same arguments
+// always give the same map: an eager layer's weight (and its activations, when the caching allocator hands the same
+// block back) skip cuTensorMapEncodeTiled on every call after the first. $PRUNEKIT_BSR_MAP_CACHE=0: encode at every
+// call (read at each call).
+constexpr int MAP_CACHE_SLOTS = 16;
+struct MapKey {
+  const void* ptr;
+  uint64_t inner, outer, row_bytes;
+  uint32_t box_inner, box_outer;
+  bool half;
+  bool operator==(const MapKey& o) const {
+    return ptr == o.ptr && inner == o.inner && outer == o.outer && row_bytes == o.row_bytes &&
+           box_inner == o.box_inner && box_outer == o.box_outer && half == o.half;
+  }
+};
+struct MapSlot {
+  MapKey key;
+  CUtensorMap map;
+  bool used = false;
+};
+
+CUtensorMap make_map(const void* ptr, bool half, uint64_t inner, uint64_t outer, uint64_t row_bytes,
+                     uint32_t box_inner, uint32_t box_outer) {
+  if (prunekit_launch::env_off("PRUNEKIT_BSR_MAP_CACHE"))
+    return encode_map(ptr, half, inner, outer, row_bytes, box_inner, box_outer);
+  thread_local MapSlot slots[MAP_CACHE_SLOTS];
+  const MapKey key{ptr, inner, outer, row_bytes, box_inner, box_outer, half};
+  uint64_t h = reinterpret_cast<uintptr_t>(ptr) >> 4;
+  h = h * 0x9E3779B97F4A7C15ull ^ (inner * 31 + outer) ^ (row_bytes << 7) ^ (uint64_t{box_inner} << 20) ^
+      (uint64_t{box_outer} << 29) ^ (half ? 1u : 0u);
+  MapSlot& slot = slots[(h ^ (h >> 32)) % MAP_CACHE_SLOTS];
+  if (!(slot.used && slot.key == key)) {
+    slot.map = encode_map(ptr, half, inner, outer, row_bytes, box_inner, box_outer);  // throws before the slot changes
+    slot.key = key;
+    slot.used = true;
+  }
+  return slot.map;
 }
 
 }  // namespace wgmma_bsr

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Device calls for the eager layers' host time and the BSR eager-overhead target (thirty-eighth session), one
+# subcommand per 10-minute call, from the repository root (PYTHONPATH=src, nothing installed). Outputs in $OUT.
+#
+#   OUT=$OUT bash scripts/gpu_host.sh probe   # build the ext, structured and nm24 libraries and the fast-call module,
+#                                             # then benchmarks/entry_host_probe.py against the base module's source
+#                                             # ab_base/fastcall.cpp (carried: `git show REV:src/prunekit/kernels/csrc/
+#                                             # fastcall/fastcall.cpp > ab_base/fastcall.cpp`), then $TEST_FILES
+#   OUT=$OUT bash scripts/gpu_host.sh grid    # benchmarks/bsr.py on the 225-point fp16 grid of the thirty-seventh
+#                                             # session (-s37c) with layer_eager_overhead_paired_us ($GRID_BLOCKS)
+#   OUT=$OUT bash scripts/gpu_host.sh tests   # the GPU test files of the changed paths ($TEST_FILES, $TEST_BUDGET_S)
+#
+# TAG (default s38) names the result files.
+set -uo pipefail
+MODE=${1:-probe}
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH, the kernel cache and archs
+export PYTHONUNBUFFERED=1 PRUNEKIT_STRUCTURED_CPP=${PRUNEKIT_STRUCTURED_CPP:-1}
+TAG=${TAG:-s38}
+dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]*' | head -1 | tr 'H' 'h')
+date=$(date -u +%F)
+TEST_FILES=${TEST_FILES:-"tests/kernels/test_fastcall.py tests/kernels/test_bsr_mm.py tests/kernels/test_bsr_pdl.py \
+tests/kernels/test_structured_tiling.py tests/kernels/test_spmm_entry.py tests/kernels/test_spmm_bitmap.py \
+tests/kernels/test_nm24_decode.py tests/kernels/test_nm24_spmv.py"}
+
+build() {
+  NAMESPACES=${NAMESPACES:-"prunekit_ext prunekit_structured prunekit_nm24"} bash scripts/gpu_session.sh build
+  rm -rf "$OUT"/prebuilt*  # over what the device tool returns
+}
+
+case $MODE in
+  probe)
+    build
+    base=()
+    [[ -f ab_base/fastcall.cpp ]] && base=(--base-fastcall ab_base/fastcall.cpp)
+    timeout "${PROBE_TIMEOUT_S:-240}" python3 benchmarks/entry_host_probe.py "${base[@]}" \
+      --trials "${PROBE_TRIALS:-21}" --out "$OUT/entry-host-${dev:-gpu}-$date-$TAG.json" > "$OUT/entry-host-$TAG.log" 2>&1
+    echo "entry_host_probe.py: rc=$?"
+    tail -n 80 "$OUT/entry-host-$TAG.log"
+    TEST_BUDGET_S=${TEST_BUDGET_S:-150} TEST_FILES=$TEST_FILES bash scripts/gpu_session.sh tests
+    ;;
+  grid)
+    NAMESPACES=prunekit_structured build
+    timeout "${GRID_TIMEOUT_S:-520}" python3 benchmarks/bsr.py --out "$OUT/bsr-final-${dev:-gpu}-$date-$TAG.json" \
+      --blocks "${GRID_BLOCKS:-64,32,16}" --dtypes float16 --sparsities 0.95,0.9,0.8,0.7,0.5 \
+      --shapes 3072x768,11008x4096,4096x4096,768x3072,4096x11008 --any-ns 4096,2048,128 \
+      --time-limit-s "${GRID_TIME_LIMIT_S:-460}" > "$OUT/bsr-grid-$TAG.log" 2>&1
+    echo "bsr.py: rc=$?"
+    tail -n 5 "$OUT/bsr-grid-$TAG.log"
+    ;;
+  tests)
+    TEST_BUDGET_S=${TEST_BUDGET_S:-480} TEST_FILES=$TEST_FILES bash scripts/gpu_session.sh tests
+    ;;
+  *)
+    echo "usage: bash scripts/gpu_host.sh probe|grid|tests" >&2
+    exit 2
+    ;;
+esac
+ls -la "$OUT"
