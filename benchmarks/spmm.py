@@ -4,7 +4,9 @@ For every dtype, weight shape W (M x K), sparsity and N: W is random (i.i.d. N(0
 probability ``sparsity``), activations are nn.Linear-shaped ``x2d: (N, K)``, and the three contenders compute the
 layer output the way a user would call them:
 
-- prunekit: ``ops.spmm_csr(..., x2d.t(), M)`` (the runtime's call; returns the transposed (N, M) output, no copies);
+- prunekit: ``ops.spmm_csr(..., x2d.t(), M)`` (the runtime's call; returns the transposed (N, M) output, no copies;
+  eagerly its direct call of the CUDA implementation, ``ops.eager_direct``; with ``--op-rounds`` also the registered
+  op ``torch.ops.prunekit.spmm_csr`` against it, wall-clock in alternating rounds);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch.sparse: ``torch.sparse.mm(W_csr, x2d.t())`` (cuSPARSE through torch, int64 CSR).
 
@@ -60,6 +62,9 @@ from prunekit.kernels.spmm_bitmap_plan import bitmap_bytes, get_bitmap_plan
 from prunekit.kernels.spmm_scatter_plan import get_scatter_plan
 from prunekit.kernels.spmm_tc_plan import build_tc_plan
 from prunekit.kernels.testing import encode_csr, prunekit_settings, random_sparse_weight, relative_error
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bsr import wall_pair  # noqa: E402
 
 SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (768, 3072), (3072, 768)]
 NS = [1, 16, 128, 2048, 4096]
@@ -170,6 +175,7 @@ def bench_config(
     l2_bytes: int,
     seed: int,
     forced_only: tuple[str, ...] | None = None,
+    op_rounds: int = 0,
 ) -> list:
     dtype = getattr(torch, dtype_name)
     esize = torch.empty((), dtype=dtype).element_size()
@@ -224,6 +230,21 @@ def bench_config(
         dense = [lambda w=w, x=x: F.linear(x, w) for w, x in zip(weights, xs, strict=True)]
         ours_gpu = graph_time(ours)
         ours_eager = eager_time(ours)
+        if op_rounds:
+            # the same call through the registered op (torch.ops.prunekit.spmm_csr: the custom-op layers), against
+            # ops.spmm_csr's eager direct call, in alternating rounds of wall-clock loops (bsr.wall_pair)
+            via_op = [
+                lambda c=c, x=x: torch.ops.prunekit.spmm_csr.default(**c, x=x.t(), m=m)
+                for c, x in zip(csrs, xs, strict=True)
+            ]
+            pair = wall_pair(ours, via_op, op_rounds)
+            op_pair = {
+                "prunekit_direct_wall_ms": pair["a_ms"],
+                "prunekit_op_wall_ms": pair["b_ms"],
+                "op_over_direct_wall": pair["b_over_a"],
+            }
+        else:
+            op_pair = {}
         dense_gpu = graph_time(dense)
         dense_eager = eager_time(dense)
         forced = {}
@@ -326,6 +347,7 @@ def bench_config(
                 "min_bytes": min_bytes,
                 "gbps": min_bytes / (ours_gpu * 1e-3) / 1e9,
                 "fraction_of_hbm": min_bytes / (ours_gpu * 1e-3) / 1e9 / HBM_GBPS,
+                **op_pair,
                 **forced,
             }
         )
@@ -470,6 +492,13 @@ def main() -> None:
     parser.add_argument("--variants", action="store_true", help="time each SpMM variant forced instead")
     parser.add_argument("--overhead", action="store_true", help="also measure the host overhead of each call layer")
     parser.add_argument(
+        "--op-rounds",
+        type=int,
+        default=0,
+        help="also time ops.spmm_csr's eager call against the registered op (torch.ops.prunekit.spmm_csr) in this "
+        "many alternating rounds (prunekit_direct_wall_ms, prunekit_op_wall_ms, op_over_direct_wall)",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="only run the first dtype/shape/sparsity/N 5 times (for ncu), no timing"
     )
     parser.add_argument("--time-budget-s", type=float, default=float("inf"), help="start no config after this")
@@ -515,7 +544,7 @@ def main() -> None:
         if args.variants:
             rows = bench_variants(dtype_name, m, k, sparsity, ns, args.seed + i)
         else:
-            rows = bench_config(dtype_name, m, k, sparsity, ns, l2, args.seed + i, forced_only)
+            rows = bench_config(dtype_name, m, k, sparsity, ns, l2, args.seed + i, forced_only, args.op_rounds)
         result["rows"].extend(rows)
         result["elapsed_s"] = time.monotonic() - started
         write_json(args.out, result)

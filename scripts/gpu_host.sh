@@ -9,6 +9,9 @@
 #   OUT=$OUT bash scripts/gpu_host.sh grid    # benchmarks/bsr.py on the 225-point fp16 grid of the thirty-seventh
 #                                             # session (-s37c) with layer_eager_overhead_paired_us ($GRID_BLOCKS)
 #   OUT=$OUT bash scripts/gpu_host.sh tests   # the GPU test files of the changed paths ($TEST_FILES, $TEST_BUDGET_S)
+#   OUT=$OUT bash scripts/gpu_host.sh ops     # build, the GPU tests of the custom ops' eager direct path
+#                                             # ($OPS_TEST_FILES), then benchmarks/spmm.py at decode points with
+#                                             # --op-rounds (ops.spmm_csr's direct call against the registered op)
 #
 # TAG (default s38) names the result files.
 set -uo pipefail
@@ -51,8 +54,20 @@ case $MODE in
   tests)
     TEST_BUDGET_S=${TEST_BUDGET_S:-480} TEST_FILES=$TEST_FILES bash scripts/gpu_session.sh tests
     ;;
+  ops)
+    MAX_JOBS=${MAX_JOBS:-5} build
+    TEST_BUDGET_S=${TEST_BUDGET_S:-170} TEST_FILES=${OPS_TEST_FILES:-"tests/kernels/test_spmm_csr_cuda.py tests/kernels/test_sddmm_csr_cuda.py \
+tests/kernels/test_spmm_autograd.py tests/kernels/test_bsr_mm.py tests/kernels/test_nm_mm.py"} \
+      bash scripts/gpu_session.sh tests
+    timeout "${OPS_TIMEOUT_S:-150}" python3 benchmarks/spmm.py --out "$OUT/spmm-opdirect-${dev:-gpu}-$date-$TAG.json" \
+      --dtypes float16 --shapes "${OPS_SHAPES:-4096x4096,768x3072,11008x4096}" --ns "${OPS_NS:-1,16}" \
+      --sparsities "${OPS_SPARSITIES:-0.7,0.9}" --op-rounds "${OPS_ROUNDS:-9}" --forced bitmap \
+      > "$OUT/spmm-opdirect-$TAG.log" 2>&1
+    echo "spmm.py: rc=$?"
+    tail -n 30 "$OUT/spmm-opdirect-$TAG.log"
+    ;;
   *)
-    echo "usage: bash scripts/gpu_host.sh probe|grid|tests" >&2
+    echo "usage: bash scripts/gpu_host.sh probe|grid|tests|ops" >&2
     exit 2
     ;;
 esac

@@ -7,23 +7,96 @@ Each op has a CPU implementation (the pure-torch reference in ``reference.py``) 
 the extension on first use and raise ``KernelUnavailable`` when they cannot. The ``split24`` variant's residual op,
 ``prunekit::residual_rows``, is registered by ``split24.py`` (imported below), ``prunekit::ks_mm`` by ``ks.py``.
 torch only: this package is copied into every exported package's ``runtime/``.
+
+Eager calls: ``spmm_csr``, ``sddmm_csr``, ``csr_to_dense``, ``bsr_mm``, ``nm_mm`` and ``structured.bsr_mm_static``
+run their CUDA implementation directly where :func:`eager_direct` allows it (plain CUDA tensors, no gradient to record,
+nothing tracing or intercepting the call), skipping the custom-op layers' host time; everywhere else (CPU, autograd,
+``torch.compile``, ``torch.export``, modes, profiling) they go through the registered op as before.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from . import reference
 from .layout import as_spmm_output, new_spmm_output
 
-__all__ = ["spmm_csr", "sddmm_csr", "csr_to_dense", "bsr_mm", "nm_mm"]
+__all__ = ["spmm_csr", "sddmm_csr", "csr_to_dense", "bsr_mm", "nm_mm", "eager_direct"]
 
 
-def _define(name: str, fn, fake, cuda=None, autograd=None):
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # eager_direct's tensor types (a Parameter dispatches as a plain tensor)
+
+
+def eager_direct(x: torch.Tensor, *tensors: torch.Tensor | None, device_type: str = "cuda") -> bool:
+    """Whether a call of a prunekit op may run the op's CUDA implementation directly instead of going through the
+    custom-op layers (``torch.library.custom_op``'s Python autograd kernel, the dispatcher and the Python kernel
+    wrapper: most of an eager op call's host time at small sizes). The result and the errors are the same; what a direct
+    call leaves out is what those layers add, so it is taken only where they would add nothing:
+
+    - ``x`` is a plain ``torch.Tensor`` or ``nn.Parameter`` (no other subclass: no fake or functional tensors) on
+      ``device_type``, and so is every other tensor given (None is skipped);
+    - no tensor requires a gradient while grad mode is on (the op's autograd records the call otherwise);
+    - nothing intercepts the call: not compiling or exporting (``torch.compiler.is_compiling``), not ``torch.jit``
+      tracing, no torch-function or dispatch mode active (``torch.device`` contexts, FlopCounterMode, proxy tracing),
+      no functorch transform (``vmap``, ``grad``), and no profiler running (it keeps the op's name in its trace).
+
+    Args:
+        x: the op's dense operand; tensors: its other tensor arguments (any may be None); device_type: the device
+            whose implementation a direct call runs (``"cpu"`` only for tests of the other conditions).
+
+    Returns:
+        True where the direct call may run. Host time about 1 us (CPU build machine)."""
+    if torch.compiler.is_compiling() or type(x) not in _PLAIN or x.device.type != device_type:
+        return False
+    grad = torch.is_grad_enabled()
+    if grad and x.requires_grad:
+        return False
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
+            return False
+    return not (
+        torch.jit.is_tracing()
+        or torch._C._len_torch_function_stack()
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._functorch.peek_interpreter_stack() is not None
+        or torch._C._autograd._profiler_enabled()
+    )
+
+
+@functools.cache
+def _direct_class(base: type) -> type:
+    """A subclass of ``torch.library.custom_op``'s op class whose call first offers its arguments to the instance's
+    ``_eager_direct`` function (same signature as the op): that returns the result, or ``NotImplemented`` where
+    :func:`eager_direct` says no, and then the op runs as usual."""
+
+    class EagerDirectOp(base):
+        def __call__(self, *args, **kwargs):
+            out = self._eager_direct(*args, **kwargs)
+            return self._opoverload(*args, **kwargs) if out is NotImplemented else out
+
+    EagerDirectOp.__name__ = EagerDirectOp.__qualname__ = f"EagerDirect{base.__name__}"
+    return EagerDirectOp
+
+
+def attach_eager_direct(op, direct) -> None:
+    """Give ``op`` (a ``torch.library.custom_op`` op, as :func:`_define` returns it) an eager direct path: ``direct``
+    takes the op's arguments and returns the result of its CUDA implementation, or ``NotImplemented`` (from an
+    :func:`eager_direct` check) for the op to run. The op object stays what it was otherwise (``opcheck``, ``register_*``,
+    ``torch.ops.prunekit.NAME`` are unchanged). An ``OpOverload`` (the op registered by another copy of this module) is
+    left as it is."""
+    if isinstance(op, torch._ops.OpOverload):
+        return
+    op.__class__ = _direct_class(type(op))
+    op._eager_direct = direct
+
+
+def _define(name: str, fn, fake, cuda=None, autograd=None, direct=None):
     """Register ``prunekit::name`` once per process (a package runtime and prunekit may both import this).
 
     The first copy to import registers the CPU, fake, (when given) CUDA and autograd (``(backward, setup_context)``)
-    implementations; later copies reuse them.
+    implementations, and attaches ``direct`` (:func:`attach_eager_direct`); later copies reuse them.
     """
     qualname = f"prunekit::{name}"
     try:
@@ -35,6 +108,8 @@ def _define(name: str, fn, fake, cuda=None, autograd=None):
         op.register_kernel("cuda")(cuda)
     if autograd is not None:
         op.register_autograd(autograd[0], setup_context=autograd[1])
+    if direct is not None:
+        attach_eager_direct(op, direct)
     return op
 
 
@@ -60,6 +135,12 @@ def _spmm_csr_cuda(values, row_offsets, column_indices, row_indices, x, m, bias=
     from . import gpu
 
     return gpu.spmm_csr_op(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
+
+
+def _spmm_csr_direct(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none"):
+    if not eager_direct(x, values, row_offsets, column_indices, row_indices, bias):
+        return NotImplemented
+    return _spmm_csr_cuda(values, row_offsets, column_indices, row_indices, x, m, bias, activation)
 
 
 def _spmm_csr_setup_context(ctx, inputs, output):
@@ -136,6 +217,12 @@ def _sddmm_csr_cuda(row_offsets, column_indices, row_indices, a, b):
     return gpu.sddmm_csr(row_offsets, column_indices, row_indices, a, b)
 
 
+def _sddmm_csr_direct(row_offsets, column_indices, row_indices, a, b):
+    if not eager_direct(a, b, row_offsets, column_indices, row_indices):
+        return NotImplemented
+    return _sddmm_csr_cuda(row_offsets, column_indices, row_indices, a, b)
+
+
 def _csr_to_dense(
     values: torch.Tensor, row_offsets: torch.Tensor, column_indices: torch.Tensor, m: int, k: int
 ) -> torch.Tensor:
@@ -150,6 +237,12 @@ def _csr_to_dense_cuda(values, row_offsets, column_indices, m, k):
     from . import gpu
 
     return gpu.csr_to_dense(values, row_offsets, column_indices, m, k)
+
+
+def _csr_to_dense_direct(values, row_offsets, column_indices, m, k):
+    if not eager_direct(values, row_offsets, column_indices):
+        return NotImplemented
+    return _csr_to_dense_cuda(values, row_offsets, column_indices, m, k)
 
 
 def _bsr_mm(
@@ -185,7 +278,7 @@ def _nm_mm_fake(values, metadata, x, n, m_group, bits, bias=None, activation="no
     return x.new_empty((values.shape[0], x.shape[1]))
 
 
-sddmm_csr = _define("sddmm_csr", _sddmm_csr, _sddmm_csr_fake, _sddmm_csr_cuda)
+sddmm_csr = _define("sddmm_csr", _sddmm_csr, _sddmm_csr_fake, _sddmm_csr_cuda, direct=_sddmm_csr_direct)
 """``prunekit::sddmm_csr(row_offsets, column_indices, row_indices, a, b) -> (nnz_padded,)``: ``(A @ B^T)`` sampled at
 a CSR pattern (Sputnik SDDMM), ``a: (M, K_inner)``, ``b: (N, K_inner)``; padding entries are 0."""
 spmm_csr = _define(
@@ -194,13 +287,16 @@ spmm_csr = _define(
     _spmm_csr_fake,
     _spmm_csr_cuda,
     autograd=(_spmm_csr_backward, _spmm_csr_setup_context),
+    direct=_spmm_csr_direct,
 )
 """``prunekit::spmm_csr(values, row_offsets, column_indices, row_indices, x, m, bias=None, activation="none")``:
 ``Y (M, N) = act(A @ X + bias[:, None])`` with A in prunekit CSR (Sputnik SpMM, Gale et al. 2020). A column-major
 ``x`` (``x2d.t()``) gives a column-major Y (``layout.py``). CPU: reference; CUDA: ``gpu.spmm_csr_op`` (its C++ entries, else
 ``gpu.spmm_csr``). Differentiable in
 ``values`` (SDDMM), ``x`` and ``bias``."""
-csr_to_dense = _define("csr_to_dense", _csr_to_dense, _csr_to_dense_fake, _csr_to_dense_cuda)
+csr_to_dense = _define(
+    "csr_to_dense", _csr_to_dense, _csr_to_dense_fake, _csr_to_dense_cuda, direct=_csr_to_dense_direct
+)
 """``prunekit::csr_to_dense(values, row_offsets, column_indices, m, k) -> (M, K)``: a prunekit CSR weight as a dense
 matrix in the values' dtype (columns unique within a row apart from zero padding, as the format stores them). CPU:
 reference; CUDA: ``gpu.csr_to_dense``, the ``dense`` SpMM variant's decompression kernel. Not differentiable."""

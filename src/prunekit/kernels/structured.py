@@ -1139,6 +1139,24 @@ def _bsr_mm_static_cuda(blocks, crow_indices, col_indices, schedule, split_rows,
     return bsr_mm_eager(blocks, crow_indices, col_indices, x, m, bias, activation, schedule, split_rows)
 
 
+def _bsr_mm_direct(blocks, crow_indices, col_indices, x, m, bias=None, activation="none"):
+    if not ops.eager_direct(x, blocks, crow_indices, col_indices, bias):
+        return NotImplemented
+    return _bsr_mm_cuda(blocks, crow_indices, col_indices, x, m, bias, activation)
+
+
+def _nm_mm_direct(values, metadata, x, n, m_group, bits, bias=None, activation="none"):
+    if not ops.eager_direct(x, values, metadata, bias):
+        return NotImplemented
+    return nm_mm_cuda(values, metadata, x, n, m_group, bits, bias, activation)
+
+
+def _bsr_mm_static_direct(blocks, crow_indices, col_indices, schedule, split_rows, x, m, bias=None, activation="none"):
+    if not ops.eager_direct(x, blocks, crow_indices, col_indices, schedule, split_rows, bias):
+        return NotImplemented
+    return _bsr_mm_static_cuda(blocks, crow_indices, col_indices, schedule, split_rows, x, m, bias, activation)
+
+
 def _register() -> None:
     """CUDA kernels of ``bsr_mm`` / ``nm_mm``, and the output-layout rule of ``layout.py`` for their CPU and fake
     implementations, so that all three agree on strides (column-major Y for the runtime's ``x2d.t()``)."""
@@ -1150,10 +1168,14 @@ def _register() -> None:
         torch.library.register_kernel(qualname, "cpu", cpu)
         torch.library.register_fake(qualname, fake)
         torch.library.register_kernel(qualname, "cuda", cuda)
+    ops.attach_eager_direct(ops.bsr_mm, _bsr_mm_direct)
+    ops.attach_eager_direct(ops.nm_mm, _nm_mm_direct)
 
 
 _register()
 bsr_mm = ops.bsr_mm
-bsr_mm_static = ops._define("bsr_mm_static", _bsr_mm_static, _bsr_mm_static_fake, _bsr_mm_static_cuda)
+bsr_mm_static = ops._define(
+    "bsr_mm_static", _bsr_mm_static, _bsr_mm_static_fake, _bsr_mm_static_cuda, direct=_bsr_mm_static_direct
+)
 """``prunekit::bsr_mm_static(blocks, crow_indices, col_indices, schedule, split_rows, x, m, bias=None,
 activation="none")``: ``bsr_mm`` driven by the static schedule stored with the weight (``formats/bsr.py``)."""
