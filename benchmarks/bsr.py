@@ -8,7 +8,8 @@ contenders compute the layer output as a user would call them:
 - prunekit static: ``structured.bsr_mm_eager(blocks, crow, cols, x2d.t(), M, ..., schedule, split_rows)``, the C++
   entry ``prunekit_structured::bsr_mm`` that the runtime's SparseLinear calls when eager (output allocation, N tile
   and variant chosen in C++); returns the transposed (N, M) output, no copies. ``static_op_eager_ms`` times the same
-  through the custom op ``prunekit::bsr_mm_static`` (the path under torch.compile / export),
+  through the custom op ``structured.bsr_mm_static`` (``prunekit::bsr_mm_static``, the path under torch.compile /
+  export; eagerly, since the thirty-eighth session, its direct call of the CUDA implementation, ``ops.eager_direct``),
   ``static_tile<BN>_gpu_ms`` each N tile of the mma.sync kernel, ``static_wgmma_*`` the sm_90a wgmma + TMA variant
   (every block size since the twenty-sixth session, when the library holds it; 16- and 32-row blocks run it with
   the roles swapped; ``static_wgmma_{xslabs,tma}_gpu_ms`` with ``--xslabs``: that kernel with ``$PRUNEKIT_BSR_XSLABS``

@@ -14,7 +14,8 @@ matrix; activations are nn.Linear-shaped ``x2d: (N, K)``. Contenders, as a user 
   ``backend="auto"`` takes at N <= 16 (``default_path`` in each row; ``prunekit_*`` without suffix follows it);
   ``prunekit_torchpath_*`` the same with ``backend="torch"`` (``torch._cslt_sparse_mm``, plan set up per call; its
   eager time, ~0.25 s a call on the H100, only with ``--torch-path-eager``); ``prunekit_op_eager_ms`` the custom op
-  ``prunekit::nm_mm`` (the path under torch.compile); ``layer_*`` ``SparseLinear.forward`` eager as in
+  ``ops.nm_mm`` (``prunekit::nm_mm``, the path under torch.compile; eagerly, since the thirty-eighth session, its direct
+  call of the CUDA implementation, ``ops.eager_direct``); ``layer_*`` ``SparseLinear.forward`` eager as in
   ``benchmarks/bsr.py`` (wall-clock minus the device time of its own path, ``layer_path``; host time per call), and
   ``speedup_layer_eager`` its eager wall-clock against ``dense_layer_wall_ms``, dense ``nn.Linear`` modules (no grad)
   holding the same weights, the two timed in ``--layer-rounds`` alternating rounds (``bsr.wall_pair``; the median of
