@@ -42,7 +42,7 @@ from layer_host import env_set, interleaved, weight  # noqa: E402
 
 from prunekit import formats  # noqa: E402
 from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
-from prunekit.kernels import build, fastcall  # noqa: E402
+from prunekit.kernels import fastcall  # noqa: E402
 
 POINTS = [  # (format, M, K, N, block or None)
     ("bsr", 3072, 768, 128, 64),
@@ -58,21 +58,9 @@ MAP_CACHE_ENV = "PRUNEKIT_BSR_MAP_CACHE"
 
 def load_base(source: Path):
     """The fast-call module built from ``source`` under a name of its own (``prunekit_fastcall_base_<hash>``), in the
-    kernel cache."""
-    from torch.utils import cpp_extension
-
+    kernel cache (``fastcall._build``)."""
     name = "prunekit_fastcall_base_" + hashlib.sha256(source.read_bytes()).hexdigest()[:12]
-    build_dir = build.cache_root() / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(
-        name=name,
-        sources=[str(source)],
-        extra_cflags=["-O3"],
-        build_directory=str(build_dir),
-        with_cuda=False,
-        is_python_module=True,
-        verbose=False,
-    )
+    return fastcall._build(name, source)[0]
 
 
 def make_layer(enc, x: torch.Tensor, module=None) -> SparseLinear:

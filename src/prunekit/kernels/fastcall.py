@@ -80,7 +80,9 @@ def _import(name: str, path: Path) -> ModuleType:
     return module
 
 
-def _build(name: str) -> tuple[ModuleType, Path]:
+def _build(name: str, source: Path = SOURCE) -> tuple[ModuleType, Path]:
+    """Build (or load from the kernel cache) the module ``name`` from ``source`` (this tree's ``fastcall.cpp``;
+    ``benchmarks/entry_host_probe.py`` builds another commit's beside it): the module and its file."""
     from torch.utils import cpp_extension
 
     build_dir = build.cache_root() / name
@@ -88,7 +90,7 @@ def _build(name: str) -> tuple[ModuleType, Path]:
     log.info("building prunekit's fast-call module into %s", build_dir)
     module = cpp_extension.load(
         name=name,
-        sources=[str(SOURCE)],
+        sources=[str(source)],
         extra_cflags=["-O3"],
         build_directory=str(build_dir),
         with_cuda=False,
