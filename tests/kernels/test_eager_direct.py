@@ -64,6 +64,11 @@ def test_subclasses_modes_transforms_tracing_and_the_profiler_keep_the_op():
     assert direct(x)  # and nothing is left switched on
 
 
+def test_a_torch_without_the_probes_never_takes_the_direct_call(monkeypatch):
+    monkeypatch.setattr(ops, "_DIRECT_PROBES", False)
+    assert not direct(torch.randn(4, 3))
+
+
 def _csr():
     values = torch.tensor([1.0, 2.0, 3.0, 0.0])
     row_offsets = torch.tensor([0, 2, 2, 4], dtype=torch.int32)
