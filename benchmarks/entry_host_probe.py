@@ -96,7 +96,8 @@ def probe_point(fmt: str, m: int, k: int, n: int, block: int | None, base, gen, 
     if base is not None:
         calls["layer, base module, inference_mode"] = calls["layer, base module"]
         contexts["layer, base module, inference_mode"] = torch.inference_mode
-    if fmt == "bsr" and n > 32:  # the wgmma kernel (the lean kernel takes N <= 32 and encodes no map)
+    encodes_maps = fmt == "bsr" and n > 32  # the wgmma kernel (the lean kernel takes N <= 32 and encodes no map)
+    if encodes_maps:
         calls[f"layer, {MAP_CACHE_ENV}=0"] = calls["layer"]
         contexts[f"layer, {MAP_CACHE_ENV}=0"] = lambda: env_set({MAP_CACHE_ENV: "0"})
     res = {"format": fmt, "m": m, "k": k, "n": n, "block": block, "sparsity": 0.9}
@@ -105,8 +106,9 @@ def probe_point(fmt: str, m: int, k: int, n: int, block: int | None, base, gen, 
     ref = layer(x).float()
     if base is not None:
         res["base_max_abs_diff"] = float((base_layer(x).float() - ref).abs().max())
-    with env_set({MAP_CACHE_ENV: "0"}):
-        res["no_map_cache_max_abs_diff"] = float((layer(x).float() - ref).abs().max())
+    if encodes_maps:
+        with env_set({MAP_CACHE_ENV: "0"}):
+            res["no_map_cache_max_abs_diff"] = float((layer(x).float() - ref).abs().max())
     return res
 
 
