@@ -12,14 +12,20 @@
 #   OUT=$OUT bash scripts/gpu_host.sh ops     # build, the GPU tests of the custom ops' eager direct path
 #                                             # ($OPS_TEST_FILES), then benchmarks/spmm.py at decode points with
 #                                             # --op-rounds (ops.spmm_csr's direct call against the registered op)
+#   OUT=$OUT bash scripts/gpu_host.sh gap     # build (ext, structured, nm24), then benchmarks/eager_gap.py: the eager
+#                                             # loops' device and wall time against a graph of the same calls, layer
+#                                             # and nn.Linear ($GAP_POINTS), then `sparse` for $SPARSE_BUDGET_S
+#   OUT=$OUT bash scripts/gpu_host.sh sparse  # benchmarks/spmm.py at N = 1 / 16 / 128, 70-98%, the five shapes
+#                                             # ($SPARSE_SHAPES): issue 4's targets against torch.sparse.mm with the
+#                                             # eager direct calls; --time-budget-s $SPARSE_BUDGET_S
 #
-# TAG (default s38) names the result files.
+# TAG (default s39) names the result files.
 set -uo pipefail
 MODE=${1:-probe}
 # shellcheck source=scripts/gpu_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH, the kernel cache and archs
 export PYTHONUNBUFFERED=1 PRUNEKIT_STRUCTURED_CPP=${PRUNEKIT_STRUCTURED_CPP:-1}
-TAG=${TAG:-s38}
+TAG=${TAG:-s39}
 dev=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]*' | head -1 | tr 'H' 'h')
 date=$(date -u +%F)
 TEST_FILES=${TEST_FILES:-"tests/kernels/test_fastcall.py tests/kernels/test_bsr_mm.py tests/kernels/test_bsr_pdl.py \
@@ -66,8 +72,25 @@ tests/kernels/test_spmm_autograd.py tests/kernels/test_bsr_mm.py tests/kernels/t
     echo "spmm.py: rc=$?"
     tail -n 30 "$OUT/spmm-opdirect-$TAG.log"
     ;;
+  gap)
+    MAX_JOBS=${MAX_JOBS:-5} build
+    timeout "${GAP_TIMEOUT_S:-200}" python3 benchmarks/eager_gap.py --out "$OUT/eager-gap-${dev:-gpu}-$date-$TAG.json" \
+      ${GAP_POINTS:+--points "$GAP_POINTS"} > "$OUT/eager-gap-$TAG.log" 2>&1
+    echo "eager_gap.py: rc=$?"
+    tail -n 40 "$OUT/eager-gap-$TAG.log"
+    SPARSE_BUDGET_S=${SPARSE_BUDGET_S:-120} bash "$0" sparse
+    ;;
+  sparse)
+    timeout "$((${SPARSE_BUDGET_S:-420} + 90))" python3 benchmarks/spmm.py \
+      --out "$OUT/spmm-tsparse-${dev:-gpu}-$date-$TAG.json" --dtypes float16 \
+      --shapes "${SPARSE_SHAPES:-4096x4096,11008x4096,4096x11008,768x3072,3072x768}" --ns 1,16,128 \
+      --sparsities 0.7,0.8,0.9,0.95,0.98 --forced bitmap --time-budget-s "${SPARSE_BUDGET_S:-420}" \
+      > "$OUT/spmm-tsparse-$TAG.log" 2>&1
+    echo "spmm.py: rc=$?"
+    tail -n 12 "$OUT/spmm-tsparse-$TAG.log"
+    ;;
   *)
-    echo "usage: bash scripts/gpu_host.sh probe|grid|tests|ops" >&2
+    echo "usage: bash scripts/gpu_host.sh probe|grid|tests|ops|gap|sparse" >&2
     exit 2
     ;;
 esac
