@@ -13,6 +13,11 @@ and puts the same measurement of torch's own layer beside it:
   wall time of ``bsr.overhead_pair``), with loops of ``--short-s`` and of ``--long-s`` seconds: a fixed cost per loop
   (the first call's launch, the final synchronize) falls by the loop's length, a cost per call does not.
 
+Bursts (``--bursts``): ``b`` calls issued after a synchronize and timed to the synchronize after them, by the host
+clock (``burst<b>_wall_ms``, minus ``b`` graph calls: ``burst<b>_wall_minus_graph_us``) and between CUDA events
+recorded around them (``burst<b>_device_ms``, which then includes the host's time to issue the first call): what one
+call, or a few, cost an application that waits for each result.
+
 The contenders at each point: prunekit's ``SparseLinear`` (eager: its C++ entry) and ``nn.Linear`` (cuBLAS) on the
 same weight, each rotating over its own input sets (weights and activations, more bytes than twice the L2). Every
 quantity is taken in each of ``--rounds`` rounds, the order of the four rotated each round; the JSON keeps the medians
@@ -24,6 +29,7 @@ Run on the GPU machine: ``PYTHONPATH=src python benchmarks/eager_gap.py --out be
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -42,7 +48,7 @@ from layer_host import weight  # noqa: E402
 
 from prunekit import formats  # noqa: E402
 from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
-from prunekit.kernels.testing import prunekit_settings  # noqa: E402
+from prunekit.kernels.testing import env_setting, prunekit_settings  # noqa: E402
 
 # (format, block, M, K, N, sparsity): the thirty-eighth session's largest paired gaps (16- and 32-row blocks with the
 # X-slab copy), a 64-row point where the gap was about 0, and a 2:4 layer
@@ -52,19 +58,21 @@ DEFAULT_POINTS = (
 SLEEP_CYCLES = 20_000_000  # about 10 ms at 1.98 GHz: longer than the host needs to queue a loop's first calls
 
 
-def parse_points(text: str) -> list[tuple[str, int, int, int, int, float]]:
-    """``fmt:block:MxK:N:sparsity`` items, comma-separated, as tuples ``(fmt, block, m, k, n, sparsity)``.
+def parse_points(text: str) -> list[tuple[str, int, int, int, int, float, dict]]:
+    """``fmt:block:MxK:N:sparsity[:VAR=VALUE]`` items, comma-separated, as tuples ``(fmt, block, m, k, n, sparsity,
+    env)``: ``env`` holds the optional environment setting, made around that point's measurement.
 
     Raises:
         ValueError: an item that does not have that form."""
     points = []
     for item in text.split(","):
         try:
-            fmt, block, shape, n, sparsity = item.split(":")
+            fmt, block, shape, n, sparsity, *rest = item.split(":")
             m, k = (int(v) for v in shape.lower().split("x"))
-            points.append((fmt, int(block), m, k, int(n), float(sparsity)))
+            env = dict(v.split("=", 1) for v in rest)
+            points.append((fmt, int(block), m, k, int(n), float(sparsity), env))
         except ValueError as exc:
-            raise ValueError(f"bad point {item!r}: expected fmt:block:MxK:N:sparsity") from exc
+            raise ValueError(f"bad point {item!r}: expected fmt:block:MxK:N:sparsity[:VAR=VALUE]") from exc
     return points
 
 
@@ -92,7 +100,25 @@ def graph_ms(graph: torch.cuda.CUDAGraph, reps: int) -> float:
     return start.elapsed_time(end) / reps
 
 
-def measure(calls: list, rounds: int, short_s: float, long_s: float) -> dict:
+def burst_ms(calls: list, size: int, trials: int) -> tuple[float, float]:
+    """Medians over ``trials`` of ``size`` calls issued after a synchronize: host-clock ms to the synchronize after
+    them, and device ms between CUDA events recorded before the first call and after the last."""
+    walls, devices = [], []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(trials):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        start.record()
+        for i in range(size):
+            calls[i % len(calls)]()
+        end.record()
+        torch.cuda.synchronize()
+        walls.append(1e3 * (time.perf_counter() - t))
+        devices.append(start.elapsed_time(end))
+    return statistics.median(walls), statistics.median(devices)
+
+
+def measure(calls: list, rounds: int, short_s: float, long_s: float, bursts=(), burst_trials: int = 9) -> dict:
     """The four timings of ``calls`` (module docstring), each once per round, in an order rotated every round."""
     graph, reps = capture_graph(calls)
     reps_short, reps_long = _eager_reps(calls, short_s), _eager_reps(calls, long_s)
@@ -115,10 +141,14 @@ def measure(calls: list, rounds: int, short_s: float, long_s: float) -> dict:
         diffs = [1e3 * (e - g) for e, g in zip(per_round[name], per_round["graph_ms"], strict=True)]
         out[f"{name.removesuffix('_ms')}_minus_graph_us"] = statistics.median(diffs)
     out["eager_device_over_graph"] = out["eager_device_ms"] / out["graph_ms"]
+    for size in bursts:
+        wall, device = burst_ms(calls, size, burst_trials)
+        out[f"burst{size}_wall_ms"], out[f"burst{size}_device_ms"] = wall, device
+        out[f"burst{size}_wall_minus_graph_us"] = 1e3 * (wall - size * out["graph_ms"])
     return out
 
 
-def run_point(fmt: str, block: int, m: int, k: int, n: int, sparsity: float, args, gen) -> dict:
+def run_point(fmt: str, block: int, m: int, k: int, n: int, sparsity: float, env: dict, args, gen) -> dict:
     density = 0.5 if fmt == "nm" else 1 - sparsity
     set_bytes = 2.0 * (m * k * density + k * n + m * n)
     n_sets = max(2, min(4, math.ceil(2 * L2_BYTES / set_bytes)))
@@ -133,22 +163,35 @@ def run_point(fmt: str, block: int, m: int, k: int, n: int, sparsity: float, arg
         layer = SparseLinear(enc).cuda()
         layers.append(lambda layer=layer, x=x2d: layer(x))
         denses.append(lambda dense=dense, x=x2d: dense(x))
-    res = {"format": fmt, "block": block, "m": m, "k": k, "n": n, "sparsity": sparsity, "n_sets": n_sets}
-    with torch.inference_mode():
+    res = {"format": fmt, "block": block, "m": m, "k": k, "n": n, "sparsity": sparsity, "n_sets": n_sets, "env": env}
+    bursts = [int(b) for b in args.bursts.split(",")] if args.bursts else []
+    with torch.inference_mode(), env_settings(env):
         for name, calls in (("layer", layers), ("dense", denses)):
-            for key, value in measure(calls, args.rounds, args.short_s, args.long_s).items():
+            for key, value in measure(calls, args.rounds, args.short_s, args.long_s, bursts).items():
                 res[f"{name}_{key}"] = value
     return res
+
+
+@contextlib.contextmanager
+def env_settings(env: dict):
+    """The environment variables of ``env`` set within the block (restored after)."""
+    with contextlib.ExitStack() as stack:
+        for name, value in env.items():
+            stack.enter_context(env_setting(name, value))
+        yield
 
 
 def print_table(results: list[dict]) -> None:
     table = Table(
         title="eager loops against a CUDA graph of the same calls (us per call, medians of per-round differences)"
     )
-    for col in ("point", "who", "graph us", "eager device - graph", "eager wall - graph", "long wall - graph"):
+    bursts = sorted({int(k[5:].split("_")[0]) for r in results for k in r if k.startswith("layer_burst")})
+    columns = ["point", "who", "graph us", "eager device - graph", "eager wall - graph", "long wall - graph"]
+    for col in columns + [f"burst {b} wall - graph" for b in bursts]:
         table.add_column(col, justify="right")
     for r in results:
         point = f"{r['format']}{r['block'] or ''} {r['m']}x{r['k']}@{r['n']} {r['sparsity']:.0%}"
+        point += "".join(f" {name}={value}" for name, value in r["env"].items())
         for who in ("layer", "dense"):
             table.add_row(
                 point,
@@ -157,6 +200,7 @@ def print_table(results: list[dict]) -> None:
                 f"{r[f'{who}_eager_device_minus_graph_us']:.2f}",
                 f"{r[f'{who}_eager_wall_minus_graph_us']:.2f}",
                 f"{r[f'{who}_eager_wall_long_minus_graph_us']:.2f}",
+                *(f"{r[f'{who}_burst{b}_wall_minus_graph_us']:.1f}" for b in bursts),
             )
     Console().print(table)
 
@@ -168,6 +212,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--short-s", type=float, default=0.02, help="eager loop length, s (bsr.py's EAGER_TARGET_S)")
     parser.add_argument("--long-s", type=float, default=0.2, help="the long eager loop's length, s")
+    parser.add_argument("--bursts", default="1,2,4", help="burst sizes, comma-separated ('' for none)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if not torch.cuda.is_available():
