@@ -78,6 +78,7 @@ FULL = {
 }
 GRAPH_TARGET_S = 0.02  # device time per timed graph replay
 EAGER_TARGET_S = 0.02
+OVERHEAD_MIN_CALLS = 64  # overhead_pair's eager loops: at least this many calls (thirty-ninth session)
 L2_BYTES = 50 * 2**20  # H100 SXM L2; rotation sets are sized to exceed twice this
 
 console = Console()
@@ -193,7 +194,13 @@ def wall_pair(a_calls: list, b_calls: list, rounds: int = 9, target_s: float = E
     }
 
 
-def overhead_pair(calls: list, rounds: int = 7, replays: int = 3, target_s: float = EAGER_TARGET_S) -> dict:
+def overhead_pair(
+    calls: list,
+    rounds: int = 7,
+    replays: int = 3,
+    target_s: float = EAGER_TARGET_S,
+    min_calls: int = OVERHEAD_MIN_CALLS,
+) -> dict:
     """What eager calls add over their own device time, both timed in the same window: a CUDA graph of ``calls``
     (:func:`capture_graph`; the median of ``replays`` replays) and a loop of back-to-back eager calls with one
     synchronize at the end (:func:`_eager_loop`, wall-clock) take turns in ``rounds`` rounds, the order swapped every
@@ -202,9 +209,12 @@ def overhead_pair(calls: list, rounds: int = 7, replays: int = 3, target_s: floa
     drift (up to 72 us on a 461 us kernel in ``bsr-final-h100-2026-11-27-s37c.json``, where the same kernel's three
     eager paths gave 7, 45 and 72 us). Returns ``graph_ms`` and ``wall_ms`` (ms per call, medians over the rounds),
     ``overhead_us`` (the median over the rounds of wall - graph, microseconds per call) and the per-round lists
-    ``graph_rounds`` / ``wall_rounds`` (ms)."""
+    ``graph_rounds`` / ``wall_rounds`` (ms). Each eager loop makes at least ``min_calls`` calls: what a loop costs
+    once (the first call's issue, the synchronize at its end) is divided by its calls, and at long kernels the
+    ``target_s`` loops held only 12-24 (``eager_gap.py``, ``eager-gap-h100-2026-11-27-s39.json``: 25 and 16 us per call
+    over the graph in those loops, -0.9 and 5.0 us in loops of 118-223 calls, at 1502 / 745 us kernels)."""
     graph, reps = capture_graph(calls, target_s)
-    eager_reps = _eager_reps(calls, target_s)
+    eager_reps = max(min_calls, _eager_reps(calls, target_s))
     graph_rounds, wall_rounds = [], []
 
     def device() -> None:
@@ -358,7 +368,7 @@ def run_config(m, k, n, r, sparsity, dtype, args, gen) -> dict:
     res["layer_host_us"] = host_time_us(layers)
     res["layer_eager_overhead_us"] = 1e3 * (res["layer_wall_ms"] - res["static_gpu_ms"])
     if not args.no_paired_overhead:  # the same calls' device time and wall time in alternating rounds
-        pair = overhead_pair(layers, args.overhead_rounds)
+        pair = overhead_pair(layers, args.overhead_rounds, min_calls=args.overhead_min_calls)
         res["layer_graph_ms"], res["layer_paired_wall_ms"] = pair["graph_ms"], pair["wall_ms"]
         res["layer_eager_overhead_paired_us"] = pair["overhead_us"]
     if args.wgmma and structured.wgmma_available():
@@ -498,6 +508,12 @@ def main() -> None:
         help="skip layer_eager_overhead_paired_us (the layer's graph and eager loops in alternating rounds)",
     )
     parser.add_argument("--overhead-rounds", type=int, default=7, help="rounds of bsr.overhead_pair per point")
+    parser.add_argument(
+        "--overhead-min-calls",
+        type=int,
+        default=OVERHEAD_MIN_CALLS,
+        help="calls per eager loop of overhead_pair, at least",
+    )
     parser.add_argument("--wgmma", action=argparse.BooleanOptionalAction, default=True, help="time the wgmma variant")
     parser.add_argument("--blocks", help="comma-separated block sizes (default: the grid's)")
     parser.add_argument("--sparsities", help="comma-separated block sparsities (default: the grid's)")

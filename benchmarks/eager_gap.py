@@ -185,7 +185,8 @@ def print_table(results: list[dict]) -> None:
     table = Table(
         title="eager loops against a CUDA graph of the same calls (us per call, medians of per-round differences)"
     )
-    bursts = sorted({int(k[5:].split("_")[0]) for r in results for k in r if k.startswith("layer_burst")})
+    prefix = "layer_burst"
+    bursts = sorted({int(k[len(prefix) :].split("_")[0]) for r in results for k in r if k.startswith(prefix)})
     columns = ["point", "who", "graph us", "eager device - graph", "eager wall - graph", "long wall - graph"]
     for col in columns + [f"burst {b} wall - graph" for b in bursts]:
         table.add_column(col, justify="right")

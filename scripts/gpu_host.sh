@@ -15,6 +15,9 @@
 #   OUT=$OUT bash scripts/gpu_host.sh gap     # build (ext, structured, nm24), then benchmarks/eager_gap.py: the eager
 #                                             # loops' device and wall time against a graph of the same calls, layer
 #                                             # and nn.Linear ($GAP_POINTS), then `sparse` for $SPARSE_BUDGET_S
+#   OUT=$OUT bash scripts/gpu_host.sh long    # benchmarks/bsr.py at the grid's long kernels (16/32-row blocks, 50-80%, N =
+#                                             # 2048 / 4096 on the three large shapes) with overhead_pair's eager loops
+#                                             # of at least 64 calls (bsr-long-...json)
 #   OUT=$OUT bash scripts/gpu_host.sh sparse  # benchmarks/spmm.py at N = 1 / 16 / 128, 70-98%, the five shapes
 #                                             # ($SPARSE_SHAPES): issue 4's targets against torch.sparse.mm with the
 #                                             # eager direct calls; --time-budget-s $SPARSE_BUDGET_S
@@ -78,7 +81,19 @@ tests/kernels/test_spmm_autograd.py tests/kernels/test_bsr_mm.py tests/kernels/t
       ${GAP_POINTS:+--points "$GAP_POINTS"} > "$OUT/eager-gap-$TAG.log" 2>&1
     echo "eager_gap.py: rc=$?"
     tail -n 40 "$OUT/eager-gap-$TAG.log"
+    timeout 120 python3 benchmarks/dense_host_probe.py --out "$OUT/dense-host-${dev:-gpu}-$date-$TAG.json" \
+      > "$OUT/dense-host-$TAG.log" 2>&1
+    echo "dense_host_probe.py: rc=$?"
     SPARSE_BUDGET_S=${SPARSE_BUDGET_S:-120} bash "$0" sparse
+    ;;
+  long)
+    NAMESPACES=prunekit_structured build
+    timeout "${LONG_TIMEOUT_S:-480}" python3 benchmarks/bsr.py --out "$OUT/bsr-long-${dev:-gpu}-$date-$TAG.json" \
+      --blocks "${LONG_BLOCKS:-16,32}" --dtypes float16 --sparsities 0.8,0.7,0.5 \
+      --shapes 11008x4096,4096x4096,4096x11008 --any-ns 4096,2048 --no-torch-bsr \
+      --time-limit-s "${LONG_TIME_LIMIT_S:-420}" > "$OUT/bsr-long-$TAG.log" 2>&1
+    echo "bsr.py: rc=$?"
+    tail -n 5 "$OUT/bsr-long-$TAG.log"
     ;;
   sparse)
     timeout "$((${SPARSE_BUDGET_S:-420} + 90))" python3 benchmarks/spmm.py \
@@ -90,7 +105,7 @@ tests/kernels/test_spmm_autograd.py tests/kernels/test_bsr_mm.py tests/kernels/t
     tail -n 12 "$OUT/spmm-tsparse-$TAG.log"
     ;;
   *)
-    echo "usage: bash scripts/gpu_host.sh probe|grid|tests|ops|gap|sparse" >&2
+    echo "usage: bash scripts/gpu_host.sh probe|grid|tests|ops|gap|long|sparse" >&2
     exit 2
     ;;
 esac

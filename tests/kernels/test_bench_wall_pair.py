@@ -70,11 +70,12 @@ def test_overhead_pair_alternates_graph_and_eager_rounds_and_reports_the_median_
 
     monkeypatch.setattr(bsr, "_ms_between", ms_between)
     eager = [clock.contender("eager", 1.25e-3)]  # 0.25 ms more per call than the device time
-    out = bsr.overhead_pair(eager, rounds=5, replays=3, target_s=0.0102)
+    out = bsr.overhead_pair(eager, rounds=5, replays=3, target_s=0.0102, min_calls=12)
     assert len(out["graph_rounds"]) == len(out["wall_rounds"]) == 5
     # after the warm-up call and the single-call probe: graph-then-eager, eager-then-graph, ... (3 replays per graph
-    # step; 10 eager calls per loop: _eager_reps' floor, over the 8 that target_s = 10.2 ms gives at 1.25 ms each)
-    device, loop = ["graph"] * 3, ["eager"] * 10
+    # step; 12 eager calls per loop: min_calls, over _eager_reps' floor of 10 and the 8 that target_s = 10.2 ms gives
+    # at 1.25 ms each)
+    device, loop = ["graph"] * 3, ["eager"] * 12
     rounds = [device + loop if r % 2 == 0 else loop + device for r in range(5)]
     assert clock.log[2:] == [name for rnd in rounds for name in rnd]
     assert out["graph_ms"] == pytest.approx(1.0, rel=0.02)
@@ -83,3 +84,14 @@ def test_overhead_pair_alternates_graph_and_eager_rounds_and_reports_the_median_
     assert out["overhead_us"] == pytest.approx(250.0, rel=0.05)
     rounds_diff = [1e3 * (w - g) for g, w in zip(out["graph_rounds"], out["wall_rounds"], strict=True)]
     assert sorted(rounds_diff)[2] == pytest.approx(out["overhead_us"])
+
+
+def test_overhead_pair_loops_hold_at_least_min_calls_by_default(clock, monkeypatch):
+    # long kernels: target_s would give 8 calls per loop; a loop's one-off costs are then spread over OVERHEAD_MIN_CALLS
+    monkeypatch.setattr(
+        bsr, "capture_graph", lambda calls, target_s: (type("G", (), {"replay": lambda self: None})(), 1)
+    )
+    monkeypatch.setattr(bsr, "_ms_between", lambda fn: (fn(), 1.0)[1])
+    eager = [clock.contender("eager", 1.25e-3)]
+    bsr.overhead_pair(eager, rounds=2, replays=1, target_s=0.0102)
+    assert clock.log.count("eager") == 2 + 2 * bsr.OVERHEAD_MIN_CALLS  # warm-up + _eager_reps' probe, two loops
