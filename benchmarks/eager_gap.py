@@ -18,6 +18,10 @@ clock (``burst<b>_wall_ms``, minus ``b`` graph calls: ``burst<b>_wall_minus_grap
 recorded around them (``burst<b>_device_ms``, which then includes the host's time to issue the first call): what one
 call, or a few, cost an application that waits for each result.
 
+With ``--graph-sleep`` the graph's timing also starts after the sleep, so that both device timings start from the
+same idle GPU; ``--only dense`` (with a ``csr`` point at sparsity 0: a dense weight) times ``nn.Linear`` alone and
+needs no prunekit kernel.
+
 The contenders at each point: prunekit's ``SparseLinear`` (eager: its C++ entry) and ``nn.Linear`` (cuBLAS) on the
 same weight, each rotating over its own input sets (weights and activations, more bytes than twice the L2). Every
 quantity is taken in each of ``--rounds`` rounds, the order of the four rotated each round; the JSON keeps the medians
@@ -90,9 +94,14 @@ def device_loop_ms(calls: list, reps: int) -> float:
     return start.elapsed_time(end) / reps
 
 
-def graph_ms(graph: torch.cuda.CUDAGraph, reps: int) -> float:
-    """Device ms per call of one replay of ``graph`` (``reps`` calls), between CUDA events."""
+def graph_ms(graph: torch.cuda.CUDAGraph, reps: int, sleep: bool = False) -> float:
+    """Device ms per call of one replay of ``graph`` (``reps`` calls), between CUDA events; with ``sleep``, after a
+    ``torch.cuda._sleep`` as :func:`device_loop_ms` has, so that both start from the same idle GPU (a dense GEMM's
+    clock depends on what ran before it)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if sleep:
+        torch.cuda.synchronize()
+        torch.cuda._sleep(SLEEP_CYCLES)
     start.record()
     graph.replay()
     end.record()
@@ -118,12 +127,14 @@ def burst_ms(calls: list, size: int, trials: int) -> tuple[float, float]:
     return statistics.median(walls), statistics.median(devices)
 
 
-def measure(calls: list, rounds: int, short_s: float, long_s: float, bursts=(), burst_trials: int = 9) -> dict:
+def measure(
+    calls: list, rounds: int, short_s: float, long_s: float, bursts=(), burst_trials: int = 9, graph_sleep: bool = False
+) -> dict:
     """The four timings of ``calls`` (module docstring), each once per round, in an order rotated every round."""
     graph, reps = capture_graph(calls)
     reps_short, reps_long = _eager_reps(calls, short_s), _eager_reps(calls, long_s)
     kinds = {
-        "graph_ms": lambda: graph_ms(graph, reps),
+        "graph_ms": lambda: graph_ms(graph, reps, graph_sleep),
         "eager_device_ms": lambda: device_loop_ms(calls, reps_short),
         "eager_wall_ms": lambda: _eager_loop(calls, reps_short),
         "eager_wall_long_ms": lambda: _eager_loop(calls, reps_long),
@@ -156,18 +167,22 @@ def run_point(fmt: str, block: int, m: int, k: int, n: int, sparsity: float, env
     layers, denses = [], []
     for _ in range(n_sets):
         w = weight(fmt, m, k, sparsity, block, gen)
-        enc = formats.encode(fmt, w.cpu(), params)
         x2d = torch.randn(n, k, device="cuda", generator=gen).half()
         dense = torch.nn.Linear(k, m, bias=False, device="cuda", dtype=torch.float16)
         dense.weight.data.copy_(w)
-        layer = SparseLinear(enc).cuda()
-        layers.append(lambda layer=layer, x=x2d: layer(x))
         denses.append(lambda dense=dense, x=x2d: dense(x))
+        if args.only != "dense":
+            layer = SparseLinear(formats.encode(fmt, w.cpu(), params)).cuda()
+            layers.append(lambda layer=layer, x=x2d: layer(x))
     res = {"format": fmt, "block": block, "m": m, "k": k, "n": n, "sparsity": sparsity, "n_sets": n_sets, "env": env}
+    res["graph_sleep"] = args.graph_sleep
     bursts = [int(b) for b in args.bursts.split(",")] if args.bursts else []
+    contenders = [("layer", layers), ("dense", denses)]
+    contenders = [(name, calls) for name, calls in contenders if args.only in ("both", name)]
     with torch.inference_mode(), env_settings(env):
-        for name, calls in (("layer", layers), ("dense", denses)):
-            for key, value in measure(calls, args.rounds, args.short_s, args.long_s, bursts).items():
+        for name, calls in contenders:
+            timings = measure(calls, args.rounds, args.short_s, args.long_s, bursts, graph_sleep=args.graph_sleep)
+            for key, value in timings.items():
                 res[f"{name}_{key}"] = value
     return res
 
@@ -185,15 +200,14 @@ def print_table(results: list[dict]) -> None:
     table = Table(
         title="eager loops against a CUDA graph of the same calls (us per call, medians of per-round differences)"
     )
-    prefix = "layer_burst"
-    bursts = sorted({int(k[len(prefix) :].split("_")[0]) for r in results for k in r if k.startswith(prefix)})
+    bursts = sorted({int(k.split("_burst")[1].split("_")[0]) for r in results for k in r if "_burst" in k})
     columns = ["point", "who", "graph us", "eager device - graph", "eager wall - graph", "long wall - graph"]
     for col in columns + [f"burst {b} wall - graph" for b in bursts]:
         table.add_column(col, justify="right")
     for r in results:
         point = f"{r['format']}{r['block'] or ''} {r['m']}x{r['k']}@{r['n']} {r['sparsity']:.0%}"
         point += "".join(f" {name}={value}" for name, value in r["env"].items())
-        for who in ("layer", "dense"):
+        for who in (w for w in ("layer", "dense") if f"{w}_graph_ms" in r):
             table.add_row(
                 point,
                 who,
@@ -201,7 +215,7 @@ def print_table(results: list[dict]) -> None:
                 f"{r[f'{who}_eager_device_minus_graph_us']:.2f}",
                 f"{r[f'{who}_eager_wall_minus_graph_us']:.2f}",
                 f"{r[f'{who}_eager_wall_long_minus_graph_us']:.2f}",
-                *(f"{r[f'{who}_burst{b}_wall_minus_graph_us']:.1f}" for b in bursts),
+                *(f"{r.get(f'{who}_burst{b}_wall_minus_graph_us', float('nan')):.1f}" for b in bursts),
             )
     Console().print(table)
 
@@ -214,6 +228,12 @@ def main() -> None:
     parser.add_argument("--short-s", type=float, default=0.02, help="eager loop length, s (bsr.py's EAGER_TARGET_S)")
     parser.add_argument("--long-s", type=float, default=0.2, help="the long eager loop's length, s")
     parser.add_argument("--bursts", default="1,2,4", help="burst sizes, comma-separated ('' for none)")
+    parser.add_argument("--only", choices=("both", "layer", "dense"), default="both", help="which contenders to time")
+    parser.add_argument(
+        "--graph-sleep",
+        action="store_true",
+        help="the graph timing too starts after a torch.cuda._sleep (same idle GPU)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if not torch.cuda.is_available():
