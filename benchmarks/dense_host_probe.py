@@ -23,7 +23,6 @@ It also writes the top of a ``torch.profiler`` table (CPU time per ATen / CUDA r
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -33,11 +32,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bsr import host_time_us  # noqa: E402
+from nm24_sweep import run_meta  # noqa: E402
 
 from prunekit import formats  # noqa: E402
 from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
 from prunekit.kernels import fastcall, gpu, ops  # noqa: E402
-from prunekit.kernels.testing import encode_csr, prunekit_settings, random_sparse_weight  # noqa: E402
+from prunekit.kernels.testing import encode_csr, random_sparse_weight  # noqa: E402
 
 DEFAULT_POINTS = "768x3072:128:0.9,3072x768:128:0.9,4096x4096:128:0.9,768x3072:16:0.9"
 
@@ -106,15 +106,7 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     results = [run_point(*p, args.trials, gen) for p in points]
     table = profile_table(*points[0], args.profile_calls, gen)
-    meta = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "argv": sys.argv[1:],
-        "env": prunekit_settings(),
-        "command": "PYTHONPATH=src python benchmarks/dense_host_probe.py " + " ".join(sys.argv[1:]),
-    }
+    meta = run_meta() | {"command": "PYTHONPATH=src python benchmarks/dense_host_probe.py " + " ".join(sys.argv[1:])}
     args.out.write_text(json.dumps({"meta": meta, "results": results, "profile": table}, indent=1))
     for r in results:
         print({key: round(v, 2) if isinstance(v, float) else v for key, v in r.items()})

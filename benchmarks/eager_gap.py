@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import math
 import statistics
@@ -49,10 +48,11 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bsr import L2_BYTES, _eager_loop, _eager_reps, capture_graph  # noqa: E402
 from layer_host import weight  # noqa: E402
+from nm24_sweep import run_meta  # noqa: E402
 
 from prunekit import formats  # noqa: E402
 from prunekit.deploy.runtime.sparse_linear import SparseLinear  # noqa: E402
-from prunekit.kernels.testing import env_setting, prunekit_settings  # noqa: E402
+from prunekit.kernels.testing import env_setting  # noqa: E402
 
 # (format, block, M, K, N, sparsity): the thirty-eighth session's largest paired gaps (16- and 32-row blocks with the
 # X-slab copy), a 64-row point where the gap was about 0, and a 2:4 layer
@@ -243,15 +243,7 @@ def main() -> None:
     except ValueError as exc:
         sys.exit(f"eager_gap.py: {exc}")
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    meta = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "argv": sys.argv[1:],
-        "env": prunekit_settings(),
-        "command": "PYTHONPATH=src python benchmarks/eager_gap.py " + " ".join(sys.argv[1:]),
-    }
+    meta = run_meta() | {"command": "PYTHONPATH=src python benchmarks/eager_gap.py " + " ".join(sys.argv[1:])}
     results = []
     for point in points:
         t = time.perf_counter()
