@@ -23,7 +23,8 @@ contenders compute the layer output as a user would call them:
   ``layer_host_us`` the host time to issue one call (perf_counter over a burst shorter than the launch queue);
   ``layer_eager_overhead_paired_us`` the same difference with both sides timed in alternating rounds (``overhead_pair``:
   the layer's own calls in a CUDA graph, ``layer_graph_ms``, against eager loops of them, ``layer_paired_wall_ms``),
-  so that a drift of the GPU's or the host's speed during the run falls on both; the target's number where present;
+  so that a drift of the GPU's or the host's speed during the run falls on both; the target's number where present
+  (the eager loops hold at least ``--overhead-min-calls`` calls, 64 by default, since the thirty-ninth session);
 - prunekit dynamic: ``structured.bsr_mm_cuda(blocks, crow, cols, x2d.t(), M)`` (no schedule);
 - dense: ``F.linear(x2d, W)`` (cuBLAS);
 - torch BSR: ``torch.sparse._triton_ops.bsr_dense_mm(W_bsr, x2d.t())`` (Triton; eager and CUDA-graph replayed).
