@@ -18,6 +18,9 @@
 #   OUT=$OUT bash scripts/gpu_host.sh long    # benchmarks/bsr.py at the grid's long kernels (16/32-row blocks, 50-80%, N =
 #                                             # 2048 / 4096 on the three large shapes) with overhead_pair's eager loops
 #                                             # of at least 64 calls (bsr-long-...json)
+#   OUT=$OUT bash scripts/gpu_host.sh direct  # build (ext, nm24), the GPU tests of the ops' eager direct path, then
+#                                             # dense_host_probe.py and `sparse` for $SPARSE_BUDGET_S (the op's host
+#                                             # time after the thirty-ninth session's trims of its Python)
 #   OUT=$OUT bash scripts/gpu_host.sh sparse  # benchmarks/spmm.py at N = 1 / 16 / 128, 70-98%, the five shapes
 #                                             # ($SPARSE_SHAPES): issue 4's targets against torch.sparse.mm with the
 #                                             # eager direct calls; --time-budget-s $SPARSE_BUDGET_S
@@ -95,6 +98,17 @@ tests/kernels/test_spmm_autograd.py tests/kernels/test_bsr_mm.py tests/kernels/t
     echo "bsr.py: rc=$?"
     tail -n 5 "$OUT/bsr-long-$TAG.log"
     ;;
+  direct)
+    NAMESPACES="prunekit_ext prunekit_nm24" MAX_JOBS=${MAX_JOBS:-8} build
+    TEST_BUDGET_S=${TEST_BUDGET_S:-150} TEST_FILES=${DIRECT_TEST_FILES:-"tests/kernels/test_eager_direct.py \
+tests/kernels/test_spmm_csr_cuda.py tests/kernels/test_spmm_entry.py tests/kernels/test_spmm_dense.py \
+tests/kernels/test_sddmm_csr_cuda.py tests/kernels/test_spmm_autograd.py"} bash scripts/gpu_session.sh tests
+    timeout 120 python3 benchmarks/dense_host_probe.py --out "$OUT/dense-host-${dev:-gpu}-$date-$TAG.json" \
+      > "$OUT/dense-host-$TAG.log" 2>&1
+    echo "dense_host_probe.py: rc=$?"
+    head -n 5 "$OUT/dense-host-$TAG.log"
+    SPARSE_BUDGET_S=${SPARSE_BUDGET_S:-90} bash "$0" sparse
+    ;;
   sparse)
     timeout "$((${SPARSE_BUDGET_S:-420} + 90))" python3 benchmarks/spmm.py \
       --out "$OUT/spmm-tsparse-${dev:-gpu}-$date-$TAG.json" --dtypes float16 \
@@ -105,7 +119,7 @@ tests/kernels/test_spmm_autograd.py tests/kernels/test_bsr_mm.py tests/kernels/t
     tail -n 12 "$OUT/spmm-tsparse-$TAG.log"
     ;;
   *)
-    echo "usage: bash scripts/gpu_host.sh probe|grid|tests|ops|gap|long|sparse" >&2
+    echo "usage: bash scripts/gpu_host.sh probe|grid|tests|ops|gap|long|direct|sparse" >&2
     exit 2
     ;;
 esac

@@ -767,3 +767,17 @@ def test_custom_op_cuda_impl_sends_other_calls_to_the_launcher(monkeypatch):
         assert gpu.spmm_csr_op(*csr, xi, 8, bias, act) == "launcher"
     assert len(calls) == len(cases)
     assert not hasattr(c["values"], gpu.OP_ENTRY_ATTR)
+
+
+def test_spmm_op_entry_keeps_its_decision_for_an_inference_tensor_weight(cpp_on, monkeypatch):
+    """An inference tensor has no version counter: spmm_op_entry's written-out stamp falls back to
+    tensor_cache.stamp, and the decision is still made once."""
+    asked = []
+    monkeypatch.setattr(gpu, "eager_bitmap_takes", lambda *args, **kwargs: False)
+    monkeypatch.setattr(gpu, "eager_spmm_variant", lambda values, x, variant="auto", m=None: asked.append(m) or 3)
+    with torch.inference_mode():
+        c = encode_csr(random_sparse_weight(48, 40, 0.7, torch.float16, "cpu"))
+        x = torch.randn(4, 40).half().t()
+        got = [gpu.spmm_op_entry(c["values"], c["row_offsets"], c["column_indices"], x, 48) for _ in range(2)]
+    assert c["values"].is_inference()
+    assert got == [("auto", 3), ("auto", 3)] and asked == [48]

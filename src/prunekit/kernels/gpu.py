@@ -48,7 +48,7 @@ from .spmm_bitmap_plan import get_bitmap_plan
 from .spmm_scatter_plan import MAX_TOKENS as SCATTER_MAX_N
 from .spmm_scatter_plan import get_scatter_plan
 from .spmm_tc_plan import get_tc_plan
-from .tensor_cache import cached
+from .tensor_cache import cached_stamped, stamp
 
 log = logging.getLogger(__name__)
 
@@ -1138,8 +1138,20 @@ def spmm_op_entry(
     Raises:
         KernelUnavailable: a C++ entry is chosen but its library cannot be built or loaded.
     """
-    decisions = cached(values, OP_ENTRY_ATTR, (values, column_indices, row_offsets), None, dict)
-    n, k = x.shape if rows else x.shape[::-1]
+    inputs = (values, column_indices, row_offsets)
+    try:  # their stamp (tensor_cache.stamp) written out: this runs on every eager call of the op
+        now = (
+            (values.data_ptr(), values._version),
+            (column_indices.data_ptr(), column_indices._version),
+            (row_offsets.data_ptr(), row_offsets._version),
+        )
+    except RuntimeError:  # an inference tensor keeps no version counter
+        now = stamp(inputs)
+    decisions = cached_stamped(values, OP_ENTRY_ATTR, now, inputs, None, dict)
+    if rows:
+        n, k = x.shape
+    else:
+        k, n = x.shape  # unpacked as it is: reversing the Size first cost 0.4 us
     # bitmap's density floor depends on N itself up to BITMAP_WIDE_MAX_N; above, the size class decides
     key = (x.dtype, bias is None, m, n if n <= BITMAP_WIDE_MAX_N else -eager_size_class(n))
     entry = decisions.get(key)
