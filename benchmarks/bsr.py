@@ -49,6 +49,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -172,20 +173,29 @@ def wall_time(calls: list, trials: int = 5, target_s: float = EAGER_TARGET_S) ->
     return statistics.median(_eager_loop(calls, reps) for _ in range(trials))
 
 
+def alternating_rounds(timers: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Each timer once per round, ``rounds`` rounds, the order rotated by one every round (two timers: swapped), so
+    that a drift of the GPU's or the host's speed during the run (clocks, temperature) falls on all alike: the list of
+    each timer's results by round."""
+    names = list(timers)
+    results: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            results[name].append(timers[name]())
+    return results
+
+
 def wall_pair(a_calls: list, b_calls: list, rounds: int = 9, target_s: float = EAGER_TARGET_S) -> dict:
     """Wall-clock ms per call of two contenders timed in alternating rounds (one ``wall_time`` loop of each per
     round, the order swapped every round), so that a drift of the GPU's speed during the run (clocks, temperature)
     falls on both alike. Returns ``a_ms`` / ``b_ms`` (medians over the rounds), ``b_over_a`` (median of the per-round
     ratios b / a) and the per-round lists ``a_rounds`` / ``b_rounds``."""
     reps_a, reps_b = _eager_reps(a_calls, target_s), _eager_reps(b_calls, target_s)
-    a_rounds, b_rounds = [], []
-    for r in range(rounds):
-        if r % 2 == 0:
-            a_rounds.append(_eager_loop(a_calls, reps_a))
-            b_rounds.append(_eager_loop(b_calls, reps_b))
-        else:
-            b_rounds.append(_eager_loop(b_calls, reps_b))
-            a_rounds.append(_eager_loop(a_calls, reps_a))
+    timed = alternating_rounds(
+        {"a": lambda: _eager_loop(a_calls, reps_a), "b": lambda: _eager_loop(b_calls, reps_b)}, rounds
+    )
+    a_rounds, b_rounds = timed["a"], timed["b"]
     return {
         "a_ms": statistics.median(a_rounds),
         "b_ms": statistics.median(b_rounds),
@@ -216,17 +226,14 @@ def overhead_pair(
     over the graph in those loops, -0.9 and 5.0 us in loops of 118-223 calls, at 1502 / 745 us kernels)."""
     graph, reps = capture_graph(calls, target_s)
     eager_reps = max(min_calls, _eager_reps(calls, target_s))
-    graph_rounds, wall_rounds = [], []
-
-    def device() -> None:
-        graph_rounds.append(statistics.median(_ms_between(graph.replay) / reps for _ in range(replays)))
-
-    def eager() -> None:
-        wall_rounds.append(_eager_loop(calls, eager_reps))
-
-    for r in range(rounds):
-        for step in (device, eager) if r % 2 == 0 else (eager, device):
-            step()
+    timed = alternating_rounds(
+        {
+            "graph": lambda: statistics.median(_ms_between(graph.replay) / reps for _ in range(replays)),
+            "wall": lambda: _eager_loop(calls, eager_reps),
+        },
+        rounds,
+    )
+    graph_rounds, wall_rounds = timed["graph"], timed["wall"]
     return {
         "graph_ms": statistics.median(graph_rounds),
         "wall_ms": statistics.median(wall_rounds),

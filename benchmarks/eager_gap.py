@@ -46,7 +46,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bsr import L2_BYTES, _eager_loop, _eager_reps, capture_graph  # noqa: E402
+from bsr import L2_BYTES, _eager_loop, _eager_reps, _ms_between, alternating_rounds, capture_graph  # noqa: E402
 from layer_host import weight  # noqa: E402
 from nm24_sweep import run_meta  # noqa: E402
 
@@ -80,33 +80,32 @@ def parse_points(text: str) -> list[tuple[str, int, int, int, int, float, dict]]
     return points
 
 
-def device_loop_ms(calls: list, reps: int) -> float:
-    """Device ms per call of ``reps`` eager calls rotating over ``calls``, between two CUDA events recorded after a
-    ``torch.cuda._sleep`` (so the host has queued the first calls before the first event is reached)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def _idle_gpu() -> None:
+    """Let the GPU drain, then keep it idle for about 10 ms (``torch.cuda._sleep``): work queued after this starts from
+    an idle GPU, and the host can queue it before the GPU gets to it."""
     torch.cuda.synchronize()
     torch.cuda._sleep(SLEEP_CYCLES)
-    start.record()
-    for i in range(reps):
-        calls[i % len(calls)]()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+
+
+def device_loop_ms(calls: list, reps: int) -> float:
+    """Device ms per call of ``reps`` eager calls rotating over ``calls``, between two CUDA events recorded after
+    :func:`_idle_gpu` (so the host has queued the first calls before the first event is reached)."""
+    _idle_gpu()
+
+    def loop() -> None:
+        for i in range(reps):
+            calls[i % len(calls)]()
+
+    return _ms_between(loop) / reps
 
 
 def graph_ms(graph: torch.cuda.CUDAGraph, reps: int, sleep: bool = False) -> float:
-    """Device ms per call of one replay of ``graph`` (``reps`` calls), between CUDA events; with ``sleep``, after a
-    ``torch.cuda._sleep`` as :func:`device_loop_ms` has, so that both start from the same idle GPU (a dense GEMM's
-    clock depends on what ran before it)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    """Device ms per call of one replay of ``graph`` (``reps`` calls), between CUDA events; with ``sleep``, after
+    :func:`_idle_gpu` as :func:`device_loop_ms`, so that both start from the same idle GPU (a dense GEMM's clock
+    depends on what ran before it)."""
     if sleep:
-        torch.cuda.synchronize()
-        torch.cuda._sleep(SLEEP_CYCLES)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+        _idle_gpu()
+    return _ms_between(graph.replay) / reps
 
 
 def burst_ms(calls: list, size: int, trials: int) -> tuple[float, float]:
@@ -140,10 +139,7 @@ def measure(
         "eager_wall_long_ms": lambda: _eager_loop(calls, reps_long),
     }
     names = list(kinds)
-    per_round = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            per_round[name].append(kinds[name]())
+    per_round = alternating_rounds(kinds, rounds)
     out = {"graph_reps": reps, "eager_reps": reps_short, "eager_long_reps": reps_long}
     for name in names:
         out[name] = statistics.median(per_round[name])

@@ -95,3 +95,15 @@ def test_overhead_pair_loops_hold_at_least_min_calls_by_default(clock, monkeypat
     eager = [clock.contender("eager", 1.25e-3)]
     bsr.overhead_pair(eager, rounds=2, replays=1, target_s=0.0102)
     assert clock.log.count("eager") == 2 + 2 * bsr.OVERHEAD_MIN_CALLS  # warm-up + _eager_reps' probe, two loops
+
+
+def test_eager_gap_points_parse_with_an_optional_environment_setting():
+    import eager_gap
+
+    points = eager_gap.parse_points("bsr:16:4096x11008:4096:0.5,bsr:32:8x4:2:0.9:PRUNEKIT_BSR_XSLABS=0")
+    assert points == [
+        ("bsr", 16, 4096, 11008, 4096, 0.5, {}),
+        ("bsr", 32, 8, 4, 2, 0.9, {"PRUNEKIT_BSR_XSLABS": "0"}),
+    ]
+    with pytest.raises(ValueError, match="bad point 'bsr:16:4096:1'"):
+        eager_gap.parse_points("bsr:16:4096:1")
