@@ -61,6 +61,17 @@ def measure() -> dict:
     return out
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` where that file is missing)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def child(src: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
     proc = subprocess.run(
@@ -93,6 +104,8 @@ def main() -> None:
         for name, runs in trials.items()
     }
     meta = {
+        "device": cpu_name(),
+        "cpus": os.cpu_count(),
         "machine": platform.machine(),
         "processor": platform.processor(),
         "python": platform.python_version(),
