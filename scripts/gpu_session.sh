@@ -4,7 +4,11 @@
 # summary. Fits one 10-minute device call; the per-issue scripts (gpu_run.sh, gpu_structured.sh, gpu_ks.sh,
 # gpu_spdnn.sh, gpu_finetune.sh) then benchmark on the warm machine, whose kernel cache they share.
 #
-#   bash scripts/gpu_session.sh [build|tests|all]        (default all)
+#   bash scripts/gpu_session.sh [build|tests|all|cli|clitests]        (default all)
+#
+# `cli` runs the user's documented commands instead of the build step: `prunekit kernels build` (every library side by
+# side) then `prunekit kernels check` (every op against float64), timed, their tables in cli-build.log / cli-check.log;
+# `clitests` runs the test files after them.
 #
 # `TEST_FILES="tests/a.py tests/b.py"` runs those files only (e.g. the ones a change touched, on a warm machine).
 # `TEST_K="not lean"` passes `-k "not lean"` to every test file (e.g. to leave out tests a dedicated call already ran).
@@ -36,7 +40,8 @@ fi
 export PYTHONUNBUFFERED=1
 export PRUNEKIT_KERNEL_CACHE=${PRUNEKIT_KERNEL_CACHE:-$PWD/.carry/kernel-cache}
 export PRUNEKIT_CUDA_ARCHS=${PRUNEKIT_CUDA_ARCHS:-90}  # the H100/H200 only: half the build time (sm_80 is compile-checked by scripts/compile_check.py)
-export MAX_JOBS=${MAX_JOBS:-4}  # per library; the libraries build in parallel
+MAX_JOBS_USER=${MAX_JOBS:-}
+[[ $MODE == cli* ]] || export MAX_JOBS=${MAX_JOBS:-4}  # per library; the libraries build in parallel (cli: kernels build shares the CPUs itself)
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 step() { echo "=== $* ($(date -u +%H:%M:%S))"; }
@@ -84,7 +89,20 @@ print(f'built prunekit_fastcall in {time.time() - start:.0f} s: {fastcall.loaded
   done
 fi
 
-if [[ $MODE == all || $MODE == tests ]]; then
+if [[ $MODE == cli || $MODE == clitests ]]; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$SUMMARY"
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$SUMMARY"
+  echo "PRUNEKIT_CUDA_ARCHS=$PRUNEKIT_CUDA_ARCHS MAX_JOBS=${MAX_JOBS_USER:-unset} cpus=$(nproc)" | tee -a "$SUMMARY"
+  for cmd in build check; do
+    step prunekit kernels $cmd
+    start=$(date +%s)
+    COLUMNS=200 python3 -m prunekit kernels $cmd > "$OUT/cli-$cmd.log" 2>&1
+    rc=$?
+    echo "prunekit kernels $cmd: rc=$rc $(( $(date +%s) - start ))s $(tail -1 "$OUT/cli-$cmd.log")" | tee -a "$SUMMARY"
+  done
+fi
+
+if [[ $MODE == all || $MODE == tests || $MODE == clitests ]]; then
   step GPU test files, one process each
   files=${TEST_FILES:-$(grep -l "pytest.mark.cuda\|cuda_only\|requires_cuda\|torch.cuda.is_available" -r tests --include="test_*.py" | sort)}
   deadline=$(( SECONDS + ${TEST_BUDGET_S:-420} ))

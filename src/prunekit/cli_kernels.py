@@ -26,25 +26,35 @@ def _fail(exc: PrunekitError) -> None:
 
 @app.command()
 def build(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the compiler output.")) -> None:
-    """Compile the CUDA extension and the fast-call module into the kernel cache (or load them if already built)."""
+    """Compile every prunekit CUDA library side by side into the kernel cache (or load it if already built), then the
+    fast-call module; print each library's path."""
     from .kernels import build as kbuild
-    from .kernels import fastcall
+    from .kernels import fastcall, structured
 
     if verbose:
         logging.basicConfig(level=logging.INFO)
+    exts = kbuild.extensions()
+    folder = structured.cusparselt_dir()
+    if folder is not None and structured.cusparselt_available():
+        exts.append(structured.cslt_extension(folder))
     try:
-        with console.status("building prunekit CUDA kernels (first build takes a few minutes)..."):
-            path = kbuild.load(verbose=verbose)
+        with console.status("building prunekit's CUDA libraries side by side (a few minutes the first time)..."):
+            paths = kbuild.build_many(exts, verbose=verbose)
     except PrunekitError as exc:
         _fail(exc)
-    console.print(f"[green]kernels ready[/green]: {path or 'already loaded in this process'}")
-    console.print(f"cache: {kbuild.cache_root()}  key: {kbuild.current_key()[:16]}")
     with console.status("building prunekit's fast-call module (about a minute the first time)..."):
         module = fastcall.load()
-    if module is None:
-        console.print("fast-call module: unavailable (eager calls use torch.ops; see the warning above)")
-    else:
-        console.print(f"fast-call module: {fastcall.loaded_path()}")
+    table = Table(title=f"prunekit CUDA libraries (cache {kbuild.cache_root()})")
+    table.add_column("library")
+    table.add_column("path")
+    for ext in exts:
+        path = paths.get(ext.namespace)
+        table.add_row(ext.namespace, str(path) if path else "already loaded in this process")
+    table.add_row(
+        fastcall.PREFIX, str(fastcall.loaded_path()) if module else "unavailable (eager calls use torch.ops; see above)"
+    )
+    console.print(table)
+    console.print(f"[green]kernels ready[/green]: {len(exts)} libraries, key {kbuild.current_key()[:16]}")
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -237,3 +238,92 @@ def test_spmv_takes_mirrors_the_kernel_limits(monkeypatch):
     assert not gpu.spmv_takes(4096, 4096, 5, 2) and not gpu.spmv_takes(1, 0, 1, 2) and not gpu.spmv_takes(1, 64, 0, 2)
     monkeypatch.setenv(gpu.SPMV_ENV, "0")
     assert not gpu.spmv_takes(4096, 4096, 1, 2)
+
+
+def test_jobs_per_build_shares_the_cpus_unless_max_jobs_is_set():
+    assert build.jobs_per_build(5, cpus=16, env="") == 7  # 32 / 5, rounded up
+    assert build.jobs_per_build(1, cpus=16, env="") == 16  # never more than the CPUs
+    assert build.jobs_per_build(6, cpus=2, env="") == 1
+    assert build.jobs_per_build(5, cpus=16, env="4") == 4
+    for bad in ("0", "x", "-2"):
+        with pytest.raises(ValueError, match="MAX_JOBS"):
+            build.jobs_per_build(2, cpus=16, env=bad)
+
+
+def _fake_machine(monkeypatch, tmp_path, cached: set[str]):
+    """build_many's view of a machine with a GPU and a compiler whose kernel cache holds the libraries in ``cached``;
+    load_extension records the namespaces it is asked for, in order."""
+    loaded: list[str] = []
+    monkeypatch.setattr(build, "unavailable_reason", lambda need_compiler=True: None)
+    monkeypatch.setattr(build, "_built", lambda ext: ext.namespace in cached)
+    monkeypatch.setattr(build, "extension_loaded", lambda ext: False)
+    monkeypatch.setattr(build, "find_prebuilt", lambda ext, archs=None: None)
+    monkeypatch.setattr(build, "load_extension", lambda ext, verbose=False: loaded.append(ext.namespace) or tmp_path)
+    return loaded
+
+
+def _extensions(names):
+    from dataclasses import replace
+
+    return [replace(build.MAIN, namespace=n, prefix=n) for n in names]
+
+
+def test_build_many_loads_every_library_in_order_and_skips_the_pool_when_nothing_needs_two_builds(
+    monkeypatch, tmp_path
+):
+    loaded = _fake_machine(monkeypatch, tmp_path, cached={"a", "c"})
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("one library to build needs no process pool")
+
+    monkeypatch.setattr(build, "ProcessPoolExecutor", no_pool)
+    paths = build.build_many(_extensions(["a", "b", "c"]))
+    assert loaded == ["a", "b", "c"] and paths == {"a": tmp_path, "b": tmp_path, "c": tmp_path}
+
+
+def test_build_many_builds_the_uncached_libraries_side_by_side_then_loads_all(monkeypatch, tmp_path):
+    loaded = _fake_machine(monkeypatch, tmp_path, cached={"b"})
+    submitted: list[tuple[str, int]] = []
+
+    class Pool:
+        def __init__(self, max_workers, mp_context):
+            assert max_workers == 2 and mp_context.get_start_method() == "spawn"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, ext, jobs, verbose):
+            submitted.append((ext.namespace, jobs))
+            future = Future()
+            if ext.namespace == "c":
+                future.set_exception(KernelUnavailable("building prunekit's c failed (nvcc error)."))
+            else:
+                future.set_result("ok")
+            return future
+
+    monkeypatch.setattr(build, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 16)
+    monkeypatch.delenv("MAX_JOBS", raising=False)
+    build.build_many(_extensions(["a", "b"]))
+    assert submitted == []  # one uncached library: built by load_extension in this process, no pool
+    submitted.clear()
+    with pytest.raises(KernelUnavailable, match="c failed"):
+        build.build_many(_extensions(["a", "b", "c"]))
+    assert submitted == [("a", 16), ("c", 16)]  # both builds ran to their end before the failure was raised
+    assert loaded == ["a", "b"]  # the first call loaded both; the failed one loads nothing
+
+
+def test_build_many_sequential_and_without_gpu(monkeypatch, tmp_path):
+    from prunekit.kernels import check
+
+    loaded = _fake_machine(monkeypatch, tmp_path, cached=set())
+    build.build_many(_extensions(["a", "b"]), parallel=False)
+    assert loaded == ["a", "b"]
+    monkeypatch.setattr(build, "unavailable_reason", lambda need_compiler=True: "no CUDA GPU is visible to torch")
+    with pytest.raises(KernelUnavailable, match="^prunekit's CUDA kernels are unavailable: no CUDA GPU"):
+        build.build_many(_extensions(["a"]))
+    names = [e.namespace for e in check.required_extensions()]
+    assert names[:3] == ["prunekit_ext", "prunekit_structured", "prunekit_nm24"]

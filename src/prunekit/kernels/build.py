@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import threading
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -64,12 +65,14 @@ __all__ = [
     "Extension",
     "MAIN",
     "build_key",
+    "build_many",
     "cache_root",
     "copy_prebuilt",
     "extension_loaded",
     "extensions",
     "find_prebuilt",
     "gencode_flags",
+    "jobs_per_build",
     "is_loaded",
     "library_name",
     "load",
@@ -297,6 +300,78 @@ def load_extension(ext: Extension, verbose: bool = False) -> Path | None:
         return path
 
 
+def _built(ext: Extension) -> bool:
+    """True when ``ext``'s library for this machine's targets is already in the kernel cache (a finished build: ninja
+    links the .so last)."""
+    name = ext.library_name(target_archs(_device_capability()))
+    return (cache_root() / name / f"{name}.so").is_file()
+
+
+def jobs_per_build(builds: int, cpus: int | None = None, env: str | None = None) -> int:
+    """Compiler jobs (ninja's ``MAX_JOBS``) for each of ``builds`` libraries built at once: ``env`` (the user's
+    ``$MAX_JOBS``) when set, else twice the CPUs shared evenly (the small libraries finish first and leave their CPUs
+    to the long one; a library's jobs are fixed when its build starts), at least 1 and at most the CPU count.
+
+    Args:
+        builds: libraries compiled side by side (>= 1); cpus: CPU count (default ``os.cpu_count()``); env: the
+            ``$MAX_JOBS`` value (default: read from the environment).
+
+    Raises:
+        ValueError: ``$MAX_JOBS`` is not a positive integer.
+    """
+    env = os.environ.get("MAX_JOBS") if env is None else env
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"MAX_JOBS must be a positive integer, got {env!r}")
+        return int(env)
+    cpus = cpus or os.cpu_count() or 1
+    return min(cpus, max(1, -(-2 * cpus // max(1, builds))))
+
+
+def _compile_in_child(ext: Extension, jobs: int, verbose: bool) -> str:
+    os.environ["MAX_JOBS"] = str(jobs)
+    return str(_compile(ext, verbose))
+
+
+def build_many(exts: list[Extension], verbose: bool = False, parallel: bool = True) -> dict[str, Path | None]:
+    """Build the libraries ``exts`` that are neither loaded, prebuilt nor cached, side by side (one process each, the
+    CPUs shared by :func:`jobs_per_build`), then load every one of them in this process (cache hits).
+
+    A cold build of every library takes about as long as the slowest one alone (the structured library: a few minutes)
+    instead of their sum. ``parallel=False`` compiles them one after the other in this process.
+
+    Returns:
+        namespace -> path of the loaded library (None when another copy registered its operators first).
+
+    Raises:
+        KernelUnavailable: no CUDA torch, no GPU of sm_80 or newer, no nvcc/ninja, or a build failed (the first
+            failure's sentence; every build runs to its end first).
+        ValueError: a bad ``$MAX_JOBS``.
+    """
+    reason = unavailable_reason(need_compiler=False)
+    if reason is not None:
+        raise KernelUnavailable(f"prunekit's CUDA kernels are unavailable: {reason}.")
+    todo = [e for e in exts if not extension_loaded(e) and find_prebuilt(e) is None and not _built(e)]
+    if parallel and len(todo) > 1:
+        reason = unavailable_reason(need_compiler=True)
+        if reason is not None:
+            raise KernelUnavailable(f"prunekit's CUDA kernels are unavailable: {reason}.")
+        jobs = jobs_per_build(len(todo))
+        import multiprocessing
+
+        errors = []
+        with ProcessPoolExecutor(max_workers=len(todo), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_compile_in_child, e, jobs, verbose) for e in todo]
+            for future in futures:
+                try:
+                    future.result()
+                except KernelUnavailable as exc:
+                    errors.append(str(exc))
+        if errors:
+            raise KernelUnavailable(errors[0])
+    return {e.namespace: load_extension(e, verbose) for e in exts}
+
+
 def _compile(ext: Extension, verbose: bool) -> Path:
     from torch.utils import cpp_extension
 
@@ -428,16 +503,17 @@ def load(verbose: bool = False) -> Path | None:
     return load_extension(MAIN, verbose)
 
 
-def load_all(verbose: bool = False) -> dict[str, Path | None]:
-    """Load (building if needed) every shippable extension, then the fast-call module (``fastcall.load``: the runtime's
-    eager entries; None under its key where it cannot be built, which never raises); namespace -> library path.
+def load_all(verbose: bool = False, parallel: bool = True) -> dict[str, Path | None]:
+    """Load (building if needed, side by side: :func:`build_many`) every shippable extension, then the fast-call module
+    (``fastcall.load``: the runtime's eager entries; None under its key where it cannot be built, which never raises);
+    namespace -> library path.
 
     Raises:
-        KernelUnavailable: as :func:`load_extension`, for the first library that cannot be built or loaded.
+        KernelUnavailable: as :func:`build_many`, for the first library that cannot be built or loaded.
     """
     from . import fastcall
 
-    paths = {e.namespace: load_extension(e, verbose) for e in _shippable()}
+    paths = build_many(_shippable(), verbose, parallel)
     fastcall.load()
     paths[fastcall.PREFIX] = fastcall.loaded_path()
     return paths

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import build, gpu, nm24
+from . import build, gpu, nm24, structured
 from .testing import (
     TOLERANCE,
     encode_csr,
     env_setting,
+    random_block_sparse_weight,
     random_sparse_weight,
     relative_error,
     sddmm_reference64,
@@ -22,6 +23,9 @@ from .testing import (
 )
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BSR_BLOCKS = ((16, 16), (32, 32), (64, 64), (16, 64))  # square blocks of each size and one rectangular shape
+BSR_NS = (1, 13, 130)  # tokens: one, odd below the 16-token tile, odd above one 128-token tile
+CSLT_NS = (37, 300)  # tokens past the 2:4 decode kernel's 16, where nm_mm runs on cuSPARSELt
 
 
 @dataclass(frozen=True)
@@ -42,19 +46,34 @@ class KernelCheck:
         return self.rel_error <= self.tolerance
 
 
-def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
-    """Check ``spmm_csr`` (every variant, ``dense`` included, ``tc``, ``scatter``, ``bitmap`` and the lean bitmap kernel for fp16/bf16;
-    row-major and transposed X, bias + ReLU; rowwarp's SpMV kernel at N = 1 and its 4-token tile on a taller weight),
-    the 2:4 decode kernel (``nm24``: both inner products and the lean kernel, fp16/bf16) and 2:4 SpMV, and
-    ``sddmm_csr`` per dtype. The lean kernels' switch (``$PRUNEKIT_NM24_LEAN``) is set for each call as its case asks.
+def required_extensions() -> list[build.Extension]:
+    """The libraries :func:`run_checks` calls: SpMM/SDDMM, structured (BSR), nm24 (2:4 decode), and prunekit's
+    cuSPARSELt binding where torch's cuSPARSELt wheel is installed."""
+    exts = [build.MAIN, structured.EXTENSION, nm24.EXTENSION]
+    folder = structured.cusparselt_dir()
+    if folder is not None and structured.cusparselt_available():
+        exts.append(structured.cslt_extension(folder))
+    return exts
 
-    M=77 (1067 for the tile), K=203 (odd), N from 1 to 264 (odd and vector-aligned), with empty rows and single-entry
-    rows.
+
+def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
+    """Check every op of the SpMM and structured libraries on CUDA against float64, output poisoned with NaN first:
+
+    - ``spmm_csr`` (every variant, ``dense`` included, ``tc``, ``scatter``, ``bitmap`` and the lean bitmap kernel for
+      fp16/bf16; row-major and transposed X, bias + ReLU; rowwarp's SpMV kernel at N = 1 and its 4-token tile on a
+      taller weight) and ``sddmm_csr``, per dtype: M=77 (1067 for the tile), K=203 (odd), N from 1 to 264 (odd and
+      vector-aligned), with empty rows and single-entry rows;
+    - the 2:4 decode kernel (``nm24``: both inner products and the lean kernel, fp16/bf16) and 2:4 SpMV
+      (``$PRUNEKIT_NM24_LEAN`` set for each call as its case asks);
+    - ``bsr_mm`` in dynamic and static mode (:func:`_bsr_checks`) and ``nm_mm`` on cuSPARSELt (:func:`_cslt_checks`),
+      fp16/bf16.
+
+    The libraries are built first, side by side (:func:`build.build_many`).
 
     Raises:
-        KernelUnavailable: the extension cannot be built or loaded here.
+        KernelUnavailable: a library cannot be built or loaded here.
     """
-    build.load()
+    build.build_many(required_extensions())
     gen = torch.Generator(device=device).manual_seed(seed)
     results: list[KernelCheck] = []
     m, k = 77, 203
@@ -86,12 +105,8 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
             label = variant
             if variant == "rowwarp" and gpu.spmv_takes(rows, k, n, w.element_size(), gpu._sm_count(w.device)):
                 label = "rowwarp (SpMV)" if n == 1 else "rowwarp (SpMV tile)"
-            for layout in ("row-major", "transposed"):
-                x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
-                x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
-                out = torch.full((rows, n), float("nan"), dtype=dtype, device=device)
-                if layout == "transposed":
-                    out = torch.full((n, rows), float("nan"), dtype=dtype, device=device).t()
+            for layout in LAYOUTS:
+                x, out = _operands(rows, k, n, layout, dtype, gen, device)
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 with _lean_switch(variant):
@@ -134,6 +149,129 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
                 elapsed,
             )
         )
+    for dtype in (torch.float16, torch.bfloat16):
+        results += _bsr_checks(dtype, gen, device)
+        results += _cslt_checks(dtype, gen, device)
+    return results
+
+
+LAYOUTS = ("row-major", "transposed")
+
+
+def _operands(
+    m: int, k: int, n: int, layout: str, dtype: torch.dtype, gen: torch.Generator, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ``x: (K, N)`` (``"transposed"``: the ``x2d.t()`` view of nn.Linear's ``(N, K)`` activations, else
+    row-major) and an ``(M, N)`` output of the matching layout filled with NaN."""
+    x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
+    if layout == "transposed":
+        return x2d.t(), torch.full((n, m), float("nan"), dtype=dtype, device=device).t()
+    return x2d.t().contiguous(), torch.full((m, n), float("nan"), dtype=dtype, device=device)
+
+
+def _random_24(
+    m: int, k: int, dtype: torch.dtype, gen: torch.Generator, device: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """A random 2:4 weight ``(m, k)`` (the 2 largest of every 4) and its ``nm`` format: (dense, values, metadata,
+    bits)."""
+    from .. import formats
+
+    w = torch.randn(m, k // 4, 4, generator=gen, device=device)
+    keep = torch.zeros_like(w, dtype=torch.bool).scatter_(2, w.abs().topk(2, dim=2).indices, True)
+    dense = (w * keep).reshape(m, k).to(dtype)
+    enc = formats.encode("nm", dense, {"n": 2, "m": 4})
+    return dense, enc.components["values"], enc.components["metadata"], int(enc.params["bits"])
+
+
+def _bsr_checks(dtype: torch.dtype, gen: torch.Generator, device: str) -> list[KernelCheck]:
+    """``bsr_mm`` (dynamic mode) and ``bsr_mm_static`` (the schedule of ``formats.bsr.static_schedule`` with items of
+    one block, so the dense block row is split and summed in fp32) on a ``(192, 320)`` weight per block shape of
+    :data:`BSR_BLOCKS` (an empty block row, a one-block row, a dense row), bias + ReLU: the mma.sync kernel, the sm_90a
+    wgmma kernel where it runs, and the lean decode kernel (``$PRUNEKIT_BSR_LEAN``, N <= 13). One row per case: the
+    worst error over N in :data:`BSR_NS` and both X layouts, and the first call's time."""
+    from .. import formats
+    from ..formats.bsr import static_schedule
+
+    m, k = 192, 320
+    variants = ["mma", "wgmma"] if structured.wgmma_available() else ["mma"]
+    cases = [(v, mode) for v in variants for mode in ("dynamic", "static")] + [("lean", "dynamic")]
+    results = []
+    for r, c in BSR_BLOCKS:
+        dense = random_block_sparse_weight(m, k, r, c, 0.3, dtype, device, gen)
+        comp = {
+            key: t.to(device)
+            for key, t in formats.encode("bsr", dense.cpu(), {"block_rows": r, "block_cols": c}).components.items()
+        }
+        schedule = tuple(t.to(device) for t in static_schedule(comp["crow_indices"], chunk=1))
+        bias = torch.randn(m, generator=gen, device=device).to(dtype)
+        for variant, mode in cases:
+            ns = tuple(n for n in BSR_NS if n <= 16) if variant == "lean" else BSR_NS
+            worst, first_ms = 0.0, None
+            with env_setting(structured.LEAN_ENV, "1" if variant == "lean" else "0"):
+                for n in ns:
+                    for layout in LAYOUTS:
+                        x, out = _operands(m, k, n, layout, dtype, gen, device)
+                        torch.cuda.synchronize()
+                        start = time.perf_counter()
+                        structured.bsr_mm_cuda(
+                            comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, bias, "relu",
+                            *(schedule if mode == "static" else (None, None)),
+                            out=out, variant=None if variant == "lean" else variant,
+                        )  # fmt: skip
+                        torch.cuda.synchronize()
+                        first_ms = (time.perf_counter() - start) * 1e3 if first_ms is None else first_ms
+                        worst = max(worst, relative_error(out, spmm_reference64(dense, x, bias, "relu")))
+            results.append(
+                KernelCheck(
+                    "bsr_mm_static" if mode == "static" else "bsr_mm",
+                    f"{variant} {r}x{c}",
+                    str(dtype).removeprefix("torch."),
+                    "both",
+                    f"{m}x{k}x{'/'.join(map(str, ns))}",
+                    worst,
+                    TOLERANCE[dtype],
+                    first_ms,
+                )  # fmt: skip
+            )
+    return results
+
+
+def _cslt_checks(dtype: torch.dtype, gen: torch.Generator, device: str) -> list[KernelCheck]:
+    """``nm_mm`` on a ``(128, 256)`` 2:4 weight at N in :data:`CSLT_NS` (cuSPARSELt's range), bias + ReLU, both X
+    layouts: prunekit's cuSPARSELt binding with both output layouts where it loads, and torch's ``_cslt_sparse_mm``
+    path. None where this torch has no cuSPARSELt. The output is returned by the op, so the poison is a freed NaN
+    block of its size just before the call (the caching allocator hands the same block back)."""
+    if not structured.cusparselt_available():
+        return []
+    m, k = 128, 256
+    dense, values, metadata, bits = _random_24(m, k, dtype, gen, device)
+    bias = torch.randn(m, generator=gen, device=device).to(dtype)
+    backends = [("torch", None)]
+    if structured.native_cslt_available():
+        backends = [("cslt", "col"), ("cslt", "row"), *backends]
+    results = []
+    for backend, output in backends:
+        for n in CSLT_NS:
+            for layout in LAYOUTS:
+                x, out = _operands(m, k, n, layout, dtype, gen, device)
+                del out  # freed: the output's block starts as NaN
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                y = structured.nm_mm_cuda(values, metadata, x, 2, 4, bits, bias, "relu", backend=backend, output=output)
+                torch.cuda.synchronize()
+                elapsed = (time.perf_counter() - start) * 1e3
+                results.append(
+                    KernelCheck(
+                        "nm_mm (2:4 cuSPARSELt)",
+                        backend if output is None else f"{backend} ({output}-major Y)",
+                        str(dtype).removeprefix("torch."),
+                        layout,
+                        f"{m}x{k}x{n}",
+                        relative_error(y, spmm_reference64(dense, x, bias, "relu")),
+                        TOLERANCE[dtype],
+                        elapsed,
+                    )  # fmt: skip
+                )
     return results
 
 
@@ -147,25 +285,16 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
     """The 2:4 decode kernel (``kernels/nm24.py``) on an ``(m, 204)`` 2:4 weight (K not a multiple of 16), N = 1 / 13 /
     16, both X layouts, bias + ReLU, mma.sp, the register expansion and the lean kernel (``$PRUNEKIT_NM24_LEAN=1`` for
     its calls only); the 2:4 SpMV kernel on an ``(m, 208)`` weight, both x layouts."""
-    from .. import formats
-
     k = 204
     nm24.load()
-    w = torch.randn(m, k // 4, 4, generator=gen, device=device)
-    keep = torch.zeros_like(w, dtype=torch.bool).scatter_(2, w.abs().topk(2, dim=2).indices, True)
-    dense = (w * keep).reshape(m, k).to(dtype)
-    enc = formats.encode("nm", dense, {"n": 2, "m": 4})
-    values, metadata, bits = enc.components["values"], enc.components["metadata"], int(enc.params["bits"])
+    dense, values, metadata, bits = _random_24(m, k, dtype, gen, device)
     bias = torch.randn(m, generator=gen, device=device).to(dtype)
     results = []
     for variant in ("sp", "prmt", "sp-lean"):  # sp-lean: the lean kernel on the mma.sp plan, forced on
         plan = nm24.build_plan(values, metadata, bits, k, mma=variant.removesuffix("-lean"))
         for n in (1, 13, 16):
-            for layout in ("row-major", "transposed"):
-                x2d = torch.randn(n, k, generator=gen, device=device).to(dtype)
-                x = x2d.t() if layout == "transposed" else x2d.t().contiguous()
-                out = torch.full((n, m) if layout == "transposed" else (m, n), float("nan"), dtype=dtype, device=device)
-                out = out.t() if layout == "transposed" else out
+            for layout in LAYOUTS:
+                x, out = _operands(m, k, n, layout, dtype, gen, device)
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 with _lean_switch(variant):
@@ -201,11 +330,7 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
                 )
     # the 2:4 SpMV kernel (N = 1, the stored format; K a multiple of 16)
     k = 208
-    w = torch.randn(m, k // 4, 4, generator=gen, device=device)
-    keep = torch.zeros_like(w, dtype=torch.bool).scatter_(2, w.abs().topk(2, dim=2).indices, True)
-    dense = (w * keep).reshape(m, k).to(dtype)
-    enc = formats.encode("nm", dense, {"n": 2, "m": 4})
-    values, metadata, bits = enc.components["values"], enc.components["metadata"], int(enc.params["bits"])
+    dense, values, metadata, bits = _random_24(m, k, dtype, gen, device)
     for rows in (False, True):
         x = torch.randn(k, 1, generator=gen, device=device).to(dtype)
         torch.full((m,), float("nan"), dtype=dtype, device=device)  # freed: the output's block starts as NaN

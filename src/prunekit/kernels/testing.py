@@ -46,6 +46,37 @@ def random_sparse_weight(
     return torch.where(w != 0, w, torch.zeros((), dtype=dtype, device=device))
 
 
+def random_block_sparse_weight(
+    m: int,
+    k: int,
+    r: int,
+    c: int,
+    density: float,
+    dtype: torch.dtype = torch.float16,
+    device: str | torch.device = "cpu",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Dense ``(m, k)`` weight whose ``r x c`` blocks are kept with probability ``density`` (N(0, 1) entries inside).
+
+    Edge cases for the BSR kernels: block row 0 is empty, block row 1 (when there is one) keeps exactly one block, and
+    block row 2 (when there is one) keeps every block, so a static schedule with small items splits it.
+
+    Raises:
+        ValueError: ``m`` or ``k`` not a multiple of ``r`` / ``c``.
+    """
+    if m % r or k % c:
+        raise ValueError(f"a ({m}, {k}) weight does not split into {r}x{c} blocks")
+    keep = torch.rand(m // r, k // c, generator=generator, device=device) < density
+    keep[0] = False
+    if m // r > 1:
+        keep[1] = False
+        keep[1, int(torch.randint(k // c, (1,), generator=generator, device=device))] = True
+    if m // r > 2:
+        keep[2] = True
+    mask = keep.repeat_interleave(r, 0).repeat_interleave(c, 1)
+    return (torch.randn(m, k, generator=generator, device=device) * mask).to(dtype)
+
+
 # (M, K, sparsity, empty_rows) edge cases shared by the kernel tests, each pairing them with N values of its own: M = 1,
 # M not a multiple of 8 / 16, K not a multiple of 4 / 8 / 16 / 128 / 256, several chunks or groups, 20 empty rows (a
 # whole empty window or strip), dense, very sparse (empty segments or groups).
