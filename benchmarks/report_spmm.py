@@ -177,10 +177,12 @@ def render(result: dict, variants: dict | None, sputnik: dict | None = None, ext
         parts.append(f"Configurations skipped by the run's time budget: {len(result['skipped'])}.\n")
     if extra:
         xenv = extra["environment"]
+        skipped = len(extra.get("skipped") or [])
         parts.append(
-            f"### Earlier full run (kernel build {xenv['kernel_build_key']}, {xenv['date_utc']})\n\n"
-            f"Command `{xenv['command']}`. Same method; measured one commit earlier, before `direct` gave rows of "
-            "N <= 128 (fp16) half a warp, so its N = 128 rows are slower than the tables above. Its bf16 rows:\n"
+            f"### Another run (kernel build {xenv['kernel_build_key']}, {xenv['date_utc']})\n\n"
+            f"Command `{xenv['command']}`. Same method."
+            + (f" Configurations skipped by its time budget: {skipped}." if skipped else "")
+            + " Its bf16 rows:\n"
         )
         parts.append(results_table(extra["rows"], "bfloat16"))
     if variants:
@@ -236,7 +238,7 @@ def main() -> None:
     parser.add_argument("results", type=Path)
     parser.add_argument("--variants", type=Path, default=None)
     parser.add_argument("--sputnik", type=Path, default=None, help="JSON of the same-run Sputnik comparison")
-    parser.add_argument("--extra-results", type=Path, default=None, help="an earlier full run (its bf16 rows)")
+    parser.add_argument("--extra-results", type=Path, default=None, help="another run of the grid (its bf16 rows)")
     parser.add_argument("--splice", type=Path, default=None, help="replace the GENERATED block of this Markdown file")
     parser.add_argument("--decode", action="store_true", help="print the decode table (scatter / rowwarp) only")
     args = parser.parse_args()
