@@ -152,7 +152,7 @@ def sputnik_table(data: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def render(result: dict, variants: dict | None, sputnik: dict | None = None, extra: dict | None = None) -> str:
+def render(result: dict, variants: dict | None, sputnik: dict | None = None, extras: list[dict] | None = None) -> str:
     env = result["environment"]
     # the targets are stated for fp16; each dtype of the file gets its own tables (fp16 only: as before)
     dtypes = list(dict.fromkeys(r["dtype"] for r in result["rows"])) or ["float16"]
@@ -175,7 +175,7 @@ def render(result: dict, variants: dict | None, sputnik: dict | None = None, ext
         parts.append(results_table(result["rows"], dtype))
     if result.get("skipped"):
         parts.append(f"Configurations skipped by the run's time budget: {len(result['skipped'])}.\n")
-    if extra:
+    for extra in extras or []:
         xenv = extra["environment"]
         skipped = len(extra.get("skipped") or [])
         parts.append(
@@ -238,7 +238,9 @@ def main() -> None:
     parser.add_argument("results", type=Path)
     parser.add_argument("--variants", type=Path, default=None)
     parser.add_argument("--sputnik", type=Path, default=None, help="JSON of the same-run Sputnik comparison")
-    parser.add_argument("--extra-results", type=Path, default=None, help="another run of the grid (its bf16 rows)")
+    parser.add_argument(
+        "--extra-results", type=Path, action="append", help="another run of the grid (its bf16 rows); repeatable"
+    )
     parser.add_argument("--splice", type=Path, default=None, help="replace the GENERATED block of this Markdown file")
     parser.add_argument("--decode", action="store_true", help="print the decode table (scatter / rowwarp) only")
     args = parser.parse_args()
@@ -248,8 +250,8 @@ def main() -> None:
         return
     variants = json.loads(args.variants.read_text()) if args.variants else None
     sputnik = json.loads(args.sputnik.read_text()) if args.sputnik else None
-    extra = json.loads(args.extra_results.read_text()) if args.extra_results else None
-    text = render(result, variants, sputnik, extra)
+    extras = [json.loads(path.read_text()) for path in args.extra_results or []]
+    text = render(result, variants, sputnik, extras)
     if args.splice is None:
         print(text)
         return
