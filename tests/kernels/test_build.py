@@ -300,6 +300,8 @@ def test_build_many_builds_the_uncached_libraries_side_by_side_then_loads_all(mo
             future = Future()
             if ext.namespace == "c":
                 future.set_exception(KernelUnavailable("building prunekit's c failed (nvcc error)."))
+            elif ext.namespace == "d":
+                future.set_exception(RuntimeError("A process in the process pool was terminated abruptly"))
             else:
                 future.set_result("ok")
             return future
@@ -314,6 +316,8 @@ def test_build_many_builds_the_uncached_libraries_side_by_side_then_loads_all(mo
         build.build_many(_extensions(["a", "b", "c"]))
     assert submitted == [("a", 16), ("c", 16)]  # both builds ran to their end before the failure was raised
     assert loaded == ["a", "b"]  # the first call loaded both; the failed one loads nothing
+    with pytest.raises(KernelUnavailable, match=r"failed \(A process in the process pool.*MAX_JOBS=2"):
+        build.build_many(_extensions(["d", "b", "a"]))  # a build process that died: one sentence, no traceback
 
 
 def test_build_many_sequential_and_without_gpu(monkeypatch, tmp_path):

@@ -72,8 +72,8 @@ __all__ = [
     "extensions",
     "find_prebuilt",
     "gencode_flags",
-    "jobs_per_build",
     "is_loaded",
+    "jobs_per_build",
     "library_name",
     "load",
     "load_all",
@@ -362,11 +362,17 @@ def build_many(exts: list[Extension], verbose: bool = False, parallel: bool = Tr
         errors = []
         with ProcessPoolExecutor(max_workers=len(todo), mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_compile_in_child, e, jobs, verbose) for e in todo]
-            for future in futures:
+            for ext, future in zip(todo, futures):
                 try:
                     future.result()
                 except KernelUnavailable as exc:
                     errors.append(str(exc))
+                except Exception as exc:  # the build process died (e.g. out of memory: BrokenProcessPool)
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    errors.append(
+                        f"building prunekit's {ext.description} failed ({first}); retry with fewer jobs, "
+                        "e.g. MAX_JOBS=2 prunekit kernels build"
+                    )
         if errors:
             raise KernelUnavailable(errors[0])
     return {e.namespace: load_extension(e, verbose) for e in exts}
