@@ -33,10 +33,8 @@ def build(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the 
 
     if verbose:
         logging.basicConfig(level=logging.INFO)
-    exts = kbuild.extensions()
-    folder = structured.cusparselt_dir()
-    if folder is not None and structured.cusparselt_available():
-        exts.append(structured.cslt_extension(folder))
+    cslt = structured.cslt_extension_here()
+    exts = [*kbuild.extensions(), *([cslt] if cslt else [])]
     try:
         with console.status("building prunekit's CUDA libraries side by side (a few minutes the first time)..."):
             paths = kbuild.build_many(exts, verbose=verbose)

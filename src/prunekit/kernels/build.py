@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import threading
@@ -357,8 +358,6 @@ def build_many(exts: list[Extension], verbose: bool = False, parallel: bool = Tr
         if reason is not None:
             raise KernelUnavailable(f"prunekit's CUDA kernels are unavailable: {reason}.")
         jobs = jobs_per_build(len(todo))
-        import multiprocessing
-
         errors = []
         with ProcessPoolExecutor(max_workers=len(todo), mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_compile_in_child, e, jobs, verbose) for e in todo]

@@ -49,11 +49,8 @@ class KernelCheck:
 def required_extensions() -> list[build.Extension]:
     """The libraries :func:`run_checks` calls: SpMM/SDDMM, structured (BSR), nm24 (2:4 decode), and prunekit's
     cuSPARSELt binding where torch's cuSPARSELt wheel is installed."""
-    exts = [build.MAIN, structured.EXTENSION, nm24.EXTENSION]
-    folder = structured.cusparselt_dir()
-    if folder is not None and structured.cusparselt_available():
-        exts.append(structured.cslt_extension(folder))
-    return exts
+    cslt = structured.cslt_extension_here()
+    return [build.MAIN, structured.EXTENSION, nm24.EXTENSION, *([cslt] if cslt else [])]
 
 
 def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
@@ -107,13 +104,11 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
                 label = "rowwarp (SpMV)" if n == 1 else "rowwarp (SpMV tile)"
             for layout in LAYOUTS:
                 x, out = _operands(rows, k, n, layout, dtype, gen, device)
-                torch.cuda.synchronize()
-                start = time.perf_counter()
                 with _lean_switch(variant):
                     kernel = variant.removesuffix("-lean")
-                    gpu.spmm_csr(**c, x=x, m=rows, bias=b, activation="relu", variant=kernel, out=out)
-                torch.cuda.synchronize()
-                elapsed = (time.perf_counter() - start) * 1e3
+                    _, elapsed = _timed(
+                        gpu.spmm_csr, **c, x=x, m=rows, bias=b, activation="relu", variant=kernel, out=out
+                    )
                 ref = spmm_reference64(w, x, b, "relu")
                 results.append(
                     KernelCheck(
@@ -130,11 +125,7 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
         a = torch.randn(m, 29, generator=gen, device=device).to(dtype)
         b = torch.randn(k, 29, generator=gen, device=device).to(dtype)
         out = torch.full((csr["values"].numel(),), float("nan"), dtype=dtype, device=device)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        gpu.sddmm_csr(csr["row_offsets"], csr["column_indices"], csr["row_indices"], a, b, out=out)
-        torch.cuda.synchronize()
-        elapsed = (time.perf_counter() - start) * 1e3
+        _, elapsed = _timed(gpu.sddmm_csr, csr["row_offsets"], csr["column_indices"], csr["row_indices"], a, b, out=out)
         if dtype in nm24.DTYPES:
             results += _nm24_checks(m, dtype, gen, device)
         results.append(
@@ -156,6 +147,16 @@ def run_checks(seed: int = 0, device: str = "cuda") -> list[KernelCheck]:
 
 
 LAYOUTS = ("row-major", "transposed")
+
+
+def _timed(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), milliseconds)``: the wall time of one call between two device synchronizations (a first
+    call's time, so build and plan work included)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    return result, (time.perf_counter() - start) * 1e3
 
 
 def _operands(
@@ -211,15 +212,13 @@ def _bsr_checks(dtype: torch.dtype, gen: torch.Generator, device: str) -> list[K
                 for n in ns:
                     for layout in LAYOUTS:
                         x, out = _operands(m, k, n, layout, dtype, gen, device)
-                        torch.cuda.synchronize()
-                        start = time.perf_counter()
-                        structured.bsr_mm_cuda(
+                        _, ms = _timed(
+                            structured.bsr_mm_cuda,
                             comp["blocks"], comp["crow_indices"], comp["col_indices"], x, m, bias, "relu",
                             *(schedule if mode == "static" else (None, None)),
                             out=out, variant=None if variant == "lean" else variant,
                         )  # fmt: skip
-                        torch.cuda.synchronize()
-                        first_ms = (time.perf_counter() - start) * 1e3 if first_ms is None else first_ms
+                        first_ms = ms if first_ms is None else first_ms
                         worst = max(worst, relative_error(out, spmm_reference64(dense, x, bias, "relu")))
             results.append(
                 KernelCheck(
@@ -255,11 +254,9 @@ def _cslt_checks(dtype: torch.dtype, gen: torch.Generator, device: str) -> list[
             for layout in LAYOUTS:
                 x, out = _operands(m, k, n, layout, dtype, gen, device)
                 del out  # freed: the output's block starts as NaN
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                y = structured.nm_mm_cuda(values, metadata, x, 2, 4, bits, bias, "relu", backend=backend, output=output)
-                torch.cuda.synchronize()
-                elapsed = (time.perf_counter() - start) * 1e3
+                y, elapsed = _timed(
+                    structured.nm_mm_cuda, values, metadata, x, 2, 4, bits, bias, "relu", backend=backend, output=output
+                )
                 results.append(
                     KernelCheck(
                         "nm_mm (2:4 cuSPARSELt)",
@@ -295,10 +292,9 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
         for n in (1, 13, 16):
             for layout in LAYOUTS:
                 x, out = _operands(m, k, n, layout, dtype, gen, device)
-                torch.cuda.synchronize()
-                start = time.perf_counter()
                 with _lean_switch(variant):
-                    torch.ops.prunekit_nm24.mm.default(
+                    _, elapsed = _timed(
+                        torch.ops.prunekit_nm24.mm.default,
                         plan.vals,
                         plan.meta,
                         plan.ws,
@@ -313,8 +309,6 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
                         plan.ring,
                         plan.batch,
                     )
-                torch.cuda.synchronize()
-                elapsed = (time.perf_counter() - start) * 1e3
                 error = relative_error(out, spmm_reference64(dense, x, bias, "relu"))
                 results.append(
                     KernelCheck(
@@ -334,11 +328,7 @@ def _nm24_checks(m: int, dtype: torch.dtype, gen: torch.Generator, device: str) 
     for rows in (False, True):
         x = torch.randn(k, 1, generator=gen, device=device).to(dtype)
         torch.full((m,), float("nan"), dtype=dtype, device=device)  # freed: the output's block starts as NaN
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        y = nm24.spmv(values, metadata, x.t() if rows else x, bias, True, rows=rows)
-        torch.cuda.synchronize()
-        elapsed = (time.perf_counter() - start) * 1e3
+        y, elapsed = _timed(nm24.spmv, values, metadata, x.t() if rows else x, bias, True, rows=rows)
         error = relative_error(y.t() if rows else y, spmm_reference64(dense, x, bias, "relu"))
         layout = "(1, K) rows" if rows else "(K, 1)"
         results.append(

@@ -644,6 +644,13 @@ def cslt_extension(folder: Path) -> build.Extension:
     )
 
 
+def cslt_extension_here() -> build.Extension | None:
+    """The cuSPARSELt binding's library spec (:func:`cslt_extension`) where this torch has cuSPARSELt and its wheel's
+    header and library are found (:func:`cusparselt_dir`), else None."""
+    folder = cusparselt_dir()
+    return cslt_extension(folder) if folder is not None and cusparselt_available() else None
+
+
 def native_cslt_available() -> bool:
     """True when prunekit's own cuSPARSELt binding loads (tried once per process; ``$PRUNEKIT_CSLT_BACKEND=torch``
     turns it off)."""
